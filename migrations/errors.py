@@ -1,0 +1,7 @@
+"""Errors of the copy-on-write layer. Every error a user can cause derives from LayerError."""
+
+from __future__ import annotations
+
+
+class LayerError(Exception):
+    """Root of the layer's errors; the CLI prints its message as one line and exits non-zero."""

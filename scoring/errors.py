@@ -1,0 +1,7 @@
+"""Errors of the scorer. Every error a user can cause derives from ScoringError."""
+
+from __future__ import annotations
+
+
+class ScoringError(Exception):
+    """Root of the scorer's errors; the CLI prints its message as one line and exits non-zero."""

@@ -1,0 +1,32 @@
+"""The test fixture and CLI skeleton work on the real server."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import psycopg
+
+from tests.conftest import PgServer
+
+
+def test_fresh_database_is_empty_and_writable(empty_db: str) -> None:
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        tables = conn.execute(
+            "SELECT count(*) FROM pg_tables WHERE schemaname NOT IN ('pg_catalog','information_schema')"
+        ).fetchone()
+        assert tables == (0,)
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        conn.execute("INSERT INTO t VALUES (1), (2)")
+        assert conn.execute("SELECT sum(id) FROM t").fetchone() == (3,)
+
+
+def test_server_version_is_supported(pg_server: PgServer) -> None:
+    assert pg_server.version >= 15
+
+
+def test_cli_without_command_is_a_usage_error() -> None:
+    result = subprocess.run([sys.executable, "-m", "proxy.cli"], capture_output=True, text=True, check=False)
+    assert result.returncode == 2
+    assert "usage: cowproxy" in result.stderr
+    assert "Traceback" not in result.stderr
