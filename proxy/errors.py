@@ -13,3 +13,19 @@ class ConfigError(ProxyError):
     """Bad flags or config file."""
 
     sqlstate = "22023"
+
+
+class TagError(ProxyError):
+    """A session or operation id in a comment, startup parameter or admin request is malformed."""
+
+    sqlstate = "22023"
+
+
+class RewriteError(ProxyError):
+    """A statement on a CoW table that the proxy can neither pass through nor rewrite."""
+
+    sqlstate = "0A000"
+
+    def __init__(self, message: str, sqlstate: str = "0A000") -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
