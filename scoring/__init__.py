@@ -1,0 +1,37 @@
+"""Scoring of agent sessions against ground-truth sessions (the paper's §2.2 and appendix B).
+
+``score_writes`` compares in-memory write lists (no database needed); ``score_sessions`` reads two sessions
+recorded by the CoW layer and compares them.
+"""
+
+from __future__ import annotations
+
+from .compare import Comparator, FieldContext, RowContext, register_comparator
+from .config import ScoringConfig, load_config
+from .core import operation_order, score_writes
+from .errors import ScoringError
+from .model import ColumnMeta, ForeignKey, Metadata, TableMeta, Write
+from .result import Counts, OperationUtility, RowExplanation, ScoringResult, TableScore, register_score
+
+__all__ = [
+    "ColumnMeta",
+    "Comparator",
+    "Counts",
+    "FieldContext",
+    "ForeignKey",
+    "Metadata",
+    "OperationUtility",
+    "RowContext",
+    "RowExplanation",
+    "ScoringConfig",
+    "ScoringError",
+    "ScoringResult",
+    "TableMeta",
+    "TableScore",
+    "Write",
+    "load_config",
+    "operation_order",
+    "register_comparator",
+    "register_score",
+    "score_writes",
+]

@@ -1,0 +1,337 @@
+"""``score_writes``: the whole comparison of two sessions, in memory.
+
+Per-operation utilities (DESIGN.md §4): u_struct(o_i) is s_struct after o_i minus s_struct before, with the
+agent's operations in topological order (FK and same-row dependencies, ties broken by first write). The
+state after a prefix of operations keeps, for each row, the newest write of those operations. Rather than
+re-running the matching for each prefix, each prefix is scored against the final id mapping and pairs:
+a ground-truth row counts as matched after o_i when its key partner is present with the same deleted state,
+or its similarity partner is present with a version still above ``min_similarity``. Only the rows an
+operation touches are re-evaluated, so all prefixes cost O(writes); the sum of the utilities is the final
+s_struct minus the empty prefix's (0 whenever the ground truth wrote anything).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import networkx as nx
+
+from .config import ScoringConfig, make_config
+from .match import Matching, Row, Side, Version, _TableScorer, match_sessions, reduce_writes
+from .model import Key, Metadata, Write, complete_metadata, freeze
+from .result import (
+    Counts,
+    FieldDiff,
+    OperationUtility,
+    RowExplanation,
+    ScoringResult,
+    Stats,
+    TableScore,
+    score_functions,
+)
+
+
+def score_writes(
+    gt_writes: Sequence[Write],
+    agent_writes: Sequence[Write],
+    metadata: Metadata | None = None,
+    *,
+    config: ScoringConfig | str | None = None,
+    gt: str = "gt",
+    agent: str = "agent",
+    explain: bool = True,
+    info: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> ScoringResult:
+    """Score an agent session's writes against a ground-truth session's writes.
+
+    ``options`` override the config (``min_similarity``, ``collapse``, ``ignore_tables``, ``ignore_columns``,
+    ``compare_timestamps``, ``numeric_tolerance``, ``types``, ``column_comparators``, ``row_functions``).
+    Tables missing from ``metadata`` are described from the writes (columns, value types, no FKs).
+    """
+    cfg = make_config(config, **options)
+    meta = complete_metadata(metadata, [*gt_writes, *agent_writes])
+    gt_side = reduce_writes(gt_writes, meta, cfg)
+    ag_side = reduce_writes(agent_writes, meta, cfg)
+    matching = match_sessions(gt_side, ag_side, meta, cfg)
+
+    pairs = [p for tm in matching.tables.values() for p in tm.pairs]
+    n_gt = sum(len(rows) for rows in gt_side.values())
+    n_ag = sum(len(rows) for rows in ag_side.values())
+    m = len(pairs)
+    both_empty = n_gt == 0 and n_ag == 0
+    struct = _ratio(m, n_gt + n_ag - m, both_empty)
+    content = sum(p.similarity for p in pairs) / m if m else (1.0 if both_empty else 0.0)
+    precision = _ratio(m, n_ag, both_empty)
+    recall = _ratio(m, n_gt, both_empty)
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+
+    kept = [w for w in agent_writes if not cfg.table_ignored(w.table)]
+    order = operation_order(kept, meta)
+    gt_ops = len({w.operation_id for w in gt_writes if not cfg.table_ignored(w.table)})
+    agent_ops = len(order)
+    wasted = _wasted_ops(order, ag_side)
+    if agent_ops:
+        efficiency = min(1.0, gt_ops / agent_ops) * (1 - wasted / agent_ops)
+    else:
+        efficiency = 1.0 if gt_ops == 0 else 0.0
+    counts = Counts(m, n_gt - m, n_ag - m, gt_ops, agent_ops, wasted)
+
+    operations = _utilities(
+        order, gt=gt_side, agent=ag_side, matching=matching, metadata=meta, config=cfg, n_gt=n_gt
+    )
+    stats = Stats(struct, content, efficiency, precision, recall, f1, counts)
+    scores = {name: float(fn(stats)) for name, fn in score_functions().items()}
+    return ScoringResult(
+        gt=gt,
+        agent=agent,
+        struct_score=struct,
+        content_score=content,
+        overall=0.5 * struct + 0.5 * content,
+        efficiency=efficiency,
+        precision=precision,
+        recall=recall,
+        f1=f1,
+        counts=counts,
+        operations=operations,
+        scores=scores,
+        tables=_tables(matching, gt_side, ag_side),
+        rows=_explain(matching) if explain else (),
+        info=dict(info or {}),
+    )
+
+
+def _ratio(num: int, den: int, both_empty: bool) -> float:
+    if den:
+        return num / den
+    return 1.0 if both_empty else 0.0
+
+
+def operation_order(writes: Sequence[Write], metadata: Metadata) -> list[str]:
+    """The agent's operations in topological order of a DAG of dependencies, oldest first on ties.
+
+    o_j depends on o_i when o_j writes a row o_i wrote before (same-row) or a row referencing, through a
+    foreign key, a row o_i wrote before (FK). Interleaved operations can form cycles; a cycle is scored as
+    one block in order of first write.
+    """
+    ordered = sorted(writes, key=lambda w: w.seq)
+    first: dict[str, int] = {}
+    for w in ordered:
+        first.setdefault(w.operation_id, w.seq)
+    graph = nx.DiGraph()
+    graph.add_nodes_from(first)
+    history: dict[tuple[str, Key], tuple[list[int], list[str]]] = {}
+    for w in ordered:
+        meta = metadata.tables[w.table]
+        key = tuple(freeze(w.pk[c]) for c in meta.pk)
+        seqs, ops = history.setdefault((w.table, key), ([], []))
+        if ops and ops[-1] != w.operation_id:
+            graph.add_edge(ops[-1], w.operation_id)
+        if w.row is not None:
+            for fk in meta.fks:
+                ref = metadata.get(fk.ref_table)
+                if ref is None or set(fk.ref_columns) != set(ref.pk):
+                    continue
+                values = [w.row.get(c) for c in fk.columns]
+                if any(v is None for v in values):
+                    continue
+                by_ref = dict(zip(fk.ref_columns, values, strict=True))
+                parent = history.get((fk.ref_table, tuple(freeze(by_ref[c]) for c in ref.pk)))
+                if parent:
+                    p_seqs, p_ops = parent
+                    idx = bisect_left(p_seqs, w.seq) - 1
+                    if idx >= 0 and p_ops[idx] != w.operation_id:
+                        graph.add_edge(p_ops[idx], w.operation_id)
+        seqs.append(w.seq)
+        ops.append(w.operation_id)
+    cond = nx.condensation(graph)
+    order: list[str] = []
+    for node in nx.lexicographical_topological_sort(
+        cond, key=lambda n: min(first[o] for o in cond.nodes[n]["members"])
+    ):
+        order.extend(sorted(cond.nodes[node]["members"], key=lambda o: first[o]))
+    return order
+
+
+def _wasted_ops(order: Sequence[str], agent: Side) -> int:
+    """Operations none of whose writes last: every row they wrote was overwritten by another operation, or
+    was created and deleted within the session."""
+    lasting: set[str] = set()
+    for rows in agent.values():
+        for r in rows.values():
+            if not (r.created and r.deleted):
+                lasting.add(r.operation_id)
+    return sum(1 for o in order if o not in lasting)
+
+
+def _utilities(
+    order: Sequence[str],
+    *,
+    gt: Side,
+    agent: Side,
+    matching: Matching,
+    metadata: Metadata,
+    config: ScoringConfig,
+    n_gt: int,
+) -> tuple[OperationUtility, ...]:
+    # Final partners of each ground-truth row: by key (the agent key translating to it) and by similarity.
+    key_partner: dict[tuple[str, Key], Key] = {}
+    sim_partner: dict[tuple[str, Key], Key] = {}
+    gt_of_key: dict[tuple[str, Key], Key] = {}
+    gt_of_sim: dict[tuple[str, Key], Key] = {}
+    for table, keys in matching.mapped_keys.items():
+        for akey, mk in keys.items():
+            if mk in gt.get(table, {}) and (table, mk) not in key_partner:
+                key_partner[(table, mk)] = akey
+                gt_of_key[(table, akey)] = mk
+    for table, tm in matching.tables.items():
+        for p in tm.pairs:
+            if p.how == "similarity":
+                sim_partner[(table, p.gt.key)] = p.agent.key
+                gt_of_sim[(table, p.agent.key)] = p.gt.key
+    scorers: dict[str, _TableScorer] = {}
+
+    def scorer(table: str) -> _TableScorer:
+        if table not in scorers:
+            names: set[str] = set()
+            for r in (*gt.get(table, {}).values(), *agent.get(table, {}).values()):
+                names.update((r.row or r.image or {}).keys())
+            scorers[table] = _TableScorer(metadata.tables[table], config, matching.mapping, names)
+        return scorers[table]
+
+    present: dict[tuple[str, Key], Version] = {}
+    matched_by: dict[tuple[str, Key], Key | None] = {}
+    sim_cache: dict[tuple[str, Key, int], bool] = {}
+
+    def key_valid(table: str, akey: Key) -> bool:
+        gkey = gt_of_key.get((table, akey))
+        v = present.get((table, akey))
+        return gkey is not None and v is not None and v.deleted == gt[table][gkey].deleted
+
+    def sim_valid(table: str, gkey: Key, akey: Key, v: Version) -> bool:
+        final = agent[table][akey]
+        if v.seq == final.seq:
+            return True  # the final version is the one the matching paired
+        cached = sim_cache.get((table, akey, v.seq))
+        if cached is None:
+            g = gt[table][gkey]
+            row = matching.mapping.translate(metadata.tables[table], v.row) if v.row is not None else None
+            image = matching.mapping.translate(metadata.tables[table], final.image) if final.image else None
+            sim = scorer(table).compare_rows(g, row, v.deleted, image)[0]
+            cached = v.deleted == g.deleted and sim >= config.min_similarity
+            sim_cache[(table, akey, v.seq)] = cached
+        return cached
+
+    def evaluate(table: str, gkey: Key) -> Key | None:
+        ka = key_partner.get((table, gkey))
+        if ka is not None and key_valid(table, ka):
+            return ka
+        sa = sim_partner.get((table, gkey))
+        if sa is not None:
+            v = present.get((table, sa))
+            if v is not None and not key_valid(table, sa) and sim_valid(table, gkey, sa, v):
+                return sa
+        return None
+
+    by_op: dict[str, list[tuple[str, Key, Version]]] = defaultdict(list)
+    for table, rows in agent.items():
+        for akey, r in rows.items():
+            for v in r.versions:
+                by_op[v.operation_id].append((table, akey, v))
+    last_writer: dict[str, list[Row]] = defaultdict(list)
+    for rows in agent.values():
+        for r in rows.values():
+            last_writer[r.operation_id].append(r)
+    similarity_of: dict[tuple[str, Key], float] = {}
+    for table, tm in matching.tables.items():
+        for p in tm.pairs:
+            similarity_of[(table, p.agent.key)] = p.similarity
+
+    matched = 0
+    before = 0.0 if n_gt else 1.0
+    out: list[OperationUtility] = []
+    for op in order:
+        touched: set[tuple[str, Key]] = set()
+        for table, akey, v in by_op.get(op, ()):
+            cur = present.get((table, akey))
+            if cur is None or v.seq > cur.seq:
+                present[(table, akey)] = v
+            for partner in (gt_of_key.get((table, akey)), gt_of_sim.get((table, akey))):
+                if partner is not None:
+                    touched.add((table, partner))
+        for table, gkey in touched:
+            old = matched_by.get((table, gkey))
+            new = evaluate(table, gkey)
+            matched_by[(table, gkey)] = new
+            matched += (new is not None) - (old is not None)
+        extra = len(present) - matched
+        after = _ratio(matched, n_gt + extra, n_gt == 0 and not present)
+        sims = [
+            similarity_of[(r.table, r.key)]
+            for r in last_writer.get(op, ())
+            if (r.table, r.key) in similarity_of
+        ]
+        out.append(
+            OperationUtility(
+                operation_id=op,
+                struct_utility=after - before,
+                content_utility=sum(sims) / len(sims) if sims else 0.0,
+                rows=len(last_writer.get(op, ())),
+                matched_rows=len(sims),
+            )
+        )
+        before = after
+    return tuple(out)
+
+
+def _tables(matching: Matching, gt: Side, agent: Side) -> tuple[TableScore, ...]:
+    out = []
+    for table, tm in matching.tables.items():
+        m, n_gt, n_ag = len(tm.pairs), len(gt.get(table, {})), len(agent.get(table, {}))
+        empty = n_gt == 0 and n_ag == 0
+        out.append(
+            TableScore(
+                table=table,
+                gt_rows=n_gt,
+                agent_rows=n_ag,
+                matched=m,
+                missing=len(tm.missing),
+                extra=len(tm.extra),
+                struct_score=_ratio(m, n_gt + n_ag - m, empty),
+                content_score=sum(p.similarity for p in tm.pairs) / m if m else (1.0 if empty else 0.0),
+            )
+        )
+    return tuple(out)
+
+
+def _explain(matching: Matching) -> tuple[RowExplanation, ...]:
+    out: list[RowExplanation] = []
+    for table, tm in matching.tables.items():
+        for p in tm.pairs:
+            g_row = p.gt.row if p.gt.row is not None else (p.gt.image or {})
+            a_row = p.agent.row if p.agent.row is not None else (p.agent.image or {})
+            diffs = tuple(FieldDiff(c, s, g_row.get(c), a_row.get(c)) for c, s in p.fields if s < 1.0)
+            reason = "identical" if not diffs else f"{len(diffs)} of {len(p.fields)} fields differ"
+            if p.gt.deleted:
+                reason = "both deleted the row"
+            out.append(
+                RowExplanation(
+                    table,
+                    "matched",
+                    p.gt.pk,
+                    p.agent.pk,
+                    p.similarity,
+                    p.how,
+                    reason,
+                    p.agent.operation_id,
+                    diffs,
+                )
+            )
+        for u in tm.missing:
+            out.append(RowExplanation(table, "missing", u.row.pk, None, None, "", u.reason, None))
+        for u in tm.extra:
+            out.append(RowExplanation(table, "extra", None, u.row.pk, None, "", u.reason, u.row.operation_id))
+    return tuple(out)

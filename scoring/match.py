@@ -1,0 +1,546 @@
+"""Reduce each session to its last write per (table, pk) and pair ground-truth rows with agent rows.
+
+Pairing, per table, parents before children (foreign-key order):
+1. by key: an agent row whose key, with foreign-key parts translated through the id mapping, is a key the
+   ground truth wrote (rows both sessions updated, and children whose parents are already aligned);
+2. by similarity: the remaining rows that did not exist before the session (their keys were generated
+   independently) are paired by an optimal assignment maximising total similarity
+   (``scipy.optimize.linear_sum_assignment``), never below ``min_similarity``.
+Every pair extends the id mapping (agent key -> ground-truth key), which changes how children compare; the
+whole pass repeats until the mapping stops changing (a fixed point).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import networkx as nx
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+from .compare import UNMAPPED, Comparator, FieldContext, RowContext, RowFunction, Unmapped
+from .config import ScoringConfig
+from .errors import ScoringError
+from .model import Key, Metadata, TableMeta, Write, freeze, key_of
+
+MAX_PASSES = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    seq: int
+    operation_id: str
+    row: Mapping[str, Any] | None
+    deleted: bool
+
+
+@dataclass(frozen=True)
+class Row:
+    """A session's last write of one (table, pk)."""
+
+    table: str
+    key: Key
+    pk: Mapping[str, Any]
+    row: Mapping[str, Any] | None  # None when the last write deleted the row
+    image: Mapping[str, Any] | None  # the last live version (what a deleted row looked like)
+    deleted: bool
+    operation_id: str
+    seq: int
+    created: bool | None
+    versions: tuple[Version, ...]
+
+
+Side = dict[str, dict[Key, Row]]
+
+
+def reduce_writes(writes: Iterable[Write], metadata: Metadata, config: ScoringConfig) -> Side:
+    """Last write per (table, pk); ignored tables dropped; with ``collapse``, rows created and deleted
+    within the session dropped."""
+    grouped: dict[tuple[str, Key], list[Write]] = {}
+    for w in sorted(writes, key=lambda w: w.seq):
+        if config.table_ignored(w.table):
+            continue
+        meta = metadata.tables[w.table]
+        grouped.setdefault((w.table, key_of(meta, w.pk)), []).append(w)
+    side: Side = {}
+    for (table, key), ws in grouped.items():
+        last = ws[-1]
+        flags = {w.created for w in ws if w.created is not None}
+        created = (True in flags) if flags else None
+        if config.collapse and created and last.deleted:
+            continue
+        image = next((w.row for w in reversed(ws) if not w.deleted and w.row is not None), None)
+        side.setdefault(table, {})[key] = Row(
+            table=table,
+            key=key,
+            pk=dict(last.pk),
+            row=None if last.deleted else last.row,
+            image=image,
+            deleted=last.deleted,
+            operation_id=last.operation_id,
+            seq=last.seq,
+            created=created,
+            versions=tuple(
+                Version(w.seq, w.operation_id, None if w.deleted else w.row, w.deleted) for w in ws
+            ),
+        )
+    return side
+
+
+class IdMapping:
+    """Agent key -> ground-truth key, per table, for every pair made so far."""
+
+    def __init__(self, metadata: Metadata, agent: Side) -> None:
+        self.metadata = metadata
+        self.pairs: dict[str, dict[Key, Key]] = defaultdict(dict)
+        self._agent = agent
+
+    def map_key(self, table: str, key: Key) -> Key | Unmapped:
+        mapped = self.pairs.get(table, {}).get(key)
+        if mapped is not None:
+            return mapped
+        row = self._agent.get(table, {}).get(key)
+        # A key the agent generated and the matching did not pair can equal nothing on the other side;
+        # any other key (a row that existed before) means the same row on both sides.
+        if row is not None and row.created:
+            return UNMAPPED
+        return key
+
+    def translate(
+        self, meta: TableMeta, values: Mapping[str, Any], only: Sequence[str] | None = None
+    ) -> dict[str, Any]:
+        """``values`` with foreign-key columns rewritten into the ground truth's key space."""
+        out = dict(values)
+        for fk in meta.fks:
+            if only is not None and not set(fk.columns) <= set(only):
+                continue
+            ref = self.metadata.get(fk.ref_table)
+            if ref is None or set(fk.ref_columns) != set(ref.pk):
+                continue
+            try:
+                raw = [values[c] for c in fk.columns]
+            except KeyError:
+                continue
+            if any(v is None for v in raw):
+                continue
+            by_ref = dict(zip(fk.ref_columns, raw, strict=True))
+            mapped = self.map_key(fk.ref_table, tuple(freeze(by_ref[c]) for c in ref.pk))
+            if isinstance(mapped, Unmapped):
+                for c in fk.columns:
+                    out[c] = UNMAPPED
+                continue
+            gt_by_ref = dict(zip(ref.pk, mapped, strict=True))
+            for c, rc in zip(fk.columns, fk.ref_columns, strict=True):
+                out[c] = gt_by_ref[rc] if gt_by_ref[rc] != freeze(values[c]) else values[c]
+        return out
+
+
+@dataclass(frozen=True)
+class Pair:
+    gt: Row
+    agent: Row
+    similarity: float
+    fields: tuple[tuple[str, float], ...]
+    how: str  # "key" or "similarity"
+
+
+@dataclass(frozen=True)
+class Unpaired:
+    row: Row
+    reason: str
+
+
+@dataclass(frozen=True)
+class TableMatch:
+    table: str
+    pairs: tuple[Pair, ...]
+    missing: tuple[Unpaired, ...]
+    extra: tuple[Unpaired, ...]
+
+
+@dataclass(frozen=True)
+class Matching:
+    tables: Mapping[str, TableMatch]
+    mapping: IdMapping
+    # Agent key -> the ground-truth key it translates to (for per-operation scoring).
+    mapped_keys: Mapping[str, Mapping[Key, Key]]
+
+
+class _TableScorer:
+    """Field comparison for one table: which columns count and with which comparator."""
+
+    def __init__(self, meta: TableMeta, config: ScoringConfig, mapping: IdMapping, names: Iterable[str]):
+        self.meta = meta
+        self.mapping = mapping
+        fk_cols = {c for fk in meta.fks for c in fk.columns}
+        declared = [c.name for c in meta.columns]
+        seen = set(declared)
+        columns = declared + sorted(n for n in names if n not in seen)
+        self.fields: list[tuple[str, Comparator, FieldContext]] = []
+        for name in columns:
+            # Generated surrogate keys say nothing about content; key parts that are foreign keys do.
+            if name in meta.pk and name not in fk_cols:
+                continue
+            if config.column_ignored(meta.name, name):
+                continue
+            col = meta.column(name)
+            from .model import OTHER, ColumnMeta
+
+            col = col or ColumnMeta(name, "unknown", OTHER)
+            comp = config.column_comparator(meta.name, name)
+            if comp is None:
+                _, comp = config.category_comparator(col.category)
+                if name in fk_cols and comp is not None:
+                    from .compare import exact
+
+                    comp = exact
+            if comp is None:
+                continue
+            self.fields.append((name, comp, FieldContext(meta, col, mapping)))
+        self.row_fn: RowFunction | None = config.row_function(meta.name)
+        self.row_ctx = RowContext(meta, mapping)
+
+    def compare(
+        self, gt: Mapping[str, Any] | None, agent: Mapping[str, Any] | None
+    ) -> tuple[float, tuple[tuple[str, float], ...]]:
+        if gt is None or agent is None:
+            return (1.0, ()) if gt is agent else (0.0, ())
+        if self.row_fn is not None:
+            got = self.row_fn(gt, agent, self.row_ctx)
+            if isinstance(got, Mapping):
+                items = tuple((k, _unit(v, self.meta.name)) for k, v in got.items())
+                return (sum(v for _, v in items) / len(items) if items else 1.0), items
+            return _unit(got, self.meta.name), ()
+        items = tuple(
+            (name, float(comp(gt.get(name), agent.get(name), ctx))) for name, comp, ctx in self.fields
+        )
+        if not items:
+            return 1.0, ()
+        return sum(v for _, v in items) / len(items), items
+
+    def similarity(self, gt: Row, agent_row: Mapping[str, Any] | None, agent_deleted: bool) -> float:
+        return self.compare_rows(gt, agent_row, agent_deleted)[0]
+
+    def compare_rows(
+        self,
+        gt: Row,
+        agent_row: Mapping[str, Any] | None,
+        agent_deleted: bool,
+        agent_image: Mapping[str, Any] | None = None,
+    ) -> tuple[float, tuple[tuple[str, float], ...]]:
+        if gt.deleted != agent_deleted:
+            return 0.0, ()
+        if gt.deleted:
+            # Both deleted: the same deletion; compare what the rows looked like when both are known.
+            if gt.image is not None and agent_image is not None:
+                return self.compare(gt.image, agent_image)
+            return 1.0, ()
+        return self.compare(gt.row, agent_row)
+
+
+def _unit(value: Any, table: str) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ScoringError(f"row function for {table} returned {value!r}, not a number") from None
+    if not 0.0 <= v <= 1.0:
+        raise ScoringError(f"row function for {table} returned {v}, outside [0, 1]")
+    return v
+
+
+def table_order(metadata: Metadata, tables: Iterable[str]) -> list[str]:
+    """Parents before children along foreign keys; cycles (and self references) stay together."""
+    names = sorted(set(tables))
+    graph = nx.DiGraph()
+    graph.add_nodes_from(names)
+    for t in names:
+        meta = metadata.tables[t]
+        for fk in meta.fks:
+            if fk.ref_table in graph and fk.ref_table != t:
+                graph.add_edge(fk.ref_table, t)
+    cond = nx.condensation(graph)
+    order: list[str] = []
+    for comp in nx.lexicographical_topological_sort(cond, key=lambda n: min(cond.nodes[n]["members"])):
+        order.extend(sorted(cond.nodes[comp]["members"]))
+    return order
+
+
+def match_sessions(gt: Side, agent: Side, metadata: Metadata, config: ScoringConfig) -> Matching:
+    mapping = IdMapping(metadata, agent)
+    tables = table_order(metadata, set(gt) | set(agent))
+    parents: dict[str, set[str]] = {
+        t: {fk.ref_table for fk in metadata.tables[t].fks if fk.ref_table in metadata.tables} for t in tables
+    }
+    results: dict[str, TableMatch] = {}
+    mapped_keys: dict[str, dict[Key, Key]] = {}
+    version = dict.fromkeys(tables, 0)
+    seen_versions: dict[str, dict[str, int]] = {}
+    for _ in range(MAX_PASSES):
+        changed = False
+        for t in tables:
+            deps = {p: version.get(p, 0) for p in parents[t]}
+            if t in results and seen_versions.get(t) == deps:
+                continue  # nothing it depends on moved since it was last paired
+            seen_versions[t] = deps
+            result, keys = _match_table(
+                t,
+                gt_rows=gt.get(t, {}),
+                ag_rows=agent.get(t, {}),
+                metadata=metadata,
+                config=config,
+                mapping=mapping,
+            )
+            new_pairs = {p.agent.key: p.gt.key for p in result.pairs}
+            if new_pairs != mapping.pairs.get(t, {}):
+                mapping.pairs[t] = new_pairs
+                version[t] += 1
+                changed = True
+            results[t] = result
+            mapped_keys[t] = keys
+        if not changed:
+            break
+    return Matching(results, mapping, mapped_keys)
+
+
+def _match_table(
+    table: str,
+    *,
+    gt_rows: Mapping[Key, Row],
+    ag_rows: Mapping[Key, Row],
+    metadata: Metadata,
+    config: ScoringConfig,
+    mapping: IdMapping,
+) -> tuple[TableMatch, dict[Key, Key]]:
+    meta = metadata.tables[table]
+    names: set[str] = set()
+    for r in (*gt_rows.values(), *ag_rows.values()):
+        names.update((r.row or r.image or {}).keys())
+    scorer = _TableScorer(meta, config, mapping, names)
+    translated = {
+        k: (mapping.translate(meta, a.row) if a.row is not None else None) for k, a in ag_rows.items()
+    }
+    images = {
+        k: (mapping.translate(meta, a.image) if a.image is not None else None) for k, a in ag_rows.items()
+    }
+    mapped_keys: dict[Key, Key] = {}
+    pairs: list[Pair] = []
+    paired_gt: set[Key] = set()
+    paired_ag: set[Key] = set()
+    reasons: dict[tuple[str, Key], str] = {}
+    for k, a in ag_rows.items():
+        mk_values = mapping.translate(meta, a.pk, only=meta.pk)
+        if any(isinstance(v, Unmapped) for v in mk_values.values()):
+            continue
+        mk = key_of(meta, mk_values)
+        mapped_keys[k] = mk
+        g = gt_rows.get(mk)
+        if g is None or mk in paired_gt:
+            continue
+        if g.deleted != a.deleted:
+            what = "deleted" if a.deleted else "kept"
+            reasons[("gt", mk)] = f"the agent {what} this row, the ground truth did not"
+            reasons[("agent", k)] = f"the ground truth {'deleted' if g.deleted else 'kept'} this row"
+            continue
+        sim, fields = scorer.compare_rows(g, translated[k], a.deleted, images[k])
+        pairs.append(Pair(g, a, sim, fields, "key"))
+        paired_gt.add(mk)
+        paired_ag.add(k)
+    # Rows that existed before the session are identified by their key only: editing another
+    # existing row is never a match for this one.
+    g_rem = [g for k, g in gt_rows.items() if k not in paired_gt and g.created is not False]
+    a_rem = [a for k, a in ag_rows.items() if k not in paired_ag and a.created is not False]
+    if g_rem and a_rem:
+        for gi, ai, sim, fields in _assign(
+            g_rem, a_rem, scorer=scorer, translated=translated, images=images, config=config, reasons=reasons
+        ):
+            g, a = g_rem[gi], a_rem[ai]
+            pairs.append(Pair(g, a, sim, fields, "similarity"))
+            paired_gt.add(g.key)
+            paired_ag.add(a.key)
+    missing = tuple(
+        Unpaired(g, reasons.get(("gt", k), _missing_reason(g, bool(a_rem))))
+        for k, g in gt_rows.items()
+        if k not in paired_gt
+    )
+    extra = tuple(
+        Unpaired(a, reasons.get(("agent", k), _extra_reason(a, bool(g_rem))))
+        for k, a in ag_rows.items()
+        if k not in paired_ag
+    )
+    pairs.sort(key=lambda p: p.gt.seq)
+    return TableMatch(table, tuple(pairs), missing, extra), mapped_keys
+
+
+def _missing_reason(g: Row, had_candidates: bool) -> str:
+    if g.created is False:
+        return "the agent did not write this existing row"
+    return (
+        "no agent row of this table was similar enough" if had_candidates else "the agent wrote no such row"
+    )
+
+
+def _extra_reason(a: Row, had_candidates: bool) -> str:
+    if a.created is False:
+        return "the ground truth did not change this existing row"
+    return (
+        "no ground-truth row of this table was similar enough"
+        if had_candidates
+        else "the ground truth wrote no such row"
+    )
+
+
+def _fingerprint(scorer: _TableScorer, row: Mapping[str, Any] | None, deleted: bool) -> Any:
+    if row is None:
+        return (deleted,)
+    return (
+        deleted,
+        tuple(
+            freeze(row.get(name)) if not isinstance(row.get(name), Unmapped) else object()
+            for name, _, _ in scorer.fields
+        ),
+    )
+
+
+def _assign(
+    g_rem: list[Row],
+    a_rem: list[Row],
+    *,
+    scorer: _TableScorer,
+    translated: Mapping[Key, Mapping[str, Any] | None],
+    images: Mapping[Key, Mapping[str, Any] | None],
+    config: ScoringConfig,
+    reasons: dict[tuple[str, Key], str],
+) -> list[tuple[int, int, float, tuple[tuple[str, float], ...]]]:
+    """Optimal assignment of the remaining rows; identical rows first when the matrix would be huge."""
+    out: list[tuple[int, int, float, tuple[tuple[str, float], ...]]] = []
+    gi_left = list(range(len(g_rem)))
+    ai_left = list(range(len(a_rem)))
+    if len(g_rem) * len(a_rem) > config.max_dense_cells and scorer.row_fn is None:
+        # Fast path for large tables: a row identical to a row on the other side scores 1.0, the maximum,
+        # so pairing identical rows first loses little and shrinks the matrix to the rows that differ.
+        by_print: dict[Any, list[int]] = defaultdict(list)
+        for i in gi_left:
+            g = g_rem[i]
+            by_print[_fingerprint(scorer, g.row if not g.deleted else g.image, g.deleted)].append(i)
+        rest_a: list[int] = []
+        for j in ai_left:
+            a = a_rem[j]
+            fp = _fingerprint(scorer, translated[a.key] if not a.deleted else images[a.key], a.deleted)
+            bucket = by_print.get(fp)
+            if bucket:
+                i = bucket.pop(0)
+                sim, fields = scorer.compare_rows(g_rem[i], translated[a.key], a.deleted, images[a.key])
+                out.append((i, j, sim, fields))
+            else:
+                rest_a.append(j)
+        used = {i for i, _, _, _ in out}
+        gi_left = [i for i in gi_left if i not in used]
+        ai_left = rest_a
+    if not gi_left or not ai_left:
+        return out
+    blocks = [(gi_left, ai_left)]
+    if len(gi_left) * len(ai_left) > config.max_dense_cells:
+        blocks = _blocks(
+            gi_left,
+            ai_left,
+            g_rem=g_rem,
+            a_rem=a_rem,
+            scorer=scorer,
+            translated=translated,
+            max_cells=config.max_dense_cells,
+        )
+    for gis, ais in blocks:
+        weights = np.zeros((len(gis), len(ais)))
+        cache: dict[tuple[int, int], tuple[float, tuple[tuple[str, float], ...]]] = {}
+        for x, i in enumerate(gis):
+            g = g_rem[i]
+            for y, j in enumerate(ais):
+                a = a_rem[j]
+                if g.deleted != a.deleted:
+                    continue
+                sim, fields = scorer.compare_rows(g, translated[a.key], a.deleted, images[a.key])
+                cache[(x, y)] = (sim, fields)
+                if sim >= config.min_similarity:
+                    # The epsilon keeps a pair at similarity 0 (min_similarity 0) distinct from "no pair".
+                    weights[x, y] = sim + 1e-9
+        rows_idx, cols_idx = linear_sum_assignment(weights, maximize=True)
+        chosen_g: set[int] = set()
+        chosen_a: set[int] = set()
+        for x, y in zip(rows_idx.tolist(), cols_idx.tolist(), strict=True):
+            if weights[x, y] > 0:
+                sim, fields = cache[(x, y)]
+                out.append((gis[x], ais[y], sim, fields))
+                chosen_g.add(x)
+                chosen_a.add(y)
+        for x, i in enumerate(gis):
+            if x not in chosen_g:
+                best = max((cache[(x, y)][0] for y in range(len(ais)) if (x, y) in cache), default=None)
+                if best is not None:
+                    reasons[("gt", g_rem[i].key)] = _below(best, config.min_similarity, "agent")
+        for y, j in enumerate(ais):
+            if y not in chosen_a:
+                best = max((cache[(x, y)][0] for x in range(len(gis)) if (x, y) in cache), default=None)
+                if best is not None:
+                    reasons[("agent", a_rem[j].key)] = _below(best, config.min_similarity, "ground-truth")
+    return out
+
+
+def _below(best: float, threshold: float, side: str) -> str:
+    if best >= threshold:
+        return f"every similar {side} row was paired with a better match (best similarity {best:.2f})"
+    return f"best {side} candidate similarity {best:.2f} < min_similarity {threshold:.2f}"
+
+
+def _blocks(
+    gis: list[int],
+    ais: list[int],
+    *,
+    g_rem: list[Row],
+    a_rem: list[Row],
+    scorer: _TableScorer,
+    translated: Mapping[Key, Mapping[str, Any] | None],
+    max_cells: int,
+) -> list[tuple[list[int], list[int]]]:
+    """Split a too-large assignment into independent blocks: rows are candidates for each other only when
+    they share an exact value in some column, and connected candidates form a block. Blocks still too large
+    are cut in order, so the cost stays bounded (documented as an approximation for huge tables)."""
+    index: dict[Any, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+    for i in gis:
+        g = g_rem[i]
+        for name, _, _ in scorer.fields:
+            value = (g.row or g.image or {}).get(name)
+            if value is not None:
+                index[(name, freeze(value))][0].append(i)
+    for j in ais:
+        a = translated[a_rem[j].key] or {}
+        for name, _, _ in scorer.fields:
+            value = a.get(name)
+            if value is not None and not isinstance(value, Unmapped):
+                index[(name, freeze(value))][1].append(j)
+    graph = nx.Graph()
+    graph.add_nodes_from(("g", i) for i in gis)
+    graph.add_nodes_from(("a", j) for j in ais)
+    limit = max(2, int(max_cells**0.5))
+    for gs, as_ in index.values():
+        # A value shared by very many rows (a status, a project id) does not discriminate: skip it.
+        if gs and as_ and len(gs) <= limit and len(as_) <= limit:
+            anchor = ("g", gs[0])
+            for i in gs[1:]:
+                graph.add_edge(anchor, ("g", i))
+            for j in as_:
+                graph.add_edge(anchor, ("a", j))
+    blocks: list[tuple[list[int], list[int]]] = []
+    for comp in nx.connected_components(graph):
+        bg = sorted(i for s, i in comp if s == "g")
+        ba = sorted(j for s, j in comp if s == "a")
+        if not bg or not ba:
+            continue
+        step = limit
+        for start in range(0, max(len(bg), len(ba)), step):
+            cg, ca = bg[start : start + step], ba[start : start + step]
+            if cg and ca:
+                blocks.append((cg, ca))
+    return blocks
