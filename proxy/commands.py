@@ -1,15 +1,170 @@
-"""Sub-commands of this package (filled in by its issue)."""
+"""Sub-commands of the proxy: ``serve``, ``session route`` and ``session unroute``."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import threading
 from typing import Any
+
+from proxy.errors import ProxyError
+
+DEFAULT_ADMIN = "127.0.0.1:9188"
 
 
 def register(sub: Any, session_sub: Any) -> None:
     """Add this package's sub-commands to the ``cowproxy`` parser."""
-    del sub, session_sub
+    from proxy.cli import add_format
+
+    serve = sub.add_parser("serve", help="run the wire-protocol proxy in front of PostgreSQL")
+    serve.add_argument("--upstream", help="PostgreSQL to relay to, HOST:PORT")
+    serve.add_argument("--listen", help="where clients connect, HOST:PORT (default 127.0.0.1:6432)")
+    serve.add_argument("--metrics", help="serve Prometheus /metrics on HOST:PORT")
+    serve.add_argument("--admin", help=f"serve the admin API on HOST:PORT (e.g. {DEFAULT_ADMIN})")
+    serve.add_argument("--admin-token", help="bearer token the admin API requires (default: none)")
+    serve.add_argument("--config", help="TOML file with the same settings (flags override it)")
+    serve.add_argument("--tls-cert", help="certificate for TLS to clients")
+    serve.add_argument("--tls-key", help="private key for TLS to clients")
+    serve.add_argument("--upstream-tls", choices=["disable", "prefer", "require"], help="TLS to PostgreSQL")
+    serve.add_argument("--max-message-size", type=int, help="largest client message in bytes")
+    serve.add_argument("--drain-timeout", type=float, help="seconds SIGTERM waits for open transactions")
+    serve.add_argument("--log-format", choices=["logfmt", "json"], help="log line format")
+    serve.set_defaults(func=_serve)
+
+    for name, helptext in (
+        ("route", "tag every untagged connection to a database with a session (via the admin API)"),
+        ("unroute", "stop routing a database's untagged connections to a session"),
+    ):
+        cmd = session_sub.add_parser(name, help=helptext)
+        if name == "route":
+            cmd.add_argument("session", help="session id")
+        cmd.add_argument("--database", required=True, help="database whose untagged connections to route")
+        cmd.add_argument(
+            "--admin",
+            default=os.environ.get("COWPROXY_ADMIN", DEFAULT_ADMIN),
+            help=f"admin API URL or HOST:PORT (default $COWPROXY_ADMIN, then {DEFAULT_ADMIN})",
+        )
+        cmd.add_argument("--admin-token", default=os.environ.get("COWPROXY_ADMIN_TOKEN"), help="bearer token")
+        add_format(cmd)
+        cmd.set_defaults(func=_route if name == "route" else _unroute)
 
 
-def _unused(_: argparse.Namespace) -> int:  # pragma: no cover
+def _route(args: argparse.Namespace) -> int:
+    from proxy.admin import admin_request
+    from proxy.tags import check_id
+
+    check_id(args.session, "session id")
+    result = admin_request(
+        args.admin, "POST", "/routes", {"database": args.database, "session": args.session}, args.admin_token
+    )
+    if args.format == "json":
+        print(json.dumps(result))
+    else:
+        print(f"routed database {args.database} to session {args.session}")
     return 0
+
+
+def _unroute(args: argparse.Namespace) -> int:
+    from urllib.parse import quote
+
+    from proxy.admin import admin_request
+    from proxy.errors import AdminError
+
+    try:
+        result = admin_request(
+            args.admin, "DELETE", f"/routes/{quote(args.database, safe='')}", None, args.admin_token
+        )
+    except AdminError as exc:
+        if "HTTP 404" in str(exc):
+            raise AdminError(f"database {args.database} is not routed") from None
+        raise
+    if args.format == "json":
+        print(json.dumps(result))
+    else:
+        print(f"unrouted database {args.database}")
+    return 0
+
+
+def setup_logging(fmt: str, level: str = "info") -> None:
+    from proxy.server import LogfmtFormatter
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LogfmtFormatter(as_json=fmt == "json"))
+    logger = logging.getLogger("cowproxy")
+    logger.handlers[:] = [handler]
+    logger.setLevel(level.upper())
+    logger.propagate = False
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from proxy.config import build_config
+
+    flags = {
+        "upstream": args.upstream,
+        "listen": args.listen,
+        "metrics": args.metrics,
+        "admin": args.admin,
+        "admin_token": args.admin_token,
+        "tls_cert": args.tls_cert,
+        "tls_key": args.tls_key,
+        "upstream_tls": args.upstream_tls,
+        "max_message_size": args.max_message_size,
+        "drain_timeout": args.drain_timeout,
+        "log_format": args.log_format,
+    }
+    config = build_config(flags, args.config)
+    setup_logging(config.log_format, config.log_level)
+    try:
+        import uvloop
+
+        runner: Any = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
+        runner = asyncio.run
+    runner(run_proxy(config))
+    return 0
+
+
+async def run_proxy(
+    config: Any, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None
+) -> None:
+    """Run until SIGTERM/SIGINT (or ``stop``), then drain."""
+    from proxy.admin import AdminApi, MetricsEndpoint
+    from proxy.server import ProxyServer
+
+    proxy = ProxyServer(config)
+    await proxy.start()
+    extras = []
+    try:
+        if config.admin is not None:
+            admin = AdminApi(proxy, config.admin_token)
+            await admin.http.start(config.admin)
+            extras.append(admin.http)
+        if config.metrics is not None:
+            metrics = MetricsEndpoint(proxy)
+            await metrics.http.start(config.metrics)
+            extras.append(metrics.http)
+    except ProxyError:
+        await proxy.drain(0)
+        for http in extras:
+            await http.close()
+        raise
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT) if threading.current_thread() is threading.main_thread() else ()
+    for sig in signals:
+        loop.add_signal_handler(sig, stop.set)
+    if ready is not None:
+        ready.set()
+    try:
+        await stop.wait()
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+        await proxy.drain()
+        for http in extras:
+            await http.close()

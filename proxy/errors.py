@@ -29,3 +29,27 @@ class RewriteError(ProxyError):
     def __init__(self, message: str, sqlstate: str = "0A000") -> None:
         super().__init__(message)
         self.sqlstate = sqlstate
+
+
+class ProtocolError(ProxyError):
+    """A client or server broke the wire protocol (malformed or oversized message)."""
+
+    sqlstate = "08P01"
+
+
+class RefusedError(ProxyError):
+    """A tagged connection tried to leave or tamper with its session."""
+
+    sqlstate = "42501"
+
+
+class UpstreamError(ProxyError):
+    """The upstream PostgreSQL could not be reached or went away."""
+
+    sqlstate = "08006"
+
+
+class AdminError(ProxyError):
+    """The admin API refused a request or could not be reached."""
+
+    sqlstate = "XX000"

@@ -1,0 +1,91 @@
+"""The relay's view of the SQL analysis in ``proxy.sql`` (built separately; see docs/interfaces.md).
+
+``proxy.sql`` is imported at run time and wrapped here, so that the relay depends on a small typed surface
+and keeps working (tags from startup and routes, no comment tags, no rewrites) if that package is absent.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.errors import ProxyError
+from proxy.tags import Tags, check_id
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the relay needs to know about one statement text."""
+
+    kind: str
+    writes: tuple[tuple[str, str], ...]
+    tampers: bool
+    rewritten: str | None
+    tag_map: tuple[str, str] | None
+    error: tuple[str, str] | None  # (sqlstate, message): answer this instead of running the statement
+    cache_hit: bool
+
+
+def _load() -> Any:
+    try:
+        return importlib.import_module("proxy.sql")
+    except ImportError:
+        return None
+
+
+class Analysis:
+    """Holds the analyzer (with its cache) for a whole proxy process."""
+
+    def __init__(self, cache_size: int = 4096) -> None:
+        self.module = _load()
+        self.available = self.module is not None and hasattr(self.module, "Analyzer")
+        self._analyzer: Any = self.module.Analyzer(cache_size=cache_size) if self.available else None
+        self.catalog_query: str | None = (
+            getattr(self.module, "CATALOG_QUERY", None) if self.available else None
+        )
+
+    def empty_catalog(self) -> Any:
+        if not self.available:
+            return None
+        return self.module.Catalog.empty()
+
+    def catalog_from_rows(self, rows: list[tuple[str | None, ...]]) -> Any:
+        if not self.available:
+            return None
+        return self.module.Catalog.from_rows(rows)
+
+    def comment_tags(self, sql: str) -> Tags | None:
+        """Tags from the statement's sqlcommenter comment; raises TagError for malformed ids."""
+        if self.module is None or not hasattr(self.module, "read_comment_tags"):
+            return None
+        found = self.module.read_comment_tags(sql)
+        if found is None or (found.session is None and found.operation is None):
+            return None
+        session = found.session
+        operation = found.operation
+        if session is not None:
+            check_id(session, "session id")
+        if operation is not None:
+            check_id(operation, "operation id")
+        return Tags(session, operation)
+
+    def analyze(self, sql: str, catalog: Any, in_session: bool) -> Verdict:
+        if not self.available:
+            return Verdict("other", (), False, None, None, None, False)
+        if catalog is None:
+            catalog = self.module.Catalog.empty()
+        try:
+            result = self._analyzer.analyze(sql, catalog, in_session)
+        except ProxyError as exc:
+            return Verdict("other", (), False, None, None, (exc.sqlstate, str(exc)), False)
+        error = result.error
+        return Verdict(
+            kind=str(result.kind),
+            writes=tuple((str(t), str(k)) for t, k in result.writes),
+            tampers=bool(result.tampers),
+            rewritten=result.rewritten if in_session else None,
+            tag_map=tuple(result.tag_map) if result.tag_map else None,
+            error=(str(error[0]), str(error[1])) if error else None,
+            cache_hit=bool(result.cache_hit),
+        )

@@ -1,0 +1,604 @@
+"""The per-connection relay logic, sans-IO: client events and server bytes in, bytes to send out.
+
+One ``Relay`` per client connection, after authentication. It forwards what the client sends, follows the
+server's replies by their headers (a queue of what each forwarded message will be answered with), and
+injects ``SELECT cow.use_session($1, $2)`` with bound parameters when the tags a statement needs differ from
+the tags in force on the upstream connection. Injected replies never reach the client.
+
+Statements the proxy refuses (tampering with a tagged session, malformed tags, oversized messages, errors
+from the SQL analysis) are not answered locally: they are replaced by a statement that fails on the server
+and the server's ErrorResponse is replaced by ours, so that the server's transaction state (an aborted
+block, an implicit transaction rolled back, skipping to Sync) is exactly what the client is told.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from proxy import protocol as p
+from proxy.analysis import Analysis, Verdict
+from proxy.errors import ProtocolError, TagError
+from proxy.tags import UNTAGGED, Tags
+
+# A statement that fails to parse: sent in place of a refused one (its error is replaced by ours).
+REFUSED_SQL = "cowproxy refused this statement"
+USE_SESSION_SQL = "SELECT cow.use_session($1, $2)"
+INJECT_STATEMENT = "__cowproxy_inject"
+CATALOG_STATEMENT = "__cowproxy_catalog"
+
+SQLSTATE_TOO_LARGE = "54000"
+SQLSTATE_REFUSED = "42501"
+
+
+class Kind(enum.IntEnum):
+    """What a forwarded message will be answered with (and so which reply ends it)."""
+
+    QUERY = 1  # simple Query: ends with ReadyForQuery
+    FUNC = 2  # FunctionCall: ends with ReadyForQuery
+    SYNC = 3  # ends with ReadyForQuery
+    PARSE = 4  # ParseComplete
+    BIND = 5  # BindComplete
+    DESCRIBE = 6  # RowDescription or NoData (after ParameterDescription for a statement)
+    EXECUTE = 7  # CommandComplete, EmptyQueryResponse or PortalSuspended
+    CLOSE = 8  # CloseComplete
+
+
+_ENDS_WITH_READY = (Kind.QUERY, Kind.FUNC, Kind.SYNC)
+_TERMINATOR: dict[int, tuple[Kind, ...]] = {
+    ord("1"): (Kind.PARSE,),
+    ord("2"): (Kind.BIND,),
+    ord("3"): (Kind.CLOSE,),
+    ord("T"): (Kind.DESCRIBE,),
+    ord("n"): (Kind.DESCRIBE,),
+    ord("C"): (Kind.EXECUTE,),
+    ord("I"): (Kind.EXECUTE,),
+    ord("s"): (Kind.EXECUTE,),
+}
+_Z = ord("Z")
+_E = ord("E")
+_C = ord("C")
+_D = ord("D")
+_A = ord("A")
+
+
+@dataclass(slots=True)
+class Entry:
+    kind: Kind
+    injected: bool = False
+    replace_error: bytes | None = None  # send this instead of the server's ErrorResponse
+    forward_error: bool = False  # an injected entry whose error the client must see
+    tag_map: tuple[str, str] | None = None
+    capture: list[tuple[str | None, ...]] | None = None
+    on_done: Callable[[bool], None] | None = None  # injected: called with ok when answered
+    started: float = 0.0
+
+
+class Hooks(Protocol):
+    """Where the relay reports what it sees (metrics, logs)."""
+
+    def statement(self, kind: str, tagged: bool) -> None: ...
+    def write(self, table: str, kind: str) -> None: ...
+    def rewrite(self) -> None: ...
+    def error(self, sqlstate: str) -> None: ...
+    def parse_cache(self, hit: bool) -> None: ...
+    def latency(self, seconds: float) -> None: ...
+    def tags_applied(self, tags: Tags) -> None: ...
+
+
+class NoHooks:
+    def statement(self, kind: str, tagged: bool) -> None:
+        pass
+
+    def write(self, table: str, kind: str) -> None:
+        pass
+
+    def rewrite(self) -> None:
+        pass
+
+    def error(self, sqlstate: str) -> None:
+        pass
+
+    def parse_cache(self, hit: bool) -> None:
+        pass
+
+    def latency(self, seconds: float) -> None:
+        pass
+
+    def tags_applied(self, tags: Tags) -> None:
+        pass
+
+
+@dataclass
+class Statement:
+    tags: Tags | None  # comment tags of its text
+    verdict: Verdict
+
+
+@dataclass
+class _Applied:
+    """The tags in force on the upstream connection, as far as the proxy knows."""
+
+    tags: Tags | None = UNTAGGED  # None: unknown (re-apply before the next statement)
+    tentative: bool = False  # set inside a transaction that may still roll back
+    error_since: bool = False
+
+
+class Relay:
+    """Sans-IO relay of one client connection (after authentication).
+
+    Call ``client_event`` for each event of the client's ``ClientReader`` and ``server_data`` for each
+    chunk from the server; then take ``to_server`` and ``to_client`` (lists of bytes, cleared by the
+    caller). ``holding`` tells the caller to stop reading from the client (bounded buffering while the
+    relay waits for an injected statement).
+    """
+
+    def __init__(
+        self,
+        analysis: Analysis,
+        default_tags: Tags,
+        route: Callable[[], Tags | None],
+        hooks: Hooks | None = None,
+        max_message: int = p.PG_MAX_MESSAGE,
+    ) -> None:
+        self.analysis = analysis
+        self.startup_tags = default_tags
+        self.route = route
+        self.hooks: Hooks = hooks or NoHooks()
+        self.max_message = max_message
+        self.to_server: list[bytes] = []
+        self.to_client: list[bytes] = []
+        self.status = "I"  # transaction status of the last ReadyForQuery
+        self.pending: deque[Entry] = deque()
+        self.skip_until_sync = False  # the server is discarding messages until Sync
+        self.mid_batch = False  # extended-protocol messages forwarded since the last Sync
+        self.applied = _Applied()
+        self.txn_tags: Tags = UNTAGGED  # tags in force for the current transaction
+        self.statements: dict[str, Statement] = {}
+        self.portals: dict[str, Statement] = {}
+        self.catalog: Any = None
+        self.catalog_loading = False
+        self.holding = False
+        self.held: deque[p.ClientEvent] = deque()
+        self._hold_until_idle = False
+        self._injection_error: p.ErrorFields | None = None
+        self.closing = False
+        self.scanner = p.ServerScanner(self._classify, self._handle, self._on_pass)
+        self._batch_started = 0.0
+
+    # ------------------------------------------------------------------------------------------------
+    # Tags
+
+    @property
+    def current_tags(self) -> Tags:
+        return self.txn_tags
+
+    def default_tags(self) -> Tags:
+        if self.startup_tags.tagged:
+            return self.startup_tags
+        return self.route() or UNTAGGED
+
+    def _at_transaction_start(self) -> bool:
+        return self.status == "I" and not self.pending and not self.mid_batch
+
+    def desired_tags(self, comment: Tags | None) -> Tags:
+        if comment is not None:
+            base = self.txn_tags if not self._at_transaction_start() else self.default_tags()
+            session = comment.session or base.session
+            if session is None:  # an operation id without any session to put it in
+                return UNTAGGED
+            return Tags(session, comment.operation)
+        if self._at_transaction_start():
+            return self.default_tags()
+        return self.txn_tags
+
+    def _needs_injection(self, tags: Tags) -> bool:
+        applied = self.applied
+        if applied.tags is None or applied.tags != tags:
+            return True
+        # Set inside an explicit block: a ROLLBACK TO SAVEPOINT may have undone it.
+        return applied.tentative and self.status != "I" and tags.tagged
+
+    # ------------------------------------------------------------------------------------------------
+    # Client side
+
+    def client_event(self, event: p.ClientEvent) -> None:
+        if self.holding:
+            self.held.append(event)
+            return
+        self._dispatch_client(event)
+
+    def _dispatch_client(self, event: p.ClientEvent) -> None:
+        if isinstance(event, p.Frame):
+            self._client_frame(event)
+        elif isinstance(event, p.StreamStart):
+            self.to_server.append(event.header)
+        elif isinstance(event, p.StreamChunk):
+            self.to_server.append(event.data)
+        elif isinstance(event, p.Oversized):
+            self._oversized(event)
+        else:  # a startup packet after authentication
+            raise ProtocolError("unexpected startup packet")
+
+    def _client_frame(self, frame: p.Frame) -> None:
+        kind = frame.kind
+        if self.skip_until_sync and kind != b"S":
+            # The server discards everything up to Sync; so do we (no decisions, no queue entries).
+            self.to_server.append(frame.raw)
+            return
+        if kind == b"Q":
+            self._client_query(frame)
+        elif kind == b"P":
+            self._client_parse(frame)
+        elif kind == b"B":
+            self._client_bind(frame)
+        elif kind == b"E":
+            self._client_execute(frame)
+        elif kind == b"S":
+            self.skip_until_sync = False
+            self.mid_batch = False
+            self._push(Entry(Kind.SYNC, started=self._batch_started or time.perf_counter()))
+            self._batch_started = 0.0
+            self.to_server.append(frame.raw)
+        elif kind == b"D":
+            self._extended(Entry(Kind.DESCRIBE), frame.raw)
+        elif kind == b"C":
+            close = p.decode_close(frame.body)
+            (self.statements if close.kind == "S" else self.portals).pop(close.name, None)
+            self._extended(Entry(Kind.CLOSE), frame.raw)
+        elif kind == b"F":
+            self._push(Entry(Kind.FUNC, started=time.perf_counter()))
+            self.to_server.append(frame.raw)
+        elif kind == b"X":
+            self.closing = True
+            self.to_server.append(frame.raw)
+        else:  # Flush, CopyData/CopyDone/CopyFail, password messages
+            self.to_server.append(frame.raw)
+
+    def _push(self, entry: Entry) -> None:
+        self.pending.append(entry)
+
+    def _extended(self, entry: Entry, raw: bytes) -> None:
+        if not self.mid_batch:
+            self.mid_batch = True
+            self._batch_started = time.perf_counter()
+        self._push(entry)
+        self.to_server.append(raw)
+
+    def _comment_tags(self, sql: str) -> Tags | TagError | None:
+        try:
+            return self.analysis.comment_tags(sql)
+        except TagError as exc:
+            return exc
+
+    def _prepare(self, sql: str, trigger: bytes, event: p.ClientEvent) -> tuple[Tags, Verdict] | None:
+        """Decide the tags for a statement text; inject them when needed.
+
+        Returns None when the event was held (it is replayed later) or refused.
+        """
+        comment = self._comment_tags(sql)
+        if isinstance(comment, TagError):
+            self._refuse(trigger, p.encode_error(comment.sqlstate, str(comment)))
+            return None
+        tags = self.desired_tags(comment)
+        need = self._needs_injection(tags) or (tags.tagged and self.catalog is None and self._wants_catalog())
+        if need and not self._inject(tags, trigger):
+            self.held.appendleft(event)
+            return None
+        verdict = self.analysis.analyze(sql, self.catalog, tags.tagged)
+        self.hooks.parse_cache(verdict.cache_hit)
+        if comment is not None or self._at_transaction_start():
+            self.txn_tags = tags
+        if tags.tagged:
+            if verdict.tampers:
+                self._refuse(
+                    trigger,
+                    p.encode_error(
+                        SQLSTATE_REFUSED,
+                        "cowproxy: a tagged connection may not change cow.* settings, the role or the "
+                        "search_path, nor reset or discard them",
+                    ),
+                )
+                return None
+            if verdict.error is not None:
+                self._refuse(trigger, p.encode_error(verdict.error[0], verdict.error[1]))
+                return None
+        if self.applied.tentative and (
+            verdict.kind in ("transaction", "other") or not self.analysis.available
+        ):
+            # COMMIT/ROLLBACK (TO SAVEPOINT) decide whether a set_config done in this block survives.
+            self.applied.tags = None
+        return tags, verdict
+
+    def _wants_catalog(self) -> bool:
+        return (
+            self.analysis.available and self.analysis.catalog_query is not None and not self.catalog_loading
+        )
+
+    def _client_query(self, frame: p.Frame) -> None:
+        query = p.decode_query(frame.body)
+        prepared = self._prepare(query.sql, b"Q", frame)
+        if prepared is None:
+            return
+        tags, verdict = prepared
+        self.hooks.statement(verdict.kind, tags.tagged)
+        for table, kind in verdict.writes:
+            self.hooks.write(table, kind)
+        entry = Entry(Kind.QUERY, tag_map=verdict.tag_map, started=time.perf_counter())
+        self._push(entry)
+        if verdict.rewritten is not None and tags.tagged:
+            self.hooks.rewrite()
+            self.to_server.append(p.encode_query(verdict.rewritten))
+        else:
+            self.to_server.append(frame.raw)
+
+    def _client_parse(self, frame: p.Frame) -> None:
+        parse = p.decode_parse(frame.body)
+        prepared = self._prepare(parse.sql, b"P", frame)
+        if prepared is None:
+            return
+        tags, verdict = prepared
+        comment = self._comment_tags(parse.sql)
+        self.statements[parse.name] = Statement(comment if isinstance(comment, Tags) else None, verdict)
+        if verdict.rewritten is not None and tags.tagged:
+            self.hooks.rewrite()
+            raw = p.encode_parse(parse.name, verdict.rewritten, parse.param_types)
+        else:
+            raw = frame.raw
+        self._extended(Entry(Kind.PARSE), raw)
+
+    def _client_bind(self, frame: p.Frame) -> None:
+        bind = p.decode_bind_names(frame.body)
+        statement = self.statements.get(bind.statement)
+        tags = self.desired_tags(statement.tags if statement else None)
+        if self._needs_injection(tags) and not self._inject(tags, b"B"):
+            self.held.appendleft(frame)
+            return
+        if statement is not None:
+            self.portals[bind.portal] = statement
+            if statement.tags is not None:
+                self.txn_tags = tags
+        self._extended(Entry(Kind.BIND), frame.raw)
+
+    def _client_execute(self, frame: p.Frame) -> None:
+        execute = p.decode_execute(frame.body)
+        statement = self.portals.get(execute.portal)
+        tag_map = None
+        if statement is not None:
+            verdict = statement.verdict
+            self.hooks.statement(verdict.kind, self.txn_tags.tagged)
+            for table, kind in verdict.writes:
+                self.hooks.write(table, kind)
+            tag_map = verdict.tag_map if self.txn_tags.tagged else None
+        self._extended(Entry(Kind.EXECUTE, tag_map=tag_map), frame.raw)
+
+    def _refuse(self, trigger: bytes, error: bytes) -> None:
+        """Send a failing statement in place of the client's, and report ``error`` for it."""
+        if trigger in (b"Q", b"F"):
+            self._push(Entry(Kind.QUERY, replace_error=error, started=time.perf_counter()))
+            self.to_server.append(p.encode_query(REFUSED_SQL))
+        else:
+            self._extended(Entry(Kind.PARSE, replace_error=error), p.encode_parse("", REFUSED_SQL))
+
+    def _oversized(self, event: p.Oversized) -> None:
+        error = p.encode_error(
+            SQLSTATE_TOO_LARGE,
+            f"cowproxy: message of {event.length} bytes exceeds the maximum of {self.max_message} bytes",
+        )
+        if event.kind == b"d":
+            # Inside COPY FROM STDIN: fail the copy; the server then drops further copy messages.
+            for entry in reversed(self.pending):
+                if not entry.injected:
+                    entry.replace_error = error
+                    break
+            self.to_server.append(p.message(b"f", b"cowproxy: message too large\0"))
+            return
+        if self.skip_until_sync:
+            return
+        self._refuse(b"Q" if event.kind in (b"Q", b"F") else b"P", error)
+
+    # ------------------------------------------------------------------------------------------------
+    # Injection
+
+    def _inject(self, tags: Tags, trigger: bytes) -> bool:
+        """Queue ``cow.use_session`` (and the catalog query) ahead of the trigger and hold the client.
+
+        Returns False: the caller holds the trigger, which is replayed when the injected replies are in.
+        At a safe point (no unfinished extended batch) the injection is its own batch ending with Sync;
+        inside a batch it is followed by Flush, and a failure makes the server skip the client's batch.
+        """
+        if trigger in (b"Q", b"F") and (self.pending or self.mid_batch):
+            # A simple query must not join an unfinished batch: wait for the server to catch up.
+            self.holding = True
+            self._hold_until_idle = True
+            return False
+        standalone = not self.mid_batch
+        forward = not standalone
+        want_catalog = tags.tagged and self.catalog is None and self._wants_catalog()
+        self._injection_error = None
+        self.holding = True
+
+        def applied(ok: bool) -> None:
+            # On failure nothing changed on the server: the statement (and its transaction) rolled back.
+            if ok:
+                self.applied = _Applied(tags, tentative=not standalone or self.status != "I")
+                self.hooks.tags_applied(tags)
+
+        def finished(ok: bool) -> None:
+            self._release()
+
+        self._injected(p.encode_parse(INJECT_STATEMENT, USE_SESSION_SQL), Kind.PARSE, forward)
+        self._injected(
+            p.encode_bind(INJECT_STATEMENT, INJECT_STATEMENT, (tags.session, tags.operation)),
+            Kind.BIND,
+            forward,
+        )
+        self._injected(p.encode_execute(INJECT_STATEMENT), Kind.EXECUTE, forward, on_done=applied)
+        self._injected(p.encode_close("P", INJECT_STATEMENT), Kind.CLOSE, forward)
+        if want_catalog:
+            assert self.analysis.catalog_query is not None
+            self.catalog_loading = True
+            rows: list[tuple[str | None, ...]] = []
+
+            def loaded(ok: bool) -> None:
+                self.catalog_loading = False
+                self.catalog = self.analysis.catalog_from_rows(rows) if ok else None
+
+            self._injected(p.encode_close("S", INJECT_STATEMENT), Kind.CLOSE, forward)
+            self._injected(
+                p.encode_parse(CATALOG_STATEMENT, self.analysis.catalog_query), Kind.PARSE, forward
+            )
+            self._injected(p.encode_bind(CATALOG_STATEMENT, CATALOG_STATEMENT, ()), Kind.BIND, forward)
+            self._injected(
+                p.encode_execute(CATALOG_STATEMENT), Kind.EXECUTE, forward, on_done=loaded, capture=rows
+            )
+            self._injected(p.encode_close("P", CATALOG_STATEMENT), Kind.CLOSE, forward)
+            close_last = p.encode_close("S", CATALOG_STATEMENT)
+        else:
+            close_last = p.encode_close("S", INJECT_STATEMENT)
+        if standalone:
+            self._injected(close_last, Kind.CLOSE, forward)
+            self._injected(p.SYNC, Kind.SYNC, forward, on_done=finished)
+        else:
+            self._injected(close_last, Kind.CLOSE, forward, on_done=finished)
+            self.to_server.append(p.FLUSH)
+        return False
+
+    def _injected(
+        self,
+        raw: bytes,
+        kind: Kind,
+        forward: bool,
+        on_done: Callable[[bool], None] | None = None,
+        capture: list[tuple[str | None, ...]] | None = None,
+    ) -> None:
+        self.pending.append(
+            Entry(kind, injected=True, forward_error=forward, on_done=on_done, capture=capture)
+        )
+        self.to_server.append(raw)
+
+    def _release(self) -> None:
+        """Stop holding: replay the held client events (which may hold again)."""
+        self.holding = False
+        self._hold_until_idle = False
+        while self.held and not self.holding:
+            event = self.held.popleft()
+            if (
+                self._injection_error is not None
+                and isinstance(event, p.Frame)
+                and event.kind in (b"Q", b"F")
+            ):
+                # use_session failed before a simple query: refuse it with that error (fail closed).
+                error = p.encode_error_fields(self._injection_error)
+                self._injection_error = None
+                self._refuse(event.kind, error)
+                continue
+            self._injection_error = None
+            self._dispatch_client(event)
+        if not self.holding:
+            self._injection_error = None
+
+    # ------------------------------------------------------------------------------------------------
+    # Server side
+
+    def server_data(self, data: bytes) -> None:
+        self.to_client.extend(self.scanner.feed(data))
+
+    def _classify(self, kind: int, length: int) -> int:
+        if kind in (_Z, _E):
+            return p.BODY
+        if self.pending:
+            head = self.pending[0]
+            if head.injected or (kind == _C and head.tag_map is not None):
+                return p.BODY
+        return p.PASS
+
+    def _on_pass(self, kind: int) -> None:
+        if self.pending:
+            kinds = _TERMINATOR.get(kind)
+            if kinds is not None and self.pending[0].kind in kinds:
+                self.pending.popleft()
+
+    def _handle(self, kind: int, body: bytes, raw: bytes) -> bytes:
+        if kind == _Z:
+            return self._ready(body, raw)
+        if kind == _E:
+            return self._error(body, raw)
+        head = self.pending[0] if self.pending else None
+        if head is None:
+            return raw
+        if head.injected:
+            if kind == _D and head.capture is not None:
+                head.capture.append(p.decode_data_row(body))
+            kinds = _TERMINATOR.get(kind)
+            if kinds is not None and head.kind in kinds:
+                self.pending.popleft()
+                if head.on_done is not None:
+                    head.on_done(True)
+            return raw if kind == _A else b""
+        if kind == _C and head.tag_map is not None:
+            tag = p.decode_command_tag(body)
+            old, new = head.tag_map
+            if tag.startswith(old):
+                raw = p.encode_command_complete(new + tag[len(old) :])
+        kinds = _TERMINATOR.get(kind)
+        if kinds is not None and head.kind in kinds:
+            self.pending.popleft()
+        return raw
+
+    def _error(self, body: bytes, raw: bytes) -> bytes:
+        fields = p.decode_error(body)
+        self.applied.error_since = True
+        head = self.pending[0] if self.pending else None
+        out = raw
+        callbacks: list[Callable[[bool], None]] = []
+        if head is not None and head.injected:
+            self._injection_error = fields
+            out = raw if head.forward_error else b""
+        elif head is not None and head.replace_error is not None:
+            out = head.replace_error
+        if out:
+            self.hooks.error(fields.sqlstate if out is raw else p.decode_error(out[5:]).sqlstate)
+        if head is not None and head.kind not in _ENDS_WITH_READY:
+            # Extended protocol: the server now skips everything up to the next Sync.
+            while self.pending and self.pending[0].kind != Kind.SYNC:
+                entry = self.pending.popleft()
+                if entry.on_done is not None:
+                    callbacks.append(entry.on_done)
+            if not self.pending:
+                self.skip_until_sync = True
+        for callback in callbacks:
+            callback(False)
+        return out
+
+    def _ready(self, body: bytes, raw: bytes) -> bytes:
+        status = p.decode_ready(body)
+        self.status = status
+        head = None
+        while self.pending:
+            entry = self.pending.popleft()
+            if entry.kind in _ENDS_WITH_READY:
+                head = entry
+                break
+        applied = self.applied
+        if applied.tentative and applied.tags is not None:
+            if applied.error_since:
+                self.applied = _Applied(None)
+            elif status == "I":
+                applied.tentative = False
+        applied.error_since = False
+        if status == "I" and not self.pending:
+            self.mid_batch = False
+        if head is not None and head.injected:
+            if head.on_done is not None:
+                head.on_done(self._injection_error is None)
+            return b""
+        if head is not None and head.started:
+            self.hooks.latency(time.perf_counter() - head.started)
+        if self._hold_until_idle and not self.pending:
+            self._release()
+        return raw

@@ -1,0 +1,580 @@
+"""The asyncio side of the proxy: listeners, one client and one upstream connection per client.
+
+Everything protocol-shaped lives in ``proxy.protocol`` (codec) and ``proxy.relay`` (per-connection logic);
+this module moves bytes, applies backpressure both ways (a side whose peer cannot keep up stops being
+read), negotiates TLS, forwards cancel requests and drains on shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import itertools
+import json
+import logging
+import ssl
+import time
+from collections.abc import Coroutine, Iterator
+from typing import Any
+
+from proxy import protocol as p
+from proxy.analysis import Analysis
+from proxy.config import ProxyConfig
+from proxy.errors import ProtocolError, ProxyError, TagError
+from proxy.metrics import Metrics
+from proxy.relay import Relay
+from proxy.tags import Tags, check_id, read_startup_tags
+
+log = logging.getLogger("cowproxy")
+_ids = itertools.count(1)
+
+
+def log_event(level: int, event: str, **fields: Any) -> None:
+    if log.isEnabledFor(level):
+        log.log(level, event, extra={"fields": fields})
+
+
+class LogfmtFormatter(logging.Formatter):
+    def __init__(self, as_json: bool = False) -> None:
+        super().__init__()
+        self.as_json = as_json
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)),
+            "level": record.levelname.lower(),
+            "event": record.getMessage(),
+        }
+        fields.update(getattr(record, "fields", {}))
+        if self.as_json:
+            return json.dumps(fields, default=str)
+        parts = []
+        for key, value in fields.items():
+            text = "" if value is None else str(value)
+            if not text or any(c in text for c in ' "=\n'):
+                text = json.dumps(text)
+            parts.append(f"{key}={text}")
+        return " ".join(parts)
+
+
+class State(enum.Enum):
+    STARTUP = "startup"
+    TLS = "tls"
+    CONNECTING = "connecting"
+    AUTH = "auth"
+    READY = "ready"
+    CLOSED = "closed"
+
+
+class UpstreamProtocol(asyncio.Protocol):
+    def __init__(self, client: ClientConnection) -> None:
+        self.client = client
+        self.transport: asyncio.Transport | None = None
+        self.tls_answer: asyncio.Future[bytes] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.tls_answer is not None and not self.tls_answer.done():
+            self.tls_answer.set_result(data)
+            return
+        self.client.on_server_data(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        if self.tls_answer is not None and not self.tls_answer.done():
+            self.tls_answer.set_exception(ConnectionError("upstream closed during TLS negotiation"))
+        self.client.on_upstream_lost()
+
+    def pause_writing(self) -> None:
+        self.client.pause_client_reading("upstream")
+
+    def resume_writing(self) -> None:
+        self.client.resume_client_reading("upstream")
+
+
+class ClientConnection(asyncio.Protocol):
+    """One client, its upstream connection and the relay between them."""
+
+    def __init__(self, server: ProxyServer) -> None:
+        self.server = server
+        self.config = server.config
+        self.id = next(_ids)
+        self.state = State.STARTUP
+        self.transport: asyncio.Transport | None = None
+        self.reader = p.ClientReader(max_message=self.config.max_message_size)
+        self.upstream: UpstreamProtocol | None = None
+        self.relay: Relay | None = None
+        self.tags = Tags()
+        self.database = ""
+        self.user = ""
+        self.peer = ""
+        self.cancel_key: tuple[int, bytes] | None = None
+        self._early: list[bytes] = []  # client bytes that arrived before the upstream was ready
+        self._auth_buf = bytearray()
+        self._pause_reasons: set[str] = set()
+        self._upstream_paused = False
+        self.draining = False
+        self.started = time.monotonic()
+        self.tls = False
+
+    # ---- client transport callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.server.connections[self.id] = self
+        self.server.metrics.connections_total.inc()
+
+    def data_received(self, data: bytes) -> None:
+        self.server.metrics.bytes_up.inc(len(data))
+        self.reader.feed(data)
+        self._process_client()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.close("client closed" if exc is None else f"client lost: {exc}")
+
+    def pause_writing(self) -> None:
+        # The client reads slower than the server sends: stop reading the server.
+        if self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.pause_reading()
+            self._upstream_paused = True
+
+    def resume_writing(self) -> None:
+        if self._upstream_paused and self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.resume_reading()
+        self._upstream_paused = False
+
+    def pause_client_reading(self, reason: str) -> None:
+        if not self._pause_reasons and self.transport is not None:
+            self.transport.pause_reading()
+        self._pause_reasons.add(reason)
+
+    def resume_client_reading(self, reason: str) -> None:
+        self._pause_reasons.discard(reason)
+        if not self._pause_reasons and self.transport is not None:
+            self.transport.resume_reading()
+
+    # ---- client side dispatch (one function per side)
+
+    def _process_client(self) -> None:
+        try:
+            for event in self.reader.events():
+                self._client_event(event)
+                if self.state in (State.TLS, State.CLOSED):
+                    break
+        except ProxyError as exc:
+            self.fail(exc.sqlstate, str(exc))
+            return
+        self._flush()
+
+    def _client_event(self, event: p.ClientEvent) -> None:
+        state = self.state
+        if state is State.READY:
+            assert self.relay is not None
+            self.relay.client_event(event)
+        elif state is State.AUTH:
+            self._to_upstream(_raw(event))
+        elif state is State.STARTUP:
+            if not isinstance(event, p.Startup):
+                raise ProtocolError("expected a startup packet")
+            self._startup(event.packet)
+        elif state is State.CONNECTING:
+            self._early.append(_raw(event))
+
+    def _startup(self, packet: p.StartupPacket) -> None:
+        assert self.transport is not None
+        if isinstance(packet, p.SSLRequest):
+            if self.server.client_tls is None or self.tls:
+                self.transport.write(b"N")
+            else:
+                self.transport.write(b"S")
+                self.state = State.TLS
+                self.reader.expect_startup = True
+                self.server.spawn(self._start_client_tls())
+        elif isinstance(packet, p.GSSENCRequest):
+            self.transport.write(b"N")
+        elif isinstance(packet, p.CancelRequest):
+            self.server.forward_cancel(packet)
+            self.state = State.CLOSED
+            self.transport.close()
+        else:
+            try:
+                found = read_startup_tags(packet)
+            except TagError as exc:
+                self.fail(exc.sqlstate, str(exc))
+                return
+            self.tags = found.tags
+            self.user = packet.get("user") or ""
+            self.database = packet.get("database") or self.user
+            self.state = State.CONNECTING
+            self.server.spawn(self._connect(found.startup))
+
+    async def _start_client_tls(self) -> None:
+        assert self.transport is not None and self.server.client_tls is not None
+        loop = asyncio.get_running_loop()
+        try:
+            transport = await loop.start_tls(self.transport, self, self.server.client_tls, server_side=True)
+        except (OSError, ssl.SSLError, ConnectionError) as exc:
+            self.close(f"client TLS handshake failed: {exc}")
+            return
+        if transport is None:
+            self.close("client TLS handshake failed")
+            return
+        self.transport = transport
+        self.tls = True
+        self.state = State.STARTUP
+        self._process_client()
+
+    async def _connect(self, startup: p.StartupMessage) -> None:
+        loop = asyncio.get_running_loop()
+        up = self.config.upstream
+        upstream = UpstreamProtocol(self)
+        try:
+            async with asyncio.timeout(self.config.connect_timeout):
+                transport, _ = await loop.create_connection(lambda: upstream, up.host, up.port)
+                if self.config.upstream_tls != "disable":
+                    upstream.tls_answer = loop.create_future()
+                    transport.write(_ssl_request())
+                    answer = await upstream.tls_answer
+                    upstream.tls_answer = None
+                    if answer[:1] == b"S":
+                        context = ssl.create_default_context()
+                        context.check_hostname = False
+                        context.verify_mode = ssl.CERT_NONE
+                        new = await loop.start_tls(transport, upstream, context)
+                        if new is None:
+                            raise ConnectionError("upstream TLS handshake failed")
+                        upstream.transport = new
+                    elif self.config.upstream_tls == "require":
+                        raise ConnectionError("upstream refused TLS")
+        except (OSError, ConnectionError, TimeoutError, ssl.SSLError) as exc:
+            log_event(logging.WARNING, "upstream_connect_failed", conn=self.id, upstream=str(up), error=exc)
+            with contextlib.suppress(Exception):
+                if upstream.transport is not None:
+                    upstream.transport.close()
+            self.fail("08006", f"cowproxy: cannot connect to upstream {up}: {exc}")
+            return
+        if self.state is State.CLOSED:
+            if upstream.transport is not None:
+                upstream.transport.close()
+            return
+        self.upstream = upstream
+        self.state = State.AUTH
+        self._to_upstream(startup.encode())
+        for raw in self._early:
+            self._to_upstream(raw)
+        self._early.clear()
+        log_event(
+            logging.INFO,
+            "connect",
+            conn=self.id,
+            peer=self.peer,
+            database=self.database,
+            user=self.user,
+            session=self.tags.session,
+        )
+
+    # ---- server side dispatch
+
+    def on_server_data(self, data: bytes) -> None:
+        self.server.metrics.bytes_down.inc(len(data))
+        try:
+            if self.state is State.READY:
+                assert self.relay is not None
+                self.relay.server_data(data)
+                self._flush()
+                self._after_server()
+            elif self.state is State.AUTH:
+                self._auth_data(data)
+        except ProxyError as exc:
+            self.fail(exc.sqlstate, str(exc))
+
+    def _auth_data(self, data: bytes) -> None:
+        """Authentication: relay as is, except the SASL offer (no -PLUS: TLS ends here) and key data."""
+        buf = self._auth_buf
+        buf += data
+        out: list[bytes] = []
+        pos = 0
+        ready = False
+        while len(buf) - pos >= 5:
+            kind = buf[pos : pos + 1]
+            length = int.from_bytes(buf[pos + 1 : pos + 5], "big")
+            if length < 4 or length > 1024 * 1024:
+                raise ProtocolError("server sent a malformed message during authentication")
+            if len(buf) - pos < length + 1:
+                break
+            raw = bytes(buf[pos : pos + length + 1])
+            body = raw[5:]
+            pos += length + 1
+            if kind == b"R" and body[:4] == b"\x00\x00\x00\x0a":
+                mechanisms = tuple(m for m in p.decode_sasl_mechanisms(body) if not m.endswith("-PLUS"))
+                raw = p.encode_sasl_mechanisms(mechanisms)
+            elif kind == b"K" and len(body) >= 8:
+                self.cancel_key = (int.from_bytes(body[:4], "big"), bytes(body[4:]))
+                self.server.cancel_keys[self.cancel_key] = self
+            elif kind == b"E":
+                fields = p.decode_error(body)
+                log_event(logging.INFO, "auth_failed", conn=self.id, sqlstate=fields.sqlstate)
+            elif kind == b"Z":
+                ready = True
+                out.append(raw)
+                break
+            out.append(raw)
+        rest = bytes(buf[pos:])
+        buf.clear()
+        if self.transport is not None:
+            self.transport.write(b"".join(out))
+        if ready:
+            self._ready(rest)
+        else:
+            buf += rest
+
+    def _ready(self, rest: bytes) -> None:
+        database = self.database
+        server = self.server
+        self.relay = Relay(
+            server.analysis,
+            self.tags,
+            lambda: server.routes.get(database),
+            server.metrics.hooks(),
+            self.config.max_message_size,
+        )
+        self.state = State.READY
+        if rest:
+            self.relay.server_data(rest)
+        self._process_client()
+
+    def _after_server(self) -> None:
+        relay = self.relay
+        assert relay is not None
+        if not relay.holding and "hold" in self._pause_reasons:
+            self.resume_client_reading("hold")
+            if self.reader.buffered:
+                self._process_client()
+        if self.draining and self.idle:
+            self.close("drained", goodbye=True)
+
+    def _flush(self) -> None:
+        relay = self.relay
+        if relay is not None:
+            if relay.to_server:
+                self._to_upstream(
+                    b"".join(relay.to_server) if len(relay.to_server) > 1 else relay.to_server[0]
+                )
+                relay.to_server.clear()
+            if relay.to_client:
+                if self.transport is not None:
+                    self.transport.writelines(relay.to_client)
+                relay.to_client.clear()
+            if relay.holding:
+                self.pause_client_reading("hold")
+            if relay.closing:
+                self.close("client terminated")
+
+    def _to_upstream(self, data: bytes) -> None:
+        if self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.write(data)
+
+    def on_upstream_lost(self) -> None:
+        if self.state is not State.CLOSED:
+            self.close("upstream closed")
+
+    # ---- state for the admin API and metrics
+
+    @property
+    def idle(self) -> bool:
+        relay = self.relay
+        if relay is None:
+            return self.state in (State.STARTUP, State.CONNECTING, State.AUTH)
+        return relay.status == "I" and not relay.pending and not relay.mid_batch and not relay.holding
+
+    def client_state(self) -> str:
+        if self.draining:
+            return "draining"
+        if self.relay is None:
+            return "startup"
+        if self.relay.pending or self.relay.holding:
+            return "active"
+        return "idle" if self.relay.status == "I" else "idle_in_transaction"
+
+    def describe(self) -> dict[str, Any]:
+        relay = self.relay
+        applied = relay.applied.tags if relay is not None else None
+        return {
+            "id": self.id,
+            "peer": self.peer,
+            "database": self.database,
+            "user": self.user,
+            "state": self.client_state(),
+            "startup_session": self.tags.session,
+            "startup_operation": self.tags.operation,
+            "session": applied.session if applied is not None else None,
+            "operation": applied.operation if applied is not None else None,
+            "transaction_status": relay.status if relay is not None else None,
+            "tls": self.tls,
+            "age_seconds": round(time.monotonic() - self.started, 3),
+        }
+
+    # ---- shutdown
+
+    def fail(self, sqlstate: str, text: str) -> None:
+        """Tell the client (FATAL) and close both sides."""
+        log_event(logging.INFO, "connection_error", conn=self.id, sqlstate=sqlstate, error=text)
+        self.server.metrics.errors.labels(sqlstate[:2]).inc()
+        if self.transport is not None and self.state is not State.CLOSED:
+            self.transport.write(p.encode_error(sqlstate, text, severity="FATAL"))
+        self.close(text)
+
+    def close(self, reason: str, goodbye: bool = False) -> None:
+        if self.state is State.CLOSED and self.transport is None and self.upstream is None:
+            return
+        was_closed = self.state is State.CLOSED
+        self.state = State.CLOSED
+        if goodbye and self.transport is not None:
+            self.transport.write(
+                p.encode_error("57P01", "terminating connection: cowproxy is shutting down", severity="FATAL")
+            )
+        if self.upstream is not None and self.upstream.transport is not None:
+            if goodbye:
+                self.upstream.transport.write(p.TERMINATE)
+            self.upstream.transport.close()
+        self.upstream = None
+        if self.transport is not None:
+            self.transport.close()
+        if self.cancel_key is not None:
+            self.server.cancel_keys.pop(self.cancel_key, None)
+            self.cancel_key = None
+        if self.server.connections.pop(self.id, None) is not None and not was_closed:
+            log_event(logging.INFO, "disconnect", conn=self.id, reason=reason, session=self.tags.session)
+        self.server.connection_closed()
+
+
+def _raw(event: p.ClientEvent) -> bytes:
+    if isinstance(event, p.Frame | p.Startup):
+        return event.raw
+    if isinstance(event, p.StreamStart):
+        return event.header
+    if isinstance(event, p.StreamChunk):
+        return event.data
+    raise ProtocolError("message too large during authentication")
+
+
+def _ssl_request() -> bytes:
+    return (8).to_bytes(4, "big") + p.SSL_REQUEST_CODE.to_bytes(4, "big")
+
+
+class ProxyServer:
+    """Listeners and the registry of live connections, routes and cancel keys."""
+
+    def __init__(self, config: ProxyConfig, metrics: Metrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics or Metrics()
+        self.analysis = Analysis(cache_size=config.parse_cache_size)
+        self.connections: dict[int, ClientConnection] = {}
+        self.routes: dict[str, Tags] = {}
+        self.cancel_keys: dict[tuple[int, bytes], ClientConnection] = {}
+        self.client_tls: ssl.SSLContext | None = None
+        if config.tls_cert and config.tls_key:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            try:
+                context.load_cert_chain(config.tls_cert, config.tls_key)
+            except (OSError, ssl.SSLError) as exc:
+                raise ProxyError(f"cannot load TLS certificate/key: {exc}") from None
+            self.client_tls = context
+        self._server: asyncio.Server | None = None
+        self._idle_event: asyncio.Event | None = None
+        self._tasks: set[asyncio.Future[None]] = set()
+        self.metrics.watch_connections(self._connection_states)
+
+    def _connection_states(self) -> Iterator[tuple[str, str]]:
+        for conn in list(self.connections.values()):
+            state = conn.client_state()
+            yield ("client", state)
+            if conn.upstream is not None:
+                yield ("upstream", state)
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        listen = self.config.listen
+        try:
+            self._server = await loop.create_server(
+                lambda: ClientConnection(self), listen.host, listen.port, reuse_address=True, backlog=1024
+            )
+        except OSError as exc:
+            raise ProxyError(f"cannot listen on {listen}: {exc.strerror}") from None
+        log_event(
+            logging.INFO, "listening", listen=str(self.listen_address), upstream=str(self.config.upstream)
+        )
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        assert self._server is not None
+        sock = self._server.sockets[0].getsockname()
+        return str(sock[0]), int(sock[1])
+
+    def route(self, database: str, session: str) -> None:
+        check_id(session, "session id")
+        if not database:
+            raise TagError("a route needs a database name")
+        self.routes[database] = Tags(session)
+        log_event(logging.INFO, "route", database=database, session=session)
+
+    def unroute(self, database: str) -> bool:
+        found = self.routes.pop(database, None) is not None
+        log_event(logging.INFO, "unroute", database=database, found=found)
+        return found
+
+    def forward_cancel(self, request: p.CancelRequest) -> None:
+        conn = self.cancel_keys.get((request.pid, request.key))
+        if conn is None:
+            log_event(logging.INFO, "cancel_unknown_key", pid=request.pid)
+            return
+        log_event(logging.INFO, "cancel", conn=conn.id, pid=request.pid)
+        self.spawn(self._send_cancel(request))
+
+    async def _send_cancel(self, request: p.CancelRequest) -> None:
+        up = self.config.upstream
+        with contextlib.suppress(OSError, TimeoutError):
+            async with asyncio.timeout(self.config.connect_timeout):
+                _, writer = await asyncio.open_connection(up.host, up.port)
+                writer.write(request.encode())
+                await writer.drain()
+                writer.close()
+                await writer.wait_closed()
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def connection_closed(self) -> None:
+        if self._idle_event is not None and not self.connections:
+            self._idle_event.set()
+
+    async def drain(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        """Stop accepting; close idle connections; let open transactions finish, up to ``timeout``."""
+        timeout = self.config.drain_timeout if timeout is None else timeout
+        if self._server is not None:
+            self._server.close()
+        self._idle_event = asyncio.Event()
+        for conn in list(self.connections.values()):
+            conn.draining = True
+            if conn.idle:
+                conn.close("drained", goodbye=conn.relay is not None)
+        if self.connections:
+            log_event(logging.INFO, "draining", open=len(self.connections), timeout=timeout)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._idle_event.wait()
+        for conn in list(self.connections.values()):
+            conn.close("drain timeout", goodbye=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+        log_event(logging.INFO, "stopped")

@@ -1,0 +1,111 @@
+"""A cowproxy in a background thread (its own event loop) in front of the test PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+
+from proxy.admin import AdminApi, MetricsEndpoint
+from proxy.config import Address, ProxyConfig
+from proxy.server import ProxyServer
+from tests.conftest import PgServer
+
+T = TypeVar("T")
+
+
+@dataclass
+class RunningProxy:
+    server: ProxyServer
+    loop: asyncio.AbstractEventLoop
+    host: str
+    port: int
+    admin_port: int
+    metrics_port: int
+
+    def dsn(self, direct_dsn: str, **params: str) -> str:
+        """``direct_dsn`` pointed at the proxy (same user and database), with extra query parameters."""
+        parts = urlsplit(direct_dsn)
+        user = parts.username or "postgres"
+        query = "&".join(f"{k}={v}" for k, v in params.items())
+        return urlunsplit(parts._replace(netloc=f"{user}@{self.host}:{self.port}", query=query))
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float = 60) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def run(self, fn: Callable[[], T]) -> T:
+        async def wrapper() -> T:
+            return fn()
+
+        return self.call(wrapper())
+
+
+@contextlib.contextmanager
+def run_proxy(pg: PgServer, **overrides: Any) -> Iterator[RunningProxy]:
+    config = ProxyConfig(
+        upstream=Address(pg.host, pg.port), listen=Address("127.0.0.1", 0), drain_timeout=5, connect_timeout=5
+    )
+    config = replace(config, **overrides)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="cowproxy-test", daemon=True)
+    thread.start()
+
+    async def start() -> tuple[ProxyServer, AdminApi, MetricsEndpoint]:
+        server = ProxyServer(config)
+        await server.start()
+        admin = AdminApi(server, config.admin_token)
+        await admin.http.start(Address("127.0.0.1", 0))
+        metrics = MetricsEndpoint(server)
+        await metrics.http.start(Address("127.0.0.1", 0))
+        return server, admin, metrics
+
+    server, admin, metrics = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+    host, port = server.listen_address
+    handle = RunningProxy(server, loop, host, port, admin.http.port, metrics.http.port)
+    try:
+        yield handle
+    finally:
+
+        async def stop() -> None:
+            await server.drain(2)
+            await admin.http.close()
+            await metrics.http.close()
+
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(stop(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+@pytest.fixture
+def proxy(pg_server: PgServer) -> Iterator[RunningProxy]:
+    with run_proxy(pg_server) as running:
+        yield running
+
+
+def backends(pg: PgServer, database: str) -> int:
+    """Client backends connected to ``database`` (to check for leaked upstream connections)."""
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND backend_type = 'client backend'"
+            " AND pid <> pg_backend_pid()",
+            (database,),
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
