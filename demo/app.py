@@ -670,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 conn = await asyncpg.connect(url)
                 try:
-                    await migrations.install_layer(conn, schemas=("public",))  # type: ignore[attr-defined]
+                    await migrations.install_layer(conn, schemas=("public",))
                 finally:
                     await conn.close()
                 print("installed the CoW layer on schema public")

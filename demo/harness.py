@@ -1,0 +1,589 @@
+"""``cowproxy demo``: the whole system on the sample application, in one process tree.
+
+Embedded PostgreSQL (or a server given with ``--dsn``) → sample database + CoW layer → ``cowproxy serve``
+(a subprocess) → the sample application (its pool's ``DATABASE_URL`` points at the proxy) → ground-truth
+and agent sessions routed through the proxy's admin API → scoring → tables, HTML report, metrics →
+discard (or commit). Everything started here is stopped here, also on Ctrl-C or an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import asyncpg
+
+from demo import agents, report, seed, workflows
+from demo.api import HttpApi
+from demo.app import AppConfig, BackgroundApp, setup_database
+from demo.errors import DemoError
+from demo.report import SessionScore
+from demo.workflows import Workflow
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    workflows: tuple[str, ...]
+    agent_names: tuple[str, ...]
+    model: agents.ModelConfig | None = None
+    report_path: Path = Path("cowproxy-report.html")
+    commit: bool = False
+    keep: bool = False
+    server_dsn: str | None = None  # None: an embedded PostgreSQL
+    use_proxy: bool = True
+    json_path: Path | None = None
+    out: TextIO = field(default=sys.stdout)
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    scores: tuple[SessionScore, ...]
+    gt_rows: dict[str, int]
+    tagging: str
+    base_untouched: bool
+    committed: str | None
+    metrics: tuple[str, ...]
+    report_path: str
+
+
+class Progress:
+    def __init__(self, out: TextIO, steps: int) -> None:
+        self.out = out
+        self.steps = steps
+        self.step = 0
+        self.started = time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        self.step += 1
+        self.say(f"[{self.step}/{self.steps}] {message}")
+
+    def say(self, message: str) -> None:
+        elapsed = time.monotonic() - self.started
+        print(f"{elapsed:6.1f}s  {message}", file=self.out, flush=True)
+
+    def detail(self, message: str) -> None:
+        print(f"         {message}", file=self.out, flush=True)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _with_database(dsn: str, database: str) -> str:
+    return urlunsplit(urlsplit(dsn)._replace(path="/" + database))
+
+
+def _with_host_port(dsn: str, host: str, port: int) -> str:
+    parts = urlsplit(dsn)
+    user = parts.username or "postgres"
+    auth = user + (f":{parts.password}" if parts.password else "")
+    return urlunsplit(parts._replace(netloc=f"{auth}@{host}:{port}"))
+
+
+def _run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+async def _admin(dsn: str, *queries: tuple[str, Sequence[Any]]) -> list[list[asyncpg.Record]]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return [await conn.fetch(q, *args) for q, args in queries]
+    finally:
+        await conn.close()
+
+
+# --- the layer and the scorer ------------------------------------------------------------------------
+
+
+async def _install_layer(dsn: str) -> list[asyncpg.Record]:
+    import migrations
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        await migrations.install_layer(conn, schemas=("public",))
+        return list(await conn.fetch("SELECT table_schema, table_name, overlay_schema FROM cow.tables"))
+    finally:
+        await conn.close()
+
+
+_REGISTER = """
+INSERT INTO cow.sessions (session_id, kind, label, prompt, model, gt_session, metadata)
+VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb)
+ON CONFLICT (session_id) DO UPDATE SET kind = excluded.kind, label = excluded.label, prompt = excluded.prompt,
+    model = excluded.model, gt_session = excluded.gt_session, metadata = excluded.metadata
+"""
+
+
+def _register(
+    dsn: str, session: str, kind: str, *, workflow: Workflow, model: str | None, gt: str | None
+) -> None:
+    meta = json.dumps({"workflow": workflow.slug, "paper_table4_row": workflow.number, "demo": True})
+    _run(_admin(dsn, (_REGISTER, (session, kind, workflow.slug, workflow.prompt, model, gt, meta))))
+
+
+_BASE_TABLES = (
+    "workspaces",
+    "members",
+    "projects",
+    "project_members",
+    "states",
+    "labels",
+    "work_items",
+    "work_item_assignees",
+    "work_item_labels",
+)
+
+
+def _base_checksum(dsn: str) -> str:
+    """A digest of every base table, read by a plain connection (no session)."""
+    queries = [
+        (f"SELECT md5(coalesce(string_agg(t::text, ',' ORDER BY t::text), '')) FROM public.{t} t", ())
+        for t in _BASE_TABLES
+    ]
+    rows = _run(_admin(dsn, *queries))
+    return ",".join(str(r[0][0]) for r in rows)
+
+
+def _session_rows(dsn: str, session: str) -> int:
+    rows = _run(
+        _admin(dsn, ("SELECT count(DISTINCT (table_name, pk)) FROM cow.session_changes($1)", (session,)))
+    )
+    return int(rows[0][0][0])
+
+
+def _score(dsn: str, gt: str, agent: str) -> Any:
+    import scoring
+
+    fn = getattr(scoring, "score_sessions", None)
+    if fn is None:
+        raise DemoError("the scorer has no score_sessions yet (scoring package incomplete)")
+    result = fn(dsn, gt, agent)
+    if asyncio.iscoroutine(result):
+        result = _run(result)
+    return result
+
+
+def _finish_sessions(dsn: str, sessions: Sequence[str], commit: str | None) -> None:
+    from demo import layer_ops
+
+    layer_ops.finish(dsn, sessions, commit)
+
+
+# --- tagging the application's connections --------------------------------------------------------------
+
+
+class Tagging:
+    """How the application's connections land in a session."""
+
+    name = "none"
+    app_url = ""
+
+    def enter(self, session: str) -> None:
+        raise NotImplementedError
+
+    def leave(self) -> None:
+        raise NotImplementedError
+
+    def metrics(self) -> list[str]:
+        return []
+
+
+class DirectTagging(Tagging):
+    """No proxy: restart the application's pool with ``options=-c cow.session_id=S`` and the overlay
+    first in ``search_path`` (a tag source the layer supports on its own)."""
+
+    name = "startup options (no proxy)"
+
+    def __init__(self, database_url: str, overlay: str) -> None:
+        self.database_url = database_url
+        self.overlay = overlay
+        self.app: BackgroundApp | None = None
+        self.port = _free_port()  # the same port across restarts: the application's URL stays put
+        self._start(self.database_url)
+
+    def _start(self, url: str) -> None:
+        self.app = BackgroundApp(AppConfig(url, port=self.port))
+        self.app_url = self.app.start()
+
+    def _stop(self) -> None:
+        if self.app is not None:
+            self.app.stop()
+            self.app = None
+
+    def enter(self, session: str) -> None:
+        self._stop()
+        options = f"-c cow.session_id={session} -c search_path={self.overlay},public"
+        sep = "&" if "?" in self.database_url else "?"
+        self._start(f"{self.database_url}{sep}options={quote(options)}")
+
+    def leave(self) -> None:
+        self._stop()
+        self._start(self.database_url)
+
+    def close(self) -> None:
+        self._stop()
+
+
+class ProxyTagging(Tagging):
+    """``cowproxy serve`` in a subprocess; sessions are routed with its admin API."""
+
+    name = "proxy admin route"
+
+    def __init__(
+        self, upstream: tuple[str, int], database: str, database_url_template: str, workdir: Path
+    ) -> None:
+        from demo import proxy_ops
+
+        self.database = database
+        self.listen = ("127.0.0.1", _free_port())
+        self.metrics_addr = ("127.0.0.1", _free_port())
+        self.admin_addr = ("127.0.0.1", _free_port())
+        self.log_path = workdir / "proxy.log"
+        self.process = proxy_ops.start(
+            upstream, self.listen, self.metrics_addr, self.admin_addr, self.log_path
+        )
+        self.database_url = _with_host_port(database_url_template, *self.listen)
+        self.app = BackgroundApp(AppConfig(self.database_url))
+        self.app_url = self.app.start()
+
+    def enter(self, session: str) -> None:
+        from demo import proxy_ops
+
+        proxy_ops.route(self.admin_addr, session, self.database)
+
+    def leave(self) -> None:
+        from demo import proxy_ops
+
+        proxy_ops.unroute(self.admin_addr, self.database)
+
+    def metrics(self) -> list[str]:
+        url = f"http://{self.metrics_addr[0]}:{self.metrics_addr[1]}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        return [line for line in text.splitlines() if line.startswith("cowproxy_")]
+
+    def close(self) -> None:
+        self.app.stop()
+        with contextlib.suppress(OSError):
+            self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(5)
+
+
+# --- the run -------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _signals_as_interrupt() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C, so the cleanup runs either way."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _make_agents(cfg: DemoConfig) -> list[agents.Agent]:
+    known = {cls.name: cls for cls in agents.SCRIPTED}
+    out: list[agents.Agent] = []
+    for name in cfg.agent_names:
+        if name not in known:
+            raise DemoError(f"unknown agent {name!r}; scripted agents: {', '.join(known)}")
+        out.append(known[name]())
+    if cfg.model is not None:
+        out.append(agents.OpenAIChatAgent(cfg.model))
+    return out
+
+
+def run(cfg: DemoConfig) -> DemoResult:
+    chosen = []
+    for slug in cfg.workflows:
+        if slug not in workflows.BY_SLUG:
+            raise DemoError(f"unknown workflow {slug!r}; known: {', '.join(workflows.BY_SLUG)}")
+        chosen.append(workflows.BY_SLUG[slug])
+    agent_list = _make_agents(cfg)
+    progress = Progress(cfg.out, 9)
+    with _signals_as_interrupt(), contextlib.ExitStack() as stack:
+        workdir = Path(tempfile.mkdtemp(prefix="cowproxy-demo-"))
+        stack.callback(_rmtree, workdir)
+
+        # 1. PostgreSQL
+        if cfg.server_dsn:
+            progress(f"using the PostgreSQL server at {_redact(cfg.server_dsn)}")
+            server_dsn = cfg.server_dsn
+        else:
+            progress("starting an embedded PostgreSQL (initdb + pg_ctl, a temporary data directory)")
+            from migrations.embedded import embedded_postgres
+
+            server = stack.enter_context(embedded_postgres())
+            server_dsn = server.dsn("postgres")
+        version = _run(_admin(server_dsn, ("SHOW server_version", ())))[0][0][0]
+        progress.detail(f"PostgreSQL {version} at {_redact(server_dsn)}")
+
+        # 2. the sample application's database
+        database = f"cowproxy_demo_{os.getpid()}_{secrets.token_hex(3)}"
+        _run(_admin(server_dsn, (f'CREATE DATABASE "{database}"', ())))
+        stack.callback(_drop_database, server_dsn, database)
+        db_dsn = _with_database(server_dsn, database)
+        counts = _run(setup_database(db_dsn))
+        progress(
+            f"created the sample application's database {database}: {counts.projects} projects,"
+            f" {counts.members} members, {counts.states} states, {counts.labels} labels,"
+            f" {counts.work_items} work items"
+        )
+
+        # 3. the CoW layer
+        tables = _run(_install_layer(db_dsn))
+        overlay = str(tables[0]["overlay_schema"]) if tables else "public"
+        progress(f"installed the CoW layer: {len(tables)} tables in schema public, overlay schema {overlay}")
+        checksum_before = _base_checksum(db_dsn)
+
+        # 4-5. the proxy and the application
+        tagging: ProxyTagging | DirectTagging
+        parts = urlsplit(db_dsn)
+        upstream = (parts.hostname or "127.0.0.1", parts.port or 5432)
+        if cfg.use_proxy:
+            try:
+                tagging = ProxyTagging(upstream, database, db_dsn, workdir)
+            except DemoError as exc:
+                progress(f"the proxy could not start ({exc}); tagging with startup options instead")
+                tagging = DirectTagging(db_dsn, overlay)
+            else:
+                progress(
+                    f"started cowproxy serve on {tagging.listen[0]}:{tagging.listen[1]} (upstream"
+                    f" {upstream[0]}:{upstream[1]}, metrics :{tagging.metrics_addr[1]}, admin"
+                    f" :{tagging.admin_addr[1]})"
+                )
+        else:
+            progress("no proxy (--no-proxy): the application is tagged with startup options")
+            tagging = DirectTagging(db_dsn, overlay)
+        stack.callback(tagging.close)
+        app_db_url = getattr(tagging, "database_url", db_dsn)
+        progress(f"started the sample application at {tagging.app_url} (DATABASE_URL={_redact(app_db_url)})")
+        progress.detail(f"OpenAPI document: {tagging.app_url}/openapi.json")
+
+        # 6. ground truth
+        progress(f"recording {len(chosen)} ground-truth session(s) through the application's API")
+        sessions: list[str] = []
+        gt_rows: dict[str, int] = {}
+        run_id = secrets.token_hex(2)
+        for wf in chosen:
+            gt = f"gt-{wf.slug}-{run_id}"
+            _register(db_dsn, gt, "ground_truth", workflow=wf, model=None, gt=None)
+            sessions.append(gt)
+            tagging.enter(gt)
+            try:
+                calls = workflows.record_ground_truth(HttpApi(tagging.app_url), wf)
+            finally:
+                tagging.leave()
+            gt_rows[wf.slug] = _session_rows(db_dsn, gt)
+            progress.detail(f"{wf.title:<36} {calls:3d} write calls  {gt_rows[wf.slug]:3d} rows  ({gt})")
+
+        # 7. agents
+        progress(
+            f"running {len(agent_list)} agent(s) × {len(chosen)} workflow(s), tools discover/execute,"
+            f" limit {agents.OPERATION_LIMIT} operations"
+        )
+        runs: list[tuple[agents.Agent, Workflow, str, agents.AgentResult, int]] = []
+        for agent in agent_list:
+            for wf in chosen:
+                session = f"{agent.name.replace(':', '-').replace('/', '-')}-{wf.slug}-{run_id}"[:128]
+                _register(
+                    db_dsn, session, "agent", workflow=wf, model=agent.model, gt=f"gt-{wf.slug}-{run_id}"
+                )
+                sessions.append(session)
+                tagging.enter(session)
+                tools = agents.Tools(HttpApi(tagging.app_url))
+                try:
+                    outcome = agent.run(wf, tools)
+                except agents.BudgetExhausted as exc:
+                    outcome = agents.AgentResult(False, str(exc))
+                finally:
+                    tagging.leave()
+                runs.append((agent, wf, session, outcome, len(tools.calls)))
+                progress.detail(
+                    f"{agent.name:<14} {wf.slug:<36} {len(tools.calls):3d} tool calls"
+                    f"  {'done' if outcome.completed else 'incomplete'}: {outcome.message}"
+                )
+
+        # 8. scoring
+        progress("scoring every agent session against its ground truth (cow.session_changes)")
+        scores: list[SessionScore] = []
+        details: list[tuple[str, str]] = []
+        for agent, wf, session, outcome, ncalls in runs:
+            gt = f"gt-{wf.slug}-{run_id}"
+            r = _score(db_dsn, gt, session)
+            scores.append(
+                SessionScore(
+                    agent=agent.name,
+                    model=agent.model,
+                    workflow=wf.slug,
+                    gt_session=gt,
+                    session=session,
+                    completed=outcome.completed,
+                    tool_calls=ncalls,
+                    overall=float(r.overall),
+                    struct=float(r.struct_score),
+                    content=float(r.content_score),
+                    precision=float(r.precision),
+                    recall=float(r.recall),
+                    f1=float(r.f1),
+                    matched=int(r.counts.matched),
+                    missing=int(r.counts.missing),
+                    extra=int(r.counts.extra),
+                    gt_rows=gt_rows[wf.slug],
+                    message=outcome.message,
+                )
+            )
+            details.append((f"{agent.name} on {wf.slug}", _detail_html(r)))
+        summaries = report.summarize(scores)
+        print("\nPer agent (mean over workflows; like the paper's Table 5):", file=cfg.out)
+        print(report.agent_table(summaries), file=cfg.out)
+        print("\nLowest-scoring sessions (like the paper's Table 6):", file=cfg.out)
+        print(report.lowest_table(report.lowest(scores)), file=cfg.out)
+        print(file=cfg.out, flush=True)
+
+        untouched = _base_checksum(db_dsn) == checksum_before
+        notes = [
+            f"tagging: {tagging.name}",
+            f"workflows: {', '.join(w.slug for w in chosen)}",
+            f"base tables untouched by the sessions: {'yes' if untouched else 'NO'}",
+        ]
+        if not untouched:
+            raise DemoError("the base tables changed while sessions ran: a session wrote outside its overlay")
+        progress.detail(f"base tables unchanged after {len(sessions)} sessions: yes (checksummed)")
+        report_path = cfg.report_path.resolve()
+        report_path.write_text(report.html_report(scores, notes, details))
+        progress.detail(f"HTML report: {report_path}")
+
+        metrics: list[str] = []
+        with contextlib.suppress(OSError):
+            metrics = tagging.metrics()
+        if metrics:
+            progress.detail("a few of the proxy's Prometheus metrics:")
+            for line in _pick_metrics(metrics):
+                progress.detail(f"  {line}")
+        elif isinstance(tagging, DirectTagging):
+            progress.detail("no proxy metrics: the proxy did not run")
+
+        # 9. discard / commit
+        committed = f"gt-{chosen[0].slug}-{run_id}" if cfg.commit else None
+        if cfg.keep:
+            progress("--keep: leaving everything running; press Ctrl-C to stop and clean up")
+            progress.detail(f"application: {tagging.app_url}   database: {_redact(db_dsn)}")
+            if isinstance(tagging, ProxyTagging):
+                progress.detail(
+                    f"proxy: {_redact(tagging.database_url)}   metrics: http://127.0.0.1:{tagging.metrics_addr[1]}"
+                    f"/metrics   admin: 127.0.0.1:{tagging.admin_addr[1]}"
+                )
+            progress.detail(f"sessions: {', '.join(sessions)}")
+            with contextlib.suppress(KeyboardInterrupt):
+                while True:
+                    time.sleep(3600)
+        _finish_sessions(db_dsn, [s for s in sessions if s != committed], committed)
+        if committed:
+            progress(f"committed {committed} into the base tables; discarded the other {len(sessions) - 1}")
+        else:
+            progress(f"discarded all {len(sessions)} sessions (use --commit to commit one)")
+        result = DemoResult(
+            scores=tuple(scores),
+            gt_rows=gt_rows,
+            tagging=tagging.name,
+            base_untouched=untouched,
+            committed=committed,
+            metrics=tuple(metrics),
+            report_path=str(report_path),
+        )
+        if cfg.json_path is not None:
+            cfg.json_path.write_text(json.dumps(_as_json(result), indent=2))
+    progress.say("stopped the application, the proxy and PostgreSQL; removed the temporary files")
+    return result
+
+
+def _as_json(result: DemoResult) -> dict[str, Any]:
+    return {**asdict(result), "scores": [asdict(s) for s in result.scores]}
+
+
+def _detail_html(result: Any) -> str:
+    import html
+
+    rows = getattr(result, "rows", ())
+    lines = []
+    for r in rows:
+        if r.status == "matched" and (r.similarity or 0) >= 1.0:
+            continue
+        diffs = "; ".join(f"{d.column}: {d.gt!r} → {d.agent!r}" for d in getattr(r, "diffs", ()))
+        lines.append(
+            f"<li>{html.escape(r.status)} {html.escape(r.table)} "
+            f"{html.escape(str(dict(r.gt_pk or r.agent_pk or {})))} {html.escape(diffs)}</li>"
+        )
+    return "<ul>" + ("".join(lines) or "<li>every row matched exactly</li>") + "</ul>"
+
+
+_METRIC_PREFERENCE = ("connections", "statements", "sessions", "injected", "rewrite", "latency", "bytes")
+
+
+def _pick_metrics(lines: Sequence[str], n: int = 8) -> list[str]:
+    picked: list[str] = []
+    for word in _METRIC_PREFERENCE:
+        for line in lines:
+            if word in line.split(" ")[0] and line not in picked and "_bucket" not in line:
+                picked.append(line)
+                break
+    for line in lines:
+        if len(picked) >= n:
+            break
+        if line not in picked and "_bucket" not in line:
+            picked.append(line)
+    return picked[:n]
+
+
+def _redact(dsn: str) -> str:
+    parts = urlsplit(dsn)
+    if parts.password:
+        netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return dsn
+
+
+def _drop_database(server_dsn: str, database: str) -> None:
+    with contextlib.suppress(OSError, asyncpg.PostgresError):
+        _run(_admin(server_dsn, (f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)', ())))
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+__all__ = ["DemoConfig", "DemoResult", "run", "seed"]

@@ -1,0 +1,82 @@
+"""Driving ``cowproxy serve`` from the demo: start it as a subprocess, route and unroute sessions.
+
+Uses the proxy's documented surfaces only: the ``serve`` command line and the admin HTTP API
+(``GET /health``, ``POST /routes {"database", "session"}``, ``DELETE /routes/{database}``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from demo.errors import DemoError
+
+Address = tuple[str, int]
+
+
+def _addr(a: Address) -> str:
+    return f"{a[0]}:{a[1]}"
+
+
+def _request(admin: Address, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(
+        f"http://{_addr(admin)}{path}", data=data, method=method, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            raw = response.read()
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")
+        raise DemoError(
+            f"proxy admin API {method} {path}: HTTP {exc.code}: {' '.join(detail.split())}"
+        ) from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise DemoError(f"proxy admin API at {_addr(admin)} unreachable: {exc}") from None
+    return json.loads(raw) if raw.strip() else None
+
+
+def start(
+    upstream: Address, listen: Address, metrics: Address, admin: Address, log: Path
+) -> subprocess.Popen[bytes]:
+    """Start ``cowproxy serve`` and wait until its admin API answers; DemoError if it cannot start."""
+    cmd = [
+        sys.executable, "-m", "proxy.cli", "serve",
+        "--upstream", _addr(upstream), "--listen", _addr(listen),
+        "--metrics", _addr(metrics), "--admin", _addr(admin),
+    ]  # fmt: skip
+    with open(log, "wb") as sink:
+        process = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+            raise DemoError(f"cowproxy serve exited with {process.returncode}: {' | '.join(tail)}")
+        with contextlib.suppress(DemoError):
+            _request(admin, "GET", "/health")
+            return process
+        time.sleep(0.1)
+    process.kill()
+    process.wait(5)
+    raise DemoError("cowproxy serve did not answer on its admin API within 20 s")
+
+
+def route(admin: Address, session: str, database: str) -> None:
+    _request(admin, "POST", "/routes", {"database": database, "session": session})
+
+
+def unroute(admin: Address, database: str) -> None:
+    _request(admin, "DELETE", "/routes/" + quote(database, safe=""))
+
+
+def routes(admin: Address) -> dict[str, str]:
+    got = _request(admin, "GET", "/routes")
+    return dict(got.get("routes", {})) if isinstance(got, dict) else {}
