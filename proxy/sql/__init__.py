@@ -1,0 +1,36 @@
+"""SQL analysis for the proxy: cow tags in comments, statement classification, tamper detection and
+the rewrites that let a tagged connection use ON CONFLICT, TRUNCATE, COPY TO, MERGE and schema-qualified
+names on copy-on-write tables. Pure functions and objects, no I/O."""
+
+from __future__ import annotations
+
+from proxy.sql.analyze import KINDS, Analysis, Analyzer, apply_tag_map, statement_kind
+from proxy.sql.catalog import (
+    CATALOG_QUERY,
+    Catalog,
+    CatalogError,
+    Column,
+    CowTable,
+    ReferencingKey,
+    UniqueKey,
+)
+from proxy.sql.tags import ID_PATTERN, CommentTags, read_comment_tags, strip_edge_comments
+
+__all__ = [
+    "CATALOG_QUERY",
+    "ID_PATTERN",
+    "KINDS",
+    "Analysis",
+    "Analyzer",
+    "Catalog",
+    "CatalogError",
+    "Column",
+    "CommentTags",
+    "CowTable",
+    "ReferencingKey",
+    "UniqueKey",
+    "apply_tag_map",
+    "read_comment_tags",
+    "statement_kind",
+    "strip_edge_comments",
+]

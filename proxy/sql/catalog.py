@@ -1,0 +1,217 @@
+"""What the rewrites need to know about the CoW tables of a database, read once per connection."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.errors import ProxyError
+
+# One row per CoW table: app schema, table, overlay schema, and a JSON document with the rest (keys,
+# columns, unique indexes, FKs pointing at the table). JSON keeps the row all-text and spares us from
+# parsing PostgreSQL array literals. Works on PostgreSQL 15+ (indnullsnotdistinct). Fails with 42P01 or
+# 3F000 when the layer is not installed: the caller then uses ``Catalog.empty()``.
+CATALOG_QUERY = """\
+SELECT t.table_schema::text, t.table_name::text, t.overlay_schema::text,
+  json_build_object(
+    'pk', to_json(t.pk_columns),
+    'columns', (
+      SELECT coalesce(json_agg(json_build_object(
+               'name', a.attname, 'type', format_type(a.atttypid, NULL),
+               'generated', a.attgenerated <> '', 'identity', a.attidentity <> '') ORDER BY a.attnum), '[]')
+      FROM pg_catalog.pg_attribute a
+      WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
+    'unique', (
+      SELECT coalesce(json_agg(json_build_object(
+               'name', coalesce(con.conname, ic.relname), 'constraint', con.conname IS NOT NULL,
+               'columns', (SELECT coalesce(json_agg(ka.attname ORDER BY k.ord), '[]')
+                           FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+                           JOIN pg_catalog.pg_attribute ka ON ka.attrelid = c.oid AND ka.attnum = k.attnum),
+               'nulls_not_distinct', i.indnullsnotdistinct,
+               'partial', i.indpred IS NOT NULL, 'expressions', i.indexprs IS NOT NULL)
+             ORDER BY ic.relname), '[]')
+      FROM pg_catalog.pg_index i
+      JOIN pg_catalog.pg_class ic ON ic.oid = i.indexrelid
+      LEFT JOIN pg_catalog.pg_constraint con
+        ON con.conindid = i.indexrelid AND con.conrelid = c.oid AND con.contype IN ('p', 'u')
+      WHERE i.indrelid = c.oid AND i.indisunique),
+    'referenced_by', (
+      SELECT coalesce(json_agg(json_build_object(
+               'schema', rn.nspname, 'table', rc.relname, 'name', f.conname, 'on_delete', f.confdeltype)
+             ORDER BY rn.nspname, rc.relname, f.conname), '[]')
+      FROM pg_catalog.pg_constraint f
+      JOIN pg_catalog.pg_class rc ON rc.oid = f.conrelid
+      JOIN pg_catalog.pg_namespace rn ON rn.oid = rc.relnamespace
+      WHERE f.contype = 'f' AND f.confrelid = c.oid)
+  )::text
+FROM cow.tables t
+JOIN pg_catalog.pg_namespace n ON n.nspname = t.table_schema
+JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = t.table_name
+ORDER BY t.table_schema = 'public' DESC, t.table_schema, t.table_name"""
+
+
+class CatalogError(ProxyError):
+    """The rows given to ``Catalog.from_rows`` are not what ``CATALOG_QUERY`` returns."""
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str  # format_type without typmod, so a cast to it never truncates (the view applies the typmod)
+    generated: bool
+    identity: bool
+
+
+@dataclass(frozen=True)
+class UniqueKey:
+    """A unique index (with its constraint name when it backs a PRIMARY KEY / UNIQUE constraint)."""
+
+    name: str
+    columns: tuple[str, ...]
+    is_constraint: bool
+    nulls_not_distinct: bool
+    partial: bool
+    expressions: bool
+
+    @property
+    def inferable(self) -> bool:
+        """Usable as an ON CONFLICT arbiter given by plain column names."""
+        return not self.partial and not self.expressions and bool(self.columns)
+
+
+@dataclass(frozen=True)
+class ReferencingKey:
+    """A foreign key of table ``schema.table`` that references this table."""
+
+    schema: str
+    table: str
+    name: str
+    on_delete: str  # pg_constraint.confdeltype: a no action, r restrict, c cascade, n set null, d set default
+
+
+@dataclass(frozen=True)
+class CowTable:
+    schema: str
+    name: str
+    overlay_schema: str
+    pk: tuple[str, ...]
+    columns: tuple[Column, ...]
+    unique: tuple[UniqueKey, ...]
+    referenced_by: tuple[ReferencingKey, ...]
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+    def column(self, name: str) -> Column | None:
+        for col in self.columns:
+            if col.name == name:
+                return col
+        return None
+
+
+_idents = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """The CoW tables of one database. ``ident`` distinguishes catalogs in the analyzer's cache."""
+
+    tables: Mapping[tuple[str, str], CowTable]
+    ident: int = field(default_factory=lambda: next(_idents), compare=False)
+
+    @classmethod
+    def empty(cls) -> Catalog:
+        return cls(tables={})
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[Sequence[str | None]]) -> Catalog:
+        """Build from the rows of ``CATALOG_QUERY`` (text columns, as the simple protocol returns them)."""
+        tables: dict[tuple[str, str], CowTable] = {}
+        for row in rows:
+            try:
+                schema, name, overlay, doc = row
+                if schema is None or name is None or overlay is None or doc is None:
+                    raise ValueError("NULL in a catalog row")
+                info: dict[str, Any] = json.loads(doc)
+                table = CowTable(
+                    schema=schema,
+                    name=name,
+                    overlay_schema=overlay,
+                    pk=tuple(info.get("pk") or ()),
+                    columns=tuple(
+                        Column(c["name"], c["type"], bool(c["generated"]), bool(c["identity"]))
+                        for c in info["columns"]
+                    ),
+                    unique=tuple(
+                        UniqueKey(
+                            name=u["name"],
+                            columns=tuple(u["columns"]),
+                            is_constraint=bool(u["constraint"]),
+                            nulls_not_distinct=bool(u["nulls_not_distinct"]),
+                            partial=bool(u["partial"]),
+                            expressions=bool(u["expressions"]),
+                        )
+                        for u in info["unique"]
+                    ),
+                    referenced_by=tuple(
+                        ReferencingKey(r["schema"], r["table"], r["name"], r["on_delete"])
+                        for r in info["referenced_by"]
+                    ),
+                )
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CatalogError(f"malformed CoW catalog row {row!r}: {exc}") from exc
+            tables[(schema, name)] = table
+        return cls(tables=tables)
+
+    @property
+    def has_cow_tables(self) -> bool:
+        return bool(self.tables)
+
+    @property
+    def schemas(self) -> frozenset[str]:
+        return frozenset(schema for schema, _ in self.tables)
+
+    def lookup(self, schema: str | None, name: str | None) -> CowTable | None:
+        """The CoW table a (possibly unqualified) name denotes inside a session.
+
+        Unqualified names resolve through the session's search_path, overlay schemas first; we take the
+        first CoW table of that name in catalog order (``public`` first).
+        """
+        if name is None:
+            return None
+        if schema is not None:
+            return self.tables.get((schema, name))
+        for (_, table_name), table in self.tables.items():
+            if table_name == name:
+                return table
+        return None
+
+    def table(self, schema: str | None, name: str | None) -> CowTable | None:
+        if schema is None or name is None:
+            return None
+        return self.tables.get((schema, name))
+
+    @property
+    def schema_pattern(self) -> re.Pattern[str] | None:
+        """A sieve matching any app schema name as a word (the fast path's in-session check)."""
+        return _schema_pattern(self.schemas)
+
+
+_pattern_cache: dict[frozenset[str], re.Pattern[str] | None] = {}
+
+
+def _schema_pattern(schemas: frozenset[str]) -> re.Pattern[str] | None:
+    if schemas not in _pattern_cache:
+        if len(_pattern_cache) > 64:
+            _pattern_cache.clear()
+        _pattern_cache[schemas] = (
+            re.compile("|".join(rf"(?<![\w$]){re.escape(s)}(?![\w$])" for s in sorted(schemas)), re.I)
+            if schemas
+            else None
+        )
+    return _pattern_cache[schemas]

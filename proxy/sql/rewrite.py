@@ -1,0 +1,547 @@
+"""Rewrites of statements on CoW tables inside a session (issue 3).
+
+The overlay views take plain INSERT/UPDATE/DELETE/SELECT and COPY FROM through INSTEAD OF triggers; the
+rest is rewritten here into statements on the views that give the client what the plain table would.
+New statements are built from templates whose only variable parts are identifiers from the catalog;
+the client's expressions, literals and ``$n`` parameters are spliced in as AST nodes, never as text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pglast
+from pglast import ast
+from pglast.enums import BoolExprType, DropBehavior, ObjectType, OnConflictAction
+from pglast.stream import RawStream
+from pglast.visitors import Skip, Visitor
+
+from proxy.errors import RewriteError
+from proxy.sql.catalog import Catalog, CowTable, UniqueKey
+
+MERGE_ON_VIEWS = 170000  # PostgreSQL 17 runs MERGE on views through INSTEAD OF triggers
+
+
+@dataclass(frozen=True)
+class Outcome:
+    sql: str | None
+    tag_map: tuple[str, str] | None
+
+
+def _q(name: str) -> str:
+    """A quoted identifier (names come from the catalog, never from client values)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _overlay(table: CowTable) -> str:
+    return f"{_q(table.overlay_schema)}.{_q(table.name)}"
+
+
+def _parse(sql: str) -> Any:
+    return pglast.parse_sql(sql)[0].stmt
+
+
+def _type_name(type_name: str) -> Any:
+    # Parsed anew each time: the node ends up inside a client's tree, which later code may mutate.
+    return _parse(f"SELECT CAST(NULL AS {type_name})").targetList[0].val.typeName
+
+
+def _unsupported(message: str) -> RewriteError:
+    return RewriteError(message + " inside a cowproxy session", "0A000")
+
+
+def _and(left: Any, right: Any) -> ast.BoolExpr:
+    return ast.BoolExpr(boolop=BoolExprType.AND_EXPR, args=(left, right))
+
+
+def _match(left: str, right: str, key: UniqueKey) -> str:
+    """SQL for 'rows left and right collide on key' (NULLs collide only under NULLS NOT DISTINCT)."""
+    op = "IS NOT DISTINCT FROM" if key.nulls_not_distinct else "="
+    return " AND ".join(f"{left}.{_q(c)} {op} {right}.{_q(c)}" for c in key.columns)
+
+
+def _command_of(node: Any) -> str | None:
+    """The command word of the CommandComplete tag a statement produces (for tag_map clashes)."""
+    if isinstance(node, ast.SelectStmt):
+        return "SELECT"
+    if isinstance(node, ast.InsertStmt):
+        return "INSERT"
+    if isinstance(node, ast.UpdateStmt):
+        return "UPDATE"
+    if isinstance(node, ast.DeleteStmt):
+        return "DELETE"
+    if isinstance(node, ast.MergeStmt):
+        return "MERGE"
+    return None
+
+
+class _Qualify(Visitor):
+    """Points schema-qualified names of CoW tables (relations and column references) at the overlay."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self.changed = False
+
+    def visit_RangeVar(self, _: Any, node: Any) -> None:
+        if node.schemaname:
+            table = self.catalog.table(node.schemaname, node.relname)
+            if table is not None:
+                node.schemaname = table.overlay_schema
+                self.changed = True
+
+    def visit_ColumnRef(self, _: Any, node: Any) -> None:
+        fields = list(node.fields or ())
+        if len(fields) < 3 or not all(isinstance(f, ast.String) for f in fields[-3:-1]):
+            return
+        table = self.catalog.table(fields[-3].sval, fields[-2].sval)
+        if table is not None:
+            fields[-3] = ast.String(sval=table.overlay_schema)
+            node.fields = tuple(fields)
+            self.changed = True
+
+    def visit_CreateFunctionStmt(self, _: Any, node: Any) -> Any:
+        return Skip
+
+
+class _QualifyColumns(Visitor):
+    """Qualifies the target table's bare column names with its alias (an UPDATE ... FROM has two
+    relations with the same column names). Subqueries keep their own scope and are left alone."""
+
+    def __init__(self, alias: str, columns: Iterable[str]) -> None:
+        self.alias = alias
+        self.columns = set(columns)
+
+    def visit_ColumnRef(self, _: Any, node: Any) -> None:
+        fields: tuple[Any, ...] = node.fields or ()
+        if len(fields) != 1:
+            return
+        only = fields[0]
+        if isinstance(only, ast.A_Star) or (isinstance(only, ast.String) and only.sval in self.columns):
+            node.fields = (ast.String(sval=self.alias), only)
+
+    def visit_SubLink(self, _: Any, node: Any) -> Any:
+        return Skip
+
+
+_PASS_THROUGH_KINDS = (
+    ast.SelectStmt,
+    ast.InsertStmt,
+    ast.UpdateStmt,
+    ast.DeleteStmt,
+    ast.MergeStmt,
+    ast.CopyStmt,
+    ast.ExplainStmt,
+    ast.PrepareStmt,
+    ast.DeclareCursorStmt,
+)
+
+
+class Rewriter:
+    def __init__(self, catalog: Catalog, server_version_num: int) -> None:
+        self.catalog = catalog
+        self.version = server_version_num
+
+    # -- entry -------------------------------------------------------------------------------------
+
+    def rewrite(self, stmts: Sequence[Any]) -> Outcome:
+        changed = False
+        tag_map: tuple[str, str] | None = None
+        mapped_index = -1
+        finals: list[Any] = []
+        for index, raw in enumerate(stmts):
+            node, node_changed, node_map = self._statement(raw.stmt)
+            if node_changed:
+                raw.stmt = node
+                changed = True
+            if node_map is not None:
+                if tag_map is not None:
+                    raise _unsupported("two statements needing a command-tag fix in one query string")
+                tag_map, mapped_index = node_map, index
+            finals.append(node)
+        if tag_map is not None and len(finals) > 1:
+            command = tag_map[0]
+            if any(_command_of(n) == command for i, n in enumerate(finals) if i != mapped_index):
+                raise _unsupported(
+                    f"a rewritten statement next to another {command} in one query string "
+                    "(send it as a separate statement)"
+                )
+        if not changed:
+            return Outcome(None, None)
+        return Outcome("; ".join(RawStream()(raw) for raw in stmts), tag_map)
+
+    def _statement(self, node: Any) -> tuple[Any, bool, tuple[str, str] | None]:
+        self._refuse_ddl(node)
+        self._refuse_nested_on_conflict(node)
+        if isinstance(node, ast.MergeStmt):
+            table = self._cow(node.relation)
+            if table is not None and 0 < self.version < MERGE_ON_VIEWS:
+                raise _unsupported(
+                    f"MERGE into copy-on-write table {table.qualified} needs PostgreSQL 17 or later"
+                )
+        if isinstance(node, ast.TruncateStmt):
+            truncated = self._truncate(node)
+            if truncated is not None:
+                return truncated, True, ("DELETE", "TRUNCATE TABLE")
+            return node, False, None
+        tag_map = None
+        changed = False
+        if isinstance(node, ast.InsertStmt) and node.onConflictClause is not None:
+            table = self._cow(node.relation)
+            if table is not None:
+                node, tag_map = self._on_conflict(node, table)
+                changed = True
+        if isinstance(node, ast.CopyStmt) and not node.is_from and node.relation is not None:
+            table = self._cow(node.relation)
+            if table is not None:
+                self._copy_to(node, table)
+                changed = True
+        if isinstance(node, _PASS_THROUGH_KINDS):
+            qualify = _Qualify(self.catalog)
+            qualify(node)
+            changed = changed or qualify.changed
+        return node, changed, tag_map
+
+    def _cow(self, relation: Any) -> CowTable | None:
+        if relation is None:
+            return None
+        return self.catalog.lookup(relation.schemaname, relation.relname)
+
+    # -- refusals ----------------------------------------------------------------------------------
+
+    def _refuse_ddl(self, node: Any) -> None:
+        relations: list[ast.RangeVar | None] = []
+        if isinstance(
+            node,
+            ast.AlterTableStmt
+            | ast.IndexStmt
+            | ast.RenameStmt
+            | ast.CreateTrigStmt
+            | ast.RuleStmt
+            | ast.AlterObjectSchemaStmt
+            | ast.ClusterStmt,
+        ):
+            relations.append(node.relation)
+        elif isinstance(node, ast.CreatePolicyStmt | ast.AlterPolicyStmt):
+            relations.append(node.table)
+        elif isinstance(node, ast.DropStmt) and node.removeType == ObjectType.OBJECT_TABLE:
+            for name in node.objects or ():
+                parts = [p.sval for p in name if isinstance(p, ast.String)]
+                relations.append(
+                    ast.RangeVar(schemaname=parts[-2] if len(parts) > 1 else None, relname=parts[-1])
+                )
+        for relation in relations:
+            table = self._cow(relation)
+            if table is not None:
+                raise RewriteError(
+                    f"DDL on copy-on-write table {table.qualified} is not allowed inside a cowproxy session; "
+                    "run it from a connection that is not in a session",
+                    "0A000",
+                )
+
+    def _refuse_nested_on_conflict(self, node: Any) -> None:
+        rewriter = self
+
+        class Nested(Visitor):
+            def visit_InsertStmt(self, ancestors: Any, insert: Any) -> None:
+                if insert is node or insert.onConflictClause is None:
+                    return
+                table = rewriter._cow(insert.relation)
+                if table is not None:
+                    raise _unsupported(
+                        f"INSERT ... ON CONFLICT on {table.qualified} inside another statement"
+                    )
+
+        Nested()(node)
+
+    # -- COPY TO -----------------------------------------------------------------------------------
+
+    def _copy_to(self, node: Any, table: CowTable) -> None:
+        if node.attlist:
+            columns = [a.sval for a in node.attlist]
+        else:  # COPY leaves generated columns out when no list is given
+            columns = [c.name for c in table.columns if not c.generated]
+        node.query = _parse(f"SELECT {', '.join(_q(c) for c in columns)} FROM {_overlay(table)}")
+        node.relation = None
+        node.attlist = None
+
+    # -- TRUNCATE ----------------------------------------------------------------------------------
+
+    def _truncate(self, node: Any) -> Any:
+        tables: list[CowTable] = []
+        others: list[str] = []
+        for relation in node.relations or ():
+            table = self._cow(relation)
+            if table is None:
+                others.append(relation.relname)
+            elif table not in tables:
+                tables.append(table)
+        if not tables:
+            return None
+        if others:
+            raise _unsupported(f"TRUNCATE of copy-on-write and other tables ({', '.join(others)}) together")
+        if node.restart_seqs:
+            raise _unsupported(
+                "TRUNCATE ... RESTART IDENTITY on copy-on-write tables (their sequences are shared with "
+                "the base tables)"
+            )
+        cascade = node.behavior == DropBehavior.DROP_CASCADE
+        members = {(t.schema, t.name) for t in tables}
+        pending = list(tables)
+        while pending:
+            table = pending.pop()
+            for ref in table.referenced_by:
+                if (ref.schema, ref.table) in members:
+                    continue
+                child = self.catalog.table(ref.schema, ref.table)
+                if not cascade:
+                    # PostgreSQL's own check and message, raised whether or not rows exist
+                    raise RewriteError(
+                        "cannot truncate a table referenced in a foreign key constraint", "0A000"
+                    )
+                if child is None:
+                    raise _unsupported(
+                        f"TRUNCATE ... CASCADE reaching {ref.schema}.{ref.table}, which is not copy-on-write"
+                    )
+                members.add((child.schema, child.name))
+                tables.append(child)
+                pending.append(child)
+        order = self._children_first(tables)
+        # One statement, deletes chained so that each runs after the ones it depends on: a data-modifying
+        # CTE referenced from a scalar subquery runs to completion before the statement reading it starts.
+        ctes: list[str] = []
+        previous = None
+        for i, table in enumerate(order[:-1]):
+            gate = f" WHERE (SELECT count(*) FROM {previous}) >= 0" if previous else ""
+            ctes.append(f"cow_truncate_{i} AS (DELETE FROM {_overlay(table)}{gate} RETURNING 1)")
+            previous = f"cow_truncate_{i}"
+        gate = f" WHERE (SELECT count(*) FROM {previous}) >= 0" if previous else ""
+        last = f"DELETE FROM {_overlay(order[-1])}{gate}"
+        return _parse((f"WITH {', '.join(ctes)} " if ctes else "") + last)
+
+    def _children_first(self, tables: list[CowTable]) -> list[CowTable]:
+        """Referencing tables before the tables they reference (cycles broken in list order)."""
+        by_key = {(t.schema, t.name): t for t in tables}
+        done: list[CowTable] = []
+        visiting: set[tuple[str, str]] = set()
+
+        def visit(table: CowTable) -> None:
+            key = (table.schema, table.name)
+            if table in done or key in visiting:
+                return
+            visiting.add(key)
+            for ref in table.referenced_by:
+                child = by_key.get((ref.schema, ref.table))
+                if child is not None and child is not table:
+                    visit(child)
+            done.append(table)
+
+        for table in tables:
+            visit(table)
+        return done
+
+    # -- INSERT ... ON CONFLICT --------------------------------------------------------------------
+
+    def _on_conflict(self, stmt: Any, table: CowTable) -> tuple[Any, tuple[str, str] | None]:
+        clause = stmt.onConflictClause
+        alias = stmt.relation.alias.aliasname if stmt.relation.alias is not None else table.name
+        columns, rows_select = self._conflict_input(stmt, table)
+        keys = self._arbiters(clause, table, columns)
+        view = _overlay(table)
+        qalias = _q(alias)
+        collisions = " AND ".join(
+            f"NOT EXISTS (SELECT 1 FROM {view} AS cow_t WHERE {_match('cow_t', 'excluded', k)})" for k in keys
+        )
+        column_list = ", ".join(_q(c) for c in columns)
+        picked = ", ".join(f"excluded.{_q(c)}" for c in columns)
+        returning = stmt.returningClause
+        if returning is not None:
+            _QualifyColumns(alias, (c.name for c in table.columns))(returning)
+
+        if clause.action == OnConflictAction.ONCONFLICT_NOTHING:
+            # Rows that collide with an earlier input row are skipped too, as PostgreSQL does (it sees the
+            # rows the same command inserted).
+            earlier = " AND ".join(
+                f"NOT EXISTS (SELECT 1 FROM cow_rows AS cow_e WHERE {_match('cow_e', 'excluded', k)} "
+                "AND cow_e.cow_ord < excluded.cow_ord)"
+                for k in keys
+            )
+            where = " AND ".join(w for w in (collisions, earlier) if w) or "true"
+            sql = (
+                f"WITH cow_rows AS (SELECT 1) INSERT INTO {view} AS {qalias} ({column_list}) "
+                f"SELECT {picked} FROM cow_rows AS excluded WHERE {where} ORDER BY excluded.cow_ord"
+            )
+            new = _parse(sql)
+            new.withClause.ctes[0].ctequery = rows_select
+            new.returningClause = returning
+            new.override = stmt.override
+            self._prepend_ctes(new, stmt)
+            return new, None
+
+        key = keys[0]
+        # Two input rows on the same key: PostgreSQL raises 21000 (the row would be affected twice); a
+        # scalar subquery returning more than one row raises the same SQLSTATE.
+        twice = (
+            "(SELECT 1 FROM cow_rows AS cow_a JOIN cow_rows AS cow_b ON "
+            f"{_match('cow_a', 'cow_b', key)} AND cow_a.cow_ord <> cow_b.cow_ord)"
+        )
+        update = (
+            f"UPDATE {view} AS {qalias} SET cow_placeholder = 1 FROM cow_input AS excluded "
+            f"WHERE {_match(qalias, 'excluded', key)}"
+        )
+        insert = (
+            f"INSERT INTO {view} AS {qalias} ({column_list}) SELECT {picked} FROM cow_input AS excluded "
+            f"WHERE {collisions} ORDER BY excluded.cow_ord"
+        )
+        head = (
+            "WITH cow_rows AS (SELECT 1), "
+            f"cow_input AS (SELECT * FROM cow_rows WHERE {twice} IS NULL), "
+            f"cow_updated AS ({update} RETURNING 1)"
+        )
+        if returning is None:
+            # Without RETURNING the INSERT is the statement, so no rows reach the client; its tag counts
+            # the inserted rows only (see docs/rewrites.md).
+            new = _parse(f"{head} {insert}")
+            insert_node = new
+            update_node = new.withClause.ctes[2].ctequery
+            update_node.returningClause = None
+            tag_map = None
+        else:
+            new = _parse(
+                f"{head}, cow_inserted AS ({insert} RETURNING 1) "
+                "SELECT * FROM cow_updated UNION ALL SELECT * FROM cow_inserted"
+            )
+            insert_node = new.withClause.ctes[3].ctequery
+            update_node = new.withClause.ctes[2].ctequery
+            insert_node.returningClause = returning
+            update_node.returningClause = returning
+            tag_map = ("SELECT", "INSERT 0 {n}")
+        new.withClause.ctes[0].ctequery = rows_select
+        insert_node.override = stmt.override
+        qualify = _QualifyColumns(alias, (c.name for c in table.columns))
+        targets = clause.targetList
+        qualify(targets)
+        update_node.targetList = targets
+        if clause.whereClause is not None:
+            user_where = qualify(clause.whereClause)
+            update_node.whereClause = _and(update_node.whereClause, user_where)
+        self._prepend_ctes(new, stmt)
+        return new, tag_map
+
+    @staticmethod
+    def _prepend_ctes(new: Any, stmt: Any) -> None:
+        if stmt.withClause is not None:
+            new.withClause.ctes = tuple(stmt.withClause.ctes) + tuple(new.withClause.ctes)
+            new.withClause.recursive = stmt.withClause.recursive
+
+    def _conflict_input(self, stmt: Any, table: CowTable) -> tuple[list[str], Any]:
+        """The INSERT's columns, and a SELECT of its rows as (cow_ord, columns...) typed like the table."""
+        if stmt.cols:
+            if any(rt.indirection for rt in stmt.cols):
+                raise _unsupported("INSERT ... ON CONFLICT into subfields or array elements")
+            columns = [rt.name for rt in stmt.cols]
+        else:
+            columns = [c.name for c in table.columns]
+        source = stmt.selectStmt
+        if source is None:
+            raise _unsupported("INSERT ... DEFAULT VALUES ON CONFLICT")
+        plain_values = (
+            source.valuesLists is not None
+            and source.sortClause is None
+            and source.limitCount is None
+            and source.limitOffset is None
+            and source.withClause is None
+        )
+        if plain_values:
+            rows = [list(r) for r in source.valuesLists]
+            width = len(rows[0])
+            if not stmt.cols:
+                columns = columns[:width]
+            elif width > len(columns):
+                raise RewriteError("INSERT has more expressions than target columns", "42601")
+            elif width < len(columns):
+                raise RewriteError("INSERT has more target columns than expressions", "42601")
+            # A column that is DEFAULT in every row is left to the view's default; a mix cannot be
+            # expressed in the VALUES list the rewrite selects from.
+            keep = [j for j in range(width) if not all(isinstance(r[j], ast.SetToDefault) for r in rows)]
+            if any(isinstance(r[j], ast.SetToDefault) for r in rows for j in keep):
+                raise _unsupported("DEFAULT in some but not all rows of an INSERT ... ON CONFLICT")
+            columns = [columns[j] for j in keep]
+            types = self._column_types(table, columns)
+            lists = tuple(
+                (
+                    ast.A_Const(val=ast.Integer(ival=i + 1)),
+                    *(
+                        ast.TypeCast(arg=r[j], typeName=_type_name(t))
+                        for j, t in zip(keep, types, strict=True)
+                    ),
+                )
+                for i, r in enumerate(rows)
+            )
+            names = ", ".join(["cow_ord", *(_q(c) for c in columns)])
+            select = _parse(f"SELECT * FROM (VALUES (1)) AS cow_v ({names})")
+            select.fromClause[0].subquery.valuesLists = lists
+            return columns, select
+        types = self._column_types(table, columns)
+        casts = ", ".join(
+            f"CAST(cow_s.{_q(c)} AS {t}) AS {_q(c)}" for c, t in zip(columns, types, strict=True)
+        )
+        select = _parse(
+            f"SELECT row_number() OVER () AS cow_ord, {casts} FROM (SELECT 1) AS cow_s "
+            f"({', '.join(_q(c) for c in columns)})"
+        )
+        select.fromClause[0].subquery = source
+        return columns, select
+
+    @staticmethod
+    def _column_types(table: CowTable, columns: list[str]) -> list[str]:
+        types = []
+        for name in columns:
+            column = table.column(name)
+            if column is None:
+                raise RewriteError(f'column "{name}" of relation "{table.name}" does not exist', "42703")
+            types.append(column.type)
+        return types
+
+    @staticmethod
+    def _arbiters(clause: Any, table: CowTable, columns: list[str]) -> list[UniqueKey]:
+        infer = clause.infer
+        if infer is None:  # DO NOTHING without a target: every unique index arbitrates
+            keys = [k for k in table.unique if k.inferable and all(c in columns for c in k.columns)]
+            if any(not k.inferable for k in table.unique):
+                raise _unsupported(
+                    "ON CONFLICT DO NOTHING without a target on a table with partial or expression "
+                    "unique indexes"
+                )
+            return keys
+        if infer.conname:
+            found = [k for k in table.unique if k.is_constraint and k.name == infer.conname]
+            if not found:
+                raise RewriteError(
+                    f'constraint "{infer.conname}" for table "{table.name}" does not exist', "42704"
+                )
+            keys = found
+        else:
+            if infer.whereClause is not None:
+                raise _unsupported("ON CONFLICT with a partial-index predicate")
+            names = []
+            for elem in infer.indexElems or ():
+                if elem.expr is not None or elem.collation or elem.opclass or elem.name is None:
+                    raise _unsupported("ON CONFLICT on an expression, collation or operator class")
+                names.append(elem.name)
+            keys = [k for k in table.unique if k.inferable and set(k.columns) == set(names)][:1]
+            if not keys:
+                raise RewriteError(
+                    "there is no unique or exclusion constraint matching the ON CONFLICT specification",
+                    "42P10",
+                )
+        for key in keys:
+            if not key.inferable:
+                raise _unsupported("ON CONFLICT on a partial or expression unique index")
+            missing = [c for c in key.columns if c not in columns]
+            if missing:
+                raise _unsupported(
+                    f"ON CONFLICT whose conflict column {missing[0]} is not given by the INSERT"
+                )
+        return keys

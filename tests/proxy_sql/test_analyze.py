@@ -1,0 +1,191 @@
+"""Classification, writes, tamper detection, the fast path and the cache."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.sql import Analysis, Analyzer, Catalog, apply_tag_map
+
+from .catalogs import sample_catalog
+
+CATALOG = sample_catalog()
+
+
+def analyze(sql: str, in_session: bool = True, catalog: Catalog = CATALOG) -> Analysis:
+    return Analyzer().analyze(sql, catalog, in_session)
+
+
+@pytest.mark.parametrize(
+    ("sql", "kind"),
+    [
+        ("SELECT 1", "select"),
+        ("(SELECT 1) UNION SELECT 2", "select"),
+        ("VALUES (1)", "select"),
+        ("WITH x AS (SELECT 1) SELECT * FROM x", "select"),
+        ("WITH x AS (DELETE FROM t RETURNING *) SELECT * FROM x", "select"),
+        ("INSERT INTO t VALUES (1)", "insert"),
+        ("UPDATE t SET a = 1", "update"),
+        ("DELETE FROM t", "delete"),
+        ("TRUNCATE t", "delete"),
+        ("MERGE INTO t USING s ON t.id = s.id WHEN MATCHED THEN DELETE", "merge"),
+        ("COPY t FROM STDIN", "copy"),
+        ("COPY t TO STDOUT", "copy"),
+        ("CREATE TABLE x (a int)", "ddl"),
+        ("ALTER TABLE x ADD b int", "ddl"),
+        ("DROP TABLE x", "ddl"),
+        ("CREATE INDEX ON x (a)", "ddl"),
+        ("SELECT 1 INTO x", "ddl"),
+        ("BEGIN", "transaction"),
+        ("start transaction isolation level serializable", "transaction"),
+        ("COMMIT", "transaction"),
+        ("ROLLBACK TO SAVEPOINT a", "transaction"),
+        ("SET statement_timeout = 5", "utility"),
+        ("SHOW search_path", "utility"),
+        ("EXPLAIN SELECT 1", "utility"),
+        ("LISTEN chan", "utility"),
+        ("SELECT 1; SELECT 2", "multi"),
+        ("SELEC 1", "other"),
+        ("", "other"),
+    ],
+)
+def test_kind(sql: str, kind: str) -> None:
+    for in_session in (False, True):
+        assert analyze(sql, in_session).kind == kind
+
+
+@pytest.mark.parametrize(
+    ("sql", "writes"),
+    [
+        ("SELECT * FROM projects", ()),
+        ("INSERT INTO projects (id) VALUES (1)", (("public.projects", "insert"),)),
+        ("UPDATE app.events SET payload = '{}'", (("app.events", "update"),)),
+        ("DELETE FROM elsewhere.x", (("elsewhere.x", "delete"),)),
+        (
+            "WITH d AS (DELETE FROM comments RETURNING issue_id) UPDATE issues SET points = 0 "
+            "WHERE id IN (SELECT issue_id FROM d)",
+            (("public.issues", "update"), ("public.comments", "delete")),
+        ),
+        ("TRUNCATE comments, scratch", (("public.comments", "truncate"), ("scratch", "truncate"))),
+        ("COPY comments FROM STDIN", (("public.comments", "copy"),)),
+        ("COPY comments TO STDOUT", ()),
+    ],
+)
+def test_writes(sql: str, writes: tuple[tuple[str, str], ...]) -> None:
+    assert analyze(sql, in_session=False).writes == writes
+
+
+TAMPERS = [
+    "SET cow.session_id = 'other'",
+    "SET LOCAL cow.operation_id TO 'x'",
+    "SET SESSION cow.session_id = DEFAULT",
+    "SET \"cow.session_id\" = 'x'",
+    "RESET cow.session_id",
+    "RESET ALL",
+    "DISCARD ALL",
+    "SET ROLE postgres",
+    "RESET ROLE",
+    "SET SESSION AUTHORIZATION postgres",
+    "SET search_path = public",
+    "SET SCHEMA 'public'",
+    "SELECT set_config('cow.session_id', 'x', false)",
+    "SELECT pg_catalog.set_config('search_path', 'public', true)",
+    "SELECT set_config($1, $2, false)",  # a name known only at run time
+    "SELECT 1 WHERE set_config('cow.operation_id', 'x', true) IS NOT NULL",
+    "SELECT cow.use_session('S', 'O')",
+    "SELECT cow.use_session(NULL)",
+    "SELECT 1; SET cow.session_id = 'x'",
+    "PREPARE p AS SELECT set_config('cow.session_id', $1, false)",
+    "DO $$ BEGIN PERFORM set_config('cow.session_id', 'x', false); END $$",
+    "DO $$ BEGIN EXECUTE 'SET search_path TO public'; END $$",
+    "DO LANGUAGE plpgsql $$ BEGIN PERFORM cow.use_session(NULL); END $$",
+    "/*cow_session='S'*/ SET cow.session_id = 'x'",
+]
+
+
+@pytest.mark.parametrize("sql", TAMPERS)
+def test_tampers(sql: str) -> None:
+    assert analyze(sql, in_session=False).tampers
+    assert analyze(sql, in_session=True).tampers
+
+
+NOT_TAMPERS = [
+    "SELECT 1",
+    "SET statement_timeout = 1000",
+    "SET LOCAL lock_timeout = '1s'",
+    "RESET statement_timeout",
+    "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+    "DISCARD PLANS",
+    "DISCARD TEMP",
+    "SELECT set_config('application_name', 'x', false)",
+    "SELECT current_setting('cow.session_id', true)",
+    "SELECT 'SET cow.session_id = 1'",
+    "SELECT * FROM offset_settings",
+    "DO $$ BEGIN RAISE NOTICE 'hello'; END $$",
+    "CREATE FUNCTION f() RETURNS void LANGUAGE sql AS $$ SELECT set_config('cow.session_id', 'x', false) $$",
+]
+
+
+@pytest.mark.parametrize("sql", NOT_TAMPERS)
+def test_not_tampers(sql: str) -> None:
+    assert not analyze(sql, in_session=True).tampers
+
+
+def test_cache_hits_by_stripped_text() -> None:
+    analyzer = Analyzer(cache_size=2)
+    first = analyzer.analyze("/*cow_session='A'*/ SELECT * FROM public.projects", CATALOG, True)
+    second = analyzer.analyze("SELECT * FROM public.projects /*cow_session='B'*/", CATALOG, True)
+    assert (first.cache_hit, second.cache_hit) == (False, True)
+    assert second.rewritten == first.rewritten == "SELECT * FROM cow_public.projects"
+    assert (analyzer.hits, analyzer.misses) == (1, 1)
+    # in_session and the catalog are part of the key
+    assert analyzer.analyze("SELECT * FROM public.projects", CATALOG, False).rewritten is None
+    assert analyzer.analyze("SELECT * FROM public.projects", sample_catalog(), True).cache_hit is False
+    assert analyzer.misses == 3
+
+
+def test_cache_is_bounded_lru() -> None:
+    analyzer = Analyzer(cache_size=2)
+    for sql in ("SELECT 1", "SELECT 2", "SELECT 1", "SELECT 3", "SELECT 1", "SELECT 2"):
+        analyzer.analyze(sql, CATALOG, True)
+    # SELECT 2 was evicted by SELECT 3 (SELECT 1 had been used more recently)
+    assert (analyzer.hits, analyzer.misses) == (2, 4)
+
+
+def test_empty_catalog_never_rewrites() -> None:
+    result = analyze("TRUNCATE projects", catalog=Catalog.empty())
+    assert result.rewritten is None and result.error is None
+    assert not Catalog.empty().has_cow_tables and CATALOG.has_cow_tables
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT * FROM public.projects",
+        'SELECT * FROM "public"."projects"',
+        "SELECT * FROM PUBLIC.projects",
+        'SELECT * FROM U&"\\0070ublic".projects',
+    ],
+)
+def test_fast_path_never_hides_a_qualified_cow_name(sql: str) -> None:
+    assert analyze(sql).rewritten == "SELECT * FROM cow_public.projects"
+
+
+def test_merge_is_passed_to_the_server_when_the_version_is_unknown() -> None:
+    result = Analyzer().analyze(
+        "MERGE INTO projects p USING s ON p.id = s.id WHEN MATCHED THEN DELETE", CATALOG, True
+    )
+    assert result.error is None
+
+
+@pytest.mark.parametrize(
+    ("tag", "tag_map", "client"),
+    [
+        ("SELECT 3", ("SELECT", "INSERT 0 {n}"), "INSERT 0 3"),
+        ("DELETE 0", ("DELETE", "TRUNCATE TABLE"), "TRUNCATE TABLE"),
+        ("UPDATE 2", ("DELETE", "TRUNCATE TABLE"), "UPDATE 2"),
+        ("SELECT 3", None, "SELECT 3"),
+        ("SELECTX 3", ("SELECT", "INSERT 0 {n}"), "SELECTX 3"),
+    ],
+)
+def test_apply_tag_map(tag: str, tag_map: tuple[str, str] | None, client: str) -> None:
+    assert apply_tag_map(tag, tag_map) == client
