@@ -1,0 +1,160 @@
+"""Scoring sessions recorded in a database: ``score_sessions`` (sync), ``score_sessions_async`` and
+``score_pairs_async`` (many pairs: extraction over a small connection pool, matching in worker processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor
+from functools import partial
+from typing import Any
+
+import asyncpg
+
+from .config import ScoringConfig, make_config
+from .core import score_writes
+from .errors import ScoringError
+from .extract import SessionInfo, check_layer, fetch_metadata, fetch_writes, session_info
+from .model import Metadata, Write
+from .result import ScoringResult
+
+CONNECT_TIMEOUT = 10.0
+
+
+async def connect(dsn: str) -> asyncpg.Connection:
+    try:
+        return await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT)
+    except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as exc:
+        raise ScoringError(f"cannot connect to the database: {exc or type(exc).__name__}") from None
+
+
+class _Source:
+    """One connection's view of the sessions: metadata once, each session's writes once."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+        self._metadata: Metadata | None = None
+        self._writes: dict[str, tuple[SessionInfo, list[Write]]] = {}
+
+    async def metadata(self) -> Metadata:
+        if self._metadata is None:
+            await check_layer(self.conn)
+            self._metadata = await fetch_metadata(self.conn)
+        return self._metadata
+
+    async def session(self, session: str) -> tuple[SessionInfo, list[Write]]:
+        if session not in self._writes:
+            meta = await self.metadata()
+            info = await session_info(self.conn, session)
+            writes = await fetch_writes(self.conn, session, meta, committed=info.status == "committed")
+            self._writes[session] = (info, writes)
+        return self._writes[session]
+
+
+def check_pair(
+    gt: str, agent: str, gt_info: SessionInfo | None = None, ag_info: SessionInfo | None = None
+) -> None:
+    if gt == agent:
+        raise ScoringError(f"the ground truth and the agent are the same session ({gt!r}): check the ids")
+    if gt_info and ag_info and gt_info.kind == "agent" and ag_info.kind == "ground_truth":
+        raise ScoringError(f"--gt {gt!r} is an agent session and --agent {agent!r} a ground truth: swapped?")
+
+
+async def score_sessions_async(
+    connection_or_dsn: asyncpg.Connection | str,
+    gt: str,
+    agent: str,
+    *,
+    config: ScoringConfig | str | None = None,
+    **options: Any,
+) -> ScoringResult:
+    """Score session ``agent`` against ground-truth session ``gt``; options as for ``score_writes``."""
+    cfg = make_config(config, **options)
+    check_pair(gt, agent)
+    if isinstance(connection_or_dsn, str):
+        conn = await connect(connection_or_dsn)
+        try:
+            return await _score_one(_Source(conn), gt, agent, cfg)
+        finally:
+            await conn.close()
+    return await _score_one(_Source(connection_or_dsn), gt, agent, cfg)
+
+
+async def _score_one(source: _Source, gt: str, agent: str, cfg: ScoringConfig) -> ScoringResult:
+    meta = await source.metadata()
+    gt_info, gt_writes = await source.session(gt)
+    ag_info, ag_writes = await source.session(agent)
+    check_pair(gt, agent, gt_info, ag_info)
+    return score_writes(gt_writes, ag_writes, meta, config=cfg, gt=gt, agent=agent, info=ag_info.as_info())
+
+
+def score_sessions(dsn: str, gt: str, agent: str, **options: Any) -> ScoringResult:
+    """Blocking variant of ``score_sessions_async`` (takes a DSN; from async code use the async variant)."""
+    if not isinstance(dsn, str):
+        raise TypeError("score_sessions takes a DSN; pass an asyncpg connection to score_sessions_async")
+    return asyncio.run(score_sessions_async(dsn, gt, agent, **options))
+
+
+def _score_job(
+    gt_writes: list[Write],
+    ag_writes: list[Write],
+    *,
+    meta: Metadata,
+    cfg: ScoringConfig,
+    gt: str,
+    agent: str,
+    info: dict[str, Any],
+) -> ScoringResult:
+    return score_writes(gt_writes, ag_writes, meta, config=cfg, gt=gt, agent=agent, info=info)
+
+
+async def score_pairs_async(
+    dsn: str,
+    pairs: Sequence[tuple[str, str]],
+    *,
+    config: ScoringConfig | None = None,
+    jobs: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[ScoringResult]:
+    """Score many (gt, agent) pairs: sessions are read once each over a few connections, and the matching
+    runs in ``jobs`` worker processes. Results come back in the order of ``pairs``."""
+    cfg = config or ScoringConfig()
+    for gt, agent in pairs:
+        check_pair(gt, agent)
+    if not pairs:
+        return []
+    jobs = max(1, jobs or min(len(pairs), os.cpu_count() or 1))
+    conn = await connect(dsn)
+    try:
+        source = _Source(conn)
+        meta = await source.metadata()
+        # One connection reads sequentially: reading is cheap next to matching, and it keeps the load
+        # on the database small while the workers match.
+        loaded = []
+        for gt, agent in pairs:
+            gt_info, gt_w = await source.session(gt)
+            ag_info, ag_w = await source.session(agent)
+            check_pair(gt, agent, gt_info, ag_info)
+            loaded.append((gt, agent, gt_w, ag_w, ag_info.as_info()))
+    finally:
+        await conn.close()
+    loop = asyncio.get_running_loop()
+    done = 0
+    executor: Executor | None = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 and len(pairs) > 1 else None
+    try:
+        futures = [
+            loop.run_in_executor(
+                executor, partial(_score_job, gt_w, ag_w, meta=meta, cfg=cfg, gt=gt, agent=agent, info=info)
+            )
+            for gt, agent, gt_w, ag_w, info in loaded
+        ]
+        for fut in asyncio.as_completed(futures):
+            await fut
+            done += 1
+            if progress:
+                progress(done, len(futures))
+        return [f.result() for f in futures]
+    finally:
+        if executor is not None:
+            executor.shutdown(cancel_futures=True)

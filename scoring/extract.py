@@ -1,0 +1,220 @@
+"""Reading sessions from a database with the CoW layer installed (docs/interfaces.md), through asyncpg.
+
+- writes: ``cow.session_changes(session)``; whether a row existed before the session is looked up in the
+  app's own table (the base rows), except for committed sessions whose rows are now in the base;
+- metadata: column types, primary keys and foreign keys of the tables in ``cow.tables``, from pg_catalog.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from .errors import ScoringError
+from .model import (
+    ARRAY,
+    BOOL,
+    ENUM,
+    JSON,
+    NUMERIC,
+    OTHER,
+    TEXT,
+    TIMESTAMP,
+    UUID,
+    ColumnMeta,
+    ForeignKey,
+    Metadata,
+    TableMeta,
+    Write,
+    loads,
+)
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    session_id: str
+    kind: str | None
+    label: str | None
+    model: str | None
+    gt_session: str | None
+    status: str | None
+
+    def as_info(self) -> dict[str, Any]:
+        return {"kind": self.kind, "label": self.label, "model": self.model, "status": self.status}
+
+
+def quote_ident(name: str) -> str:
+    """An SQL identifier from the catalog, quoted (never a value from the user)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def qualified(schema: str, table: str) -> str:
+    return f"{schema}.{table}"
+
+
+async def check_layer(conn: asyncpg.Connection) -> None:
+    found = await conn.fetchval(
+        "SELECT to_regclass('cow.sessions') IS NOT NULL AND to_regclass('cow.tables') IS NOT NULL"
+    )
+    if not found:
+        raise ScoringError("the CoW layer is not installed in this database (run `cowproxy install`)")
+
+
+async def session_info(conn: asyncpg.Connection, session: str) -> SessionInfo:
+    row = await conn.fetchrow(
+        "SELECT session_id, kind, label, model, gt_session, status FROM cow.sessions WHERE session_id = $1",
+        session,
+    )
+    if row is None:
+        raise ScoringError(f"unknown session {session!r}")
+    return SessionInfo(
+        row["session_id"], row["kind"], row["label"], row["model"], row["gt_session"], row["status"]
+    )
+
+
+async def agent_sessions(conn: asyncpg.Connection) -> list[tuple[str, str]]:
+    """(gt, agent) for every agent session that names the ground truth it answers."""
+    rows = await conn.fetch(
+        "SELECT gt_session, session_id FROM cow.sessions "
+        "WHERE kind = 'agent' AND gt_session IS NOT NULL ORDER BY gt_session, created_at, session_id"
+    )
+    return [(r["gt_session"], r["session_id"]) for r in rows]
+
+
+_CATEGORY_BY_NAME = {
+    "json": JSON,
+    "jsonb": JSON,
+    "uuid": UUID,
+    "timestamp": TIMESTAMP,
+    "timestamptz": TIMESTAMP,
+    "bool": BOOL,
+}
+_CATEGORY_BY_TYPCATEGORY = {"S": TEXT, "N": NUMERIC, "A": ARRAY, "E": ENUM, "B": BOOL}
+
+
+def _category(typname: str, typcategory: str) -> str:
+    return _CATEGORY_BY_NAME.get(typname) or _CATEGORY_BY_TYPCATEGORY.get(typcategory, OTHER)
+
+
+async def fetch_metadata(conn: asyncpg.Connection) -> Metadata:
+    tables = await conn.fetch(
+        "SELECT table_schema, table_name, pk_columns, "
+        "format('%I.%I', table_schema, table_name)::regclass::oid AS oid FROM cow.tables"
+    )
+    oids = [t["oid"] for t in tables]
+    columns = await conn.fetch(
+        """
+        SELECT a.attrelid AS oid, a.attname, format_type(a.atttypid, a.atttypmod) AS type_name,
+               bt.typname, bt.typcategory::text AS typcategory
+        FROM pg_attribute a
+        JOIN pg_type ty ON ty.oid = a.atttypid
+        -- a domain compares like its base type
+        JOIN pg_type bt ON bt.oid = CASE WHEN ty.typtype = 'd' THEN ty.typbasetype ELSE ty.oid END
+        WHERE a.attrelid = ANY($1::oid[]) AND a.attnum > 0 AND NOT a.attisdropped
+        ORDER BY a.attrelid, a.attnum
+        """,
+        oids,
+    )
+    fks = await conn.fetch(
+        """
+        SELECT con.conrelid AS oid, rn.nspname AS ref_schema, rc.relname AS ref_table,
+               ARRAY(SELECT att.attname FROM unnest(con.conkey) WITH ORDINALITY k(num, ord)
+                     JOIN pg_attribute att ON att.attrelid = con.conrelid AND att.attnum = k.num
+                     ORDER BY k.ord) AS cols,
+               ARRAY(SELECT att.attname FROM unnest(con.confkey) WITH ORDINALITY k(num, ord)
+                     JOIN pg_attribute att ON att.attrelid = con.confrelid AND att.attnum = k.num
+                     ORDER BY k.ord) AS ref_cols
+        FROM pg_constraint con
+        JOIN pg_class rc ON rc.oid = con.confrelid
+        JOIN pg_namespace rn ON rn.oid = rc.relnamespace
+        WHERE con.contype = 'f' AND con.conrelid = ANY($1::oid[])
+        ORDER BY con.conrelid, con.conname
+        """,
+        oids,
+    )
+    cols_by: dict[int, list[ColumnMeta]] = defaultdict(list)
+    for c in columns:
+        cols_by[c["oid"]].append(
+            ColumnMeta(c["attname"], c["type_name"], _category(c["typname"], c["typcategory"]))
+        )
+    fks_by: dict[int, list[ForeignKey]] = defaultdict(list)
+    for f in fks:
+        fks_by[f["oid"]].append(
+            ForeignKey(tuple(f["cols"]), qualified(f["ref_schema"], f["ref_table"]), tuple(f["ref_cols"]))
+        )
+    out: dict[str, TableMeta] = {}
+    for t in tables:
+        name = qualified(t["table_schema"], t["table_name"])
+        out[name] = TableMeta(
+            name, tuple(cols_by[t["oid"]]), tuple(t["pk_columns"] or ()), tuple(fks_by[t["oid"]])
+        )
+    return Metadata(out)
+
+
+async def fetch_writes(
+    conn: asyncpg.Connection, session: str, metadata: Metadata, *, committed: bool = False
+) -> list[Write]:
+    rows = await conn.fetch(
+        "SELECT seq, operation_id, table_schema, table_name, pk::text AS pk, "
+        "row_data::text AS row_data, deleted FROM cow.session_changes($1) ORDER BY seq",
+        session,
+    )
+    raw = [
+        (
+            qualified(r["table_schema"], r["table_name"]),
+            loads(r["pk"]),
+            loads(r["row_data"]),
+            r["operation_id"] or "",
+            int(r["seq"]),
+            bool(r["deleted"]),
+        )
+        for r in rows
+    ]
+    existing: dict[str, set[str]] = {}
+    if not committed:
+        existing = await _existing_keys(conn, metadata, [(t, pk) for t, pk, *_ in raw])
+    writes = []
+    for table, pk, row, op, seq, deleted in raw:
+        # After a commit the session's rows are in the base table: whether a row is new is unknown then.
+        created = (
+            None
+            if committed or table not in metadata.tables
+            else _canon(pk) not in existing.get(table, set())
+        )
+        writes.append(Write(table, pk, row, op, seq, deleted, created))
+    return writes
+
+
+def _canon(pk: Mapping[str, Any]) -> str:
+    return json.dumps(pk, sort_keys=True, default=str)
+
+
+async def _existing_keys(
+    conn: asyncpg.Connection, metadata: Metadata, keys: Sequence[tuple[str, Mapping[str, Any]]]
+) -> dict[str, set[str]]:
+    """Which of the written keys exist in the app's own table (so existed before the session)."""
+    by_table: dict[str, dict[str, Mapping[str, Any]]] = defaultdict(dict)
+    for table, pk in keys:
+        by_table[table][_canon(pk)] = pk
+    found: dict[str, set[str]] = {}
+    for table, pks in by_table.items():
+        meta = metadata.get(table)
+        if meta is None:
+            continue
+        schema, _, name = table.partition(".")
+        rel = f"{quote_ident(schema)}.{quote_ident(name)}"
+        cond = " AND ".join(f"b.{quote_ident(c)} = p.{quote_ident(c)}" for c in meta.pk)
+        listed = list(pks.values())
+        ords = await conn.fetch(
+            f"SELECT e.ord FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS e(pk, ord) "
+            f"CROSS JOIN LATERAL jsonb_populate_record(NULL::{rel}, e.pk) AS p "
+            f"WHERE EXISTS (SELECT 1 FROM {rel} AS b WHERE {cond})",
+            json.dumps(listed, default=str),
+        )
+        found[table] = {_canon(listed[r["ord"] - 1]) for r in ords}
+    return found
