@@ -5,3 +5,15 @@ from __future__ import annotations
 
 class LayerError(Exception):
     """Root of the layer's errors; the CLI prints its message as one line and exits non-zero."""
+
+
+class NotInstalledError(LayerError):
+    """The database has no cowproxy layer."""
+
+
+class PermissionDeniedError(LayerError):
+    """The role lacks a privilege the operation needs (install needs a superuser)."""
+
+
+class SessionError(LayerError):
+    """Unknown session, bad session id, session not open, commit conflict."""

@@ -1,0 +1,138 @@
+"""Install, upgrade and remove the copy-on-write layer (the SQL lives in ``migrations/sql/NNNN_name.sql``)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+
+import asyncpg
+
+from migrations.errors import LayerError, NotInstalledError, PermissionDeniedError
+
+_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+# One advisory lock key for install/uninstall, so two concurrent installs serialise.
+_LOCK_KEY = 0x636F77  # "cow"
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+@dataclass(frozen=True)
+class InstallResult:
+    applied: tuple[int, ...]  # migration versions applied by this call (empty: already up to date)
+    notes: tuple[str, ...]  # tables skipped, views without overlay twins, ...
+
+
+def migrations() -> list[Migration]:
+    """The versioned SQL files shipped with the package, in order."""
+    found: list[Migration] = []
+    for entry in resources.files("migrations").joinpath("sql").iterdir():
+        match = _FILE.match(entry.name)
+        if match:
+            found.append(Migration(int(match.group(1)), match.group(2), entry.read_text(encoding="utf-8")))
+    found.sort(key=lambda m: m.version)
+    return found
+
+
+async def installed_version(conn: asyncpg.Connection) -> int | None:
+    """Highest applied migration, or None when the layer is not installed."""
+    present = await conn.fetchval("SELECT to_regclass('cow.migrations') IS NOT NULL")
+    if not present:
+        return None
+    version: int | None = await conn.fetchval("SELECT max(version) FROM cow.migrations")
+    return version
+
+
+async def _resolve_excludes(
+    conn: asyncpg.Connection, schemas: Sequence[str], exclude: Iterable[str]
+) -> dict[str, list[str]]:
+    """``T`` excludes T in every installed schema that has it, ``S.T`` one table; unknown names are errors."""
+    per_schema: dict[str, list[str]] = {s: [] for s in schemas}
+    for item in exclude:
+        schema, dot, table = item.rpartition(".")
+        candidates = [schema] if dot else list(schemas)
+        if dot and schema not in per_schema:
+            raise LayerError(f"--exclude {item}: schema {schema!r} is not among the installed schemas")
+        found = False
+        for candidate in candidates:
+            if await conn.fetchval(
+                "SELECT to_regclass(format('%I.%I', $1::text, $2::text)) IS NOT NULL", candidate, table
+            ):
+                per_schema[candidate].append(table)
+                found = True
+        if not found:
+            raise LayerError(f"--exclude {item}: no such table in schema(s) {', '.join(candidates)}")
+    return per_schema
+
+
+async def install_layer(
+    conn: asyncpg.Connection, schemas: Sequence[str] = ("public",), exclude: Iterable[str] = ()
+) -> InstallResult:
+    """Apply pending migrations and enable CoW on every table of ``schemas`` (idempotent)."""
+    schemas = list(dict.fromkeys(schemas)) or ["public"]
+    exclude = list(exclude)
+    applied: list[int] = []
+    notes: list[str] = []
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
+            # The layer's own DDL must not trigger its event triggers.
+            await conn.execute("SELECT set_config('cow.in_layer', 'on', true)")
+            await conn.execute(
+                "CREATE SCHEMA IF NOT EXISTS cow;"
+                "CREATE TABLE IF NOT EXISTS cow.migrations (version int PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            done = {r["version"] for r in await conn.fetch("SELECT version FROM cow.migrations")}
+            for migration in migrations():
+                if migration.version in done:
+                    continue
+                await conn.execute(migration.sql)
+                await conn.execute(
+                    "INSERT INTO cow.migrations (version, name) VALUES ($1, $2)",
+                    migration.version,
+                    migration.name,
+                )
+                applied.append(migration.version)
+            for schema in schemas:
+                if not await conn.fetchval("SELECT to_regnamespace(quote_ident($1)) IS NOT NULL", schema):
+                    raise LayerError(f"schema {schema!r} does not exist")
+            excludes = await _resolve_excludes(conn, schemas, exclude)
+            for schema in schemas:
+                rows = await conn.fetch(
+                    "SELECT * FROM cow.enable_schema($1, $2::text[])", schema, excludes[schema]
+                )
+                notes.extend(r[0] for r in rows)
+            if applied and done:
+                # An upgrade: regenerate every per-table object with the new generator code.
+                notes.extend(r[0] for r in await conn.fetch("SELECT * FROM cow.refresh(true)"))
+    except asyncpg.InsufficientPrivilegeError as exc:
+        raise PermissionDeniedError(
+            f"install needs a superuser (event triggers, app table triggers): {exc}"
+        ) from exc
+    except asyncpg.PostgresError as exc:
+        raise LayerError(f"install failed: {exc}") from exc
+    return InstallResult(tuple(applied), tuple(dict.fromkeys(notes)))
+
+
+async def uninstall_layer(conn: asyncpg.Connection, discard_sessions: bool = False) -> None:
+    """Remove every layer object: the app schemas are left as they were before install."""
+    if await installed_version(conn) is None:
+        raise NotInstalledError("the cowproxy layer is not installed in this database")
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
+            await conn.execute("SELECT cow._teardown($1)", discard_sessions)
+            await conn.execute("DROP SCHEMA cow CASCADE")
+    except asyncpg.ObjectNotInPrerequisiteStateError as exc:
+        raise LayerError(f"uninstall refused: {exc}") from exc
+    except asyncpg.InsufficientPrivilegeError as exc:
+        raise PermissionDeniedError(f"uninstall needs a superuser: {exc}") from exc
+    except asyncpg.PostgresError as exc:
+        raise LayerError(f"uninstall failed: {exc}") from exc

@@ -1,0 +1,261 @@
+"""DESIGN.md §3 inside a session: each statement runs on a plain copy and in a session, side by side.
+
+Same rows, same RETURNING values, same row counts, same SQLSTATEs; the base tables stay untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.layer.conftest import SAMPLE_DATA
+
+Outcome = tuple[str, Any]
+
+
+def outcome(conn: psycopg.Connection[Any], sql: str, params: Any = None) -> Outcome:
+    """(rowcount, rows) or ('error', SQLSTATE); a failed statement is rolled back to a savepoint."""
+    try:
+        with conn.transaction():
+            cur = conn.execute(sql, params)
+            rows = cur.fetchall() if cur.description else None
+            return (str(cur.rowcount), rows)
+    except psycopg.Error as exc:
+        return ("error", exc.sqlstate)
+
+
+@dataclass
+class Pair:
+    plain: psycopg.Connection[Any]
+    cow: psycopg.Connection[Any]
+
+    def both(self, sql: str, params: Any = None) -> Outcome:
+        a = outcome(self.plain, sql, params)
+        b = outcome(self.cow, sql, params)
+        assert b == a, f"{sql}: plain {a} != session {b}"
+        return a
+
+    def same_table(self, table: str, order: str = "id") -> list[tuple[Any, ...]]:
+        q = f"SELECT * FROM {table} ORDER BY {order}"
+        a = self.plain.execute(q).fetchall()
+        b = self.cow.execute(q).fetchall()
+        assert b == a, f"{table}: plain {a} != session {b}"
+        return a
+
+
+def base_rows(dsn: str, table: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(f"SELECT * FROM public.{table} ORDER BY 1").fetchall()
+
+
+@pytest.fixture
+def pair(plain_db: str, layer_db: str) -> Iterator[Pair]:
+    with (
+        psycopg.connect(plain_db, autocommit=True) as plain,
+        psycopg.connect(layer_db, autocommit=True) as cow,
+    ):
+        cow.execute("SELECT cow.use_session('s1', 'op1')")
+        yield Pair(plain, cow)
+
+
+@pytest.fixture
+def untouched(layer_db: str) -> Iterator[None]:
+    """The base tables are byte-for-byte what they were before the test."""
+    before = {t: base_rows(layer_db, t) for t in ("customers", "orders", "nopk")}
+    yield
+    assert {t: base_rows(layer_db, t) for t in before} == before
+
+
+def test_sample_data_is_the_same_on_both_sides(pair: Pair) -> None:
+    assert len(pair.same_table("customers")) == 3
+    assert len(pair.same_table("orders")) == 4
+    assert "INSERT" in SAMPLE_DATA
+
+
+def test_defaults_serial_identity_generated_returning(pair: Pair, untouched: None) -> None:
+    rows = pair.both("INSERT INTO customers (email, name) VALUES ('d@x', 'Dee') RETURNING *")
+    assert rows == ("1", [(4, "d@x", "Dee", "basic", 0)])
+    rows = pair.both(
+        "INSERT INTO orders (customer_id, qty) VALUES (4, 3), (1, 2) RETURNING id, total, unit_price"
+    )
+    assert str(rows[1][0][1]) == "29.97"
+    pair.both("INSERT INTO orders (id, customer_id) VALUES (100, 2) RETURNING *")
+    pair.both(
+        "INSERT INTO orders (customer_id, qty, unit_price) SELECT id, id + 1, 2.00 FROM customers RETURNING *"
+    )
+    pair.same_table("orders")
+    pair.same_table("customers")
+
+
+def test_update_sets_exactly_the_named_columns_null_included(pair: Pair, untouched: None) -> None:
+    pair.both("UPDATE orders SET note = NULL WHERE id = 1 RETURNING *")
+    pair.both(
+        "UPDATE orders SET qty = qty + 1, ref = NULL WHERE customer_id = 1 RETURNING id, qty, total, ref"
+    )
+    pair.both("UPDATE customers SET score = NULL WHERE tier = 'basic' RETURNING *")
+    pair.both("UPDATE customers SET score = DEFAULT WHERE id = 2 RETURNING *")
+    assert pair.both("UPDATE orders SET note = 'none' WHERE id = 999") == ("0", None)
+    pair.same_table("orders")
+    pair.same_table("customers")
+
+
+def test_primary_key_update_moves_the_row(pair: Pair, untouched: None) -> None:
+    pair.both("UPDATE orders SET id = 50 WHERE id = 2 RETURNING *")
+    pair.both("UPDATE orders SET id = 51 WHERE id = 50 RETURNING id")
+    pair.both("UPDATE orders SET id = 1 WHERE id = 3")  # 23505
+    assert pair.same_table("orders")[-1][0] == 51
+    # ON UPDATE CASCADE carries the children along.
+    pair.both("UPDATE customers SET id = 10 WHERE id = 1 RETURNING *")
+    pair.same_table("customers")
+    pair.same_table("orders")
+    assert pair.both("SELECT count(*) FROM orders WHERE customer_id = 10") == ("1", [(2,)])
+
+
+def test_constraint_violations_have_postgresql_sqlstates(pair: Pair, untouched: None) -> None:
+    assert pair.both("INSERT INTO customers (email, name) VALUES ('ada@example.com', 'x')") == (
+        "error",
+        "23505",
+    )
+    assert pair.both("INSERT INTO customers (id, email, name) VALUES (1, 'new@x', 'x')") == ("error", "23505")
+    assert pair.both("INSERT INTO orders (customer_id) VALUES (99)") == ("error", "23503")
+    assert pair.both("INSERT INTO customers (email) VALUES ('z@x')") == ("error", "23502")
+    assert pair.both("UPDATE customers SET name = NULL WHERE id = 2") == ("error", "23502")
+    assert pair.both("INSERT INTO customers (email, name, tier) VALUES ('t@x', 't', 'gold')") == (
+        "error",
+        "23514",
+    )
+    assert pair.both("UPDATE orders SET qty = 0 WHERE id = 1") == ("error", "23514")
+    assert pair.both("UPDATE orders SET ref = 'R-2' WHERE id = 1") == ("error", "23505")
+    assert pair.both("UPDATE orders SET customer_id = 42 WHERE id = 1") == ("error", "23503")
+    # Unique across base and session: a value freed in the session can be reused; NULLs are distinct.
+    pair.both("UPDATE orders SET ref = NULL WHERE id = 2")
+    pair.both("UPDATE orders SET ref = 'R-2' WHERE id = 1 RETURNING id, ref")
+    pair.both("INSERT INTO orders (customer_id, ref) VALUES (1, NULL), (2, NULL) RETURNING id")
+    # A failed multi-row statement leaves nothing.
+    assert pair.both(
+        "INSERT INTO customers (email, name) VALUES ('ok@x', 'ok'), ('ada@example.com', 'dup')"
+    ) == (
+        "error",
+        "23505",
+    )
+    pair.same_table("customers")
+    pair.same_table("orders")
+
+
+def test_fk_checks_use_the_sessions_view_of_the_parent(pair: Pair, untouched: None) -> None:
+    pair.both("INSERT INTO customers (email, name) VALUES ('n@x', 'New') RETURNING id")
+    pair.both("INSERT INTO orders (customer_id, qty) VALUES (4, 1) RETURNING id, customer_id")
+    pair.both("DELETE FROM customers WHERE id = 2 RETURNING *")  # cascades to order 3
+    assert pair.both("INSERT INTO orders (customer_id) VALUES (2)") == ("error", "23503")
+    pair.same_table("orders")
+
+
+def test_on_delete_cascade_within_the_session(pair: Pair, untouched: None) -> None:
+    assert pair.both("DELETE FROM customers WHERE id = 1") == ("1", None)
+    assert pair.both("SELECT count(*) FROM orders") == ("1", [(2,)])
+    pair.both("DELETE FROM orders RETURNING id")
+    pair.same_table("orders")
+    pair.same_table("customers")
+
+
+def test_deletes_and_reinserts(pair: Pair, untouched: None) -> None:
+    pair.both("DELETE FROM orders WHERE id = 4 RETURNING *")
+    pair.both("INSERT INTO orders (id, customer_id, ref) VALUES (4, 3, 'R-4') RETURNING *")
+    pair.both("DELETE FROM orders WHERE id = 4")
+    pair.both("DELETE FROM orders WHERE id = 4")
+    pair.same_table("orders")
+
+
+def test_view_twins_show_the_session(pair: Pair, untouched: None) -> None:
+    pair.both("INSERT INTO orders (customer_id, qty, unit_price) VALUES (3, 10, 1.00)")
+    pair.both("UPDATE customers SET name = 'Bobby' WHERE id = 2")
+    pair.same_table("order_totals", "customer_id")
+
+
+def test_other_sessions_are_invisible_and_no_session_is_the_base(layer_db: str, untouched: None) -> None:
+    with psycopg.connect(layer_db, autocommit=True) as a, psycopg.connect(layer_db, autocommit=True) as b:
+        a.execute("SELECT cow.use_session('A')")
+        a.execute("INSERT INTO customers (email, name) VALUES ('a@x', 'A')")
+        a.execute("UPDATE orders SET note = 'a' WHERE id = 1")
+        b.execute("SELECT cow.use_session('B')")
+        assert b.execute("SELECT count(*) FROM customers").fetchone() == (3,)
+        assert b.execute("SELECT note FROM orders WHERE id = 1").fetchone() == ("first",)
+        b.execute("INSERT INTO customers (email, name) VALUES ('a@x', 'B')")  # no conflict with session A
+        b.execute("SELECT cow.use_session('')")
+        assert b.execute("SELECT count(*) FROM customers").fetchone() == (3,)
+        assert b.execute("SHOW search_path").fetchone() == ('"$user", public',)
+        assert a.execute("SELECT count(*) FROM customers").fetchone() == (4,)
+
+
+def test_guard_refuses_base_writes_in_a_session(layer_db: str, untouched: None) -> None:
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.execute("SELECT cow.use_session('s1')")
+        for sql in (
+            "INSERT INTO public.customers (email, name) VALUES ('g@x', 'g')",
+            "UPDATE public.orders SET qty = 5",
+            "DELETE FROM public.orders",
+            "TRUNCATE public.orders CASCADE",
+            "INSERT INTO nopk VALUES (2, 'two')",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="session s1"):
+                conn.execute(sql)
+        # SET LOCAL under autocommit, search_path changed by hand: still refused.
+        conn.execute("SELECT cow.use_session(NULL)")
+        conn.execute("SET cow.session_id = 's2'")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("UPDATE customers SET score = 1")
+
+
+def test_bad_ids_are_refused(layer_db: str) -> None:
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        for bad in ("a b", "x" * 129, "s;drop", "é"):
+            with pytest.raises(psycopg.errors.InvalidParameterValue):
+                conn.execute("SELECT cow.use_session(%s)", (bad,))
+        with pytest.raises(psycopg.errors.InvalidParameterValue):
+            conn.execute("SELECT cow.use_session('ok', 'bad op')")
+        assert conn.execute("SELECT current_setting('cow.session_id', true)").fetchone() in ((None,), ("",))
+
+
+def test_operation_per_transaction_without_operation_id(layer_db: str) -> None:
+    with psycopg.connect(layer_db) as conn:
+        conn.execute("SELECT cow.use_session('s1')")
+        conn.execute("UPDATE customers SET score = 1 WHERE id = 1")
+        conn.execute("UPDATE customers SET score = 2 WHERE id = 2")
+        conn.commit()
+        conn.execute("UPDATE customers SET score = 3 WHERE id = 3")
+        conn.commit()
+        ops = [r[0] for r in conn.execute("SELECT operation_id FROM cow.session_changes('s1')")]
+    assert len(ops) == 3
+    assert ops[0] == ops[1] != ops[2]
+    assert all(op.startswith("xact:") for op in ops)
+
+
+def test_writes_are_ordered_by_sequence_within_a_transaction(layer_db: str) -> None:
+    with psycopg.connect(layer_db) as conn:
+        conn.execute("SELECT cow.use_session('s1', 'op')")
+        for i in range(5):
+            conn.execute("UPDATE customers SET score = %s WHERE id = 1", (i,))
+        conn.commit()
+        rows = conn.execute("SELECT seq, row_data->>'score' FROM cow.session_changes('s1')").fetchall()
+    assert [r[1] for r in rows] == ["0", "1", "2", "3", "4"]
+    assert [r[0] for r in rows] == sorted(r[0] for r in rows)
+
+
+def test_copy_from_into_a_cow_table(pair: Pair, untouched: None) -> None:
+    data = "e1@x\tE1\tpro\ne2@x\tE2\tbasic\n"
+    for conn in (pair.plain, pair.cow):
+        with conn.cursor() as cur, cur.copy("COPY customers (email, name, tier) FROM STDIN") as copy:
+            copy.write(data)
+    pair.same_table("customers")
+    for conn in (pair.plain, pair.cow):
+        with (
+            pytest.raises(psycopg.errors.UniqueViolation),
+            conn.cursor() as cur,
+            cur.copy("COPY customers (email, name) FROM STDIN") as copy,
+        ):
+            copy.write("e1@x\tdup\n")
+    pair.same_table("customers")
