@@ -47,7 +47,12 @@ class _Source:
         if session not in self._writes:
             meta = await self.metadata()
             info = await session_info(self.conn, session)
-            writes = await fetch_writes(self.conn, session, meta, committed=info.status == "committed")
+            if info.status in ("committed", "discarded"):
+                # Committing or discarding removes a session's change log: nothing is left to compare.
+                raise ScoringError(
+                    f"session {session!r} was {info.status}: its writes are no longer recorded"
+                )
+            writes = await fetch_writes(self.conn, session, meta)
             self._writes[session] = (info, writes)
         return self._writes[session]
 

@@ -1,7 +1,7 @@
 """Reading sessions from a database with the CoW layer installed (docs/interfaces.md), through asyncpg.
 
 - writes: ``cow.session_changes(session)``; whether a row existed before the session is looked up in the
-  app's own table (the base rows), except for committed sessions whose rows are now in the base;
+  app's own table (the base rows);
 - metadata: column types, primary keys and foreign keys of the tables in ``cow.tables``, from pg_catalog.
 """
 
@@ -156,9 +156,7 @@ async def fetch_metadata(conn: asyncpg.Connection) -> Metadata:
     return Metadata(out)
 
 
-async def fetch_writes(
-    conn: asyncpg.Connection, session: str, metadata: Metadata, *, committed: bool = False
-) -> list[Write]:
+async def fetch_writes(conn: asyncpg.Connection, session: str, metadata: Metadata) -> list[Write]:
     rows = await conn.fetch(
         "SELECT seq, operation_id, table_schema, table_name, pk::text AS pk, "
         "row_data::text AS row_data, deleted FROM cow.session_changes($1) ORDER BY seq",
@@ -175,17 +173,10 @@ async def fetch_writes(
         )
         for r in rows
     ]
-    existing: dict[str, set[str]] = {}
-    if not committed:
-        existing = await _existing_keys(conn, metadata, [(t, pk) for t, pk, *_ in raw])
+    existing = await _existing_keys(conn, metadata, [(t, pk) for t, pk, *_ in raw])
     writes = []
     for table, pk, row, op, seq, deleted in raw:
-        # After a commit the session's rows are in the base table: whether a row is new is unknown then.
-        created = (
-            None
-            if committed or table not in metadata.tables
-            else _canon(pk) not in existing.get(table, set())
-        )
+        created = None if table not in metadata.tables else _canon(pk) not in existing.get(table, set())
         writes.append(Write(table, pk, row, op, seq, deleted, created))
     return writes
 
