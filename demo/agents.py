@@ -339,7 +339,8 @@ class OpenAIChatAgent:
             with urllib.request.urlopen(request, timeout=self.config.timeout) as response:
                 body: dict[str, Any] = json.loads(response.read())
         except urllib.error.HTTPError as exc:
-            detail = " ".join(exc.read().decode(errors="replace").split())[:300]
+            with exc:
+                detail = " ".join(exc.read().decode(errors="replace").split())[:300]
             raise DemoError(f"the model endpoint answered HTTP {exc.code}: {detail}") from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             raise DemoError(f"the model endpoint {self.config.base_url} failed: {exc}") from None

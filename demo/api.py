@@ -42,14 +42,16 @@ def prepare(base_url: str, operation_id: str, arguments: dict[str, Any]) -> Prep
     if op is None:
         raise ApiError(400, f"unknown operation {operation_id!r}")
     params = {p.name: p for p in op.params}
+    has_body = op.writes and op.method != "DELETE"
     unknown = sorted(set(arguments) - set(params))
-    if unknown:
+    if unknown and not has_body:
         raise ApiError(400, f"unknown argument(s) for {operation_id}: {', '.join(unknown)}")
     path = op.path
     query: dict[str, str] = {}
     body: dict[str, Any] = {}
     for name, value in arguments.items():
-        where = params[name].location
+        # Unknown names go to the body, where the application validates them (as it would any client's).
+        where = params[name].location if name in params else "body"
         if where == "path":
             path = path.replace("{" + name + "}", str(value))
         elif where == "query":
@@ -60,7 +62,7 @@ def prepare(base_url: str, operation_id: str, arguments: dict[str, Any]) -> Prep
     if missing:
         raise ApiError(400, f"missing path argument(s) for {operation_id}: {', '.join(missing)}")
     url = base_url.rstrip("/") + path + ("?" + urlencode(query) if query else "")
-    data = json.dumps(body).encode() if op.writes and op.method != "DELETE" else None
+    data = json.dumps(body).encode() if has_body else None
     return PreparedRequest(op.method, url, data)
 
 
@@ -80,7 +82,8 @@ class HttpApi:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 raw = response.read()
         except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")
+            with exc:
+                detail = exc.read().decode(errors="replace")
             try:
                 message = json.loads(detail).get("error", detail)
             except ValueError:

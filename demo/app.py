@@ -25,6 +25,7 @@ from urllib.parse import parse_qsl, urlsplit
 import asyncpg
 
 from demo import openapi, seed
+from demo.errors import DemoError
 from demo.openapi import BY_ID, OPERATIONS, Operation
 
 MAX_BODY = 1 << 20
@@ -623,9 +624,10 @@ class BackgroundApp:
     def start(self, timeout: float = 30.0) -> str:
         self._thread.start()
         if not self._ready.wait(timeout):
-            raise TimeoutError("the sample application did not start")
+            raise DemoError(f"the sample application did not start within {timeout:.0f} s")
         if self._error is not None:
-            raise self._error
+            detail = " ".join(str(self._error).split()) or type(self._error).__name__
+            raise DemoError(f"the sample application could not start: {detail}")
         return f"http://{self._config.host}:{self._port}"
 
     def stop(self, timeout: float = 15.0) -> None:

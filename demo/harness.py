@@ -58,6 +58,9 @@ class DemoResult:
     tagging: str
     base_untouched: bool
     committed: str | None
+    base_changed_by_commit: bool | None  # None without --commit
+    registry: tuple[dict[str, Any], ...]  # cow.sessions rows of this run after discard/commit
+    fallback: str | None  # why the proxy was not used, when it was not
     metrics: tuple[str, ...]
     report_path: str
 
@@ -173,12 +176,11 @@ def _score(dsn: str, gt: str, agent: str) -> Any:
     import scoring
 
     fn = getattr(scoring, "score_sessions", None)
-    if fn is None:
-        raise DemoError("the scorer has no score_sessions yet (scoring package incomplete)")
-    result = fn(dsn, gt, agent)
-    if asyncio.iscoroutine(result):
-        result = _run(result)
-    return result
+    if fn is None:  # the documented name (docs/interfaces.md); fall back to where it is defined
+        from scoring import api
+
+        fn = api.score_sessions
+    return fn(dsn, gt, agent)
 
 
 def _finish_sessions(dsn: str, sessions: Sequence[str], commit: str | None) -> None:
@@ -334,6 +336,8 @@ def run(cfg: DemoConfig) -> DemoResult:
     progress = Progress(cfg.out, 9)
     with _signals_as_interrupt(), contextlib.ExitStack() as stack:
         workdir = Path(tempfile.mkdtemp(prefix="cowproxy-demo-"))
+        # What was started, so that a caller (the tests) can check that it is all gone afterwards.
+        resources: dict[str, Any] = {"workdir": str(workdir)}
         stack.callback(_rmtree, workdir)
 
         # 1. PostgreSQL
@@ -345,6 +349,7 @@ def run(cfg: DemoConfig) -> DemoResult:
             from migrations.embedded import embedded_postgres
 
             server = stack.enter_context(embedded_postgres())
+            resources["datadir"] = str(server.datadir)
             server_dsn = server.dsn("postgres")
         version = _run(_admin(server_dsn, ("SHOW server_version", ())))[0][0][0]
         progress.detail(f"PostgreSQL {version} at {_redact(server_dsn)}")
@@ -369,13 +374,15 @@ def run(cfg: DemoConfig) -> DemoResult:
 
         # 4-5. the proxy and the application
         tagging: ProxyTagging | DirectTagging
+        fallback: str | None = None
         parts = urlsplit(db_dsn)
         upstream = (parts.hostname or "127.0.0.1", parts.port or 5432)
         if cfg.use_proxy:
             try:
                 tagging = ProxyTagging(upstream, database, db_dsn, workdir)
             except DemoError as exc:
-                progress(f"the proxy could not start ({exc}); tagging with startup options instead")
+                fallback = f"the proxy could not start ({exc})"
+                progress(f"{fallback}; tagging with startup options instead (the layer's own tag source)")
                 tagging = DirectTagging(db_dsn, overlay)
             else:
                 progress(
@@ -384,9 +391,14 @@ def run(cfg: DemoConfig) -> DemoResult:
                     f" :{tagging.admin_addr[1]})"
                 )
         else:
+            fallback = "--no-proxy"
             progress("no proxy (--no-proxy): the application is tagged with startup options")
             tagging = DirectTagging(db_dsn, overlay)
         stack.callback(tagging.close)
+        resources["app_url"] = tagging.app_url
+        if isinstance(tagging, ProxyTagging):
+            resources["proxy_pid"] = tagging.process.pid
+            resources["proxy_listen"] = list(tagging.listen)
         app_db_url = getattr(tagging, "database_url", db_dsn)
         progress(f"started the sample application at {tagging.app_url} (DATABASE_URL={_redact(app_db_url)})")
         progress.detail(f"OpenAPI document: {tagging.app_url}/openapi.json")
@@ -474,7 +486,7 @@ def run(cfg: DemoConfig) -> DemoResult:
 
         untouched = _base_checksum(db_dsn) == checksum_before
         notes = [
-            f"tagging: {tagging.name}",
+            f"tagging: {tagging.name}" + (f" ({fallback})" if fallback else ""),
             f"workflows: {', '.join(w.slug for w in chosen)}",
             f"base tables untouched by the sessions: {'yes' if untouched else 'NO'}",
         ]
@@ -510,8 +522,20 @@ def run(cfg: DemoConfig) -> DemoResult:
                 while True:
                     time.sleep(3600)
         _finish_sessions(db_dsn, [s for s in sessions if s != committed], committed)
+        changed = None if committed is None else _base_checksum(db_dsn) != checksum_before
+        registry = _run(
+            _admin(
+                db_dsn,
+                (
+                    "SELECT session_id, kind, label, model, gt_session, status FROM cow.sessions"
+                    " WHERE session_id = ANY($1::text[]) ORDER BY created_at, session_id",
+                    (sessions,),
+                ),
+            )
+        )[0]
         if committed:
             progress(f"committed {committed} into the base tables; discarded the other {len(sessions) - 1}")
+            progress.detail(f"base tables changed by the commit: {'yes' if changed else 'NO'}")
         else:
             progress(f"discarded all {len(sessions)} sessions (use --commit to commit one)")
         result = DemoResult(
@@ -522,10 +546,17 @@ def run(cfg: DemoConfig) -> DemoResult:
             committed=committed,
             metrics=tuple(metrics),
             report_path=str(report_path),
+            base_changed_by_commit=changed,
+            registry=tuple(dict(r) for r in registry),
+            fallback=fallback,
         )
-        if cfg.json_path is not None:
-            cfg.json_path.write_text(json.dumps(_as_json(result), indent=2))
     progress.say("stopped the application, the proxy and PostgreSQL; removed the temporary files")
+    if result.fallback:
+        progress.say(
+            f"NOTE: sessions were tagged with startup options, not through the proxy: {result.fallback}"
+        )
+    if cfg.json_path is not None:
+        cfg.json_path.write_text(json.dumps({**_as_json(result), "resources": resources}, indent=2))
     return result
 
 

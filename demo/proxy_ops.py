@@ -35,7 +35,8 @@ def _request(admin: Address, method: str, path: str, body: dict[str, Any] | None
         with urllib.request.urlopen(request, timeout=10) as response:
             raw = response.read()
     except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace")
+        with exc:
+            detail = exc.read().decode(errors="replace")
         raise DemoError(
             f"proxy admin API {method} {path}: HTTP {exc.code}: {' '.join(detail.split())}"
         ) from None
