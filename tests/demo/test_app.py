@@ -86,7 +86,7 @@ def test_invalid_json_body_is_a_400(app_api: HttpApi) -> None:
 
 
 def _rows(snap: workflows.Snapshot, plan: workflows.Plan) -> int:
-    """Rows a plan writes: the new label, each changed work item, each assignee/label link added or removed."""
+    """Rows a plan writes: the new label, each changed work item, each assignee or label link changed."""
     by_id = {i["id"]: i for i in snap.items}
     n = 1 if plan.new_label else 0
     for c in plan.changes:
