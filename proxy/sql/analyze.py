@@ -33,9 +33,9 @@ class Analysis:
     pairs, table as ``schema.name`` for CoW tables and as written otherwise, kind one of insert, update,
     delete, merge, truncate, copy. ``tampers``: the statement changes or clears the cow session state
     (cow.* settings, role, search_path, RESET ALL, DISCARD ALL, cow.use_session). ``rewritten``: SQL to
-    send upstream instead of the client's, or None. ``tag_map``: ``(command, template)``: a
-    CommandComplete tag whose command is ``command`` becomes ``template`` with ``{n}`` replaced by the
-    tag's row count (see ``apply_tag_map``). ``error``: ``(sqlstate, message)`` to answer instead of
+    send upstream instead of the client's, or None. ``tag_map``: ``(old, new)``: the
+    CommandComplete tag of the (last) rewritten statement starts with command ``old``; the client must
+    see ``new`` in its place (see ``apply_tag_map``). ``error``: ``(sqlstate, message)`` to answer instead of
     running the statement.
     """
 
@@ -48,15 +48,26 @@ class Analysis:
     cache_hit: bool = False
 
 
+# Commands whose CommandComplete tag ends with a row count.
+_COUNTED = ("INSERT", "DELETE", "UPDATE", "SELECT", "MERGE", "MOVE", "FETCH", "COPY")
+
+
 def apply_tag_map(tag: str, tag_map: tuple[str, str] | None) -> str:
-    """The CommandComplete tag the client should see, given the server's tag and an ``Analysis.tag_map``."""
+    """The CommandComplete tag the client should see, given the server's tag and ``Analysis.tag_map``.
+
+    ``tag_map = (old, new)``: a tag starting with the command ``old`` gets ``new`` in its place; the row
+    count stays when ``new`` is a command that reports one (``("SELECT", "INSERT 0")``: ``SELECT 3`` ->
+    ``INSERT 0 3``) and goes otherwise (``("DELETE", "TRUNCATE TABLE")``: ``DELETE 5`` ->
+    ``TRUNCATE TABLE``). Plain prefix replacement gives the same result except for the dropped count.
+    """
     if tag_map is None:
         return tag
-    command, template = tag_map
-    if tag != command and not tag.startswith(command + " "):
+    old, new = tag_map
+    if tag != old and not tag.startswith(old + " "):
         return tag
-    count = tag.rsplit(" ", 1)[-1] if tag != command else "0"
-    return template.replace("{n}", count)
+    if new.split(" ", 1)[0] in _COUNTED:
+        return new + tag[len(old) :]
+    return new
 
 
 # Statements that start with one of these words and contain none of the sieve words below can be

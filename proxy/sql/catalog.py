@@ -115,6 +115,18 @@ class CowTable:
 
 
 _idents = itertools.count(1)
+# Equal catalogs (every connection to one database loads its own) share an ident, hence cache entries.
+_interned: dict[tuple[tuple[str | None, ...], ...], int] = {}
+
+
+def _ident_for(rows: Sequence[Sequence[str | None]]) -> int:
+    content = tuple(tuple(row) for row in rows)
+    ident = _interned.get(content)
+    if ident is None:
+        if len(_interned) > 256:
+            _interned.clear()
+        ident = _interned[content] = next(_idents)
+    return ident
 
 
 @dataclass(frozen=True)
@@ -126,7 +138,7 @@ class Catalog:
 
     @classmethod
     def empty(cls) -> Catalog:
-        return cls(tables={})
+        return cls(tables={}, ident=0)
 
     @classmethod
     def from_rows(cls, rows: Sequence[Sequence[str | None]]) -> Catalog:
@@ -166,7 +178,7 @@ class Catalog:
             except (ValueError, KeyError, TypeError) as exc:
                 raise CatalogError(f"malformed CoW catalog row {row!r}: {exc}") from exc
             tables[(schema, name)] = table
-        return cls(tables=tables)
+        return cls(tables=tables, ident=_ident_for(rows))
 
     @property
     def has_cow_tables(self) -> bool:

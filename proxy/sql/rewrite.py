@@ -106,8 +106,9 @@ class _Qualify(Visitor):
 
 
 class _QualifyColumns(Visitor):
-    """Qualifies the target table's bare column names with its alias (an UPDATE ... FROM has two
-    relations with the same column names). Subqueries keep their own scope and are left alone."""
+    """Qualifies the target table's bare column names in a RETURNING list with its alias: ON CONFLICT's
+    RETURNING sees only the target, the rewrite's UPDATE ... FROM also sees the input rows.
+    Subqueries keep their own scope and are left alone."""
 
     def __init__(self, alias: str, columns: Iterable[str]) -> None:
         self.alias = alias
@@ -416,16 +417,14 @@ class Rewriter:
             update_node = new.withClause.ctes[2].ctequery
             insert_node.returningClause = returning
             update_node.returningClause = returning
-            tag_map = ("SELECT", "INSERT 0 {n}")
+            tag_map = ("SELECT", "INSERT 0")
         new.withClause.ctes[0].ctequery = rows_select
         insert_node.override = stmt.override
-        qualify = _QualifyColumns(alias, (c.name for c in table.columns))
-        targets = clause.targetList
-        qualify(targets)
-        update_node.targetList = targets
+        # SET and WHERE keep the client's names: with the input aliased EXCLUDED, a bare column name is
+        # ambiguous exactly where PostgreSQL's ON CONFLICT finds it ambiguous (42702).
+        update_node.targetList = clause.targetList
         if clause.whereClause is not None:
-            user_where = qualify(clause.whereClause)
-            update_node.whereClause = _and(update_node.whereClause, user_where)
+            update_node.whereClause = _and(update_node.whereClause, clause.whereClause)
         self._prepend_ctes(new, stmt)
         return new, tag_map
 

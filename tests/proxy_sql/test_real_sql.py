@@ -1,0 +1,435 @@
+"""Rewrites against real PostgreSQL: each case runs the original statements on a plain copy of the schema
+and the analyzer's output in a session on a layer database, and compares command tags (after tag_map),
+RETURNING rows, SQLSTATEs and the resulting table contents; the base tables must stay untouched.
+
+Each case runs inside a transaction that is rolled back, so one pair of databases serves the module;
+sequences are reset before each case on both sides so serial values line up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import pytest
+
+from proxy.sql import CATALOG_QUERY, Analyzer, Catalog, apply_tag_map
+from tests.conftest import PgServer
+
+install_layer = pytest.importorskip("migrations").__dict__.get("install_layer")
+if install_layer is None:  # pragma: no cover - only before the layer package lands
+    pytest.skip("migrations.install_layer is not available yet", allow_module_level=True)
+
+SCHEMA = """
+CREATE TABLE projects (id int PRIMARY KEY, name text NOT NULL UNIQUE, budget numeric DEFAULT 0);
+CREATE TABLE issues (
+    id serial PRIMARY KEY,
+    project_id int NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    title varchar(20) NOT NULL,
+    points int DEFAULT 1,
+    slug text GENERATED ALWAYS AS (lower(title)) STORED,
+    UNIQUE (project_id, title)
+);
+CREATE TABLE comments (
+    id serial PRIMARY KEY,
+    issue_id int NOT NULL REFERENCES issues (id) ON DELETE CASCADE,
+    body text
+);
+CREATE TABLE members (
+    id int PRIMARY KEY,
+    project_id int REFERENCES projects (id),
+    email text
+);
+CREATE UNIQUE INDEX members_email_key ON members (email);
+CREATE TABLE audit (id int PRIMARY KEY, project_id int REFERENCES projects (id));
+"""
+DATA = """
+INSERT INTO projects VALUES (1, 'alpha', 10), (2, 'beta', 200), (3, 'gamma', 0);
+INSERT INTO issues (project_id, title, points) VALUES (1, 'Fix', 3), (1, 'Docs', 1), (2, 'Perf', 5);
+INSERT INTO comments (issue_id, body) VALUES (1, 'a'), (1, 'b'), (3, 'c');
+INSERT INTO members VALUES (1, 1, 'a@x'), (2, 2, NULL);
+"""
+COW_TABLES = ("projects", "issues", "comments", "members")
+ORDER = {"projects": "id", "issues": "id", "comments": "id", "members": "id", "audit": "id"}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    tag: str | None
+    columns: tuple[str, ...] | None
+    rows: tuple[tuple[Any, ...], ...]  # sorted: the rewrite may return RETURNING rows in another order
+    sqlstate: str | None
+
+
+@dataclass
+class Pair:
+    plain: psycopg.Connection[Any]
+    layer: psycopg.Connection[Any]
+    catalog: Catalog
+    version: int
+    sequences: list[tuple[str, int]]
+
+
+_session_ids = itertools.count(1)
+
+
+@pytest.fixture(scope="module")
+def pair(create_database: Callable[..., str], pg_server: PgServer) -> Iterator[Pair]:
+    plain_dsn = create_database()
+    layer_dsn = create_database()
+    for dsn in (plain_dsn, layer_dsn):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(SCHEMA)
+            conn.execute(DATA)
+
+    async def install() -> None:
+        import asyncpg
+
+        conn = await asyncpg.connect(layer_dsn)
+        try:
+            # audit stays a plain table: a non-CoW table referencing a CoW one
+            await install_layer(conn, exclude=("audit",))
+        finally:
+            await conn.close()
+
+    asyncio.run(install())
+    plain = psycopg.connect(plain_dsn, autocommit=True)
+    layer = psycopg.connect(layer_dsn, autocommit=True)
+    try:
+        catalog = Catalog.from_rows(layer.execute(CATALOG_QUERY).fetchall())
+        sequences = [
+            (name, int(value))
+            for name, value in plain.execute(
+                "SELECT format('%I.%I', schemaname, sequencename), last_value FROM pg_sequences "
+                "WHERE schemaname = 'public'"
+            ).fetchall()
+        ]
+        yield Pair(plain, layer, catalog, layer.info.server_version, sequences)
+    finally:
+        plain.close()
+        layer.close()
+
+
+def _run(conn: psycopg.Connection[Any], sql: str, params: Sequence[Any] | None) -> tuple[Outcome, bool]:
+    cur = psycopg.RawCursor(conn)
+    try:
+        cur.execute(sql, params)
+    except psycopg.Error as exc:
+        return Outcome(None, None, (), exc.sqlstate), False
+    columns = tuple(c.name for c in cur.description) if cur.description else None
+    rows = tuple(sorted(cur.fetchall(), key=repr)) if cur.description else ()
+    return Outcome(cur.statusmessage, columns, rows, None), True
+
+
+def _tables(conn: psycopg.Connection[Any], schema: str | None, tables: Sequence[str]) -> dict[str, Any]:
+    out = {}
+    for table in tables:
+        name = f"{schema}.{table}" if schema else table
+        out[table] = conn.execute(f"SELECT * FROM {name} ORDER BY {ORDER[table]}").fetchall()
+    return out
+
+
+def compare(pair: Pair, statements: Sequence[str | tuple[str, Sequence[Any]]]) -> list[Outcome]:
+    """Run the statements both ways and assert identical outcomes; returns the plain side's outcomes."""
+    analyzer = Analyzer(server_version_num=pair.version)
+    session = f"sqlcase{next(_session_ids)}"
+    plain_out: list[Outcome] = []
+    layer_out: list[Outcome] = []
+    for conn in (pair.plain, pair.layer):
+        conn.execute("BEGIN")
+        for name, value in pair.sequences:
+            conn.execute("SELECT setval(%s, %s)", (name, value))
+    base_before = _tables(pair.layer, "public", (*COW_TABLES, "audit"))
+    pair.layer.execute("SELECT cow.use_session(%s, 'op1')", (session,))
+    try:
+        for item in statements:
+            sql, params = (item, None) if isinstance(item, str) else item
+            expected, plain_ok = _run(pair.plain, sql, params)
+            analysis = analyzer.analyze(sql, pair.catalog, in_session=True)
+            if analysis.error is not None:  # answered by the proxy instead of the server
+                got, layer_ok = Outcome(None, None, (), analysis.error[0]), False
+            else:
+                got, layer_ok = _run(pair.layer, analysis.rewritten or sql, params)
+            if got.tag is not None:
+                got = Outcome(apply_tag_map(got.tag, analysis.tag_map), got.columns, got.rows, None)
+            plain_out.append(expected)
+            layer_out.append(got)
+            if not (plain_ok and layer_ok):
+                break
+        assert layer_out == plain_out
+        if all(o.sqlstate is None for o in plain_out):
+            assert _tables(pair.layer, None, COW_TABLES) == _tables(pair.plain, None, COW_TABLES)
+    finally:
+        pair.plain.execute("ROLLBACK")
+        pair.layer.execute("ROLLBACK")
+    # the session's writes never reached the base tables
+    pair.layer.execute("BEGIN")
+    try:
+        assert _tables(pair.layer, "public", (*COW_TABLES, "audit")) == base_before
+    finally:
+        pair.layer.execute("ROLLBACK")
+    return plain_out
+
+
+# -- ON CONFLICT -------------------------------------------------------------------------------------
+
+ON_CONFLICT_CASES: dict[str, list[str | tuple[str, Sequence[Any]]]] = {
+    "do_nothing_pk_multi_row": [
+        "INSERT INTO projects (id, name) VALUES (1, 'x'), (4, 'delta'), (5, 'eps') ON "
+        "CONFLICT (id) DO NOTHING"
+    ],
+    "do_nothing_returning": [
+        "INSERT INTO projects AS p (id, name, budget) VALUES (1, 'x', 1), (4, 'delta', 2) "
+        "ON CONFLICT (id) DO NOTHING RETURNING p.id, p.name, budget * 2 AS double"
+    ],
+    "do_nothing_no_target_other_key": [
+        "INSERT INTO projects (id, name) VALUES (9, 'alpha'), (10, 'kappa') ON CONFLICT "
+        "DO NOTHING RETURNING *"
+    ],
+    "do_nothing_duplicates_in_input": [
+        "INSERT INTO projects (id, name) VALUES (7, 'seven'), (7, 'seven again'), (8, 'eight') "
+        "ON CONFLICT (id) DO NOTHING RETURNING id, name"
+    ],
+    "do_nothing_null_key_never_conflicts": [
+        "INSERT INTO members (id, project_id, email) VALUES (3, 1, NULL), (4, 1, NULL), (5, 1, 'a@x') "
+        "ON CONFLICT (email) DO NOTHING RETURNING *"
+    ],
+    # the conflicting row comes last: PostgreSQL draws a serial value for it too, the rewrite does not
+    "do_nothing_serial_defaults": [
+        "INSERT INTO issues (project_id, title) VALUES (3, 'New'), (1, 'Fix') ON "
+        "CONFLICT (project_id, title) "
+        "DO NOTHING RETURNING project_id, title, points, slug"
+    ],
+    "do_update_excluded_returning_star": [
+        "INSERT INTO projects (id, name, budget) VALUES (1, 'alpha2', 5), (4, 'delta', 1) "
+        "ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name, budget = projects.budget + EXCLUDED.budget "
+        "RETURNING *"
+    ],
+    "do_update_where_filters": [
+        "INSERT INTO projects (id, name, budget) VALUES (1, 'one', 1), (2, 'two', 2), (6, 'six', 6) "
+        "ON CONFLICT (id) DO UPDATE SET budget = EXCLUDED.budget WHERE projects.budget < "
+        "100 RETURNING id, budget"
+    ],
+    "do_update_alias_returning_unqualified": [
+        "INSERT INTO projects AS p (id, name, budget) VALUES (2, 'b', 7) "
+        "ON CONFLICT (id) DO UPDATE SET budget = p.budget + excluded.budget WHERE p.name = 'beta' "
+        "RETURNING budget, name, *"
+    ],
+    # EXCLUDED and the target are both in scope in SET and WHERE: PostgreSQL calls a bare name ambiguous
+    "do_update_unqualified_in_set_is_42702": [
+        "INSERT INTO projects AS p (id, name, budget) VALUES (2, 'b', 7) "
+        "ON CONFLICT (id) DO UPDATE SET budget = budget + 1"
+    ],
+    "do_update_on_constraint": [
+        "INSERT INTO projects (id, name) VALUES (50, 'beta') ON CONFLICT ON CONSTRAINT projects_name_key "
+        "DO UPDATE SET budget = 1 RETURNING id, name, budget"
+    ],
+    "do_update_composite_unique": [
+        "INSERT INTO issues (id, project_id, title, points) VALUES (100, 1, 'Docs', 8), (101, 2, 'New', 2) "
+        "ON CONFLICT (title, project_id) DO UPDATE SET points = EXCLUDED.points + issues.points RETURNING *"
+    ],
+    "do_update_params_extended_protocol": [
+        (
+            "INSERT INTO projects (id, name, budget) VALUES ($1, $2, $3), ($4, $5, $6) "
+            "ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name || $7 RETURNING id, name, budget",
+            (3, "gamma", 1.5, 11, "eleven", "2.25", "!"),
+        )
+    ],
+    "do_update_select_source": [
+        "INSERT INTO projects (id, name, budget) SELECT id + 1, name || '+', budget FROM "
+        "projects WHERE id >= 2 "
+        "ON CONFLICT (id) DO UPDATE SET budget = EXCLUDED.budget RETURNING *"
+    ],
+    "do_update_same_key_twice_is_21000": [
+        "INSERT INTO projects (id, name) VALUES (1, 'a'), (1, 'b') ON CONFLICT (id) DO "
+        "UPDATE SET name = EXCLUDED.name RETURNING id"
+    ],
+    "do_update_new_key_twice_is_21000": [
+        "INSERT INTO projects (id, name) VALUES (40, 'a'), (40, 'b') ON CONFLICT (id) DO "
+        "UPDATE SET name = EXCLUDED.name RETURNING id"
+    ],
+    "do_update_varchar_overflow_22001": [
+        "INSERT INTO issues (project_id, title) VALUES (1, 'a title much longer than twenty') "
+        "ON CONFLICT (project_id, title) DO NOTHING"
+    ],
+    "do_update_not_null_23502": [
+        "INSERT INTO projects (id, name) VALUES (30, NULL) ON CONFLICT (id) DO NOTHING"
+    ],
+    "do_update_fk_23503": [
+        "INSERT INTO issues (project_id, title) VALUES (99, 'Orphan') ON CONFLICT "
+        "(project_id, title) DO NOTHING"
+    ],
+    "do_update_other_unique_23505": [
+        "INSERT INTO projects (id, name) VALUES (31, 'alpha') ON CONFLICT (id) DO UPDATE SET budget = 1"
+    ],
+    "do_update_no_matching_index_42P10": [
+        "INSERT INTO projects (id, name) VALUES (1, 'a') ON CONFLICT (budget) DO NOTHING"
+    ],
+    "sequence_of_upserts_then_reads": [
+        "INSERT INTO projects (id, name) VALUES (20, 'twenty') ON CONFLICT (id) DO NOTHING",
+        "INSERT INTO projects (id, name) VALUES (20, 'twenty!') ON CONFLICT (id) DO "
+        "UPDATE SET name = EXCLUDED.name "
+        "RETURNING name",
+        "SELECT * FROM public.projects WHERE id = 20",
+        "UPDATE public.projects SET budget = 3 WHERE id = 20",
+        "DELETE FROM public.comments WHERE body = 'a'",
+        "SELECT count(*) FROM public.comments",
+    ],
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", list(ON_CONFLICT_CASES))
+def test_on_conflict_and_qualified_names(pair: Pair, name: str) -> None:
+    compare(pair, ON_CONFLICT_CASES[name])
+
+
+@pytest.mark.timeout(60)
+def test_do_update_without_returning_counts_only_inserts(pair: Pair) -> None:
+    """Documented limit: without RETURNING the tag counts inserted rows, not updated ones."""
+    sql = (
+        "INSERT INTO projects (id, name) VALUES (1, 'one'), (12, 'twelve') ON CONFLICT "
+        "(id) DO UPDATE SET name = EXCLUDED.name"
+    )
+    analysis = Analyzer(server_version_num=pair.version).analyze(sql, pair.catalog, in_session=True)
+    assert analysis.rewritten is not None
+    pair.layer.execute("BEGIN")
+    try:
+        pair.layer.execute("SELECT cow.use_session('sqlcount', 'op')")
+        cur = pair.layer.execute(analysis.rewritten)
+        assert cur.statusmessage == "INSERT 0 1"
+        assert cur.description is None  # no rows the client did not ask for
+        names = pair.layer.execute("SELECT id, name FROM projects WHERE id IN (1, 12) ORDER BY id").fetchall()
+        assert names == [(1, "one"), (12, "twelve")]
+    finally:
+        pair.layer.execute("ROLLBACK")
+
+
+# -- TRUNCATE ----------------------------------------------------------------------------------------
+
+TRUNCATE_CASES: dict[str, list[str | tuple[str, Sequence[Any]]]] = {
+    "leaf": ["TRUNCATE comments", "SELECT count(*) FROM comments"],
+    "restrict_fails_0A000": ["TRUNCATE issues"],
+    "restrict_fails_even_when_listed_parent_only": ["TRUNCATE TABLE projects RESTRICT"],
+    "listed_together": ["TRUNCATE comments, issues", "SELECT count(*) FROM projects"],
+    "cascade_reaches_children": ["TRUNCATE issues CASCADE", "SELECT count(*) FROM comments"],
+    "qualified": ["TRUNCATE public.comments", "SELECT count(*) FROM public.comments"],
+    "after_session_writes": [
+        "INSERT INTO comments (issue_id, body) VALUES (2, 'new')",
+        "TRUNCATE ONLY comments",
+        "INSERT INTO comments (issue_id, body) VALUES (2, 'again') RETURNING issue_id, body",
+    ],
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", list(TRUNCATE_CASES))
+def test_truncate(pair: Pair, name: str) -> None:
+    compare(pair, TRUNCATE_CASES[name])
+
+
+@pytest.mark.timeout(60)
+def test_truncate_cascade_into_a_plain_table_is_refused(pair: Pair) -> None:
+    analysis = Analyzer().analyze("TRUNCATE projects CASCADE", pair.catalog, in_session=True)
+    assert analysis.error is not None and analysis.error[0] == "0A000"
+    assert "audit" in analysis.error[1]
+
+
+# -- COPY --------------------------------------------------------------------------------------------
+
+
+def _copy_out(conn: psycopg.Connection[Any], sql: str) -> list[bytes]:
+    with conn.cursor().copy(sql) as copy:
+        data = b"".join(bytes(chunk) for chunk in copy)
+    return sorted(data.splitlines())
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "COPY issues TO STDOUT",
+        "COPY public.issues (title, id) TO STDOUT WITH (FORMAT csv, HEADER true)",
+        "COPY (SELECT name FROM public.projects) TO STDOUT",
+    ],
+)
+def test_copy_to_shows_the_session_rows(pair: Pair, sql: str) -> None:
+    analysis = Analyzer().analyze(sql, pair.catalog, in_session=True)
+    assert analysis.rewritten is not None
+    setup = "UPDATE issues SET title = 'Changed' WHERE id = 2"
+    for conn in (pair.plain, pair.layer):
+        conn.execute("BEGIN")
+    try:
+        pair.layer.execute("SELECT cow.use_session('sqlcopy', 'op')")
+        pair.plain.execute(setup)
+        pair.layer.execute(setup)
+        assert _copy_out(pair.layer, analysis.rewritten) == _copy_out(pair.plain, sql)
+    finally:
+        pair.plain.execute("ROLLBACK")
+        pair.layer.execute("ROLLBACK")
+
+
+@pytest.mark.timeout(60)
+def test_copy_from_qualified_lands_in_the_session(pair: Pair) -> None:
+    sql = "COPY public.comments (issue_id, body) FROM STDIN"
+    analysis = Analyzer().analyze(sql, pair.catalog, in_session=True)
+    assert analysis.rewritten is not None and " public.comments" not in analysis.rewritten
+    pair.layer.execute("BEGIN")
+    try:
+        pair.layer.execute("SELECT cow.use_session('sqlcopyin', 'op')")
+        with pair.layer.cursor().copy(analysis.rewritten) as copy:
+            copy.write(b"2\tcopied\n3\tcopied too\n")
+        bodies = pair.layer.execute(
+            "SELECT body FROM comments WHERE body LIKE 'copied%' ORDER BY body"
+        ).fetchall()
+        assert bodies == [("copied",), ("copied too",)]
+        assert pair.layer.execute("SELECT count(*) FROM public.comments").fetchone() == (3,)  # base untouched
+    finally:
+        pair.layer.execute("ROLLBACK")
+
+
+# -- MERGE and DDL -------------------------------------------------------------------------------------
+
+MERGE = (
+    "MERGE INTO public.projects p USING (VALUES (1, 'uno'), (60, 'sixty')) v(id, name) ON p.id = v.id "
+    "WHEN MATCHED THEN UPDATE SET name = v.name WHEN NOT MATCHED THEN INSERT (id, name) VALUES (v.id, v.name)"
+)
+
+
+@pytest.mark.timeout(60)
+def test_merge(pair: Pair) -> None:
+    if pair.version >= 170000:
+        compare(pair, [MERGE, "SELECT id, name FROM projects WHERE id IN (1, 60)"])
+    else:
+        analysis = Analyzer(server_version_num=pair.version).analyze(MERGE, pair.catalog, in_session=True)
+        assert analysis.error is not None and analysis.error[0] == "0A000"
+
+
+@pytest.mark.timeout(60)
+def test_ddl_refused_in_session_only(pair: Pair) -> None:
+    analyzer = Analyzer(server_version_num=pair.version)
+    sql = "ALTER TABLE projects ADD COLUMN archived boolean"
+    refused = analyzer.analyze(sql, pair.catalog, in_session=True)
+    assert refused.error is not None and refused.error[0] == "0A000"
+    assert analyzer.analyze(sql, pair.catalog, in_session=False).error is None
+
+
+@pytest.mark.timeout(60)
+def test_catalog_describes_the_layer(pair: Pair) -> None:
+    projects = pair.catalog.table("public", "projects")
+    assert projects is not None and projects.pk == ("id",)
+    assert {k.columns for k in projects.unique} == {("id",), ("name",)}
+    assert {(r.table, r.on_delete) for r in projects.referenced_by} == {
+        ("issues", "c"),
+        ("members", "a"),
+        ("audit", "a"),
+    }
+    issues = pair.catalog.table("public", "issues")
+    assert issues is not None
+    assert [c.name for c in issues.columns if c.generated] == ["slug"]
+    assert issues.column("title") is not None and issues.column("title").type == "character varying"  # type: ignore[union-attr]
+    assert pair.catalog.table("public", "audit") is None
