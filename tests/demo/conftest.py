@@ -39,7 +39,7 @@ class FakeModel:
     """A tiny OpenAI-compatible endpoint answering with scripted assistant messages, in order; the last one
     repeats. It records every request body and Authorization header it received."""
 
-    replies: list[dict[str, Any]]
+    replies: list[dict[str, Any]] | Callable[[dict[str, Any]], dict[str, Any]]
     requests: list[dict[str, Any]] = field(default_factory=list)
     auth: list[str | None] = field(default_factory=list)
     status: int = 200
@@ -64,7 +64,9 @@ def tool_call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, A
 def fake_model() -> Iterator[Callable[..., FakeModel]]:
     servers: list[ThreadingHTTPServer] = []
 
-    def start(replies: list[dict[str, Any]], status: int = 200) -> FakeModel:
+    def start(
+        replies: list[dict[str, Any]] | Callable[[dict[str, Any]], dict[str, Any]], status: int = 200
+    ) -> FakeModel:
         model = FakeModel(replies=replies, status=status)
 
         class Handler(BaseHTTPRequestHandler):
@@ -81,10 +83,13 @@ def fake_model() -> Iterator[Callable[..., FakeModel]]:
                     payload = json.dumps({"error": {"message": "scripted failure"}}).encode()
                     self.send_response(model.status)
                 else:
-                    index = min(len(model.requests) - 1, len(model.replies) - 1)
+                    if callable(model.replies):
+                        message = model.replies(body)
+                    else:
+                        message = model.replies[min(len(model.requests), len(model.replies)) - 1]
                     payload = json.dumps(
                         {"id": "x", "object": "chat.completion", "model": body["model"],
-                         "choices": [{"index": 0, "message": model.replies[index], "finish_reason": "stop"}]}
+                         "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
                     ).encode()  # fmt: skip
                     self.send_response(200)
                 self.send_header("Content-Type", "application/json")

@@ -1,0 +1,189 @@
+"""``cowproxy demo`` end to end, and its scores checked against values derived by hand from the scripts.
+
+Derivation (quick workflows; seed in demo/seed.py, rules in demo/workflows.py, scoring in DESIGN.md §4).
+Ground-truth rows (last write per table and key):
+- sprint-kickoff: Todo items PSP-1..7 → 7 work_items updates; PSP-1, PSP-4, PSP-7 are unassigned → 3
+  assignee inserts (alice); PSP-2, PSP-5 are assigned to blub → 2 deletes + 2 inserts (bob). 14 rows.
+- bug-escalation: bug items in Backlog GS-1, 2, 3, 5 → 4 updates; blocker missing on GS-1, 2, 3 → 3 label
+  links; frank missing on GS-1, 2, 5 → 3 assignee links. 10 rows.
+- campaign-push: new label (1); campaign items not Done/Cancelled GS-2, 6, 7, 8 → 4 label links; work_items
+  updates: GS-2 (Backlog→Todo), GS-6 (Backlog→Todo, high→urgent), GS-8 (high→urgent) → 3; GS-6 unassigned →
+  eve (1). 9 rows.
+The content of a work_items row is the mean over its compared columns: project_id, sequence_id, name,
+description, priority, state_id (6; the surrogate key id and the timestamps are not compared). A link row's
+columns are both foreign keys in its key: identical when matched.
+
+correct: the same rows → every score 1.
+vocabulary: finds no "issue" operation. sprint-kickoff, bug-escalation: no writes → M = 0: struct, content,
+  precision, recall, F1 and overall all 0. campaign-push: creates only the label, which pairs with the ground
+  truth's (identical columns) → M = 1, missing 8, extra 0: struct 1/9, content 1, overall (1/9 + 1)/2 = 5/9,
+  precision 1, recall 1/9, F1 = 2·(1/9)/(1 + 1/9) = 1/5.
+overreach: the ground truth's rows plus a "triaged" label and one link per changed work item:
+  sprint-kickoff E = 1 + 7 = 8 → struct = precision = 14/22 = 7/11, recall 1, content 1, overall 9/11,
+  F1 = 2·(7/11)/(18/11) = 7/9; bug-escalation E = 1 + 4 = 5 → 10/15 = 2/3, overall 5/6, F1 4/5;
+  campaign-push E = 1 + 4 = 5 → 9/14, overall 23/28, F1 18/23.
+wrong-state: the right rows, but each state it sets is the next one: every work_items row whose state the
+  ground truth changes has state_id wrong → similarity 5/6. struct = precision = recall = F1 = 1.
+  sprint-kickoff: 7 such rows of 14 → content (7·5/6 + 7)/14 = 11/12, overall 23/24;
+  bug-escalation: 4 of 10 → (4·5/6 + 6)/10 = 14/15, overall 29/30;
+  campaign-push: GS-2 and GS-6 (GS-8 only changes priority) → (2·5/6 + 7)/9 = 26/27, overall 53/54.
+model (the fake endpoint below): searches for "issue", then answers without writing → like vocabulary on
+  sprint-kickoff: all 0, on every workflow (it does not create the label either).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.cli import main
+from tests.conftest import PgServer
+from tests.demo.conftest import FakeModel, tool_call
+
+# agent -> workflow -> (overall, struct, content, precision, recall, f1)
+EXPECTED: dict[str, dict[str, tuple[float, ...]]] = {
+    "correct": {w: (1, 1, 1, 1, 1, 1) for w in ("sprint-kickoff", "bug-escalation", "campaign-push")},
+    "vocabulary": {
+        "sprint-kickoff": (0, 0, 0, 0, 0, 0),
+        "bug-escalation": (0, 0, 0, 0, 0, 0),
+        "campaign-push": (5 / 9, 1 / 9, 1, 1, 1 / 9, 1 / 5),
+    },
+    "overreach": {
+        "sprint-kickoff": (9 / 11, 7 / 11, 1, 7 / 11, 1, 7 / 9),
+        "bug-escalation": (5 / 6, 2 / 3, 1, 2 / 3, 1, 4 / 5),
+        "campaign-push": (23 / 28, 9 / 14, 1, 9 / 14, 1, 18 / 23),
+    },
+    "wrong-state": {
+        "sprint-kickoff": (23 / 24, 1, 11 / 12, 1, 1, 1),
+        "bug-escalation": (29 / 30, 1, 14 / 15, 1, 1, 1),
+        "campaign-push": (53 / 54, 1, 26 / 27, 1, 1, 1),
+    },
+    "model:fake-model": {
+        w: (0, 0, 0, 0, 0, 0) for w in ("sprint-kickoff", "bug-escalation", "campaign-push")
+    },
+}
+GT_ROWS = {"sprint-kickoff": 14, "bug-escalation": 10, "campaign-push": 9}
+
+
+def _issue_searcher(body: dict[str, Any]) -> dict[str, Any]:
+    """A model that searches for "issue" once and then gives up."""
+    if body["messages"][-1]["role"] == "tool":
+        return {"role": "assistant", "content": "I could not find any operation for issues."}
+    return tool_call("c1", "discover", {"query": "issue"})
+
+
+def _run_demo(
+    args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> tuple[dict[str, Any], str]:
+    out = tmp_path / "demo.json"
+    report = tmp_path / "report.html"
+    code = main(["demo", "--quick", "--json", str(out), "--report", str(report), *args])
+    output = capsys.readouterr().out
+    assert code == 0, output
+    result = json.loads(out.read_text())
+    assert Path(result["report_path"]) == report.resolve()
+    html = report.read_text()
+    assert "Table 5" in html and "wrong-state" in html
+    return result, output
+
+
+def _check_scores(result: dict[str, Any]) -> None:
+    assert result["gt_rows"] == GT_ROWS
+    got = {(s["agent"], s["workflow"]): s for s in result["scores"]}
+    assert set(got) == {(a, w) for a, ws in EXPECTED.items() for w in ws}
+    for (agent, workflow), s in got.items():
+        want = EXPECTED[agent][workflow]
+        have = (s["overall"], s["struct"], s["content"], s["precision"], s["recall"], s["f1"])
+        assert have == pytest.approx(want, abs=1e-9), (agent, workflow)
+
+
+def _check_cleanup(result: dict[str, Any]) -> None:
+    resources = result["resources"]
+    assert not Path(resources["workdir"]).exists()
+    if "datadir" in resources:
+        assert not Path(resources["datadir"]).exists()
+    if "proxy_pid" in resources:
+        assert not Path(f"/proc/{resources['proxy_pid']}").exists() or _zombie(resources["proxy_pid"])
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.timeout(180)
+def test_demo_without_proxy_scores_the_scripted_agents_as_derived(
+    pg_server: PgServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    fake_model: Callable[..., FakeModel],
+) -> None:
+    model = fake_model(_issue_searcher)
+    result, output = _run_demo(
+        ["--dsn", pg_server.dsn, "--no-proxy", "--model", "fake-model", "--base-url", model.url],
+        tmp_path,
+        capsys,
+    )
+    _check_scores(result)
+    assert result["fallback"] == "--no-proxy"
+    assert result["base_untouched"] is True
+    assert "[9/9] discarded all 18 sessions" in output
+    # Every session was registered with its kind, workflow label, model and ground truth, then discarded.
+    registry = {r["session_id"]: r for r in result["registry"]}
+    assert len(registry) == 3 + 5 * 3
+    assert {r["status"] for r in registry.values()} == {"discarded"}
+    for s in result["scores"]:
+        row = registry[s["session"]]
+        assert (row["kind"], row["label"], row["gt_session"]) == ("agent", s["workflow"], s["gt_session"])
+        assert registry[s["gt_session"]]["kind"] == "ground_truth"
+    assert registry[next(s["session"] for s in result["scores"] if s["agent"] == "model:fake-model")][
+        "model"
+    ] == ("fake-model")
+    _check_cleanup(result)
+    # The fake endpoint was asked once per turn: two turns per workflow.
+    assert len(model.requests) == 6
+
+
+@pytest.mark.timeout(240)
+def test_cli_demo_on_embedded_postgres_commits_and_leaves_nothing_running(tmp_path: Path) -> None:
+    """As a new user runs it (no --dsn: the embedded PostgreSQL), one workflow, --commit."""
+    out = tmp_path / "demo.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("COW_DSN", "DATABASE_URL", "OPENAI_API_KEY")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "demo", "--workflow", "campaign-push", "--agent", "correct",
+         "--agent", "overreach", "--commit", "--json", str(out)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=200, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "starting an embedded PostgreSQL" in proc.stdout
+    assert (tmp_path / "cowproxy-report.html").exists()  # the default report path, in the current directory
+    result = json.loads(out.read_text())
+    assert result["committed"].startswith("gt-campaign-push-")
+    assert result["base_changed_by_commit"] is True
+    statuses = {r["kind"]: r["status"] for r in result["registry"]}
+    assert statuses == {"ground_truth": "committed", "agent": "discarded"}
+    scores = {s["agent"]: s["overall"] for s in result["scores"]}
+    assert scores == pytest.approx({"correct": 1.0, "overreach": 23 / 28})
+    _check_cleanup(result)
+
+
+def test_cli_demo_rejects_bad_options_in_one_line() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "demo", "--agent", "nobody", "--dsn", "postgresql://x@127.0.0.1:1/x"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "cowproxy: error: unknown agent 'nobody';"
+        " scripted agents: correct, vocabulary, overreach, wrong-state"
+    ]
