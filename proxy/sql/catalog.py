@@ -135,6 +135,10 @@ class Catalog:
 
     tables: Mapping[tuple[str, str], CowTable]
     ident: int = field(default_factory=lambda: next(_idents), compare=False)
+    schemas: frozenset[str] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "schemas", frozenset(schema for schema, _ in self.tables))
 
     @classmethod
     def empty(cls) -> Catalog:
@@ -184,10 +188,6 @@ class Catalog:
     def has_cow_tables(self) -> bool:
         return bool(self.tables)
 
-    @property
-    def schemas(self) -> frozenset[str]:
-        return frozenset(schema for schema, _ in self.tables)
-
     def lookup(self, schema: str | None, name: str | None) -> CowTable | None:
         """The CoW table a (possibly unqualified) name denotes inside a session.
 
@@ -209,12 +209,26 @@ class Catalog:
         return self.tables.get((schema, name))
 
     @property
+    def lowered_schemas(self) -> tuple[str, ...]:
+        return _lowered(self.schemas)
+
+    @property
     def schema_pattern(self) -> re.Pattern[str] | None:
         """A sieve matching any app schema name as a word (the fast path's in-session check)."""
         return _schema_pattern(self.schemas)
 
 
 _pattern_cache: dict[frozenset[str], re.Pattern[str] | None] = {}
+_lowered_cache: dict[frozenset[str], tuple[str, ...]] = {}
+
+
+def _lowered(schemas: frozenset[str]) -> tuple[str, ...]:
+    found = _lowered_cache.get(schemas)
+    if found is None:
+        if len(_lowered_cache) > 64:
+            _lowered_cache.clear()
+        found = _lowered_cache[schemas] = tuple(sorted(s.lower() for s in schemas))
+    return found
 
 
 def _schema_pattern(schemas: frozenset[str]) -> re.Pattern[str] | None:

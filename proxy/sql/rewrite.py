@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import pglast
@@ -43,8 +44,9 @@ def _parse(sql: str) -> Any:
     return pglast.parse_sql(sql)[0].stmt
 
 
+@lru_cache(maxsize=256)
 def _type_name(type_name: str) -> Any:
-    # Parsed anew each time: the node ends up inside a client's tree, which later code may mutate.
+    # Shared between trees: nothing edits TypeName nodes after they are spliced in.
     return _parse(f"SELECT CAST(NULL AS {type_name})").targetList[0].val.typeName
 
 
@@ -400,6 +402,25 @@ class Rewriter:
             f"cow_input AS (SELECT * FROM cow_rows WHERE {twice} IS NULL), "
             f"cow_updated AS ({update} RETURNING 1)"
         )
+        if returning is None and self.version >= MERGE_ON_VIEWS:
+            # PostgreSQL 17 runs MERGE on the view: one statement whose count is inserted + updated rows.
+            # MATERIALIZED: inlined into MERGE, the scalar subquery trips a planner bug in PostgreSQL 18
+            # ("wrong varnullingrels", XX000).
+            new = _parse(
+                "WITH cow_rows AS (SELECT 1), "
+                f"cow_input AS MATERIALIZED (SELECT * FROM cow_rows WHERE {twice} IS NULL) "
+                f"MERGE INTO {view} AS {qalias} USING cow_input AS excluded "
+                f"ON {_match(qalias, 'excluded', key)} "
+                "WHEN MATCHED THEN UPDATE SET cow_placeholder = 1 "
+                f"WHEN NOT MATCHED THEN INSERT ({column_list}) VALUES ({picked})"
+            )
+            new.withClause.ctes[0].ctequery = rows_select
+            matched, not_matched = new.mergeWhenClauses
+            matched.targetList = clause.targetList
+            matched.condition = clause.whereClause
+            not_matched.override = stmt.override
+            self._prepend_ctes(new, stmt)
+            return new, ("MERGE", "INSERT 0")
         if returning is None:
             # Without RETURNING the INSERT is the statement, so no rows reach the client; its tag counts
             # the inserted rows only (see docs/rewrites.md).

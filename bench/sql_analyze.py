@@ -1,0 +1,104 @@
+"""Cost of proxy.sql per statement, side by side with pglast's own calls, in one run.
+
+    .venv/bin/python bench/sql_analyze.py [--n 2000]
+
+cold = a text the cache has not seen (a fresh literal each call); warm = the same text again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+
+import pglast
+from pglast import parser
+
+from proxy.sql import Analyzer, Catalog, read_comment_tags, strip_edge_comments
+
+
+def _catalog() -> Catalog:
+    doc = {
+        "pk": ["id"],
+        "columns": [
+            {"name": c, "type": t, "generated": False, "identity": False}
+            for c, t in (("id", "integer"), ("name", "text"), ("total", "numeric"))
+        ],
+        "unique": [
+            {
+                "name": "orders_pkey",
+                "columns": ["id"],
+                "constraint": True,
+                "nulls_not_distinct": False,
+                "partial": False,
+                "expressions": False,
+            }
+        ],
+        "referenced_by": [],
+    }
+    return Catalog.from_rows([("public", "orders", "cow_public", json.dumps(doc))])
+
+
+SELECT = (
+    "SELECT o.id, o.name, o.total FROM orders o JOIN users u ON u.id = o.user_id WHERE o.id = {i} LIMIT 10"
+)
+UPDATE = "UPDATE orders SET total = total + 1 WHERE id = {i}"
+QUALIFIED = "SELECT * FROM public.orders WHERE id = {i}"
+UPSERT = "INSERT INTO orders (id, name) VALUES ({i}, $1) ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name"
+TAGGED = "/*cow_session='s-1',cow_operation='op-{i}'*/ SELECT 1"
+
+
+def per_call(fn: Callable[[int], object], n: int) -> float:
+    start = time.perf_counter()
+    for i in range(n):
+        fn(i)
+    return (time.perf_counter() - start) / n * 1e6
+
+
+def main() -> None:
+    args = argparse.ArgumentParser()
+    args.add_argument("--n", type=int, default=2000)
+    n = args.parse_args().n
+    catalog = _catalog()
+    rows: list[tuple[str, float]] = []
+    for label, template in (
+        ("SELECT (fast path)", SELECT),
+        ("UPDATE (parsed)", UPDATE),
+        ("SELECT public.t (rewritten)", QUALIFIED),
+        ("INSERT ON CONFLICT (rewritten)", UPSERT),
+    ):
+        analyzer = Analyzer(cache_size=4 * n)
+        rows.append(
+            (
+                f"analyze cold   {label}",
+                per_call(lambda i, t=template, a=analyzer: a.analyze(t.format(i=i), catalog, True), n),
+            )
+        )
+        rows.append(
+            (
+                f"analyze warm   {label}",
+                per_call(lambda i, t=template, a=analyzer: a.analyze(t.format(i=0), catalog, True), n),
+            )
+        )
+    rows.append(("pglast.parse_sql      SELECT", per_call(lambda i: pglast.parse_sql(SELECT.format(i=i)), n)))
+    rows.append(
+        ("pglast fingerprint    SELECT", per_call(lambda i: parser.fingerprint(SELECT.format(i=i)), n))
+    )
+    rows.append(("pglast scan           SELECT", per_call(lambda i: parser.scan(SELECT.format(i=i)), n)))
+    rows.append(("pglast split          SELECT", per_call(lambda i: parser.split(SELECT.format(i=i)), n)))
+    rows.append(
+        ("read_comment_tags     tagged", per_call(lambda i: read_comment_tags(TAGGED.format(i=i)), n))
+    )
+    rows.append(
+        ("strip_edge_comments   tagged", per_call(lambda i: strip_edge_comments(TAGGED.format(i=i)), n))
+    )
+    rows.append(("str.format only (baseline)", per_call(lambda i: SELECT.format(i=i), n)))
+    width = max(len(r[0]) for r in rows)
+    print(f"{'call':<{width}}  µs/call   (n={n})")
+    for label, value in rows:
+        print(f"{label:<{width}}  {value:8.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""Random SQL-ish input never crashes the analyzer or the tag reader with anything but ProxyError."""
+
+from __future__ import annotations
+
+import contextlib
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proxy.errors import ProxyError
+from proxy.sql import KINDS, Analysis, Analyzer, read_comment_tags, strip_edge_comments
+
+from .catalogs import sample_catalog
+
+CATALOG = sample_catalog()
+TOKENS = [
+    "SELECT",
+    "INSERT INTO",
+    "UPDATE",
+    "DELETE FROM",
+    "TRUNCATE",
+    "COPY",
+    "MERGE INTO",
+    "SET",
+    "RESET",
+    "ALL",
+    "DISCARD",
+    "DO",
+    "$$",
+    "ON CONFLICT",
+    "(id)",
+    "DO NOTHING",
+    "DO UPDATE SET",
+    "EXCLUDED.name",
+    "RETURNING",
+    "*",
+    "VALUES",
+    "(1, 'a')",
+    "($1, $2)",
+    "DEFAULT",
+    "projects",
+    "public.projects",
+    "public.issues",
+    "comments",
+    "cow.session_id",
+    "set_config('cow.x', 'y', false)",
+    "cow.use_session('s')",
+    "FROM",
+    "WHERE",
+    "=",
+    ",",
+    ";",
+    "(",
+    ")",
+    "'",
+    '"',
+    "/*",
+    "*/",
+    "--",
+    "\n",
+    " ",
+    "CASCADE",
+    "RESTRICT",
+    "RESTART IDENTITY",
+    "TO STDOUT",
+    "FROM STDIN",
+    "WITH",
+    "AS",
+    "x",
+    "name",
+    "ALTER TABLE",
+    "DROP TABLE",
+    "CREATE INDEX ON",
+    'U&"\\0070ublic"',
+    "E'\\''",
+    "cow_session='S'",
+    "traceparent=",
+    "%41",
+    "\\",
+]
+sqlish = st.lists(st.sampled_from(TOKENS), max_size=25).map(" ".join)
+
+
+def _check(result: Analysis) -> None:
+    assert result.kind in (*KINDS, "multi")
+    if result.error is not None:
+        assert len(result.error[0]) == 5
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sql=st.one_of(sqlish, st.text(max_size=80)), in_session=st.booleans())
+def test_analyze_never_crashes(sql: str, in_session: bool) -> None:
+    analyzer = Analyzer(server_version_num=150000)
+    with contextlib.suppress(ProxyError):
+        _check(analyzer.analyze(sql, CATALOG, in_session))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    sql=st.one_of(
+        sqlish,
+        st.text(max_size=80),
+        st.builds(
+            lambda a, b, body: f"{a}/*{body}*/{b}",
+            st.sampled_from(["", " ", "SELECT 1 "]),
+            st.sampled_from(["", ";", " SELECT 1"]),
+            st.lists(
+                st.sampled_from(["cow_session=", "cow_operation=", "'", "S", "%2", "%41", ",", "\\'", "x"])
+            ).map("".join),
+        ),
+    )
+)
+def test_comment_tags_never_crash(sql: str) -> None:
+    try:
+        tags = read_comment_tags(sql)
+    except ProxyError as exc:
+        assert exc.sqlstate == "22023"
+        return
+    if tags is not None:
+        assert tags.session is not None or tags.operation is not None
+    assert isinstance(strip_edge_comments(sql), str)
