@@ -567,19 +567,28 @@ async def _handle(pool: asyncpg.Pool, reader: asyncio.StreamReader, writer: asyn
             await writer.wait_closed()
 
 
+async def _reset_keep_settings(conn: asyncpg.Connection) -> None:
+    """asyncpg's release query without RESET ALL (the application never changes settings anyway)."""
+    await conn.execute("SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *;")
+
+
 @dataclass(frozen=True)
 class AppConfig:
     database_url: str
     host: str = "127.0.0.1"
     port: int = 0
     pool_size: int = 4
+    # asyncpg's default release query ends with RESET ALL, which a session-tagged connection refuses (it
+    # would drop the session's search_path); "keep-settings" releases without it. See docs/usage.md.
+    pool_reset: str = "default"  # "default" | "keep-settings"
 
 
 async def serve(
     config: AppConfig, ready: Callable[[int], None] | None = None, stop: asyncio.Event | None = None
 ) -> None:
     """Serve until ``stop`` is set (or forever); ``ready`` gets the bound port."""
-    pool = await asyncpg.create_pool(config.database_url, min_size=1, max_size=config.pool_size)
+    reset = _reset_keep_settings if config.pool_reset == "keep-settings" else None
+    pool = await asyncpg.create_pool(config.database_url, min_size=1, max_size=config.pool_size, reset=reset)
     try:
         server = await asyncio.start_server(lambda r, w: _handle(pool, r, w), config.host, config.port)
         async with server:

@@ -21,7 +21,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
@@ -48,7 +48,7 @@ class DemoConfig:
     server_dsn: str | None = None  # None: an embedded PostgreSQL
     use_proxy: bool = True
     json_path: Path | None = None
-    out: TextIO = field(default=sys.stdout)
+    out: TextIO | None = None  # None: sys.stdout at run time
 
 
 @dataclass(frozen=True)
@@ -245,7 +245,8 @@ class DirectTagging(Tagging):
 
 
 class ProxyTagging(Tagging):
-    """``cowproxy serve`` in a subprocess; sessions are routed with its admin API."""
+    """The proxy — ``cowproxy serve`` in a subprocess, or in-process if that cannot start — with sessions
+    routed through its admin API."""
 
     name = "proxy admin route"
 
@@ -259,12 +260,41 @@ class ProxyTagging(Tagging):
         self.metrics_addr = ("127.0.0.1", _free_port())
         self.admin_addr = ("127.0.0.1", _free_port())
         self.log_path = workdir / "proxy.log"
-        self.process = proxy_ops.start(
-            upstream, self.listen, self.metrics_addr, self.admin_addr, self.log_path
-        )
+        self.process: subprocess.Popen[bytes] | None = None
+        self.stopped_pid: int | None = None
+        self.in_process: proxy_ops.InProcessProxy | None = None
+        self.notes: list[str] = []
         self.database_url = _with_host_port(database_url_template, *self.listen)
-        self.app = BackgroundApp(AppConfig(self.database_url))
-        self.app_url = self.app.start()
+        self.app: BackgroundApp | None = None
+        try:
+            self.process = proxy_ops.start(
+                upstream, self.listen, self.metrics_addr, self.admin_addr, self.log_path
+            )
+            self._start_app()
+        except DemoError as exc:
+            # Observed while the proxy was being built: the subprocess failing under uvloop. The same proxy
+            # code on the standard asyncio loop in this process still shows the system working; say so.
+            self._stop_all()
+            self.notes.append(f"cowproxy serve (subprocess) failed: {exc}; running the proxy in-process")
+            self.name = "proxy admin route (proxy in-process)"
+            self.in_process = proxy_ops.InProcessProxy(
+                upstream, self.listen, self.metrics_addr, self.admin_addr
+            )
+            try:
+                self._start_app()
+            except DemoError:
+                self._stop_all()
+                raise
+
+    def _start_app(self) -> None:
+        self.app = BackgroundApp(AppConfig(self.database_url, pool_reset="keep-settings"))
+        try:
+            self.app_url = self.app.start()
+            HttpApi(self.app_url).call("listProjects", {})  # one round trip through the proxy
+        except DemoError as exc:
+            log = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+            tail = " ".join(log.strip().splitlines()[-1:])[:200]
+            raise DemoError(f"{exc}" + (f" (proxy log: {tail})" if tail else "")) from None
 
     def enter(self, session: str) -> None:
         from demo import proxy_ops
@@ -282,15 +312,26 @@ class ProxyTagging(Tagging):
             text = response.read().decode()
         return [line for line in text.splitlines() if line.startswith("cowproxy_")]
 
+    def _stop_all(self) -> None:
+        if self.app is not None:
+            self.app.stop()
+            self.app = None
+        if self.in_process is not None:
+            self.in_process.stop()
+            self.in_process = None
+        if self.process is not None:
+            with contextlib.suppress(OSError):
+                self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+            self.stopped_pid = self.process.pid
+            self.process = None
+
     def close(self) -> None:
-        self.app.stop()
-        with contextlib.suppress(OSError):
-            self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(5)
+        self._stop_all()
 
 
 # --- the run -------------------------------------------------------------------------------------------
@@ -333,7 +374,8 @@ def run(cfg: DemoConfig) -> DemoResult:
             raise DemoError(f"unknown workflow {slug!r}; known: {', '.join(workflows.BY_SLUG)}")
         chosen.append(workflows.BY_SLUG[slug])
     agent_list = _make_agents(cfg)
-    progress = Progress(cfg.out, 9)
+    out = cfg.out or sys.stdout
+    progress = Progress(out, 9)
     with _signals_as_interrupt(), contextlib.ExitStack() as stack:
         workdir = Path(tempfile.mkdtemp(prefix="cowproxy-demo-"))
         # What was started, so that a caller (the tests) can check that it is all gone afterwards.
@@ -385,8 +427,11 @@ def run(cfg: DemoConfig) -> DemoResult:
                 progress(f"{fallback}; tagging with startup options instead (the layer's own tag source)")
                 tagging = DirectTagging(db_dsn, overlay)
             else:
+                for note in tagging.notes:
+                    progress.detail(note)
+                how = "cowproxy serve" if tagging.process else "the proxy (in-process)"
                 progress(
-                    f"started cowproxy serve on {tagging.listen[0]}:{tagging.listen[1]} (upstream"
+                    f"started {how} on {tagging.listen[0]}:{tagging.listen[1]} (upstream"
                     f" {upstream[0]}:{upstream[1]}, metrics :{tagging.metrics_addr[1]}, admin"
                     f" :{tagging.admin_addr[1]})"
                 )
@@ -397,7 +442,9 @@ def run(cfg: DemoConfig) -> DemoResult:
         stack.callback(tagging.close)
         resources["app_url"] = tagging.app_url
         if isinstance(tagging, ProxyTagging):
-            resources["proxy_pid"] = tagging.process.pid
+            pid = tagging.process.pid if tagging.process is not None else tagging.stopped_pid
+            if pid is not None:
+                resources["proxy_pid"] = pid
             resources["proxy_listen"] = list(tagging.listen)
         app_db_url = getattr(tagging, "database_url", db_dsn)
         progress(f"started the sample application at {tagging.app_url} (DATABASE_URL={_redact(app_db_url)})")
@@ -478,11 +525,11 @@ def run(cfg: DemoConfig) -> DemoResult:
             )
             details.append((f"{agent.name} on {wf.slug}", _detail_html(r)))
         summaries = report.summarize(scores)
-        print("\nPer agent (mean over workflows; like the paper's Table 5):", file=cfg.out)
-        print(report.agent_table(summaries), file=cfg.out)
-        print("\nLowest-scoring sessions (like the paper's Table 6):", file=cfg.out)
-        print(report.lowest_table(report.lowest(scores)), file=cfg.out)
-        print(file=cfg.out, flush=True)
+        print("\nPer agent (mean over workflows; like the paper's Table 5):", file=out)
+        print(report.agent_table(summaries), file=out)
+        print("\nLowest-scoring sessions (like the paper's Table 6):", file=out)
+        print(report.lowest_table(report.lowest(scores)), file=out)
+        print(file=out, flush=True)
 
         untouched = _base_checksum(db_dsn) == checksum_before
         notes = [
@@ -580,21 +627,22 @@ def _detail_html(result: Any) -> str:
     return "<ul>" + ("".join(lines) or "<li>every row matched exactly</li>") + "</ul>"
 
 
-_METRIC_PREFERENCE = ("connections", "statements", "sessions", "injected", "rewrite", "latency", "bytes")
+_METRIC_PREFERENCE = (
+    "cowproxy_client_connections_total",
+    "cowproxy_session_switches_total",
+    "cowproxy_writes_total",
+    "cowproxy_query_duration_seconds_count",
+    "cowproxy_query_duration_seconds_sum",
+    "cowproxy_parse_cache_lookups_total",
+    "cowproxy_rewrites_total",
+)
 
 
-def _pick_metrics(lines: Sequence[str], n: int = 8) -> list[str]:
+def _pick_metrics(lines: Sequence[str], n: int = 12) -> list[str]:
+    """The samples worth showing: connections, session switches, writes per table, latency, parse cache."""
     picked: list[str] = []
-    for word in _METRIC_PREFERENCE:
-        for line in lines:
-            if word in line.split(" ")[0] and line not in picked and "_bucket" not in line:
-                picked.append(line)
-                break
-    for line in lines:
-        if len(picked) >= n:
-            break
-        if line not in picked and "_bucket" not in line:
-            picked.append(line)
+    for name in _METRIC_PREFERENCE:
+        picked += [line for line in lines if line.split("{")[0].split(" ")[0] == name]
     return picked[:n]
 
 

@@ -81,3 +81,58 @@ def unroute(admin: Address, database: str) -> None:
 def routes(admin: Address) -> dict[str, str]:
     got = _request(admin, "GET", "/routes")
     return dict(got.get("routes", {})) if isinstance(got, dict) else {}
+
+
+class InProcessProxy:
+    """The proxy's ``run_proxy`` on its own asyncio loop in a thread (when the subprocess cannot start)."""
+
+    def __init__(self, upstream: Address, listen: Address, metrics: Address, admin: Address) -> None:
+        import asyncio
+        import threading
+
+        from proxy.commands import run_proxy
+        from proxy.config import build_config
+        from proxy.errors import ProxyError
+
+        try:
+            config = build_config(
+                {"upstream": _addr(upstream), "listen": _addr(listen), "metrics": _addr(metrics),
+                 "admin": _addr(admin)}
+            )  # fmt: skip
+        except ProxyError as exc:
+            raise DemoError(f"the proxy refused its configuration: {exc}") from None
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            async def main() -> None:
+                self._stop = asyncio.Event()
+                ready = asyncio.Event()
+                task = asyncio.create_task(run_proxy(config, ready, self._stop))
+                waiter = asyncio.create_task(ready.wait())
+                await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                self._ready.set()
+                await task
+
+            try:
+                self._loop.run_until_complete(main())
+            except BaseException as exc:  # reported to the starting thread
+                self._error = exc
+                self._ready.set()
+            finally:
+                self._loop.close()
+
+        self._thread = threading.Thread(target=run, name="cowproxy-in-process", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(20) or self._error is not None:
+            self.stop()
+            raise DemoError(f"the in-process proxy did not start: {self._error}")
+
+    def stop(self) -> None:
+        if self._thread.is_alive() and self._stop is not None:
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(15)

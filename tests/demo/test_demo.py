@@ -121,7 +121,7 @@ def _zombie(pid: int) -> bool:
 
 
 @pytest.mark.timeout(180)
-def test_demo_without_proxy_scores_the_scripted_agents_as_derived(
+def test_demo_through_the_proxy_scores_the_agents_as_derived(
     pg_server: PgServer,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -129,12 +129,11 @@ def test_demo_without_proxy_scores_the_scripted_agents_as_derived(
 ) -> None:
     model = fake_model(_issue_searcher)
     result, output = _run_demo(
-        ["--dsn", pg_server.dsn, "--no-proxy", "--model", "fake-model", "--base-url", model.url],
-        tmp_path,
-        capsys,
+        ["--dsn", pg_server.dsn, "--model", "fake-model", "--base-url", model.url], tmp_path, capsys
     )
     _check_scores(result)
-    assert result["fallback"] == "--no-proxy"
+    assert result["fallback"] is None
+    assert result["tagging"].startswith("proxy admin route")
     assert result["base_untouched"] is True
     assert "[9/9] discarded all 18 sessions" in output
     # Every session was registered with its kind, workflow label, model and ground truth, then discarded.
@@ -144,13 +143,34 @@ def test_demo_without_proxy_scores_the_scripted_agents_as_derived(
     for s in result["scores"]:
         row = registry[s["session"]]
         assert (row["kind"], row["label"], row["gt_session"]) == ("agent", s["workflow"], s["gt_session"])
+        assert row["model"] == (s["model"] if s["agent"] != "model:fake-model" else "fake-model")
         assert registry[s["gt_session"]]["kind"] == "ground_truth"
-    assert registry[next(s["session"] for s in result["scores"] if s["agent"] == "model:fake-model")][
-        "model"
-    ] == ("fake-model")
+    # The writes went through the proxy: its metrics saw them, per table.
+    names = {line.split("{")[0].split(" ")[0] for line in result["metrics"]}
+    assert "cowproxy_writes_total" in names
+    assert any('table="public.work_items"' in line for line in result["metrics"])
+    assert "a few of the proxy's Prometheus metrics" in output
     _check_cleanup(result)
-    # The fake endpoint was asked once per turn: two turns per workflow.
-    assert len(model.requests) == 6
+    assert len(model.requests) == 6  # two turns per workflow
+
+
+@pytest.mark.timeout(180)
+def test_demo_without_proxy_tags_with_startup_options(
+    pg_server: PgServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result, output = _run_demo(
+        ["--dsn", pg_server.dsn, "--no-proxy", "--agent", "correct", "--agent", "wrong-state"],
+        tmp_path,
+        capsys,
+    )
+    assert result["fallback"] == "--no-proxy"
+    assert result["tagging"] == "startup options (no proxy)"
+    assert result["gt_rows"] == GT_ROWS
+    for s in result["scores"]:
+        want = EXPECTED[s["agent"]][s["workflow"]]
+        assert (s["overall"], s["content"]) == pytest.approx((want[0], want[2]), abs=1e-9)
+    assert "NOTE: sessions were tagged with startup options, not through the proxy" in output
+    _check_cleanup(result)
 
 
 @pytest.mark.timeout(240)
