@@ -220,6 +220,8 @@ class _Inspection:
         self.writes: list[tuple[str, str]] = []
         self.tampers = False
         self.may_rewrite = False
+        self.qualified = False  # a schema-qualified CoW relation somewhere
+        self.on_conflicts = 0  # INSERT ... ON CONFLICT into CoW tables, nested ones included
 
     def _cow(self, relation: Any) -> bool:
         return (
@@ -251,7 +253,7 @@ class _Inspection:
                 and obj.get("schemaname")
                 and self._cow(obj)
             ):
-                self.may_rewrite = True  # a schema-qualified CoW table
+                self.may_rewrite = self.qualified = True
             for key, value in obj.items():
                 if not isinstance(value, dict | list):
                     continue
@@ -264,6 +266,7 @@ class _Inspection:
             self._write(node.get("relation"), "insert")
             if self.watch and "onConflictClause" in node and self._cow(node.get("relation")):
                 self.may_rewrite = True
+                self.on_conflicts += 1
         elif name == "UpdateStmt":
             self._write(node.get("relation"), "update")
         elif name == "DeleteStmt":
@@ -313,6 +316,9 @@ class _Inspection:
                 self.tampers = True
 
 
+MAX_CACHED_CHARS = 16384
+
+
 class Analyzer:
     """Analyses statements for one upstream server; results cached (LRU) by comment-stripped text.
 
@@ -340,6 +346,8 @@ class Analyzer:
             return cached[1]
         self.misses += 1
         result = _fast_path(text, catalog, in_session) or _analyze_parsed(text, catalog, in_session, version)
+        if len(text) > MAX_CACHED_CHARS:
+            return result  # bulk statements rarely repeat; 4096 of them could hold gigabytes
         self._cache[key] = (result, replace(result, cache_hit=True))
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
@@ -368,7 +376,8 @@ def _analyze_parsed(text: str, catalog: Catalog, in_session: bool, version: int)
         return base
     # Only now the full parse into pglast nodes, which the rewriter edits and deparses.
     try:
-        outcome = Rewriter(catalog, version).rewrite(pglast.parse_sql(text))
+        rewriter = Rewriter(catalog, version, inspection.qualified, inspection.on_conflicts)
+        outcome = rewriter.rewrite(pglast.parse_sql(text))
     except RewriteError as exc:
         return replace(base, error=(exc.sqlstate, str(exc)))
     except Exception as exc:  # a statement shape the rewriter does not know: refuse rather than guess

@@ -142,9 +142,19 @@ _PASS_THROUGH_KINDS = (
 
 
 class Rewriter:
-    def __init__(self, catalog: Catalog, server_version_num: int) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        server_version_num: int,
+        qualified: bool = True,
+        on_conflicts: int | None = None,
+    ) -> None:
+        """``qualified`` / ``on_conflicts``: what a cheaper walk already found (schema-qualified CoW names;
+        ON CONFLICT inserts into CoW tables, nested included), so that big statements skip full visits."""
         self.catalog = catalog
         self.version = server_version_num
+        self.qualified = qualified
+        self.on_conflicts = on_conflicts
 
     # -- entry -------------------------------------------------------------------------------------
 
@@ -176,7 +186,11 @@ class Rewriter:
 
     def _statement(self, node: Any) -> tuple[Any, bool, tuple[str, str] | None]:
         self._refuse_ddl(node)
-        self._refuse_nested_on_conflict(node)
+        top_level = isinstance(node, ast.InsertStmt) and node.onConflictClause is not None
+        if self.on_conflicts is None or self.on_conflicts > (
+            1 if top_level and self._cow(node.relation) else 0
+        ):
+            self._refuse_nested_on_conflict(node)
         if isinstance(node, ast.MergeStmt):
             table = self._cow(node.relation)
             if table is not None and 0 < self.version < MERGE_ON_VIEWS:
@@ -200,7 +214,7 @@ class Rewriter:
             if table is not None:
                 self._copy_to(node, table)
                 changed = True
-        if isinstance(node, _PASS_THROUGH_KINDS):
+        if self.qualified and isinstance(node, _PASS_THROUGH_KINDS):
             qualify = _Qualify(self.catalog)
             qualify(node)
             changed = changed or qualify.changed

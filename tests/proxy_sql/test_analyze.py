@@ -193,3 +193,13 @@ def test_merge_is_passed_to_the_server_when_the_version_is_unknown() -> None:
 )
 def test_apply_tag_map(tag: str, tag_map: tuple[str, str] | None, client: str) -> None:
     assert apply_tag_map(tag, tag_map) == client
+
+
+def test_huge_statements_are_analysed_but_not_cached() -> None:
+    analyzer = Analyzer()
+    values = ", ".join(f"({i}, 'p{i}')" for i in range(2000))
+    sql = f"INSERT INTO projects (id, name) VALUES {values} ON CONFLICT (id) DO NOTHING"
+    first = analyzer.analyze(sql, CATALOG, True)
+    second = analyzer.analyze(sql, CATALOG, True)
+    assert first.rewritten is not None and first.rewritten == second.rewritten
+    assert (analyzer.hits, analyzer.misses) == (0, 2)
