@@ -664,7 +664,15 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     serve_p = sub.add_parser("serve", help="serve the REST API")
     serve_p.add_argument("--listen", default="127.0.0.1:8000", help="HOST:PORT (default 127.0.0.1:8000)")
-    setup_p = sub.add_parser("setup", help="create the tables, load the seed data and install the CoW layer")
+    serve_p.add_argument(
+        "--pool-reset",
+        choices=["default", "keep-settings"],
+        default=os.environ.get("APP_POOL_RESET", "default"),
+        help="asyncpg's release query, or keep-settings: without RESET ALL (needed behind an admin route)",
+    )
+    setup_p = sub.add_parser(
+        "setup", help="create the tables and load the seed data if missing, then install the CoW layer"
+    )
     setup_p.add_argument("--no-layer", action="store_true", help="do not install the CoW layer")
     args = parser.parse_args(argv)
     url = os.environ.get("DATABASE_URL")
@@ -672,32 +680,36 @@ def main(argv: list[str] | None = None) -> int:
         print("demo.app: error: set DATABASE_URL", file=sys.stderr)
         return 1
     if args.command == "setup":
-
-        async def setup() -> None:
-            counts = await setup_database(url)
-            print(f"seeded: {counts}")
-            if not args.no_layer:
-                import migrations
-
-                conn = await asyncpg.connect(url)
-                try:
-                    await migrations.install_layer(conn, schemas=("public",))
-                finally:
-                    await conn.close()
-                print("installed the CoW layer on schema public")
-
         try:
-            asyncio.run(setup())
-        except (HttpError, OSError, asyncpg.PostgresError) as exc:
-            print(f"demo.app: error: {exc}", file=sys.stderr)
+            asyncio.run(_setup(url, layer=not args.no_layer))
+        except (OSError, asyncpg.PostgresError, DemoError) as exc:
+            print(f"demo.app: error: {' '.join(str(exc).split())}", file=sys.stderr)
             return 1
         return 0
     host, _, port = args.listen.rpartition(":")
-    config = AppConfig(url, host or "0.0.0.0", int(port))
+    config = AppConfig(url, host or "0.0.0.0", int(port), pool_reset=args.pool_reset)
     print(f"serving on http://{config.host}:{config.port} (OpenAPI at /openapi.json)", flush=True)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(config))
     return 0
+
+
+async def _setup(url: str, *, layer: bool) -> None:
+    """Idempotent: seeds a database without the tables, skips one that has them; installs the layer."""
+    try:
+        counts = await setup_database(url)
+        print(f"created the tables and loaded the seed data: {counts}", flush=True)
+    except HttpError:
+        print("the tables exist already: not seeding again", flush=True)
+    if layer:
+        import migrations
+
+        conn = await asyncpg.connect(url)
+        try:
+            await migrations.install_layer(conn, schemas=("public",))
+        finally:
+            await conn.close()
+        print("installed the CoW layer on schema public", flush=True)
 
 
 if __name__ == "__main__":

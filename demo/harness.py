@@ -127,12 +127,8 @@ async def _install_layer(dsn: str) -> list[asyncpg.Record]:
         await conn.close()
 
 
-_REGISTER = """
-INSERT INTO cow.sessions (session_id, kind, label, prompt, model, gt_session, metadata)
-VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb)
-ON CONFLICT (session_id) DO UPDATE SET kind = excluded.kind, label = excluded.label, prompt = excluded.prompt,
-    model = excluded.model, gt_session = excluded.gt_session, metadata = excluded.metadata
-"""
+# The layer's registration function (docs/layer.md): kind, workflow label, prompt, model, ground truth.
+_REGISTER = "SELECT cow.create_session($1, $2, $3, $4, $5, $6, $7::jsonb)"
 
 
 def _register(
@@ -527,7 +523,7 @@ def run(cfg: DemoConfig) -> DemoResult:
         summaries = report.summarize(scores)
         print("\nPer agent (mean over workflows; like the paper's Table 5):", file=out)
         print(report.agent_table(summaries), file=out)
-        print("\nLowest-scoring sessions (like the paper's Table 6):", file=out)
+        print("\nLowest-scoring sessions per agent (like the paper's Table 6):", file=out)
         print(report.lowest_table(report.lowest(scores)), file=out)
         print(file=out, flush=True)
 

@@ -65,8 +65,16 @@ def summarize(scores: Sequence[SessionScore]) -> list[AgentSummary]:
     return out
 
 
-def lowest(scores: Sequence[SessionScore], n: int = 5) -> list[SessionScore]:
-    return sorted(scores, key=lambda s: (s.overall, s.agent, s.workflow))[:n]
+def lowest(scores: Sequence[SessionScore], per_agent: int = 3) -> list[SessionScore]:
+    """The lowest-scoring sessions of each agent (the paper's Table 6 lists five per model); perfect ones
+    are left out."""
+    out: list[SessionScore] = []
+    for agent in dict.fromkeys(s.agent for s in scores):
+        mine = sorted(
+            (s for s in scores if s.agent == agent and s.overall < 1.0), key=lambda s: (s.overall, s.workflow)
+        )
+        out += mine[:per_agent]
+    return out
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
