@@ -186,10 +186,10 @@ class Rewriter:
 
     def _statement(self, node: Any) -> tuple[Any, bool, tuple[str, str] | None]:
         self._refuse_ddl(node)
+        hoisted = self._hoist_on_conflict_ctes(node)
         top_level = isinstance(node, ast.InsertStmt) and node.onConflictClause is not None
-        if self.on_conflicts is None or self.on_conflicts > (
-            1 if top_level and self._cow(node.relation) else 0
-        ):
+        handled = hoisted + (1 if top_level and self._cow(node.relation) else 0)
+        if self.on_conflicts is None or self.on_conflicts > handled:
             self._refuse_nested_on_conflict(node)
         if isinstance(node, ast.MergeStmt):
             table = self._cow(node.relation)
@@ -203,7 +203,7 @@ class Rewriter:
                 return truncated, True, ("DELETE", "TRUNCATE TABLE")
             return node, False, None
         tag_map = None
-        changed = False
+        changed = hoisted > 0
         if isinstance(node, ast.InsertStmt) and node.onConflictClause is not None:
             table = self._cow(node.relation)
             if table is not None:
@@ -256,6 +256,28 @@ class Rewriter:
                     "run it from a connection that is not in a session",
                     "0A000",
                 )
+
+    def _hoist_on_conflict_ctes(self, node: Any) -> int:
+        """Rewrites ON CONFLICT inserts in the statement's WITH (the get-or-create idiom); data-modifying
+        CTEs must be top-level, so the helpers are hoisted next to the CTE. Returns how many."""
+        with_clause = getattr(node, "withClause", None)
+        if with_clause is None:
+            return 0
+        count = 0
+        ctes: list[Any] = []
+        for cte in with_clause.ctes:
+            query = cte.ctequery
+            table = self._cow(query.relation) if isinstance(query, ast.InsertStmt) else None
+            if table is not None and query.onConflictClause is not None:
+                count += 1
+                final, _ = self._on_conflict(query, table, suffix=f"_{count}", nested=True)
+                ctes.extend(final.withClause.ctes)
+                final.withClause = None
+                cte.ctequery = final
+            ctes.append(cte)
+        if count:
+            with_clause.ctes = tuple(ctes)
+        return count
 
     def _refuse_nested_on_conflict(self, node: Any) -> None:
         rewriter = self
@@ -360,7 +382,13 @@ class Rewriter:
 
     # -- INSERT ... ON CONFLICT --------------------------------------------------------------------
 
-    def _on_conflict(self, stmt: Any, table: CowTable) -> tuple[Any, tuple[str, str] | None]:
+    def _on_conflict(
+        self, stmt: Any, table: CowTable, suffix: str = "", nested: bool = False
+    ) -> tuple[Any, tuple[str, str] | None]:
+        """The statement replacing ``stmt``; its WITH holds the helper CTEs (named with ``suffix``)."""
+        rows, inp, upd, ins = (
+            f"{n}{suffix}" for n in ("cow_rows", "cow_input", "cow_updated", "cow_inserted")
+        )
         clause = stmt.onConflictClause
         alias = stmt.relation.alias.aliasname if stmt.relation.alias is not None else table.name
         columns, rows_select = self._conflict_input(stmt, table)
@@ -380,14 +408,14 @@ class Rewriter:
             # Rows that collide with an earlier input row are skipped too, as PostgreSQL does (it sees the
             # rows the same command inserted).
             earlier = " AND ".join(
-                f"NOT EXISTS (SELECT 1 FROM cow_rows AS cow_e WHERE {_match('cow_e', 'excluded', k)} "
+                f"NOT EXISTS (SELECT 1 FROM {rows} AS cow_e WHERE {_match('cow_e', 'excluded', k)} "
                 "AND cow_e.cow_ord < excluded.cow_ord)"
                 for k in keys
             )
             where = " AND ".join(w for w in (collisions, earlier) if w) or "true"
             sql = (
-                f"WITH cow_rows AS (SELECT 1) INSERT INTO {view} AS {qalias} ({column_list}) "
-                f"SELECT {picked} FROM cow_rows AS excluded WHERE {where} ORDER BY excluded.cow_ord"
+                f"WITH {rows} AS (SELECT 1) INSERT INTO {view} AS {qalias} ({column_list}) "
+                f"SELECT {picked} FROM {rows} AS excluded WHERE {where} ORDER BY excluded.cow_ord"
             )
             new = _parse(sql)
             new.withClause.ctes[0].ctequery = rows_select
@@ -400,30 +428,30 @@ class Rewriter:
         # Two input rows on the same key: PostgreSQL raises 21000 (the row would be affected twice); a
         # scalar subquery returning more than one row raises the same SQLSTATE.
         twice = (
-            "(SELECT 1 FROM cow_rows AS cow_a JOIN cow_rows AS cow_b ON "
+            f"(SELECT 1 FROM {rows} AS cow_a JOIN {rows} AS cow_b ON "
             f"{_match('cow_a', 'cow_b', key)} AND cow_a.cow_ord <> cow_b.cow_ord)"
         )
         update = (
-            f"UPDATE {view} AS {qalias} SET cow_placeholder = 1 FROM cow_input AS excluded "
+            f"UPDATE {view} AS {qalias} SET cow_placeholder = 1 FROM {inp} AS excluded "
             f"WHERE {_match(qalias, 'excluded', key)}"
         )
         insert = (
-            f"INSERT INTO {view} AS {qalias} ({column_list}) SELECT {picked} FROM cow_input AS excluded "
+            f"INSERT INTO {view} AS {qalias} ({column_list}) SELECT {picked} FROM {inp} AS excluded "
             f"WHERE {collisions} ORDER BY excluded.cow_ord"
         )
         head = (
-            "WITH cow_rows AS (SELECT 1), "
-            f"cow_input AS (SELECT * FROM cow_rows WHERE {twice} IS NULL), "
-            f"cow_updated AS ({update} RETURNING 1)"
+            f"WITH {rows} AS (SELECT 1), "
+            f"{inp} AS (SELECT * FROM {rows} WHERE {twice} IS NULL), "
+            f"{upd} AS ({update} RETURNING 1)"
         )
-        if returning is None and self.version >= MERGE_ON_VIEWS:
+        if returning is None and self.version >= MERGE_ON_VIEWS and not nested:
             # PostgreSQL 17 runs MERGE on the view: one statement whose count is inserted + updated rows.
             # MATERIALIZED: inlined into MERGE, the scalar subquery trips a planner bug in PostgreSQL 18
             # ("wrong varnullingrels", XX000).
             new = _parse(
-                "WITH cow_rows AS (SELECT 1), "
-                f"cow_input AS MATERIALIZED (SELECT * FROM cow_rows WHERE {twice} IS NULL) "
-                f"MERGE INTO {view} AS {qalias} USING cow_input AS excluded "
+                f"WITH {rows} AS (SELECT 1), "
+                f"{inp} AS MATERIALIZED (SELECT * FROM {rows} WHERE {twice} IS NULL) "
+                f"MERGE INTO {view} AS {qalias} USING {inp} AS excluded "
                 f"ON {_match(qalias, 'excluded', key)} "
                 "WHEN MATCHED THEN UPDATE SET cow_placeholder = 1 "
                 f"WHEN NOT MATCHED THEN INSERT ({column_list}) VALUES ({picked})"
@@ -445,8 +473,7 @@ class Rewriter:
             tag_map = None
         else:
             new = _parse(
-                f"{head}, cow_inserted AS ({insert} RETURNING 1) "
-                "SELECT * FROM cow_updated UNION ALL SELECT * FROM cow_inserted"
+                f"{head}, {ins} AS ({insert} RETURNING 1) SELECT * FROM {upd} UNION ALL SELECT * FROM {ins}"
             )
             insert_node = new.withClause.ctes[3].ctequery
             update_node = new.withClause.ctes[2].ctequery

@@ -269,6 +269,20 @@ ON_CONFLICT_CASES: dict[str, list[str | tuple[str, Sequence[Any]]]] = {
     "do_update_no_matching_index_42P10": [
         "INSERT INTO projects (id, name) VALUES (1, 'a') ON CONFLICT (budget) DO NOTHING"
     ],
+    "get_or_create_in_cte": [
+        "WITH ins AS (INSERT INTO projects (id, name) VALUES (80, 'alpha') ON CONFLICT (name) DO NOTHING "
+        "RETURNING id) SELECT id FROM ins UNION ALL SELECT id FROM projects WHERE name = 'alpha'",
+        "WITH ins AS (INSERT INTO projects (id, name) VALUES (81, 'omega') ON CONFLICT (name) DO NOTHING "
+        "RETURNING id) SELECT id FROM ins UNION ALL SELECT id FROM projects WHERE name = 'omega'",
+    ],
+    "upserts_in_ctes": [
+        "WITH up AS (INSERT INTO projects (id, name) VALUES (1, 'uno'), (82, 'new') ON CONFLICT (id) "
+        "DO UPDATE SET name = EXCLUDED.name RETURNING id, name), "
+        "m AS (INSERT INTO members (id, project_id, email) SELECT id + 100, id, name || '@x' FROM up "
+        "ON CONFLICT DO NOTHING RETURNING *) SELECT (SELECT count(*) FROM up), (SELECT count(*) FROM m)",
+        "WITH up AS (INSERT INTO projects (id, name) VALUES (2, 'dos') ON CONFLICT (id) "
+        "DO UPDATE SET name = EXCLUDED.name) SELECT 1",
+    ],
     "sequence_of_upserts_then_reads": [
         "INSERT INTO projects (id, name) VALUES (20, 'twenty') ON CONFLICT (id) DO NOTHING",
         "INSERT INTO projects (id, name) VALUES (20, 'twenty!') ON CONFLICT (id) DO "
