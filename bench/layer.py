@@ -1,0 +1,448 @@
+"""CoW layer speed: the plain table against the overlay view, without and within a session, side by side.
+
+One table of ``--rows`` rows (default 1M) exists twice in one database: ``plain.items`` (no layer: the
+reference) and ``public.items`` (the layer installed on ``public``). Variants, one connection each:
+
+- ``plain``      ``plain.items``: a database without cowproxy;
+- ``untagged``   ``public.items`` with the default search_path: what untagged traffic runs (the base table
+                 plus the layer's statement-level guard trigger);
+- ``view``       the overlay view ``cow_overlay_public.items`` with no session set;
+- ``session``    the overlay view in session ``bench``, which holds ``--session-changes`` changes (1k) while
+                 other sessions hold ``--other-changes`` (100k).
+
+Operations (prepared statements through asyncpg, as a client would): PK point select, 100-row range,
+``count(*)``, single-row insert / update / delete (autocommit). The point select and ``count(*)`` also run
+with ``plan_cache_mode = force_generic_plan`` and with ``jit = on`` (default thresholds; the other
+connections run ``jit = off``), to catch plans whose estimated cost triggers JIT compilation. Variants are
+interleaved in a shuffled order within each round; the figure is the median over ``--rounds`` rounds of the
+mean time per op of a batch. ``--explain`` prints the EXPLAIN ANALYZE of the point select per variant
+(custom and generic plan).
+
+    .venv/bin/python bench/layer.py [--rows 1000000] [--dsn DSN] [--rounds 7] [--explain]
+
+Without ``--dsn`` an embedded PostgreSQL is started (``shared_buffers=512MB`` so both copies stay cached);
+with ``--dsn`` a scratch database ``cowbench_<pid>`` is created on that server and dropped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import statistics
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+# Run as a script: keep this folder (whose other files are named like the packages) off the import path.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+import asyncpg  # noqa: E402
+
+from migrations import install_layer  # noqa: E402
+from migrations.embedded import embedded_postgres  # noqa: E402
+
+VARIANTS = ("plain", "untagged", "view", "session")
+SESSION = "bench"
+TABLE_DDL = """
+CREATE TABLE {schema}.items (
+    id bigint PRIMARY KEY,
+    grp int NOT NULL,
+    name text NOT NULL,
+    qty int NOT NULL DEFAULT 0,
+    note text
+)
+"""
+FILL = """
+INSERT INTO {schema}.items (id, grp, name, qty, note)
+SELECT g, g % 1000, 'item ' || g, g % 97, CASE WHEN g % 3 = 0 THEN 'n' || g END
+FROM generate_series(1, $1::bigint) AS g
+"""
+
+SELECT_POINT = "SELECT * FROM items WHERE id = $1"
+SELECT_RANGE = "SELECT * FROM items WHERE id BETWEEN $1 AND $1 + 99"
+SELECT_COUNT = "SELECT count(*) FROM items"
+INSERT_ONE = "INSERT INTO items (id, grp, name) VALUES ($1, 1, 'new')"
+UPDATE_ONE = "UPDATE items SET qty = qty + 1 WHERE id = $1"
+DELETE_ONE = "DELETE FROM items WHERE id = $1"
+
+
+@dataclass(frozen=True)
+class Config:
+    rows: int
+    dsn: str | None
+    rounds: int
+    batch: int  # ops per batch for the fast operations
+    count_batch: int  # ops per batch for count(*)
+    session_changes: int
+    other_changes: int
+    other_sessions: int
+    explain: bool
+    seed: int
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    sql: str
+    kind: str  # read | count | insert | update | delete
+    mode: str  # custom | generic | jit
+
+
+OPS = (
+    Op("point select", SELECT_POINT, "read", "custom"),
+    Op("point select, generic plan", SELECT_POINT, "read", "generic"),
+    Op("point select, jit on", SELECT_POINT, "read", "jit"),
+    Op("range 100 rows", SELECT_RANGE, "read", "custom"),
+    Op("count(*)", SELECT_COUNT, "count", "custom"),
+    Op("count(*), generic plan", SELECT_COUNT, "count", "generic"),
+    Op("count(*), jit on", SELECT_COUNT, "count", "jit"),
+    Op("insert 1 row", INSERT_ONE, "insert", "custom"),
+    Op("update 1 row", UPDATE_ONE, "update", "custom"),
+    Op("delete 1 row", DELETE_ONE, "delete", "custom"),
+)
+MODES = ("custom", "generic", "jit")
+
+
+def parse_args(argv: list[str] | None = None) -> Config:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--dsn", default=None, help="server to use (default: start an embedded PostgreSQL)")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--batch", type=int, default=500)
+    p.add_argument("--count-batch", type=int, default=3)
+    p.add_argument("--session-changes", type=int, default=1_000)
+    p.add_argument("--other-changes", type=int, default=100_000)
+    p.add_argument("--other-sessions", type=int, default=100)
+    p.add_argument("--explain", action="store_true", help="print the point select's plan per variant")
+    p.add_argument("--seed", type=int, default=1)
+    a = p.parse_args(argv)
+    if a.rows < 10_000:
+        p.error("--rows must be at least 10000")
+    if a.rounds < 1 or a.batch < 1 or a.count_batch < 1 or a.other_sessions < 1:
+        p.error("--rounds, --batch, --count-batch and --other-sessions must be positive")
+    if (a.session_changes + a.other_changes) * 2 > a.rows:
+        p.error("--rows must be at least twice the number of changes")
+    return Config(
+        rows=a.rows,
+        dsn=a.dsn,
+        rounds=a.rounds,
+        batch=a.batch,
+        count_batch=a.count_batch,
+        session_changes=a.session_changes,
+        other_changes=a.other_changes,
+        other_sessions=a.other_sessions,
+        explain=a.explain,
+        seed=a.seed,
+    )
+
+
+def with_database(dsn: str, database: str) -> str:
+    return urlunsplit(urlsplit(dsn)._replace(path="/" + database))
+
+
+@contextlib.contextmanager
+def server(cfg: Config) -> Iterator[str]:
+    """DSN of the maintenance database of the server to use."""
+    if cfg.dsn:
+        yield cfg.dsn
+        return
+    with embedded_postgres(settings={"shared_buffers": "512MB"}) as srv:
+        yield srv.dsn()
+
+
+@contextlib.asynccontextmanager
+async def scratch_database(admin_dsn: str) -> AsyncIterator[str]:
+    name = f"cowbench_{os.getpid()}"
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    try:
+        yield with_database(admin_dsn, name)
+    finally:
+        conn = await asyncpg.connect(admin_dsn)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class Plan:
+    """Which ids each variant and round touches, so that no write collides and no key is written twice."""
+
+    def __init__(self, cfg: Config, rng: random.Random) -> None:
+        n = cfg.rows
+        # Session 'bench': 80 % updates, 10 % deletes of scattered base rows, 10 % inserts above the table.
+        k = cfg.session_changes
+        scattered = rng.sample(range(1, n + 1), k)
+        self.session_updates = scattered[: k * 8 // 10]
+        self.session_deletes = scattered[k * 8 // 10 : k * 9 // 10]
+        n_ins = k - len(self.session_updates) - len(self.session_deletes)
+        self.session_inserts = list(range(n + 1, n + 1 + n_ins))
+        taken = set(scattered)
+        # Measured writes: per variant and round, base ids to update and delete, fresh ids to insert.
+        pool = [
+            i
+            for i in rng.sample(range(1, n + 1), min(n, 2 * len(VARIANTS) * (cfg.rounds + 1) * cfg.batch + k))
+            if i not in taken
+        ]
+        self.writes: dict[tuple[str, int], tuple[list[int], list[int], list[int]]] = {}
+        fresh = 2 * n + 1
+        for v in VARIANTS:
+            for r in range(cfg.rounds + 1):  # + 1: the warm-up round
+                upd = [pool.pop() for _ in range(cfg.batch)]
+                dele = [pool.pop() for _ in range(cfg.batch)]
+                ins = list(range(fresh, fresh + cfg.batch))
+                fresh += cfg.batch
+                self.writes[(v, r)] = (upd, dele, ins)
+
+
+async def build(dsn: str, cfg: Config, plan: Plan) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        t0 = time.perf_counter()
+        for schema in ("public", "plain"):
+            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+            await conn.execute(TABLE_DDL.format(schema=schema))
+            await conn.execute(FILL.format(schema=schema), cfg.rows)
+        await conn.execute("VACUUM ANALYZE public.items")
+        await conn.execute("VACUUM ANALYZE plain.items")
+        log(f"filled 2 x {cfg.rows} rows in {time.perf_counter() - t0:.1f} s")
+        await install_layer(conn, schemas=("public",))
+        # Other sessions: the same mix (80 % updates, 10 % deletes, 10 % inserts) in ranges of their own.
+        t0 = time.perf_counter()
+        per = max(10, cfg.other_changes // cfg.other_sessions)
+        start = cfg.rows // 2  # the measured ids are scattered everywhere; overlaps are harmless
+        for s in range(cfg.other_sessions):
+            await conn.execute("SELECT cow.use_session($1)", f"other{s}")
+            lo = start + s * per
+            await conn.execute(UPDATE_RANGE, lo, lo + per * 8 // 10 - 1)
+            await conn.execute(DELETE_RANGE, lo + per * 8 // 10, lo + per * 9 // 10 - 1)
+            ins_lo = 3 * cfg.rows + s * per
+            await conn.execute(INSERT_RANGE, ins_lo, ins_lo + per - per * 9 // 10 - 1)
+        await conn.execute("SELECT cow.use_session(NULL)")
+        log(f"other sessions: {cfg.other_sessions} x {per} changes in {time.perf_counter() - t0:.1f} s")
+        t0 = time.perf_counter()
+        await conn.execute("SELECT cow.use_session($1)", SESSION)
+        await conn.execute(UPDATE_ANY, plan.session_updates)
+        await conn.execute(DELETE_ANY, plan.session_deletes)
+        await conn.execute(INSERT_ANY, plan.session_inserts)
+        await conn.execute("SELECT cow.use_session(NULL)")
+        log(f"session {SESSION}: {cfg.session_changes} changes in {time.perf_counter() - t0:.1f} s")
+        await conn.execute("VACUUM ANALYZE")
+    finally:
+        await conn.close()
+
+
+UPDATE_RANGE = "UPDATE items SET qty = qty + 1, note = 'other' WHERE id BETWEEN $1 AND $2"
+DELETE_RANGE = "DELETE FROM items WHERE id BETWEEN $1 AND $2"
+INSERT_RANGE = "INSERT INTO items (id, grp, name) SELECT g, 7, 'other' FROM generate_series($1::bigint, $2) g"
+UPDATE_ANY = "UPDATE items SET qty = qty + 1, note = 'bench' WHERE id = ANY ($1::bigint[])"
+DELETE_ANY = "DELETE FROM items WHERE id = ANY ($1::bigint[])"
+INSERT_ANY = "INSERT INTO items (id, grp, name) SELECT g, 8, 'bench' FROM unnest($1::bigint[]) g"
+
+
+async def connect(dsn: str, variant: str, mode: str) -> asyncpg.Connection:
+    settings = {
+        "jit": "on" if mode == "jit" else "off",
+        "plan_cache_mode": "force_generic_plan" if mode == "generic" else "auto",
+    }
+    conn = await asyncpg.connect(dsn, server_settings=settings, statement_cache_size=100)
+    if variant == "plain":
+        await conn.execute("SET search_path = plain")
+    elif variant == "view":
+        await conn.execute("SET search_path = cow_overlay_public, public")
+    elif variant == "session":
+        await conn.execute("SELECT cow.use_session($1)", SESSION)
+    return conn
+
+
+Runner = Callable[[], Awaitable[float]]
+
+
+def make_runner(
+    *,
+    conn: asyncpg.Connection,
+    op: Op,
+    cfg: Config,
+    plan: Plan,
+    variant: str,
+    rng: random.Random,
+    rounds: Iterator[int],
+) -> Runner:
+    prepared: list[asyncpg.prepared_stmt.PreparedStatement] = []
+
+    async def run() -> float:
+        # Prepared once per connection, kept: the server's plan cache sees every execution.
+        if not prepared:
+            prepared.append(await conn.prepare(op.sql))
+        stmt = prepared[0]
+        if op.kind == "count":
+            args: list[tuple[Any, ...]] = [() for _ in range(cfg.count_batch)]
+        elif op.kind == "read":
+            args = [(rng.randint(1, cfg.rows - 100),) for _ in range(cfg.batch)]
+        else:
+            upd, dele, ins = plan.writes[(variant, next(rounds))]
+            ids = {"insert": ins, "update": upd, "delete": dele}[op.kind]
+            args = [(i,) for i in ids]
+        t0 = time.perf_counter()
+        for a in args:
+            await stmt.fetch(*a)
+        return (time.perf_counter() - t0) * 1000 / len(args)
+
+    return run
+
+
+async def measure(dsn: str, cfg: Config, plan: Plan) -> dict[tuple[str, str], float]:
+    rng = random.Random(cfg.seed)
+    conns = {(v, m): await connect(dsn, v, m) for v in VARIANTS for m in MODES}
+    try:
+        # One round counter per (variant, write kind): each round writes ids of its own.
+        writes = ("insert", "update", "delete")
+        counters = {(v, k): iter(range(cfg.rounds + 1)) for v in VARIANTS for k in writes}
+        runners = {
+            (op.name, v): make_runner(
+                conn=conns[(v, op.mode)],
+                op=op,
+                cfg=cfg,
+                plan=plan,
+                variant=v,
+                rng=rng,
+                rounds=counters.get((v, op.kind), iter(())),
+            )
+            for op in OPS
+            for v in VARIANTS
+        }
+        # Warm-up (one extra round of ids for the writes): caches, prepared statements, the first custom
+        # plans, the compilation of the plpgsql trigger functions in each connection.
+        for op in OPS:
+            for v in VARIANTS:
+                await runners[(op.name, v)]()
+        samples: dict[tuple[str, str], list[float]] = {k: [] for k in runners}
+        for r in range(cfg.rounds):
+            t0 = time.perf_counter()
+            for op in OPS:
+                order = list(VARIANTS)
+                rng.shuffle(order)
+                for v in order:
+                    samples[(op.name, v)].append(await runners[(op.name, v)]())
+            log(f"round {r + 1}/{cfg.rounds} in {time.perf_counter() - t0:.1f} s")
+        return {k: statistics.median(s) for k, s in samples.items()}
+    finally:
+        for c in conns.values():
+            await c.close()
+
+
+async def explain(dsn: str, cfg: Config) -> list[str]:
+    """EXPLAIN ANALYZE per variant: the point select (custom and generic plan), the range, count(*) with
+    jit on, and a single-row update (in a transaction rolled back, to show the trigger's share)."""
+    out: list[str] = []
+    probe = cfg.rows // 3
+    cases = [
+        ("point select", SELECT_POINT, "(bigint)", f"({probe})", "custom"),
+        ("point select", SELECT_POINT, "(bigint)", f"({probe})", "generic"),
+        ("range 100 rows", SELECT_RANGE, "(bigint)", f"({probe})", "custom"),
+        ("count(*)", SELECT_COUNT, "", "", "jit"),
+        ("update 1 row", UPDATE_ONE, "(bigint)", f"({probe + 1})", "custom"),
+    ]
+    for what, sql, types, args, mode in cases:
+        for v in VARIANTS:
+            conn = await connect(dsn, v, mode)
+            try:
+                await conn.execute(f"PREPARE p{types} AS {sql}")
+                async with conn.transaction():
+                    for _ in range(6):  # past the planner's five custom plans
+                        await conn.execute(f"EXECUTE p{args}")
+                    rows = await conn.fetch(
+                        f"EXPLAIN (ANALYZE, COSTS, TIMING OFF, SUMMARY ON) EXECUTE p{args}"
+                    )
+                    # Writes are undone: the measured state stays as built.
+                    raise _Rollback
+            except _Rollback:
+                pass
+            finally:
+                await conn.close()
+            out.append(f"-- {what}: {v}, {mode} plan")
+            out.extend("   " + r[0] for r in rows)
+    return out
+
+
+class _Rollback(Exception):
+    """Leaves ``conn.transaction()`` by rolling it back."""
+
+
+def report(cfg: Config, res: dict[tuple[str, str], float], version: str, jit: str) -> list[str]:
+    lines = [
+        f"PostgreSQL {version}; jit available: {jit}; {cfg.rows} rows; session {SESSION} holds "
+        f"{cfg.session_changes} changes, {cfg.other_sessions} other sessions {cfg.other_changes}; "
+        f"median of {cfg.rounds} rounds",
+        "",
+        "| operation | " + " | ".join(f"{v} ms" for v in VARIANTS) + " | untagged × | view × | session × |",
+        "|---|" + "---:|" * (len(VARIANTS) + 3),
+    ]
+    for op in OPS:
+        base = res[(op.name, "plain")]
+        cells = [f"{res[(op.name, v)]:.3f}" for v in VARIANTS]
+        ratios = [f"{res[(op.name, v)] / base:.2f}" for v in VARIANTS[1:]]
+        lines.append(f"| {op.name} | " + " | ".join(cells + ratios) + " |")
+    lines.append("")
+    lines.extend(goals(res))
+    return lines
+
+
+def goals(res: dict[tuple[str, str], float]) -> list[str]:
+    out = []
+    for op in OPS:
+        base = res[(op.name, "plain")]
+        view = res[(op.name, "view")] / base
+        sess = res[(op.name, "session")] / base
+        limit = 1.5 if op.kind in ("read", "count") else 2.0
+        out.append(
+            f"{op.name}: no session {view:.2f}x ({'met' if view <= 1.05 else 'NOT met'}, goal <= 1.05); "
+            f"session {sess:.2f}x ({'met' if sess <= limit else 'NOT met'}, goal <= {limit})"
+        )
+    return out
+
+
+async def main_async(cfg: Config) -> None:
+    rng = random.Random(cfg.seed)
+    plan = Plan(cfg, rng)
+    with server(cfg) as admin_dsn:
+        async with scratch_database(admin_dsn) as dsn:
+            await build(dsn, cfg, plan)
+            conn = await asyncpg.connect(dsn)
+            try:
+                version = await conn.fetchval("SHOW server_version")
+                jit = await conn.fetchval("SELECT pg_jit_available()")
+                n = await conn.fetchval("SELECT count(*) FROM cow.session_changes($1)", SESSION)
+                log(f"session {SESSION} log: {n} rows")
+            finally:
+                await conn.close()
+            if cfg.explain:
+                print("\n".join(await explain(dsn, cfg)))
+                print()
+            res = await measure(dsn, cfg, plan)
+            print("\n".join(report(cfg, res, str(version), str(jit))))
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    asyncio.run(main_async(cfg))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
