@@ -322,8 +322,9 @@ MAX_CACHED_CHARS = 16384
 class Analyzer:
     """Analyses statements for one upstream server; results cached (LRU) by comment-stripped text.
 
-    ``server_version_num`` is the upstream's (from its ``server_version`` ParameterStatus); 0 means
-    unknown, and MERGE into a CoW table is then left for the server to accept or refuse.
+    ``server_version_num`` is the upstream's (from its ``server_version`` ParameterStatus); when 0 the
+    catalog's (``CATALOG_QUERY`` reports it) is used; when both are unknown MERGE into a CoW table is left
+    for the server to accept or refuse and upserts take the version-independent form.
     """
 
     def __init__(self, cache_size: int = 4096, server_version_num: int = 0) -> None:
@@ -336,7 +337,7 @@ class Analyzer:
     def analyze(
         self, sql: str, catalog: Catalog, in_session: bool, server_version_num: int | None = None
     ) -> Analysis:
-        version = self.server_version_num if server_version_num is None else server_version_num
+        version = server_version_num or self.server_version_num or catalog.server_version_num
         text = strip_edge_comments(sql)
         key = (text, in_session, catalog.ident, version)
         cached = self._cache.get(key)

@@ -11,8 +11,9 @@ from typing import Any
 
 from proxy.errors import ProxyError
 
-# One row per CoW table: app schema, table, overlay schema, and a JSON document with the rest (keys,
-# columns, unique indexes, FKs pointing at the table). JSON keeps the row all-text and spares us from
+# One row per CoW table: app schema, table, overlay schema, a JSON document with the rest (keys,
+# columns, unique indexes, FKs pointing at the table), and the server's version number (so the rewrites
+# know it even when the caller does not pass it). JSON keeps the row all-text and spares us from
 # parsing PostgreSQL array literals. Works on PostgreSQL 15+ (indnullsnotdistinct). Fails with 42P01 or
 # 3F000 when the layer is not installed: the caller then uses ``Catalog.empty()``.
 CATALOG_QUERY = """\
@@ -47,7 +48,8 @@ SELECT t.table_schema::text, t.table_name::text, t.overlay_schema::text,
       JOIN pg_catalog.pg_class rc ON rc.oid = f.conrelid
       JOIN pg_catalog.pg_namespace rn ON rn.oid = rc.relnamespace
       WHERE f.contype = 'f' AND f.confrelid = c.oid)
-  )::text
+  )::text,
+  current_setting('server_version_num')
 FROM cow.tables t
 JOIN pg_catalog.pg_namespace n ON n.nspname = t.table_schema
 JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = t.table_name
@@ -135,6 +137,7 @@ class Catalog:
 
     tables: Mapping[tuple[str, str], CowTable]
     ident: int = field(default_factory=lambda: next(_idents), compare=False)
+    server_version_num: int = 0  # from the catalog rows; 0 when unknown
     schemas: frozenset[str] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -148,9 +151,12 @@ class Catalog:
     def from_rows(cls, rows: Sequence[Sequence[str | None]]) -> Catalog:
         """Build from the rows of ``CATALOG_QUERY`` (text columns, as the simple protocol returns them)."""
         tables: dict[tuple[str, str], CowTable] = {}
+        version = 0
         for row in rows:
             try:
-                schema, name, overlay, doc = row
+                schema, name, overlay, doc = row[:4]
+                if len(row) > 4 and row[4]:
+                    version = int(row[4])
                 if schema is None or name is None or overlay is None or doc is None:
                     raise ValueError("NULL in a catalog row")
                 info: dict[str, Any] = json.loads(doc)
@@ -182,7 +188,7 @@ class Catalog:
             except (ValueError, KeyError, TypeError) as exc:
                 raise CatalogError(f"malformed CoW catalog row {row!r}: {exc}") from exc
             tables[(schema, name)] = table
-        return cls(tables=tables, ident=_ident_for(rows))
+        return cls(tables=tables, ident=_ident_for(rows), server_version_num=version)
 
     @property
     def has_cow_tables(self) -> bool:

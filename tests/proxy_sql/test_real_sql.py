@@ -465,3 +465,11 @@ def test_catalog_describes_the_layer(pair: Pair) -> None:
     assert [c.name for c in issues.columns if c.generated] == ["slug"]
     assert issues.column("title") is not None and issues.column("title").type == "character varying"  # type: ignore[union-attr]
     assert pair.catalog.table("public", "audit") is None
+
+
+@pytest.mark.timeout(60)
+def test_catalog_carries_the_server_version(pair: Pair) -> None:
+    assert pair.catalog.server_version_num == pair.version
+    merge = "MERGE INTO projects p USING (VALUES (1)) v(id) ON p.id = v.id WHEN MATCHED THEN DELETE"
+    result = Analyzer().analyze(merge, pair.catalog, in_session=True)  # no version given
+    assert (result.error is not None) == (pair.version < 170000)
