@@ -1,15 +1,309 @@
-"""Sub-commands of this package (filled in by its issue)."""
+"""``cowproxy install|uninstall|status`` and ``cowproxy session create|list|show|diff|discard|commit``."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import asyncpg
+
+from migrations.errors import LayerError
+from migrations.layer import install_layer, uninstall_layer
+from migrations.sessions import (
+    KINDS,
+    commit_session,
+    create_session,
+    discard_session,
+    get_session,
+    layer_status,
+    list_sessions,
+    session_diff,
+)
+
+T = TypeVar("T")
+CONNECT_TIMEOUT = 10.0
 
 
 def register(sub: Any, session_sub: Any) -> None:
     """Add this package's sub-commands to the ``cowproxy`` parser."""
-    del sub, session_sub
+    from proxy.cli import add_dsn, add_format
+
+    p = sub.add_parser("install", help="install or upgrade the CoW layer and enable CoW on schemas")
+    add_dsn(p)
+    p.add_argument("--schema", action="append", default=[], metavar="S", help="app schema (default: public)")
+    p.add_argument(
+        "--exclude", action="append", default=[], metavar="T", help="table to leave plain (T or S.T)"
+    )
+    p.set_defaults(func=cmd_install)
+
+    p = sub.add_parser("uninstall", help="remove the CoW layer; the app tables stay as they were")
+    add_dsn(p)
+    p.add_argument("--discard-sessions", action="store_true", help="drop pending session changes")
+    p.set_defaults(func=cmd_uninstall)
+
+    p = sub.add_parser("status", help="layer version, enabled tables, sessions")
+    add_dsn(p)
+    add_format(p)
+    p.set_defaults(func=cmd_status)
+
+    p = session_sub.add_parser("create", help="register a session")
+    add_dsn(p)
+    add_format(p)
+    p.add_argument("session")
+    p.add_argument("--kind", choices=KINDS, default="agent")
+    p.add_argument("--label")
+    p.add_argument("--prompt")
+    p.add_argument("--model")
+    p.add_argument("--gt", metavar="GT", help="the ground-truth session this one is scored against")
+    p.add_argument("--metadata", metavar="JSON", help="a JSON object")
+    p.set_defaults(func=cmd_session_create)
+
+    p = session_sub.add_parser("list", help="list sessions")
+    add_dsn(p)
+    add_format(p)
+    p.add_argument("--status", choices=("open", "committed", "discarded"))
+    p.set_defaults(func=cmd_session_list)
+
+    p = session_sub.add_parser("show", help="one session's registry row and counts")
+    add_dsn(p)
+    add_format(p)
+    p.add_argument("session")
+    p.set_defaults(func=cmd_session_show)
+
+    p = session_sub.add_parser("diff", help="rows inserted, updated and deleted, per table and per operation")
+    add_dsn(p)
+    add_format(p)
+    p.add_argument("session")
+    p.set_defaults(func=cmd_session_diff)
+
+    p = session_sub.add_parser("discard", help="drop a session's changes")
+    add_dsn(p)
+    p.add_argument("session")
+    p.set_defaults(func=cmd_session_discard)
+
+    p = session_sub.add_parser("commit", help="apply a session's changes to the base tables")
+    add_dsn(p)
+    add_format(p)
+    p.add_argument("session")
+    p.add_argument("--ops", metavar="O,...", help="only these operations (and those they depend on)")
+    p.add_argument("--on-conflict", choices=("fail", "overwrite"), default="fail")
+    p.set_defaults(func=cmd_session_commit)
 
 
-def _unused(_: argparse.Namespace) -> int:  # pragma: no cover
+def _with_conn(args: argparse.Namespace, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+    from proxy.cli import require_dsn
+
+    dsn = require_dsn(args)
+
+    async def run() -> T:
+        try:
+            conn = await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT)
+        except (OSError, TimeoutError) as exc:
+            raise LayerError(f"cannot connect to the database: {exc or type(exc).__name__}") from exc
+        except asyncpg.PostgresError as exc:
+            raise LayerError(f"cannot connect to the database: {exc}") from exc
+        except (ValueError, asyncpg.InterfaceError) as exc:
+            raise LayerError(f"bad --dsn: {exc}") from exc
+        try:
+            return await work(conn)
+        except asyncpg.PostgresError as exc:
+            raise LayerError(str(exc)) from exc
+        finally:
+            await conn.close()
+
+    return asyncio.run(run())
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, sort_keys=False, default=str))
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    schemas = args.schema or ["public"]
+    result = _with_conn(args, lambda c: install_layer(c, schemas, args.exclude))
+    for note in result.notes:
+        print(f"warning: {note}", file=sys.stderr)
+    if result.applied:
+        print(f"cowproxy layer installed (migrations {', '.join(str(v) for v in result.applied)} applied)")
+    else:
+        print("cowproxy layer up to date")
+    print(f"CoW enabled on schema(s): {', '.join(schemas)}")
+    return 0
+
+
+def cmd_uninstall(args: argparse.Namespace) -> int:
+    _with_conn(args, lambda c: uninstall_layer(c, discard_sessions=args.discard_sessions))
+    print("cowproxy layer removed")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    st = _with_conn(args, layer_status)
+    if args.format == "json":
+        _print_json(
+            {
+                "installed": st.version is not None,
+                "version": st.version,
+                "schemas": list(st.schemas),
+                "tables": [
+                    {
+                        "table_schema": t.table_schema,
+                        "table_name": t.table_name,
+                        "overlay_schema": t.overlay_schema,
+                        "pk_columns": list(t.pk_columns),
+                        "pending_changes": t.pending_changes,
+                    }
+                    for t in st.tables
+                ],
+                "sessions": st.sessions,
+            }
+        )
+        return 0
+    if st.version is None:
+        print("cowproxy layer: not installed")
+        return 0
+    print(f"cowproxy layer: version {st.version}, schemas {', '.join(st.schemas) or '(none)'}")
+    print(f"sessions: {', '.join(f'{k} {v}' for k, v in sorted(st.sessions.items())) or 'none'}")
+    for t in st.tables:
+        print(
+            f"  {t.table_schema}.{t.table_name}  overlay {t.overlay_schema}  pk ({', '.join(t.pk_columns)})"
+            f"  pending changes {t.pending_changes}"
+        )
+    return 0
+
+
+def cmd_session_create(args: argparse.Namespace) -> int:
+    metadata = None
+    if args.metadata is not None:
+        try:
+            metadata = json.loads(args.metadata)
+        except json.JSONDecodeError as exc:
+            raise LayerError(f"--metadata is not JSON: {exc}") from exc
+        if not isinstance(metadata, dict):
+            raise LayerError("--metadata must be a JSON object")
+    s = _with_conn(
+        args,
+        lambda c: create_session(
+            c,
+            args.session,
+            kind=args.kind,
+            label=args.label,
+            prompt=args.prompt,
+            model=args.model,
+            gt_session=args.gt,
+            metadata=metadata,
+        ),
+    )
+    if args.format == "json":
+        _print_json(s.as_json())
+    else:
+        print(f"session {s.session_id} created ({s.kind})")
+    return 0
+
+
+def cmd_session_list(args: argparse.Namespace) -> int:
+    sessions = _with_conn(args, lambda c: list_sessions(c, args.status))
+    if args.format == "json":
+        _print_json([s.as_json() for s in sessions])
+        return 0
+    if not sessions:
+        print("no sessions")
+    for s in sessions:
+        print(
+            f"{s.session_id}  {s.kind}  {s.status}  changes {s.changes}  operations {s.operations}"
+            + (f"  gt {s.gt_session}" if s.gt_session else "")
+            + (f"  label {s.label!r}" if s.label else "")
+        )
+    return 0
+
+
+def cmd_session_show(args: argparse.Namespace) -> int:
+    s = _with_conn(args, lambda c: get_session(c, args.session))
+    if args.format == "json":
+        _print_json(s.as_json())
+        return 0
+    for key, value in s.as_json().items():
+        print(f"{key}: {json.dumps(value) if isinstance(value, dict) else value}")
+    return 0
+
+
+def _fmt(value: Any) -> str:
+    return json.dumps(value, default=str)
+
+
+def cmd_session_diff(args: argparse.Namespace) -> int:
+    diff = _with_conn(args, lambda c: session_diff(c, args.session))
+    if args.format == "json":
+        _print_json(diff.as_json())
+        return 0
+    if not diff.rows:
+        print(f"session {diff.session_id}: no net changes")
+    table = None
+    for r in diff.rows:
+        if r.table != table:
+            table = r.table
+            print(f"table {table}")
+        key = ", ".join(f"{k}={_fmt(v)}" for k, v in r.pk.items())
+        if r.action == "update":
+            changes = ", ".join(f"{k}: {_fmt(o)} -> {_fmt(n)}" for k, (o, n) in r.changed.items())
+            print(f"  updated  ({key})  {changes}")
+        else:
+            row = r.new_row if r.action == "insert" else r.old_row
+            label = "inserted" if r.action == "insert" else "deleted "
+            print(f"  {label} ({key})  {_fmt(row)}")
+    if diff.operations:
+        print("operations, in order")
+    for op, rows in diff.operations:
+        print(f"operation {op}")
+        for r in rows:
+            key = ", ".join(f"{k}={_fmt(v)}" for k, v in r.pk.items())
+            detail = (
+                ", ".join(f"{k}: {_fmt(o)} -> {_fmt(n)}" for k, (o, n) in r.changed.items())
+                if r.action == "update"
+                else ""
+            )
+            print(f"  {r.action:<6} {r.table} ({key}) {detail}".rstrip())
+    return 0
+
+
+def cmd_session_discard(args: argparse.Namespace) -> int:
+    n = _with_conn(args, lambda c: discard_session(c, args.session))
+    print(f"session {args.session} discarded ({n} change rows removed)")
+    return 0
+
+
+def cmd_session_commit(args: argparse.Namespace) -> int:
+    ops = None
+    if args.ops is not None:
+        ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+        if not ops:
+            raise LayerError("--ops needs at least one operation id")
+    result = _with_conn(args, lambda c: commit_session(c, args.session, ops, args.on_conflict))
+    if args.format == "json":
+        _print_json(
+            {
+                "session": result.session_id,
+                "status": result.status,
+                "operations": list(result.operations) if result.operations is not None else None,
+                "remaining_changes": result.remaining_changes,
+                "tables": result.tables,
+            }
+        )
+        return 0
+    print(f"session {result.session_id} {result.status}")
+    if result.operations is not None:
+        pulled = sorted(set(result.operations) - set(ops or ()))
+        print(f"operations committed: {', '.join(result.operations)}")
+        if pulled:
+            print(f"pulled in as dependencies: {', '.join(pulled)}")
+    for table, counts in sorted(result.tables.items()):
+        if any(counts.values()):
+            done = ", ".join(f"{counts[k]} {k}" for k in ("inserted", "updated", "deleted"))
+            print(f"  {table}: {done}")
+    if result.remaining_changes:
+        print(f"{result.remaining_changes} change rows of other operations remain")
     return 0

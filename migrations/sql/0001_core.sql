@@ -475,6 +475,10 @@ DECLARE
     con record;
     target text;
     keytxt text;
+    pg18 boolean := current_setting('server_version_num')::int >= 180000;
+    upd_raise text;
+    msg text;
+    det text;
     cond text;
     fn text;
     decl text := E'DECLARE\n    _s text := cow._write_session();\n    _o text;\n    _base jsonb;\n    _seen boolean;\n    _bad text;\n';
@@ -571,11 +575,16 @@ BEGIN
                WHERE c.confrelid = rel AND c.contype = 'f' ORDER BY c.conname LOOP
         target := cow._session_rel(con.conrelid);
         cond := format('EXISTS (SELECT 1 FROM %s z WHERE %s)', target, cow._eq2(con.cols, 'z', con.refcols, 'OLD'));
-        keytxt := cow._raise('23503', format('update or delete on table "%s" violates foreign key constraint "%s" on table "%s"',
-                                             tab, con.conname, con.child),
-                             format('format(''Key (%%s)=(%%s) is still referenced from table "%%s".'', %L, %s, %L)',
-                                    cow._collist(con.refcols), cow._keytext(con.refcols, 'OLD'), con.child),
-                             sch, tab, con.conname);
+        -- RESTRICT raises 23001 from PostgreSQL 18 on (23503 before); NO ACTION, and the refusal for a plain
+        -- child, 23503.
+        msg := format('update or delete on table "%s" violates foreign key constraint "%s" on table "%s"',
+                      tab, con.conname, con.child);
+        det := format('format(''Key (%%s)=(%%s) is still referenced from table "%%s".'', %L, %s, %L)',
+                      cow._collist(con.refcols), cow._keytext(con.refcols, 'OLD'), con.child);
+        keytxt := cow._raise(CASE WHEN con.confdeltype = 'r' AND con.child_cow AND pg18 THEN '23001' ELSE '23503' END,
+                             msg, det, sch, tab, con.conname);
+        upd_raise := cow._raise(CASE WHEN con.confupdtype = 'r' AND con.child_cow AND pg18 THEN '23001' ELSE '23503' END,
+                                msg, det, sch, tab, con.conname);
         -- A child table outside the layer cannot change in a session: any action is a refusal there.
         IF con.confdeltype IN ('r', 'a') OR NOT con.child_cow THEN
             par_del_check := par_del_check || format(E'    IF %s THEN\n        %s\n    END IF;\n', cond, keytxt);
@@ -590,7 +599,7 @@ BEGIN
         END IF;
         IF con.confupdtype IN ('r', 'a') OR NOT con.child_cow THEN
             par_upd_check := par_upd_check || format(E'    IF %s AND %s THEN\n        %s\n    END IF;\n',
-                                                     cow._changed(con.refcols), cond, keytxt);
+                                                     cow._changed(con.refcols), cond, upd_raise);
         ELSE
             par_upd_act := par_upd_act || format(E'    IF %s THEN\n        UPDATE %s z SET %s WHERE %s;\n    END IF;\n',
                 cow._changed(con.refcols), target,
@@ -838,10 +847,12 @@ BEGIN
     IF tg_tag IN ('ALTER TABLE', 'DROP TABLE', 'DROP SCHEMA', 'ALTER SCHEMA', 'ALTER TYPE', 'DROP TYPE', 'ALTER DOMAIN',
                   'DROP DOMAIN', 'DROP SEQUENCE', 'DROP FUNCTION', 'DROP VIEW', 'ALTER VIEW',
                   'DROP MATERIALIZED VIEW', 'DROP COLLATION', 'DROP OWNED') THEN
+        PERFORM set_config('cow.in_layer', 'on', true);
         FOR x IN SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                  WHERE n.nspname IN (SELECT overlay_schema FROM cow.schemas) AND c.relkind = 'v' LOOP
             EXECUTE format('DROP VIEW IF EXISTS %I.%I CASCADE', x.nspname, x.relname);
         END LOOP;
+        PERFORM set_config('cow.in_layer', '', true);
     END IF;
 END $gen$;
 
@@ -980,6 +991,27 @@ BEGIN
         'WHERE a.action IS NOT NULL ORDER BY d.s, d.t, d.q', q) USING session;
 END $$;
 
+-- Every key the session wrote, with the base row as the session first saw it (NULL: absent).
+CREATE OR REPLACE FUNCTION cow.session_keys(session text)
+RETURNS TABLE (table_schema text, table_name text, pk jsonb, base_row jsonb)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    q text;
+BEGIN
+    PERFORM cow._check_id(coalesce(session, ''), 'session');
+    SELECT string_agg(format(
+        'SELECT DISTINCT ON (%3$s) %1$L::text, %2$L::text, jsonb_build_object(%4$s), c._cow_base '
+        'FROM cow_changes.%5$I c WHERE c._cow_session = $1',
+        g.table_schema, g.table_name, cow._collist(g.pk_columns, 'c.'),
+        (SELECT string_agg(format('%L, c.%I', k, k), ', ') FROM unnest(g.pk_columns) AS k), g.changes_table),
+        ' UNION ALL ')
+    INTO q FROM cow.registry g;
+    IF q IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY EXECUTE q USING session;
+END $$;
+
 CREATE OR REPLACE FUNCTION cow.discard_session(session text) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -1028,31 +1060,32 @@ DECLARE
     more text[];
     unknown text[];
 BEGIN
-    CREATE TEMP TABLE IF NOT EXISTS cow_closure_writes (seq bigint, op text, tbl oid, pk jsonb, row_data jsonb);
-    TRUNCATE cow_closure_writes;
-    INSERT INTO cow_closure_writes
-    SELECT w.seq, w.operation_id, g.relid, w.pk, w.row_data
-    FROM cow.session_changes(session) w JOIN cow.registry g USING (table_schema, table_name);
-    SELECT array_agg(o) INTO unknown FROM unnest(ops) AS o WHERE NOT EXISTS (SELECT 1 FROM cow_closure_writes WHERE op = o);
+    SELECT array_agg(o) INTO unknown FROM unnest(ops) AS o
+    WHERE NOT EXISTS (SELECT 1 FROM cow.session_changes(session) w WHERE w.operation_id = o);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'session % has no operation %', session, array_to_string(unknown, ', ')
             USING ERRCODE = 'undefined_object';
     END IF;
     LOOP
-        SELECT array_agg(DISTINCT w2.op) INTO more
-        FROM cow_closure_writes w1 JOIN cow_closure_writes w2
-          ON w2.seq < w1.seq AND w2.tbl = w1.tbl AND w2.pk = w1.pk
-        WHERE w1.op = ANY (chosen) AND NOT w2.op = ANY (chosen);
-        IF more IS NULL THEN
-            SELECT array_agg(DISTINCT w2.op) INTO more
-            FROM cow_closure_writes w1
+        WITH w AS MATERIALIZED (
+            SELECT c.seq, c.operation_id AS op, g.relid AS tbl, c.pk, c.row_data
+            FROM cow.session_changes(session) c JOIN cow.registry g USING (table_schema, table_name)
+        )
+        SELECT array_agg(DISTINCT d.op) INTO more FROM (
+            -- earlier writes of a row a chosen operation wrote
+            SELECT w2.op FROM w w1 JOIN w w2 ON w2.seq < w1.seq AND w2.tbl = w1.tbl AND w2.pk = w1.pk
+            WHERE w1.op = ANY (chosen) AND NOT w2.op = ANY (chosen)
+            UNION ALL
+            -- earlier writes of the FK parent row a chosen operation's row references
+            SELECT w2.op FROM w w1
             JOIN pg_constraint c ON c.contype = 'f' AND c.conrelid = w1.tbl
-            JOIN cow_closure_writes w2 ON w2.tbl = c.confrelid AND w2.seq < w1.seq AND w2.row_data IS NOT NULL
+            JOIN w w2 ON w2.tbl = c.confrelid AND w2.seq < w1.seq AND w2.row_data IS NOT NULL
             WHERE w1.op = ANY (chosen) AND NOT w2.op = ANY (chosen) AND w1.row_data IS NOT NULL
-              AND NOT EXISTS (SELECT 1 FROM unnest(cow._attnames(c.conrelid, c.conkey), cow._attnames(c.confrelid, c.confkey)) AS u(f, p)
+              AND NOT EXISTS (SELECT 1 FROM unnest(cow._attnames(c.conrelid, c.conkey),
+                                                   cow._attnames(c.confrelid, c.confkey)) AS u(f, p)
                               WHERE (w1.row_data -> u.f) IS NULL OR (w1.row_data -> u.f) = 'null'::jsonb
-                                 OR (w1.row_data -> u.f) IS DISTINCT FROM (w2.row_data -> u.p));
-        END IF;
+                                 OR (w1.row_data -> u.f) IS DISTINCT FROM (w2.row_data -> u.p))
+        ) d;
         EXIT WHEN more IS NULL;
         chosen := chosen || more;
     END LOOP;

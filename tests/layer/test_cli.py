@@ -1,0 +1,175 @@
+"""The layer's CLI commands, and one clear line + non-zero exit for every kind of bad input."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+
+import psycopg
+import pytest
+
+from proxy.cli import main
+from tests.layer.conftest import SAMPLE_DATA, SAMPLE_SCHEMA
+
+
+def cli(*args: str, dsn: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``cowproxy`` in-process (a subprocess costs ~1 s of imports); same exit code and output."""
+    argv = [*args] + (["--dsn", dsn] if dsn is not None else [])
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # argparse usage errors
+            code = int(exc.code or 0)
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
+def one_error_line(result: subprocess.CompletedProcess[str], needle: str) -> None:
+    assert result.returncode == 1, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cowproxy: error:"), result.stderr
+    assert needle in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def snapshot(dsn: str) -> list[object]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(
+            "SELECT (SELECT json_agg(s ORDER BY session_id) FROM cow.sessions s),"
+            " (SELECT json_agg(c ORDER BY id) FROM public.customers c),"
+            " (SELECT count(*) FROM cow_changes.t1) + (SELECT count(*) FROM cow_changes.t2)"
+        ).fetchall()
+
+
+def test_install_status_uninstall(create_database: Callable[..., str]) -> None:
+    dsn = create_database()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(SAMPLE_SCHEMA)
+        conn.execute(SAMPLE_DATA)
+    assert "not installed" in cli("status", dsn=dsn).stdout
+    result = cli("install", "--exclude", "nopk", dsn=dsn)
+    assert result.returncode == 0 and "installed" in result.stdout and result.stderr == ""
+    again = cli("install", dsn=dsn)
+    assert again.returncode == 0 and "up to date" in again.stdout and again.stderr == ""  # excludes persist
+    status = json.loads(cli("status", "--format", "json", dsn=dsn).stdout)
+    assert status["installed"] and status["schemas"] == ["public"]
+    assert [t["table_name"] for t in status["tables"]] == ["customers", "orders"]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT cow.use_session('s')")
+        conn.execute("DELETE FROM orders WHERE id = 1")
+    one_error_line(cli("uninstall", dsn=dsn), "discard-sessions")
+    assert cli("uninstall", "--discard-sessions", dsn=dsn).returncode == 0
+    one_error_line(cli("uninstall", dsn=dsn), "not installed")
+
+
+def test_session_commands(layer_db: str) -> None:
+    r = cli(
+        "session",
+        "create",
+        "gt1",
+        "--kind",
+        "ground_truth",
+        "--label",
+        "L",
+        "--metadata",
+        '{"a": 1}',
+        dsn=layer_db,
+    )
+    assert r.returncode == 0, r.stderr
+    r = cli("session", "create", "ag1", "--gt", "gt1", "--model", "m", "--format", "json", dsn=layer_db)
+    assert json.loads(r.stdout)["gt_session"] == "gt1"
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.execute("SELECT cow.use_session('ag1', 'op1')")
+        conn.execute("UPDATE customers SET name = 'Robert' WHERE id = 2")
+        conn.execute("SELECT cow.use_operation('op2')")
+        conn.execute("INSERT INTO orders (id, customer_id, ref) VALUES (9, 2, 'R-9')")
+        conn.execute("DELETE FROM orders WHERE id = 4")
+    listed = json.loads(cli("session", "list", "--format", "json", dsn=layer_db).stdout)
+    assert [(s["session_id"], s["changes"]) for s in listed] == [("gt1", 0), ("ag1", 3)]
+    text = cli("session", "diff", "ag1", dsn=layer_db).stdout
+    assert 'name: "Bob" -> "Robert"' in text and "operation op2" in text and "deleted" in text
+    diff = json.loads(cli("session", "diff", "ag1", "--format", "json", dsn=layer_db).stdout)
+    assert [o["operation_id"] for o in diff["operations"]] == ["op1", "op2"]
+    assert diff["tables"]["public.customers"]["updated"][0]["changed"] == {"name": ["Bob", "Robert"]}
+    shown = json.loads(cli("session", "show", "ag1", "--format", "json", dsn=layer_db).stdout)
+    assert (shown["operations"], shown["status"]) == (2, "open")
+    r = cli("session", "commit", "ag1", "--ops", "op2", dsn=layer_db)
+    # op2's new order references customer 2, which op1 updated: op1 comes along.
+    assert r.returncode == 0 and "pulled in as dependencies: op1" in r.stdout, r.stderr
+    one_error_line(cli("session", "commit", "ag1", dsn=layer_db), "session ag1 is committed")
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.execute("SELECT cow.use_session('ag2', 'op1')")
+        conn.execute("UPDATE customers SET name = 'C' WHERE id = 3")
+    r = cli("session", "commit", "ag2", "--format", "json", dsn=layer_db)
+    assert json.loads(r.stdout)["status"] == "committed"
+    assert cli("session", "discard", "gt1", dsn=layer_db).returncode == 0
+    with psycopg.connect(layer_db) as conn:
+        assert conn.execute("SELECT name FROM public.customers WHERE id = 2").fetchone() == ("Robert",)
+        assert conn.execute("SELECT count(*) FROM public.orders").fetchone() == (4,)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("session", "show", "nope"), "unknown session nope"),
+        (("session", "show", "bad id!"), "invalid session id"),
+        (("session", "diff", "x" * 200), "invalid session id"),
+        (("session", "discard", "nope"), "unknown session"),
+        (("session", "commit", "nope"), "unknown session"),
+        (("session", "create", "a;b"), "invalid session id"),
+        (("session", "create", "m", "--metadata", "[1]"), "JSON object"),
+        (("session", "create", "m", "--metadata", "{"), "not JSON"),
+        (("install", "--schema", "nosuch"), "does not exist"),
+        (("install", "--exclude", "nosuch"), "no such table"),
+    ],
+)
+def test_bad_input_changes_nothing(layer_db: str, args: tuple[str, ...], needle: str) -> None:
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.execute("SELECT cow.use_session('s1')")
+        conn.execute("UPDATE customers SET score = 1 WHERE id = 1")
+    before = snapshot(layer_db)
+    one_error_line(cli(*args, dsn=layer_db), needle)
+    assert snapshot(layer_db) == before
+
+
+def test_commit_conflict_and_unknown_operation(layer_db: str) -> None:
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.execute("SELECT cow.use_session('s1', 'o1')")
+        conn.execute("UPDATE customers SET score = 1 WHERE id = 1")
+        conn.execute("SELECT cow.use_session(NULL)")
+        conn.execute("UPDATE customers SET score = 2 WHERE id = 1")
+    before = snapshot(layer_db)
+    one_error_line(cli("session", "commit", "s1", "--ops", "o9", dsn=layer_db), "no operation o9")
+    one_error_line(cli("session", "commit", "s1", dsn=layer_db), "changed in base")
+    assert snapshot(layer_db) == before
+    assert cli("session", "commit", "s1", "--on-conflict", "overwrite", dsn=layer_db).returncode == 0
+
+
+def test_unreachable_and_missing_databases(layer_db: str) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "status", "--dsn", "postgresql://postgres@127.0.0.1:1/x"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    one_error_line(r, "cannot connect")
+    one_error_line(cli("session", "list", dsn=layer_db.rsplit("/", 1)[0] + "/no_such_db"), "does not exist")
+    one_error_line(cli("status", dsn="mysql://x"), "bad --dsn")
+    r = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "status"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": "/usr/bin:/bin"},
+        timeout=60,
+    )
+    one_error_line(r, "no database given")
+
+
+def test_session_commands_on_a_database_without_the_layer(empty_db: str) -> None:
+    one_error_line(cli("session", "list", dsn=empty_db), "not installed")

@@ -1,0 +1,201 @@
+"""Session registry, write log, diff, discard and commit (full, subset, conflicts)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import asyncpg
+import psycopg
+import pytest
+
+from migrations import sessions
+from migrations.errors import SessionError
+
+T = TypeVar("T")
+
+
+def run(dsn: str, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+    async def go() -> T:
+        conn = await asyncpg.connect(dsn)
+        try:
+            return await work(conn)
+        finally:
+            await conn.close()
+
+    return asyncio.run(go())
+
+
+def rows(dsn: str, sql: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def write(dsn: str, session: str, *statements: str, op: str | None = None) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT cow.use_session(%s, %s)", (session, op))
+        for sql in statements:
+            conn.execute(sql)
+
+
+def test_registry_create_and_auto_registration(layer_db: str) -> None:
+    s = run(
+        layer_db,
+        lambda c: sessions.create_session(c, "gt-1", kind="ground_truth", label="L", metadata={"k": [1]}),
+    )
+    assert (s.kind, s.label, s.metadata, s.status, s.changes) == ("ground_truth", "L", {"k": [1]}, "open", 0)
+    with pytest.raises(SessionError, match="already exists"):
+        run(layer_db, lambda c: sessions.create_session(c, "gt-1"))
+    with pytest.raises(SessionError, match="invalid session id"):
+        run(layer_db, lambda c: sessions.create_session(c, "bad id"))
+    with pytest.raises(SessionError, match="kind"):
+        run(layer_db, lambda c: sessions.create_session(c, "x", kind="nope"))
+    write(layer_db, "auto.1", "UPDATE customers SET score = 5 WHERE id = 1")
+    auto = run(layer_db, lambda c: sessions.get_session(c, "auto.1"))
+    assert (auto.kind, auto.status, auto.changes, auto.operations) == ("other", "open", 1, 1)
+    assert auto.first_write_at is not None
+    listed = run(layer_db, sessions.list_sessions)
+    assert [s.session_id for s in listed] == ["gt-1", "auto.1"]
+
+
+def test_session_changes_log_layout(layer_db: str) -> None:
+    write(
+        layer_db,
+        "s",
+        "INSERT INTO customers (email, name) VALUES ('n@x', 'N')",
+        "UPDATE orders SET id = 40 WHERE id = 4",
+        "DELETE FROM orders WHERE id = 3",
+        op="op-a",
+    )
+    log = rows(
+        layer_db, "SELECT operation_id, table_name, pk, row_data, deleted FROM cow.session_changes('s')"
+    )
+    assert log[0] == (
+        "op-a",
+        "customers",
+        {"id": 4},
+        {"id": 4, "email": "n@x", "name": "N", "tier": "basic", "score": 0},
+        False,
+    )
+    # A primary-key update: a delete of the old key, then the new key, same operation.
+    assert log[1][1:] == ("orders", {"id": 4}, None, True)
+    assert log[2][1:3] == ("orders", {"id": 40}) and log[2][3]["ref"] == "R-4" and log[2][4] is False
+    assert log[3][1:] == ("orders", {"id": 3}, None, True)
+    assert len(log) == 4
+
+
+def test_discard_removes_that_sessions_changes_only(layer_db: str) -> None:
+    write(layer_db, "a", "UPDATE customers SET score = 1")
+    write(layer_db, "b", "UPDATE customers SET score = 2 WHERE id = 1")
+    assert run(layer_db, lambda c: sessions.discard_session(c, "a")) == 3
+    assert rows(layer_db, "SELECT count(*) FROM cow.session_changes('a')") == [(0,)]
+    assert rows(layer_db, "SELECT count(*) FROM cow.session_changes('b')") == [(1,)]
+    assert run(layer_db, lambda c: sessions.get_session(c, "a")).status == "discarded"
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
+        write(layer_db, "a", "UPDATE customers SET score = 1")
+    with pytest.raises(SessionError, match="unknown session"):
+        run(layer_db, lambda c: sessions.discard_session(c, "zzz"))
+
+
+def test_diff_per_table_and_per_operation(layer_db: str) -> None:
+    write(layer_db, "d", "INSERT INTO customers (email, name) VALUES ('n@x', 'N')", op="o1")
+    write(layer_db, "d", "UPDATE customers SET name = 'Bea', score = NULL WHERE id = 2", op="o2")
+    write(
+        layer_db,
+        "d",
+        "DELETE FROM orders WHERE id = 4",
+        "UPDATE customers SET tier = 'pro' WHERE id = 4",
+        op="o3",
+    )
+    diff = run(layer_db, lambda c: sessions.session_diff(c, "d"))
+    net = {(r.table, r.pk["id"]): r for r in diff.rows}
+    assert net["public.customers", 2].action == "update"
+    assert net["public.customers", 2].changed == {"name": ("Bob", "Bea"), "score": (0, None)}
+    assert (
+        net["public.customers", 4].action == "insert" and net["public.customers", 4].new_row["tier"] == "pro"
+    )
+    assert net["public.orders", 4].action == "delete" and net["public.orders", 4].old_row["ref"] == "R-4"
+    assert [op for op, _ in diff.operations] == ["o1", "o2", "o3"]
+    o3 = dict(diff.operations)["o3"]
+    assert [(r.action, r.table) for r in o3] == [("delete", "public.orders"), ("update", "public.customers")]
+    assert o3[1].changed == {"tier": ("basic", "pro")}
+    js = diff.as_json()
+    assert len(js["tables"]["public.customers"]["updated"]) == 1
+
+
+def test_commit_applies_net_changes_atomically(layer_db: str, plain_db: str) -> None:
+    statements = (
+        "INSERT INTO customers (email, name) VALUES ('n@x', 'N')",
+        "INSERT INTO orders (customer_id, qty, ref) VALUES (4, 2, 'R-9')",
+        "UPDATE orders SET note = NULL, qty = 7 WHERE id = 1",
+        "UPDATE orders SET id = 44 WHERE id = 2",
+        "DELETE FROM customers WHERE id = 3",
+        "UPDATE customers SET email = 'bob@new' WHERE id = 2",
+    )
+    write(layer_db, "c", *statements)
+    with psycopg.connect(plain_db, autocommit=True) as conn:
+        for sql in statements:
+            conn.execute(sql)
+    result = run(layer_db, lambda c: sessions.commit_session(c, "c"))
+    assert result.status == "committed" and result.remaining_changes == 0
+    assert result.tables["public.orders"] == {"inserted": 2, "updated": 1, "deleted": 2}
+    for table in ("customers", "orders"):
+        q = f"SELECT * FROM public.{table} ORDER BY id"
+        assert rows(layer_db, q) == rows(plain_db, q)
+    assert rows(layer_db, "SELECT count(*) FROM cow.session_changes('c')") == [(0,)]
+    with pytest.raises(SessionError, match="committed"):
+        run(layer_db, lambda c: sessions.commit_session(c, "c"))
+
+
+def test_commit_conflict_is_40001_and_overwrite_forces(layer_db: str) -> None:
+    write(layer_db, "c", "UPDATE customers SET name = 'Session' WHERE id = 1")
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.execute("UPDATE customers SET name = 'Base' WHERE id = 1")
+        with pytest.raises(
+            psycopg.errors.SerializationFailure, match=r"\(id\)=\(1\) of table public.customers"
+        ):
+            conn.execute("SELECT cow.commit_session('c')")
+    assert rows(layer_db, "SELECT name FROM public.customers WHERE id = 1") == [("Base",)]
+    with pytest.raises(SessionError, match="changed in base"):
+        run(layer_db, lambda c: sessions.commit_session(c, "c"))
+    run(layer_db, lambda c: sessions.commit_session(c, "c", on_conflict="overwrite"))
+    assert rows(layer_db, "SELECT name FROM public.customers WHERE id = 1") == [("Session",)]
+
+
+def test_commit_conflict_on_a_key_inserted_in_base_meanwhile(layer_db: str) -> None:
+    write(layer_db, "c", "INSERT INTO customers (id, email, name) VALUES (50, 's@x', 'S')")
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.execute("INSERT INTO customers (id, email, name) VALUES (50, 'b@x', 'B')")
+        with pytest.raises(psycopg.errors.SerializationFailure):
+            conn.execute("SELECT cow.commit_session('c')")
+
+
+def test_commit_subset_pulls_in_dependencies(layer_db: str) -> None:
+    write(layer_db, "p", "INSERT INTO customers (id, email, name) VALUES (60, 'p@x', 'P')", op="o1")
+    write(layer_db, "p", "INSERT INTO orders (id, customer_id) VALUES (60, 60)", op="o2")
+    write(layer_db, "p", "UPDATE customers SET score = 9 WHERE id = 1", op="o3")
+    write(layer_db, "p", "UPDATE customers SET score = 10 WHERE id = 1", op="o4")
+    assert rows(layer_db, "SELECT cow.operation_closure('p', '{o2}')") == [(["o1", "o2"],)]
+    assert rows(layer_db, "SELECT cow.operation_closure('p', '{o4}')") == [(["o3", "o4"],)]
+    with pytest.raises(SessionError, match="no operation nope"):
+        run(layer_db, lambda c: sessions.commit_session(c, "p", ["nope"]))
+    result = run(layer_db, lambda c: sessions.commit_session(c, "p", ["o2"]))
+    assert result.operations == ("o1", "o2") and result.status == "open"
+    assert rows(layer_db, "SELECT id, customer_id FROM public.orders WHERE id = 60") == [(60, 60)]
+    assert rows(layer_db, "SELECT score FROM public.customers WHERE id = 1") == [(0,)]
+    # The remaining operations still apply on top, without a false conflict.
+    result = run(layer_db, lambda c: sessions.commit_session(c, "p"))
+    assert result.status == "committed"
+    assert rows(layer_db, "SELECT score FROM public.customers WHERE id = 1") == [(10,)]
+
+
+def test_commit_from_a_tagged_connection_clears_the_guard_only_inside(layer_db: str) -> None:
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.execute("SELECT cow.use_session('t', 'op')")
+        conn.execute("UPDATE customers SET score = 3 WHERE id = 3")
+        conn.execute("SELECT cow.commit_session('t')")
+        assert conn.execute("SELECT current_setting('cow.session_id')").fetchone() == ("t",)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("UPDATE public.customers SET score = 4")
+    assert rows(layer_db, "SELECT score FROM public.customers WHERE id = 3") == [(3,)]
