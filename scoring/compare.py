@@ -87,9 +87,12 @@ def text_ratio(gt: Any, agent: Any, ctx: FieldContext | None = None, /) -> float
 
 
 def exact(gt: Any, agent: Any, ctx: FieldContext | None = None, /) -> float:
-    if isinstance(agent, Unmapped):
+    tg, ta = type(gt), type(agent)
+    if tg is ta:
+        return 1.0 if gt == agent else 0.0
+    if ta is Unmapped:
         return 0.0
-    return 1.0 if (gt == agent and type(gt) is type(agent)) or _equal_scalars(gt, agent) else 0.0
+    return 1.0 if _equal_scalars(gt, agent) else 0.0
 
 
 def _equal_scalars(a: Any, b: Any) -> bool:

@@ -43,6 +43,7 @@ def score_writes(
     gt: str = "gt",
     agent: str = "agent",
     explain: bool = True,
+    per_operation: bool = True,
     info: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> ScoringResult:
@@ -80,9 +81,11 @@ def score_writes(
         efficiency = 1.0 if gt_ops == 0 else 0.0
     counts = Counts(m, n_gt - m, n_ag - m, gt_ops, agent_ops, wasted)
 
-    operations = _utilities(
-        order, gt=gt_side, agent=ag_side, matching=matching, metadata=meta, config=cfg, n_gt=n_gt
-    )
+    operations: tuple[OperationUtility, ...] = ()
+    if per_operation:
+        operations = _utilities(
+            order, gt=gt_side, agent=ag_side, matching=matching, metadata=meta, config=cfg, n_gt=n_gt
+        )
     stats = Stats(struct, content, efficiency, precision, recall, f1, counts)
     scores = {name: float(fn(stats)) for name, fn in score_functions().items()}
     return ScoringResult(
