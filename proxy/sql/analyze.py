@@ -197,6 +197,16 @@ _DO_BODY = re.compile(
 )
 
 
+# Statements that carry SET clauses for other sessions, roles or functions, not for this connection.
+_SETTINGS_ELSEWHERE = {
+    "CreateFunctionStmt",
+    "AlterFunctionStmt",
+    "AlterRoleSetStmt",
+    "AlterDatabaseSetStmt",
+    "AlterSystemStmt",
+}
+
+
 def _guarded_setting(name: str) -> bool:
     name = name.lower()
     return name.startswith("cow.") or name in _GUARDED
@@ -293,8 +303,8 @@ class _Inspection:
                 body = elem.get("arg", {}).get("String", {}).get("sval")
                 if elem.get("defname") == "as" and isinstance(body, str) and _DO_BODY.search(body):
                     self.tampers = True
-        elif name == "CreateFunctionStmt":
-            return False  # a definition runs nothing now
+        elif name in _SETTINGS_ELSEWHERE:
+            return False  # a definition, or settings for later sessions: nothing changes now
         if self.watch and name in _REWRITE_NODES:
             self.may_rewrite = True
         return True

@@ -122,6 +122,11 @@ NOT_TAMPERS = [
     "SELECT * FROM offset_settings",
     "DO $$ BEGIN RAISE NOTICE 'hello'; END $$",
     "CREATE FUNCTION f() RETURNS void LANGUAGE sql AS $$ SELECT set_config('cow.session_id', 'x', false) $$",
+    "CREATE FUNCTION g() RETURNS int LANGUAGE sql SET search_path = public BEGIN ATOMIC SELECT 1; END",
+    "ALTER FUNCTION g() SET search_path = public",
+    "ALTER ROLE app SET search_path = public",
+    "ALTER DATABASE app SET cow.session_id = 'x'",
+    "ALTER SYSTEM SET search_path = 'public'",
 ]
 
 
