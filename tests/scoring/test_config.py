@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -106,7 +107,7 @@ price = { comparator = "numeric", tolerance = 1 }
     assert cfg.min_similarity == 0.7
     r = score_writes(*pair(title="  BLUE KETTLE ", price=10.9, kind="toy"), META, config=cfg)
     assert r.content_score == 1.0
-    with pytest.raises(Exception):  # frozen: parsed once, never changed
+    with pytest.raises(dataclasses.FrozenInstanceError):  # parsed once, never changed
         cfg.min_similarity = 0.1  # type: ignore[misc]
 
 
@@ -167,7 +168,7 @@ FK_META = Metadata(
 
 
 def test_children_align_once_parents_do() -> None:
-    """Generated label ids differ on each side; links (a key made of foreign keys) pair through the mapping."""
+    """Label ids are generated on each side; links (a key of foreign keys) pair through the mapping."""
     gt = [
         Write(PARENTS, {"id": "g-1"}, {"id": "g-1", "name": "q3-target"}, "g1", 1, created=True),
         Write(PARENTS, {"id": "g-2"}, {"id": "g-2", "name": "infra-sprint"}, "g1", 2, created=True),
