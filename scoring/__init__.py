@@ -6,6 +6,7 @@ recorded by the CoW layer and compares them.
 
 from __future__ import annotations
 
+from .api import score_pairs_async, score_sessions, score_sessions_async
 from .compare import Comparator, FieldContext, RowContext, register_comparator
 from .config import ScoringConfig, load_config
 from .core import operation_order, score_writes
@@ -33,5 +34,8 @@ __all__ = [
     "operation_order",
     "register_comparator",
     "register_score",
+    "score_pairs_async",
+    "score_sessions",
+    "score_sessions_async",
     "score_writes",
 ]

@@ -102,3 +102,34 @@ def test_same_row_wrong_values_is_a_match_with_lower_content() -> None:
 def test_unknown_comparator_is_a_clear_error() -> None:
     with pytest.raises(ScoringError, match="unknown comparator 'fuzzy'"):
         score_writes([], [], column_comparators={("t", "name"): "fuzzy"})
+
+
+def test_collapse_and_wasted_operations() -> None:
+    gt = [Write("t", {"id": 1}, {"id": 1, "name": "keep"}, "g1", 1, created=False)]
+    agent = [
+        Write("t", {"id": 1}, {"id": 1, "name": "first try"}, "a1", 1, created=False),
+        Write("t", {"id": 9}, {"id": 9, "name": "scratch"}, "a2", 2, created=True),
+        Write("t", {"id": 9}, None, "a3", 3, deleted=True, created=True),
+        Write("t", {"id": 1}, {"id": 1, "name": "keep"}, "a4", 4, created=False),
+    ]
+    plain = score_writes(gt, agent)
+    # a1 was overwritten by a4; a2's row and a3's deletion cancel out: three of four operations wasted.
+    assert plain.counts.wasted_ops == 3
+    assert plain.efficiency == pytest.approx(min(1, 1 / 4) * (1 - 3 / 4))
+    assert (plain.counts.matched, plain.counts.extra) == (1, 1)  # the deleted scratch row is extra
+    collapsed = score_writes(gt, agent, collapse=True)
+    assert (collapsed.counts.matched, collapsed.counts.extra, collapsed.struct_score) == (1, 0, 1.0)
+    assert sum(o.struct_utility for o in collapsed.operations) == pytest.approx(1.0)
+
+
+def test_deleting_a_row_the_ground_truth_updated_is_missing_plus_extra() -> None:
+    gt = [Write("t", {"id": 1}, {"id": 1, "name": "renamed"}, "g1", 1, created=False)]
+    agent = [
+        Write("t", {"id": 1}, {"id": 1, "name": "renamed"}, "a1", 1, created=False),
+        Write("t", {"id": 1}, None, "a2", 2, deleted=True, created=False),
+    ]
+    r = score_writes(gt, agent)
+    assert (r.counts.matched, r.counts.missing, r.counts.extra) == (0, 1, 1)
+    # a1 made the match (+1), a2's deletion undid it (-1): per-operation scoring sees both.
+    assert [o.struct_utility for o in r.operations] == pytest.approx([1.0, -1.0])
+    assert "deleted this row" in next(x.reason for x in r.rows if x.status == "missing")
