@@ -21,6 +21,7 @@ import re
 import urllib.error
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -86,8 +87,11 @@ class Tools:
     api: HttpApi
     limit: int = OPERATION_LIMIT
     calls: list[ToolCall] = field(default_factory=list)
+    checkpoint: Callable[[], None] | None = None  # the harness's Ctrl-C check, before every call
 
     def _spend(self) -> None:
+        if self.checkpoint is not None:
+            self.checkpoint()
         if len(self.calls) >= self.limit:
             raise BudgetExhausted(f"operation limit of {self.limit} reached")
 

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
@@ -63,16 +63,19 @@ class DemoResult:
     fallback: str | None  # why the proxy was not used, when it was not
     metrics: tuple[str, ...]
     report_path: str
+    proxy_notes: tuple[str, ...] = ()  # e.g. the subprocess failed and the proxy ran in-process
 
 
 class Progress:
-    def __init__(self, out: TextIO, steps: int) -> None:
+    def __init__(self, out: TextIO, steps: int, checkpoint: Callable[[], None] = lambda: None) -> None:
         self.out = out
+        self.checkpoint = checkpoint
         self.steps = steps
         self.step = 0
         self.started = time.monotonic()
 
     def __call__(self, message: str) -> None:
+        self.checkpoint()
         self.step += 1
         self.say(f"[{self.step}/{self.steps}] {message}")
 
@@ -81,6 +84,7 @@ class Progress:
         print(f"{elapsed:6.1f}s  {message}", file=self.out, flush=True)
 
     def detail(self, message: str) -> None:
+        self.checkpoint()
         print(f"         {message}", file=self.out, flush=True)
 
 
@@ -333,22 +337,36 @@ class ProxyTagging(Tagging):
 # --- the run -------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _signals_as_interrupt() -> Iterator[None]:
-    """SIGTERM unwinds like Ctrl-C, so the cleanup runs either way."""
+class Interrupts:
+    """Ctrl-C and SIGTERM stop the demo at the next checkpoint (between tool calls, sessions and steps),
+    not in the middle of a database call; a second Ctrl-C interrupts at once. Either way the cleanup runs."""
 
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
+    def __init__(self) -> None:
+        self.count = 0
+        self.unwinding = False
 
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        self.count += 1
+        if self.count > 1 and not self.unwinding:
+            raise KeyboardInterrupt
+
+    def checkpoint(self) -> None:
+        if self.count and not self.unwinding:
+            self.unwinding = True
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        try:
+            previous = {sig: signal.signal(sig, self._handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        except ValueError:  # not the main thread: leave signals alone
+            yield
+            return
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def _make_agents(cfg: DemoConfig) -> list[agents.Agent]:
@@ -364,6 +382,22 @@ def _make_agents(cfg: DemoConfig) -> list[agents.Agent]:
 
 
 def run(cfg: DemoConfig) -> DemoResult:
+    """Run the demo; user-facing failures raise DemoError, Ctrl-C/SIGTERM raise KeyboardInterrupt."""
+    interrupts = Interrupts()
+    with interrupts.installed():
+        try:
+            return _run_demo(cfg, interrupts)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            if interrupts.count:  # e.g. PostgreSQL got the terminal's Ctrl-C too and shut down first
+                raise KeyboardInterrupt from None
+            raise DemoError(f"the demo failed: {' '.join(str(exc).split()) or type(exc).__name__}") from None
+        except DemoError:
+            if interrupts.count:
+                raise KeyboardInterrupt from None
+            raise
+
+
+def _run_demo(cfg: DemoConfig, interrupts: Interrupts) -> DemoResult:
     chosen = []
     for slug in cfg.workflows:
         if slug not in workflows.BY_SLUG:
@@ -371,8 +405,8 @@ def run(cfg: DemoConfig) -> DemoResult:
         chosen.append(workflows.BY_SLUG[slug])
     agent_list = _make_agents(cfg)
     out = cfg.out or sys.stdout
-    progress = Progress(out, 9)
-    with _signals_as_interrupt(), contextlib.ExitStack() as stack:
+    progress = Progress(out, 9, interrupts.checkpoint)
+    with contextlib.ExitStack() as stack:
         workdir = Path(tempfile.mkdtemp(prefix="cowproxy-demo-"))
         # What was started, so that a caller (the tests) can check that it is all gone afterwards.
         resources: dict[str, Any] = {"workdir": str(workdir)}
@@ -477,7 +511,7 @@ def run(cfg: DemoConfig) -> DemoResult:
                 )
                 sessions.append(session)
                 tagging.enter(session)
-                tools = agents.Tools(HttpApi(tagging.app_url))
+                tools = agents.Tools(HttpApi(tagging.app_url), checkpoint=interrupts.checkpoint)
                 try:
                     outcome = agent.run(wf, tools)
                 except agents.BudgetExhausted as exc:
@@ -592,8 +626,11 @@ def run(cfg: DemoConfig) -> DemoResult:
             base_changed_by_commit=changed,
             registry=tuple(dict(r) for r in registry),
             fallback=fallback,
+            proxy_notes=tuple(getattr(tagging, "notes", ())),
         )
     progress.say("stopped the application, the proxy and PostgreSQL; removed the temporary files")
+    for note in result.proxy_notes:
+        progress.say(f"NOTE: {note}")
     if result.fallback:
         progress.say(
             f"NOTE: sessions were tagged with startup options, not through the proxy: {result.fallback}"

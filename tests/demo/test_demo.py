@@ -35,6 +35,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -207,3 +210,41 @@ def test_cli_demo_rejects_bad_options_in_one_line() -> None:
         "cowproxy: error: unknown agent 'nobody';"
         " scripted agents: correct, vocabulary, overreach, wrong-state"
     ]
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    """Ctrl-C in the middle of the agents (SIGINT to the process group, as a terminal sends it)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COW_DSN", "DATABASE_URL")}
+    proc = subprocess.Popen(
+        [sys.executable, "-u", "-m", "proxy.cli", "demo", "--quick"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    lines: list[str] = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "[7/9]" in line:
+                os.killpg(proc.pid, signal.SIGINT)
+                break
+        rest, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    output = "".join(lines) + rest
+    assert "[7/9]" in output, output + err
+    assert proc.returncode == 130, output + err
+    assert err.strip().splitlines()[-1] == "cowproxy: interrupted"
+    assert "Traceback" not in err
+    # PostgreSQL and the proxy no longer listen; the application's port is closed.
+    pg_port = int(re.search(r"PostgreSQL \S+ at postgresql://\S+@127\.0\.0\.1:(\d+)/", output).group(1))  # type: ignore[union-attr]
+    app_port = int(re.search(r"application at http://127\.0\.0\.1:(\d+)", output).group(1))  # type: ignore[union-attr]
+    proxy = re.search(r"on 127\.0\.0\.1:(\d+) \(upstream", output)
+    ports = [pg_port, app_port] + ([int(proxy.group(1))] if proxy else [])
+    for port in ports:
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0, port
+    assert not list(tmp_path.glob("*.html"))  # interrupted before the report
