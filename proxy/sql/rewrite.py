@@ -8,7 +8,7 @@ the client's expressions, literals and ``$n`` parameters are spliced in as AST n
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -107,25 +107,20 @@ class _Qualify(Visitor):
         return Skip
 
 
-class _QualifyColumns(Visitor):
-    """Qualifies the target table's bare column names in a RETURNING list with its alias: ON CONFLICT's
-    RETURNING sees only the target, the rewrite's UPDATE ... FROM also sees the input rows.
-    Subqueries keep their own scope and are left alone."""
-
-    def __init__(self, alias: str, columns: Iterable[str]) -> None:
-        self.alias = alias
-        self.columns = set(columns)
-
-    def visit_ColumnRef(self, _: Any, node: Any) -> None:
-        fields: tuple[Any, ...] = node.fields or ()
-        if len(fields) != 1:
-            return
-        only = fields[0]
-        if isinstance(only, ast.A_Star) or (isinstance(only, ast.String) and only.sval in self.columns):
-            node.fields = (ast.String(sval=self.alias), only)
-
-    def visit_SubLink(self, _: Any, node: Any) -> Any:
-        return Skip
+def _expand_stars(targets: Sequence[Any], alias: str, columns: Sequence[str]) -> tuple[Any, ...]:
+    """A RETURNING list with ``*`` / ``alias.*`` spelled out as the table's columns."""
+    out: list[Any] = []
+    for target in targets:
+        fields: tuple[Any, ...] = tuple(getattr(target.val, "fields", None) or ())
+        star = isinstance(target.val, ast.ColumnRef) and bool(fields) and isinstance(fields[-1], ast.A_Star)
+        if star and (len(fields) == 1 or (len(fields) == 2 and getattr(fields[0], "sval", None) == alias)):
+            out.extend(
+                ast.ResTarget(val=ast.ColumnRef(fields=(ast.String(sval=alias), ast.String(sval=c))))
+                for c in columns
+            )
+        else:
+            out.append(target)
+    return tuple(out)
 
 
 _PASS_THROUGH_KINDS = (
@@ -401,8 +396,6 @@ class Rewriter:
         column_list = ", ".join(_q(c) for c in columns)
         picked = ", ".join(f"excluded.{_q(c)}" for c in columns)
         returning = stmt.returningClause
-        if returning is not None:
-            _QualifyColumns(alias, (c.name for c in table.columns))(returning)
 
         if clause.action == OnConflictAction.ONCONFLICT_NOTHING:
             # Rows that collide with an earlier input row are skipped too, as PostgreSQL does (it sees the
@@ -472,13 +465,21 @@ class Rewriter:
             update_node.returningClause = None
             tag_map = None
         else:
+            # Both parts return whole rows with the input position, so the client's RETURNING list is
+            # evaluated once over them in input order, as PostgreSQL returns them (inserted rows find
+            # their position through the conflict key they were inserted with).
             new = _parse(
-                f"{head}, {ins} AS ({insert} RETURNING 1) SELECT * FROM {upd} UNION ALL SELECT * FROM {ins}"
+                f"{head}, {ins} AS ({insert} RETURNING {qalias}.*) "
+                f"SELECT 1 FROM (SELECT * FROM {upd} UNION ALL SELECT cow_i.cow_ord, cow_r.* "
+                f"FROM {ins} AS cow_r LEFT JOIN {inp} AS cow_i ON {_match('cow_r', 'cow_i', key)}) "
+                f"AS {qalias} ORDER BY {qalias}.cow_ord"
             )
             insert_node = new.withClause.ctes[3].ctequery
             update_node = new.withClause.ctes[2].ctequery
-            insert_node.returningClause = returning
-            update_node.returningClause = returning
+            update_node.returningClause = _parse(
+                f"UPDATE x SET y = 1 RETURNING excluded.cow_ord, {qalias}.*"
+            ).returningClause
+            new.targetList = _expand_stars(returning.exprs, alias, [c.name for c in table.columns])
             tag_map = ("SELECT", "INSERT 0")
         new.withClause.ctes[0].ctequery = rows_select
         insert_node.override = stmt.override

@@ -473,3 +473,29 @@ def test_catalog_carries_the_server_version(pair: Pair) -> None:
     merge = "MERGE INTO projects p USING (VALUES (1)) v(id) ON p.id = v.id WHEN MATCHED THEN DELETE"
     result = Analyzer().analyze(merge, pair.catalog, in_session=True)  # no version given
     assert (result.error is not None) == (pair.version < 170000)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "INSERT INTO projects AS p (id, name) VALUES (4, 'd'), (1, 'a'), (5, 'e'), (2, 'b') "
+        "ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name RETURNING p.id, upper(name), *",
+        "INSERT INTO projects (id, name) VALUES (6, 'f'), (1, 'a'), (7, 'g') ON CONFLICT (id) DO NOTHING "
+        "RETURNING id",
+    ],
+)
+def test_upsert_returning_keeps_input_order(pair: Pair, sql: str) -> None:
+    analysis = Analyzer(server_version_num=pair.version).analyze(sql, pair.catalog, in_session=True)
+    assert analysis.rewritten is not None
+    for conn in (pair.plain, pair.layer):
+        conn.execute("BEGIN")
+    try:
+        pair.layer.execute("SELECT cow.use_session('sqlorder', 'op')")
+        expected = pair.plain.execute(sql)
+        got = pair.layer.execute(analysis.rewritten)
+        assert [c.name for c in got.description or ()] == [c.name for c in expected.description or ()]
+        assert got.fetchall() == expected.fetchall()
+    finally:
+        pair.plain.execute("ROLLBACK")
+        pair.layer.execute("ROLLBACK")
