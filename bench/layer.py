@@ -394,10 +394,10 @@ def report(cfg: Config, res: dict[tuple[str, str], Result], version: str, jit: s
         lines.append(f"| {op.name} | " + " | ".join(cells + ratios) + " |")
     lines += ["", "Ratio to plain of the mean ms per op, per round (spread = noise of the machine):", ""]
     for op in OPS:
-        base = res[(op.name, "plain")].rounds
+        plain_rounds = res[(op.name, "plain")].rounds
         spread = []
         for v in VARIANTS[1:]:
-            per_round = [x / b for x, b in zip(res[(op.name, v)].rounds, base, strict=True)]
+            per_round = [x / b for x, b in zip(res[(op.name, v)].rounds, plain_rounds, strict=True)]
             spread.append(
                 f"{v} {min(per_round):.2f}-{max(per_round):.2f} (median {statistics.median(per_round):.2f})"
             )
