@@ -23,8 +23,15 @@ SELECT t.table_schema::text, t.table_name::text, t.overlay_schema::text,
     'columns', (
       SELECT coalesce(json_agg(json_build_object(
                'name', a.attname, 'type', format_type(a.atttypid, NULL),
-               'generated', a.attgenerated <> '', 'identity', a.attidentity <> '') ORDER BY a.attnum), '[]')
+               'generated', a.attgenerated <> '', 'identity', a.attidentity <> '',
+               'identity_always', a.attidentity = 'a',
+               'default', CASE
+                 WHEN a.attidentity = 'd' THEN format('nextval(%L::regclass)',
+                   pg_get_serial_sequence(format('%I.%I', n.nspname, c.relname), a.attname))
+                 WHEN a.attgenerated = '' THEN pg_get_expr(d.adbin, d.adrelid) END)
+             ORDER BY a.attnum), '[]')
       FROM pg_catalog.pg_attribute a
+      LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
       WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
     'unique', (
       SELECT coalesce(json_agg(json_build_object(
@@ -66,6 +73,8 @@ class Column:
     type: str  # format_type without typmod, so a cast to it never truncates (the view applies the typmod)
     generated: bool
     identity: bool
+    identity_always: bool = False
+    default: str | None = None  # the default as SQL from pg_get_expr (nextval(...) for BY DEFAULT identity)
 
 
 @dataclass(frozen=True)
@@ -166,7 +175,14 @@ class Catalog:
                     overlay_schema=overlay,
                     pk=tuple(info.get("pk") or ()),
                     columns=tuple(
-                        Column(c["name"], c["type"], bool(c["generated"]), bool(c["identity"]))
+                        Column(
+                            c["name"],
+                            c["type"],
+                            bool(c["generated"]),
+                            bool(c["identity"]),
+                            bool(c.get("identity_always")),
+                            c.get("default"),
+                        )
                         for c in info["columns"]
                     ),
                     unique=tuple(

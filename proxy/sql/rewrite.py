@@ -524,12 +524,24 @@ class Rewriter:
                 raise RewriteError("INSERT has more expressions than target columns", "42601")
             elif width < len(columns):
                 raise RewriteError("INSERT has more target columns than expressions", "42601")
-            # A column that is DEFAULT in every row is left to the view's default; a mix cannot be
-            # expressed in the VALUES list the rewrite selects from.
+            # A column that is DEFAULT in every row is left to the view's default; elsewhere DEFAULT
+            # becomes the column's default expression, evaluated per row as PostgreSQL does (conflicting
+            # rows included).
             keep = [j for j in range(width) if not all(isinstance(r[j], ast.SetToDefault) for r in rows)]
-            if any(isinstance(r[j], ast.SetToDefault) for r in rows for j in keep):
-                raise _unsupported("DEFAULT in some but not all rows of an INSERT ... ON CONFLICT")
+            for j in keep:
+                if any(isinstance(r[j], ast.SetToDefault) for r in rows):
+                    default = self._default_expr(table, columns[j])
+                    for r in rows:
+                        if isinstance(r[j], ast.SetToDefault):
+                            r[j] = default
             columns = [columns[j] for j in keep]
+            # EXCLUDED.col of a column the INSERT does not give is that column's default
+            for name in self._excluded_extra(stmt.onConflictClause, table, columns):
+                default = self._default_expr(table, name)
+                for r in rows:
+                    r.append(default)
+                keep.append(len(rows[0]) - 1)
+                columns.append(name)
             types = self._column_types(table, columns)
             lists = tuple(
                 (
@@ -545,6 +557,8 @@ class Rewriter:
             select = _parse(f"SELECT * FROM (VALUES (1)) AS cow_v ({names})")
             select.fromClause[0].subquery.valuesLists = lists
             return columns, select
+        if self._excluded_extra(stmt.onConflictClause, table, columns):
+            raise _unsupported("EXCLUDED of a column an INSERT ... SELECT does not give")
         types = self._column_types(table, columns)
         casts = ", ".join(
             f"CAST(cow_s.{_q(c)} AS {t}) AS {_q(c)}" for c, t in zip(columns, types, strict=True)
@@ -555,6 +569,46 @@ class Rewriter:
         )
         select.fromClause[0].subquery = source
         return columns, select
+
+    @staticmethod
+    def _default_expr(table: CowTable, name: str) -> Any:
+        column = table.column(name)
+        if column is None:
+            raise RewriteError(f'column "{name}" of relation "{table.name}" does not exist', "42703")
+        if column.identity_always or column.generated:
+            raise _unsupported(
+                f"DEFAULT or EXCLUDED for {table.name}.{name} (generated) in INSERT ... ON CONFLICT"
+            )
+        # catalog SQL from pg_get_expr, not client text
+        return _parse(f"SELECT {column.default or 'NULL'}").targetList[0].val
+
+    @staticmethod
+    def _excluded_extra(clause: Any, table: CowTable, columns: list[str]) -> list[str]:
+        """Columns of the table that the DO UPDATE reads from EXCLUDED but the INSERT does not give."""
+        if clause is None or clause.action != OnConflictAction.ONCONFLICT_UPDATE:
+            return []
+        found: list[str] = []
+
+        class Refs(Visitor):
+            def visit_ColumnRef(self, _: Any, node: Any) -> None:
+                fields: tuple[Any, ...] = tuple(node.fields or ())
+                if len(fields) != 2 or not all(isinstance(f, ast.String) for f in fields):
+                    return
+                name = str(fields[1].sval)
+                if (
+                    fields[0].sval == "excluded"
+                    and name not in columns
+                    and name not in found
+                    and table.column(name) is not None
+                ):
+                    found.append(name)
+
+        refs = Refs()
+        if clause.targetList:
+            refs(clause.targetList)
+        if clause.whereClause is not None:
+            refs(clause.whereClause)
+        return found
 
     @staticmethod
     def _column_types(table: CowTable, columns: list[str]) -> list[str]:

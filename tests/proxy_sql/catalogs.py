@@ -60,12 +60,22 @@ SAMPLE: dict[
 }
 
 
+DEFAULTS = {
+    ("projects", "budget"): "0",
+    ("issues", "id"): "nextval('issues_id_seq'::regclass)",
+    ("issues", "points"): "1",
+}
+
+
 def rows(spec: dict = SAMPLE) -> Sequence[Sequence[str | None]]:  # type: ignore[type-arg]
     out = []
     for (schema, name), (pk, columns, unique, refs) in spec.items():
         doc = {
             "pk": pk,
-            "columns": [{"name": c, "type": t, "generated": g, "identity": False} for c, t, g in columns],
+            "columns": [
+                {"name": c, "type": t, "generated": g, "identity": False, "default": DEFAULTS.get((name, c))}
+                for c, t, g in columns
+            ],
             "unique": [
                 {
                     "name": n,

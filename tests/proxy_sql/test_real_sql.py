@@ -269,6 +269,20 @@ ON_CONFLICT_CASES: dict[str, list[str | tuple[str, Sequence[Any]]]] = {
     "do_update_no_matching_index_42P10": [
         "INSERT INTO projects (id, name) VALUES (1, 'a') ON CONFLICT (budget) DO NOTHING"
     ],
+    "mixed_default_and_excluded_default": [
+        "INSERT INTO projects (id, name, budget) VALUES (1, 'a', DEFAULT), (9, 'n', 5) "
+        "ON CONFLICT (id) DO UPDATE SET budget = EXCLUDED.budget RETURNING *",
+        "INSERT INTO issues (id, project_id, title, points) VALUES (DEFAULT, 2, 'Brand', DEFAULT), "
+        "(DEFAULT, 1, 'Fix', 9) ON CONFLICT (project_id, title) DO UPDATE SET points = EXCLUDED.points "
+        "RETURNING project_id, title, points",
+        "INSERT INTO projects (id, name) VALUES (2, 'g') "
+        "ON CONFLICT (id) DO UPDATE SET budget = EXCLUDED.budget "
+        "RETURNING *",
+        "INSERT INTO issues (project_id, title) VALUES (1, 'Docs') ON CONFLICT (project_id, title) "
+        "DO UPDATE SET points = EXCLUDED.points + 10 RETURNING points",
+        "INSERT INTO projects (id, name, budget) VALUES (3, 'c', DEFAULT), (10, 'ten', DEFAULT) "
+        "ON CONFLICT (id) DO NOTHING RETURNING *",
+    ],
     "get_or_create_in_cte": [
         "WITH ins AS (INSERT INTO projects (id, name) VALUES (80, 'alpha') ON CONFLICT (name) DO NOTHING "
         "RETURNING id) SELECT id FROM ins UNION ALL SELECT id FROM projects WHERE name = 'alpha'",
