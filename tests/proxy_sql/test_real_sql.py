@@ -479,6 +479,9 @@ def test_catalog_describes_the_layer(pair: Pair) -> None:
     assert [c.name for c in issues.columns if c.generated] == ["slug"]
     assert issues.column("title") is not None and issues.column("title").type == "character varying"  # type: ignore[union-attr]
     assert pair.catalog.table("public", "audit") is None
+    budget, issue_id = projects.column("budget"), issues.column("id")
+    assert budget is not None and budget.default == "0"
+    assert issue_id is not None and issue_id.default == "nextval('issues_id_seq'::regclass)"
 
 
 @pytest.mark.timeout(60)
