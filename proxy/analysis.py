@@ -53,7 +53,18 @@ class Analysis:
     def catalog_from_rows(self, rows: list[tuple[str | None, ...]]) -> Any:
         if not self.available:
             return None
-        return self.module.Catalog.from_rows(rows)
+        try:
+            return self.module.Catalog.from_rows(rows)
+        except (ProxyError, ValueError, IndexError):
+            return self.module.Catalog.empty()
+
+    def map_tag(self, tag: str, tag_map: tuple[str, str]) -> str:
+        """The CommandComplete tag the client sees for a rewritten statement."""
+        apply = getattr(self.module, "apply_tag_map", None)
+        if apply is not None:
+            return str(apply(tag, tag_map))
+        old, new = tag_map
+        return new + tag[len(old) :] if tag.startswith(old) else tag
 
     def comment_tags(self, sql: str) -> Tags | None:
         """Tags from the statement's sqlcommenter comment; raises TagError for malformed ids."""

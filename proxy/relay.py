@@ -166,6 +166,7 @@ class Relay:
         self.held: deque[p.ClientEvent] = deque()
         self._hold_until_idle = False
         self._injection_error: p.ErrorFields | None = None
+        self._fresh = False  # an injection just completed for the held statement
         self.closing = False
         self.scanner = p.ServerScanner(self._classify, self._handle, self._on_pass)
         self._batch_started = 0.0
@@ -200,8 +201,9 @@ class Relay:
         applied = self.applied
         if applied.tags is None or applied.tags != tags:
             return True
-        # Set inside an explicit block: a ROLLBACK TO SAVEPOINT may have undone it.
-        return applied.tentative and self.status != "I" and tags.tagged
+        # Set inside an explicit block: a ROLLBACK TO SAVEPOINT may have undone it, so set it again
+        # before each tagged statement of this block (unless it was set just now, for this statement).
+        return applied.tentative and self.status != "I" and tags.tagged and not self._fresh
 
     # ------------------------------------------------------------------------------------------------
     # Client side
@@ -289,6 +291,7 @@ class Relay:
         if need and not self._inject(tags, trigger):
             self.held.appendleft(event)
             return None
+        self._fresh = False
         verdict = self.analysis.analyze(sql, self.catalog, tags.tagged)
         self.hooks.parse_cache(verdict.cache_hit)
         if comment is not None or self._at_transaction_start():
@@ -308,7 +311,7 @@ class Relay:
                 self._refuse(trigger, p.encode_error(verdict.error[0], verdict.error[1]))
                 return None
         if self.applied.tentative and (
-            verdict.kind in ("transaction", "other") or not self.analysis.available
+            verdict.kind in ("transaction", "other", "multi") or not self.analysis.available
         ):
             # COMMIT/ROLLBACK (TO SAVEPOINT) decide whether a set_config done in this block survives.
             self.applied.tags = None
@@ -358,6 +361,7 @@ class Relay:
         if self._needs_injection(tags) and not self._inject(tags, b"B"):
             self.held.appendleft(frame)
             return
+        self._fresh = False
         if statement is not None:
             self.portals[bind.portal] = statement
             if statement.tags is not None:
@@ -429,6 +433,7 @@ class Relay:
                 self.hooks.tags_applied(tags)
 
         def finished(ok: bool) -> None:
+            self._fresh = ok
             self._release()
 
         self._injected(p.encode_parse(INJECT_STATEMENT, USE_SESSION_SQL), Kind.PARSE, forward)
@@ -446,7 +451,7 @@ class Relay:
 
             def loaded(ok: bool) -> None:
                 self.catalog_loading = False
-                self.catalog = self.analysis.catalog_from_rows(rows) if ok else None
+                self.catalog = self.analysis.catalog_from_rows(rows) if ok else self.analysis.empty_catalog()
 
             self._injected(p.encode_close("S", INJECT_STATEMENT), Kind.CLOSE, forward)
             self._injected(
@@ -542,9 +547,9 @@ class Relay:
             return raw if kind == _A else b""
         if kind == _C and head.tag_map is not None:
             tag = p.decode_command_tag(body)
-            old, new = head.tag_map
-            if tag.startswith(old):
-                raw = p.encode_command_complete(new + tag[len(old) :])
+            mapped = self.analysis.map_tag(tag, head.tag_map)
+            if mapped != tag:
+                raw = p.encode_command_complete(mapped)
         kinds = _TERMINATOR.get(kind)
         if kinds is not None and head.kind in kinds:
             self.pending.popleft()

@@ -109,3 +109,7 @@ def backends(pg: PgServer, database: str) -> int:
         ).fetchone()
         assert row is not None
         return int(row[0])
+
+
+# The layer's sample database (tests/layer/conftest.py): customers/orders with the layer on ``public``.
+from tests.layer.conftest import layer_db, layer_template  # noqa: E402, F401

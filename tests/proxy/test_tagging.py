@@ -1,0 +1,233 @@
+"""Tagging through the proxy on a database with the CoW layer: every source, precedence, routes, and
+every attempt to leave a session. The base tables are read directly (not through the proxy) each time."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import psycopg
+import pytest
+
+from proxy.admin import admin_request
+from tests.proxy.conftest import RunningProxy
+
+pytestmark = pytest.mark.timeout(90)
+
+BASE_CUSTOMERS = 3
+
+
+def base_customers(db: str) -> list[str]:
+    """Emails in the base table, read directly from PostgreSQL (never through the proxy)."""
+    with psycopg.connect(db, autocommit=True) as conn:
+        return [r[0] for r in conn.execute("SELECT email FROM public.customers ORDER BY id")]
+
+
+def changes(db: str, session: str) -> list[tuple[str, str, str]]:
+    """(operation, table, email-or-id) per write of ``session``, read directly."""
+    with psycopg.connect(db, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT operation_id, table_name, coalesce(row_data->>'email', pk::text)"
+            " FROM cow.session_changes(%s) ORDER BY seq",
+            (session,),
+        ).fetchall()
+    return [(str(a), str(b), str(c)) for a, b, c in rows]
+
+
+def insert(conn: psycopg.Connection[Any], email: str, comment: str = "") -> None:
+    conn.execute(f"{comment}INSERT INTO customers (email, name) VALUES ('{email}', 'x')")
+
+
+def test_startup_options_tag_the_connection(proxy: RunningProxy, layer_db: str) -> None:
+    dsn = proxy.dsn(layer_db, options="-c%20cow.session_id%3Ds1%20-c%20cow.operation_id%3Dop1")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        insert(conn, "s1@x")
+        # Extended protocol with bound parameters, too.
+        conn.execute("INSERT INTO customers (email, name) VALUES (%s, %s)", ("s1b@x", "y"))
+        seen = [r[0] for r in conn.execute("SELECT email FROM customers ORDER BY id")]
+        assert "s1@x" in seen and "s1b@x" in seen and len(seen) == BASE_CUSTOMERS + 2
+    assert changes(layer_db, "s1") == [("op1", "customers", "s1@x"), ("op1", "customers", "s1b@x")]
+    assert len(base_customers(layer_db)) == BASE_CUSTOMERS
+
+
+def test_application_name_tags_and_operations_are_fresh_per_transaction(
+    proxy: RunningProxy, layer_db: str
+) -> None:
+    with psycopg.connect(proxy.dsn(layer_db, application_name="cow:s2"), autocommit=True) as conn:
+        insert(conn, "a@x")
+        with conn.transaction():
+            insert(conn, "b@x")
+            insert(conn, "c@x")
+    got = changes(layer_db, "s2")
+    assert [c[2] for c in got] == ["a@x", "b@x", "c@x"]
+    assert got[0][0] != got[1][0] and got[1][0] == got[2][0]
+    assert len(base_customers(layer_db)) == BASE_CUSTOMERS
+
+
+def test_comment_tags_switch_per_statement_and_win_over_startup(proxy: RunningProxy, layer_db: str) -> None:
+    with psycopg.connect(proxy.dsn(layer_db), autocommit=True) as conn:
+        insert(conn, "c1@x", "/*cow_session='s3',cow_operation='o1'*/ ")
+        insert(conn, "plain@x")  # untagged: the base table, as without the proxy
+        conn.execute(
+            "INSERT INTO customers (email, name) VALUES (%s, 'p') /*cow_session='s3',cow_operation='o2'*/",
+            ("c2@x",),
+        )
+        # Precedence inside a session-tagged connection: the comment wins.
+    with psycopg.connect(proxy.dsn(layer_db, application_name="cow:s4"), autocommit=True) as conn:
+        insert(conn, "c3@x", "/*cow_session='s3',cow_operation='o3'*/ ")
+        insert(conn, "s4@x")
+    assert changes(layer_db, "s3") == [
+        ("o1", "customers", "c1@x"),
+        ("o2", "customers", "c2@x"),
+        ("o3", "customers", "c3@x"),
+    ]
+    assert [c[2] for c in changes(layer_db, "s4")] == ["s4@x"]
+    assert base_customers(layer_db)[BASE_CUSTOMERS:] == ["plain@x"]
+
+
+def test_malformed_tags_are_refused(proxy: RunningProxy, layer_db: str) -> None:
+    with psycopg.connect(proxy.dsn(layer_db), autocommit=True) as conn:
+        with pytest.raises(psycopg.Error) as info:
+            insert(conn, "bad@x", "/*cow_session='no%20spaces',cow_operation='o'*/ ")
+        assert info.value.sqlstate == "22023"
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    with pytest.raises(psycopg.OperationalError, match="invalid session id"):
+        psycopg.connect(proxy.dsn(layer_db, application_name="cow:bad%20id"))
+    assert len(base_customers(layer_db)) == BASE_CUSTOMERS
+
+
+TAMPERING = [
+    "SET cow.session_id = ''",
+    "RESET cow.session_id",
+    "RESET ALL",
+    "DISCARD ALL",
+    "SET search_path = public",
+    "SELECT set_config('cow.session_id', '', false)",
+    "SELECT cow.use_session(NULL)",
+    "SET ROLE postgres",
+    "SET SESSION AUTHORIZATION postgres",
+    "SELECT 1; RESET cow.session_id; INSERT INTO customers (email, name) VALUES ('multi@x', 'm')",
+]
+
+
+def test_tampering_is_refused_and_base_stays_untouched(proxy: RunningProxy, layer_db: str) -> None:
+    with psycopg.connect(proxy.dsn(layer_db, application_name="cow:s5"), autocommit=True) as conn:
+        for statement in TAMPERING:
+            with pytest.raises(psycopg.Error) as info:
+                conn.execute(statement, prepare=False)
+            assert info.value.sqlstate == "42501", statement
+            # Extended protocol too (a Parse of the same text).
+            if ";" not in statement:
+                with pytest.raises(psycopg.Error) as info:
+                    conn.execute(statement, prepare=True)
+                assert info.value.sqlstate == "42501", statement
+            insert(conn, f"after{TAMPERING.index(statement)}@x")
+        # Inside a transaction the refusal aborts it, like a server error would.
+        with pytest.raises(psycopg.Error), conn.transaction():
+            insert(conn, "intx@x")
+            conn.execute("SET LOCAL search_path = public")
+        assert conn.execute("SHOW cow.session_id").fetchone() == ("s5",)
+    assert len(base_customers(layer_db)) == BASE_CUSTOMERS
+    written = [c[2] for c in changes(layer_db, "s5")]
+    assert written == [f"after{i}@x" for i in range(len(TAMPERING))]
+
+
+def test_rolled_back_switch_is_reapplied(proxy: RunningProxy, layer_db: str) -> None:
+    tag = "/*cow_session='s6'*/ "
+    with psycopg.connect(proxy.dsn(layer_db)) as conn:
+        # The switch happens inside an untagged transaction that rolls back: set_config is undone.
+        conn.execute("SELECT 1")
+        insert(conn, "rolled@x", tag)
+        conn.rollback()
+        insert(conn, "kept@x", tag)
+        conn.commit()
+        # Savepoints: the switch inside the savepoint is undone by ROLLBACK TO.
+        conn.execute("SAVEPOINT a")
+        insert(conn, "sp@x", tag)
+        conn.execute("ROLLBACK TO SAVEPOINT a")
+        insert(conn, "after_sp@x", tag)
+        conn.commit()
+    assert [c[2] for c in changes(layer_db, "s6")] == ["kept@x", "after_sp@x"]
+    assert len(base_customers(layer_db)) == BASE_CUSTOMERS
+
+
+def test_route_and_unroute_under_a_pooled_client(proxy: RunningProxy, layer_db: str) -> None:
+    from sqlalchemy import create_engine, text
+
+    database = layer_db.rsplit("/", 1)[1]
+    engine = create_engine(proxy.dsn(layer_db).replace("postgresql://", "postgresql+psycopg://"), pool_size=2)
+    try:
+
+        def add(email: str) -> None:
+            with engine.begin() as conn:
+                conn.execute(text("INSERT INTO customers (email, name) VALUES (:e, 'r')"), {"e": email})
+
+        add("before@x")  # pooled connection opened before the route
+        admin_request(proxy.admin_url, "POST", "/routes", {"database": database, "session": "s7"})
+        add("routed1@x")
+        add("routed2@x")
+        listed = admin_request(proxy.admin_url, "GET", "/connections")
+        assert any(c["database"] == database and c["session"] == "s7" for c in listed)
+        admin_request(proxy.admin_url, "DELETE", f"/routes/{database}")
+        add("after@x")
+    finally:
+        engine.dispose()
+    assert [c[2] for c in changes(layer_db, "s7")] == ["routed1@x", "routed2@x"]
+    assert base_customers(layer_db)[BASE_CUSTOMERS:] == ["before@x", "after@x"]
+
+
+def test_asyncpg_prepared_in_session(proxy: RunningProxy, layer_db: str) -> None:
+    import asyncpg
+
+    async def main() -> None:
+        conn = await asyncpg.connect(proxy.dsn(layer_db), server_settings={"application_name": "cow:s8"})
+        try:
+            stmt = await conn.prepare("INSERT INTO customers (email, name) VALUES ($1, $2) RETURNING id")
+            ids = [await stmt.fetchval(f"p{i}@x", "n") for i in range(3)]
+            assert all(i is not None for i in ids)
+            await conn.executemany("INSERT INTO customers (email, name) VALUES ($1, $2)", [("m1@x", "m")])
+            count = await conn.fetchval("SELECT count(*) FROM customers")
+            assert count == BASE_CUSTOMERS + 4
+        finally:
+            await conn.close()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+    assert len(changes(layer_db, "s8")) == 4
+    assert len(base_customers(layer_db)) == BASE_CUSTOMERS
+
+
+def test_tagged_connection_without_layer_fails_closed(proxy: RunningProxy, empty_db: str) -> None:
+    with psycopg.connect(empty_db, autocommit=True) as direct:
+        direct.execute("CREATE TABLE t (x int)")
+    with psycopg.connect(proxy.dsn(empty_db, application_name="cow:s9"), autocommit=True) as conn:
+        for _ in range(2):
+            with pytest.raises(psycopg.Error):
+                conn.execute("INSERT INTO t VALUES (1)")
+    with psycopg.connect(empty_db, autocommit=True) as direct:
+        assert direct.execute("SELECT count(*) FROM t").fetchone() == (0,)
+
+
+def test_concurrent_tagged_and_untagged(proxy: RunningProxy, layer_db: str) -> None:
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            app = f"cow:c{i}" if i % 2 else "plain"
+            with psycopg.connect(proxy.dsn(layer_db, application_name=app), autocommit=True) as conn:
+                for j in range(5):
+                    insert(conn, f"w{i}_{j}@x")
+        except BaseException as exc:  # collected for the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    base = base_customers(layer_db)
+    assert len(base) == BASE_CUSTOMERS + 4 * 5
+    assert all(e.startswith(("w0_", "w2_", "w4_", "w6_")) for e in base[BASE_CUSTOMERS:])
+    for i in (1, 3, 5, 7):
+        assert len(changes(layer_db, f"c{i}")) == 5
