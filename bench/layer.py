@@ -358,9 +358,7 @@ async def explain(dsn: str, cfg: Config) -> list[str]:
                 async with conn.transaction():
                     for _ in range(6):  # past the planner's five custom plans
                         await conn.execute(f"EXECUTE p{args}")
-                    rows = await conn.fetch(
-                        f"EXPLAIN (ANALYZE, COSTS, TIMING OFF, SUMMARY ON) EXECUTE p{args}"
-                    )
+                    rows = await conn.fetch(f"EXPLAIN (ANALYZE, COSTS, SUMMARY ON) EXECUTE p{args}")
                     # Writes are undone: the measured state stays as built.
                     raise _Rollback
             except _Rollback:
