@@ -587,7 +587,7 @@ def _run_demo(cfg: DemoConfig, interrupts: Interrupts) -> DemoResult:
         # 9. discard / commit
         committed = f"gt-{chosen[0].slug}-{run_id}" if cfg.commit else None
         if cfg.keep:
-            progress("--keep: leaving everything running; press Ctrl-C to stop and clean up")
+            progress.say("--keep: leaving everything running; press Ctrl-C to stop and clean up")
             progress.detail(f"application: {tagging.app_url}   database: {_redact(db_dsn)}")
             if isinstance(tagging, ProxyTagging):
                 progress.detail(
@@ -595,9 +595,9 @@ def _run_demo(cfg: DemoConfig, interrupts: Interrupts) -> DemoResult:
                     f"/metrics   admin: 127.0.0.1:{tagging.admin_addr[1]}"
                 )
             progress.detail(f"sessions: {', '.join(sessions)}")
-            with contextlib.suppress(KeyboardInterrupt):
-                while True:
-                    time.sleep(3600)
+            while not interrupts.count:  # Ctrl-C ends the wait, then the demo finishes normally
+                time.sleep(0.2)
+            interrupts.count = 0
         _finish_sessions(db_dsn, [s for s in sessions if s != committed], committed)
         changed = None if committed is None else _base_checksum(db_dsn) != checksum_before
         registry = _run(
