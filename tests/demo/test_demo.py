@@ -40,6 +40,7 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -248,3 +249,36 @@ def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0, port
     assert not list(tmp_path.glob("*.html"))  # interrupted before the report
+
+
+@pytest.mark.timeout(120)
+def test_keep_leaves_the_application_running_until_ctrl_c(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("COW_DSN", "DATABASE_URL")}
+    proc = subprocess.Popen(
+        [sys.executable, "-u", "-m", "proxy.cli", "demo", "--workflow", "campaign-push", "--agent", "correct",
+         "--keep"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    lines: list[str] = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.strip().startswith("sessions: "):
+                break
+        text = "".join(lines)
+        url = re.search(r"application: (http://\S+)", text).group(1)  # type: ignore[union-attr]
+        with urllib.request.urlopen(url + "/api/projects", timeout=10) as response:
+            assert [p["identifier"] for p in json.loads(response.read())] == ["PSP", "PE", "GS"]
+        os.kill(proc.pid, signal.SIGINT)
+        rest, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, text + rest + err
+    assert "discarded all 2 sessions" in rest
+    port = int(url.rsplit(":", 1)[1])
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0
