@@ -549,7 +549,6 @@ class ServerScanner:
                         continue
                     self._partial += header
                     self._want = length + 1
-                    continue
                 need = self._want - len(self._partial)
                 self._partial += data[pos : pos + need]
                 pos += min(need, n - pos)
@@ -583,17 +582,22 @@ class ServerScanner:
                 else:
                     pos = end
                 continue
-            # A BODY message: flush the run before it.
-            if start < pos:
-                out.append(data[start:pos])
             end = pos + length + 1
             if end > n:
+                # A BODY message split across chunks: flush the run before it and buffer it.
+                if start < pos:
+                    out.append(data[start:pos])
                 self._partial += data[pos:]
                 self._want = length + 1
                 pos = start = n
                 break
             raw = data[pos:end]
             emitted = self.handle(kind, raw[5:], raw)
+            if emitted is raw:  # kept as is: it stays part of the run
+                pos = end
+                continue
+            if start < pos:
+                out.append(data[start:pos])
             if emitted:
                 out.append(emitted)
             pos = start = end
