@@ -518,6 +518,8 @@ class Rewriter:
         if plain_values:
             rows = [list(r) for r in source.valuesLists]
             width = len(rows[0])
+            if width > len(columns):
+                raise RewriteError("INSERT has more expressions than target columns", "42601")
             if not stmt.cols:
                 columns = columns[:width]
             elif width > len(columns):
@@ -528,6 +530,9 @@ class Rewriter:
             # becomes the column's default expression, evaluated per row as PostgreSQL does (conflicting
             # rows included).
             keep = [j for j in range(width) if not all(isinstance(r[j], ast.SetToDefault) for r in rows)]
+            keep = keep or list(
+                range(width)
+            )  # all DEFAULT: spell the defaults out rather than list no column
             for j in keep:
                 if any(isinstance(r[j], ast.SetToDefault) for r in rows):
                     default = self._default_expr(table, columns[j])
@@ -623,6 +628,10 @@ class Rewriter:
     @staticmethod
     def _arbiters(clause: Any, table: CowTable, columns: list[str]) -> list[UniqueKey]:
         infer = clause.infer
+        if infer is None and clause.action == OnConflictAction.ONCONFLICT_UPDATE:
+            raise RewriteError(
+                "ON CONFLICT DO UPDATE requires inference specification or constraint name", "42601"
+            )
         if infer is None:  # DO NOTHING without a target: every unique index arbitrates
             keys = [k for k in table.unique if k.inferable and all(c in columns for c in k.columns)]
             if any(not k.inferable for k in table.unique):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
+import pglast
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -85,6 +86,7 @@ def _check(result: Analysis) -> None:
     assert result.kind in (*KINDS, "multi")
     if result.error is not None:
         assert len(result.error[0]) == 5
+        assert "cannot rewrite this statement" not in result.error[1]  # the rewriter's internal-error path
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -119,3 +121,58 @@ def test_comment_tags_never_crash(sql: str) -> None:
     if tags is not None:
         assert tags.session is not None or tags.operation is not None
     assert isinstance(strip_edge_comments(sql), str)
+
+
+VALUES_ITEMS = ["1", "$1", "'x'", "DEFAULT", "NULL", "2.5", "now()", "(SELECT 1)", "$2::text"]
+
+
+@st.composite
+def upserts(draw: st.DrawFn) -> str:
+    table = draw(st.sampled_from(["projects", "public.projects", "issues", "members AS m", "app.events"]))
+    columns = draw(
+        st.sampled_from(["", "(id)", "(id, name)", "(id, project_id, title)", "(name, id, budget)"])
+    )
+    width = columns.count(",") + 1 if columns else draw(st.integers(1, 3))
+    rows = draw(
+        st.lists(
+            st.lists(st.sampled_from(VALUES_ITEMS), min_size=width, max_size=width), min_size=1, max_size=3
+        )
+    )
+    source = draw(
+        st.sampled_from(
+            [
+                "VALUES " + ", ".join("(" + ", ".join(r) + ")" for r in rows),
+                "SELECT * FROM projects",
+                "DEFAULT VALUES",
+            ]
+        )
+    )
+    target = draw(
+        st.sampled_from(
+            ["", "(id)", "(name)", "(title, project_id)", "ON CONSTRAINT projects_pkey", "(email)"]
+        )
+    )
+    action = draw(
+        st.sampled_from(
+            [
+                "DO NOTHING",
+                "DO UPDATE SET name = EXCLUDED.name",
+                "DO UPDATE SET budget = EXCLUDED.budget + 1 WHERE projects.budget > 0",
+                "DO UPDATE SET (name, budget) = (EXCLUDED.name, 3)",
+            ]
+        )
+    )
+    returning = draw(st.sampled_from(["", " RETURNING *", " RETURNING id, upper(name)", " RETURNING m.*"]))
+    sql = f"INSERT INTO {table} {columns} {source} ON CONFLICT {target} {action}{returning}"
+    if draw(st.booleans()):
+        sql = f"WITH w AS ({sql}) SELECT 1"
+    return sql
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sql=upserts(), version=st.sampled_from([0, 150000, 170000]))
+def test_upsert_rewrites_are_valid_sql_or_clear_refusals(sql: str, version: int) -> None:
+    result = Analyzer(server_version_num=version).analyze(sql, CATALOG, in_session=True)
+    _check(result)
+    if result.rewritten is not None:
+        assert pglast.parse_sql(result.rewritten)
