@@ -404,6 +404,9 @@ def _run_demo(cfg: DemoConfig, interrupts: Interrupts) -> DemoResult:
             raise DemoError(f"unknown workflow {slug!r}; known: {', '.join(workflows.BY_SLUG)}")
         chosen.append(workflows.BY_SLUG[slug])
     agent_list = _make_agents(cfg)
+    for path in (cfg.report_path, cfg.json_path):
+        if path is not None and not path.resolve().parent.is_dir():
+            raise DemoError(f"cannot write {path}: {path.resolve().parent} is not a directory")
     out = cfg.out or sys.stdout
     progress = Progress(out, 9, interrupts.checkpoint)
     with contextlib.ExitStack() as stack:

@@ -201,16 +201,25 @@ def test_cli_demo_on_embedded_postgres_commits_and_leaves_nothing_running(tmp_pa
     _check_cleanup(result)
 
 
-def test_cli_demo_rejects_bad_options_in_one_line() -> None:
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--agent", "nobody"],
+         "unknown agent 'nobody'; scripted agents: correct, vocabulary, overreach, wrong-state"),
+        (["--report", "/nonexistent/x.html"],
+         "cannot write /nonexistent/x.html: /nonexistent is not a directory"),
+        (["--base-url", "http://127.0.0.1:9/v1"], "--base-url needs --model"),
+        (["--dsn", "postgresql://x@127.0.0.1:1/x"],
+         "the demo failed: [Errno 111] Connect call failed ('127.0.0.1', 1)"),
+    ],
+)  # fmt: skip
+def test_cli_demo_rejects_bad_input_in_one_line(args: list[str], message: str) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "demo", "--agent", "nobody", "--dsn", "postgresql://x@127.0.0.1:1/x"],
+        [sys.executable, "-m", "proxy.cli", "demo", "--quick", *args],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines() == [
-        "cowproxy: error: unknown agent 'nobody';"
-        " scripted agents: correct, vocabulary, overreach, wrong-state"
-    ]
+    assert proc.stderr.strip().splitlines() == [f"cowproxy: error: {message}"]
 
 
 @pytest.mark.timeout(120)
