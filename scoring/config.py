@@ -59,7 +59,7 @@ class ScoringConfig:
     column_comparators: Mapping[tuple[str, str], Comparator] = field(default_factory=dict)
     row_functions: Mapping[str, RowFunction] = field(default_factory=dict)
     # Cells of a dense similarity matrix above which a table's pairing first pairs identical rows.
-    max_dense_cells: int = 20_000
+    max_dense_cells: int = 2_500
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_similarity <= 1.0:

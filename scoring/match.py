@@ -441,31 +441,26 @@ def _assign(
         ai_left = rest_a
     if not gi_left or not ai_left:
         return out
-    blocks = [(gi_left, ai_left)]
+    blocks: list[tuple[list[int], list[int], set[tuple[int, int]] | None]] = [(gi_left, ai_left, None)]
     if len(gi_left) * len(ai_left) > config.max_dense_cells:
-        blocks = _blocks(
-            gi_left,
-            ai_left,
-            g_rem=g_rem,
-            a_rem=a_rem,
-            scorer=scorer,
-            translated=translated,
-            max_cells=config.max_dense_cells,
-        )
-    for gis, ais in blocks:
+        blocks = _blocks(gi_left, ai_left, g_rem=g_rem, a_rem=a_rem, scorer=scorer, translated=translated)
+    for gis, ais, candidates in blocks:
         weights = np.zeros((len(gis), len(ais)))
         cache: dict[tuple[int, int], tuple[float, tuple[tuple[str, float], ...]]] = {}
-        for x, i in enumerate(gis):
-            g = g_rem[i]
-            for y, j in enumerate(ais):
-                a = a_rem[j]
-                if g.deleted != a.deleted:
-                    continue
-                sim, fields = scorer.compare_rows(g, translated[a.key], a.deleted, images[a.key])
-                cache[(x, y)] = (sim, fields)
-                if sim >= config.min_similarity:
-                    # The epsilon keeps a pair at similarity 0 (min_similarity 0) distinct from "no pair".
-                    weights[x, y] = sim + 1e-9
+        cells = (
+            candidates
+            if candidates is not None
+            else ((x, y) for x in range(len(gis)) for y in range(len(ais)))
+        )
+        for x, y in cells:
+            g, a = g_rem[gis[x]], a_rem[ais[y]]
+            if g.deleted != a.deleted:
+                continue
+            sim, fields = scorer.compare_rows(g, translated[a.key], a.deleted, images[a.key])
+            cache[(x, y)] = (sim, fields)
+            if sim >= config.min_similarity:
+                # The epsilon keeps a pair at similarity 0 (min_similarity 0) distinct from "no pair".
+                weights[x, y] = sim + 1e-9
         rows_idx, cols_idx = linear_sum_assignment(weights, maximize=True)
         chosen_g: set[int] = set()
         chosen_a: set[int] = set()
@@ -494,6 +489,13 @@ def _below(best: float, threshold: float, side: str) -> str:
     return f"best {side} candidate similarity {best:.2f} < min_similarity {threshold:.2f}"
 
 
+# Largest block (rows per side) given to one assignment in the large-table path: the assignment itself is
+# fast (LAPJV); only candidate cells are compared, so the cost is the number of candidates.
+MAX_BLOCK = 2_000
+# A value shared by more rows than this on one side (a status, a project id) does not discriminate.
+MAX_TOKEN_ROWS = 50
+
+
 def _blocks(
     gis: list[int],
     ais: list[int],
@@ -502,11 +504,11 @@ def _blocks(
     a_rem: list[Row],
     scorer: _TableScorer,
     translated: Mapping[Key, Mapping[str, Any] | None],
-    max_cells: int,
-) -> list[tuple[list[int], list[int]]]:
-    """Split a too-large assignment into independent blocks: rows are candidates for each other only when
-    they share an exact value in some column, and connected candidates form a block. Blocks still too large
-    are cut in order, so the cost stays bounded (documented as an approximation for huge tables)."""
+) -> list[tuple[list[int], list[int], set[tuple[int, int]] | None]]:
+    """Split a too-large assignment into independent blocks with their candidate pairs: two rows are
+    candidates when they share an exact value in some compared column, and connected candidates form a
+    block. Rows sharing no value with any row on the other side are not compared (an approximation for
+    large tables only); blocks beyond MAX_BLOCK rows per side are cut in order."""
     index: dict[Any, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
     for i in gis:
         g = g_rem[i]
@@ -521,26 +523,28 @@ def _blocks(
             if value is not None and not isinstance(value, Unmapped):
                 index[(name, freeze(value))][1].append(j)
     graph = nx.Graph()
-    graph.add_nodes_from(("g", i) for i in gis)
-    graph.add_nodes_from(("a", j) for j in ais)
-    limit = max(2, int(max_cells**0.5))
+    pairs: set[tuple[int, int]] = set()
     for gs, as_ in index.values():
-        # A value shared by very many rows (a status, a project id) does not discriminate: skip it.
-        if gs and as_ and len(gs) <= limit and len(as_) <= limit:
-            anchor = ("g", gs[0])
-            for i in gs[1:]:
-                graph.add_edge(anchor, ("g", i))
-            for j in as_:
-                graph.add_edge(anchor, ("a", j))
-    blocks: list[tuple[list[int], list[int]]] = []
+        if gs and as_ and len(gs) <= MAX_TOKEN_ROWS and len(as_) <= MAX_TOKEN_ROWS:
+            for i in gs:
+                for j in as_:
+                    pairs.add((i, j))
+                    graph.add_edge(("g", i), ("a", j))
+    blocks: list[tuple[list[int], list[int], set[tuple[int, int]] | None]] = []
+    where: dict[tuple[str, int], tuple[int, int]] = {}  # row -> (block, position in it)
     for comp in nx.connected_components(graph):
         bg = sorted(i for s, i in comp if s == "g")
         ba = sorted(j for s, j in comp if s == "a")
-        if not bg or not ba:
-            continue
-        step = limit
-        for start in range(0, max(len(bg), len(ba)), step):
-            cg, ca = bg[start : start + step], ba[start : start + step]
+        for start in range(0, max(len(bg), len(ba)), MAX_BLOCK):
+            cg, ca = bg[start : start + MAX_BLOCK], ba[start : start + MAX_BLOCK]
             if cg and ca:
-                blocks.append((cg, ca))
+                where.update((("g", i), (len(blocks), x)) for x, i in enumerate(cg))
+                where.update((("a", j), (len(blocks), y)) for y, j in enumerate(ca))
+                blocks.append((cg, ca, set()))
+    for i, j in pairs:
+        gb, ab = where.get(("g", i)), where.get(("a", j))
+        if gb is not None and ab is not None and gb[0] == ab[0]:
+            cand = blocks[gb[0]][2]
+            assert cand is not None
+            cand.add((gb[1], ab[1]))
     return blocks
