@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -508,7 +509,8 @@ def _run_demo(cfg: DemoConfig, interrupts: Interrupts) -> DemoResult:
         runs: list[tuple[agents.Agent, Workflow, str, agents.AgentResult, int]] = []
         for agent in agent_list:
             for wf in chosen:
-                session = f"{agent.name.replace(':', '-').replace('/', '-')}-{wf.slug}-{run_id}"[:128]
+                # Session ids are [A-Za-z0-9._:-]{1,128}; model names may hold anything ("org/model v2").
+                session = re.sub(r"[^A-Za-z0-9._:-]", "-", f"{agent.name}-{wf.slug}-{run_id}")[-128:]
                 _register(
                     db_dsn, session, "agent", workflow=wf, model=agent.model, gt=f"gt-{wf.slug}-{run_id}"
                 )
