@@ -348,11 +348,12 @@ BEGIN
     IF to_regclass(ch) IS NULL THEN
         EXECUTE format('CREATE TABLE %s (_cow_seq bigint NOT NULL DEFAULT nextval(''cow.write_seq''), '
                        '_cow_session text NOT NULL, _cow_op text NOT NULL, _cow_deleted boolean NOT NULL, '
-                       '_cow_current boolean NOT NULL DEFAULT true, _cow_base jsonb%s)',
+                       '_cow_current boolean NOT NULL DEFAULT true, _cow_base jsonb, _cow_fk int NOT NULL DEFAULT 0%s)',
                        ch, (SELECT string_agg(format(', %I %s', names[j], types[j]), '' ORDER BY j)
                             FROM generate_subscripts(names, 1) AS j));
         EXECUTE format('CREATE INDEX %I ON %s (_cow_session, _cow_seq)', r.changes_table || '_log', ch);
     ELSE
+        EXECUTE format('ALTER TABLE %s ADD COLUMN IF NOT EXISTS _cow_fk int NOT NULL DEFAULT 0', ch);
         -- Follow app DDL by attribute number: dropped, renamed, retyped and added columns.
         FOR i IN 1 .. coalesce(array_length(r.col_attnums, 1), 0) LOOP
             k := array_position(nums, r.col_attnums[i]);
@@ -430,19 +431,26 @@ END $gen$;
 -- Record a write of the row in record variable `var` (NEW or OLD) in the changes table: the previous current
 -- version of that key stops being current; the first write of a key in the session snapshots the base row
 -- (commit compares it to detect conflicts; diff shows it as the old row).
-CREATE OR REPLACE FUNCTION cow._rec_code(ch text, b text, names text[], pk text[], var text, deleted boolean)
+CREATE OR REPLACE FUNCTION cow._rec_code(ch text, b text, names text[], pk text[], var text, deleted boolean,
+                                         fkmask text DEFAULT '0', mark_guc text DEFAULT NULL)
 RETURNS text LANGUAGE sql IMMUTABLE AS $$
     SELECT format(
         $c$
     _seen := NULL;
     UPDATE %1$s x SET _cow_current = false WHERE x._cow_session = _s AND x._cow_current AND %3$s
-        RETURNING x._cow_base, true INTO _base, _seen;
+        RETURNING x._cow_base, true, x._cow_fk, x._cow_seq INTO _base, _seen, _pfk, _pseq;
     IF _seen IS NULL THEN
         SELECT pg_catalog.to_jsonb(y) INTO _base FROM %2$s y WHERE %4$s;
     END IF;
-    INSERT INTO %1$s (_cow_session, _cow_op, _cow_deleted, _cow_base, %5$s) VALUES (_s, _o, %6$s, _base, %7$s);
+    INSERT INTO %1$s (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, %5$s)
+    VALUES (_s, _o, %6$s, _base, %8$s, %7$s);
 $c$, ch, b, cow._eq(pk, 'x', var), cow._eq(pk, 'y', var), cow._collist(names), CASE WHEN deleted THEN 'true' ELSE 'false' END,
-       cow._collist(names, var || '.'))
+       cow._collist(names, var || '.'),
+       -- FOREIGN KEYs to check at the end of the statement: those this write changed, plus those an earlier
+       -- write of the same row in the same (outermost) statement changed.
+       CASE WHEN deleted OR mark_guc IS NULL THEN '0'
+            ELSE format($m$(%s) | CASE WHEN _pseq > coalesce(nullif(pg_catalog.split_part(pg_catalog.current_setting(%L, true), ',', 1), '')::bigint, 9223372036854775807) THEN coalesce(_pfk, 0) ELSE 0 END$m$,
+                        fkmask, mark_guc) END)
 $$;
 
 CREATE OR REPLACE FUNCTION cow._build_triggers(p_id int) RETURNS void
@@ -466,7 +474,6 @@ DECLARE
     uq_ins text := '';
     uq_upd text := '';
     fk_ins text := '';
-    fk_upd text := '';
     par_del_check text := '';
     par_upd_check text := '';
     par_del_act text := '';
@@ -481,12 +488,17 @@ DECLARE
     det text;
     cond text;
     fn text;
-    decl text := E'DECLARE\n    _s text := cow._write_session();\n    _o text;\n    _base jsonb;\n    _seen boolean;\n    _bad text;\n';
+    decl text := E'DECLARE\n    _s text := cow._write_session();\n    _o text;\n    _base jsonb;\n    _seen boolean;\n    _bad text;\n    _pfk int;\n    _pseq bigint;\n';
+    fk_all text := '0';     -- every FOREIGN KEY bit (an INSERT checks them all)
+    fk_changed text := '0'; -- the bits of the FOREIGN KEYs whose columns an UPDATE changed
+    fk_n int := 0;
+    mark_guc text;
 BEGIN
     SELECT * INTO STRICT r FROM cow.registry WHERE id = p_id;
     rel := r.relid;
     sch := r.table_schema;
     tab := r.table_name;
+    mark_guc := 'cow._mark_' || r.changes_table;
     ch := format('cow_changes.%I', r.changes_table);
     b := format('%I.%I', sch, tab);
     v := format('%I.%I', r.overlay_schema, tab);
@@ -547,24 +559,32 @@ BEGIN
                        sch, tab, con.name));
     END LOOP;
     -- FOREIGN KEY, this table as the child (23503): the parent must be in the session's view of the parent.
+    -- Checked at the end of the statement like PostgreSQL's RI triggers (so a later row's NOT NULL, CHECK or
+    -- UNIQUE error wins over an earlier row's missing parent): a BEFORE STATEMENT trigger pushes the current
+    -- write sequence value, the AFTER STATEMENT trigger checks this session's rows written since.
     FOR con IN SELECT c.conname, cow._attnames(c.conrelid, c.conkey) AS cols, c.confrelid,
                       cow._attnames(c.confrelid, c.confkey) AS refcols, pr.relname AS parent
                FROM pg_constraint c JOIN pg_class pr ON pr.oid = c.confrelid
                WHERE c.conrelid = rel AND c.contype = 'f' ORDER BY c.conname LOOP
         target := cow._session_rel(con.confrelid);
-        cond := format('%s AND NOT EXISTS (SELECT 1 FROM %s z WHERE %s)', cow._notnull(con.cols, 'NEW'), target,
-                       cow._eq2(con.refcols, 'z', con.cols, 'NEW'));
+        cond := format('%s AND NOT EXISTS (SELECT 1 FROM %s z WHERE %s)', cow._notnull(con.cols, 'c'), target,
+                       cow._eq2(con.refcols, 'z', con.cols, 'c'));
         IF con.confrelid = rel THEN
             -- A row may reference itself.
-            cond := cond || format(' AND NOT (%s)', cow._eq2(con.refcols, 'NEW', con.cols, 'NEW'));
+            cond := cond || format(' AND NOT (%s)', cow._eq2(con.refcols, 'c', con.cols, 'c'));
         END IF;
-        keytxt := cow._raise('23503', format('insert or update on table "%s" violates foreign key constraint "%s"',
-                                             tab, con.conname),
-                             format('format(''Key (%%s)=(%%s) is not present in table "%%s".'', %L, %s, %L)',
-                                    cow._collist(con.cols), cow._keytext(con.cols, 'NEW'), con.parent),
-                             sch, tab, con.conname);
-        fk_ins := fk_ins || format(E'    IF %s THEN\n        %s\n    END IF;\n', cond, keytxt);
-        fk_upd := fk_upd || format(E'    IF %s AND %s THEN\n        %s\n    END IF;\n', cow._changed(con.cols), cond, keytxt);
+        fk_all := fk_all || format(' | %s', 1 << least(fk_n, 30));
+        fk_changed := fk_changed || format(' | CASE WHEN %s THEN %s ELSE 0 END', cow._changed(con.cols), 1 << least(fk_n, 30));
+        cond := cond || format(' AND (c._cow_fk & %s) <> 0', 1 << least(fk_n, 30));
+        fk_n := fk_n + 1;
+        fk_ins := fk_ins || format(E'    SELECT c._cow_seq, format(''Key (%%s)=(%%s) is not present in table "%%s".'', %L, %s, %L)\n'
+                                   '    INTO _seq, _det FROM %s c WHERE c._cow_session = _s AND c._cow_seq > _mark\n'
+                                   '        AND c._cow_current AND NOT c._cow_deleted AND %s\n'
+                                   '    ORDER BY c._cow_seq LIMIT 1;\n'
+                                   '    IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN\n'
+                                   '        _best := _seq; _bdet := _det; _bcon := %L;\n'
+                                   '    END IF;\n',
+                                   cow._collist(con.cols), cow._keytext(con.cols, 'c'), con.parent, ch, cond, con.conname);
     END LOOP;
     -- FOREIGN KEY, this table as the parent: ON DELETE / ON UPDATE actions within the session.
     FOR con IN SELECT c.conname, c.conrelid, cow._attnames(c.conrelid, c.conkey) AS cols,
@@ -617,8 +637,8 @@ BEGIN
                    '    IF _s IS NULL THEN\n        INSERT INTO %s AS y (%s) %s VALUES (%s) RETURNING y.* INTO NEW;\n        RETURN NEW;\n    END IF;\n'
                    '    _o := cow._write_operation();\n%s%s%s%s%s%s    RETURN NEW;\nEND $body$',
                    fn, decl, b, cow._collist(ncols), CASE WHEN has_always THEN 'OVERRIDING SYSTEM VALUE' ELSE '' END,
-                   cow._collist(ncols, 'NEW.'), gen_code, nn_code, chk_code, uq_ins, fk_ins,
-                   cow._rec_code(ch, b, names, pk, 'NEW', false));
+                   cow._collist(ncols, 'NEW.'), gen_code, nn_code, chk_code, uq_ins, '',
+                   cow._rec_code(ch, b, names, pk, 'NEW', false, fk_all, mark_guc));
     EXECUTE format('CREATE OR REPLACE TRIGGER cow_insert INSTEAD OF INSERT ON %s FOR EACH ROW EXECUTE FUNCTION %s()', v, fn);
     -- UPDATE: a primary-key change is a delete of the old key and a write of the new one.
     fn := format('cow_changes.%I', r.changes_table || '_upd');
@@ -628,9 +648,9 @@ BEGIN
                    '    _o := cow._write_operation();\n%s%s%s%s%s%s'
                    '    IF %s THEN\n%s    END IF;\n%s%s    RETURN NEW;\nEND $body$',
                    fn, decl, b, cow._collist(setcols), cow._collist(setcols, 'NEW.'), cow._eq(pk, 'y', 'OLD'),
-                   gen_code, nn_code, chk_code, uq_upd, fk_upd, par_upd_check,
+                   gen_code, nn_code, chk_code, uq_upd, '', par_upd_check,
                    cow._changed(pk), cow._rec_code(ch, b, names, pk, 'OLD', true),
-                   cow._rec_code(ch, b, names, pk, 'NEW', false), par_upd_act);
+                   cow._rec_code(ch, b, names, pk, 'NEW', false, fk_changed, mark_guc), par_upd_act);
     EXECUTE format('CREATE OR REPLACE TRIGGER cow_update INSTEAD OF UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION %s()', v, fn);
     -- DELETE
     fn := format('cow_changes.%I', r.changes_table || '_del');
@@ -641,6 +661,34 @@ BEGIN
                    fn, decl, b, cow._eq(pk, 'y', 'OLD'), par_del_check,
                    cow._rec_code(ch, b, names, pk, 'OLD', true), par_del_act);
     EXECUTE format('CREATE OR REPLACE TRIGGER cow_delete INSTEAD OF DELETE ON %s FOR EACH ROW EXECUTE FUNCTION %s()', v, fn);
+    -- Statement-level FOREIGN KEY checks (see above).
+    IF fk_ins = '' THEN
+        EXECUTE format('DROP TRIGGER IF EXISTS cow_fk_mark ON %s', v);
+        EXECUTE format('DROP TRIGGER IF EXISTS cow_fk_check ON %s', v);
+    ELSE
+        fn := format('cow_changes.%I', r.changes_table || '_mark');
+        EXECUTE format(E'CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER '
+                       'SET search_path = pg_catalog, pg_temp AS $body$\nBEGIN\n'
+                       '    IF nullif(current_setting(''cow.session_id'', true), '''') IS NOT NULL THEN\n'
+                       '        PERFORM set_config(%2$L, concat_ws('','', nullif(current_setting(%2$L, true), ''''),\n'
+                       '            (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM cow.write_seq)::text), true);\n'
+                       '    END IF;\n    RETURN NULL;\nEND $body$', fn, 'cow._mark_' || r.changes_table);
+        EXECUTE format('CREATE OR REPLACE TRIGGER cow_fk_mark BEFORE INSERT OR UPDATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()', v, fn);
+        fn := format('cow_changes.%I', r.changes_table || '_fkcheck');
+        EXECUTE format(E'CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER '
+                       'SET search_path = pg_catalog, pg_temp AS $body$\n'
+                       'DECLARE\n    _s text := nullif(current_setting(''cow.session_id'', true), '''');\n'
+                       '    _marks text := current_setting(%2$L, true);\n    _mark bigint;\n    _seq bigint;\n'
+                       '    _det text;\n    _best bigint;\n    _bdet text;\n    _bcon text;\nBEGIN\n'
+                       '    IF _s IS NULL OR coalesce(_marks, '''') = '''' THEN\n        RETURN NULL;\n    END IF;\n'
+                       '    _mark := split_part(_marks, '','', -1)::bigint;\n'
+                       '    PERFORM set_config(%2$L, regexp_replace(_marks, '',?[^,]*$'', ''''), true);\n%3$s'
+                       '    IF _best IS NOT NULL THEN\n'
+                       '        RAISE EXCEPTION USING ERRCODE = ''23503'', MESSAGE = format(''insert or update on table "%%s" violates foreign key constraint "%%s"'', %4$L, _bcon),\n'
+                       '            DETAIL = _bdet, SCHEMA = %5$L, TABLE = %4$L, CONSTRAINT = _bcon;\n'
+                       '    END IF;\n    RETURN NULL;\nEND $body$', fn, 'cow._mark_' || r.changes_table, fk_ins, tab, sch);
+        EXECUTE format('CREATE OR REPLACE TRIGGER cow_fk_check AFTER INSERT OR UPDATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()', v, fn);
+    END IF;
     UPDATE cow.registry SET signature = cow._signature(rel) WHERE id = p_id;
 END $gen$;
 
@@ -936,7 +984,7 @@ BEGIN
 END $$;
 
 CREATE OR REPLACE FUNCTION cow._meta_columns() RETURNS text[]
-LANGUAGE sql IMMUTABLE AS $$ SELECT '{_cow_seq,_cow_session,_cow_op,_cow_deleted,_cow_current,_cow_base}'::text[] $$;
+LANGUAGE sql IMMUTABLE AS $$ SELECT '{_cow_seq,_cow_session,_cow_op,_cow_deleted,_cow_current,_cow_base,_cow_fk}'::text[] $$;
 
 -- The session's write log, one row per row written, in write order.
 CREATE OR REPLACE FUNCTION cow.session_changes(session text)
