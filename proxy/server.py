@@ -16,7 +16,7 @@ import logging
 import ssl
 import time
 from collections.abc import Coroutine, Iterator
-from typing import Any
+from typing import Any, cast
 
 from proxy import protocol as p
 from proxy.analysis import Analysis
@@ -74,8 +74,8 @@ class UpstreamProtocol(asyncio.Protocol):
         self.tls_answer: asyncio.Future[bytes] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses, but have the same interface.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         if self.tls_answer is not None and not self.tls_answer.done():
@@ -124,8 +124,8 @@ class ClientConnection(asyncio.Protocol):
     # ---- client transport callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses, but have the same interface.
+        self.transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.server.connections[self.id] = self

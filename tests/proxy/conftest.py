@@ -61,7 +61,12 @@ def run_proxy(pg: PgServer, **overrides: Any) -> Iterator[RunningProxy]:
         upstream=Address(pg.host, pg.port), listen=Address("127.0.0.1", 0), drain_timeout=5, connect_timeout=5
     )
     config = replace(config, **overrides)
-    loop = asyncio.new_event_loop()
+    try:  # the loop `cowproxy serve` runs on
+        import uvloop
+
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover
+        loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="cowproxy-test", daemon=True)
     thread.start()
 
