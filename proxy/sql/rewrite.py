@@ -267,6 +267,8 @@ class Rewriter:
                 count += 1
                 final, _ = self._on_conflict(query, table, suffix=f"_{count}", nested=True)
                 ctes.extend(final.withClause.ctes)
+                if final.withClause.recursive:
+                    with_clause.recursive = True
                 final.withClause = None
                 cte.ctequery = final
             ctes.append(cte)
@@ -398,18 +400,37 @@ class Rewriter:
         returning = stmt.returningClause
 
         if clause.action == OnConflictAction.ONCONFLICT_NOTHING:
-            # Rows that collide with an earlier input row are skipped too, as PostgreSQL does (it sees the
-            # rows the same command inserted).
-            earlier = " AND ".join(
-                f"NOT EXISTS (SELECT 1 FROM {rows} AS cow_e WHERE {_match('cow_e', 'excluded', k)} "
-                "AND cow_e.cow_ord < excluded.cow_ord)"
-                for k in keys
-            )
-            where = " AND ".join(w for w in (collisions, earlier) if w) or "true"
-            sql = (
-                f"WITH {rows} AS (SELECT 1) INSERT INTO {view} AS {qalias} ({column_list}) "
-                f"SELECT {picked} FROM {rows} AS excluded WHERE {where} ORDER BY excluded.cow_ord"
-            )
+            if len(keys) <= 1:
+                # A row colliding with an earlier input row is skipped, as PostgreSQL does (it sees the rows
+                # the same command inserted); with one key, the first of equal rows is the one inserted.
+                earlier = " AND ".join(
+                    f"NOT EXISTS (SELECT 1 FROM {rows} AS cow_e WHERE {_match('cow_e', 'excluded', k)} "
+                    "AND cow_e.cow_ord < excluded.cow_ord)"
+                    for k in keys
+                )
+                where = " AND ".join(w for w in (collisions, earlier) if w) or "true"
+                sql = (
+                    f"WITH {rows} AS (SELECT 1) INSERT INTO {view} AS {qalias} ({column_list}) "
+                    f"SELECT {picked} FROM {rows} AS excluded WHERE {where} ORDER BY excluded.cow_ord"
+                )
+            else:
+                # Several arbiters: a row skipped for one key must not block a later row on another, so
+                # walk the rows in order, keeping the positions actually inserted (quadratic, only here).
+                clash = " OR ".join(f"({_match('cow_e', 'excluded', k)})" for k in keys)
+                walk = f"cow_walk{suffix}"
+                sql = (
+                    f"WITH RECURSIVE {rows} AS (SELECT 1), "
+                    f"{walk} (cow_ord, cow_picked) AS (SELECT CAST(0 AS bigint), CAST(ARRAY[] AS bigint[]) "
+                    "UNION ALL SELECT CAST(excluded.cow_ord AS bigint), "
+                    f"CASE WHEN {collisions} AND NOT EXISTS (SELECT 1 "
+                    f"FROM {rows} AS cow_e WHERE cow_e.cow_ord = ANY (cow_w.cow_picked) AND ({clash})) "
+                    "THEN cow_w.cow_picked || CAST(excluded.cow_ord AS bigint) ELSE cow_w.cow_picked END "
+                    f"FROM {walk} AS cow_w JOIN {rows} AS excluded ON excluded.cow_ord = cow_w.cow_ord + 1) "
+                    f"INSERT INTO {view} AS {qalias} ({column_list}) SELECT {picked} "
+                    f"FROM {rows} AS excluded, "
+                    f"(SELECT cow_picked FROM {walk} ORDER BY cow_ord DESC LIMIT 1) AS cow_final "
+                    "WHERE excluded.cow_ord = ANY (cow_final.cow_picked) ORDER BY excluded.cow_ord"
+                )
             new = _parse(sql)
             new.withClause.ctes[0].ctequery = rows_select
             new.returningClause = returning
@@ -495,7 +516,7 @@ class Rewriter:
     def _prepend_ctes(new: Any, stmt: Any) -> None:
         if stmt.withClause is not None:
             new.withClause.ctes = tuple(stmt.withClause.ctes) + tuple(new.withClause.ctes)
-            new.withClause.recursive = stmt.withClause.recursive
+            new.withClause.recursive = bool(stmt.withClause.recursive or new.withClause.recursive)
 
     def _conflict_input(self, stmt: Any, table: CowTable) -> tuple[list[str], Any]:
         """The INSERT's columns, and a SELECT of its rows as (cow_ord, columns...) typed like the table."""

@@ -16,6 +16,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from proxy.sql import CATALOG_QUERY, Analyzer, Catalog, apply_tag_map
 from tests.conftest import PgServer
@@ -516,3 +518,50 @@ def test_upsert_returning_keeps_input_order(pair: Pair, sql: str) -> None:
     finally:
         pair.plain.execute("ROLLBACK")
         pair.layer.execute("ROLLBACK")
+
+
+# -- random upserts against both databases ---------------------------------------------------------------
+
+NAMES = ["alpha", "beta", "gamma", "n1", "n2", "n3", "n4"]
+
+
+@st.composite
+def random_upsert(draw: st.DrawFn, version: int) -> str:
+    count = draw(st.integers(1, 4))
+    target = draw(st.sampled_from(["(id)", "(name)", "ON CONSTRAINT projects_pkey", ""]))
+    actions = ["DO NOTHING"]
+    if target:
+        actions += [
+            "DO UPDATE SET name = EXCLUDED.name",
+            "DO UPDATE SET budget = coalesce(projects.budget, 0) + EXCLUDED.budget "
+            "WHERE projects.budget < 100",
+            "DO UPDATE SET budget = EXCLUDED.budget, name = projects.name || '+'",
+        ]
+    action = draw(st.sampled_from(actions))
+    # Under DO UPDATE the rewrite checks duplicate arbiter keys (21000) before anything else and runs all
+    # updates before all inserts, while PostgreSQL goes row by row: when a statement has two errors, or a
+    # non-arbiter unique key is freed by an update of a later row, the outcomes differ (documented). The
+    # keys stay distinct there and inserted names stay clear of the existing ones.
+    update = action != "DO NOTHING"
+    ids = draw(st.lists(st.integers(1, 6), min_size=count, max_size=count, unique=update))
+    names = draw(
+        st.lists(
+            st.sampled_from(NAMES[3:] if update else NAMES), min_size=count, max_size=count, unique=update
+        )
+    )
+    budgets = draw(st.lists(st.sampled_from(["1", "DEFAULT", "NULL", "250"]), min_size=count, max_size=count))
+    values = ", ".join(f"({i}, '{n}', {b})" for i, n, b in zip(ids, names, budgets, strict=True))
+    returning = draw(st.sampled_from(["", " RETURNING *", " RETURNING id, budget"]))
+    if update and not returning and version < 170000:
+        returning = " RETURNING id"  # 15/16 count only inserted rows without RETURNING (documented)
+    return f"INSERT INTO projects (id, name, budget) VALUES {values} ON CONFLICT {target} {action}{returning}"
+
+
+@pytest.mark.timeout(120)
+def test_random_upserts_match_the_plain_table(pair: Pair) -> None:
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(data=st.data())
+    def check(data: st.DataObject) -> None:
+        compare(pair, [data.draw(random_upsert(pair.version)), "SELECT * FROM projects"])
+
+    check()
