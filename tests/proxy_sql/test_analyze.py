@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.sql import Analysis, Analyzer, Catalog, apply_tag_map
+from proxy.errors import ProxyError
+from proxy.sql import Analysis, Analyzer, Catalog, CatalogError, apply_tag_map
 
 from .catalogs import SAMPLE, rows, sample_catalog
 
@@ -208,3 +209,18 @@ def test_huge_statements_are_analysed_but_not_cached() -> None:
     second = analyzer.analyze(sql, CATALOG, True)
     assert first.rewritten is not None and first.rewritten == second.rewritten
     assert (analyzer.hits, analyzer.misses) == (0, 2)
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        ("public", "t", "cow_public"),
+        ("public", "t", "cow_public", "not json"),
+        ("public", "t", "cow_public", '{"pk": []}'),
+        ("public", None, "cow_public", "{}"),
+    ],
+)
+def test_malformed_catalog_rows_raise_catalog_error(row: tuple[str | None, ...]) -> None:
+    with pytest.raises(CatalogError) as info:
+        Catalog.from_rows([row])
+    assert isinstance(info.value, ProxyError)
