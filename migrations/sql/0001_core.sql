@@ -48,6 +48,13 @@ CREATE TABLE IF NOT EXISTS cow.sessions (
     status         text NOT NULL DEFAULT 'open' CHECK (status IN ('open', 'committed', 'discarded'))
 );
 
+-- The generated triggers run with the privileges of the writing role (no SECURITY DEFINER: a definer function
+-- would run app-supplied search_path lookups as the installer), so every role may write the changes tables.
+GRANT USAGE ON SCHEMA cow, cow_changes TO PUBLIC;
+GRANT SELECT, INSERT, UPDATE ON cow.sessions TO PUBLIC;
+GRANT USAGE, SELECT ON SEQUENCE cow.write_seq TO PUBLIC;
+GRANT SELECT ON cow.registry, cow.schemas, cow.tables TO PUBLIC;
+
 -- ---------------------------------------------------------------------------------------------------------
 -- Session GUCs
 -- ---------------------------------------------------------------------------------------------------------
@@ -136,7 +143,7 @@ END $$;
 -- Called by every trigger that records a change: the current session (NULL: none). Registers the session and
 -- validates the ids once per transaction.
 CREATE OR REPLACE FUNCTION cow._write_session() RETURNS text
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
     s text := nullif(current_setting('cow.session_id', true), '');
     stamp text;
@@ -352,6 +359,7 @@ BEGIN
                        ch, (SELECT string_agg(format(', %I %s', names[j], types[j]), '' ORDER BY j)
                             FROM generate_subscripts(names, 1) AS j));
         EXECUTE format('CREATE INDEX %I ON %s (_cow_session, _cow_seq)', r.changes_table || '_log', ch);
+        EXECUTE format('GRANT SELECT, INSERT, UPDATE ON %s TO PUBLIC', ch);
     ELSE
         EXECUTE format('ALTER TABLE %s ADD COLUMN IF NOT EXISTS _cow_fk int NOT NULL DEFAULT 0', ch);
         -- Follow app DDL by attribute number: dropped, renamed, retyped and added columns.
@@ -632,8 +640,8 @@ BEGIN
 
     -- INSERT
     fn := format('cow_changes.%I', r.changes_table || '_ins');
-    EXECUTE format(E'CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER '
-                   'SET search_path = pg_catalog, pg_temp AS $body$\n%sBEGIN\n'
+    EXECUTE format(E'CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql '
+                   'AS $body$\n%sBEGIN\n'
                    '    IF _s IS NULL THEN\n        INSERT INTO %s AS y (%s) %s VALUES (%s) RETURNING y.* INTO NEW;\n        RETURN NEW;\n    END IF;\n'
                    '    _o := cow._write_operation();\n%s%s%s%s%s%s    RETURN NEW;\nEND $body$',
                    fn, decl, b, cow._collist(ncols), CASE WHEN has_always THEN 'OVERRIDING SYSTEM VALUE' ELSE '' END,
@@ -642,8 +650,8 @@ BEGIN
     EXECUTE format('CREATE OR REPLACE TRIGGER cow_insert INSTEAD OF INSERT ON %s FOR EACH ROW EXECUTE FUNCTION %s()', v, fn);
     -- UPDATE: a primary-key change is a delete of the old key and a write of the new one.
     fn := format('cow_changes.%I', r.changes_table || '_upd');
-    EXECUTE format(E'CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER '
-                   'SET search_path = pg_catalog, pg_temp AS $body$\n%sBEGIN\n'
+    EXECUTE format(E'CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql '
+                   'AS $body$\n%sBEGIN\n'
                    '    IF _s IS NULL THEN\n        UPDATE %s AS y SET (%s) = ROW(%s) WHERE %s RETURNING y.* INTO NEW;\n        RETURN NEW;\n    END IF;\n'
                    '    _o := cow._write_operation();\n%s%s%s%s%s%s'
                    '    IF %s THEN\n%s    END IF;\n%s%s    RETURN NEW;\nEND $body$',
@@ -654,8 +662,8 @@ BEGIN
     EXECUTE format('CREATE OR REPLACE TRIGGER cow_update INSTEAD OF UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION %s()', v, fn);
     -- DELETE
     fn := format('cow_changes.%I', r.changes_table || '_del');
-    EXECUTE format(E'CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER '
-                   'SET search_path = pg_catalog, pg_temp AS $body$\n%sBEGIN\n'
+    EXECUTE format(E'CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql '
+                   'AS $body$\n%sBEGIN\n'
                    '    IF _s IS NULL THEN\n        DELETE FROM %s AS y WHERE %s;\n        IF NOT FOUND THEN\n            RETURN NULL;\n        END IF;\n        RETURN OLD;\n    END IF;\n'
                    '    _o := cow._write_operation();\n%s%s%s    RETURN OLD;\nEND $body$',
                    fn, decl, b, cow._eq(pk, 'y', 'OLD'), par_del_check,
@@ -667,16 +675,16 @@ BEGIN
         EXECUTE format('DROP TRIGGER IF EXISTS cow_fk_check ON %s', v);
     ELSE
         fn := format('cow_changes.%I', r.changes_table || '_mark');
-        EXECUTE format(E'CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER '
-                       'SET search_path = pg_catalog, pg_temp AS $body$\nBEGIN\n'
+        EXECUTE format(E'CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql '
+                       'AS $body$\nBEGIN\n'
                        '    IF nullif(current_setting(''cow.session_id'', true), '''') IS NOT NULL THEN\n'
                        '        PERFORM set_config(%2$L, concat_ws('','', nullif(current_setting(%2$L, true), ''''),\n'
                        '            (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM cow.write_seq)::text), true);\n'
                        '    END IF;\n    RETURN NULL;\nEND $body$', fn, 'cow._mark_' || r.changes_table);
         EXECUTE format('CREATE OR REPLACE TRIGGER cow_fk_mark BEFORE INSERT OR UPDATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()', v, fn);
         fn := format('cow_changes.%I', r.changes_table || '_fkcheck');
-        EXECUTE format(E'CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER '
-                       'SET search_path = pg_catalog, pg_temp AS $body$\n'
+        EXECUTE format(E'CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql '
+                       'AS $body$\n'
                        'DECLARE\n    _s text := nullif(current_setting(''cow.session_id'', true), '''');\n'
                        '    _marks text := current_setting(%2$L, true);\n    _mark bigint;\n    _seq bigint;\n'
                        '    _det text;\n    _best bigint;\n    _bdet text;\n    _bcon text;\nBEGIN\n'
@@ -1061,7 +1069,7 @@ BEGIN
 END $$;
 
 CREATE OR REPLACE FUNCTION cow.discard_session(session text) RETURNS bigint
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     g record;
     n bigint;
@@ -1145,7 +1153,7 @@ END $$;
 -- the session first wrote it is a conflict (40001) unless on_conflict = 'overwrite'.
 CREATE OR REPLACE FUNCTION cow.commit_session(session text, ops text[] DEFAULT NULL, on_conflict text DEFAULT 'fail')
 RETURNS jsonb
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     srow cow.sessions;
     prev text := current_setting('cow.session_id', true);

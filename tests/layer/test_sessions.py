@@ -199,3 +199,31 @@ def test_commit_from_a_tagged_connection_clears_the_guard_only_inside(layer_db: 
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("UPDATE public.customers SET score = 4")
     assert rows(layer_db, "SELECT score FROM public.customers WHERE id = 3") == [(3,)]
+
+
+def test_an_unprivileged_app_role_works_in_a_session(layer_db: str) -> None:
+    role = "cow_app_role"
+    with psycopg.connect(layer_db, autocommit=True) as admin:
+        admin.execute(f"DROP ROLE IF EXISTS {role}")
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+        admin.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}")
+        admin.execute(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}")
+    dsn = layer_db.replace("postgres@", f"{role}@", 1)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as app:
+            app.execute("SELECT cow.use_session('app', 'op')")
+            app.execute("INSERT INTO customers (email, name) VALUES ('r@x', 'R')")
+            app.execute("UPDATE orders SET qty = 4 WHERE id = 1")
+            app.execute("DELETE FROM customers WHERE id = 3")
+            assert app.execute("SELECT count(*) FROM customers").fetchone() == (3,)
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                app.execute("UPDATE public.orders SET qty = 5")
+            # Committing needs the admin: the role may not run the layer's bookkeeping as someone else.
+            app.execute("SELECT cow.use_session(NULL)")
+            assert app.execute("SELECT count(*) FROM customers").fetchone() == (3,)
+        run(layer_db, lambda c: sessions.commit_session(c, "app"))
+        assert rows(layer_db, "SELECT count(*), max(id) FROM public.customers") == [(3, 4)]
+    finally:
+        with psycopg.connect(layer_db, autocommit=True) as admin:
+            admin.execute(f"DROP OWNED BY {role}")
+            admin.execute(f"DROP ROLE {role}")
