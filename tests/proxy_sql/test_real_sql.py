@@ -48,15 +48,17 @@ CREATE TABLE members (
 );
 CREATE UNIQUE INDEX members_email_key ON members (email);
 CREATE TABLE audit (id int PRIMARY KEY, project_id int REFERENCES projects (id));
+CREATE TABLE tree (id int PRIMARY KEY, parent_id int REFERENCES tree (id));
 """
 DATA = """
 INSERT INTO projects VALUES (1, 'alpha', 10), (2, 'beta', 200), (3, 'gamma', 0);
 INSERT INTO issues (project_id, title, points) VALUES (1, 'Fix', 3), (1, 'Docs', 1), (2, 'Perf', 5);
 INSERT INTO comments (issue_id, body) VALUES (1, 'a'), (1, 'b'), (3, 'c');
 INSERT INTO members VALUES (1, 1, 'a@x'), (2, 2, NULL);
+INSERT INTO tree VALUES (1, NULL), (2, 1), (3, 2), (4, 1);
 """
-COW_TABLES = ("projects", "issues", "comments", "members")
-ORDER = {"projects": "id", "issues": "id", "comments": "id", "members": "id", "audit": "id"}
+COW_TABLES = ("projects", "issues", "comments", "members", "tree")
+ORDER = {"projects": "id", "issues": "id", "comments": "id", "members": "id", "audit": "id", "tree": "id"}
 
 
 @dataclass(frozen=True)
@@ -366,6 +368,11 @@ TRUNCATE_CASES: dict[str, list[str | tuple[str, Sequence[Any]]]] = {
     "listed_together": ["TRUNCATE comments, issues", "SELECT count(*) FROM projects"],
     "cascade_reaches_children": ["TRUNCATE issues CASCADE", "SELECT count(*) FROM comments"],
     "qualified": ["TRUNCATE public.comments", "SELECT count(*) FROM public.comments"],
+    "self_referencing": [
+        "UPDATE tree SET parent_id = 3 WHERE id = 4",
+        "TRUNCATE tree",
+        "INSERT INTO tree VALUES (1, NULL) RETURNING *",
+    ],
     "after_session_writes": [
         "INSERT INTO comments (issue_id, body) VALUES (2, 'new')",
         "TRUNCATE ONLY comments",
@@ -374,8 +381,19 @@ TRUNCATE_CASES: dict[str, list[str | tuple[str, Sequence[Any]]]] = {
 }
 
 
+# The layer checks a self-referencing NO ACTION key row by row (a plain `DELETE FROM tree` fails in a
+# session with 23503 too, where PostgreSQL checks at the end of the statement): the layer's to fix.
+_LAYER_SELF_REFERENCE = pytest.mark.xfail(
+    reason="layer checks NO ACTION self-references per row (DELETE FROM tree fails in a session too)",
+    strict=True,
+)
+
+
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("name", list(TRUNCATE_CASES))
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=_LAYER_SELF_REFERENCE) if n == "self_referencing" else n for n in TRUNCATE_CASES],
+)
 def test_truncate(pair: Pair, name: str) -> None:
     compare(pair, TRUNCATE_CASES[name])
 
