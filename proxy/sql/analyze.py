@@ -388,7 +388,7 @@ def _analyze_parsed(text: str, catalog: Catalog, in_session: bool, version: int)
     # Only now the full parse into pglast nodes, which the rewriter edits and deparses.
     try:
         rewriter = Rewriter(catalog, version, inspection.qualified, inspection.on_conflicts)
-        outcome = rewriter.rewrite(pglast.parse_sql(text))
+        outcome = rewriter.rewrite(pglast.parse_sql(text), text)
     except RewriteError as exc:
         return replace(base, error=(exc.sqlstate, str(exc)))
     except Exception as exc:  # a statement shape the rewriter does not know: refuse rather than guess

@@ -153,8 +153,10 @@ class Rewriter:
 
     # -- entry -------------------------------------------------------------------------------------
 
-    def rewrite(self, stmts: Sequence[Any]) -> Outcome:
+    def rewrite(self, stmts: Sequence[Any], text: str | None = None) -> Outcome:
+        """Rewrite parsed statements; with the source ``text``, unchanged statements keep their own text."""
         changed = False
+        changed_at: set[int] = set()
         tag_map: tuple[str, str] | None = None
         mapped_index = -1
         finals: list[Any] = []
@@ -163,6 +165,7 @@ class Rewriter:
             if node_changed:
                 raw.stmt = node
                 changed = True
+                changed_at.add(index)
             if node_map is not None:
                 if tag_map is not None:
                     raise _unsupported("two statements needing a command-tag fix in one query string")
@@ -177,7 +180,16 @@ class Rewriter:
                 )
         if not changed:
             return Outcome(None, None)
-        return Outcome("; ".join(RawStream()(raw) for raw in stmts), tag_map)
+        parts = []
+        for index, raw in enumerate(stmts):
+            if text is not None and index not in changed_at:
+                # pglast gives the offsets in characters; stmt_len 0 means "to the end"
+                end = raw.stmt_location + raw.stmt_len if raw.stmt_len else len(text)
+                parts.append(text[raw.stmt_location : end].strip().rstrip(";").strip())
+            else:
+                parts.append(RawStream()(raw))
+        # the newline ends a line comment the client's text may finish with, before the semicolon
+        return Outcome("\n; ".join(parts), tag_map)
 
     def _statement(self, node: Any) -> tuple[Any, bool, tuple[str, str] | None]:
         self._refuse_ddl(node)
