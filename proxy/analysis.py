@@ -7,6 +7,7 @@ and keeps working (tags from startup and routes, no comment tags, no rewrites) i
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,46 @@ class Verdict:
     cache_hit: bool
 
 
+# Untagged statements need no rewrite and no tamper check: only their kind, for the metrics. A full parse
+# of every distinct statement text (pgbench's literals make each one distinct) would be the proxy's main cost,
+# so their kind comes from the first keyword.
+_FIRST_WORD = re.compile(r"\s*(?:(?:--[^\n]*\n|/\*.*?\*/)\s*)*\(*\s*([A-Za-z]+)", re.S)
+_QUICK_KINDS = {
+    "select": "select",
+    "values": "select",
+    "table": "select",
+    "with": "other",
+    "insert": "insert",
+    "update": "update",
+    "delete": "delete",
+    "merge": "other",
+    "copy": "copy",
+    "begin": "transaction",
+    "start": "transaction",
+    "commit": "transaction",
+    "end": "transaction",
+    "rollback": "transaction",
+    "abort": "transaction",
+    "savepoint": "transaction",
+    "release": "transaction",
+    "prepare": "transaction",
+    "create": "ddl",
+    "alter": "ddl",
+    "drop": "ddl",
+    "truncate": "ddl",
+    "comment": "ddl",
+    "grant": "ddl",
+    "revoke": "ddl",
+}
+
+
+def quick_kind(sql: str) -> str:
+    match = _FIRST_WORD.match(sql)
+    if match is None:
+        return "other"
+    return _QUICK_KINDS.get(match.group(1).lower(), "utility")
+
+
 def _load() -> Any:
     try:
         return importlib.import_module("proxy.sql")
@@ -41,6 +82,7 @@ class Analysis:
         self.module = _load()
         self.available = self.module is not None and hasattr(self.module, "Analyzer")
         self._analyzer: Any = self.module.Analyzer(cache_size=cache_size) if self.available else None
+        self._untagged: dict[str, Verdict] = {}
         self.catalog_query: str | None = (
             getattr(self.module, "CATALOG_QUERY", None) if self.available else None
         )
@@ -82,6 +124,12 @@ class Analysis:
         return Tags(session, operation)
 
     def analyze(self, sql: str, catalog: Any, in_session: bool) -> Verdict:
+        if not in_session:
+            kind = quick_kind(sql)
+            verdict = self._untagged.get(kind)
+            if verdict is None:
+                verdict = self._untagged[kind] = Verdict(kind, (), False, None, None, None, True)
+            return verdict
         if not self.available:
             return Verdict("other", (), False, None, None, None, False)
         if catalog is None:

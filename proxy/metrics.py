@@ -1,12 +1,17 @@
-"""Prometheus metrics of the proxy, in a registry of its own (``cowproxy_*`` names)."""
+"""Prometheus metrics of the proxy, in a registry of its own (``cowproxy_*`` names).
+
+The relay counts into plain integers (a prometheus-client ``inc`` takes a lock and costs about a
+microsecond; a round trip through the proxy makes several), and a collector turns them into metric
+families when ``/metrics`` is scraped.
+"""
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from proxy.tags import Tags
@@ -28,103 +33,145 @@ LATENCY_BUCKETS = (
     2.5,
     10,
 )
-
-
-class _ConnectionStates(Collector):
-    """Client and upstream connections by state, counted at scrape time from the live connections."""
-
-    def __init__(self, states: Callable[[], Iterable[tuple[str, str]]]) -> None:
-        self.states = states
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily(
-            "cowproxy_connections", "Open connections by side and state", labels=["side", "state"]
-        )
-        counts: dict[tuple[str, str], int] = {}
-        for key in self.states():
-            counts[key] = counts.get(key, 0) + 1
-        for side in ("client", "upstream"):
-            for state in ("startup", "idle", "active", "idle_in_transaction", "draining"):
-                counts.setdefault((side, state), 0)
-        for (side, state), count in sorted(counts.items()):
-            family.add_metric([side, state], count)
-        yield family
+CONNECTION_STATES = ("startup", "idle", "active", "idle_in_transaction", "draining")
 
 
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.connections_total = Counter(
-            "cowproxy_client_connections", "Client connections accepted", registry=r
-        )
-        self.statements = Counter(
-            "cowproxy_statements", "Statements relayed, by kind and tagging", ["kind", "tagged"], registry=r
-        )
-        self.writes = Counter(
-            "cowproxy_writes", "Writing statements by table and kind", ["table", "kind"], registry=r
-        )
-        self.rewrites = Counter("cowproxy_rewrites", "Statements rewritten for CoW tables", registry=r)
-        self.errors = Counter(
-            "cowproxy_errors",
-            "ErrorResponses sent to clients, by SQLSTATE class",
-            ["sqlstate_class"],
-            registry=r,
-        )
-        self.bytes = Counter("cowproxy_bytes", "Bytes relayed", ["direction"], registry=r)
-        self.latency = Histogram(
-            "cowproxy_query_duration_seconds",
-            "Time from a query (or Sync) to its ReadyForQuery",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.parse_cache = Counter(
-            "cowproxy_parse_cache_lookups", "SQL analysis cache lookups", ["result"], registry=r
-        )
-        self.injections = Counter(
-            "cowproxy_session_switches", "cow.use_session calls injected, by tagging", ["tagged"], registry=r
-        )
-        self.bytes_up = self.bytes.labels("client_to_server")
-        self.bytes_down = self.bytes.labels("server_to_client")
-        self.statement_children: dict[tuple[str, bool], Any] = {}
-        self._cache = (self.parse_cache.labels("hit"), self.parse_cache.labels("miss"))
+        self.connections_total = 0
+        self.statements: dict[tuple[str, bool], int] = {}
+        self.writes: dict[tuple[str, str], int] = {}
+        self.errors: dict[str, int] = {}
+        self.rewrites = 0
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self.cache_hits = 0
+        self.cache_misses = 0
+        self.switches: dict[bool, int] = {True: 0, False: 0}
+        self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.latency_sum = 0.0
+        self._states: Callable[[], Iterable[tuple[str, str]]] = lambda: ()
+        self.registry.register(_Collector(self))
 
     def watch_connections(self, states: Callable[[], Iterable[tuple[str, str]]]) -> None:
-        self.registry.register(_ConnectionStates(states))
+        self._states = states
+
+    def count_error(self, sqlstate: str) -> None:
+        key = sqlstate[:2]
+        self.errors[key] = self.errors.get(key, 0) + 1
 
     def hooks(self) -> ConnectionHooks:
         return ConnectionHooks(self)
 
 
+class _Collector(Collector):
+    def __init__(self, metrics: Metrics) -> None:
+        self.m = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m = self.m
+        conns = GaugeMetricFamily(
+            "cowproxy_connections", "Open connections by side and state", labels=["side", "state"]
+        )
+        counts: dict[tuple[str, str], int] = {
+            (side, s): 0 for side in ("client", "upstream") for s in CONNECTION_STATES
+        }
+        for key in m._states():
+            counts[key] = counts.get(key, 0) + 1
+        for (side, state), count in sorted(counts.items()):
+            conns.add_metric([side, state], count)
+        yield conns
+        accepted = CounterMetricFamily("cowproxy_client_connections", "Client connections accepted")
+        accepted.add_metric([], m.connections_total)
+        yield accepted
+        statements = CounterMetricFamily(
+            "cowproxy_statements", "Statements relayed, by kind and tagging", labels=["kind", "tagged"]
+        )
+        for (kind, tagged), n in sorted(m.statements.items()):
+            statements.add_metric([kind, "true" if tagged else "false"], n)
+        yield statements
+        writes = CounterMetricFamily(
+            "cowproxy_writes",
+            "Writing statements of tagged connections, by table and kind",
+            labels=["table", "kind"],
+        )
+        for (table, kind), n in sorted(m.writes.items()):
+            writes.add_metric([table, kind], n)
+        yield writes
+        rewrites = CounterMetricFamily("cowproxy_rewrites", "Statements rewritten for copy-on-write tables")
+        rewrites.add_metric([], m.rewrites)
+        yield rewrites
+        errors = CounterMetricFamily(
+            "cowproxy_errors", "ErrorResponses sent to clients, by SQLSTATE class", labels=["sqlstate_class"]
+        )
+        for cls, n in sorted(m.errors.items()):
+            errors.add_metric([cls], n)
+        yield errors
+        relayed = CounterMetricFamily("cowproxy_bytes", "Bytes relayed", labels=["direction"])
+        relayed.add_metric(["client_to_server"], m.bytes_up)
+        relayed.add_metric(["server_to_client"], m.bytes_down)
+        yield relayed
+        cache = CounterMetricFamily(
+            "cowproxy_parse_cache_lookups",
+            "SQL analysis cache lookups (tagged statements)",
+            labels=["result"],
+        )
+        cache.add_metric(["hit"], m.cache_hits)
+        cache.add_metric(["miss"], m.cache_misses)
+        yield cache
+        switches = CounterMetricFamily(
+            "cowproxy_session_switches", "cow.use_session calls injected, by tagging", labels=["tagged"]
+        )
+        switches.add_metric(["true"], m.switches[True])
+        switches.add_metric(["false"], m.switches[False])
+        yield switches
+        latency = HistogramMetricFamily(
+            "cowproxy_query_duration_seconds", "Time from a query (or Sync) to its ReadyForQuery"
+        )
+        buckets: list[tuple[str, float]] = []
+        running = 0
+        for bound, count in zip((*LATENCY_BUCKETS, float("inf")), m.latency_counts, strict=True):
+            running += count
+            buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
+        latency.add_metric([], buckets, m.latency_sum)
+        yield latency
+
+
 class ConnectionHooks:
-    """The relay's ``Hooks``, with label children cached per process."""
+    """The relay's ``Hooks``: plain counters, exported by the collector."""
+
+    __slots__ = ("m",)
 
     def __init__(self, metrics: Metrics) -> None:
         self.m = metrics
-        self._statement_children = metrics.statement_children
 
     def statement(self, kind: str, tagged: bool) -> None:
+        counts = self.m.statements
         key = (kind, tagged)
-        child = self._statement_children.get(key)
-        if child is None:
-            child = self.m.statements.labels(kind, "true" if tagged else "false")
-            self._statement_children[key] = child
-        child.inc()
+        counts[key] = counts.get(key, 0) + 1
 
     def write(self, table: str, kind: str) -> None:
-        self.m.writes.labels(table, kind).inc()
+        counts = self.m.writes
+        key = (table, kind)
+        counts[key] = counts.get(key, 0) + 1
 
     def rewrite(self) -> None:
-        self.m.rewrites.inc()
+        self.m.rewrites += 1
 
     def error(self, sqlstate: str) -> None:
-        self.m.errors.labels(sqlstate[:2]).inc()
+        self.m.count_error(sqlstate)
 
     def parse_cache(self, hit: bool) -> None:
-        self.m._cache[0 if hit else 1].inc()
+        if hit:
+            self.m.cache_hits += 1
+        else:
+            self.m.cache_misses += 1
 
     def latency(self, seconds: float) -> None:
-        self.m.latency.observe(seconds)
+        m = self.m
+        m.latency_counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        m.latency_sum += seconds
 
     def tags_applied(self, tags: Tags) -> None:
-        self.m.injections.labels("true" if tags.tagged else "false").inc()
+        self.m.switches[tags.tagged] += 1

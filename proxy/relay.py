@@ -293,7 +293,8 @@ class Relay:
             return None
         self._fresh = False
         verdict = self.analysis.analyze(sql, self.catalog, tags.tagged)
-        self.hooks.parse_cache(verdict.cache_hit)
+        if tags.tagged:
+            self.hooks.parse_cache(verdict.cache_hit)
         if comment is not None or self._at_transaction_start():
             self.txn_tags = tags
         if tags.tagged:

@@ -129,10 +129,10 @@ class ClientConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.server.connections[self.id] = self
-        self.server.metrics.connections_total.inc()
+        self.server.metrics.connections_total += 1
 
     def data_received(self, data: bytes) -> None:
-        self.server.metrics.bytes_up.inc(len(data))
+        self.server.metrics.bytes_up += len(data)
         self.reader.feed(data)
         self._process_client()
 
@@ -284,7 +284,7 @@ class ClientConnection(asyncio.Protocol):
     # ---- server side dispatch
 
     def on_server_data(self, data: bytes) -> None:
-        self.server.metrics.bytes_down.inc(len(data))
+        self.server.metrics.bytes_down += len(data)
         try:
             if self.state is State.READY:
                 assert self.relay is not None
@@ -427,7 +427,7 @@ class ClientConnection(asyncio.Protocol):
     def fail(self, sqlstate: str, text: str) -> None:
         """Tell the client (FATAL) and close both sides."""
         log_event(logging.INFO, "connection_error", conn=self.id, sqlstate=sqlstate, error=text)
-        self.server.metrics.errors.labels(sqlstate[:2]).inc()
+        self.server.metrics.count_error(sqlstate)
         if self.transport is not None and self.state is not State.CLOSED:
             self.transport.write(p.encode_error(sqlstate, text, severity="FATAL"))
         self.close(text)
