@@ -110,7 +110,8 @@ async def fetch_metadata(conn: asyncpg.Connection) -> Metadata:
     columns = await conn.fetch(
         """
         SELECT a.attrelid AS oid, a.attname, format_type(a.atttypid, a.atttypmod) AS type_name,
-               bt.typname, bt.typcategory::text AS typcategory
+               bt.typname, bt.typcategory::text AS typcategory,
+               (a.attidentity <> '' OR a.atthasdef) AS generated
         FROM pg_attribute a
         JOIN pg_type ty ON ty.oid = a.atttypid
         -- a domain compares like its base type
@@ -139,9 +140,8 @@ async def fetch_metadata(conn: asyncpg.Connection) -> Metadata:
     )
     cols_by: dict[int, list[ColumnMeta]] = defaultdict(list)
     for c in columns:
-        cols_by[c["oid"]].append(
-            ColumnMeta(c["attname"], c["type_name"], _category(c["typname"], c["typcategory"]))
-        )
+        category = _category(c["typname"], c["typcategory"])
+        cols_by[c["oid"]].append(ColumnMeta(c["attname"], c["type_name"], category, bool(c["generated"])))
     fks_by: dict[int, list[ForeignKey]] = defaultdict(list)
     for f in fks:
         fks_by[f["oid"]].append(

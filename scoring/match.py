@@ -325,6 +325,10 @@ def _match_table(
     images = {
         k: (mapping.translate(meta, a.image) if a.image is not None else None) for k, a in ag_rows.items()
     }
+    fk_cols = {c for fk in meta.fks for c in fk.columns}
+    generated_key = any(
+        (col := meta.column(c)) is not None and col.generated and c not in fk_cols for c in meta.pk
+    )
     mapped_keys: dict[Key, Key] = {}
     pairs: list[Pair] = []
     paired_gt: set[Key] = set()
@@ -335,8 +339,10 @@ def _match_table(
         if any(isinstance(v, Unmapped) for v in mk_values.values()):
             continue
         mk = key_of(meta, mk_values)
-        mapped_keys[k] = mk
         g = gt_rows.get(mk)
+        if g is not None and generated_key and a.created and g.created:
+            continue  # both sides inserted and the database generated the key: pair by similarity
+        mapped_keys[k] = mk
         if g is None or mk in paired_gt:
             continue
         if g.deleted != a.deleted:

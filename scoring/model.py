@@ -59,6 +59,9 @@ class ColumnMeta:
     name: str
     type_name: str = "unknown"
     category: str = OTHER
+    # The database fills it in (identity, serial, a default): in a primary key, such values are generated
+    # independently by each session, so equal values on both sides of inserted rows mean nothing.
+    generated: bool = False
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,10 @@ CREATE TABLE comments (
     body text NOT NULL,
     updated_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+CREATE TABLE notes (
+    id serial PRIMARY KEY,
+    body text NOT NULL
+);
 INSERT INTO tickets (id, title, status, priority) VALUES
     ('T-101', 'Login button misaligned', 'open', 'low'),
     ('T-102', 'Export to CSV drops accents', 'open', 'medium'),
@@ -85,6 +89,8 @@ def fig3_dsn(create_database: Callable[..., str]) -> str:
             ("agent-perfect", "agent", None, "oracle", "gt-fig3"),
             ("agent-wrong-row", "agent", None, "sloppy", "gt-fig3"),
             ("agent-discarded", "agent", None, "gone", None),
+            ("gt-serial", "ground_truth", None, None, None),
+            ("agent-serial", "agent", None, "collides", "gt-serial"),
         ):
             conn.execute(
                 "SELECT cow.create_session(%s, kind => %s, label => %s, model => %s, gt_session => %s)", args
@@ -97,4 +103,20 @@ def fig3_dsn(create_database: Callable[..., str]) -> str:
         record(conn, "agent-wrong-row", [("w1", f3.TICKETS, wrong, False)])
         record(conn, "agent-discarded", f3.GT_ROWS)
         conn.execute("SELECT cow.discard_session('agent-discarded')")
+        # Both sessions get id 500 for different notes (as if each had its own sequence), and id 501 /
+        # 900 for the same note: serial keys are paired by content, never by their values.
+        record(
+            conn, "gt-serial", [("n1", "notes", {"id": 500, "body": "Refund approved for order 5512"}, True)]
+        )
+        record(
+            conn, "gt-serial", [("n2", "notes", {"id": 501, "body": "Customer asked for a callback"}, True)]
+        )
+        record(
+            conn, "agent-serial", [("m1", "notes", {"id": 500, "body": "Quarterly newsletter draft"}, True)]
+        )
+        record(
+            conn,
+            "agent-serial",
+            [("m2", "notes", {"id": 900, "body": "Customer asked for a callback"}, True)],
+        )
     return dsn

@@ -59,7 +59,7 @@ def test_all_csv_and_jsonl(fig3_dsn: str, capsys: pytest.CaptureFixture[str], tm
     code, out, _ = run(capsys, "--dsn", fig3_dsn, "--all", "--format", "csv", "--jobs", "2")
     assert code == 0
     rows = {r["agent"]: r for r in csv.DictReader(io.StringIO(out))}
-    assert set(rows) == {"agent-fig3", "agent-perfect", "agent-wrong-row"}
+    assert set(rows) == {"agent-fig3", "agent-perfect", "agent-wrong-row", "agent-serial"}
     assert float(rows["agent-perfect"]["overall"]) == 1.0
     assert float(rows["agent-fig3"]["f1"]) == pytest.approx(2 / 3)
     assert rows["agent-wrong-row"]["model"] == "sloppy"

@@ -139,3 +139,24 @@ def test_large_table_path_agrees_on_figure3() -> None:
     """With a tiny dense-matrix budget the identical-rows-first and blocked path runs; same result."""
     result = score_writes(f3.writes(f3.GT_ROWS), f3.writes(f3.AGENT_ROWS), f3.METADATA, max_dense_cells=1)
     check_figure3(result)
+
+
+def test_coinciding_generated_keys_are_not_the_same_row() -> None:
+    from scoring import ColumnMeta, Metadata, TableMeta
+
+    meta = Metadata(
+        {
+            "t": TableMeta(
+                "t",
+                (ColumnMeta("id", "integer", "numeric", generated=True), ColumnMeta("name", "text", "text")),
+                ("id",),
+            )
+        }
+    )
+    gt = [Write("t", {"id": 5}, {"id": 5, "name": "Refund approved"}, "g", 1, created=True)]
+    other = [Write("t", {"id": 5}, {"id": 5, "name": "Newsletter draft"}, "a", 1, created=True)]
+    same = [Write("t", {"id": 5}, {"id": 5, "name": "Refund approved"}, "a", 1, created=True)]
+    assert score_writes(gt, other, meta).counts.matched == 0
+    assert score_writes(gt, same, meta).counts.matched == 1
+    # Without the generated flag (a natural key), equal keys are the same row, matched whatever the values.
+    assert score_writes(gt, other).counts.matched == 1

@@ -77,3 +77,10 @@ def test_perfect_and_wrong_row_agents(fig3_dsn: str) -> None:
     assert [(r.agent_pk, r.reason) for r in extra] == [
         ({"id": "T-104"}, "the ground truth did not change this existing row")
     ]
+
+
+def test_generated_keys_pair_by_content_not_value(fig3_dsn: str) -> None:
+    r = score_sessions(fig3_dsn, "gt-serial", "agent-serial")
+    assert (r.counts.matched, r.counts.missing, r.counts.extra) == (1, 1, 1)
+    (matched,) = [x for x in r.rows if x.status == "matched"]
+    assert (matched.gt_pk, matched.agent_pk, matched.how) == ({"id": 501}, {"id": 900}, "similarity")
