@@ -287,6 +287,17 @@ ON_CONFLICT_CASES: dict[str, list[str | tuple[str, Sequence[Any]]]] = {
         "INSERT INTO projects (id, name, budget) VALUES (3, 'c', DEFAULT), (10, 'ten', DEFAULT) "
         "ON CONFLICT (id) DO NOTHING RETURNING *",
     ],
+    # the shapes ORMs send: SQLAlchemy's insertmanyvalues with a sentinel ordering, Rails/Ecto quoting
+    "orm_shapes": [
+        (
+            "INSERT INTO projects (id, name) SELECT p0::INTEGER, p1::VARCHAR FROM (VALUES ($1, $2, 0), "
+            "($3, $4, 1)) AS imp_sen(p0, p1, sen_counter) ORDER BY sen_counter "
+            "ON CONFLICT (id) DO UPDATE SET name = excluded.name RETURNING projects.id, projects.name",
+            (2, "bee", 12, "twelve"),
+        ),
+        'INSERT INTO "projects" ("id","name") VALUES (13, \'x\'), (3, \'y\') ON CONFLICT ("id") '
+        'DO UPDATE SET "name"=excluded."name" RETURNING "id"',
+    ],
     "get_or_create_in_cte": [
         "WITH ins AS (INSERT INTO projects (id, name) VALUES (80, 'alpha') ON CONFLICT (name) DO NOTHING "
         "RETURNING id) SELECT id FROM ins UNION ALL SELECT id FROM projects WHERE name = 'alpha'",
