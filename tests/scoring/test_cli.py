@@ -132,3 +132,24 @@ def test_config_changes_scores(fig3_dsn: str, capsys: pytest.CaptureFixture[str]
     data = json.loads(out)
     assert data["counts"]["matched"] == 2 and data["counts"]["extra"] == 1 and data["counts"]["missing"] == 1
     assert data["struct_score"] == pytest.approx(0.5)
+
+
+def test_database_without_layer(empty_db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "--dsn", empty_db, "--all")
+    assert code == 1 and out == ""
+    assert "the CoW layer is not installed" in err and len(err.splitlines()) == 1
+
+
+def test_progress_bar_only_on_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    from scoring.cli import _progress
+
+    assert _progress() is None  # stderr is captured here, not a terminal
+
+
+def test_pairs_file_errors(fig3_dsn: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bad = tmp_path / "pairs.csv"
+    bad.write_text("gt,agent\ngt-fig3\n")
+    code, _, err = run(capsys, "--dsn", fig3_dsn, "--pairs", str(bad))
+    assert code == 1 and "line 1 is not 'gt,agent'" in err
+    code, _, err = run(capsys, "--dsn", fig3_dsn, "--pairs", str(tmp_path / "none.csv"))
+    assert code == 1 and "cannot read pairs file" in err
