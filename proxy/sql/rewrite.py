@@ -512,7 +512,9 @@ class Rewriter:
             update_node.returningClause = _parse(
                 f"UPDATE x SET y = 1 RETURNING excluded.cow_ord, {qalias}.*"
             ).returningClause
-            new.targetList = _expand_stars(returning.exprs, alias, [c.name for c in table.columns])
+            # pglast 8 wraps RETURNING in a ReturningClause (PostgreSQL 18), earlier versions give the list
+            exprs = getattr(returning, "exprs", returning)
+            new.targetList = _expand_stars(exprs, alias, [c.name for c in table.columns])
             tag_map = ("SELECT", "INSERT 0")
         new.withClause.ctes[0].ctequery = rows_select
         insert_node.override = stmt.override
