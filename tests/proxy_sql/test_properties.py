@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+from typing import Any
+from urllib.parse import quote
 
 import pglast
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.errors import ProxyError
-from proxy.sql import KINDS, Analysis, Analyzer, read_comment_tags, strip_edge_comments
+from proxy.sql import KINDS, Analysis, Analyzer, CommentTags, read_comment_tags, strip_edge_comments
 
 from .catalogs import sample_catalog
 
@@ -176,3 +178,30 @@ def test_upsert_rewrites_are_valid_sql_or_clear_refusals(sql: str, version: int)
     _check(result)
     if result.rewritten is not None:
         assert pglast.parse_sql(result.rewritten)
+
+
+ids = st.text(alphabet="abcXYZ0129._:-", min_size=1, max_size=128)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    session=ids,
+    operation=ids,
+    others=st.dictionaries(st.sampled_from(["app", "route", "db_driver"]), st.text(max_size=10), max_size=3),
+    order=st.randoms(use_true_random=False),
+    leading=st.booleans(),
+    encode_all=st.booleans(),
+)
+def test_comment_tags_round_trip(
+    session: str, operation: str, others: dict[str, str], order: Any, *, leading: bool, encode_all: bool
+) -> None:
+    def enc(value: str) -> str:
+        return "".join(f"%{b:02X}" for b in value.encode()) if encode_all else quote(value, safe="")
+
+    pairs = [f"cow_session='{enc(session)}'", f"cow_operation='{enc(operation)}'"]
+    pairs += [f"{k}='{quote(v, safe='')}'" for k, v in others.items()]
+    order.shuffle(pairs)
+    comment = "/*" + ",".join(pairs) + "*/"
+    sql = f"{comment} SELECT 1" if leading else f"SELECT 1 {comment}"
+    assert read_comment_tags(sql) == CommentTags(session, operation)
+    assert strip_edge_comments(sql) == "SELECT 1"
