@@ -329,11 +329,8 @@ class Rewriter:
             return None
         if others:
             raise _unsupported(f"TRUNCATE of copy-on-write and other tables ({', '.join(others)}) together")
-        if node.restart_seqs:
-            raise _unsupported(
-                "TRUNCATE ... RESTART IDENTITY on copy-on-write tables (their sequences are shared with "
-                "the base tables)"
-            )
+        # RESTART IDENTITY is accepted but not applied: the sequences are shared with the base tables, and
+        # restarting them would hand production ids that already exist (docs/rewrites.md).
         cascade = node.behavior == DropBehavior.DROP_CASCADE
         members = {(t.schema, t.name) for t in tables}
         pending = list(tables)

@@ -379,6 +379,10 @@ TRUNCATE_CASES: dict[str, list[str | tuple[str, Sequence[Any]]]] = {
     "listed_together": ["TRUNCATE comments, issues", "SELECT count(*) FROM projects"],
     "cascade_reaches_children": ["TRUNCATE issues CASCADE", "SELECT count(*) FROM comments"],
     "qualified": ["TRUNCATE public.comments", "SELECT count(*) FROM public.comments"],
+    "restart_identity_keeps_the_sequences": [
+        "TRUNCATE comments RESTART IDENTITY",
+        "SELECT count(*) FROM comments",
+    ],
     "self_referencing": [
         "UPDATE tree SET parent_id = 3 WHERE id = 4",
         "TRUNCATE tree",
