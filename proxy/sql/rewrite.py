@@ -123,7 +123,8 @@ def _expand_stars(targets: Sequence[Any], alias: str, columns: Sequence[str]) ->
     return tuple(out)
 
 
-_PASS_THROUGH_KINDS = (
+# Statements whose schema-qualified CoW names are pointed at the overlay (DDL keeps the base tables).
+_QUALIFIED_NAME_KINDS = (
     ast.SelectStmt,
     ast.InsertStmt,
     ast.UpdateStmt,
@@ -221,7 +222,7 @@ class Rewriter:
             if table is not None:
                 self._copy_to(node, table)
                 changed = True
-        if self.qualified and isinstance(node, _PASS_THROUGH_KINDS):
+        if self.qualified and isinstance(node, _QUALIFIED_NAME_KINDS):
             qualify = _Qualify(self.catalog)
             qualify(node)
             changed = changed or qualify.changed
