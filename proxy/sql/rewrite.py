@@ -226,6 +226,12 @@ class Rewriter:
             qualify = _Qualify(self.catalog)
             qualify(node)
             changed = changed or qualify.changed
+            if qualify.changed and isinstance(node, ast.MergeStmt) and 0 < self.version < MERGE_ON_VIEWS:
+                # pglast deparses MERGE in PostgreSQL 17 syntax (WHEN NOT MATCHED BY TARGET)
+                raise _unsupported(
+                    "MERGE naming a copy-on-write table with its schema on PostgreSQL before 17 (use the "
+                    "unqualified name)"
+                )
         return node, changed, tag_map
 
     def _cow(self, relation: Any) -> CowTable | None:
