@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import random
 import statistics
@@ -420,6 +421,33 @@ def goals(res: dict[tuple[str, str], Result]) -> list[str]:
     return out
 
 
+async def plan_costs(dsn: str, cfg: Config) -> list[str]:
+    """Estimated total cost of the generic plans per variant, against jit_above_cost: skipped UNION ALL
+    branches still count, so a view can cross the JIT threshold long before the plain table does."""
+    out = []
+    cases = (
+        ("point select", SELECT_POINT, "(bigint)", "(1)"),
+        ("range 100 rows", SELECT_RANGE, "(bigint)", "(1)"),
+        ("count(*)", SELECT_COUNT, "", ""),
+    )
+    for what, sql, types, args in cases:
+        cells = []
+        threshold = 0.0
+        for v in VARIANTS:
+            conn = await connect(dsn, v, "generic")
+            try:
+                threshold = float(await conn.fetchval("SELECT current_setting('jit_above_cost')"))
+                await conn.execute(f"PREPARE p{types} AS {sql}")
+                plan = await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE p{args}")
+                cost = float(json.loads(plan)[0]["Plan"]["Total Cost"])
+            finally:
+                await conn.close()
+            more = f", JIT from ~{cfg.rows * threshold / cost / 1e6:.1f}M rows" if not types else ""
+            cells.append(f"{v} {cost:.0f}{more}")
+        out.append(f"- {what}: " + "; ".join(cells) + f" (jit_above_cost {threshold:.0f})")
+    return out
+
+
 async def main_async(cfg: Config) -> None:
     rng = random.Random(cfg.seed)
     plan = Plan(cfg, rng)
@@ -437,8 +465,11 @@ async def main_async(cfg: Config) -> None:
             if cfg.explain:
                 print("\n".join(await explain(dsn, cfg)))
                 print()
+            costs = await plan_costs(dsn, cfg)
             res = await measure(dsn, cfg, plan)
             print("\n".join(report(cfg, res, str(version), str(jit))))
+            print("\nEstimated total cost of the generic plan (linear in rows for count(*)):\n")
+            print("\n".join(costs))
 
 
 def main(argv: list[str] | None = None) -> int:
