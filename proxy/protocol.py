@@ -513,6 +513,11 @@ class ServerScanner:
         self._want = 0  # total bytes (header + body) of the BODY message in _partial; 0 = header only
         self._pass_left = 0  # bytes of a PASS message still to relay
 
+    @property
+    def idle(self) -> bool:
+        """At a message boundary, with nothing buffered."""
+        return not self._partial and not self._pass_left
+
     def feed(self, data: bytes) -> list[bytes]:
         out: list[bytes] = []
         n = len(data)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from proxy import protocol as p
-from proxy.analysis import Analysis, Verdict
+from proxy.analysis import Analysis, Verdict, quick_kind
 from proxy.errors import ProtocolError, TagError
 from proxy.tags import UNTAGGED, Tags
 
@@ -60,6 +60,8 @@ _TERMINATOR: dict[int, tuple[Kind, ...]] = {
     ord("s"): (Kind.EXECUTE,),
 }
 _Z = ord("Z")
+_READY_HEADER = b"Z\x00\x00\x00\x05"
+_STATUSES = frozenset(b"ITE")
 _E = ord("E")
 _C = ord("C")
 _D = ord("D")
@@ -508,10 +510,60 @@ class Relay:
         if not self.holding:
             self._injection_error = None
 
+    def fast_query(self, data: bytes) -> bool:
+        """Forward one whole simple Query of an untagged connection with the least work, if it is one.
+
+        ``data`` is exactly one Query message. Returns False (nothing done) whenever the general path is
+        needed: a comment that may carry tags, tags to apply, anything pending on the relay.
+        """
+        if self.holding or self.skip_until_sync or self.mid_batch or b"/*" in data or self.applied.tentative:
+            return False
+        tags = self.desired_tags(None)
+        if tags.tagged or self._needs_injection(tags):
+            return False
+        try:
+            sql = data[5:-1].decode()
+        except UnicodeDecodeError:
+            return False
+        if not self.pending:
+            self.txn_tags = tags
+        self.hooks.statement(quick_kind(sql), False)
+        self.pending.append(Entry(Kind.QUERY, started=time.perf_counter()))
+        self.to_server.append(data)
+        return True
+
     # ------------------------------------------------------------------------------------------------
     # Server side
 
     def server_data(self, data: bytes) -> None:
+        pending = self.pending
+        if (
+            len(pending) == 1
+            and data[-6:-1] == _READY_HEADER
+            and self.scanner.idle
+            and not self.holding
+            and not self.applied.tentative
+        ):
+            # The common reply: everything up to one ReadyForQuery, for one plain query or batch. Walk the
+            # headers to make sure there is no other ReadyForQuery and no ErrorResponse (counted below).
+            head = pending[0]
+            if head.kind in _ENDS_WITH_READY and not head.injected and head.tag_map is None:
+                pos, end = 0, len(data) - 6
+                while pos < end:
+                    kind = data[pos]
+                    if kind in (_E, _Z):
+                        break
+                    pos += int.from_bytes(data[pos + 1 : pos + 5], "big") + 1
+                if pos == end and data[-1] in _STATUSES:
+                    pending.popleft()
+                    self.status = chr(data[-1])
+                    if self.status == "I":
+                        self.mid_batch = False
+                    self.hooks.latency(time.perf_counter() - head.started)
+                    self.to_client.append(data)
+                    if self._hold_until_idle:
+                        self._release()
+                    return
         self.to_client.extend(self.scanner.feed(data))
 
     def _classify(self, kind: int, length: int) -> int:

@@ -27,6 +27,7 @@ from proxy.relay import Relay
 from proxy.tags import Tags, check_id, read_startup_tags
 
 log = logging.getLogger("cowproxy")
+_Q = ord("Q")
 _ids = itertools.count(1)
 
 
@@ -133,6 +134,19 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.server.metrics.bytes_up += len(data)
+        relay = self.relay
+        if (
+            relay is not None
+            and data[0] == _Q
+            and not self.reader.buffered
+            and len(data) == int.from_bytes(data[1:5], "big") + 1
+            and len(data) <= self.config.max_message_size
+            and self.state is State.READY
+            and relay.fast_query(data)
+        ):
+            self._to_upstream(relay.to_server[0])
+            relay.to_server.clear()
+            return
         self.reader.feed(data)
         self._process_client()
 
@@ -371,7 +385,9 @@ class ClientConnection(asyncio.Protocol):
                 relay.to_server.clear()
             if relay.to_client:
                 if self.transport is not None:
-                    self.transport.writelines(relay.to_client)
+                    # One write: uvloop's writelines defers the send to the next loop iteration.
+                    out = relay.to_client
+                    self.transport.write(out[0] if len(out) == 1 else b"".join(out))
                 relay.to_client.clear()
             if relay.holding:
                 self.pause_client_reading("hold")
