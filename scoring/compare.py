@@ -19,7 +19,20 @@ from difflib import SequenceMatcher
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import ScoringError
-from .model import ARRAY, BOOL, ENUM, JSON, NUMERIC, OTHER, TEXT, TIMESTAMP, UUID, ColumnMeta, TableMeta
+from .model import (
+    ARRAY,
+    BOOL,
+    ENUM,
+    JSON,
+    NUMERIC,
+    OTHER,
+    TEXT,
+    TIMESTAMP,
+    UUID,
+    ColumnMeta,
+    TableMeta,
+    freeze,
+)
 
 if TYPE_CHECKING:
     from .match import IdMapping
@@ -143,8 +156,6 @@ def array_overlap(gt: Any, agent: Any, ctx: FieldContext | None = None, /) -> fl
         return json_equal(gt, agent)
     if _deep_equal(gt, agent):
         return 1.0
-    from .model import freeze
-
     a, b = Counter(freeze(x) for x in gt), Counter(freeze(x) for x in agent)
     union = sum((a | b).values())
     return sum((a & b).values()) / union if union else 1.0

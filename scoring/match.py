@@ -21,10 +21,10 @@ import networkx as nx
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from .compare import UNMAPPED, Comparator, FieldContext, RowContext, RowFunction, Unmapped
+from .compare import UNMAPPED, Comparator, FieldContext, RowContext, RowFunction, Unmapped, exact
 from .config import ScoringConfig
 from .errors import ScoringError
-from .model import Key, Metadata, TableMeta, Write, freeze, key_of
+from .model import OTHER, ColumnMeta, Key, Metadata, TableMeta, Write, freeze, key_of
 
 MAX_PASSES = 20
 
@@ -187,15 +187,11 @@ class _TableScorer:
             if config.column_ignored(meta.name, name):
                 continue
             col = meta.column(name)
-            from .model import OTHER, ColumnMeta
-
             col = col or ColumnMeta(name, "unknown", OTHER)
             comp = config.column_comparator(meta.name, name)
             if comp is None:
                 _, comp = config.category_comparator(col.category)
                 if name in fk_cols and comp is not None:
-                    from .compare import exact
-
                     comp = exact
             if comp is None:
                 continue
