@@ -159,7 +159,7 @@ class Rewriter:
         changed = False
         changed_at: set[int] = set()
         tag_map: tuple[str, str] | None = None
-        mapped_index = -1
+        mapped: set[int] = set()
         finals: list[Any] = []
         for index, raw in enumerate(stmts):
             node, node_changed, node_map = self._statement(raw.stmt)
@@ -168,13 +168,17 @@ class Rewriter:
                 changed = True
                 changed_at.add(index)
             if node_map is not None:
-                if tag_map is not None:
-                    raise _unsupported("two statements needing a command-tag fix in one query string")
-                tag_map, mapped_index = node_map, index
+                # one tag_map serves the whole string; statements may share it (TRUNCATE a; TRUNCATE b)
+                if tag_map is not None and node_map != tag_map:
+                    raise _unsupported(
+                        "two statements needing different command-tag fixes in one query string"
+                    )
+                tag_map = node_map
+                mapped.add(index)
             finals.append(node)
         if tag_map is not None and len(finals) > 1:
             command = tag_map[0]
-            if any(_command_of(n) == command for i, n in enumerate(finals) if i != mapped_index):
+            if any(_command_of(n) == command for i, n in enumerate(finals) if i not in mapped):
                 raise _unsupported(
                     f"a rewritten statement next to another {command} in one query string "
                     "(send it as a separate statement)"

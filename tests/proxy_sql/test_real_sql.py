@@ -379,6 +379,7 @@ TRUNCATE_CASES: dict[str, list[str | tuple[str, Sequence[Any]]]] = {
     "listed_together": ["TRUNCATE comments, issues", "SELECT count(*) FROM projects"],
     "cascade_reaches_children": ["TRUNCATE issues CASCADE", "SELECT count(*) FROM comments"],
     "qualified": ["TRUNCATE public.comments", "SELECT count(*) FROM public.comments"],
+    "two_in_one_string": ["TRUNCATE comments; TRUNCATE members", "SELECT count(*) FROM members"],
     "restart_identity_keeps_the_sequences": [
         "TRUNCATE comments RESTART IDENTITY",
         "SELECT count(*) FROM comments",
