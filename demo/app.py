@@ -588,7 +588,8 @@ async def serve(
 ) -> None:
     """Serve until ``stop`` is set (or forever); ``ready`` gets the bound port."""
     reset = _reset_keep_settings if config.pool_reset == "keep-settings" else None
-    pool = await asyncpg.create_pool(config.database_url, min_size=1, max_size=config.pool_size, reset=reset)
+    # min_size 0: no background reconnects (and their log noise) when the server goes away at shutdown.
+    pool = await asyncpg.create_pool(config.database_url, min_size=0, max_size=config.pool_size, reset=reset)
     try:
         server = await asyncio.start_server(lambda r, w: _handle(pool, r, w), config.host, config.port)
         async with server:

@@ -273,8 +273,8 @@ class ProxyTagging(Tagging):
             )
             self._start_app()
         except DemoError as exc:
-            # Observed while the proxy was being built: the subprocess failing under uvloop. The same proxy
-            # code on the standard asyncio loop in this process still shows the system working; say so.
+            # E.g. `cowproxy serve` crashing on its event loop (seen with uvloop while the proxy was built):
+            # the same proxy code on the standard asyncio loop in this process still shows the system; say so.
             self._stop_all()
             self.notes.append(f"cowproxy serve (subprocess) failed: {exc}; running the proxy in-process")
             self.name = "proxy admin route (proxy in-process)"

@@ -137,7 +137,10 @@ def test_demo_through_the_proxy_scores_the_agents_as_derived(
     )
     _check_scores(result)
     assert result["fallback"] is None
-    assert result["tagging"].startswith("proxy admin route")
+    assert result["tagging"] == "proxy admin route"
+    assert result["proxy_notes"] == []  # `cowproxy serve` ran as a subprocess (no in-process fallback)
+    assert "proxy_pid" in result["resources"]
+    assert "started cowproxy serve on" in output
     assert result["base_untouched"] is True
     assert "[9/9] discarded all 18 sessions" in output
     # Every session was registered with its kind, workflow label, model and ground truth, then discarded.
