@@ -198,7 +198,7 @@ class Rewriter:
 
     def _statement(self, node: Any) -> tuple[Any, bool, tuple[str, str] | None]:
         self._refuse_ddl(node)
-        hoisted = self._hoist_on_conflict_ctes(node)
+        hoisted = self._hoist_on_conflict_ctes(node) + self._wrapped_on_conflict(node)
         top_level = isinstance(node, ast.InsertStmt) and node.onConflictClause is not None
         handled = hoisted + (1 if top_level and self._cow(node.relation) else 0)
         if self.on_conflicts is None or self.on_conflicts > handled:
@@ -274,6 +274,24 @@ class Rewriter:
                     "run it from a connection that is not in a session",
                     "0A000",
                 )
+
+    def _wrapped_on_conflict(self, node: Any) -> int:
+        """Rewrites an ON CONFLICT insert under EXPLAIN or PREPARE in place; returns how many (0 or 1).
+
+        EXPLAIN reports no row count, so any form serves; a prepared statement's tag comes with EXECUTE,
+        where no tag fix can follow it, so only DO NOTHING (whose own tag is right) is allowed there."""
+        if not isinstance(node, ast.ExplainStmt | ast.PrepareStmt):
+            return 0
+        query: Any = node.query
+        table = self._cow(query.relation) if isinstance(query, ast.InsertStmt) else None
+        if table is None or query.onConflictClause is None:
+            return 0
+        prepare = isinstance(node, ast.PrepareStmt)
+        if prepare and query.onConflictClause.action == OnConflictAction.ONCONFLICT_UPDATE:
+            raise _unsupported("PREPARE of INSERT ... ON CONFLICT DO UPDATE (the protocol's Parse works)")
+        new, _ = self._on_conflict(query, table, nested=prepare)
+        node.query = new
+        return 1
 
     def _hoist_on_conflict_ctes(self, node: Any) -> int:
         """Rewrites ON CONFLICT inserts in the statement's WITH (the get-or-create idiom); data-modifying

@@ -298,6 +298,13 @@ ON_CONFLICT_CASES: dict[str, list[str | tuple[str, Sequence[Any]]]] = {
         'INSERT INTO "projects" ("id","name") VALUES (13, \'x\'), (3, \'y\') ON CONFLICT ("id") '
         'DO UPDATE SET "name"=excluded."name" RETURNING "id"',
     ],
+    "prepared_upserts": [
+        "PREPARE up(int, text) AS INSERT INTO projects (id, name) VALUES ($1, $2) "
+        "ON CONFLICT (id) DO NOTHING RETURNING id",
+        "EXECUTE up(1, 'x')",
+        "EXECUTE up(30, 'thirty')",
+        "DEALLOCATE ALL",
+    ],
     "get_or_create_in_cte": [
         "WITH ins AS (INSERT INTO projects (id, name) VALUES (80, 'alpha') ON CONFLICT (name) DO NOTHING "
         "RETURNING id) SELECT id FROM ins UNION ALL SELECT id FROM projects WHERE name = 'alpha'",
@@ -654,4 +661,23 @@ def test_deparsed_statements_mean_the_same(pair: Pair) -> None:
             assert pair.layer.execute(analysis.rewritten).fetchall() == expected, analysis.rewritten
     finally:
         pair.plain.execute("ROLLBACK")
+        pair.layer.execute("ROLLBACK")
+
+
+@pytest.mark.timeout(60)
+def test_explain_analyze_of_an_upsert_runs_in_the_session(pair: Pair) -> None:
+    sql = (
+        "EXPLAIN (ANALYZE, COSTS OFF) INSERT INTO projects (id, name) VALUES (1, 'uno'), (90, 'ninety') "
+        "ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name"
+    )
+    analysis = Analyzer(server_version_num=pair.version).analyze(sql, pair.catalog, in_session=True)
+    assert analysis.rewritten is not None and analysis.rewritten.startswith("EXPLAIN")
+    pair.layer.execute("BEGIN")
+    try:
+        pair.layer.execute("SELECT cow.use_session('sqlexplain', 'op')")
+        assert pair.layer.execute(analysis.rewritten).fetchall()
+        rows = pair.layer.execute("SELECT id, name FROM projects WHERE id IN (1, 90) ORDER BY id").fetchall()
+        assert rows == [(1, "uno"), (90, "ninety")]
+        assert pair.layer.execute("SELECT name FROM public.projects WHERE id = 1").fetchone() == ("alpha",)
+    finally:
         pair.layer.execute("ROLLBACK")
