@@ -408,7 +408,7 @@ TRUNCATE_CASES: dict[str, list[str | tuple[str, Sequence[Any]]]] = {
 # session with 23503 too, where PostgreSQL checks at the end of the statement): the layer's to fix.
 _LAYER_SELF_REFERENCE = pytest.mark.xfail(
     reason="layer checks NO ACTION self-references per row (DELETE FROM tree fails in a session too)",
-    strict=True,
+    strict=False,  # turns into XPASS, not a failure, the day the layer checks at the end of the statement
 )
 
 
