@@ -264,11 +264,11 @@ def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_keep_leaves_the_application_running_until_ctrl_c(tmp_path: Path) -> None:
+def test_keep_leaves_the_application_running_until_ctrl_c(pg_server: PgServer, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("COW_DSN", "DATABASE_URL")}
     proc = subprocess.Popen(
         [sys.executable, "-u", "-m", "proxy.cli", "demo", "--workflow", "campaign-push", "--agent", "correct",
-         "--keep"],
+         "--keep", "--dsn", pg_server.dsn],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
     )  # fmt: skip
