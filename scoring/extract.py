@@ -43,9 +43,16 @@ class SessionInfo:
     model: str | None
     gt_session: str | None
     status: str | None
+    completed: bool | None = None  # cow.sessions.metadata.completed, when the harness records it
 
     def as_info(self) -> dict[str, Any]:
-        return {"kind": self.kind, "label": self.label, "model": self.model, "status": self.status}
+        return {
+            "kind": self.kind,
+            "label": self.label,
+            "model": self.model,
+            "status": self.status,
+            "completed": self.completed,
+        }
 
 
 def quote_ident(name: str) -> str:
@@ -67,13 +74,21 @@ async def check_layer(conn: asyncpg.Connection) -> None:
 
 async def session_info(conn: asyncpg.Connection, session: str) -> SessionInfo:
     row = await conn.fetchrow(
-        "SELECT session_id, kind, label, model, gt_session, status FROM cow.sessions WHERE session_id = $1",
+        "SELECT session_id, kind, label, model, gt_session, status, "
+        "CASE jsonb_typeof(metadata->'completed') WHEN 'boolean' THEN (metadata->>'completed')::boolean END "
+        "AS completed FROM cow.sessions WHERE session_id = $1",
         session,
     )
     if row is None:
         raise ScoringError(f"unknown session {session!r}")
     return SessionInfo(
-        row["session_id"], row["kind"], row["label"], row["model"], row["gt_session"], row["status"]
+        row["session_id"],
+        row["kind"],
+        row["label"],
+        row["model"],
+        row["gt_session"],
+        row["status"],
+        row["completed"],
     )
 
 

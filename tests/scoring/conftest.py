@@ -97,6 +97,9 @@ def fig3_dsn(create_database: Callable[..., str]) -> str:
             )
         record(conn, "gt-fig3", f3.GT_ROWS)
         record(conn, "agent-fig3", f3.AGENT_ROWS)
+        conn.execute(
+            "UPDATE cow.sessions SET metadata = '{\"completed\": true}' WHERE session_id = 'agent-fig3'"
+        )
         record(conn, "agent-perfect", f3.GT_ROWS)
         # Edits another existing ticket than the ground truth's T-103, with other values.
         wrong = {"id": "T-104", "title": "Dark mode contrast too low", "status": "wontfix", "priority": "low"}

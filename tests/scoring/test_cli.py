@@ -63,6 +63,7 @@ def test_all_csv_and_jsonl(fig3_dsn: str, capsys: pytest.CaptureFixture[str], tm
     assert float(rows["agent-perfect"]["overall"]) == 1.0
     assert float(rows["agent-fig3"]["f1"]) == pytest.approx(2 / 3)
     assert rows["agent-wrong-row"]["model"] == "sloppy"
+    assert (rows["agent-fig3"]["completed"], rows["agent-perfect"]["completed"]) == ("True", "")
     assert float(rows["agent-wrong-row"]["struct_score"]) == 0.0
     pairs = tmp_path / "pairs.csv"
     pairs.write_text("gt,agent\ngt-fig3,agent-perfect\ngt-fig3,agent-fig3\n")
