@@ -69,6 +69,15 @@ INSERT INTO mark VALUES (1, 3);
 INSERT INTO badge VALUES (1, 3);
 """
 
+# Writes of another session, present during every example (explicit keys: the sequences stay untouched).
+OTHER_SESSION = """
+UPDATE parent SET note = 'other', qty = 2 WHERE id = 2;
+DELETE FROM parent WHERE id = 3;
+INSERT INTO parent (id, code, tag) VALUES (5, 'd', 'y'), (6, 'e', NULL);
+INSERT INTO child (id, parent_id, other_id, label) VALUES (6, 5, 6, 'l2');
+UPDATE child SET id = 7, label = 'l1' WHERE id = 2;
+"""
+
 TABLES = ("parent", "child", "mark", "badge")
 SEQUENCES = ("parent_id_seq", "child_id_seq")
 
@@ -201,11 +210,12 @@ class World:
         self.admin = psycopg.connect(dsn, autocommit=True)
         self.plain = psycopg.connect(dsn, autocommit=True)
         self.cow = psycopg.connect(dsn, autocommit=True)
+        self.other = psycopg.connect(dsn, autocommit=True)
         self.plain.execute("SET search_path = plain")
         self.session = ""
 
     def close(self) -> None:
-        for conn in (self.admin, self.plain, self.cow):
+        for conn in (self.admin, self.plain, self.cow, self.other):
             conn.close()
 
     def reset(self, *, grandchildren: bool = True) -> None:
@@ -225,6 +235,9 @@ class World:
         self.session = f"p{next(self._ids)}"
         self.admin.execute("SELECT cow.create_session(%s)", (self.session,))
         self.cow.execute("SELECT cow.use_session(%s, 'op')", (self.session,))
+        # Another session's changes, which must stay invisible to this one and out of its commit.
+        self.other.execute("SELECT cow.use_session(%s)", (f"other-{self.session}",))
+        self.other.execute(OTHER_SESSION)
 
     def discard(self) -> None:
         status = self.admin.execute(
@@ -232,6 +245,7 @@ class World:
         ).fetchone()
         if status is not None and status[0] == "open":
             self.admin.execute("SELECT cow.discard_session(%s)", (self.session,))
+        self.admin.execute("SELECT cow.discard_session(%s)", (f"other-{self.session}",))
 
     def base(self) -> dict[str, str]:
         return tables(self.admin, "public")
