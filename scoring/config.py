@@ -9,6 +9,9 @@ TOML layout::
     ignore_tables = ["public.audit_log"]
     ignore_columns = ["updated_at", "public.issues.sort_order"]
 
+    [scores]                      # extra named scores: a function of scoring.result.Stats
+    strict = "mypkg.scoring:strict_score"
+
     [types]                       # default comparator per value category
     text = "text_casefold"
 
@@ -33,6 +36,7 @@ from typing import Any
 from .compare import DEFAULT_BY_CATEGORY, Comparator, RowFunction, make_comparator
 from .errors import ScoringError
 from .model import CATEGORIES, TIMESTAMP
+from .result import ScoreFunction
 
 _TOP_KEYS = {
     "min_similarity",
@@ -43,6 +47,7 @@ _TOP_KEYS = {
     "ignore_columns",
     "types",
     "tables",
+    "scores",
 }
 
 
@@ -58,6 +63,8 @@ class ScoringConfig:
     type_comparators: Mapping[str, str] = field(default_factory=dict)  # category -> comparator name
     column_comparators: Mapping[tuple[str, str], Comparator] = field(default_factory=dict)
     row_functions: Mapping[str, RowFunction] = field(default_factory=dict)
+    # Extra named scores for this config, on top of the registry (``[scores] name = "module:function"``).
+    score_functions: Mapping[str, ScoreFunction] = field(default_factory=dict)
     # Cells of a dense similarity matrix above which a table's pairing first pairs identical rows.
     max_dense_cells: int = 2_500
 
@@ -165,6 +172,14 @@ def config_from_mapping(data: Mapping[str, Any], base: ScoringConfig | None = No
             rows[table] = import_function(spec["row"], where=f"table {table}")
         for column, cspec in spec.get("columns", {}).items():
             columns[(table, column)] = _column_comparator(table, column, cspec)
+    scores = data.get("scores", {})
+    if not isinstance(scores, dict):
+        raise ScoringError('[scores] must be a table of name = "module:function"')
+    if scores:
+        changes["score_functions"] = {
+            **cfg.score_functions,
+            **{name: import_function(path, where=f"score {name}") for name, path in scores.items()},
+        }
     if columns != cfg.column_comparators:
         changes["column_comparators"] = columns
     if rows != cfg.row_functions:
@@ -184,13 +199,13 @@ def _column_comparator(table: str, column: str, spec: Any) -> Comparator:
 
 def import_function(path: Any, where: str) -> Any:
     if not isinstance(path, str) or ":" not in path:
-        raise ScoringError(f"{where}: a row function is written module:function, got {path!r}")
+        raise ScoringError(f"{where}: a function is written module:function, got {path!r}")
     module_name, _, attr = path.partition(":")
     try:
         module = importlib.import_module(module_name)
         fn = getattr(module, attr)
     except (ImportError, AttributeError) as exc:
-        raise ScoringError(f"{where}: cannot import row function {path}: {exc}") from None
+        raise ScoringError(f"{where}: cannot import {path}: {exc}") from None
     if not callable(fn):
         raise ScoringError(f"{where}: {path} is not callable")
     return fn

@@ -87,7 +87,7 @@ def score_writes(
             order, gt=gt_side, agent=ag_side, matching=matching, metadata=meta, config=cfg, n_gt=n_gt
         )
     stats = Stats(struct, content, efficiency, precision, recall, f1, counts)
-    scores = {name: float(fn(stats)) for name, fn in score_functions().items()}
+    scores = {name: float(fn(stats)) for name, fn in {**score_functions(), **cfg.score_functions}.items()}
     return ScoringResult(
         gt=gt,
         agent=agent,

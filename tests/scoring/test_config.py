@@ -120,7 +120,8 @@ price = { comparator = "numeric", tolerance = 1 }
         ("min_similarity = 2", "min_similarity must be within"),
         ("min_similarity = true", "wrong type"),
         ("colapse = true", "unknown setting(s) colapse"),
-        ('[tables.items]\nrow = "no.such.module:fn"', "cannot import row function"),
+        ('[tables.items]\nrow = "no.such.module:fn"', "table items: cannot import no.such.module:fn"),
+        ('[scores]\nmine = "no_colon"', "score mine: a function is written module:function"),
         ('[tables.items.columns]\nprice = { comparator = "numeric", tol = 1 }', "bad parameters"),
         ("min_similarity = ", "not valid TOML"),
     ],
@@ -213,3 +214,14 @@ def test_topological_order_overrides_interleaving() -> None:
     ]
     r = score_writes(gt, agent, FK_META)
     assert [o.operation_id for o in r.operations] == ["early", "late"]
+
+
+def test_named_score_from_config(tmp_path: Path) -> None:
+    path = tmp_path / "score.toml"
+    path.write_text('[scores]\nstrict = "tests.scoring.rowfns:strict_score"\n')
+    gt, agent = pair()
+    assert score_writes(gt, agent, META, config=path).scores["strict"] == 1.0
+    gt, agent = pair(title="Red kettle")
+    r = score_writes(gt, agent, META, config=path)
+    assert r.scores["strict"] == 0.0 and r.scores["overall"] < 1.0
+    assert "strict" not in score_writes(gt, agent, META).scores
