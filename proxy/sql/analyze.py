@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import pglast
-from pglast.parser import ParseError, parse_sql_json
+from pglast.parser import ParseError, parse_plpgsql_json, parse_sql_json
 
 from proxy.errors import RewriteError
 from proxy.sql.catalog import Catalog
@@ -297,16 +297,86 @@ class _Inspection:
         elif name == "FuncCall":
             self._func_call(node)
         elif name == "DoStmt":
-            # The body is PL/pgSQL text the client wrote; any mention of the session machinery counts.
-            for arg in node.get("args") or ():
-                elem = arg.get("DefElem", {})
-                body = elem.get("arg", {}).get("String", {}).get("sval")
-                if elem.get("defname") == "as" and isinstance(body, str) and _DO_BODY.search(body):
-                    self.tampers = True
+            self._do_block(node)
         elif name in _SETTINGS_ELSEWHERE:
             return False  # a definition, or settings for later sessions: nothing changes now
         if self.watch and name in _REWRITE_NODES:
             self.may_rewrite = True
+        return True
+
+    def _do_block(self, node: dict[str, Any]) -> None:
+        """Inspects the SQL inside a DO block's PL/pgSQL like any other statement.
+
+        Falls back to a word search over the body (any mention of the session machinery counts) for other
+        languages, bodies pglast cannot parse, and dynamic EXECUTEs whose SQL is not a literal.
+        """
+        body: str | None = None
+        language = "plpgsql"
+        for arg in node.get("args") or ():
+            elem = arg.get("DefElem", {})
+            value = elem.get("arg", {}).get("String", {}).get("sval")
+            if elem.get("defname") == "as" and isinstance(value, str):
+                body = value
+            elif elem.get("defname") == "language" and isinstance(value, str):
+                language = value.lower()
+        if body is None:
+            return
+        if (language != "plpgsql" or not self._plpgsql(body)) and _DO_BODY.search(body):
+            self.tampers = True
+
+    def _plpgsql(self, body: str) -> bool:
+        """Walks the SQL of a PL/pgSQL body; False when only the word search can judge it."""
+        tag = "$cow$"
+        while tag in body:
+            tag = tag[:-1] + "x$"
+        try:
+            tree = json.loads(parse_plpgsql_json(f"DO {tag}{body}{tag}"))
+        except (ParseError, UnicodeError, ValueError):
+            return False
+        stack: list[Any] = [tree]
+        while stack:
+            obj = stack.pop()
+            if isinstance(obj, list):
+                stack.extend(obj)
+                continue
+            if not isinstance(obj, dict):
+                continue
+            dynamic = obj.get("PLpgSQL_stmt_dynexecute")
+            if isinstance(dynamic, dict):
+                literal = self._literal_sql(dynamic.get("query", {}).get("PLpgSQL_expr", {}).get("query"))
+                if literal is None:
+                    return False  # EXECUTE of SQL built at run time
+                if not self._inspect_sql(literal):
+                    return False
+            expr = obj.get("PLpgSQL_expr")
+            if isinstance(expr, dict) and isinstance(expr.get("query"), str):
+                query = expr["query"]
+                # parseMode 0 is a whole statement; the others are expressions
+                if not self._inspect_sql(query if expr.get("parseMode", 0) == 0 else f"SELECT {query}"):
+                    return False
+            stack.extend(v for v in obj.values() if isinstance(v, dict | list))
+        return True
+
+    @staticmethod
+    def _literal_sql(expression: Any) -> str | None:
+        """The SQL text of an EXECUTE whose argument is a plain string literal, else None."""
+        if not isinstance(expression, str):
+            return None
+        try:
+            stmts = json.loads(parse_sql_json(f"SELECT {expression}")).get("stmts") or []
+        except (ParseError, UnicodeError, ValueError):
+            return None
+        targets = stmts[0]["stmt"].get("SelectStmt", {}).get("targetList") or [] if len(stmts) == 1 else []
+        value = targets[0].get("ResTarget", {}).get("val", {}) if len(targets) == 1 else {}
+        sql = value.get("A_Const", {}).get("sval", {}).get("sval")
+        return sql if isinstance(sql, str) else None
+
+    def _inspect_sql(self, sql: str) -> bool:
+        try:
+            tree = json.loads(parse_sql_json(sql))
+        except (ParseError, UnicodeError, ValueError):
+            return False
+        self.walk(tree.get("stmts") or [])
         return True
 
     def _func_call(self, node: dict[str, Any]) -> None:

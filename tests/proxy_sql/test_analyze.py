@@ -99,6 +99,13 @@ TAMPERS = [
     "DO $$ BEGIN PERFORM set_config('cow.session_id', 'x', false); END $$",
     "DO $$ BEGIN EXECUTE 'SET search_path TO public'; END $$",
     "DO LANGUAGE plpgsql $$ BEGIN PERFORM cow.use_session(NULL); END $$",
+    "DO $$ BEGIN IF true THEN RESET ALL; END IF; END $$",
+    "DO $$ DECLARE x text; BEGIN x := set_config('search_path', 'public', false); END $$",
+    "DO $$ BEGIN EXECUTE format('SET %I = %L', 'cow.session_id', 'x'); END $$",
+    "DO $$ DECLARE q text := 'SET ROLE ' || 'admin'; BEGIN EXECUTE q; END $$",  # dynamic: the word search
+    "DO $$ BEGIN EXECUTE 'DO $i$ BEGIN PERFORM set_config(''cow.operation_id'', ''o'', true); END $i$'; "
+    "END $$",
+    "DO LANGUAGE plperl $$ spi_exec_query('SET search_path TO public') $$",
     "/*cow_session='S'*/ SET cow.session_id = 'x'",
 ]
 
@@ -122,6 +129,9 @@ NOT_TAMPERS = [
     "SELECT 'SET cow.session_id = 1'",
     "SELECT * FROM offset_settings",
     "DO $$ BEGIN RAISE NOTICE 'hello'; END $$",
+    "DO $$ BEGIN UPDATE users SET role = 'admin' WHERE id = 1; END $$",  # a column named role
+    "DO $$ BEGIN EXECUTE 'UPDATE users SET role = 1'; PERFORM 1; END $$",
+    "DO $$ DECLARE r record; BEGIN FOR r IN SELECT * FROM t LOOP RAISE NOTICE '% reset', r; END LOOP; END $$",
     "CREATE FUNCTION f() RETURNS void LANGUAGE sql AS $$ SELECT set_config('cow.session_id', 'x', false) $$",
     "CREATE FUNCTION g() RETURNS int LANGUAGE sql SET search_path = public BEGIN ATOMIC SELECT 1; END",
     "ALTER FUNCTION g() SET search_path = public",
