@@ -25,7 +25,14 @@ CONNECT_TIMEOUT = 10.0
 async def connect(dsn: str) -> asyncpg.Connection:
     try:
         return await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT)
-    except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as exc:
+    except (
+        TimeoutError,
+        OSError,
+        OverflowError,
+        asyncpg.PostgresError,
+        asyncpg.InterfaceError,
+        ValueError,
+    ) as exc:
         raise ScoringError(f"cannot connect to the database: {exc or type(exc).__name__}") from None
 
 

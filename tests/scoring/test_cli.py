@@ -108,6 +108,8 @@ def test_bad_config_and_dsn(fig3_dsn: str, capsys: pytest.CaptureFixture[str], t
     assert code == 1 and "unknown comparator 'fuzzy' for tickets.title" in err and len(err.splitlines()) == 1
     code, _, err = run(capsys, "--dsn", "postgresql://x@127.0.0.1:1/db", "--gt", "g", "--agent", "a")
     assert code == 1 and "cannot connect to the database" in err and len(err.splitlines()) == 1
+    code, _, err = run(capsys, "--dsn", "postgresql://x@127.0.0.1:99999/db", "--gt", "g", "--agent", "a")
+    assert code == 1 and "cannot connect to the database" in err and len(err.splitlines()) == 1
     code, _, err = run(capsys, "--dsn", "", "--gt", "g", "--agent", "a")
     assert code == 1 and "no database given" in err
 
