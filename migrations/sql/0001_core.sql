@@ -194,9 +194,11 @@ END $$;
 CREATE OR REPLACE FUNCTION cow._add_guard(p_rel oid) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = p_rel AND tgname = 'cow_guard') THEN
-        EXECUTE format('CREATE TRIGGER cow_guard BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %s '
-                       'FOR EACH STATEMENT EXECUTE FUNCTION cow.guard()', p_rel::regclass);
+    -- The WHEN clause keeps untagged writes from calling plpgsql at all (a plain expression per statement).
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = p_rel AND tgname = 'cow_guard' AND tgqual IS NOT NULL) THEN
+        EXECUTE format('CREATE OR REPLACE TRIGGER cow_guard BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %s '
+                       'FOR EACH STATEMENT WHEN (pg_catalog.current_setting(''cow.session_id'', true) <> '''') '
+                       'EXECUTE FUNCTION cow.guard()', p_rel::regclass);
     END IF;
 END $$;
 
@@ -355,13 +357,15 @@ BEGIN
     IF to_regclass(ch) IS NULL THEN
         EXECUTE format('CREATE TABLE %s (_cow_seq bigint NOT NULL DEFAULT nextval(''cow.write_seq''), '
                        '_cow_session text NOT NULL, _cow_op text NOT NULL, _cow_deleted boolean NOT NULL, '
-                       '_cow_current boolean NOT NULL DEFAULT true, _cow_base jsonb, _cow_fk int NOT NULL DEFAULT 0%s)',
+                       '_cow_current boolean NOT NULL DEFAULT true, _cow_base jsonb, _cow_fk int NOT NULL DEFAULT 0, '
+                       '_cow_origin jsonb%s)',
                        ch, (SELECT string_agg(format(', %I %s', names[j], types[j]), '' ORDER BY j)
                             FROM generate_subscripts(names, 1) AS j));
         EXECUTE format('CREATE INDEX %I ON %s (_cow_session, _cow_seq)', r.changes_table || '_log', ch);
         EXECUTE format('GRANT SELECT, INSERT, UPDATE ON %s TO PUBLIC', ch);
     ELSE
-        EXECUTE format('ALTER TABLE %s ADD COLUMN IF NOT EXISTS _cow_fk int NOT NULL DEFAULT 0', ch);
+        EXECUTE format('ALTER TABLE %s ADD COLUMN IF NOT EXISTS _cow_fk int NOT NULL DEFAULT 0, '
+                       'ADD COLUMN IF NOT EXISTS _cow_origin jsonb', ch);
         -- Follow app DDL by attribute number: dropped, renamed, retyped and added columns.
         FOR i IN 1 .. coalesce(array_length(r.col_attnums, 1), 0) LOOP
             k := array_position(nums, r.col_attnums[i]);
@@ -440,25 +444,27 @@ END $gen$;
 -- version of that key stops being current; the first write of a key in the session snapshots the base row
 -- (commit compares it to detect conflicts; diff shows it as the old row).
 CREATE OR REPLACE FUNCTION cow._rec_code(ch text, b text, names text[], pk text[], var text, deleted boolean,
-                                         fkmask text DEFAULT '0', mark_guc text DEFAULT NULL)
+                                         fkmask text DEFAULT '0', mark_guc text DEFAULT NULL,
+                                         origin text DEFAULT '_porig')
 RETURNS text LANGUAGE sql IMMUTABLE AS $$
     SELECT format(
         $c$
     _seen := NULL;
     UPDATE %1$s x SET _cow_current = false WHERE x._cow_session = _s AND x._cow_current AND %3$s
-        RETURNING x._cow_base, true, x._cow_fk, x._cow_seq INTO _base, _seen, _pfk, _pseq;
+        RETURNING x._cow_base, true, x._cow_fk, x._cow_seq, x._cow_origin INTO _base, _seen, _pfk, _pseq, _porig;
     IF _seen IS NULL THEN
         SELECT pg_catalog.to_jsonb(y) INTO _base FROM %2$s y WHERE %4$s;
     END IF;
-    INSERT INTO %1$s (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, %5$s)
-    VALUES (_s, _o, %6$s, _base, %8$s, %7$s);
+    INSERT INTO %1$s (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, _cow_origin, %5$s)
+    VALUES (_s, _o, %6$s, _base, %8$s, %9$s, %7$s);
 $c$, ch, b, cow._eq(pk, 'x', var), cow._eq(pk, 'y', var), cow._collist(names), CASE WHEN deleted THEN 'true' ELSE 'false' END,
        cow._collist(names, var || '.'),
        -- FOREIGN KEYs to check at the end of the statement: those this write changed, plus those an earlier
        -- write of the same row in the same (outermost) statement changed.
        CASE WHEN deleted OR mark_guc IS NULL THEN '0'
             ELSE format($m$(%s) | CASE WHEN _pseq > coalesce(nullif(pg_catalog.split_part(pg_catalog.current_setting(%L, true), ',', 1), '')::bigint, 9223372036854775807) THEN coalesce(_pfk, 0) ELSE 0 END$m$,
-                        fkmask, mark_guc) END)
+                        fkmask, mark_guc) END,
+       origin)
 $$;
 
 CREATE OR REPLACE FUNCTION cow._build_triggers(p_id int) RETURNS void
@@ -496,7 +502,7 @@ DECLARE
     det text;
     cond text;
     fn text;
-    decl text := E'DECLARE\n    _s text := cow._write_session();\n    _o text;\n    _base jsonb;\n    _seen boolean;\n    _bad text;\n    _pfk int;\n    _pseq bigint;\n';
+    decl text := E'DECLARE\n    _s text := cow._write_session();\n    _o text;\n    _base jsonb;\n    _seen boolean;\n    _bad text;\n    _pfk int;\n    _pseq bigint;\n    _porig jsonb;\n    _morig jsonb;\n';
     fk_all text := '0';     -- every FOREIGN KEY bit (an INSERT checks them all)
     fk_changed text := '0'; -- the bits of the FOREIGN KEYs whose columns an UPDATE changed
     fk_n int := 0;
@@ -646,7 +652,7 @@ BEGIN
                    '    _o := cow._write_operation();\n%s%s%s%s%s%s    RETURN NEW;\nEND $body$',
                    fn, decl, b, cow._collist(ncols), CASE WHEN has_always THEN 'OVERRIDING SYSTEM VALUE' ELSE '' END,
                    cow._collist(ncols, 'NEW.'), gen_code, nn_code, chk_code, uq_ins, '',
-                   cow._rec_code(ch, b, names, pk, 'NEW', false, fk_all, mark_guc));
+                   cow._rec_code(ch, b, names, pk, 'NEW', false, fk_all, mark_guc, 'NULL'));
     EXECUTE format('CREATE OR REPLACE TRIGGER cow_insert INSTEAD OF INSERT ON %s FOR EACH ROW EXECUTE FUNCTION %s()', v, fn);
     -- UPDATE: a primary-key change is a delete of the old key and a write of the new one.
     fn := format('cow_changes.%I', r.changes_table || '_upd');
@@ -657,8 +663,13 @@ BEGIN
                    '    IF %s THEN\n%s    END IF;\n%s%s    RETURN NEW;\nEND $body$',
                    fn, decl, b, cow._collist(setcols), cow._collist(setcols, 'NEW.'), cow._eq(pk, 'y', 'OLD'),
                    gen_code, nn_code, chk_code, uq_upd, '', par_upd_check,
-                   cow._changed(pk), cow._rec_code(ch, b, names, pk, 'OLD', true),
-                   cow._rec_code(ch, b, names, pk, 'NEW', false, fk_changed, mark_guc), par_upd_act);
+                   cow._changed(pk),
+                   -- A primary-key move remembers the base key it started from (commit applies it as an UPDATE).
+                   cow._rec_code(ch, b, names, pk, 'OLD', true) || format(
+                       E'    _morig := coalesce(_porig, CASE WHEN _base IS NOT NULL THEN pg_catalog.jsonb_build_object(%s) END);\n',
+                       (SELECT string_agg(format('%L, OLD.%I', k, k), ', ') FROM unnest(pk) AS k)),
+                   cow._rec_code(ch, b, names, pk, 'NEW', false, fk_changed, mark_guc,
+                                 format('CASE WHEN %s THEN _morig ELSE _porig END', cow._changed(pk))), par_upd_act);
     EXECUTE format('CREATE OR REPLACE TRIGGER cow_update INSTEAD OF UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION %s()', v, fn);
     -- DELETE
     fn := format('cow_changes.%I', r.changes_table || '_del');
@@ -992,7 +1003,7 @@ BEGIN
 END $$;
 
 CREATE OR REPLACE FUNCTION cow._meta_columns() RETURNS text[]
-LANGUAGE sql IMMUTABLE AS $$ SELECT '{_cow_seq,_cow_session,_cow_op,_cow_deleted,_cow_current,_cow_base,_cow_fk}'::text[] $$;
+LANGUAGE sql IMMUTABLE AS $$ SELECT '{_cow_seq,_cow_session,_cow_op,_cow_deleted,_cow_current,_cow_base,_cow_fk,_cow_origin}'::text[] $$;
 
 -- The session's write log, one row per row written, in write order.
 CREATE OR REPLACE FUNCTION cow.session_changes(session text)
@@ -1165,6 +1176,8 @@ DECLARE
     pkeq text;
     ncols text[];
     setcols text[];
+    mcols text[];
+    moved bigint;
     has_always boolean;
     bad text;
     n bigint;
@@ -1212,8 +1225,16 @@ BEGIN
         sel := format('(SELECT DISTINCT ON (%s) c.* FROM cow_changes.%I c WHERE c._cow_session = $1 '
                       'AND ($2::text[] IS NULL OR c._cow_op = ANY ($2)) ORDER BY %s, c._cow_seq DESC)',
                       cow._collist(g.pk_columns, 'c.'), g.changes_table, cow._collist(g.pk_columns, 'c.'));
-        EXECUTE format('DELETE FROM %I.%I b USING %s c WHERE c._cow_deleted AND %s', g.table_schema, g.table_name,
-                       sel, cow._eq(g.pk_columns, 'b', 'c'))
+        -- The old key of a primary-key move is not deleted: the move is applied as an UPDATE below, so that
+        -- the base's ON DELETE actions never fire on rows the session did not touch.
+        -- (Only when the key it moves to is free in the base; otherwise, e.g. keys moving in a cycle, it is
+        -- applied as a delete and an insert.)
+        EXECUTE format('DELETE FROM %1$I.%2$I b USING %3$s c WHERE c._cow_deleted AND %4$s '
+                       'AND NOT EXISTS (SELECT 1 FROM %3$s m WHERE NOT m._cow_deleted AND m._cow_origin = jsonb_build_object(%5$s) '
+                       'AND NOT EXISTS (SELECT 1 FROM %1$I.%2$I b2 WHERE %6$s))',
+                       g.table_schema, g.table_name, sel, cow._eq(g.pk_columns, 'b', 'c'),
+                       (SELECT string_agg(format('%L, c.%I', k, k), ', ') FROM unnest(g.pk_columns) AS k),
+                       cow._eq(g.pk_columns, 'b2', 'm'))
         USING session, chosen;
         GET DIAGNOSTICS n = ROW_COUNT;
         summary := jsonb_set(summary, ARRAY[g.table_schema || '.' || g.table_name],
@@ -1229,16 +1250,31 @@ BEGIN
         SELECT array_agg(a.attname::text ORDER BY a.attnum) FILTER (WHERE a.attgenerated = ''),
                array_agg(a.attname::text ORDER BY a.attnum) FILTER (WHERE a.attgenerated = '' AND a.attidentity <> 'a'
                                                                       AND NOT a.attname = ANY (g.pk_columns)),
+               array_agg(a.attname::text ORDER BY a.attnum) FILTER (WHERE a.attgenerated = '' AND a.attidentity <> 'a'),
                bool_or(a.attidentity = 'a')
-        INTO ncols, setcols, has_always
+        INTO ncols, setcols, mcols, has_always
         FROM pg_attribute a WHERE a.attrelid = g.relid AND a.attnum > 0 AND NOT a.attisdropped;
         stats := summary -> (g.table_schema || '.' || g.table_name);
+        -- Primary-key moves: the base row at the key the session first moved is updated in place.
+        EXECUTE format('UPDATE %1$I.%2$I b SET (%3$s) = ROW(%4$s) FROM %5$s c WHERE NOT c._cow_deleted '
+                       'AND c._cow_origin IS NOT NULL AND %6$s '
+                       'AND EXISTS (SELECT 1 FROM %5$s o WHERE o._cow_deleted AND %7$s) '
+                       'AND NOT EXISTS (SELECT 1 FROM %1$I.%2$I b2 WHERE %8$s)',
+                       g.table_schema, g.table_name, cow._collist(mcols), cow._collist(mcols, 'c.'), sel,
+                       (SELECT string_agg(format('b.%I = (c._cow_origin ->> %L)::%s', k, k,
+                                                 format_type(a.atttypid, a.atttypmod)), ' AND ')
+                        FROM unnest(g.pk_columns) AS k JOIN pg_attribute a ON a.attrelid = g.relid AND a.attname = k),
+                       cow._eq(g.pk_columns, 'o', 'b'), cow._eq(g.pk_columns, 'b2', 'c'))
+        USING session, chosen;
+        GET DIAGNOSTICS moved = ROW_COUNT;
         IF setcols IS NOT NULL THEN
             EXECUTE format('UPDATE %I.%I b SET (%s) = ROW(%s) FROM %s c WHERE NOT c._cow_deleted AND %s',
                            g.table_schema, g.table_name, cow._collist(setcols), cow._collist(setcols, 'c.'), sel, pkeq)
             USING session, chosen;
             GET DIAGNOSTICS n = ROW_COUNT;
-            stats := jsonb_set(stats, '{updated}', to_jsonb(n));
+            stats := jsonb_set(stats, '{updated}', to_jsonb(n));  -- moved rows included
+        ELSE
+            stats := jsonb_set(stats, '{updated}', to_jsonb(moved));
         END IF;
         EXECUTE format('INSERT INTO %I.%I (%s) %s SELECT %s FROM %s c WHERE NOT c._cow_deleted '
                        'AND NOT EXISTS (SELECT 1 FROM %I.%I b WHERE %s) ORDER BY c._cow_seq',

@@ -139,7 +139,8 @@ def test_commit_applies_net_changes_atomically(layer_db: str, plain_db: str) -> 
             conn.execute(sql)
     result = run(layer_db, lambda c: sessions.commit_session(c, "c"))
     assert result.status == "committed" and result.remaining_changes == 0
-    assert result.tables["public.orders"] == {"inserted": 2, "updated": 1, "deleted": 2}
+    # The primary-key move 2 -> 44 is applied as an UPDATE of the base row, not a delete and an insert.
+    assert result.tables["public.orders"] == {"inserted": 1, "updated": 2, "deleted": 1}
     for table in ("customers", "orders"):
         q = f"SELECT * FROM public.{table} ORDER BY id"
         assert rows(layer_db, q) == rows(plain_db, q)
@@ -227,3 +228,20 @@ def test_an_unprivileged_app_role_works_in_a_session(layer_db: str) -> None:
         with psycopg.connect(layer_db, autocommit=True) as admin:
             admin.execute(f"DROP OWNED BY {role}")
             admin.execute(f"DROP ROLE {role}")
+
+
+def test_commit_applies_a_primary_key_move_as_an_update(layer_db: str) -> None:
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE shipments (id int PRIMARY KEY, order_id int REFERENCES orders ON DELETE RESTRICT)"
+        )
+        conn.execute("INSERT INTO shipments VALUES (1, 1)")
+    write(layer_db, "mv", "UPDATE customers SET id = 10 WHERE id = 1")  # orders follow by ON UPDATE CASCADE
+    result = run(layer_db, lambda c: sessions.commit_session(c, "mv"))
+    assert result.tables["public.customers"] == {"inserted": 0, "updated": 1, "deleted": 0}
+    # Deleting customer 1 in the base would have cascaded to its orders and hit the shipment's RESTRICT.
+    assert rows(layer_db, "SELECT id, customer_id FROM public.orders WHERE id IN (1, 2) ORDER BY id") == [
+        (1, 10),
+        (2, 10),
+    ]
+    assert rows(layer_db, "SELECT * FROM public.shipments") == [(1, 1)]
