@@ -189,6 +189,8 @@ def statement_kind(node: Any) -> str:
     return _kind(name, name == "SelectStmt" and node.intoClause is not None)
 
 
+# The target of a PL/pgSQL assignment ("a := ", "r.f[1] = ").
+_ASSIGNMENT_TARGET = re.compile(r"^\s*[^:=]*?(?::=|=)")
 # GUCs whose change takes a connection out of its session or around the overlay.
 _GUARDED = {"role", "session_authorization", "search_path"}
 _DO_BODY = re.compile(
@@ -351,8 +353,11 @@ class _Inspection:
             expr = obj.get("PLpgSQL_expr")
             if isinstance(expr, dict) and isinstance(expr.get("query"), str):
                 query = expr["query"]
+                mode = expr.get("parseMode", 0)
+                if mode in (3, 4, 5):  # an assignment, "target := expression": the expression matters
+                    query = _ASSIGNMENT_TARGET.sub("", query, count=1)
                 # parseMode 0 is a whole statement; the others are expressions
-                if not self._inspect_sql(query if expr.get("parseMode", 0) == 0 else f"SELECT {query}"):
+                if not self._inspect_sql(query if mode == 0 else f"SELECT {query}"):
                     return False
             stack.extend(v for v in obj.values() if isinstance(v, dict | list))
         return True

@@ -130,6 +130,7 @@ NOT_TAMPERS = [
     "SELECT * FROM offset_settings",
     "DO $$ BEGIN RAISE NOTICE 'hello'; END $$",
     "DO $$ BEGIN UPDATE users SET role = 'admin' WHERE id = 1; END $$",  # a column named role
+    "DO $$ DECLARE role text := 'x'; BEGIN role := upper(role); role = role || '!'; END $$",
     "DO $$ BEGIN EXECUTE 'UPDATE users SET role = 1'; PERFORM 1; END $$",
     "DO $$ DECLARE r record; BEGIN FOR r IN SELECT * FROM t LOOP RAISE NOTICE '% reset', r; END LOOP; END $$",
     "CREATE FUNCTION f() RETURNS void LANGUAGE sql AS $$ SELECT set_config('cow.session_id', 'x', false) $$",
