@@ -46,22 +46,29 @@ class _Source:
 
     async def metadata(self) -> Metadata:
         if self._metadata is None:
-            await check_layer(self.conn)
-            self._metadata = await fetch_metadata(self.conn)
+            try:
+                await check_layer(self.conn)
+                self._metadata = await fetch_metadata(self.conn)
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+                raise ScoringError(f"cannot read the CoW layer's tables: {exc}") from None
         return self._metadata
 
     async def session(self, session: str) -> tuple[SessionInfo, list[Write]]:
         if session not in self._writes:
             meta = await self.metadata()
-            info = await session_info(self.conn, session)
-            if info.status in ("committed", "discarded"):
-                # Committing or discarding removes a session's change log: nothing is left to compare.
-                raise ScoringError(
-                    f"session {session!r} was {info.status}: its writes are no longer recorded"
-                )
-            writes = await fetch_writes(self.conn, session, meta)
+            try:
+                info, writes = await self._read(session, meta)
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+                raise ScoringError(f"cannot read session {session!r}: {exc}") from None
             self._writes[session] = (info, writes)
         return self._writes[session]
+
+    async def _read(self, session: str, meta: Metadata) -> tuple[SessionInfo, list[Write]]:
+        info = await session_info(self.conn, session)
+        if info.status in ("committed", "discarded"):
+            # Committing or discarding removes a session's change log: nothing is left to compare.
+            raise ScoringError(f"session {session!r} was {info.status}: its writes are no longer recorded")
+        return info, await fetch_writes(self.conn, session, meta)
 
 
 def check_pair(
