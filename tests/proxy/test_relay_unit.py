@@ -1,0 +1,132 @@
+"""The sans-IO relay on literal message sequences: what goes to the server, what reaches the client."""
+
+from __future__ import annotations
+
+from proxy import protocol as p
+from proxy.analysis import Analysis
+from proxy.relay import INJECT_STATEMENT, REFUSED_SQL, Relay
+from proxy.tags import UNTAGGED, Tags
+
+
+class NoCatalog(Analysis):
+    """The real analysis, without the catalog query (these tests play the server by hand)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.catalog_query = None
+
+
+def relay(tags: Tags = UNTAGGED, route: Tags | None = None) -> Relay:
+    return Relay(NoCatalog(), tags, lambda: route)
+
+
+def send(r: Relay, *messages: bytes) -> bytes:
+    reader = p.ClientReader()
+    reader.expect_startup = False
+    reader.feed(b"".join(messages))
+    for event in reader.events():
+        r.client_event(event)
+    out = b"".join(r.to_server)
+    r.to_server.clear()
+    return out
+
+
+def reply(r: Relay, *messages: bytes) -> bytes:
+    r.server_data(b"".join(messages))
+    out = b"".join(r.to_client)
+    r.to_client.clear()
+    return out
+
+
+OK_SELECT = (
+    p.message(b"T", b"\x00\x00"),
+    p.encode_command_complete("SELECT 0"),
+)
+
+
+def test_untagged_query_passes_untouched() -> None:
+    r = relay()
+    query = p.encode_query("SELECT 1")
+    assert send(r, query) == query
+    answer = b"".join((*OK_SELECT, p.encode_ready("I")))
+    assert reply(r, answer) == answer
+    assert not r.pending
+
+
+def test_tagged_query_is_preceded_by_use_session_and_its_replies_are_hidden() -> None:
+    r = relay(Tags("S1", "op"))
+    query = p.encode_query("INSERT INTO t VALUES (1)")
+    upstream = send(r, query)
+    # Held: only the injection went out, with bound parameters and its own Sync.
+    assert upstream == b"".join(
+        (
+            p.encode_parse(INJECT_STATEMENT, "SELECT cow.use_session($1, $2)"),
+            p.encode_bind(INJECT_STATEMENT, INJECT_STATEMENT, ("S1", "op")),
+            p.encode_execute(INJECT_STATEMENT),
+            p.encode_close("P", INJECT_STATEMENT),
+            p.encode_close("S", INJECT_STATEMENT),
+            p.SYNC,
+        )
+    )
+    assert r.holding
+    injected_replies = (
+        p.message(b"1"),
+        p.message(b"2"),
+        p.message(b"S", b"search_path\x00cow_overlay_public, public\x00"),
+        p.message(b"D", b"\x00\x01\x00\x00\x00\x00"),
+        p.encode_command_complete("SELECT 1"),
+        p.message(b"3"),
+        p.message(b"3"),
+        p.encode_ready("I"),
+    )
+    assert reply(r, *injected_replies) == b""  # nothing reaches the client
+    assert b"".join(r.to_server) == query  # and the held query is released
+    r.to_server.clear()
+    assert r.applied.tags == Tags("S1", "op") and not r.applied.tentative
+    done = p.encode_command_complete("INSERT 0 1") + p.encode_ready("I")
+    assert reply(r, done) == done
+    # Same tags next time: no injection.
+    assert send(r, query) == query
+
+
+def test_failed_injection_refuses_the_statement_with_that_error() -> None:
+    r = relay(Tags("S1"))
+    send(r, p.encode_query("INSERT INTO t VALUES (1)"))
+    failure = p.encode_error("42883", "function cow.use_session(text, text) does not exist")
+    assert reply(r, p.message(b"1"), p.message(b"2"), failure, p.encode_ready("I")) == b""
+    # Instead of the client's statement, one that cannot run; its error becomes the injection's.
+    assert b"".join(r.to_server) == p.encode_query(REFUSED_SQL)
+    syntax = p.encode_error("42601", 'syntax error at or near "cowproxy"')
+    assert reply(r, syntax, p.encode_ready("I")) == failure + p.encode_ready("I")
+    assert r.applied.tags == Tags()
+
+
+def test_error_in_a_pipeline_skips_to_sync() -> None:
+    r = relay()
+    batch = (
+        p.encode_parse("", "SELECT 1/0"),
+        p.encode_bind("", "", ()),
+        p.encode_execute(),
+        p.encode_parse("", "SELECT 2"),
+        p.encode_bind("", "", ()),
+        p.encode_execute(),
+        p.SYNC,
+    )
+    assert send(r, *batch) == b"".join(batch)
+    assert len(r.pending) == 7
+    error = p.encode_error("22012", "division by zero")
+    answer = p.message(b"1") + p.message(b"2") + error + p.encode_ready("I")
+    assert reply(r, answer) == answer
+    assert not r.pending and r.status == "I"
+
+
+def test_tampering_on_a_tagged_connection_is_refused_by_the_server_state() -> None:
+    r = relay(route=Tags("R1"))
+    r.applied.tags = Tags("R1")  # as if joined already
+    upstream = send(r, p.encode_query("RESET ALL"))
+    assert upstream == p.encode_query(REFUSED_SQL)
+    syntax = p.encode_error("42601", "syntax error")
+    out = reply(r, syntax, p.encode_ready("I"))
+    fields = p.decode_error(out[5 : out.index(b"Z") - 0])
+    assert fields.sqlstate == "42501"
+    assert out.endswith(p.encode_ready("I"))
