@@ -185,6 +185,7 @@ def test_bad_configuration_is_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed to make a test certificate")
 def test_tls_to_clients(pg_server: PgServer, empty_db: str, tmp_path: Path) -> None:
+    from proxy.config import Address
     from tests.proxy.conftest import run_proxy
 
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
@@ -215,6 +216,27 @@ def test_tls_to_clients(pg_server: PgServer, empty_db: str, tmp_path: Path) -> N
             assert conn.execute("SELECT 5").fetchone() == (5,)
         with psycopg.connect(proxy.dsn(empty_db, sslmode="disable"), autocommit=True) as conn:
             assert not conn.pgconn.ssl_in_use
+        # TLS from a proxy to its upstream: a second proxy in front of the first, which ends that TLS.
+        tls_front = Address(proxy.host, proxy.port)
+        with (
+            run_proxy(pg_server, upstream=tls_front, upstream_tls="require") as front,
+            psycopg.connect(front.dsn(empty_db), autocommit=True) as conn,
+        ):
+            assert conn.execute("SELECT 6").fetchone() == (6,)
+            inner = proxy.run(lambda: [c.tls for c in proxy.server.connections.values()])
+            assert inner == [True]
+    # "prefer" falls back to plain TCP when the server says no; "require" refuses.
+    with (
+        run_proxy(pg_server, upstream_tls="prefer") as proxy,
+        psycopg.connect(proxy.dsn(empty_db), autocommit=True) as conn,
+    ):
+        assert conn.execute("SELECT 7").fetchone() == (7,)
+    if pg_server.bindir is not None:  # the embedded server runs without TLS
+        with (
+            run_proxy(pg_server, upstream_tls="require") as proxy,
+            pytest.raises(psycopg.OperationalError, match="refused TLS"),
+        ):
+            psycopg.connect(proxy.dsn(empty_db))
 
 
 def test_admin_api_errors(proxy: RunningProxy) -> None:
