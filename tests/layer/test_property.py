@@ -350,25 +350,35 @@ def _commit_equals_plain(world: World, stmts: list[Stmt], *, grandchildren: bool
 @settings(SETTINGS, max_examples=max(1, EXAMPLES * 5 // 6))
 @given(stmts=st.lists(SINGLE_ROW, min_size=1, max_size=12))
 def test_commit_makes_base_equal_plain_copy(world: World, stmts: list[Stmt]) -> None:
-    """Commit, with no grandchild rows (see the xfail test below for those)."""
+    """Commit, with no grandchild rows (the next test has them)."""
     _commit_equals_plain(world, stmts, grandchildren=False)
 
 
 MOVE_PARENT = ("UPDATE parent SET id = %s WHERE id = %s RETURNING *", (4, 2))
-COMMIT_MOVES_KEYS_BY_DELETE = (
-    "layer bug: cow.commit_session applies a primary-key move as DELETE of the old base row (deletes run "
-    "first) + INSERT, so the base tables' ON DELETE actions fire on rows the session never touched. After "
-    "UPDATE parent SET id = 4 WHERE id = 2 (child 3 follows by ON UPDATE CASCADE), the commit's DELETE of "
-    "parent 2 cascades to base child 3 and from there: mark 1 (ON DELETE RESTRICT) makes the commit fail "
-    "(23001 on PostgreSQL 18, 23503 before); without mark 1, badge 1 (ON DELETE CASCADE) is deleted from "
-    "the base, silently, though the session's view and the plain copy keep it"
+# Regressions: until 74342d0 the commit applied a primary-key move as DELETE + INSERT of the base row, so the
+# base's ON DELETE actions fired on rows the session never touched: mark 1 (RESTRICT) refused the commit, and
+# without it badge 1 (CASCADE) silently disappeared from the base.
+MOVE_CHAIN = [
+    ("UPDATE parent SET id = %s WHERE id = %s RETURNING *", (5, 1)),
+    ("UPDATE parent SET id = %s WHERE id = %s RETURNING *", (1, 2)),
+]
+COMMIT_MOVE_CHAIN = (
+    "layer bug (74342d0): a chain of primary-key moves, UPDATE parent SET id = 5 WHERE id = 1 then "
+    "UPDATE parent SET id = 1 WHERE id = 2 (no cycle), is committed as DELETE + INSERT because key 1 is "
+    "still taken in the base when the second move is applied; the DELETE of base parent 2 cascades to base "
+    "child 3, so mark 1 (ON DELETE RESTRICT) refuses the commit (23001 on PostgreSQL 18, 23503 before) and, "
+    "without mark 1, badge 1 (ON DELETE CASCADE) is silently deleted from the base though the session and "
+    "the plain copy keep it. Applying the moves in dependency order (1 -> 5 first) avoids the fallback"
 )
 
 
-@pytest.mark.xfail(strict=True, reason=COMMIT_MOVES_KEYS_BY_DELETE)
+@pytest.mark.xfail(strict=True, reason=COMMIT_MOVE_CHAIN)
 @settings(SETTINGS, max_examples=max(1, EXAMPLES // 4))
 @example(stmts=[("DELETE FROM mark WHERE id = %s RETURNING *", (1,)), MOVE_PARENT])
 @example(stmts=[MOVE_PARENT])
+@example(stmts=MOVE_CHAIN)
+@example(stmts=[("DELETE FROM mark WHERE id = %s RETURNING *", (1,)), *MOVE_CHAIN])
 @given(stmts=SEQUENCES_OF_STATEMENTS)
 def test_commit_keeps_grandchildren_of_moved_keys(world: World, stmts: list[Stmt]) -> None:
+    """Commit with grandchild rows present: a key move must not touch the rows that hang below it."""
     _commit_equals_plain(world, stmts, grandchildren=True)
