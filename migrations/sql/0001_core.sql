@@ -280,7 +280,9 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
          FROM pg_constraint c WHERE c.conrelid = p_rel OR c.confrelid = p_rel),
         (SELECT string_agg(pg_get_indexdef(i.indexrelid), ',' ORDER BY i.indexrelid)
          FROM pg_index i WHERE i.indrelid = p_rel AND i.indisunique),
-        (SELECT string_agg(coalesce(c.relacl::text, ''), ',') FROM pg_class c WHERE c.oid = p_rel)))
+        (SELECT string_agg(coalesce(c.relacl::text, ''), ',') FROM pg_class c WHERE c.oid = p_rel),
+        (SELECT string_agg(pg_get_partition_constraintdef(t.relid), ',' ORDER BY t.relid)
+         FROM pg_partition_tree(p_rel) t WHERE t.isleaf AND t.relid <> p_rel)))
 $$;
 
 CREATE OR REPLACE FUNCTION cow._eq2(lcols text[], l text, rcols text[], r text) RETURNS text
@@ -532,6 +534,14 @@ BEGIN
         gen_code := gen_code || format(E'    SELECT (%s) INTO NEW.%I FROM (%s) AS _x;\n',
                                        col.expr, col.attname, cow._rowsrc(ncols, 'NEW'));
     END LOOP;
+    -- A partitioned table: the row must fall into a partition (23514), checked first like PostgreSQL's routing.
+    IF (SELECT relkind FROM pg_class WHERE oid = rel) = 'p' THEN
+        SELECT string_agg('(' || pg_get_partition_constraintdef(t.relid) || ')', ' OR ' ORDER BY t.relid)
+        INTO cond FROM pg_partition_tree(rel) t WHERE t.isleaf;
+        gen_code := gen_code || format(E'    IF (SELECT %s FROM (%s) AS _x) IS NOT TRUE THEN\n        %s\n    END IF;\n',
+            coalesce(cond, 'false'), cow._rowsrc(names, 'NEW'),
+            cow._raise('23514', format('no partition of relation "%s" found for row', tab), NULL, sch, tab));
+    END IF;
     -- NOT NULL (23502).
     FOR col IN SELECT a.attname FROM pg_attribute a
                WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped AND a.attnotnull ORDER BY a.attnum LOOP
