@@ -255,6 +255,12 @@ class Relay:
             (self.statements if close.kind == "S" else self.portals).pop(close.name, None)
             self._extended(Entry(Kind.CLOSE), frame.raw)
         elif kind == b"F":
+            # A FunctionCall (the large-object API) runs with the connection's tags like any statement.
+            tags = self.desired_tags(None)
+            if self._needs_injection(tags) and not self._inject(tags, b"F"):
+                self.held.appendleft(frame)
+                return
+            self._fresh = False
             self._push(Entry(Kind.FUNC, started=time.perf_counter()))
             self.to_server.append(frame.raw)
         elif kind == b"X":

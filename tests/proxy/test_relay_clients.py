@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import psycopg
 import pytest
 
@@ -142,7 +144,7 @@ def test_sqlalchemy_orm(proxy: RunningProxy, empty_db: str) -> None:
         engine.dispose()
 
 
-def test_psql_and_pgbench(proxy: RunningProxy, empty_db: str, pg_server: PgServer) -> None:
+def test_psql_and_pgbench(proxy: RunningProxy, empty_db: str, pg_server: PgServer, tmp_path: Path) -> None:
     import subprocess
 
     dsn = proxy.dsn(empty_db)
@@ -166,6 +168,28 @@ def test_psql_and_pgbench(proxy: RunningProxy, empty_db: str, pg_server: PgServe
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["2", "1", "2", "3"]
+    # Large objects go through the FunctionCall message (libpq's lo_* functions).
+    blob = tmp_path / "blob.bin"
+    blob.write_bytes(bytes(range(256)) * 100)
+    lo = subprocess.run(
+        [
+            psql,
+            dsn,
+            "-X",
+            "-A",
+            "-t",
+            "-c",
+            f"\\lo_import {blob}",
+            "-c",
+            "SELECT sum(length(data)) FROM pg_largeobject",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert lo.returncode == 0, lo.stderr
+    assert lo.stdout.split()[-1] == "25600"
     pgbench = pg_server.tool("pgbench")
     init = subprocess.run(
         [pgbench, "-i", "-s", "1", "-q", dsn], capture_output=True, text=True, timeout=60, check=False

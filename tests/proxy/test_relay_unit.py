@@ -130,3 +130,14 @@ def test_tampering_on_a_tagged_connection_is_refused_by_the_server_state() -> No
     fields = p.decode_error(out[5 : out.index(b"Z") - 0])
     assert fields.sqlstate == "42501"
     assert out.endswith(p.encode_ready("I"))
+
+
+def test_function_call_waits_for_the_session() -> None:
+    r = relay(Tags("S2"))
+    call = p.message(b"F", b"\x00\x00\x03\xe8\x00\x00\x00\x00\x00\x00")
+    upstream = send(r, call)
+    assert upstream.startswith(p.encode_parse(INJECT_STATEMENT, "SELECT cow.use_session($1, $2)"))
+    assert call not in upstream and r.holding
+    reply(r, p.message(b"1"), p.message(b"2"), p.encode_command_complete("SELECT 1"))
+    reply(r, p.message(b"3"), p.message(b"3"), p.encode_ready("I"))
+    assert b"".join(r.to_server) == call
