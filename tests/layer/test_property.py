@@ -30,7 +30,7 @@ from typing import Any
 import asyncpg
 import psycopg
 import pytest
-from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import HealthCheck, event, example, given, reject, settings
 from hypothesis import strategies as st
 
 from migrations import install_layer
@@ -253,6 +253,21 @@ class World:
     def plain_rows(self) -> dict[str, str]:
         return tables(self.admin, "plain")
 
+    def moves_unique_values(self) -> bool:
+        """Whether the session hands a parent's UNIQUE value (code, tag) to another row while the row that
+        held it in the base stays: the commit's row-by-row UPDATE may then meet the value twice."""
+        base, final = (
+            {r[0]: r[1:] for r in self.admin.execute(f"SELECT id, code, tag FROM {schema}.parent")}
+            for schema in ("public", "plain")
+        )
+        for col in (0, 1):
+            held = {v[col]: k for k, v in base.items() if v[col] is not None}
+            for key, values in final.items():
+                old = held.get(values[col])
+                if old is not None and old != key and old in final:
+                    return True
+        return False
+
     def logged(self) -> int:
         row = self.admin.execute("SELECT count(*) FROM cow.session_changes(%s)", (self.session,)).fetchone()
         assert row is not None
@@ -337,7 +352,14 @@ def _commit_equals_plain(world: World, stmts: list[Stmt], *, grandchildren: bool
     try:
         for stmt in stmts:
             world.step(stmt, check_log=False)
-        world.cow.execute("SELECT cow.commit_session(%s)", (world.session,))
+        try:
+            world.cow.execute("SELECT cow.commit_session(%s)", (world.session,))
+        except psycopg.errors.UniqueViolation:
+            if not world.moves_unique_values():
+                raise
+            # docs/layer.md, commit limits: "swapping UNIQUE values between rows may hit a transient 23505".
+            event("documented limit: transient 23505 at commit, UNIQUE values moved between rows")
+            reject()
         assert world.base() == world.plain_rows()
         status = world.admin.execute(
             "SELECT status FROM cow.sessions WHERE session_id = %s", (world.session,)
@@ -347,7 +369,17 @@ def _commit_equals_plain(world: World, stmts: list[Stmt], *, grandchildren: bool
         world.discard()
 
 
+# Found by this test: parent 1 deleted, parent 2 moved to key 1, a new parent 2 takes code 'a' — in the
+# net diff codes 'a' and 'b' swap keys, the documented transient 23505 (the example is rejected, not failed).
+UNIQUE_SWAP = [
+    ("DELETE FROM parent WHERE id = %s RETURNING *", (1,)),
+    ("UPDATE parent SET id = %s WHERE id = %s RETURNING *", (1, 2)),
+    ("INSERT INTO parent (id, code, qty) VALUES (%s, %s, %s) RETURNING *", (2, "a", 0)),
+]
+
+
 @settings(SETTINGS, max_examples=max(1, EXAMPLES * 5 // 6))
+@example(stmts=UNIQUE_SWAP)
 @given(stmts=st.lists(SINGLE_ROW, min_size=1, max_size=12))
 def test_commit_makes_base_equal_plain_copy(world: World, stmts: list[Stmt]) -> None:
     """Commit, with no grandchild rows (the next test has them)."""
