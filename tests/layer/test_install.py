@@ -89,8 +89,11 @@ def test_pg_dump_of_the_app_schema_is_unchanged_by_install_then_uninstall(
 
 
 def test_install_is_idempotent_and_reports_skipped_tables(sample_db: str) -> None:
+    with psycopg.connect(sample_db, autocommit=True) as conn:
+        conn.execute("CREATE MATERIALIZED VIEW big_orders AS SELECT * FROM orders WHERE qty > 1")
     first = run(sample_db, install_layer)
     assert first.applied and any("nopk" in n and "no primary key" in n for n in first.notes)
+    assert any("materialized view public.big_orders" in n for n in first.notes)
     second = run(sample_db, install_layer)
     assert second.applied == ()
     with psycopg.connect(sample_db) as conn:
