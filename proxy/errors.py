@@ -37,18 +37,6 @@ class ProtocolError(ProxyError):
     sqlstate = "08P01"
 
 
-class RefusedError(ProxyError):
-    """A tagged connection tried to leave or tamper with its session."""
-
-    sqlstate = "42501"
-
-
-class UpstreamError(ProxyError):
-    """The upstream PostgreSQL could not be reached or went away."""
-
-    sqlstate = "08006"
-
-
 class AdminError(ProxyError):
     """The admin API refused a request or could not be reached."""
 
