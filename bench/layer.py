@@ -48,6 +48,7 @@ import asyncpg  # noqa: E402
 
 from migrations import install_layer  # noqa: E402
 from migrations.embedded import embedded_postgres  # noqa: E402
+from migrations.errors import LayerError  # noqa: E402
 
 VARIANTS = ("plain", "untagged", "view", "session")
 SESSION = "bench"
@@ -474,7 +475,11 @@ async def main_async(cfg: Config) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
-    asyncio.run(main_async(cfg))
+    try:
+        asyncio.run(main_async(cfg))
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, LayerError) as exc:
+        print(f"bench/layer.py: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
