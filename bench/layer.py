@@ -13,10 +13,12 @@ reference) and ``public.items`` (the layer installed on ``public``). Variants, o
 Operations (prepared statements through asyncpg, as a client would): PK point select, 100-row range,
 ``count(*)``, single-row insert / update / delete (autocommit). The point select and ``count(*)`` also run
 with ``plan_cache_mode = force_generic_plan`` and with ``jit = on`` (default thresholds; the other
-connections run ``jit = off``), to catch plans whose estimated cost triggers JIT compilation. Variants are
-interleaved in a shuffled order within each round; the figure is the median over ``--rounds`` rounds of the
-mean time per op of a batch. ``--explain`` prints the EXPLAIN ANALYZE of the point select per variant
-(custom and generic plan).
+connections run ``jit = off``), to catch plans whose estimated cost triggers JIT compilation. The variants
+take turns op by op, in a shuffled order each time, over a warm-up round and ``--rounds`` rounds of
+``--batch`` ops; the figure is the median of every single op (robust against the spikes of a shared
+machine), and the per-round ratios show the spread. The estimated cost of each generic plan is printed
+against ``jit_above_cost``. ``--explain`` prints EXPLAIN ANALYZE per variant: the point select (custom and
+generic plan), the range, ``count(*)`` with jit on, and an update (rolled back) with its trigger time.
 
     .venv/bin/python bench/layer.py [--rows 1000000] [--dsn DSN] [--rounds 7] [--explain]
 

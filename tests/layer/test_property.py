@@ -202,7 +202,8 @@ def property_template(create_database: Callable[..., str]) -> str:
 
 
 class World:
-    """Three connections to one database: admin (no session), plain (``search_path = plain``), cow."""
+    """Connections to one database: admin (no session), plain (``search_path = plain``), cow (the session
+    under test) and other (another session)."""
 
     _ids = itertools.count()
 
