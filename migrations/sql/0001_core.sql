@@ -156,11 +156,21 @@ BEGIN
     IF current_setting('cow._registered', true) IS DISTINCT FROM stamp THEN
         PERFORM cow._check_id(s, 'session');
         PERFORM cow._check_id(nullif(current_setting('cow.operation_id', true), ''), 'operation');
-        INSERT INTO cow.sessions AS x (session_id, kind, first_write_at, last_write_at)
-        VALUES (s, 'other', now(), now())
-        ON CONFLICT (session_id) DO UPDATE
-            SET last_write_at = now(), first_write_at = coalesce(x.first_write_at, now())
-        RETURNING x.status INTO st;
+        -- Never hold the registry row for the rest of the transaction: concurrent transactions of one session
+        -- (a pooled application) must not queue behind each other. A new session is inserted (ON CONFLICT DO
+        -- NOTHING takes no lock on an existing row); an existing one gets its timestamps only when no other
+        -- transaction holds its row (SKIP LOCKED), so last_write_at is approximate under concurrency.
+        SELECT x.status INTO st FROM cow.sessions x WHERE x.session_id = s;
+        IF st IS NULL THEN
+            INSERT INTO cow.sessions (session_id, kind, first_write_at, last_write_at)
+            VALUES (s, 'other', now(), now())
+            ON CONFLICT (session_id) DO NOTHING;
+            SELECT x.status INTO st FROM cow.sessions x WHERE x.session_id = s;
+        ELSE
+            UPDATE cow.sessions x SET last_write_at = now(), first_write_at = coalesce(x.first_write_at, now())
+            WHERE x.session_id = (SELECT y.session_id FROM cow.sessions y WHERE y.session_id = s
+                                  FOR UPDATE SKIP LOCKED);
+        END IF;
         IF st <> 'open' THEN
             RAISE EXCEPTION 'session % is %: it takes no more writes', s, st
                 USING ERRCODE = 'object_not_in_prerequisite_state';

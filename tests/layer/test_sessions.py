@@ -245,3 +245,23 @@ def test_commit_applies_a_primary_key_move_as_an_update(layer_db: str) -> None:
         (2, 10),
     ]
     assert rows(layer_db, "SELECT * FROM public.shipments") == [(1, 1)]
+
+
+def test_concurrent_transactions_of_one_session_do_not_wait_for_each_other(layer_db: str) -> None:
+    # Created up front (an auto-registered session's very first transactions do queue on its insertion).
+    run(layer_db, lambda c: sessions.create_session(c, "pool"))
+    with psycopg.connect(layer_db) as a, psycopg.connect(layer_db) as b:
+        for conn in (a, b):
+            conn.execute("SELECT cow.use_session('pool', 'op')")
+            conn.commit()
+        a.execute("UPDATE customers SET score = 1 WHERE id = 1")  # A's transaction stays open
+        b.execute("SET statement_timeout = '2s'")
+        b.execute("UPDATE customers SET score = 2 WHERE id = 2")  # would time out if it queued behind A
+        b.commit()
+        a.commit()
+    assert rows(layer_db, "SELECT pk, row_data->>'score' FROM cow.session_changes('pool') ORDER BY seq") == [
+        ({"id": 1}, "1"),
+        ({"id": 2}, "2"),
+    ]
+    s = run(layer_db, lambda c: sessions.get_session(c, "pool"))
+    assert s.first_write_at is not None and s.last_write_at is not None and s.status == "open"
