@@ -90,12 +90,17 @@ def run_proxy(pg: PgServer, **overrides: Any) -> Iterator[RunningProxy]:
             await server.drain(2)
             await admin.http.close()
             await metrics.http.close()
+            await asyncio.sleep(0.3)  # let TLS transports finish their shutdown before the loop closes
 
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(stop(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
-        loop.close()
+        try:
+            loop.close()
+        except OSError:  # uvloop: a TLS transport still closing; let it finish, then close
+            loop.run_until_complete(asyncio.sleep(1))
+            loop.close()
 
 
 @pytest.fixture
