@@ -71,6 +71,11 @@ BEGIN
     END IF;
 END $$;
 
+-- View default of a GENERATED ALWAYS identity or a generated column: the value, plus a transaction-local flag
+-- the INSTEAD OF trigger consumes, so that an explicit value can be told from DEFAULT (428C9, as PostgreSQL).
+CREATE OR REPLACE FUNCTION cow._defaulted(value anyelement, flag text) RETURNS anyelement
+LANGUAGE sql VOLATILE AS $$ SELECT CASE WHEN pg_catalog.set_config(flag, 'on', true) IS NOT NULL THEN value END $$;
+
 CREATE OR REPLACE FUNCTION cow.current_session() RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE AS $$ SELECT nullif(current_setting('cow.session_id', true), '') $$;
 
@@ -429,10 +434,18 @@ BEGIN
         'AND NOT c._cow_deleted',
         v, cow._collist(names, 'b.'), b, ch, sess, cow._eq(pk, 'c', 'b'), cow._collist(names, 'c.'));
     -- Defaults come from the base table (serial and identity values from its sequences).
-    FOR col IN SELECT a.attname, pg_get_expr(d.adbin, d.adrelid) AS def, a.attidentity, a.attgenerated
+    FOR col IN SELECT a.attname, a.attnum, pg_get_expr(d.adbin, d.adrelid) AS def, a.attidentity, a.attgenerated,
+                      format_type(a.atttypid, a.atttypmod) AS typ
                FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
                WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped LOOP
-        IF col.attidentity IN ('a', 'd') THEN
+        IF col.attidentity = 'a' THEN
+            EXECUTE format('ALTER VIEW %s ALTER COLUMN %I SET DEFAULT cow._defaulted(nextval(%L::regclass), %L)', v,
+                           col.attname, pg_get_serial_sequence(b, col.attname),
+                           'cow._d_' || r.changes_table || '_' || col.attnum);
+        ELSIF col.attgenerated <> '' THEN
+            EXECUTE format('ALTER VIEW %s ALTER COLUMN %I SET DEFAULT cow._defaulted(NULL::%s, %L)', v, col.attname,
+                           col.typ, 'cow._d_' || r.changes_table || '_' || col.attnum);
+        ELSIF col.attidentity = 'd' THEN
             EXECUTE format('ALTER VIEW %s ALTER COLUMN %I SET DEFAULT nextval(%L::regclass)', v, col.attname,
                            pg_get_serial_sequence(b, col.attname));
         ELSIF col.def IS NOT NULL AND col.attgenerated = '' THEN
@@ -519,6 +532,8 @@ DECLARE
     fk_changed text := '0'; -- the bits of the FOREIGN KEYs whose columns an UPDATE changed
     fk_n int := 0;
     mark_guc text;
+    dflt_ins text := '';
+    dflt_upd text := '';
 BEGIN
     SELECT * INTO STRICT r FROM cow.registry WHERE id = p_id;
     rel := r.relid;
@@ -536,6 +551,30 @@ BEGIN
     INTO ncols, setcols, has_always
     FROM pg_attribute a WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped;
 
+    -- An explicit value for a GENERATED ALWAYS identity or a generated column (no DEFAULT flag): 428C9.
+    FOR col IN SELECT a.attname, a.attnum, a.attidentity = 'a' AS ident FROM pg_attribute a
+               WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped
+                 AND (a.attidentity = 'a' OR a.attgenerated <> '') ORDER BY a.attnum LOOP
+        dflt_ins := dflt_ins || format(
+            E'    IF pg_catalog.current_setting(%L, true) IS DISTINCT FROM ''on'' THEN\n'
+             '        RAISE EXCEPTION USING ERRCODE = ''428C9'', MESSAGE = %L, DETAIL = %L%s;\n    END IF;\n'
+             '    PERFORM pg_catalog.set_config(%L, '''', true);\n',
+            'cow._d_' || r.changes_table || '_' || col.attnum,
+            format('cannot insert a non-DEFAULT value into column "%s"', col.attname),
+            CASE WHEN col.ident THEN format('Column "%s" is an identity column defined as GENERATED ALWAYS.', col.attname)
+                 ELSE format('Column "%s" is a generated column.', col.attname) END,
+            CASE WHEN col.ident THEN ', HINT = ''Use OVERRIDING SYSTEM VALUE to override.''' ELSE '' END,
+            'cow._d_' || r.changes_table || '_' || col.attnum);
+        dflt_upd := dflt_upd || format(
+            E'    IF NEW.%I IS DISTINCT FROM OLD.%I AND pg_catalog.current_setting(%L, true) IS DISTINCT FROM ''on'' THEN\n'
+             '        RAISE EXCEPTION USING ERRCODE = ''428C9'', MESSAGE = %L, DETAIL = %L;\n    END IF;\n'
+             '    PERFORM pg_catalog.set_config(%L, '''', true);\n',
+            col.attname, col.attname, 'cow._d_' || r.changes_table || '_' || col.attnum,
+            format('column "%s" can only be updated to DEFAULT', col.attname),
+            CASE WHEN col.ident THEN format('Column "%s" is an identity column defined as GENERATED ALWAYS.', col.attname)
+                 ELSE format('Column "%s" is a generated column.', col.attname) END,
+            'cow._d_' || r.changes_table || '_' || col.attnum);
+    END LOOP;
     -- Generated columns: computed from the other columns, as the table would.
     FOR col IN SELECT a.attname, pg_get_expr(d.adbin, d.adrelid) AS expr
                FROM pg_attribute a JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
@@ -667,21 +706,21 @@ BEGIN
     -- INSERT
     fn := format('cow_changes.%I', r.changes_table || '_ins');
     EXECUTE format(E'CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql '
-                   'AS $body$\n%sBEGIN\n'
+                   'AS $body$\n%sBEGIN\n%s'
                    '    IF _s IS NULL THEN\n        INSERT INTO %s AS y (%s) %s VALUES (%s) RETURNING y.* INTO NEW;\n        RETURN NEW;\n    END IF;\n'
                    '    _o := cow._write_operation();\n%s%s%s%s%s%s    RETURN NEW;\nEND $body$',
-                   fn, decl, b, cow._collist(ncols), CASE WHEN has_always THEN 'OVERRIDING SYSTEM VALUE' ELSE '' END,
+                   fn, decl, dflt_ins, b, cow._collist(ncols), CASE WHEN has_always THEN 'OVERRIDING SYSTEM VALUE' ELSE '' END,
                    cow._collist(ncols, 'NEW.'), gen_code, nn_code, chk_code, uq_ins, '',
                    cow._rec_code(ch, b, names, pk, 'NEW', false, fk_all, mark_guc, 'NULL'));
     EXECUTE format('CREATE OR REPLACE TRIGGER cow_insert INSTEAD OF INSERT ON %s FOR EACH ROW EXECUTE FUNCTION %s()', v, fn);
     -- UPDATE: a primary-key change is a delete of the old key and a write of the new one.
     fn := format('cow_changes.%I', r.changes_table || '_upd');
     EXECUTE format(E'CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql '
-                   'AS $body$\n%sBEGIN\n'
+                   'AS $body$\n%sBEGIN\n%s'
                    '    IF _s IS NULL THEN\n        UPDATE %s AS y SET (%s) = ROW(%s) WHERE %s RETURNING y.* INTO NEW;\n        RETURN NEW;\n    END IF;\n'
                    '    _o := cow._write_operation();\n%s%s%s%s%s%s'
                    '    IF %s THEN\n%s    END IF;\n%s%s    RETURN NEW;\nEND $body$',
-                   fn, decl, b, cow._collist(setcols), cow._collist(setcols, 'NEW.'), cow._eq(pk, 'y', 'OLD'),
+                   fn, decl, dflt_upd, b, cow._collist(setcols), cow._collist(setcols, 'NEW.'), cow._eq(pk, 'y', 'OLD'),
                    gen_code, nn_code, chk_code, uq_upd, '', par_upd_check,
                    cow._changed(pk),
                    -- A primary-key move remembers the base key it started from (commit applies it as an UPDATE).

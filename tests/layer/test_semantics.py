@@ -259,3 +259,25 @@ def test_copy_from_into_a_cow_table(pair: Pair, untouched: None) -> None:
         ):
             copy.write("e1@x\tdup\n")
     pair.same_table("customers")
+
+
+def test_explicit_values_for_generated_and_always_identity_columns(pair: Pair, untouched: None) -> None:
+    for conn in (pair.plain, pair.cow):
+        conn.execute(
+            "CREATE TABLE tickets (id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY, n int,"
+            " twice int GENERATED ALWAYS AS (n * 2) STORED)"
+        )
+    assert pair.both("INSERT INTO tickets (id, n) VALUES (7, 1)") == ("error", "428C9")
+    assert pair.both("INSERT INTO tickets (n, twice) VALUES (1, 2)") == ("error", "428C9")
+    pair.both("INSERT INTO tickets (n) VALUES (1), (2) RETURNING *")
+    pair.both("INSERT INTO tickets (id, n, twice) VALUES (DEFAULT, 3, DEFAULT) RETURNING *")
+    assert pair.both("UPDATE tickets SET twice = 5 WHERE id = 1") == ("error", "428C9")
+    assert pair.both("UPDATE tickets SET id = 9 WHERE id = 1") == ("error", "428C9")
+    pair.both("UPDATE tickets SET n = 10, twice = DEFAULT WHERE id = 1 RETURNING *")
+    pair.same_table("tickets")
+
+
+def test_row_locks_work_through_the_view(pair: Pair, untouched: None) -> None:
+    pair.both("UPDATE customers SET score = 3 WHERE id = 2")
+    pair.both("SELECT id, score FROM customers WHERE id IN (1, 2) ORDER BY id FOR UPDATE")
+    pair.both("SELECT c.id FROM customers c JOIN orders o ON o.customer_id = c.id ORDER BY 1 FOR SHARE OF c")
