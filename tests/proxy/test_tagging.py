@@ -231,3 +231,26 @@ def test_concurrent_tagged_and_untagged(proxy: RunningProxy, layer_db: str) -> N
     assert all(e.startswith(("w0_", "w2_", "w4_", "w6_")) for e in base[BASE_CUSTOMERS:])
     for i in (1, 3, 5, 7):
         assert len(changes(layer_db, f"c{i}")) == 5
+
+
+def test_comment_tags_inside_a_pipeline(proxy: RunningProxy, layer_db: str) -> None:
+    """Switches in the middle of an extended-protocol batch (no Sync in between): injected with Flush."""
+    with psycopg.connect(proxy.dsn(layer_db), autocommit=True) as conn:
+        with conn.pipeline():
+            for i, session in enumerate(["p1", "p2", "p1", "p2"]):
+                conn.execute(
+                    f"/*cow_session='{session}'*/ INSERT INTO customers (email, name) VALUES (%s, 'p')",
+                    (f"{session}_{i}@x",),
+                )
+        # An error after a switch in the same batch: the batch's implicit transaction rolls back, the
+        # untagged statement that followed the tagged one in the pipeline stayed in the session (never base).
+        with pytest.raises(psycopg.errors.UniqueViolation), conn.pipeline():
+            conn.execute(
+                "/*cow_session='p3'*/ INSERT INTO customers (email, name) VALUES (%s, 'p')", ("a@x",)
+            )
+            conn.execute("INSERT INTO customers (email, name) VALUES (%s, 'p')", ("a@x",))  # duplicate email
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert [c[2] for c in changes(layer_db, "p1")] == ["p1_0@x", "p1_2@x"]
+    assert [c[2] for c in changes(layer_db, "p2")] == ["p2_1@x", "p2_3@x"]
+    assert changes(layer_db, "p3") == []
+    assert len(base_customers(layer_db)) == BASE_CUSTOMERS
