@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from proxy.protocol import ErrorFields
 from proxy.tags import Tags
 
 LATENCY_BUCKETS = (
@@ -141,8 +142,6 @@ class _Collector(Collector):
 class ConnectionHooks:
     """The relay's ``Hooks``: plain counters, exported by the collector."""
 
-    __slots__ = ("m",)
-
     def __init__(self, metrics: Metrics) -> None:
         self.m = metrics
 
@@ -175,3 +174,6 @@ class ConnectionHooks:
 
     def tags_applied(self, tags: Tags) -> None:
         self.m.switches[tags.tagged] += 1
+
+    def tags_failed(self, tags: Tags, error: ErrorFields) -> None:
+        pass

@@ -90,6 +90,7 @@ class Hooks(Protocol):
     def parse_cache(self, hit: bool) -> None: ...
     def latency(self, seconds: float) -> None: ...
     def tags_applied(self, tags: Tags) -> None: ...
+    def tags_failed(self, tags: Tags, error: p.ErrorFields) -> None: ...
 
 
 class NoHooks:
@@ -112,6 +113,9 @@ class NoHooks:
         pass
 
     def tags_applied(self, tags: Tags) -> None:
+        pass
+
+    def tags_failed(self, tags: Tags, error: p.ErrorFields) -> None:
         pass
 
 
@@ -440,6 +444,8 @@ class Relay:
             if ok:
                 self.applied = _Applied(tags, tentative=not standalone or self.status != "I")
                 self.hooks.tags_applied(tags)
+            elif self._injection_error is not None:
+                self.hooks.tags_failed(tags, self._injection_error)
 
         def finished(ok: bool) -> None:
             self._fresh = ok
@@ -507,7 +513,9 @@ class Relay:
                 and event.kind in (b"Q", b"F")
             ):
                 # use_session failed before a simple query: refuse it with that error (fail closed).
-                error = p.encode_error_fields(self._injection_error)
+                # Without the position: it points into the injected statement, not the client's.
+                fields = p.ErrorFields(tuple(f for f in self._injection_error.fields if f[0] not in "Ppq"))
+                error = p.encode_error_fields(fields)
                 self._injection_error = None
                 self._refuse(event.kind, error)
                 continue

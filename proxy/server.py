@@ -22,7 +22,7 @@ from proxy import protocol as p
 from proxy.analysis import Analysis
 from proxy.config import ProxyConfig
 from proxy.errors import ProtocolError, ProxyError, TagError
-from proxy.metrics import Metrics
+from proxy.metrics import ConnectionHooks, Metrics
 from proxy.relay import Relay
 from proxy.tags import Tags, check_id, read_startup_tags
 
@@ -357,7 +357,7 @@ class ClientConnection(asyncio.Protocol):
             server.analysis,
             self.tags,
             lambda: server.routes.get(database),
-            server.metrics.hooks(),
+            LoggingHooks(server.metrics, self.id),
             self.config.max_message_size,
         )
         self.state = State.READY
@@ -470,6 +470,30 @@ class ClientConnection(asyncio.Protocol):
         if self.server.connections.pop(self.id, None) is not None and not was_closed:
             log_event(logging.INFO, "disconnect", conn=self.id, reason=reason, session=self.tags.session)
         self.server.connection_closed()
+
+
+class LoggingHooks(ConnectionHooks):
+    """Metrics, plus a log line when a connection switches sessions (debug) or cannot (warning)."""
+
+    def __init__(self, metrics: Metrics, conn: int) -> None:
+        super().__init__(metrics)
+        self.conn = conn
+
+    def tags_applied(self, tags: Tags) -> None:
+        super().tags_applied(tags)
+        log_event(
+            logging.DEBUG, "session_switch", conn=self.conn, session=tags.session, operation=tags.operation
+        )
+
+    def tags_failed(self, tags: Tags, error: p.ErrorFields) -> None:
+        log_event(
+            logging.WARNING,
+            "session_switch_failed",
+            conn=self.conn,
+            session=tags.session,
+            sqlstate=error.sqlstate,
+            error=error.message,
+        )
 
 
 def _raw(event: p.ClientEvent) -> bytes:

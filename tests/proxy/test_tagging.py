@@ -4,6 +4,7 @@ every attempt to leave a session. The base tables are read directly (not through
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from typing import Any
 
@@ -197,13 +198,20 @@ def test_asyncpg_prepared_in_session(proxy: RunningProxy, layer_db: str) -> None
     assert len(base_customers(layer_db)) == BASE_CUSTOMERS
 
 
-def test_tagged_connection_without_layer_fails_closed(proxy: RunningProxy, empty_db: str) -> None:
+def test_tagged_connection_without_layer_fails_closed(
+    proxy: RunningProxy, empty_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
     with psycopg.connect(empty_db, autocommit=True) as direct:
         direct.execute("CREATE TABLE t (x int)")
-    with psycopg.connect(proxy.dsn(empty_db, application_name="cow:s9"), autocommit=True) as conn:
+    with (
+        caplog.at_level(logging.WARNING, logger="cowproxy"),
+        psycopg.connect(proxy.dsn(empty_db, application_name="cow:s9"), autocommit=True) as conn,
+    ):
         for _ in range(2):
-            with pytest.raises(psycopg.Error):
+            with pytest.raises(psycopg.errors.InvalidSchemaName):  # no layer: no schema cow
                 conn.execute("INSERT INTO t VALUES (1)")
+    failed = [r for r in caplog.records if r.getMessage() == "session_switch_failed"]
+    assert failed and failed[0].fields["session"] == "s9"  # type: ignore[attr-defined]
     with psycopg.connect(empty_db, autocommit=True) as direct:
         assert direct.execute("SELECT count(*) FROM t").fetchone() == (0,)
 
