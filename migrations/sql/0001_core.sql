@@ -655,9 +655,11 @@ BEGIN
                                    '        AND c._cow_current AND NOT c._cow_deleted AND %s\n'
                                    '    ORDER BY c._cow_seq LIMIT 1;\n'
                                    '    IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN\n'
-                                   '        _best := _seq; _bdet := _det; _bcon := %L;\n'
+                                   '        _best := _seq; _bdet := _det; _bcon := %L; _bmsg := %L;\n'
                                    '    END IF;\n',
-                                   cow._collist(con.cols), cow._keytext(con.cols, 'c'), con.parent, ch, cond, con.conname);
+                                   cow._collist(con.cols), cow._keytext(con.cols, 'c'), con.parent, ch, cond, con.conname,
+                                   format('insert or update on table "%s" violates foreign key constraint "%s"',
+                                          tab, con.conname));
     END LOOP;
     -- FOREIGN KEY, this table as the parent: ON DELETE / ON UPDATE actions within the session.
     FOR con IN SELECT c.conname, c.conrelid, cow._attnames(c.conrelid, c.conkey) AS cols,
@@ -678,9 +680,28 @@ BEGIN
                              msg, det, sch, tab, con.conname);
         upd_raise := cow._raise(CASE WHEN con.confupdtype = 'r' AND con.child_cow AND pg18 THEN '23001' ELSE '23503' END,
                                 msg, det, sch, tab, con.conname);
+        -- NO ACTION is checked at the end of the statement, like PostgreSQL (so `DELETE FROM t` of a whole
+        -- self-referencing tree works): the statement's tombstones whose key is gone from the session's view
+        -- must not be referenced. RESTRICT is checked at once.
+        IF (con.confdeltype = 'a' OR con.confupdtype = 'a') AND con.child_cow THEN
+            fk_ins := fk_ins || format(E'    SELECT c._cow_seq, format(''Key (%%s)=(%%s) is still referenced from table "%%s".'', %L, %s, %L)\n'
+                                       '    INTO _seq, _det FROM %s c WHERE c._cow_session = _s AND c._cow_seq > _mark\n'
+                                       '        AND c._cow_current AND c._cow_deleted AND %s\n'
+                                       '        AND NOT EXISTS (SELECT 1 FROM %s z WHERE %s)\n'
+                                       '        AND EXISTS (SELECT 1 FROM %s k WHERE %s)\n'
+                                       '    ORDER BY c._cow_seq LIMIT 1;\n'
+                                       '    IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN\n'
+                                       '        _best := _seq; _bdet := _det; _bcon := %L; _bmsg := %L;\n'
+                                       '    END IF;\n',
+                                       cow._collist(con.refcols), cow._keytext(con.refcols, 'c'), con.child, ch,
+                                       cow._notnull(con.refcols, 'c'), v, cow._eq(con.refcols, 'z', 'c'),
+                                       target, cow._eq2(con.cols, 'k', con.refcols, 'c'), con.conname, msg);
+        END IF;
         -- A child table outside the layer cannot change in a session: any action is a refusal there.
-        IF con.confdeltype IN ('r', 'a') OR NOT con.child_cow THEN
+        IF con.confdeltype = 'r' OR NOT con.child_cow THEN
             par_del_check := par_del_check || format(E'    IF %s THEN\n        %s\n    END IF;\n', cond, keytxt);
+        ELSIF con.confdeltype = 'a' THEN
+            NULL;  -- end of statement (above)
         ELSIF con.confdeltype = 'c' THEN
             par_del_act := par_del_act || format(E'    DELETE FROM %s z WHERE %s;\n', target,
                                                  cow._eq2(con.cols, 'z', con.refcols, 'OLD'));
@@ -691,8 +712,12 @@ BEGIN
                 cow._eq2(con.cols, 'z', con.refcols, 'OLD'));
         END IF;
         IF con.confupdtype IN ('r', 'a') OR NOT con.child_cow THEN
-            par_upd_check := par_upd_check || format(E'    IF %s AND %s THEN\n        %s\n    END IF;\n',
-                                                     cow._changed(con.refcols), cond, upd_raise);
+            -- (A NO ACTION key that moves with the primary key leaves a tombstone, checked at the end.)
+            par_upd_check := par_upd_check || format(E'    IF %s AND %s%s THEN\n        %s\n    END IF;\n',
+                                                     cow._changed(con.refcols),
+                                                     CASE WHEN con.confupdtype = 'a' AND con.child_cow
+                                                          THEN format('NOT %s AND ', cow._changed(pk)) ELSE '' END,
+                                                     cond, upd_raise);
         ELSE
             par_upd_act := par_upd_act || format(E'    IF %s THEN\n        UPDATE %s z SET %s WHERE %s;\n    END IF;\n',
                 cow._changed(con.refcols), target,
@@ -751,21 +776,21 @@ BEGIN
                        '        PERFORM set_config(%2$L, concat_ws('','', nullif(current_setting(%2$L, true), ''''),\n'
                        '            (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM cow.write_seq)::text), true);\n'
                        '    END IF;\n    RETURN NULL;\nEND $body$', fn, 'cow._mark_' || r.changes_table);
-        EXECUTE format('CREATE OR REPLACE TRIGGER cow_fk_mark BEFORE INSERT OR UPDATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()', v, fn);
+        EXECUTE format('CREATE OR REPLACE TRIGGER cow_fk_mark BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()', v, fn);
         fn := format('cow_changes.%I', r.changes_table || '_fkcheck');
         EXECUTE format(E'CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql '
                        'AS $body$\n'
                        'DECLARE\n    _s text := nullif(current_setting(''cow.session_id'', true), '''');\n'
                        '    _marks text := current_setting(%2$L, true);\n    _mark bigint;\n    _seq bigint;\n'
-                       '    _det text;\n    _best bigint;\n    _bdet text;\n    _bcon text;\nBEGIN\n'
+                       '    _det text;\n    _best bigint;\n    _bdet text;\n    _bcon text;\n    _bmsg text;\nBEGIN\n'
                        '    IF _s IS NULL OR coalesce(_marks, '''') = '''' THEN\n        RETURN NULL;\n    END IF;\n'
                        '    _mark := split_part(_marks, '','', -1)::bigint;\n'
                        '    PERFORM set_config(%2$L, regexp_replace(_marks, '',?[^,]*$'', ''''), true);\n%3$s'
                        '    IF _best IS NOT NULL THEN\n'
-                       '        RAISE EXCEPTION USING ERRCODE = ''23503'', MESSAGE = format(''insert or update on table "%%s" violates foreign key constraint "%%s"'', %4$L, _bcon),\n'
+                       '        RAISE EXCEPTION USING ERRCODE = ''23503'', MESSAGE = _bmsg,\n'
                        '            DETAIL = _bdet, SCHEMA = %5$L, TABLE = %4$L, CONSTRAINT = _bcon;\n'
                        '    END IF;\n    RETURN NULL;\nEND $body$', fn, 'cow._mark_' || r.changes_table, fk_ins, tab, sch);
-        EXECUTE format('CREATE OR REPLACE TRIGGER cow_fk_check AFTER INSERT OR UPDATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()', v, fn);
+        EXECUTE format('CREATE OR REPLACE TRIGGER cow_fk_check AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()', v, fn);
     END IF;
     UPDATE cow.registry SET signature = cow._signature(rel) WHERE id = p_id;
 END $gen$;

@@ -72,3 +72,15 @@ def test_plain_child_refuses_instead_of_cascading(fk: Pair) -> None:
     assert fk.cow.execute("SELECT count(*) FROM cow.tables WHERE table_name = 'audit'").fetchone() == (0,)
     with pytest.raises(psycopg.errors.ForeignKeyViolation, match="audit"):
         fk.cow.execute("DELETE FROM emp WHERE id = 2")
+
+
+def test_no_action_is_checked_at_the_end_of_the_statement(fk: Pair) -> None:
+    for conn in (fk.plain, fk.cow):
+        conn.execute("CREATE TABLE node (id int PRIMARY KEY, up int REFERENCES node)")  # NO ACTION
+        conn.execute("INSERT INTO node VALUES (1, NULL), (2, 1), (3, 2), (4, 1)")
+    assert fk.both("DELETE FROM node WHERE id = 2") == ("error", "23503")
+    assert fk.both("UPDATE node SET id = 20 WHERE id = 2") == ("error", "23503")
+    fk.both("DELETE FROM node WHERE id IN (2, 3) RETURNING id")  # the whole subtree in one statement
+    fk.both("UPDATE node SET id = 10 WHERE id = 4 RETURNING *")  # nothing references 4
+    fk.both("DELETE FROM node RETURNING id")
+    fk.same_table("node")
