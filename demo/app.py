@@ -567,29 +567,20 @@ async def _handle(pool: asyncpg.Pool, reader: asyncio.StreamReader, writer: asyn
             await writer.wait_closed()
 
 
-async def _reset_keep_settings(conn: asyncpg.Connection) -> None:
-    """asyncpg's release query without RESET ALL (the application never changes settings anyway)."""
-    await conn.execute("SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *;")
-
-
 @dataclass(frozen=True)
 class AppConfig:
     database_url: str
     host: str = "127.0.0.1"
     port: int = 0
     pool_size: int = 4
-    # asyncpg's default release query ends with RESET ALL, which a session-tagged connection refuses (it
-    # would drop the session's search_path); "keep-settings" releases without it. See docs/usage.md.
-    pool_reset: str = "default"  # "default" | "keep-settings"
 
 
 async def serve(
     config: AppConfig, ready: Callable[[int], None] | None = None, stop: asyncio.Event | None = None
 ) -> None:
     """Serve until ``stop`` is set (or forever); ``ready`` gets the bound port."""
-    reset = _reset_keep_settings if config.pool_reset == "keep-settings" else None
     # min_size 0: no background reconnects (and their log noise) when the server goes away at shutdown.
-    pool = await asyncpg.create_pool(config.database_url, min_size=0, max_size=config.pool_size, reset=reset)
+    pool = await asyncpg.create_pool(config.database_url, min_size=0, max_size=config.pool_size)
     try:
         server = await asyncio.start_server(lambda r, w: _handle(pool, r, w), config.host, config.port)
         async with server:
@@ -665,12 +656,6 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     serve_p = sub.add_parser("serve", help="serve the REST API")
     serve_p.add_argument("--listen", default="127.0.0.1:8000", help="HOST:PORT (default 127.0.0.1:8000)")
-    serve_p.add_argument(
-        "--pool-reset",
-        choices=["default", "keep-settings"],
-        default=os.environ.get("APP_POOL_RESET", "default"),
-        help="asyncpg's release query, or keep-settings: without RESET ALL (needed behind an admin route)",
-    )
     setup_p = sub.add_parser(
         "setup", help="create the tables and load the seed data if missing, then install the CoW layer"
     )
@@ -688,7 +673,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     host, _, port = args.listen.rpartition(":")
-    config = AppConfig(url, host or "0.0.0.0", int(port), pool_reset=args.pool_reset)
+    config = AppConfig(url, host or "0.0.0.0", int(port))
     print(f"serving on http://{config.host}:{config.port} (OpenAPI at /openapi.json)", flush=True)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(config))

@@ -288,7 +288,7 @@ class ProxyTagging(Tagging):
                 raise
 
     def _start_app(self) -> None:
-        self.app = BackgroundApp(AppConfig(self.database_url, pool_reset="keep-settings"))
+        self.app = BackgroundApp(AppConfig(self.database_url))
         try:
             self.app_url = self.app.start()
             HttpApi(self.app_url).call("listProjects", {})  # one round trip through the proxy

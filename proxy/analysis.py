@@ -123,6 +123,21 @@ class Analysis:
             check_id(operation, "operation id")
         return Tags(session, operation)
 
+    def is_pool_reset(self, sql: str, catalog: Any) -> bool:
+        """``sql`` ends with RESET ALL / DISCARD ALL and nothing before it tampers or needs a rewrite.
+
+        Pools send this when they take a connection back (asyncpg: ``…; RESET ALL``). It may run: the
+        relay re-applies the tags before the next statement, and nothing runs untagged in between.
+        """
+        split = getattr(self.module, "split_trailing_reset", None) if self.available else None
+        prefix = split(sql) if split is not None else None
+        if prefix is None:
+            return False
+        if not prefix.strip():
+            return True
+        verdict = self.analyze(prefix, catalog, True)
+        return not verdict.tampers and verdict.error is None and verdict.rewritten is None
+
     def analyze(self, sql: str, catalog: Any, in_session: bool) -> Verdict:
         if not in_session:
             kind = quick_kind(sql)

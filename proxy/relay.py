@@ -310,6 +310,11 @@ class Relay:
         if comment is not None or self._at_transaction_start():
             self.txn_tags = tags
         if tags.tagged:
+            if verdict.tampers and trigger == b"Q" and self.analysis.is_pool_reset(sql, self.catalog):
+                # A pool's reset ends the query string: let it run, and join the session again before
+                # the next statement (only simple queries: a pipelined Bind could run before the reset).
+                self.applied = _Applied(None)
+                return tags, verdict
             if verdict.tampers:
                 self._refuse(
                     trigger,

@@ -4,7 +4,14 @@ names on copy-on-write tables. Pure functions and objects, no I/O."""
 
 from __future__ import annotations
 
-from proxy.sql.analyze import KINDS, Analysis, Analyzer, apply_tag_map, statement_kind
+from proxy.sql.analyze import (
+    KINDS,
+    Analysis,
+    Analyzer,
+    apply_tag_map,
+    split_trailing_reset,
+    statement_kind,
+)
 from proxy.sql.catalog import (
     CATALOG_QUERY,
     Catalog,
@@ -31,6 +38,7 @@ __all__ = [
     "UniqueKey",
     "apply_tag_map",
     "read_comment_tags",
+    "split_trailing_reset",
     "statement_kind",
     "strip_edge_comments",
 ]

@@ -470,3 +470,40 @@ def _analyze_parsed(text: str, catalog: Catalog, in_session: bool, version: int)
         message = f"cowproxy cannot rewrite this statement inside a session ({type(exc).__name__}: {exc})"
         return replace(base, error=("0A000", message))
     return replace(base, rewritten=outcome.sql, tag_map=outcome.tag_map)
+
+
+def split_trailing_reset(sql: str) -> str | None:
+    """The statements before a trailing ``RESET ALL`` / ``DISCARD ALL``, or None when there is none.
+
+    Connection pools end a connection's use with such a reset (asyncpg sends ``…; RESET ALL``). It clears
+    the session's GUCs and search_path, which is harmless when nothing runs after it in the same query
+    string: the proxy re-applies the tags before the next statement. A reset followed by anything else
+    stays a refusal, since that statement would run untagged.
+    """
+    try:
+        stmts = pglast.parse_sql(sql)
+    except (ParseError, UnicodeError, ValueError):
+        return None
+    resets = 0
+    for raw in reversed(stmts):
+        if not _is_reset(raw.stmt):
+            break
+        resets += 1
+    if resets == 0:
+        return None
+    # pglast reports statement locations in characters (it converts the parser's byte offsets).
+    kept = []
+    for raw in stmts[: len(stmts) - resets]:
+        start = raw.stmt_location or 0
+        kept.append(sql[start : start + raw.stmt_len] if raw.stmt_len else sql[start:])
+    return ";\n".join(kept)
+
+
+def _is_reset(node: Any) -> bool:
+    from pglast import ast, enums
+
+    if isinstance(node, ast.VariableSetStmt):
+        return bool(node.kind == enums.VariableSetKind.VAR_RESET_ALL)
+    if isinstance(node, ast.DiscardStmt):
+        return bool(node.target == enums.DiscardMode.DISCARD_ALL)
+    return False

@@ -123,13 +123,24 @@ def test_error_in_a_pipeline_skips_to_sync() -> None:
 def test_tampering_on_a_tagged_connection_is_refused_by_the_server_state() -> None:
     r = relay(route=Tags("R1"))
     r.applied.tags = Tags("R1")  # as if joined already
-    upstream = send(r, p.encode_query("RESET ALL"))
+    upstream = send(r, p.encode_query("RESET ALL; SELECT 1"))
     assert upstream == p.encode_query(REFUSED_SQL)
     syntax = p.encode_error("42601", "syntax error")
     out = reply(r, syntax, p.encode_ready("I"))
     fields = p.decode_error(out[5 : out.index(b"Z") - 0])
     assert fields.sqlstate == "42501"
     assert out.endswith(p.encode_ready("I"))
+
+
+def test_a_pool_reset_at_the_end_runs_and_the_session_is_joined_again() -> None:
+    r = relay(route=Tags("R1"))
+    r.applied.tags = Tags("R1")
+    reset = p.encode_query("SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL")
+    assert send(r, reset) == reset
+    assert r.applied.tags is None  # cleared on the server: re-applied before the next statement
+    reply(r, p.encode_command_complete("RESET"), p.encode_ready("I"))
+    upstream = send(r, p.encode_query("SELECT 2"))
+    assert upstream.startswith(p.encode_parse(INJECT_STATEMENT, "SELECT cow.use_session($1, $2)"))
 
 
 def test_function_call_waits_for_the_session() -> None:

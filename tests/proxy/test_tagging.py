@@ -101,8 +101,9 @@ def test_malformed_tags_are_refused(proxy: RunningProxy, layer_db: str) -> None:
 TAMPERING = [
     "SET cow.session_id = ''",
     "RESET cow.session_id",
-    "RESET ALL",
-    "DISCARD ALL",
+    "RESET ALL; SELECT 1",
+    "DISCARD ALL; INSERT INTO customers (email, name) VALUES ('discard@x', 'd')",
+    "SET search_path = public; RESET ALL",
     "SET search_path = public",
     "SELECT set_config('cow.session_id', '', false)",
     "SELECT cow.use_session(NULL)",
@@ -132,6 +133,35 @@ def test_tampering_is_refused_and_base_stays_untouched(proxy: RunningProxy, laye
     assert len(base_customers(layer_db)) == BASE_CUSTOMERS
     written = [c[2] for c in changes(layer_db, "s5")]
     assert written == [f"after{i}@x" for i in range(len(TAMPERING))]
+
+
+def test_a_pool_reset_keeps_the_connection_in_its_session(proxy: RunningProxy, layer_db: str) -> None:
+    """Pools end each use with RESET ALL / DISCARD ALL: it runs, and the session is joined again."""
+    import asyncpg
+
+    async def run() -> None:
+        settings = {"application_name": "cow:s9"}
+        pool = await asyncpg.create_pool(
+            proxy.dsn(layer_db), min_size=1, max_size=1, server_settings=settings
+        )
+        try:
+            for email in ("pool1@x", "pool2@x"):
+                async with pool.acquire() as conn:  # released with "...; RESET ALL"
+                    await conn.execute("INSERT INTO customers (email, name) VALUES ($1, 'p')", email)
+                    assert await conn.fetchval("SHOW cow.session_id") == "s9"
+        finally:
+            await pool.close()
+
+    asyncio.run(asyncio.wait_for(run(), 30))
+    with psycopg.connect(proxy.dsn(layer_db, application_name="cow:s9"), autocommit=True) as conn:
+        conn.execute("DISCARD ALL", prepare=False)
+        assert conn.execute("SHOW cow.session_id").fetchone() == ("s9",)
+        insert(conn, "pool3@x")
+        with pytest.raises(psycopg.Error) as info:  # a Bind could run before the reset: refused
+            conn.execute("RESET ALL", prepare=True)
+        assert info.value.sqlstate == "42501"
+    assert [c[2] for c in changes(layer_db, "s9")] == ["pool1@x", "pool2@x", "pool3@x"]
+    assert len(base_customers(layer_db)) == BASE_CUSTOMERS
 
 
 def test_rolled_back_switch_is_reapplied(proxy: RunningProxy, layer_db: str) -> None:
