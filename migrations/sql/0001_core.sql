@@ -470,7 +470,7 @@ END $gen$;
 -- (commit compares it to detect conflicts; diff shows it as the old row).
 CREATE OR REPLACE FUNCTION cow._rec_code(ch text, b text, names text[], pk text[], var text, deleted boolean,
                                          fkmask text DEFAULT '0', mark_guc text DEFAULT NULL,
-                                         origin text DEFAULT '_porig')
+                                         origin text DEFAULT NULL)
 RETURNS text LANGUAGE sql IMMUTABLE AS $$
     SELECT format(
         $c$
@@ -489,7 +489,10 @@ $c$, ch, b, cow._eq(pk, 'x', var), cow._eq(pk, 'y', var), cow._collist(names), C
        CASE WHEN deleted OR mark_guc IS NULL THEN '0'
             ELSE format($m$(%s) | CASE WHEN _pseq > coalesce(nullif(pg_catalog.split_part(pg_catalog.current_setting(%L, true), ',', 1), '')::bigint, 9223372036854775807) THEN coalesce(_pfk, 0) ELSE 0 END$m$,
                         fkmask, mark_guc) END,
-       origin)
+       -- The base key the row descends from: kept from the previous version, or the key itself when this is
+       -- the session's first write of a row read from the base; an INSERT passes NULL.
+       coalesce(origin, format('CASE WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object(%s) ELSE _porig END',
+                               (SELECT string_agg(format('%L, %s.%I', k, var, k), ', ') FROM unnest(pk) AS k))))
 $$;
 
 CREATE OR REPLACE FUNCTION cow._build_triggers(p_id int) RETURNS void
@@ -750,10 +753,12 @@ BEGIN
                    cow._changed(pk),
                    -- A primary-key move remembers the base key it started from (commit applies it as an UPDATE).
                    cow._rec_code(ch, b, names, pk, 'OLD', true) || format(
-                       E'    _morig := coalesce(_porig, CASE WHEN _base IS NOT NULL THEN pg_catalog.jsonb_build_object(%s) END);\n',
+                       E'    _morig := CASE WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object(%s) ELSE _porig END;\n',
                        (SELECT string_agg(format('%L, OLD.%I', k, k), ', ') FROM unnest(pk) AS k)),
                    cow._rec_code(ch, b, names, pk, 'NEW', false, fk_changed, mark_guc,
-                                 format('CASE WHEN %s THEN _morig ELSE _porig END', cow._changed(pk))), par_upd_act);
+                                 format('CASE WHEN %s THEN _morig WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object(%s) ELSE _porig END',
+                                        cow._changed(pk),
+                                        (SELECT string_agg(format('%L, NEW.%I', k, k), ', ') FROM unnest(pk) AS k))), par_upd_act);
     EXECUTE format('CREATE OR REPLACE TRIGGER cow_update INSTEAD OF UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION %s()', v, fn);
     -- DELETE
     fn := format('cow_changes.%I', r.changes_table || '_del');
@@ -1311,14 +1316,12 @@ BEGIN
                       cow._collist(g.pk_columns, 'c.'), g.changes_table, cow._collist(g.pk_columns, 'c.'));
         -- The old key of a primary-key move is not deleted: the move is applied as an UPDATE below, so that
         -- the base's ON DELETE actions never fire on rows the session did not touch.
-        -- (Only when the key it moves to is free in the base; otherwise, e.g. keys moving in a cycle, it is
-        -- applied as a delete and an insert.)
         EXECUTE format('DELETE FROM %1$I.%2$I b USING %3$s c WHERE c._cow_deleted AND %4$s '
                        'AND NOT EXISTS (SELECT 1 FROM %3$s m WHERE NOT m._cow_deleted AND m._cow_origin = jsonb_build_object(%5$s) '
-                       'AND NOT EXISTS (SELECT 1 FROM %1$I.%2$I b2 WHERE %6$s))',
+                       'AND m._cow_origin <> jsonb_build_object(%6$s))',
                        g.table_schema, g.table_name, sel, cow._eq(g.pk_columns, 'b', 'c'),
                        (SELECT string_agg(format('%L, c.%I', k, k), ', ') FROM unnest(g.pk_columns) AS k),
-                       cow._eq(g.pk_columns, 'b2', 'm'))
+                       (SELECT string_agg(format('%L, m.%I', k, k), ', ') FROM unnest(g.pk_columns) AS k))
         USING session, chosen;
         GET DIAGNOSTICS n = ROW_COUNT;
         summary := jsonb_set(summary, ARRAY[g.table_schema || '.' || g.table_name],
@@ -1339,18 +1342,30 @@ BEGIN
         INTO ncols, setcols, mcols, has_always
         FROM pg_attribute a WHERE a.attrelid = g.relid AND a.attnum > 0 AND NOT a.attisdropped;
         stats := summary -> (g.table_schema || '.' || g.table_name);
-        -- Primary-key moves: the base row at the key the session first moved is updated in place.
-        EXECUTE format('UPDATE %1$I.%2$I b SET (%3$s) = ROW(%4$s) FROM %5$s c WHERE NOT c._cow_deleted '
-                       'AND c._cow_origin IS NOT NULL AND %6$s '
-                       'AND EXISTS (SELECT 1 FROM %5$s o WHERE o._cow_deleted AND %7$s) '
-                       'AND NOT EXISTS (SELECT 1 FROM %1$I.%2$I b2 WHERE %8$s)',
-                       g.table_schema, g.table_name, cow._collist(mcols), cow._collist(mcols, 'c.'), sel,
-                       (SELECT string_agg(format('b.%I = (c._cow_origin ->> %L)::%s', k, k,
-                                                 format_type(a.atttypid, a.atttypmod)), ' AND ')
-                        FROM unnest(g.pk_columns) AS k JOIN pg_attribute a ON a.attrelid = g.relid AND a.attname = k),
-                       cow._eq(g.pk_columns, 'o', 'b'), cow._eq(g.pk_columns, 'b2', 'c'))
+        -- Primary-key moves: the base row at the key the session first moved is updated in place, in passes,
+        -- each moving the rows whose new key is free (a chain 1 -> 5, 2 -> 1 moves 1 first). Moves left over
+        -- (keys moving in a cycle) are applied as a delete and an insert.
+        moved := 0;
+        LOOP
+            EXECUTE format('UPDATE %1$I.%2$I b SET (%3$s) = ROW(%4$s) FROM %5$s c WHERE NOT c._cow_deleted '
+                           'AND c._cow_origin IS NOT NULL AND c._cow_origin <> jsonb_build_object(%7$s) AND %6$s '
+                           'AND NOT EXISTS (SELECT 1 FROM %1$I.%2$I b2 WHERE %8$s)',
+                           g.table_schema, g.table_name, cow._collist(mcols), cow._collist(mcols, 'c.'), sel,
+                           (SELECT string_agg(format('b.%I = (c._cow_origin ->> %L)::%s', k, k,
+                                                     format_type(a.atttypid, a.atttypmod)), ' AND ')
+                            FROM unnest(g.pk_columns) AS k JOIN pg_attribute a ON a.attrelid = g.relid AND a.attname = k),
+                           (SELECT string_agg(format('%L, c.%I', k, k), ', ') FROM unnest(g.pk_columns) AS k),
+                           cow._eq(g.pk_columns, 'b2', 'c'))
+            USING session, chosen;
+            GET DIAGNOSTICS n = ROW_COUNT;
+            EXIT WHEN n = 0;
+            moved := moved + n;
+        END LOOP;
+        EXECUTE format('DELETE FROM %I.%I b USING %s c WHERE c._cow_deleted AND %s', g.table_schema, g.table_name,
+                       sel, cow._eq(g.pk_columns, 'b', 'c'))
         USING session, chosen;
-        GET DIAGNOSTICS moved = ROW_COUNT;
+        GET DIAGNOSTICS n = ROW_COUNT;
+        stats := jsonb_set(stats, '{deleted}', to_jsonb((stats ->> 'deleted')::bigint + n));
         IF setcols IS NOT NULL THEN
             EXECUTE format('UPDATE %I.%I b SET (%s) = ROW(%s) FROM %s c WHERE NOT c._cow_deleted AND %s',
                            g.table_schema, g.table_name, cow._collist(setcols), cow._collist(setcols, 'c.'), sel, pkeq)

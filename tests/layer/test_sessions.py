@@ -265,3 +265,26 @@ def test_concurrent_transactions_of_one_session_do_not_wait_for_each_other(layer
     ]
     s = run(layer_db, lambda c: sessions.get_session(c, "pool"))
     assert s.first_write_at is not None and s.last_write_at is not None and s.status == "open"
+
+
+def test_commit_applies_a_chain_of_primary_key_moves_as_updates(layer_db: str) -> None:
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE shipments (id int PRIMARY KEY, order_id int REFERENCES orders ON DELETE RESTRICT)"
+        )
+        conn.execute("INSERT INTO shipments VALUES (1, 1), (3, 3)")
+    write(
+        layer_db,
+        "chain",
+        "UPDATE customers SET id = 50 WHERE id = 1",
+        "UPDATE customers SET id = 1 WHERE id = 2",  # takes the key 1 just freed
+    )
+    result = run(layer_db, lambda c: sessions.commit_session(c, "chain"))
+    assert result.tables["public.customers"] == {"inserted": 0, "updated": 2, "deleted": 0}
+    assert rows(layer_db, "SELECT id, customer_id FROM public.orders ORDER BY id") == [
+        (1, 50),
+        (2, 50),
+        (3, 1),
+        (4, 3),
+    ]
+    assert rows(layer_db, "SELECT * FROM public.shipments ORDER BY id") == [(1, 1), (3, 3)]
