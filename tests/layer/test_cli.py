@@ -173,3 +173,20 @@ def test_unreachable_and_missing_databases(layer_db: str) -> None:
 
 def test_session_commands_on_a_database_without_the_layer(empty_db: str) -> None:
     one_error_line(cli("session", "list", dsn=empty_db), "not installed")
+
+
+def test_install_without_permission_is_one_line(create_database: Callable[..., str]) -> None:
+    dsn = create_database()
+    role = "cow_cli_unpriv"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        conn.execute(f"DROP ROLE IF EXISTS {role}")
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        result = cli("install", dsn=dsn.replace("postgres@", f"{role}@", 1))
+        one_error_line(result, "superuser")
+        with psycopg.connect(dsn) as conn:
+            assert conn.execute("SELECT to_regnamespace('cow')").fetchone() == (None,)
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP ROLE {role}")
