@@ -1212,9 +1212,8 @@ END $$;
 CREATE OR REPLACE FUNCTION cow.operation_closure(session text, ops text[]) RETURNS text[]
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    chosen text[] := ops;
-    more text[];
     unknown text[];
+    result text[];
 BEGIN
     SELECT array_agg(o) INTO unknown FROM unnest(ops) AS o
     WHERE NOT EXISTS (SELECT 1 FROM cow.session_changes(session) w WHERE w.operation_id = o);
@@ -1222,30 +1221,37 @@ BEGIN
         RAISE EXCEPTION 'session % has no operation %', session, array_to_string(unknown, ', ')
             USING ERRCODE = 'undefined_object';
     END IF;
-    LOOP
-        WITH w AS MATERIALIZED (
-            SELECT c.seq, c.operation_id AS op, g.relid AS tbl, c.pk, c.row_data
-            FROM cow.session_changes(session) c JOIN cow.registry g USING (table_schema, table_name)
-        )
-        SELECT array_agg(DISTINCT d.op) INTO more FROM (
-            -- earlier writes of a row a chosen operation wrote
-            SELECT w2.op FROM w w1 JOIN w w2 ON w2.seq < w1.seq AND w2.tbl = w1.tbl AND w2.pk = w1.pk
-            WHERE w1.op = ANY (chosen) AND NOT w2.op = ANY (chosen)
-            UNION ALL
-            -- earlier writes of the FK parent row a chosen operation's row references
-            SELECT w2.op FROM w w1
-            JOIN pg_constraint c ON c.contype = 'f' AND c.conrelid = w1.tbl
-            JOIN w w2 ON w2.tbl = c.confrelid AND w2.seq < w1.seq AND w2.row_data IS NOT NULL
-            WHERE w1.op = ANY (chosen) AND NOT w2.op = ANY (chosen) AND w1.row_data IS NOT NULL
-              AND NOT EXISTS (SELECT 1 FROM unnest(cow._attnames(c.conrelid, c.conkey),
-                                                   cow._attnames(c.confrelid, c.confkey)) AS u(f, p)
-                              WHERE (w1.row_data -> u.f) IS NULL OR (w1.row_data -> u.f) = 'null'::jsonb
-                                 OR (w1.row_data -> u.f) IS DISTINCT FROM (w2.row_data -> u.p))
-        ) d;
-        EXIT WHEN more IS NULL;
-        chosen := chosen || more;
-    END LOOP;
-    RETURN ARRAY(SELECT DISTINCT o FROM unnest(chosen) AS o ORDER BY o);
+    -- One pass over the log: dependency edges (an operation -> the previous write of each row it wrote, and
+    -- every earlier write of each FK parent row its rows reference), then their transitive closure.
+    WITH RECURSIVE
+    w AS MATERIALIZED (
+        SELECT c.seq, c.operation_id AS op, g.relid AS tbl, c.pk, c.row_data
+        FROM cow.session_changes(session) c JOIN cow.registry g USING (table_schema, table_name)),
+    fk AS MATERIALIZED (
+        SELECT c.oid, c.conrelid AS child, c.confrelid AS parent, cow._attnames(c.conrelid, c.conkey) AS fcols,
+               cow._attnames(c.confrelid, c.confkey) AS pcols
+        FROM pg_constraint c
+        WHERE c.contype = 'f' AND c.conrelid IN (SELECT relid FROM cow.registry)
+          AND c.confrelid IN (SELECT relid FROM cow.registry)),
+    refs AS (  -- (constraint, key) each child write references
+        SELECT f.oid, w.seq, w.op, (SELECT jsonb_agg(w.row_data -> x ORDER BY n) FROM unnest(f.fcols) WITH ORDINALITY AS u(x, n)) AS k
+        FROM w JOIN fk f ON f.child = w.tbl WHERE w.row_data IS NOT NULL),
+    keys AS (  -- (constraint, key) each parent write holds
+        SELECT f.oid, w.seq, w.op, (SELECT jsonb_agg(w.row_data -> x ORDER BY n) FROM unnest(f.pcols) WITH ORDINALITY AS u(x, n)) AS k
+        FROM w JOIN fk f ON f.parent = w.tbl WHERE w.row_data IS NOT NULL),
+    edge AS (
+        SELECT l.op, l.prev AS dep
+        FROM (SELECT op, lag(op) OVER (PARTITION BY tbl, pk ORDER BY seq) AS prev FROM w) l
+        WHERE l.prev IS NOT NULL AND l.prev <> l.op
+        UNION
+        SELECT r.op, k.op FROM refs r JOIN keys k ON k.oid = r.oid AND k.k = r.k AND k.seq < r.seq
+        WHERE r.op <> k.op AND NOT r.k @> '[null]'::jsonb),
+    closure(op) AS (
+        SELECT unnest(ops)
+        UNION
+        SELECT e.dep FROM edge e JOIN closure c ON e.op = c.op)
+    SELECT array_agg(DISTINCT op ORDER BY op) INTO result FROM closure;
+    RETURN result;
 END $$;
 
 -- Apply the session's net changes (or those of some operations and what they depend on) to the base tables,

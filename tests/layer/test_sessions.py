@@ -179,6 +179,13 @@ def test_commit_subset_pulls_in_dependencies(layer_db: str) -> None:
     write(layer_db, "p", "UPDATE customers SET score = 10 WHERE id = 1", op="o4")
     assert rows(layer_db, "SELECT cow.operation_closure('p', '{o2}')") == [(["o1", "o2"],)]
     assert rows(layer_db, "SELECT cow.operation_closure('p', '{o4}')") == [(["o3", "o4"],)]
+    write(layer_db, "q", "INSERT INTO customers (id, email, name) VALUES (70, 'q@x', 'Q')", op="a")
+    write(layer_db, "q", "UPDATE customers SET name = 'Q2' WHERE id = 70", op="b")
+    write(layer_db, "q", "UPDATE orders SET note = 'n' WHERE id = 1", op="c")
+    write(layer_db, "q", "INSERT INTO orders (id, customer_id) VALUES (70, 70)", op="d")
+    write(layer_db, "q", "UPDATE orders SET customer_id = 70 WHERE id = 1", op="e")
+    assert rows(layer_db, "SELECT cow.operation_closure('q', '{d}')") == [(["a", "b", "d"],)]
+    assert rows(layer_db, "SELECT cow.operation_closure('q', '{e}')") == [(["a", "b", "c", "e"],)]
     with pytest.raises(SessionError, match="no operation nope"):
         run(layer_db, lambda c: sessions.commit_session(c, "p", ["nope"]))
     result = run(layer_db, lambda c: sessions.commit_session(c, "p", ["o2"]))
