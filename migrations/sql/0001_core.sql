@@ -153,25 +153,32 @@ DECLARE
     s text := nullif(current_setting('cow.session_id', true), '');
     stamp text;
     st text;
+    lw timestamptz;
 BEGIN
     IF s IS NULL THEN
         RETURN NULL;
     END IF;
     stamp := s || '/' || pg_current_xact_id()::text;
     IF current_setting('cow._registered', true) IS DISTINCT FROM stamp THEN
-        PERFORM cow._check_id(s, 'session');
-        PERFORM cow._check_id(nullif(current_setting('cow.operation_id', true), ''), 'operation');
+        -- Ids set with SET or startup options did not go through cow.use_session: check them here (inline:
+        -- this runs once per write transaction).
+        IF s !~ '^[A-Za-z0-9._:-]{1,128}$'
+           OR coalesce(current_setting('cow.operation_id', true), '') !~ '^([A-Za-z0-9._:-]{1,128})?$' THEN
+            PERFORM cow._check_id(s, 'session');
+            PERFORM cow._check_id(nullif(current_setting('cow.operation_id', true), ''), 'operation');
+        END IF;
         -- Never hold the registry row for the rest of the transaction: concurrent transactions of one session
         -- (a pooled application) must not queue behind each other. A new session is inserted (ON CONFLICT DO
         -- NOTHING takes no lock on an existing row); an existing one gets its timestamps only when no other
         -- transaction holds its row (SKIP LOCKED), so last_write_at is approximate under concurrency.
-        SELECT x.status INTO st FROM cow.sessions x WHERE x.session_id = s;
+        SELECT x.status, x.last_write_at INTO st, lw FROM cow.sessions x WHERE x.session_id = s;
         IF st IS NULL THEN
             INSERT INTO cow.sessions (session_id, kind, first_write_at, last_write_at)
             VALUES (s, 'other', now(), now())
             ON CONFLICT (session_id) DO NOTHING;
             SELECT x.status INTO st FROM cow.sessions x WHERE x.session_id = s;
-        ELSE
+        ELSIF lw IS NULL OR lw < now() - interval '1 second' THEN
+            -- (At most about once a second: a registry update per transaction would double a write's cost.)
             UPDATE cow.sessions x SET last_write_at = now(), first_write_at = coalesce(x.first_write_at, now())
             WHERE x.session_id = (SELECT y.session_id FROM cow.sessions y WHERE y.session_id = s
                                   FOR UPDATE SKIP LOCKED);

@@ -218,6 +218,14 @@ def test_bad_ids_are_refused(layer_db: str) -> None:
         with pytest.raises(psycopg.errors.InvalidParameterValue):
             conn.execute("SELECT cow.use_session('ok', 'bad op')")
         assert conn.execute("SELECT current_setting('cow.session_id', true)").fetchone() in ((None,), ("",))
+        # Ids that bypass cow.use_session (SET, startup options) are checked at the first write.
+        conn.execute("SET cow.session_id = 'bad id'")
+        with pytest.raises(psycopg.errors.InvalidParameterValue):
+            conn.execute("UPDATE cow_overlay_public.customers SET score = 1 WHERE id = 1")
+        conn.execute("SET cow.session_id = 'ok'")
+        conn.execute("SET cow.operation_id = 'bad op!'")
+        with pytest.raises(psycopg.errors.InvalidParameterValue):
+            conn.execute("UPDATE cow_overlay_public.customers SET score = 1 WHERE id = 1")
 
 
 def test_operation_per_transaction_without_operation_id(layer_db: str) -> None:
