@@ -467,9 +467,23 @@ MOVE_CHAIN = [
 ]
 # ... and until d7451d6 a chain of moves (1 -> 5, then 2 -> 1: key 1 still taken in the base when the second
 # move was applied) fell back to DELETE + INSERT, with the same effects.
+MOVE_INTO_DELETED_KEY = [
+    ("DELETE FROM child WHERE id = %s RETURNING *", (1,)),
+    ("UPDATE child SET id = %s WHERE id = %s RETURNING *", (1, 3)),
+]
+COMMIT_MOVE_INTO_DELETED_KEY = (
+    "layer bug (d7451d6): a primary-key move into a key the session deleted before, DELETE FROM child "
+    "WHERE id = 1 then UPDATE child SET id = 1 WHERE id = 3 (mark 1 and badge 1 follow by ON UPDATE "
+    "CASCADE), is committed by deleting base child 3 while base mark 1 still references it: the commit is "
+    "refused by mark's ON DELETE RESTRICT (23001 on PostgreSQL 18, 23503 before) although the plain table "
+    "accepts the same statements; deleting base child 1 first and then moving 3 -> 1 as an UPDATE (the "
+    "base's ON UPDATE CASCADE carries mark 1 and badge 1) would commit"
+)
 
 
+@pytest.mark.xfail(strict=True, reason=COMMIT_MOVE_INTO_DELETED_KEY)
 @settings(SETTINGS, max_examples=max(1, EXAMPLES * 5 // 6))
+@example(stmts=MOVE_INTO_DELETED_KEY)
 @example(stmts=[("DELETE FROM mark WHERE id = %s RETURNING *", (1,)), MOVE_PARENT])
 @example(stmts=[MOVE_PARENT])
 @example(stmts=MOVE_CHAIN)
