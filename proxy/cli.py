@@ -78,6 +78,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("cowproxy: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`cowproxy ... | head`): stop quietly, like other command-line tools.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 def one_line(exc: BaseException) -> str:

@@ -8,6 +8,9 @@ import sys
 import psycopg
 
 from tests.conftest import PgServer
+from tests.layer.conftest import layer_db, layer_template
+
+__all__ = ["layer_db", "layer_template"]  # fixtures
 
 
 def test_fresh_database_is_empty_and_writable(empty_db: str) -> None:
@@ -30,3 +33,26 @@ def test_cli_without_command_is_a_usage_error() -> None:
     assert result.returncode == 2
     assert "usage: cowproxy" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_cli_output_into_a_closed_pipe_is_not_a_traceback(layer_db: str) -> None:
+    # `cowproxy session diff S --format json | head -c 10`: the reader leaves while the command prints.
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.execute("SELECT cow.use_session('pipe')")
+        conn.execute(
+            "INSERT INTO customers (email, name) SELECT 'c' || i || '@x', 'n' FROM generate_series(1, 3000) i"
+        )
+    reader = subprocess.Popen(["head", "-c", "10"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    assert reader.stdin is not None
+    writer = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "session", "diff", "pipe", "--format", "json", "--dsn", layer_db],
+        stdout=reader.stdin,
+        stderr=subprocess.PIPE,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    reader.stdin.close()
+    reader.wait(timeout=10)
+    assert writer.returncode == 141
+    assert writer.stderr == ""
