@@ -484,11 +484,10 @@ RETURNS text LANGUAGE sql IMMUTABLE AS $$
     _seen := NULL;
     UPDATE %1$s x SET _cow_current = false WHERE x._cow_session = _s AND x._cow_current AND %3$s
         RETURNING x._cow_base, true, x._cow_fk, x._cow_seq, x._cow_origin INTO _base, _seen, _pfk, _pseq, _porig;
-    IF _seen IS NULL THEN
-        SELECT pg_catalog.to_jsonb(y) INTO _base FROM %2$s y WHERE %4$s;
-    END IF;
     INSERT INTO %1$s (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, _cow_origin, %5$s)
-    VALUES (_s, _o, %6$s, _base, %8$s, %9$s, %7$s);
+    VALUES (_s, _o, %6$s,
+            CASE WHEN _seen THEN _base ELSE (SELECT pg_catalog.to_jsonb(y) FROM %2$s y WHERE %4$s) END,
+            %8$s, %9$s, %7$s);
 $c$, ch, b, cow._eq(pk, 'x', var), cow._eq(pk, 'y', var), cow._collist(names), CASE WHEN deleted THEN 'true' ELSE 'false' END,
        cow._collist(names, var || '.'),
        -- FOREIGN KEYs to check at the end of the statement: those this write changed, plus those an earlier
