@@ -1326,9 +1326,11 @@ BEGIN
         sel := format('(SELECT DISTINCT ON (%s) c.* FROM cow_changes.%I c WHERE c._cow_session = $1 '
                       'AND ($2::text[] IS NULL OR c._cow_op = ANY ($2)) ORDER BY %s, c._cow_seq DESC)',
                       cow._collist(g.pk_columns, 'c.'), g.changes_table, cow._collist(g.pk_columns, 'c.'));
-        -- The old key of a primary-key move is not deleted: the move is applied as an UPDATE below, so that
-        -- the base's ON DELETE actions never fire on rows the session did not touch.
-        EXECUTE format('DELETE FROM %1$I.%2$I b USING %3$s c WHERE c._cow_deleted AND %4$s '
+        -- Deleted keys, and keys a moved row takes over (the session deleted their base row first). The old
+        -- key of a primary-key move is not deleted: the move is applied as an UPDATE below, so that the
+        -- base's ON DELETE actions never fire on rows the session did not touch.
+        EXECUTE format('DELETE FROM %1$I.%2$I b USING %3$s c WHERE %4$s '
+                       'AND (c._cow_deleted OR (c._cow_origin IS NOT NULL AND c._cow_origin <> jsonb_build_object(%5$s))) '
                        'AND NOT EXISTS (SELECT 1 FROM %3$s m WHERE NOT m._cow_deleted AND m._cow_origin = jsonb_build_object(%5$s) '
                        'AND m._cow_origin <> jsonb_build_object(%6$s))',
                        g.table_schema, g.table_name, sel, cow._eq(g.pk_columns, 'b', 'c'),

@@ -295,3 +295,17 @@ def test_commit_applies_a_chain_of_primary_key_moves_as_updates(layer_db: str) -
         (4, 3),
     ]
     assert rows(layer_db, "SELECT * FROM public.shipments ORDER BY id") == [(1, 1), (3, 3)]
+
+
+def test_commit_moves_a_row_into_a_key_the_session_deleted(layer_db: str) -> None:
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE shipments (id int PRIMARY KEY, order_id int REFERENCES orders ON DELETE RESTRICT"
+            " ON UPDATE CASCADE)"
+        )
+        conn.execute("INSERT INTO shipments VALUES (3, 3)")
+    write(layer_db, "into", "DELETE FROM orders WHERE id = 1", "UPDATE orders SET id = 1 WHERE id = 3")
+    result = run(layer_db, lambda c: sessions.commit_session(c, "into"))
+    assert result.tables["public.orders"] == {"inserted": 0, "updated": 1, "deleted": 1}
+    assert rows(layer_db, "SELECT id, customer_id FROM public.orders ORDER BY id") == [(1, 2), (2, 1), (4, 3)]
+    assert rows(layer_db, "SELECT * FROM public.shipments") == [(3, 1)]  # carried along by ON UPDATE CASCADE
