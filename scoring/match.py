@@ -19,7 +19,6 @@ from typing import Any
 
 import networkx as nx
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 from .compare import UNMAPPED, Comparator, FieldContext, RowContext, RowFunction, Unmapped, exact
 from .config import ScoringConfig
@@ -463,6 +462,9 @@ def _assign(
             if sim >= config.min_similarity:
                 # The epsilon keeps a pair at similarity 0 (min_similarity 0) distinct from "no pair".
                 weights[x, y] = sim + 1e-9
+        # Imported here: scipy.optimize takes ~0.7 s to import, which every `cowproxy` command would pay.
+        from scipy.optimize import linear_sum_assignment
+
         rows_idx, cols_idx = linear_sum_assignment(weights, maximize=True)
         chosen_g: set[int] = set()
         chosen_a: set[int] = set()

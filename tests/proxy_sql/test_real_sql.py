@@ -404,19 +404,8 @@ TRUNCATE_CASES: dict[str, list[str | tuple[str, Sequence[Any]]]] = {
 }
 
 
-# The layer checks a self-referencing NO ACTION key row by row (a plain `DELETE FROM tree` fails in a
-# session with 23503 too, where PostgreSQL checks at the end of the statement): the layer's to fix.
-_LAYER_SELF_REFERENCE = pytest.mark.xfail(
-    reason="layer checks NO ACTION self-references per row (DELETE FROM tree fails in a session too)",
-    strict=False,  # turns into XPASS, not a failure, the day the layer checks at the end of the statement
-)
-
-
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(n, marks=_LAYER_SELF_REFERENCE) if n == "self_referencing" else n for n in TRUNCATE_CASES],
-)
+@pytest.mark.parametrize("name", TRUNCATE_CASES)
 def test_truncate(pair: Pair, name: str) -> None:
     compare(pair, TRUNCATE_CASES[name])
 
