@@ -1406,6 +1406,20 @@ BEGIN
         IF chosen IS NULL THEN
             EXECUTE format('DELETE FROM cow_changes.%I WHERE _cow_session = $1', g.changes_table) USING session;
         ELSE
+            -- Re-base the origins too: a move this commit applied (base key o now at key k) makes k the base
+            -- key its later writes descend from; left at o, the next commit would take the row at k for a
+            -- key the session took over and delete it (firing ON DELETE on children it never touched).
+            EXECUTE format('UPDATE cow_changes.%1$I r SET _cow_origin = m.k '
+                           'FROM (SELECT DISTINCT ON (c._cow_origin) c._cow_origin AS o, jsonb_build_object(%3$s) AS k '
+                           '      FROM %2$s c WHERE NOT c._cow_deleted AND c._cow_origin IS NOT NULL '
+                           '      AND c._cow_origin <> jsonb_build_object(%3$s) ORDER BY c._cow_origin, c._cow_seq DESC) m '
+                           'WHERE r._cow_session = $1 AND NOT r._cow_op = ANY ($2) AND r._cow_origin = m.o',
+                           g.changes_table,
+                           format('(SELECT DISTINCT ON (%s) c.* FROM cow_changes.%I c WHERE c._cow_session = $1 '
+                                  'AND c._cow_op = ANY ($2) ORDER BY %s, c._cow_seq DESC)',
+                                  cow._collist(g.pk_columns, 'c.'), g.changes_table, cow._collist(g.pk_columns, 'c.')),
+                           (SELECT string_agg(format('%L, c.%I', k, k), ', ') FROM unnest(g.pk_columns) AS k))
+            USING session, chosen;
             EXECUTE format('DELETE FROM cow_changes.%I WHERE _cow_session = $1 AND _cow_op = ANY ($2)', g.changes_table)
             USING session, chosen;
             EXECUTE format('UPDATE cow_changes.%1$I c SET _cow_base = (SELECT to_jsonb(b) FROM %2$I.%3$I b WHERE %4$s) '

@@ -459,7 +459,6 @@ SUBSET_COMMIT_OF_A_MOVE = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason=SUBSET_COMMIT_OF_A_MOVE)
 @settings(SETTINGS, max_examples=max(1, EXAMPLES * 5 // 6))
 @example(
     stmts=[

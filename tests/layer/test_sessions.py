@@ -309,3 +309,66 @@ def test_commit_moves_a_row_into_a_key_the_session_deleted(layer_db: str) -> Non
     assert result.tables["public.orders"] == {"inserted": 0, "updated": 1, "deleted": 1}
     assert rows(layer_db, "SELECT id, customer_id FROM public.orders ORDER BY id") == [(1, 2), (2, 1), (4, 3)]
     assert rows(layer_db, "SELECT * FROM public.shipments") == [(3, 1)]  # carried along by ON UPDATE CASCADE
+
+
+def _shipments(dsn: str, *ids: int) -> None:
+    """A RESTRICT grandchild of customers (through orders): a base delete of a customer with orders fails."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE shipments (id int PRIMARY KEY, order_id int REFERENCES orders ON DELETE CASCADE"
+            " ON UPDATE CASCADE)"
+        )
+        for i in ids:
+            conn.execute("INSERT INTO shipments VALUES (%s, %s)", (i, i))
+
+
+def test_commit_after_a_subset_commit_of_a_move_keeps_untouched_children(layer_db: str) -> None:
+    _shipments(layer_db, 1, 2)
+    write(layer_db, "sub", "UPDATE customers SET id = 40 WHERE id = 1", op="move")
+    write(layer_db, "sub", "UPDATE customers SET name = 'Ada L' WHERE id = 40", op="rename")
+    first = run(layer_db, lambda c: sessions.commit_session(c, "sub", ["move"]))
+    assert first.operations == ("move",) and first.status == "open"
+    assert first.tables["public.customers"] == {"inserted": 0, "updated": 1, "deleted": 0}
+    # The later change descends from base key 40 now: applied as an UPDATE, nothing deleted or re-inserted.
+    rest = run(layer_db, lambda c: sessions.commit_session(c, "sub"))
+    assert rest.status == "committed"
+    assert rest.tables["public.customers"] == {"inserted": 0, "updated": 1, "deleted": 0}
+    assert rows(layer_db, "SELECT id, name FROM public.customers ORDER BY id") == [
+        (2, "Bob"),
+        (3, "Cy"),
+        (40, "Ada L"),
+    ]
+    assert rows(layer_db, "SELECT id, customer_id FROM public.orders ORDER BY id") == [
+        (1, 40),
+        (2, 40),
+        (3, 2),
+        (4, 3),
+    ]
+    assert rows(layer_db, "SELECT * FROM public.shipments ORDER BY id") == [(1, 1), (2, 2)]
+
+
+def test_commit_after_a_subset_commit_of_the_first_of_two_moves(layer_db: str) -> None:
+    # 1 -> 40 committed alone, then 40 -> 50: the second move must move base row 40, not delete it.
+    _shipments(layer_db, 1, 3)
+    write(layer_db, "two", "UPDATE customers SET id = 40 WHERE id = 1", op="m1")
+    write(layer_db, "two", "UPDATE customers SET id = 50 WHERE id = 40", op="m2")
+    write(layer_db, "two", "UPDATE orders SET id = 30 WHERE id = 3", op="m3")
+    run(layer_db, lambda c: sessions.commit_session(c, "two", ["m1"]))
+    assert rows(layer_db, "SELECT id, customer_id FROM public.orders ORDER BY id") == [
+        (1, 40),
+        (2, 40),
+        (3, 2),
+        (4, 3),
+    ]
+    run(layer_db, lambda c: sessions.commit_session(c, "two", ["m3"]))
+    rest = run(layer_db, lambda c: sessions.commit_session(c, "two"))
+    assert rest.status == "committed"
+    assert rest.tables["public.customers"] == {"inserted": 0, "updated": 1, "deleted": 0}
+    assert rows(layer_db, "SELECT id FROM public.customers ORDER BY id") == [(2,), (3,), (50,)]
+    assert rows(layer_db, "SELECT id, customer_id FROM public.orders ORDER BY id") == [
+        (1, 50),
+        (2, 50),
+        (4, 3),
+        (30, 2),
+    ]
+    assert rows(layer_db, "SELECT * FROM public.shipments ORDER BY id") == [(1, 1), (3, 30)]
