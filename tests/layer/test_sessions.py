@@ -312,7 +312,8 @@ def test_commit_moves_a_row_into_a_key_the_session_deleted(layer_db: str) -> Non
 
 
 def _shipments(dsn: str, *ids: int) -> None:
-    """A RESTRICT grandchild of customers (through orders): a base delete of a customer with orders fails."""
+    """Grandchildren of customers the sessions never touch: a base delete of a customer (or re-insert of its
+    orders) would silently delete them by ON DELETE CASCADE."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
             "CREATE TABLE shipments (id int PRIMARY KEY, order_id int REFERENCES orders ON DELETE CASCADE"
@@ -372,3 +373,26 @@ def test_commit_after_a_subset_commit_of_the_first_of_two_moves(layer_db: str) -
         (30, 2),
     ]
     assert rows(layer_db, "SELECT * FROM public.shipments ORDER BY id") == [(1, 1), (3, 30)]
+
+
+def test_commit_after_a_subset_commit_of_a_move_then_a_move_back(layer_db: str) -> None:
+    # 1 -> 40 committed alone, then 40 -> 1: a move of base row 40 back to 1 (its shipments follow).
+    _shipments(layer_db, 1, 2)
+    write(layer_db, "back", "UPDATE customers SET id = 40 WHERE id = 1", op="there")
+    write(layer_db, "back", "UPDATE customers SET id = 1 WHERE id = 40", op="back")
+    run(layer_db, lambda c: sessions.commit_session(c, "back", ["there"]))
+    rest = run(layer_db, lambda c: sessions.commit_session(c, "back"))
+    assert rest.status == "committed"
+    assert rest.tables["public.customers"] == {"inserted": 0, "updated": 1, "deleted": 0}
+    assert rows(layer_db, "SELECT id, name FROM public.customers ORDER BY id") == [
+        (1, "Ada"),
+        (2, "Bob"),
+        (3, "Cy"),
+    ]
+    assert rows(layer_db, "SELECT id, customer_id FROM public.orders ORDER BY id") == [
+        (1, 1),
+        (2, 1),
+        (3, 2),
+        (4, 3),
+    ]
+    assert rows(layer_db, "SELECT * FROM public.shipments ORDER BY id") == [(1, 1), (2, 2)]
