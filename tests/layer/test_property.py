@@ -380,7 +380,22 @@ def test_self_reference_matches_plain_copy(world: World, stmts: list[Stmt]) -> N
     _session_matches_plain(world, stmts)
 
 
+SELF_REFERENCE_TO_NEW_ROW = (
+    "layer bug (15c995c): cow.commit_session applies a table's updates before its inserts, so in a "
+    "self-referencing table an update that points at a row the session inserted fails: INSERT INTO parent "
+    "(code, tag, qty) VALUES ('d', 'y', 0) (id 4), then UPDATE parent SET boss_id = 4 WHERE id = 1, commit "
+    "-> 23503 parent_boss_id_fkey (Key (boss_id)=(4) is not present), though the plain table took both"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=SELF_REFERENCE_TO_NEW_ROW)
 @settings(SETTINGS, max_examples=max(1, EXAMPLES * 5 // 6))
+@example(
+    stmts=[
+        ("INSERT INTO parent (code, tag, qty) VALUES (%s, %s, %s) RETURNING *", ("d", "y", 0)),
+        ("UPDATE parent SET boss_id = %s WHERE id = %s RETURNING *", (4, 1)),
+    ]
+)
 @given(stmts=st.lists(st.one_of(SINGLE_ROW, SELF_REFERENCE), min_size=1, max_size=12))
 def test_commit_with_self_reference(world: World, stmts: list[Stmt]) -> None:
     _commit_equals_plain(world, stmts, grandchildren=False)
@@ -450,13 +465,9 @@ def test_commit_makes_base_equal_plain_copy(world: World, stmts: list[Stmt]) -> 
     _commit_equals_plain(world, stmts, grandchildren=False)
 
 
-SUBSET_COMMIT_OF_A_MOVE = (
-    "layer bug (b70c090): after a subset commit applies a primary-key move, UPDATE parent SET id = 4 WHERE "
-    "id = 1 (op0, children 1 and 2 follow by ON UPDATE CASCADE), a later change of the moved row, UPDATE "
-    "parent SET code = 'a' WHERE id = 4 (op1), still carries the old key as its origin: committing op1 "
-    "deletes base parent 4 before 'moving' it, so ON DELETE CASCADE silently deletes base child 1 and 2, "
-    "which the session and the plain copy keep"
-)
+# Regression: until 15c995c, after a subset commit applied a primary-key move (UPDATE parent SET id = 4 WHERE
+# id = 1, op0), committing a later change of the moved row (op1) deleted base parent 4 before "moving" it, and
+# ON DELETE CASCADE silently deleted base children 1 and 2.
 
 
 @settings(SETTINGS, max_examples=max(1, EXAMPLES * 5 // 6))
