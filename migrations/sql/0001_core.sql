@@ -1278,7 +1278,9 @@ DECLARE
     ncols text[];
     setcols text[];
     mcols text[];
+    movecols text[];
     moved bigint;
+    m bigint;
     has_always boolean;
     bad text;
     n bigint;
@@ -1356,6 +1358,10 @@ BEGIN
         INTO ncols, setcols, mcols, has_always
         FROM pg_attribute a WHERE a.attrelid = g.relid AND a.attnum > 0 AND NOT a.attisdropped;
         stats := summary -> (g.table_schema || '.' || g.table_name);
+        -- A move sets the key only: the other columns are set with the updates and inserts below, in one
+        -- statement, so that a moved row may reference (self-reference) a row the session inserted.
+        movecols := CASE WHEN setcols IS NULL OR mcols = setcols THEN mcols
+                         ELSE ARRAY(SELECT x FROM unnest(mcols) AS x WHERE NOT x = ANY (setcols)) END;
         -- Primary-key moves: the base row at the key the session first moved is updated in place, in passes,
         -- each moving the rows whose new key is free (a chain 1 -> 5, 2 -> 1 moves 1 first). Moves left over
         -- (keys moving in a cycle) are applied as a delete and an insert.
@@ -1364,7 +1370,7 @@ BEGIN
             EXECUTE format('UPDATE %1$I.%2$I b SET (%3$s) = ROW(%4$s) FROM %5$s c WHERE NOT c._cow_deleted '
                            'AND c._cow_origin IS NOT NULL AND c._cow_origin <> jsonb_build_object(%7$s) AND %6$s '
                            'AND NOT EXISTS (SELECT 1 FROM %1$I.%2$I b2 WHERE %8$s)',
-                           g.table_schema, g.table_name, cow._collist(mcols), cow._collist(mcols, 'c.'), sel,
+                           g.table_schema, g.table_name, cow._collist(movecols), cow._collist(movecols, 'c.'), sel,
                            (SELECT string_agg(format('b.%I = (c._cow_origin ->> %L)::%s', k, k,
                                                      format_type(a.atttypid, a.atttypmod)), ' AND ')
                             FROM unnest(g.pk_columns) AS k JOIN pg_attribute a ON a.attrelid = g.relid AND a.attname = k),
@@ -1380,22 +1386,23 @@ BEGIN
         USING session, chosen;
         GET DIAGNOSTICS n = ROW_COUNT;
         stats := jsonb_set(stats, '{deleted}', to_jsonb((stats ->> 'deleted')::bigint + n));
-        IF setcols IS NOT NULL THEN
-            EXECUTE format('UPDATE %I.%I b SET (%s) = ROW(%s) FROM %s c WHERE NOT c._cow_deleted AND %s',
-                           g.table_schema, g.table_name, cow._collist(setcols), cow._collist(setcols, 'c.'), sel, pkeq)
-            USING session, chosen;
-            GET DIAGNOSTICS n = ROW_COUNT;
-            stats := jsonb_set(stats, '{updated}', to_jsonb(n));  -- moved rows included
-        ELSE
-            stats := jsonb_set(stats, '{updated}', to_jsonb(moved));
-        END IF;
-        EXECUTE format('INSERT INTO %I.%I (%s) %s SELECT %s FROM %s c WHERE NOT c._cow_deleted '
-                       'AND NOT EXISTS (SELECT 1 FROM %I.%I b WHERE %s) ORDER BY c._cow_seq',
+        -- Updates, then inserts, in one statement: PostgreSQL checks foreign keys at the end of a statement,
+        -- so an updated row may reference a row inserted here (a self-referencing table) and the other way
+        -- round. The INSERT reads u's count first, so the updates (which may free UNIQUE values) run first.
+        EXECUTE format('WITH u AS (%s), i AS (INSERT INTO %I.%I (%s) %s SELECT %s FROM %s c WHERE NOT c._cow_deleted '
+                       'AND (SELECT count(*) FROM u) >= 0 '
+                       'AND NOT EXISTS (SELECT 1 FROM %I.%I b WHERE %s) ORDER BY c._cow_seq RETURNING 1) '
+                       'SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM i)',
+                       CASE WHEN setcols IS NULL THEN 'SELECT 1 WHERE false'
+                            ELSE format('UPDATE %I.%I b SET (%s) = ROW(%s) FROM %s c WHERE NOT c._cow_deleted AND %s RETURNING 1',
+                                        g.table_schema, g.table_name, cow._collist(setcols), cow._collist(setcols, 'c.'),
+                                        sel, pkeq) END,
                        g.table_schema, g.table_name, cow._collist(ncols),
                        CASE WHEN has_always THEN 'OVERRIDING SYSTEM VALUE' ELSE '' END, cow._collist(ncols, 'c.'),
                        sel, g.table_schema, g.table_name, pkeq)
-        USING session, chosen;
-        GET DIAGNOSTICS n = ROW_COUNT;
+        INTO m, n USING session, chosen;
+        -- moved rows included (without non-key columns, the moves are all the updates)
+        stats := jsonb_set(stats, '{updated}', to_jsonb(CASE WHEN setcols IS NULL THEN moved ELSE m END));
         -- Rows the session wrote and that already existed count as updated (the UPDATE above), the rest inserted.
         stats := jsonb_set(stats, '{inserted}', to_jsonb(n));
         summary := jsonb_set(summary, ARRAY[g.table_schema || '.' || g.table_name], stats);

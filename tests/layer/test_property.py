@@ -388,7 +388,6 @@ SELF_REFERENCE_TO_NEW_ROW = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason=SELF_REFERENCE_TO_NEW_ROW)
 @settings(SETTINGS, max_examples=max(1, EXAMPLES * 5 // 6))
 @example(
     stmts=[

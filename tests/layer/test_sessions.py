@@ -396,3 +396,28 @@ def test_commit_after_a_subset_commit_of_a_move_then_a_move_back(layer_db: str) 
         (4, 3),
     ]
     assert rows(layer_db, "SELECT * FROM public.shipments ORDER BY id") == [(1, 1), (2, 2)]
+
+
+def test_commit_points_existing_and_moved_rows_at_rows_the_session_inserted(layer_db: str) -> None:
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE staff (id int PRIMARY KEY, boss_id int REFERENCES staff ON UPDATE CASCADE"
+            " ON DELETE SET NULL, name text NOT NULL)"
+        )
+        conn.execute("INSERT INTO staff VALUES (1, NULL, 'a'), (2, 1, 'b'), (3, 2, 'c')")
+    write(
+        layer_db,
+        "self",
+        "INSERT INTO staff VALUES (10, NULL, 'new boss')",
+        "UPDATE staff SET boss_id = 10 WHERE id = 1",  # an existing row points at the inserted one
+        "UPDATE staff SET id = 20, boss_id = 10 WHERE id = 3",  # a moved row too
+    )
+    result = run(layer_db, lambda c: sessions.commit_session(c, "self"))
+    assert result.status == "committed"
+    assert result.tables["public.staff"] == {"inserted": 1, "updated": 2, "deleted": 0}
+    assert rows(layer_db, "SELECT id, boss_id, name FROM public.staff ORDER BY id") == [
+        (1, 10, "a"),
+        (2, 1, "b"),
+        (10, None, "new boss"),
+        (20, 10, "c"),
+    ]
