@@ -1364,7 +1364,7 @@ BEGIN
                          ELSE ARRAY(SELECT x FROM unnest(mcols) AS x WHERE NOT x = ANY (setcols)) END;
         -- Primary-key moves: the base row at the key the session first moved is updated in place, in passes,
         -- each moving the rows whose new key is free (a chain 1 -> 5, 2 -> 1 moves 1 first). Moves left over
-        -- (keys moving in a cycle) are applied as a delete and an insert.
+        -- (keys moving in a cycle) keep their base keys: the updates below set the rows at the target keys.
         moved := 0;
         LOOP
             EXECUTE format('UPDATE %1$I.%2$I b SET (%3$s) = ROW(%4$s) FROM %5$s c WHERE NOT c._cow_deleted '

@@ -421,3 +421,29 @@ def test_commit_points_existing_and_moved_rows_at_rows_the_session_inserted(laye
         (10, None, "new boss"),
         (20, 10, "c"),
     ]
+
+
+def test_commit_of_a_key_swap_keeps_grandchildren(layer_db: str) -> None:
+    # Keys moving in a cycle (1 -> 99 -> 2, 2 -> 1) cannot move one at a time: the rows at both keys are
+    # updated in place, and the children the session re-pointed are applied as their own changes.
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE p (id int PRIMARY KEY, v text)")
+        conn.execute(
+            "CREATE TABLE k (id int PRIMARY KEY, p_id int REFERENCES p ON DELETE CASCADE ON UPDATE CASCADE)"
+        )
+        conn.execute("CREATE TABLE g (id int PRIMARY KEY, k_id int REFERENCES k ON DELETE CASCADE)")
+        conn.execute("INSERT INTO p VALUES (1, 'one'), (2, 'two')")
+        conn.execute("INSERT INTO k VALUES (1, 1), (2, 2)")
+        conn.execute("INSERT INTO g VALUES (1, 1), (2, 2)")
+    write(
+        layer_db,
+        "swap",
+        "UPDATE p SET id = 99 WHERE id = 1",
+        "UPDATE p SET id = 1 WHERE id = 2",
+        "UPDATE p SET id = 2 WHERE id = 99",
+    )
+    result = run(layer_db, lambda c: sessions.commit_session(c, "swap"))
+    assert result.tables["public.p"] == {"inserted": 0, "updated": 2, "deleted": 0}
+    assert rows(layer_db, "SELECT * FROM p ORDER BY id") == [(1, "two"), (2, "one")]
+    assert rows(layer_db, "SELECT * FROM k ORDER BY id") == [(1, 2), (2, 1)]
+    assert rows(layer_db, "SELECT * FROM g ORDER BY id") == [(1, 1), (2, 2)]
