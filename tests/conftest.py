@@ -116,6 +116,24 @@ def create_database(pg_server: PgServer) -> Iterator[Callable[..., str]]:
                 conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
+def install_layer_at(dsn: str) -> None:
+    """Install the CoW layer (schema ``public``) into the database at ``dsn``."""
+    import asyncio
+
+    import asyncpg
+
+    from migrations import install_layer
+
+    async def install() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await install_layer(conn)
+        finally:
+            await conn.close()
+
+    asyncio.run(install())
+
+
 @pytest.fixture
 def empty_db(create_database: Callable[..., str]) -> str:
     """A fresh, empty database (no layer installed)."""

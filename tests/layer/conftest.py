@@ -9,15 +9,13 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-import asyncpg
 import psycopg
 import pytest
 
-from migrations import install_layer
+from tests.conftest import install_layer_at
 
 SAMPLE_SCHEMA = """
 CREATE TABLE customers (
@@ -56,14 +54,6 @@ def db_name(dsn: str) -> str:
     return urlsplit(dsn).path.lstrip("/")
 
 
-async def _install(dsn: str) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        await install_layer(conn)
-    finally:
-        await conn.close()
-
-
 @pytest.fixture(scope="session")
 def layer_template(create_database: Callable[..., str]) -> str:
     """Name of a template database: the sample schema and rows with the layer installed on ``public``."""
@@ -71,7 +61,7 @@ def layer_template(create_database: Callable[..., str]) -> str:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(SAMPLE_SCHEMA)
         conn.execute(SAMPLE_DATA)
-    asyncio.run(_install(dsn))
+    install_layer_at(dsn)
     return db_name(dsn)
 
 

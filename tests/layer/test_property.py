@@ -20,20 +20,18 @@ values: its RETURNING rows, serial and identity ids included, are compared as th
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import asyncpg
 import psycopg
 import pytest
 from hypothesis import HealthCheck, event, example, given, reject, settings
 from hypothesis import strategies as st
 
-from migrations import install_layer
+from tests.conftest import install_layer_at
 
 SCHEMA = """
 CREATE TABLE parent (
@@ -198,14 +196,6 @@ def tables(conn: psycopg.Connection[Any], schema: str = "") -> dict[str, str]:
     return dict(zip(TABLES, row, strict=True))
 
 
-async def _install(dsn: str) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        await install_layer(conn)
-    finally:
-        await conn.close()
-
-
 @pytest.fixture(scope="module")
 def property_template(create_database: Callable[..., str]) -> str:
     """Template database: schema ``public`` with the layer, schema ``plain`` the same tables without it."""
@@ -214,7 +204,7 @@ def property_template(create_database: Callable[..., str]) -> str:
         conn.execute(SCHEMA)
         conn.execute("CREATE SCHEMA plain; SET search_path = plain")
         conn.execute(SCHEMA)
-    asyncio.run(_install(dsn))
+    install_layer_at(dsn)
     return dsn.rsplit("/", 1)[1]
 
 

@@ -7,15 +7,13 @@ Scoring only reads, so one database serves the module's tests.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
-import asyncpg
 import psycopg
 import pytest
 from psycopg import sql
 
-from migrations import install_layer
+from tests.conftest import install_layer_at
 from tests.scoring import figure3 as f3
 
 SCHEMA = """
@@ -68,20 +66,12 @@ def record(
     conn.execute("SELECT cow.use_session(NULL)")
 
 
-async def _install(dsn: str) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        await install_layer(conn)
-    finally:
-        await conn.close()
-
-
 @pytest.fixture(scope="module")
 def fig3_dsn(create_database: Callable[..., str]) -> str:
     dsn = create_database()
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(SCHEMA)
-    asyncio.run(_install(dsn))
+    install_layer_at(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
         for args in (
             ("gt-fig3", "ground_truth", "figure 3", None, None),
