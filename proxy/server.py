@@ -253,21 +253,28 @@ class ClientConnection(asyncio.Protocol):
         try:
             async with asyncio.timeout(self.config.connect_timeout):
                 transport, _ = await loop.create_connection(lambda: upstream, up.host, up.port)
-                if self.config.upstream_tls != "disable":
-                    upstream.tls_answer = loop.create_future()
-                    transport.write(_ssl_request())
-                    answer = await upstream.tls_answer
-                    upstream.tls_answer = None
-                    if answer[:1] == b"S":
-                        context = ssl.create_default_context()
-                        context.check_hostname = False
-                        context.verify_mode = ssl.CERT_NONE
-                        new = await loop.start_tls(transport, upstream, context)
-                        if new is None:
-                            raise ConnectionError("upstream TLS handshake failed")
-                        upstream.transport = new
-                    elif self.config.upstream_tls == "require":
-                        raise ConnectionError("upstream refused TLS")
+                if self.server.upstream_tls is not None:
+                    await self._upstream_tls(upstream, transport)
+        except ssl.SSLCertVerificationError as exc:
+            # The connection is not made: the client learns why (libpq has no SQLSTATE for this; 08006
+            # is connection_failure, as for any upstream that cannot be reached).
+            reason = exc.verify_message or str(exc)
+            mode = self.config.upstream_tls
+            log_event(
+                logging.WARNING,
+                "upstream_tls_verify_failed",
+                conn=self.id,
+                upstream=str(up),
+                mode=mode,
+                error=reason,
+            )
+            with contextlib.suppress(Exception):
+                if upstream.transport is not None:
+                    upstream.transport.close()
+            self.fail(
+                "08006", f"cowproxy: upstream {up} failed TLS certificate verification ({mode}): {reason}"
+            )
+            return
         except (OSError, ConnectionError, TimeoutError, ssl.SSLError) as exc:
             log_event(logging.WARNING, "upstream_connect_failed", conn=self.id, upstream=str(up), error=exc)
             with contextlib.suppress(Exception):
@@ -294,6 +301,29 @@ class ClientConnection(asyncio.Protocol):
             user=self.user,
             session=self.tags.session,
         )
+
+    async def _upstream_tls(self, upstream: UpstreamProtocol, transport: asyncio.BaseTransport) -> None:
+        """SSLRequest, then TLS as ``upstream_tls`` says (libpq's sslmode); raises when it cannot be had."""
+        context = self.server.upstream_tls
+        assert context is not None
+        loop = asyncio.get_running_loop()
+        upstream.tls_answer = loop.create_future()
+        cast(asyncio.Transport, transport).write(_ssl_request())
+        answer = await upstream.tls_answer
+        upstream.tls_answer = None
+        if answer == b"S":
+            host = self.config.upstream.host
+            new = await loop.start_tls(
+                cast(asyncio.Transport, transport), upstream, context, server_hostname=host
+            )
+            if new is None:
+                raise ConnectionError("upstream TLS handshake failed")
+            upstream.transport = new
+        elif answer[:1] == b"S":
+            # Bytes after 'S' came before the handshake, unencrypted (libpq's CVE-2021-23222): refuse.
+            raise ConnectionError("upstream sent unencrypted data after its TLS answer")
+        elif self.config.upstream_tls != "prefer":
+            raise ConnectionError("upstream refused TLS")
 
     # ---- server side dispatch
 
@@ -510,6 +540,28 @@ def _ssl_request() -> bytes:
     return (8).to_bytes(4, "big") + p.SSL_REQUEST_CODE.to_bytes(4, "big")
 
 
+def upstream_tls_context(config: ProxyConfig) -> ssl.SSLContext | None:
+    """The client-side TLS context for the upstream, built once at startup (bad files fail there)."""
+    mode = config.upstream_tls
+    if mode == "disable":
+        return None
+    try:
+        if mode in ("verify-ca", "verify-full"):
+            # Without a CA file: the system's trust store (libpq would read ~/.postgresql/root.crt).
+            context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=config.upstream_tls_ca)
+            context.check_hostname = mode == "verify-full"
+            context.verify_mode = ssl.CERT_REQUIRED
+        else:  # prefer, require: encryption only, as libpq without a root certificate
+            context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        if config.upstream_tls_cert and config.upstream_tls_key:
+            context.load_cert_chain(config.upstream_tls_cert, config.upstream_tls_key)
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        raise ProxyError(f"cannot load upstream TLS CA/certificate/key: {exc}") from None
+    return context
+
+
 class ProxyServer:
     """Listeners and the registry of live connections, routes and cancel keys."""
 
@@ -528,6 +580,7 @@ class ProxyServer:
             except (OSError, ssl.SSLError) as exc:
                 raise ProxyError(f"cannot load TLS certificate/key: {exc}") from None
             self.client_tls = context
+        self.upstream_tls = upstream_tls_context(config)
         self._server: asyncio.Server | None = None
         self._idle_event: asyncio.Event | None = None
         self._tasks: set[asyncio.Future[None]] = set()
