@@ -26,6 +26,7 @@ class Verdict:
     tag_map: tuple[str, str] | None
     error: tuple[str, str] | None  # (sqlstate, message): answer this instead of running the statement
     cache_hit: bool
+    catalog_dependent: bool = False  # check that the catalog is current first (docs/proxy.md)
 
 
 # Untagged statements need no rewrite and no tamper check: only their kind, for the metrics. A full parse
@@ -85,6 +86,9 @@ class Analysis:
         self._untagged: dict[str, Verdict] = {}
         self.catalog_query: str | None = (
             getattr(self.module, "CATALOG_QUERY", None) if self.available else None
+        )
+        self.catalog_version_query: str | None = (
+            getattr(self.module, "CATALOG_VERSION_QUERY", None) if self.available else None
         )
 
     def empty_catalog(self) -> Any:
@@ -162,4 +166,5 @@ class Analysis:
             tag_map=tuple(result.tag_map) if result.tag_map else None,
             error=(str(error[0]), str(error[1])) if error else None,
             cache_hit=bool(result.cache_hit),
+            catalog_dependent=bool(getattr(result, "catalog_dependent", False)),
         )

@@ -30,6 +30,7 @@ REFUSED_SQL = "cowproxy refused this statement"
 USE_SESSION_SQL = "SELECT cow.use_session($1, $2)"
 INJECT_STATEMENT = "__cowproxy_inject"
 CATALOG_STATEMENT = "__cowproxy_catalog"
+CATALOG_VERSION_STATEMENT = "__cowproxy_catalog_version"
 
 SQLSTATE_TOO_LARGE = "54000"
 SQLSTATE_REFUSED = "42501"
@@ -168,6 +169,10 @@ class Relay:
         self.portals: dict[str, Statement] = {}
         self.catalog: Any = None
         self.catalog_loading = False
+        self.catalog_version: str | None = None  # CATALOG_VERSION_QUERY when the catalog was read
+        self._catalog_checked = False  # the catalog was found current for the statement being prepared
+        self.catalog_checks = 0  # version queries sent for catalog-dependent statements
+        self.catalog_loads = 0
         self.holding = False
         self.held: deque[p.ClientEvent] = deque()
         self._hold_until_idle = False
@@ -303,8 +308,19 @@ class Relay:
         if need and not self._inject(tags, trigger):
             self.held.appendleft(event)
             return None
-        self._fresh = False
         verdict = self.analysis.analyze(sql, self.catalog, tags.tagged)
+        if (
+            tags.tagged
+            and verdict.catalog_dependent
+            and not self._catalog_checked
+            and self._can_check_catalog()
+        ):
+            # App DDL on another connection may have changed the CoW tables: check before relying on them.
+            self._check_catalog(trigger)
+            self.held.appendleft(event)
+            return None
+        self._fresh = False
+        self._catalog_checked = False
         if tags.tagged:
             self.hooks.parse_cache(verdict.cache_hit)
         if comment is not None or self._at_transaction_start():
@@ -338,6 +354,15 @@ class Relay:
     def _wants_catalog(self) -> bool:
         return (
             self.analysis.available and self.analysis.catalog_query is not None and not self.catalog_loading
+        )
+
+    def _can_check_catalog(self) -> bool:
+        # Not in a failed transaction block: the check would fail, and so will the statement.
+        return (
+            self.catalog is not None
+            and self._wants_catalog()
+            and self.analysis.catalog_version_query is not None
+            and self.status != "E"
         )
 
     def _client_query(self, frame: p.Frame) -> None:
@@ -465,24 +490,8 @@ class Relay:
         self._injected(p.encode_execute(INJECT_STATEMENT), Kind.EXECUTE, forward, on_done=applied)
         self._injected(p.encode_close("P", INJECT_STATEMENT), Kind.CLOSE, forward)
         if want_catalog:
-            assert self.analysis.catalog_query is not None
-            self.catalog_loading = True
-            rows: list[tuple[str | None, ...]] = []
-
-            def loaded(ok: bool) -> None:
-                self.catalog_loading = False
-                self.catalog = self.analysis.catalog_from_rows(rows) if ok else self.analysis.empty_catalog()
-
             self._injected(p.encode_close("S", INJECT_STATEMENT), Kind.CLOSE, forward)
-            self._injected(
-                p.encode_parse(CATALOG_STATEMENT, self.analysis.catalog_query), Kind.PARSE, forward
-            )
-            self._injected(p.encode_bind(CATALOG_STATEMENT, CATALOG_STATEMENT, ()), Kind.BIND, forward)
-            self._injected(
-                p.encode_execute(CATALOG_STATEMENT), Kind.EXECUTE, forward, on_done=loaded, capture=rows
-            )
-            self._injected(p.encode_close("P", CATALOG_STATEMENT), Kind.CLOSE, forward)
-            close_last = p.encode_close("S", CATALOG_STATEMENT)
+            close_last = self._queue_catalog_load(forward)
         else:
             close_last = p.encode_close("S", INJECT_STATEMENT)
         if standalone:
@@ -492,6 +501,87 @@ class Relay:
             self._injected(close_last, Kind.CLOSE, forward, on_done=finished)
             self.to_server.append(p.FLUSH)
         return False
+
+    def _queue_query(
+        self,
+        name: str,
+        sql: str,
+        forward: bool,
+        *,
+        params: tuple[str | None, ...] = (),
+        on_done: Callable[[bool], None] | None = None,
+        capture: list[tuple[str | None, ...]] | None = None,
+    ) -> bytes:
+        """Inject Parse/Bind/Execute/Close portal of ``sql``; return the Close of the statement (last)."""
+        self._injected(p.encode_parse(name, sql), Kind.PARSE, forward)
+        self._injected(p.encode_bind(name, name, params), Kind.BIND, forward)
+        self._injected(p.encode_execute(name), Kind.EXECUTE, forward, on_done=on_done, capture=capture)
+        self._injected(p.encode_close("P", name), Kind.CLOSE, forward)
+        return p.encode_close("S", name)
+
+    def _queue_catalog_load(self, forward: bool) -> bytes:
+        """Inject the catalog's version, then the catalog (in that order: a change committed in between
+        only costs a reload at the next check). Returns the last Close, for the caller to send."""
+        query, version_query = self.analysis.catalog_query, self.analysis.catalog_version_query
+        assert query is not None
+        self.catalog_loading = True
+        self.catalog_loads += 1
+        rows: list[tuple[str | None, ...]] = []
+        version: list[tuple[str | None, ...]] = []
+
+        def done(ok: bool) -> None:
+            self.catalog_loading = False
+            self.catalog = self.analysis.catalog_from_rows(rows) if ok else self.analysis.empty_catalog()
+            self.catalog_version = version[0][0] if ok and version else None
+            self._catalog_checked = ok
+
+        if version_query is not None:
+            close = self._queue_query(CATALOG_VERSION_STATEMENT, version_query, forward, capture=version)
+            self._injected(close, Kind.CLOSE, forward)
+        return self._queue_query(CATALOG_STATEMENT, query, forward, on_done=done, capture=rows)
+
+    def _check_catalog(self, trigger: bytes) -> None:
+        """Queue the catalog's version query ahead of the trigger (and a reload if it changed); hold.
+
+        Like ``_inject``: its own batch at a safe point, followed by Flush inside a batch. The caller holds
+        the trigger, replayed once the catalog is known to be current.
+        """
+        if trigger in (b"Q", b"F") and (self.pending or self.mid_batch):
+            self.holding = True
+            self._hold_until_idle = True
+            return
+        assert self.analysis.catalog_version_query is not None
+        standalone = not self.mid_batch
+        forward = not standalone
+        self._injection_error = None
+        self.holding = True
+        self.catalog_checks += 1
+        version: list[tuple[str | None, ...]] = []
+
+        def finish_batch(close_last: bytes, on_done: Callable[[bool], None]) -> None:
+            if standalone:
+                self._injected(close_last, Kind.CLOSE, forward)
+                self._injected(p.SYNC, Kind.SYNC, forward, on_done=on_done)
+            else:
+                self._injected(close_last, Kind.CLOSE, forward, on_done=on_done)
+                self.to_server.append(p.FLUSH)
+
+        def released(ok: bool) -> None:
+            self._catalog_checked = True  # also after a failure: the statement then meets the server's error
+            self._release()
+
+        def checked(ok: bool) -> None:
+            current = version[0][0] if ok and version else None
+            if not ok or current == self.catalog_version:
+                released(ok)
+                return
+            # Changed: a second round trip reads the catalog (still holding the client).
+            finish_batch(self._queue_catalog_load(forward), released)
+
+        close = self._queue_query(
+            CATALOG_VERSION_STATEMENT, self.analysis.catalog_version_query, forward, capture=version
+        )
+        finish_batch(close, checked)
 
     def _injected(
         self,
@@ -528,6 +618,7 @@ class Relay:
             self._dispatch_client(event)
         if not self.holding:
             self._injection_error = None
+            self._catalog_checked = False  # it was for the statement just replayed
 
     def fast_query(self, data: bytes) -> bool:
         """Forward one whole simple Query of an untagged connection with the least work, if it is one.

@@ -14,6 +14,7 @@ from proxy.sql.analyze import (
 )
 from proxy.sql.catalog import (
     CATALOG_QUERY,
+    CATALOG_VERSION_QUERY,
     Catalog,
     CatalogError,
     Column,
@@ -25,6 +26,7 @@ from proxy.sql.tags import ID_PATTERN, CommentTags, read_comment_tags, strip_edg
 
 __all__ = [
     "CATALOG_QUERY",
+    "CATALOG_VERSION_QUERY",
     "ID_PATTERN",
     "KINDS",
     "Analysis",

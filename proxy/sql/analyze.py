@@ -35,7 +35,10 @@ class Analysis:
     send upstream instead of the client's, or None. ``tag_map``: ``(old, new)``: the
     CommandComplete tag of the (last) rewritten statement starts with command ``old``; the client must
     see ``new`` in its place (see ``apply_tag_map``). ``error``: ``(sqlstate, message)`` to answer instead of
-    running the statement.
+    running the statement. ``catalog_dependent``: inside a session, the outcome depends on catalog details
+    that app DDL on another connection may have changed since the catalog was loaded (an ON CONFLICT,
+    TRUNCATE, COPY, MERGE or DDL target, or a schema-qualified name in an app schema that the catalog does
+    not know): the caller should make sure its catalog is current before using the result.
     """
 
     kind: str
@@ -45,6 +48,7 @@ class Analysis:
     tag_map: tuple[str, str] | None = None
     error: tuple[str, str] | None = None
     cache_hit: bool = False
+    catalog_dependent: bool = False
 
 
 # Commands whose CommandComplete tag ends with a row count.
@@ -234,6 +238,10 @@ class _Inspection:
         self.may_rewrite = False
         self.qualified = False  # a schema-qualified CoW relation somewhere
         self.on_conflicts = 0  # INSERT ... ON CONFLICT into CoW tables, nested ones included
+        # The result depends on catalog details a stale catalog may get wrong. Not for plain reads and
+        # writes of known tables: those cost no catalog check.
+        self.in_session = in_session
+        self.catalog_dependent = False
 
     def _cow(self, relation: Any) -> bool:
         return (
@@ -259,13 +267,11 @@ class _Inspection:
                 continue
             if not isinstance(obj, dict):
                 continue
-            if (
-                self.watch
-                and isinstance(obj.get("relname"), str)
-                and obj.get("schemaname")
-                and self._cow(obj)
-            ):
-                self.may_rewrite = self.qualified = True
+            if self.watch and isinstance(obj.get("relname"), str) and obj.get("schemaname"):
+                if self._cow(obj):
+                    self.may_rewrite = self.qualified = True
+                elif obj["schemaname"] in self.catalog.schemas:
+                    self.catalog_dependent = True  # perhaps a table enabled since the catalog was read
             for key, value in obj.items():
                 if not isinstance(value, dict | list):
                     continue
@@ -274,6 +280,10 @@ class _Inspection:
                 stack.append(value)
 
     def visit(self, name: str, node: dict[str, Any]) -> bool:
+        if self.in_session and (
+            name in _REWRITE_NODES or (name == "InsertStmt" and "onConflictClause" in node)
+        ):
+            self.catalog_dependent = True
         if name == "InsertStmt":
             self._write(node.get("relation"), "insert")
             if self.watch and "onConflictClause" in node and self._cow(node.get("relation")):
@@ -457,7 +467,12 @@ def _analyze_parsed(text: str, catalog: Catalog, in_session: bool, version: int)
     inspection = _Inspection(catalog, in_session)
     inspection.walk(stmts)
     kind = kinds[0] if len(kinds) == 1 else "multi"
-    base = Analysis(kind=kind, writes=tuple(inspection.writes), tampers=inspection.tampers)
+    base = Analysis(
+        kind=kind,
+        writes=tuple(inspection.writes),
+        tampers=inspection.tampers,
+        catalog_dependent=inspection.catalog_dependent,
+    )
     if not inspection.may_rewrite:
         return base
     # Only now the full parse into pglast nodes, which the rewriter edits and deparses.

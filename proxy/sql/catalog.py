@@ -63,6 +63,16 @@ JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = t.table_nam
 ORDER BY t.table_schema = 'public' DESC, t.table_schema, t.table_name"""
 
 
+# A fingerprint of the registry the catalog is built from: it changes whenever the layer enables, drops or
+# regenerates a table (cow.refresh writes the table's registry row whenever its signature — columns,
+# defaults, constraints, foreign keys from other tables, unique indexes — changes), in the reader's
+# snapshot (xmin, not a sequence: a sequence moves before the DDL commits). Cheap: one row per CoW table,
+# no pg_catalog joins. NULL when no table is enabled.
+CATALOG_VERSION_QUERY = """\
+SELECT pg_catalog.md5(pg_catalog.string_agg(r.id::text || ':' || r.xmin::text, ',' ORDER BY r.id))
+FROM cow.registry r"""
+
+
 class CatalogError(ProxyError):
     """The rows given to ``Catalog.from_rows`` are not what ``CATALOG_QUERY`` returns."""
 

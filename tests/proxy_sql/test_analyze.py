@@ -235,3 +235,31 @@ def test_malformed_catalog_rows_raise_catalog_error(row: tuple[str | None, ...])
     with pytest.raises(CatalogError) as info:
         Catalog.from_rows([row])
     assert isinstance(info.value, ProxyError)
+
+
+@pytest.mark.parametrize(
+    ("sql", "dependent"),
+    [
+        # Rewrites that read columns, keys or foreign keys from the catalog, or decide by it.
+        ("TRUNCATE projects", True),
+        ("TRUNCATE brand_new", True),
+        ("INSERT INTO projects VALUES (1, 'a', 2) ON CONFLICT DO NOTHING", True),
+        ("INSERT INTO brand_new VALUES (1) ON CONFLICT (id) DO NOTHING", True),
+        ("COPY projects TO STDOUT", True),
+        ("COPY brand_new FROM STDIN", True),
+        ("MERGE INTO projects p USING s ON p.id = s.id WHEN MATCHED THEN DELETE", True),
+        ("ALTER TABLE projects ADD COLUMN x int", True),
+        ("SELECT * FROM public.brand_new", True),  # a table the layer may have enabled since
+        # Ordinary statements, and qualified names the catalog knows or in schemas it has no table of.
+        ("SELECT * FROM projects", False),
+        ("INSERT INTO projects VALUES (1, 'a', 2)", False),
+        ("UPDATE projects SET name = 'b' WHERE id = 1", False),
+        ("DELETE FROM public.projects WHERE id = 1", False),
+        ("SELECT * FROM public.projects p JOIN issues i ON i.project_id = p.id", False),
+        ("SELECT * FROM pg_catalog.pg_class", False),
+        ("SELECT * FROM other_schema.t", False),
+    ],
+)
+def test_catalog_dependent(sql: str, dependent: bool) -> None:
+    assert analyze(sql).catalog_dependent is dependent
+    assert not analyze(sql, in_session=False).catalog_dependent
