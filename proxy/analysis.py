@@ -27,6 +27,7 @@ class Verdict:
     error: tuple[str, str] | None  # (sqlstate, message): answer this instead of running the statement
     cache_hit: bool
     catalog_dependent: bool = False  # check that the catalog is current first (docs/proxy.md)
+    error_detail: str | None = None
 
 
 # Untagged statements need no rewrite and no tamper check: only their kind, for the metrics. A full parse
@@ -167,4 +168,5 @@ class Analysis:
             error=(str(error[0]), str(error[1])) if error else None,
             cache_hit=bool(result.cache_hit),
             catalog_dependent=bool(getattr(result, "catalog_dependent", False)),
+            error_detail=getattr(result, "error_detail", None),
         )

@@ -342,7 +342,8 @@ class Relay:
                 )
                 return None
             if verdict.error is not None:
-                self._refuse(trigger, p.encode_error(verdict.error[0], verdict.error[1]))
+                detail = (("D", verdict.error_detail),) if verdict.error_detail else ()
+                self._refuse(trigger, p.encode_error(verdict.error[0], verdict.error[1], extra=detail))
                 return None
         if self.applied.tentative and (
             verdict.kind in ("transaction", "other", "multi") or not self.analysis.available

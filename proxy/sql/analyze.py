@@ -49,6 +49,7 @@ class Analysis:
     error: tuple[str, str] | None = None
     cache_hit: bool = False
     catalog_dependent: bool = False
+    error_detail: str | None = None  # PostgreSQL's DETAIL for ``error``, when it gives one
 
 
 # Commands whose CommandComplete tag ends with a row count.
@@ -242,6 +243,7 @@ class _Inspection:
         # writes of known tables: those cost no catalog check.
         self.in_session = in_session
         self.catalog_dependent = False
+        self.error: tuple[str, str, str] | None = None  # (sqlstate, message, detail)
 
     def _cow(self, relation: Any) -> bool:
         return (
@@ -291,6 +293,8 @@ class _Inspection:
                 self.on_conflicts += 1
         elif name == "UpdateStmt":
             self._write(node.get("relation"), "update")
+            if self.watch and self.error is None:
+                self._generated_update(node)
         elif name == "DeleteStmt":
             self._write(node.get("relation"), "delete")
         elif name == "MergeStmt":
@@ -315,6 +319,41 @@ class _Inspection:
         if self.watch and name in _REWRITE_NODES:
             self.may_rewrite = True
         return True
+
+    def _generated_update(self, node: dict[str, Any]) -> None:
+        """PostgreSQL's 428C9 for ``UPDATE t SET g = …`` of a generated or GENERATED ALWAYS identity column.
+
+        PostgreSQL raises it while rewriting the statement, whether or not a row matches; in a session the
+        layer's INSTEAD OF trigger only sees rows that match, so the refusal has to come from here.
+        """
+        relation = node.get("relation")
+        if not isinstance(relation, dict):
+            return
+        table = self.catalog.lookup(relation.get("schemaname"), relation.get("relname"))
+        if table is None:
+            return
+        offending = set()
+        for item in node.get("targetList") or ():
+            target = item.get("ResTarget", {}) if isinstance(item, dict) else {}
+            name = target.get("name")
+            column = table.column(name) if isinstance(name, str) else None
+            if column is None or target.get("indirection"):
+                return  # an unknown column is PostgreSQL's 42703 first; leave odd shapes to the server
+            if (column.generated or column.identity_always) and not _is_default(target.get("val")):
+                offending.add(column.name)
+        for column in table.columns:  # PostgreSQL checks the columns in their table order
+            if column.name in offending:
+                what = (
+                    "an identity column defined as GENERATED ALWAYS"
+                    if column.identity_always
+                    else "a generated column"
+                )
+                self.error = (
+                    "428C9",
+                    f'column "{column.name}" can only be updated to DEFAULT',
+                    f'Column "{column.name}" is {what}.',
+                )
+                return
 
     def _do_block(self, node: dict[str, Any]) -> None:
         """Inspects the SQL inside a DO block's PL/pgSQL like any other statement.
@@ -411,6 +450,20 @@ class _Inspection:
                 self.tampers = True
 
 
+def _is_default(value: Any) -> bool:
+    """``DEFAULT``, also as the matching item of ``SET (a, g) = (1, DEFAULT)`` / ``ROW(1, DEFAULT)``."""
+    if not isinstance(value, dict):
+        return False
+    if "SetToDefault" in value:
+        return True
+    ref = value.get("MultiAssignRef")
+    if not isinstance(ref, dict):
+        return False
+    args = ref.get("source", {}).get("RowExpr", {}).get("args") or []
+    colno = ref.get("colno", 0)
+    return isinstance(colno, int) and 0 < colno <= len(args) and _is_default(args[colno - 1])
+
+
 MAX_CACHED_CHARS = 16384
 
 
@@ -473,6 +526,9 @@ def _analyze_parsed(text: str, catalog: Catalog, in_session: bool, version: int)
         tampers=inspection.tampers,
         catalog_dependent=inspection.catalog_dependent,
     )
+    if inspection.error is not None:
+        sqlstate, message, detail = inspection.error
+        return replace(base, error=(sqlstate, message), error_detail=detail)
     if not inspection.may_rewrite:
         return base
     # Only now the full parse into pglast nodes, which the rewriter edits and deparses.

@@ -387,10 +387,11 @@ def test_commit_with_self_reference(world: World, stmts: list[Stmt]) -> None:
 
 
 GENERATED_UPDATE_NO_ROW = (
-    "layer bug: PostgreSQL refuses UPDATE child SET size = 9 (size GENERATED ALWAYS ... STORED) with 428C9 "
-    "when it analyses the statement, whether or not a row matches; in a session the check runs in the "
-    "INSTEAD OF UPDATE row trigger, so UPDATE child SET size = 9 WHERE id = 5 (no such row) succeeds with "
-    "0 rows"
+    "layer limit, covered by the proxy: PostgreSQL refuses UPDATE child SET size = 9 (size GENERATED ALWAYS "
+    "... STORED) with 428C9 when it rewrites the statement, whether or not a row matches; the layer alone "
+    "checks in the INSTEAD OF UPDATE row trigger, so UPDATE child SET size = 9 WHERE id = 5 (no such row) "
+    "succeeds with 0 rows here; through cowproxy the statement is refused from the catalog "
+    "(tests/proxy/test_generated_update.py)"
 )
 
 

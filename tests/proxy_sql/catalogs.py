@@ -67,13 +67,24 @@ DEFAULTS = {
 }
 
 
+# (table, column): GENERATED ALWAYS AS IDENTITY
+IDENTITY_ALWAYS = {("events", "id")}
+
+
 def rows(spec: dict = SAMPLE) -> Sequence[Sequence[str | None]]:  # type: ignore[type-arg]
     out = []
     for (schema, name), (pk, columns, unique, refs) in spec.items():
         doc = {
             "pk": pk,
             "columns": [
-                {"name": c, "type": t, "generated": g, "identity": False, "default": DEFAULTS.get((name, c))}
+                {
+                    "name": c,
+                    "type": t,
+                    "generated": g,
+                    "identity": (name, c) in IDENTITY_ALWAYS,
+                    "identity_always": (name, c) in IDENTITY_ALWAYS,
+                    "default": DEFAULTS.get((name, c)),
+                }
                 for c, t, g in columns
             ],
             "unique": [

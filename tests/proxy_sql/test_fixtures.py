@@ -2,8 +2,9 @@
 
 Input files may start with ``-- key: value`` option lines: ``version`` (server_version_num, default
 170000), ``session`` (true/false, default true). The expected file holds the rewritten SQL, or
-``-- unchanged``, or ``-- error SQLSTATE: message``; a ``-- tag_map: COMMAND => TEMPLATE`` line may
-follow the SQL. Set COW_REGEN_FIXTURES=1 to rewrite the expected files (then review the diff).
+``-- unchanged``, or ``-- error SQLSTATE: message`` (then ``-- detail: DETAIL`` when there is one); a
+``-- tag_map: COMMAND => TEMPLATE`` line may follow the SQL. Set COW_REGEN_FIXTURES=1 to rewrite the
+expected files (then review the diff).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def _options(text: str) -> tuple[dict[str, str], str]:
 
 def _render(result: Analysis) -> str:
     if result.error is not None:
-        return f"-- error {result.error[0]}: {result.error[1]}\n"
+        detail = f"-- detail: {result.error_detail}\n" if result.error_detail else ""
+        return f"-- error {result.error[0]}: {result.error[1]}\n{detail}"
     if result.rewritten is None:
         return "-- unchanged\n"
     out = result.rewritten + "\n"
