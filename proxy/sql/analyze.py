@@ -244,6 +244,7 @@ class _Inspection:
         self.in_session = in_session
         self.catalog_dependent = False
         self.error: tuple[str, str, str] | None = None  # (sqlstate, message, detail)
+        self.in_do = False  # inside the body of a DO block
 
     def _cow(self, relation: Any) -> bool:
         return (
@@ -293,7 +294,7 @@ class _Inspection:
                 self.on_conflicts += 1
         elif name == "UpdateStmt":
             self._write(node.get("relation"), "update")
-            if self.watch and self.error is None:
+            if self.watch and self.error is None and not self.in_do:
                 self._generated_update(node)
         elif name == "DeleteStmt":
             self._write(node.get("relation"), "delete")
@@ -372,8 +373,13 @@ class _Inspection:
                 language = value.lower()
         if body is None:
             return
-        if (language != "plpgsql" or not self._plpgsql(body)) and _DO_BODY.search(body):
-            self.tampers = True
+        # PL/pgSQL plans its statements when they run (a branch not taken raises nothing): no 428C9 here.
+        outer, self.in_do = self.in_do, True
+        try:
+            if (language != "plpgsql" or not self._plpgsql(body)) and _DO_BODY.search(body):
+                self.tampers = True
+        finally:
+            self.in_do = outer
 
     def _plpgsql(self, body: str) -> bool:
         """Walks the SQL of a PL/pgSQL body; False when only the word search can judge it."""

@@ -162,9 +162,13 @@ def tls_upstream() -> Iterator[TlsUpstream]:
         pki.chmod(0o755)  # the server may run as an unprivileged user
         make_ca(pki, "ca")
         make_ca(pki, "rogue")
+        # Key identifiers too: OpenSSL's strict mode (Python 3.13's default) requires them.
+        ids_ext = "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n"
         server_ext = "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n"
+        server_ext += ids_ext
         make_cert(pki, "server", cn="localhost", extensions=server_ext, serial=2)
         client_ext = "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n"
+        client_ext += ids_ext
         make_cert(pki, "client", cn="postgres", extensions=client_ext, serial=3)
         (pki / "hba.conf").write_text(HBA)
         for path in pki.iterdir():
