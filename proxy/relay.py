@@ -14,10 +14,12 @@ block, an implicit transaction rolled back, skipping to Sync) is exactly what th
 from __future__ import annotations
 
 import enum
+import struct
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any, Protocol
 
 from proxy import protocol as p
@@ -63,6 +65,8 @@ _TERMINATOR: dict[int, tuple[Kind, ...]] = {
 _Z = ord("Z")
 _READY_HEADER = b"Z\x00\x00\x00\x05"
 _STATUSES = frozenset(b"ITE")
+_STATUS_CHARS = {c: chr(c) for c in b"ITE"}
+_INT32 = struct.Struct("!I")
 _E = ord("E")
 _C = ord("C")
 _D = ord("D")
@@ -622,15 +626,28 @@ class Relay:
             self._catalog_checked = False  # it was for the statement just replayed
 
     def fast_query(self, data: bytes) -> bool:
-        """Forward one whole simple Query of an untagged connection with the least work, if it is one.
+        """Take one whole simple Query of an untagged connection with the least work, if it is one.
 
-        ``data`` is exactly one Query message. Returns False (nothing done) whenever the general path is
-        needed: a comment that may carry tags, tags to apply, anything pending on the relay.
+        ``data`` is exactly one Query message. Returns True when the caller is to send ``data`` upstream
+        as is (it is not put in ``to_server``: one write, no list); False (nothing done) whenever the
+        general path is needed: a comment that may carry tags, tags to apply, anything pending.
         """
-        if self.holding or self.skip_until_sync or self.mid_batch or b"/*" in data or self.applied.tentative:
+        if self.holding or self.skip_until_sync or self.mid_batch or b"/*" in data:
             return False
-        tags = self.desired_tags(None)
-        if tags.tagged or self._needs_injection(tags):
+        applied = self.applied
+        if applied.tentative:
+            return False
+        # desired_tags(None) and _needs_injection, inlined: mid_batch is False here.
+        if self.pending or self.status != "I":
+            tags = self.txn_tags
+        elif self.startup_tags.session is not None:
+            return False
+        else:
+            tags = self.route() or UNTAGGED
+        if tags.session is not None:
+            return False
+        current = applied.tags
+        if current is None or (current is not tags and current != tags):
             return False
         try:
             sql = data[5:-1].decode()
@@ -639,43 +656,57 @@ class Relay:
         if not self.pending:
             self.txn_tags = tags
         self.hooks.statement(quick_kind(sql), False)
-        self.pending.append(Entry(Kind.QUERY, started=time.perf_counter()))
-        self.to_server.append(data)
+        self.pending.append(Entry(Kind.QUERY, started=perf_counter()))
         return True
 
     # ------------------------------------------------------------------------------------------------
     # Server side
 
     def server_data(self, data: bytes) -> None:
+        if self._fast_reply(data):
+            self.to_client.append(data)
+            if self._hold_until_idle:
+                self._release()
+            return
+        self.to_client.extend(self.scanner.feed(data))
+
+    def fast_reply(self, data: bytes) -> bool:
+        """``server_data`` for the common reply, when nothing else follows from it.
+
+        True: the bookkeeping is done and the caller is to send ``data`` to the client as is (it is not
+        put in ``to_client``). False: nothing done; call ``server_data``.
+        """
+        return not self._hold_until_idle and self._fast_reply(data)
+
+    def _fast_reply(self, data: bytes) -> bool:
         pending = self.pending
         if (
-            len(pending) == 1
-            and data[-6:-1] == _READY_HEADER
-            and self.scanner.idle
-            and not self.holding
-            and not self.applied.tentative
+            len(pending) != 1
+            or data[-6:-1] != _READY_HEADER
+            or self.holding
+            or self.applied.tentative
+            or not self.scanner.idle
         ):
-            # The common reply: everything up to one ReadyForQuery, for one plain query or batch. Walk the
-            # headers to make sure there is no other ReadyForQuery and no ErrorResponse (counted below).
-            head = pending[0]
-            if head.kind in _ENDS_WITH_READY and not head.injected and head.tag_map is None:
-                pos, end = 0, len(data) - 6
-                while pos < end:
-                    kind = data[pos]
-                    if kind in (_E, _Z):
-                        break
-                    pos += int.from_bytes(data[pos + 1 : pos + 5], "big") + 1
-                if pos == end and data[-1] in _STATUSES:
-                    pending.popleft()
-                    self.status = chr(data[-1])
-                    if self.status == "I":
-                        self.mid_batch = False
-                    self.hooks.latency(time.perf_counter() - head.started)
-                    self.to_client.append(data)
-                    if self._hold_until_idle:
-                        self._release()
-                    return
-        self.to_client.extend(self.scanner.feed(data))
+            return False
+        # The common reply: everything up to one ReadyForQuery, for one plain query or batch. Walk the
+        # headers to make sure there is no other ReadyForQuery and no ErrorResponse (counted by _error).
+        head = pending[0]
+        if head.kind not in _ENDS_WITH_READY or head.injected or head.tag_map is not None:
+            return False
+        pos, end = 0, len(data) - 6
+        while pos < end:
+            kind = data[pos]
+            if kind in (_E, _Z):
+                return False
+            pos += _INT32.unpack_from(data, pos + 1)[0] + 1
+        if pos != end or data[-1] not in _STATUSES:
+            return False
+        pending.popleft()
+        status = self.status = _STATUS_CHARS[data[-1]]
+        if status == "I":
+            self.mid_batch = False
+        self.hooks.latency(perf_counter() - head.started)
+        return True
 
     def _classify(self, kind: int, length: int) -> int:
         if kind in (_Z, _E):

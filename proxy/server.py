@@ -103,6 +103,8 @@ class ClientConnection(asyncio.Protocol):
     def __init__(self, server: ProxyServer) -> None:
         self.server = server
         self.config = server.config
+        self.metrics = server.metrics
+        self.max_message_size = server.config.max_message_size
         self.id = next(_ids)
         self.state = State.STARTUP
         self.transport: asyncio.Transport | None = None
@@ -133,19 +135,21 @@ class ClientConnection(asyncio.Protocol):
         self.server.metrics.connections_total += 1
 
     def data_received(self, data: bytes) -> None:
-        self.server.metrics.bytes_up += len(data)
+        self.metrics.bytes_up += len(data)
         relay = self.relay
         if (
             relay is not None
             and data[0] == _Q
-            and not self.reader.buffered
             and len(data) == int.from_bytes(data[1:5], "big") + 1
-            and len(data) <= self.config.max_message_size
+            and len(data) <= self.max_message_size
+            and not self.reader.buffered
             and self.state is State.READY
             and relay.fast_query(data)
         ):
-            self._to_upstream(relay.to_server[0])
-            relay.to_server.clear()
+            # One whole untagged Query: straight upstream (relay.to_server is empty between events).
+            upstream = self.upstream
+            if upstream is not None and upstream.transport is not None:
+                upstream.transport.write(data)
             return
         self.reader.feed(data)
         self._process_client()
@@ -328,7 +332,16 @@ class ClientConnection(asyncio.Protocol):
     # ---- server side dispatch
 
     def on_server_data(self, data: bytes) -> None:
-        self.server.metrics.bytes_down += len(data)
+        self.metrics.bytes_down += len(data)
+        relay = self.relay
+        if relay is not None and self.state is State.READY and relay.fast_reply(data):
+            # The whole chunk goes to the client unchanged; nothing else to send or decide (the relay's
+            # to_server/to_client are empty between events and fast_reply leaves them so).
+            if self.transport is not None:
+                self.transport.write(data)
+            if self._pause_reasons or self.draining:
+                self._after_server()
+            return
         try:
             if self.state is State.READY:
                 assert self.relay is not None
