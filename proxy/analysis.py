@@ -77,6 +77,26 @@ def quick_kind(sql: str) -> str:
     return _QUICK_KINDS.get(match.group(1).lower(), "utility")
 
 
+# quick_kind of a whole Query message, by its first bytes: pgbench-like traffic repeats a few keywords with
+# ever-different literals, so a small table of prefixes answers without decoding or matching.
+_PREFIX = 8
+_LEADING_WORD_BYTES = re.compile(rb"[A-Za-z]+")
+_kind_by_prefix: dict[bytes, str] = {}
+
+
+def query_kind(message: bytes) -> str:
+    """``quick_kind`` of the text of a Query message (type, length, text, NUL) that is valid UTF-8."""
+    prefix = message[5 : 5 + _PREFIX]
+    kind = _kind_by_prefix.get(prefix)
+    if kind is None:
+        kind = quick_kind(message[5:-1].decode())
+        word = _LEADING_WORD_BYTES.match(prefix)
+        # Only a prefix in which the first word ends decides the kind (and no comment can precede it).
+        if word is not None and word.end() < len(prefix) and len(_kind_by_prefix) < 256:
+            _kind_by_prefix[prefix] = kind
+    return kind
+
+
 def _load() -> Any:
     try:
         return importlib.import_module("proxy.sql")

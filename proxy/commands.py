@@ -23,8 +23,13 @@ def register(sub: Any, session_sub: Any) -> None:
     from proxy.cli import add_format
 
     serve = sub.add_parser("serve", help="run the wire-protocol proxy in front of PostgreSQL")
-    serve.add_argument("--upstream", help="PostgreSQL to relay to, HOST:PORT")
-    serve.add_argument("--listen", help="where clients connect, HOST:PORT (default 127.0.0.1:6432)")
+    serve.add_argument(
+        "--upstream", help="PostgreSQL to relay to: HOST:PORT, or SOCKET_DIR:PORT for its Unix socket"
+    )
+    serve.add_argument(
+        "--listen",
+        help="where clients connect: HOST:PORT (default 127.0.0.1:6432), or SOCKET_DIR:PORT (Unix socket)",
+    )
     serve.add_argument("--metrics", help="serve Prometheus /metrics on HOST:PORT")
     serve.add_argument("--admin", help=f"serve the admin API on HOST:PORT (e.g. {DEFAULT_ADMIN})")
     serve.add_argument("--admin-token", help="bearer token the admin API requires (default: none)")

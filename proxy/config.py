@@ -12,25 +12,41 @@ from proxy.errors import ConfigError
 
 @dataclass(frozen=True)
 class Address:
+    """A TCP ``host:port``, or, when ``host`` is an absolute directory, a Unix socket in it.
+
+    The socket convention is libpq's and PgBouncer's: directory ``/run/pg`` and port 5432 mean the socket
+    ``/run/pg/.s.PGSQL.5432``, so ``psql -h /run/pg -p 5432`` reaches it.
+    """
+
     host: str
     port: int
 
     def __str__(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def unix_path(self) -> str | None:
+        return f"{self.host.rstrip('/') or ''}/.s.PGSQL.{self.port}" if self.host.startswith("/") else None
 
-def parse_address(value: str, what: str, default_host: str = "127.0.0.1") -> Address:
+
+def parse_address(value: str, what: str, default_host: str = "127.0.0.1", *, unix: bool = False) -> Address:
     text = value.strip()
     host, sep, port = text.rpartition(":")
     if not sep:
         host, port = "", text
     host = host.strip("[]") or default_host
+    expected = "HOST:PORT or SOCKET_DIRECTORY:PORT" if unix else "HOST:PORT"
     try:
         number = int(port)
     except ValueError:
-        raise ConfigError(f"{what}: expected HOST:PORT, got {value!r}") from None
+        raise ConfigError(f"{what}: expected {expected}, got {value!r}") from None
     if not 0 <= number <= 65535:
         raise ConfigError(f"{what}: port {number} out of range")
+    if host.startswith("/"):
+        if not unix:
+            raise ConfigError(f"{what}: expected {expected}, got {value!r}")
+        if number == 0:
+            raise ConfigError(f"{what}: a Unix socket needs a port number (it names the socket file)")
     return Address(host, number)
 
 
@@ -56,6 +72,7 @@ class ProxyConfig:
 
 
 _ADDRESSES = {"upstream", "listen", "metrics", "admin"}
+_UNIX_OK = {"upstream", "listen"}  # a directory instead of a host: a Unix socket
 _UPSTREAM_TLS = ("disable", "prefer", "require", "verify-ca", "verify-full")
 _VERIFY = ("verify-ca", "verify-full")
 
@@ -84,8 +101,12 @@ def build_config(flags: dict[str, Any], file: str | None = None) -> ProxyConfig:
     for name in _ADDRESSES & set(values):
         if not isinstance(values[name], str):
             raise ConfigError(f"{name}: expected a 'HOST:PORT' string")
-        values[name] = parse_address(values[name], name)
+        values[name] = parse_address(values[name], name, unix=name in _UNIX_OK)
     _check_upstream_tls(values)
+    upstream = values["upstream"]
+    if upstream.unix_path is not None and values.get("upstream_tls", "disable") != "disable":
+        # As libpq: no TLS over a Unix socket (PostgreSQL does not offer it there).
+        raise ConfigError("upstream_tls needs a TCP upstream (HOST:PORT), not a Unix socket")
     if values.get("log_format", "logfmt") not in ("logfmt", "json"):
         raise ConfigError("log_format must be logfmt or json")
     if bool(values.get("tls_cert")) != bool(values.get("tls_key")):

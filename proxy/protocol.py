@@ -421,6 +421,11 @@ class ClientReader:
     def buffered(self) -> int:
         return len(self._buf)
 
+    @property
+    def at_boundary(self) -> bool:
+        """Nothing buffered and no message in the middle of streaming or skipping: the next byte is a type."""
+        return not (self._buf or self._stream_left or self._skip_left)
+
     def events(self) -> Iterator[ClientEvent]:
         buf = self._buf
         pos = 0
@@ -512,13 +517,10 @@ class ServerScanner:
         self._partial = bytearray()  # an incomplete header, or an incomplete BODY message
         self._want = 0  # total bytes (header + body) of the BODY message in _partial; 0 = header only
         self._pass_left = 0  # bytes of a PASS message still to relay
-
-    @property
-    def idle(self) -> bool:
-        """At a message boundary, with nothing buffered."""
-        return not self._partial and not self._pass_left
+        self.idle = True  # at a message boundary, with nothing buffered (kept by feed: read per reply)
 
     def feed(self, data: bytes) -> list[bytes]:
+        self.idle = False  # until the end (a ProtocolError leaves it so)
         out: list[bytes] = []
         n = len(data)
         pos = 0
@@ -608,4 +610,5 @@ class ServerScanner:
             pos = start = end
         if start < n and start < pos:
             out.append(data if start == 0 and pos == n else data[start:pos])
+        self.idle = not self._partial and not self._pass_left
         return out

@@ -23,7 +23,7 @@ from time import perf_counter
 from typing import Any, Protocol
 
 from proxy import protocol as p
-from proxy.analysis import Analysis, Verdict, quick_kind
+from proxy.analysis import Analysis, Verdict, query_kind
 from proxy.errors import ProtocolError, TagError
 from proxy.tags import UNTAGGED, Tags
 
@@ -185,6 +185,7 @@ class Relay:
         self.closing = False
         self.scanner = p.ServerScanner(self._classify, self._handle, self._on_pass)
         self._batch_started = 0.0
+        self._query_entry = Entry(Kind.QUERY)  # reused by fast_query when nothing is in flight
 
     # ------------------------------------------------------------------------------------------------
     # Tags
@@ -632,13 +633,14 @@ class Relay:
         as is (it is not put in ``to_server``: one write, no list); False (nothing done) whenever the
         general path is needed: a comment that may carry tags, tags to apply, anything pending.
         """
-        if self.holding or self.skip_until_sync or self.mid_batch or b"/*" in data:
+        if self.holding or self.skip_until_sync or self.mid_batch:
             return False
         applied = self.applied
         if applied.tentative:
             return False
         # desired_tags(None) and _needs_injection, inlined: mid_batch is False here.
-        if self.pending or self.status != "I":
+        pending = self.pending
+        if pending or self.status != "I":
             tags = self.txn_tags
         elif self.startup_tags.session is not None:
             return False
@@ -649,14 +651,25 @@ class Relay:
         current = applied.tags
         if current is None or (current is not tags and current != tags):
             return False
-        try:
-            sql = data[5:-1].decode()
-        except UnicodeDecodeError:
+        # What decode_query demands (one NUL, at the end; UTF-8), and no comment that may carry tags.
+        if b"/*" in data or data.find(0, 5) != len(data) - 1:
             return False
-        if not self.pending:
+        if not data.isascii():
+            try:
+                data[5:-1].decode()
+            except UnicodeDecodeError:
+                return False
+        self.hooks.statement(query_kind(data), False)
+        if pending:
+            pending.append(Entry(Kind.QUERY, started=perf_counter()))
+        else:
             self.txn_tags = tags
-        self.hooks.statement(quick_kind(sql), False)
-        self.pending.append(Entry(Kind.QUERY, started=perf_counter()))
+            # Nothing in flight: the one Entry kept for this case is free (it leaves the queue with its
+            # reply), so the usual request-reply rhythm allocates nothing here.
+            entry = self._query_entry
+            entry.replace_error = None  # an oversized CopyData may have set it (COPY FROM STDIN)
+            entry.started = perf_counter()
+            pending.append(entry)
         return True
 
     # ------------------------------------------------------------------------------------------------

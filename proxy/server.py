@@ -10,10 +10,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import errno
 import itertools
 import json
 import logging
+import os
+import socket
 import ssl
+import stat
+import struct
 import time
 from collections.abc import Coroutine, Iterator
 from typing import Any, cast
@@ -97,6 +102,10 @@ class UpstreamProtocol(asyncio.Protocol):
         self.client.resume_client_reading("upstream")
 
 
+_READY = State.READY  # a global read is cheaper than State.READY on the hot path
+_INT32 = struct.Struct("!I")
+
+
 class ClientConnection(asyncio.Protocol):
     """One client, its upstream connection and the relay between them."""
 
@@ -130,20 +139,22 @@ class ClientConnection(asyncio.Protocol):
         # uvloop's transports are not asyncio.Transport subclasses, but have the same interface.
         self.transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "[local]")
         self.server.connections[self.id] = self
         self.server.metrics.connections_total += 1
 
     def data_received(self, data: bytes) -> None:
-        self.metrics.bytes_up += len(data)
+        size = len(data)
+        self.metrics.bytes_up += size
         relay = self.relay
         if (
             relay is not None
             and data[0] == _Q
-            and len(data) == int.from_bytes(data[1:5], "big") + 1
-            and len(data) <= self.max_message_size
-            and not self.reader.buffered
-            and self.state is State.READY
+            and size > 5
+            and _INT32.unpack_from(data, 1)[0] + 1 == size
+            and size <= self.max_message_size
+            and self.state is _READY
+            and self.reader.at_boundary
             and relay.fast_query(data)
         ):
             # One whole untagged Query: straight upstream (relay.to_server is empty between events).
@@ -256,7 +267,10 @@ class ClientConnection(asyncio.Protocol):
         upstream = UpstreamProtocol(self)
         try:
             async with asyncio.timeout(self.config.connect_timeout):
-                transport, _ = await loop.create_connection(lambda: upstream, up.host, up.port)
+                if up.unix_path is not None:
+                    transport, _ = await loop.create_unix_connection(lambda: upstream, up.unix_path)
+                else:
+                    transport, _ = await loop.create_connection(lambda: upstream, up.host, up.port)
                 if self.server.upstream_tls is not None:
                     await self._upstream_tls(upstream, transport)
         except ssl.SSLCertVerificationError as exc:
@@ -334,7 +348,7 @@ class ClientConnection(asyncio.Protocol):
     def on_server_data(self, data: bytes) -> None:
         self.metrics.bytes_down += len(data)
         relay = self.relay
-        if relay is not None and self.state is State.READY and relay.fast_reply(data):
+        if relay is not None and self.state is _READY and relay.fast_reply(data):
             # The whole chunk goes to the client unchanged; nothing else to send or decide (the relay's
             # to_server/to_client are empty between events and fast_reply leaves them so).
             if self.transport is not None:
@@ -549,6 +563,21 @@ def _raw(event: p.ClientEvent) -> bytes:
     raise ProtocolError("message too large during authentication")
 
 
+def _remove_stale_socket(path: str) -> None:
+    """Remove a socket file left by a proxy that is gone; refuse to take over one that answers."""
+    if not os.path.exists(path):
+        return
+    if not stat.S_ISSOCK(os.stat(path).st_mode):
+        raise OSError(errno.EEXIST, f"{path} exists and is not a socket")
+    with socket.socket(socket.AF_UNIX) as probe:
+        try:
+            probe.connect(path)
+        except OSError:
+            os.unlink(path)  # nobody listens: a leftover
+            return
+    raise OSError(errno.EADDRINUSE, f"another process listens on {path}")
+
+
 def _ssl_request() -> bytes:
     return (8).to_bytes(4, "big") + p.SSL_REQUEST_CODE.to_bytes(4, "big")
 
@@ -610,18 +639,29 @@ class ProxyServer:
         loop = asyncio.get_running_loop()
         listen = self.config.listen
         try:
-            self._server = await loop.create_server(
-                lambda: ClientConnection(self), listen.host, listen.port, reuse_address=True, backlog=1024
-            )
+            if listen.unix_path is not None:
+                _remove_stale_socket(listen.unix_path)
+                self._server = await loop.create_unix_server(
+                    lambda: ClientConnection(self), listen.unix_path, backlog=1024
+                )
+                # Like PostgreSQL's default unix_socket_permissions: access is decided by authentication.
+                os.chmod(listen.unix_path, 0o777)
+            else:
+                self._server = await loop.create_server(
+                    lambda: ClientConnection(self), listen.host, listen.port, reuse_address=True, backlog=1024
+                )
         except OSError as exc:
-            raise ProxyError(f"cannot listen on {listen}: {exc.strerror}") from None
+            raise ProxyError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
         log_event(
             logging.INFO, "listening", listen=str(self.listen_address), upstream=str(self.config.upstream)
         )
 
     @property
     def listen_address(self) -> tuple[str, int]:
+        """(host, port) clients connect to; (socket directory, port) for a Unix socket."""
         assert self._server is not None
+        if self.config.listen.unix_path is not None:
+            return self.config.listen.host, self.config.listen.port
         sock = self._server.sockets[0].getsockname()
         return str(sock[0]), int(sock[1])
 
@@ -649,7 +689,10 @@ class ProxyServer:
         up = self.config.upstream
         with contextlib.suppress(OSError, TimeoutError):
             async with asyncio.timeout(self.config.connect_timeout):
-                _, writer = await asyncio.open_connection(up.host, up.port)
+                if up.unix_path is not None:
+                    _, writer = await asyncio.open_unix_connection(up.unix_path)
+                else:
+                    _, writer = await asyncio.open_connection(up.host, up.port)
                 writer.write(request.encode())
                 await writer.drain()
                 writer.close()
@@ -683,4 +726,8 @@ class ProxyServer:
             conn.close("drain timeout", goodbye=True)
         if self._server is not None:
             await self._server.wait_closed()
+        path = self.config.listen.unix_path
+        if path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
         log_event(logging.INFO, "stopped")

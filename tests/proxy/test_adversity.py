@@ -237,6 +237,23 @@ def test_malformed_and_oversized_messages(pg_server: PgServer, layer_db: str) ->
         assert rows == [("small@x",)]
 
 
+def test_untagged_query_framing_is_checked_on_the_fast_path(proxy: RunningProxy, empty_db: str) -> None:
+    """A whole untagged Query takes the fast path only if it is what decode_query accepts."""
+    db = dbname(empty_db)
+    c = RawClient(proxy.host, proxy.port, db)
+    assert c.query("SELECT 'é'")[1] == (b"D", b"\x00\x01\x00\x00\x00\x02" + "é".encode())
+    c.sock.sendall(p.message(b"Q", b"SELECT 1\0SELECT 2\0"))  # a NUL inside the text
+    kind, body = c.read_message()
+    assert kind == b"E" and p.decode_error(body).sqlstate == "08P01"
+    c.sock.close()
+    c = RawClient(proxy.host, proxy.port, db)
+    c.sock.sendall(p.message(b"Q", b"SELECT '\xff'\0"))  # not UTF-8
+    kind, body = c.read_message()
+    assert kind == b"E" and p.decode_error(body).sqlstate == "08P01"
+    c.sock.close()
+    assert wait_for(lambda: not proxy.server.connections)
+
+
 def test_many_concurrent_connections(proxy: RunningProxy, empty_db: str, pg_server: PgServer) -> None:
     import asyncpg
 

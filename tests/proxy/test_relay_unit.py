@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from proxy import protocol as p
-from proxy.analysis import Analysis
+from proxy.analysis import Analysis, query_kind, quick_kind
 from proxy.relay import INJECT_STATEMENT, REFUSED_SQL, Relay
 from proxy.tags import UNTAGGED, Tags
 
@@ -152,3 +152,46 @@ def test_function_call_waits_for_the_session() -> None:
     reply(r, p.message(b"1"), p.message(b"2"), p.encode_command_complete("SELECT 1"))
     reply(r, p.message(b"3"), p.message(b"3"), p.encode_ready("I"))
     assert b"".join(r.to_server) == call
+
+
+def test_fast_path_reuses_its_entry_without_carrying_a_copy_refusal_over() -> None:
+    # COPY FROM STDIN on the fast path, an oversized CopyData: the proxy's 54000 replaces the server's
+    # error for that COPY only; the next statement's own error reaches the client as the server sent it.
+    r = relay()
+    copy = p.encode_query("COPY t FROM STDIN")
+    assert r.fast_query(copy)
+    assert reply(r, p.message(b"G", b"\x00\x00\x00")) == p.message(b"G", b"\x00\x00\x00")
+    r.client_event(p.Oversized(b"d", 10**9))
+    assert r.to_server == [p.message(b"f", b"cowproxy: message too large\0")]
+    r.to_server.clear()
+    server_error = p.encode_error("57014", "COPY from stdin failed: cowproxy: message too large")
+    answer = reply(r, server_error, p.encode_ready("I"))
+    length = int.from_bytes(answer[1:5], "big")
+    assert answer[:1] == b"E" and p.decode_error(answer[5 : 1 + length]).sqlstate == "54000"
+    assert answer[1 + length :] == p.encode_ready("I")
+    assert not r.pending
+    select = p.encode_query("SELECT 1/0")
+    assert r.fast_query(select)
+    division = p.encode_error("22012", "division by zero")
+    assert reply(r, division, p.encode_ready("I")) == division + p.encode_ready("I")
+    assert not r.pending
+
+
+def test_query_kind_matches_quick_kind_with_and_without_its_prefix_table() -> None:
+    texts = [
+        "SELECT 1",
+        "select\n1",
+        "UPDATE t SET a = 1",
+        "BEGIN;",
+        "END;",
+        "selectx",
+        "SELECTED_ROWS",
+        "  -- c\nINSERT INTO t VALUES (1)",
+        "(SELECT 1)",
+        "VACUUM",
+        "",
+        "é",
+    ]
+    for _ in range(2):  # the second round answers from the prefix table
+        for text in texts:
+            assert query_kind(p.encode_query(text)) == quick_kind(text), text
