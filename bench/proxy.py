@@ -1,11 +1,21 @@
 """pgbench through nothing, cowproxy and PgBouncer (session mode), interleaved in one run.
 
-    .venv/bin/python bench/proxy.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres] [--seconds 8]
-        [--rounds 2] [--clients 1,8] [--scale 10]
+    .venv/bin/python bench/proxy.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
+        [--socket-dir /var/run/postgresql] [--seconds 8] [--rounds 2] [--clients 1,8] [--scale 10]
+        [--transports tcp,unix] [--strace 3]
 
 Without --dsn an embedded PostgreSQL is started. PgBouncer is installed from Debian (apt-get) when missing;
-it is skipped, with a note, if that fails. Prints TPS per target, the ratio to direct, and the latency
-each hop adds. pgbench runs `-S` (select only) and TPC-B, simple protocol, at each client count.
+it is skipped, with a note, if that fails. pgbench runs `-S` (select only) and TPC-B, simple protocol, at
+each client count, against every target in turn (round by round, so load from other jobs hits all alike).
+
+Transports: `tcp` = every hop over 127.0.0.1; `unix` = every hop over a Unix socket (pgbench to the proxy,
+the proxy to PostgreSQL; direct = pgbench to PostgreSQL's socket), which is how PgBouncer usually runs next
+to its server.
+
+Prints per target: median TPS, ratio to direct over the same transport, the latency each hop adds, and the
+proxy process's CPU time (utime + stime from /proc/PID/stat) per transaction. With --strace S, one more
+pgbench run of S seconds per workload and proxy with `strace -c -f` attached gives syscalls per transaction
+(strace slows the traced process, so those runs are not part of the TPS figures).
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -22,12 +33,36 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str  # direct | cowproxy | pgbouncer
+    transport: str  # tcp | unix
+    host: str  # 127.0.0.1 or a socket directory (libpq's convention)
+    port: int
+    pid: int | None  # the proxy process; None for direct
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}/{self.transport}"
+
+
+@dataclass(frozen=True)
+class Run:
+    tps: float
+    latency_ms: float
+    transactions: int
+    cpu_s: float | None  # the proxy process's CPU seconds (user + system) during the run
+    user_s: float | None  # of which user
 
 
 def free_port() -> int:
@@ -36,56 +71,70 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+def wait_listening(host: str, port: int, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"process exited early: {proc.args}")
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            if host.startswith("/"):
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.connect(f"{host}/.s.PGSQL.{port}")
+            else:
+                socket.create_connection((host, port), timeout=1).close()
             return
         except OSError:
             time.sleep(0.1)
-    raise SystemExit(f"port {port} never opened")
+    raise SystemExit(f"{host}:{port} never opened")
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """(utime + stime, utime) of a process (all its threads), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK, int(fields[11]) / CLK_TCK
 
 
 @contextlib.contextmanager
-def server(dsn: str | None) -> Iterator[tuple[str, str, int, str]]:
-    """(dsn, host, port, bindir-or-empty)."""
+def server(dsn: str | None, socket_dir: str | None) -> Iterator[tuple[str, str, int, str, str | None]]:
+    """(dsn, host, port, bindir-or-empty, unix socket directory or None)."""
     if dsn:
         parts = urlsplit(dsn)
-        yield dsn, parts.hostname or "127.0.0.1", parts.port or 5432, ""
+        default = "/var/run/postgresql"
+        yield (
+            dsn,
+            parts.hostname or "127.0.0.1",
+            parts.port or 5432,
+            "",
+            socket_dir or (default if os.path.isdir(default) else None),
+        )
         return
     from migrations.embedded import embedded_postgres
 
     with embedded_postgres(settings={"max_connections": "200"}) as srv:
-        yield srv.dsn(), srv.host, srv.port, str(srv.bindir)
+        sockets = srv.datadir.parent  # the embedded server's -k directory
+        sockets.chmod(0o755)  # PgBouncer runs as nobody
+        yield srv.dsn(), srv.host, srv.port, str(srv.bindir), str(sockets)
 
 
 @contextlib.contextmanager
-def cowproxy(host: str, port: int) -> Iterator[int]:
-    listen = free_port()
+def cowproxy(upstream: str, transport: str, root: Path = ROOT, name: str = "cowproxy") -> Iterator[Target]:
+    port = free_port()
+    work = Path(tempfile.mkdtemp(prefix="cowproxy-bench-cp-"))
+    host = str(work) if transport == "unix" else "127.0.0.1"
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "proxy.cli",
-            "serve",
-            "--upstream",
-            f"{host}:{port}",
-            "--listen",
-            f"127.0.0.1:{listen}",
-        ],
-        cwd=ROOT,
+        [sys.executable, "-m", "proxy.cli", "serve", "--upstream", upstream, "--listen", f"{host}:{port}"],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     try:
-        wait_port(listen, proc)
-        yield listen
+        wait_listening(host, port, proc)
+        yield Target(name, transport, host, port, proc.pid)
     finally:
         proc.terminate()
         proc.wait(30)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def ensure_pgbouncer() -> str | None:
@@ -103,16 +152,24 @@ def ensure_pgbouncer() -> str | None:
 
 
 @contextlib.contextmanager
-def pgbouncer(binary: str, host: str, port: int, database: str, user: str) -> Iterator[int]:
+def pgbouncer(
+    binary: str, upstream_host: str, port: int, database: str, user: str, *, transport: str
+) -> Iterator[Target]:
     listen = free_port()
     work = Path(tempfile.mkdtemp(prefix="cowproxy-bench-pgb-"))
     work.chmod(0o777)
     (work / "users.txt").write_text(f'"{user}" ""\n')
+    if transport == "unix":  # no TCP listener, the socket in work/
+        listener = f"listen_addr =\nunix_socket_dir = {work}\n"
+        host = str(work)
+    else:
+        listener = "listen_addr = 127.0.0.1\nunix_socket_dir =\n"
+        host = "127.0.0.1"
     (work / "pgbouncer.ini").write_text(
-        f"[databases]\n{database} = host={host} port={port} dbname={database}\n"
-        f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {listen}\nauth_type = trust\n"
+        f"[databases]\n{database} = host={upstream_host} port={port} dbname={database}\n"
+        f"[pgbouncer]\n{listener}listen_port = {listen}\nauth_type = trust\n"
         f"auth_file = {work}/users.txt\npool_mode = session\nmax_client_conn = 200\n"
-        f"default_pool_size = 50\nlogfile = {work}/pgbouncer.log\nunix_socket_dir =\n"
+        f"default_pool_size = 50\nlogfile = {work}/pgbouncer.log\n"
     )
     for f in work.iterdir():
         f.chmod(0o644)
@@ -121,28 +178,61 @@ def pgbouncer(binary: str, host: str, port: int, database: str, user: str) -> It
         cmd[1:1] = ["-u", "nobody"]  # PgBouncer refuses to run as root
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_port(listen, proc)
-        yield listen
+        wait_listening(host, listen, proc)
+        yield Target("pgbouncer", transport, host, listen, proc.pid)
     finally:
         proc.terminate()
         proc.wait(30)
         shutil.rmtree(work, ignore_errors=True)
 
 
-def pgbench(
-    binary: str, host: str, port: int, user: str, database: str, *, args: list[str], seconds: int
-) -> tuple[float, float]:
-    result = subprocess.run(
-        [binary, "-n", "-T", str(seconds), "-h", host, "-p", str(port), "-U", user, *args, database],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+def pgbench(binary: str, target: Target, user: str, database: str, *, args: list[str], seconds: int) -> Run:
+    cmd = [binary, "-n", "-T", str(seconds), "-h", target.host, "-p", str(target.port), "-U", user]
+    before = cpu_seconds(target.pid) if target.pid else None
+    result = subprocess.run([*cmd, *args, database], capture_output=True, text=True, check=False)
+    after = cpu_seconds(target.pid) if target.pid else None
     if result.returncode != 0:
-        raise SystemExit(f"pgbench failed: {result.stderr.strip()}")
-    tps = float(re.search(r"tps = ([\d.]+)", result.stdout).group(1))  # type: ignore[union-attr]
-    latency = float(re.search(r"latency average = ([\d.]+) ms", result.stdout).group(1))  # type: ignore[union-attr]
-    return tps, latency
+        raise SystemExit(f"pgbench failed ({target.label}): {result.stderr.strip()}")
+
+    def number(pattern: str) -> float:
+        found = re.search(pattern, result.stdout)
+        if found is None:
+            raise SystemExit(f"unexpected pgbench output: {result.stdout}")
+        return float(found.group(1))
+
+    return Run(
+        tps=number(r"tps = ([\d.]+)"),
+        latency_ms=number(r"latency average = ([\d.]+) ms"),
+        transactions=int(number(r"actually processed: (\d+)")),
+        cpu_s=after[0] - before[0] if after and before else None,
+        user_s=after[1] - before[1] if after and before else None,
+    )
+
+
+_STRACE_ROW = re.compile(r"^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)\s*$")
+
+
+def traced(
+    binary: str, target: Target, user: str, database: str, *, args: list[str], seconds: int
+) -> tuple[float, dict[str, float]]:
+    """Syscalls per transaction of the proxy process (all threads) during one pgbench run."""
+    assert target.pid is not None
+    with tempfile.NamedTemporaryFile(prefix="cowproxy-strace-", suffix=".txt") as out:
+        strace = subprocess.Popen(
+            ["strace", "-c", "-f", "-q", "-o", out.name, "-p", str(target.pid)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(0.5)  # attached
+        run = pgbench(binary, target, user, database, args=args, seconds=seconds)
+        strace.send_signal(signal.SIGINT)
+        strace.wait(30)
+        calls: dict[str, float] = {}
+        for line in Path(out.name).read_text().splitlines():
+            found = _STRACE_ROW.match(line)
+            if found and found.group(2) != "total":
+                calls[found.group(2)] = int(found.group(1)) / max(run.transactions, 1)
+    return sum(calls.values()), calls
 
 
 def main() -> None:
@@ -150,14 +240,27 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--dsn", help="PostgreSQL (superuser) to benchmark against; default: embedded")
+    parser.add_argument("--socket-dir", help="with --dsn: its Unix socket directory (/var/run/postgresql)")
     parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--clients", default="1,8")
     parser.add_argument("--scale", type=int, default=10)
+    parser.add_argument("--transports", default="tcp", help="tcp, unix or tcp,unix")
+    parser.add_argument("--strace", type=int, default=0, help="seconds per strace -c run (0: none)")
+    parser.add_argument("--workloads", default="-S,tpcb", help="-S, tpcb or both")
+    parser.add_argument(
+        "--baseline",
+        help="another checkout of cowproxy (e.g. a git worktree of main): one more target, cp-base",
+    )
     args = parser.parse_args()
     clients = [int(c) for c in args.clients.split(",")]
+    transports = args.transports.split(",")
+    if args.strace and not shutil.which("strace"):
+        raise SystemExit("--strace needs strace (apt-get install strace)")
     bouncer = ensure_pgbouncer()
-    with server(args.dsn) as (dsn, host, port, bindir):
+    with server(args.dsn, args.socket_dir) as (dsn, host, port, bindir, sockets):
+        if "unix" in transports and sockets is None:
+            raise SystemExit("--transports unix: no Unix socket directory (pass --socket-dir)")
         tool = os.path.join(bindir, "pgbench") if bindir else (shutil.which("pgbench") or "pgbench")
         user = urlsplit(dsn).username or "postgres"
         database = "cowproxy_bench"
@@ -170,44 +273,89 @@ def main() -> None:
             capture_output=True,
         )
         with contextlib.ExitStack() as stack:
-            targets = {"direct": port, "cowproxy": stack.enter_context(cowproxy(host, port))}
-            if bouncer:
-                targets["pgbouncer"] = stack.enter_context(pgbouncer(bouncer, host, port, database, user))
+            targets: list[Target] = []
+            for transport in transports:
+                up_host = host if transport == "tcp" else str(sockets)
+                targets.append(Target("direct", transport, up_host, port, None))
+                targets.append(stack.enter_context(cowproxy(f"{up_host}:{port}", transport)))
+                if args.baseline:
+                    targets.append(
+                        stack.enter_context(
+                            cowproxy(f"{up_host}:{port}", transport, Path(args.baseline).resolve(), "cp-base")
+                        )
+                    )
+                if bouncer:
+                    targets.append(
+                        stack.enter_context(
+                            pgbouncer(bouncer, up_host, port, database, user, transport=transport)
+                        )
+                    )
+            wanted = args.workloads.split(",")
             workloads = [
                 (f"{name} c={c}", [*flags, "-c", str(c), "-j", str(min(c, 2))])
                 for name, flags in (("-S", ["-S"]), ("tpcb", []))
+                if name in wanted
                 for c in clients
             ]
-            results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+            results: dict[tuple[str, str], list[Run]] = {}
             for round_no in range(args.rounds):
                 for label, flags in workloads:
-                    for target, target_port in targets.items():  # interleaved: same conditions for each
-                        tps, lat = pgbench(
-                            tool,
-                            "127.0.0.1" if target != "direct" else host,
-                            target_port,
-                            user,
-                            database,
-                            args=flags,
-                            seconds=args.seconds,
+                    for target in targets:  # interleaved: same conditions for each
+                        run = pgbench(tool, target, user, database, args=flags, seconds=args.seconds)
+                        results.setdefault((label, target.label), []).append(run)
+                        cpu = (
+                            f" cpu/txn {run.cpu_s / run.transactions * 1e6:5.0f} µs"
+                            f" (user {(run.user_s or 0) / run.transactions * 1e6:.0f})"
+                            if run.cpu_s
+                            else ""
                         )
-                        results.setdefault((label, target), []).append((tps, lat))
                         print(
-                            f"round {round_no + 1} {label:10} {target:9} tps {tps:9.1f} latency {lat:.3f} ms",
+                            f"round {round_no + 1} {label:10} {target.label:15} tps {run.tps:9.1f} "
+                            f"latency {run.latency_ms:.3f} ms{cpu}",
                             flush=True,
                         )
+            traces: dict[tuple[str, str], tuple[float, dict[str, float]]] = {}
+            if args.strace:
+                for label, flags in workloads:
+                    for target in targets:
+                        if target.pid is not None:
+                            traces[(label, target.label)] = traced(
+                                tool, target, user, database, args=flags, seconds=args.strace
+                            )
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {database}")
     print()
-    print(f"{'workload':12} {'target':10} {'tps':>9} {'ratio':>6} {'added latency':>14}")
+    print(
+        f"{'workload':10} {'target':15} {'tps':>9} {'spread':>13} {'ratio':>6} {'added lat':>10} "
+        f"{'cpu/txn':>8} {'user':>6}"
+    )
     for label, flags in workloads:
         clients_n = int(flags[flags.index("-c") + 1])
-        base_tps = statistics.median(t for t, _ in results[(label, "direct")])
-        for target in targets:
-            tps = statistics.median(t for t, _ in results[(label, target)])
-            # Per transaction, from the median throughputs: clients / tps is pgbench's average latency.
-            added = clients_n * 1e6 * (1 / tps - 1 / base_tps)
-            print(f"{label:12} {target:10} {tps:9.1f} {tps / base_tps:6.2f} {added:11.0f} µs")
+        for transport in transports:
+            base_tps = statistics.median(r.tps for r in results[(label, f"direct/{transport}")])
+            for target in targets:
+                if target.transport != transport:
+                    continue
+                runs = results[(label, target.label)]
+                tps = statistics.median(r.tps for r in runs)
+                spread = f"{min(r.tps for r in runs):.0f}-{max(r.tps for r in runs):.0f}"
+                # Per transaction, from the median throughputs: clients / tps is pgbench's average latency.
+                added = clients_n * 1e6 * (1 / tps - 1 / base_tps)
+                cpus = [r.cpu_s / r.transactions * 1e6 for r in runs if r.cpu_s is not None]
+                users = [r.user_s / r.transactions * 1e6 for r in runs if r.user_s is not None]
+                cpu = f"{statistics.median(cpus):5.0f} µs" if cpus else "-"
+                user = f"{statistics.median(users):3.0f} µs" if users else "-"
+                print(
+                    f"{label:10} {target.label:15} {tps:9.1f} {spread:>13} {tps / base_tps:6.2f} "
+                    f"{added:7.0f} µs {cpu:>8} {user:>6}"
+                )
+    if traces:
+        print()
+        print(f"{'workload':10} {'target':15} {'syscalls/txn':>12}  top syscalls per txn")
+        for (label, target_label), (total, calls) in traces.items():
+            top = sorted(calls.items(), key=lambda kv: -kv[1])[:6]
+            detail = ", ".join(f"{name} {count:.1f}" for name, count in top)
+            print(f"{label:10} {target_label:15} {total:12.1f}  {detail}")
 
 
 if __name__ == "__main__":
