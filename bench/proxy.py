@@ -250,7 +250,7 @@ def main() -> None:
     parser.add_argument("--workloads", default="-S,tpcb", help="-S, tpcb or both")
     parser.add_argument(
         "--baseline",
-        help="another checkout of cowproxy (e.g. a git worktree of main): one more target, cp-base",
+        help="another checkout of cowproxy (e.g. a git worktree of main): one more target, cp-base (tcp)",
     )
     args = parser.parse_args()
     clients = [int(c) for c in args.clients.split(",")]
@@ -278,7 +278,7 @@ def main() -> None:
                 up_host = host if transport == "tcp" else str(sockets)
                 targets.append(Target("direct", transport, up_host, port, None))
                 targets.append(stack.enter_context(cowproxy(f"{up_host}:{port}", transport)))
-                if args.baseline:
+                if args.baseline and transport == "tcp":  # main before Unix sockets could not do unix
                     targets.append(
                         stack.enter_context(
                             cowproxy(f"{up_host}:{port}", transport, Path(args.baseline).resolve(), "cp-base")
