@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/proxy.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
         [--socket-dir /var/run/postgresql] [--seconds 8] [--rounds 2] [--clients 1,8] [--scale 10]
-        [--transports tcp,unix] [--strace 3]
+        [--transports tcp,unix] [--strace 3] [--workloads -S,tpcb] [--floor] [--baseline CHECKOUT]
 
 Without --dsn an embedded PostgreSQL is started. PgBouncer is installed from Debian (apt-get) when missing;
 it is skipped, with a note, if that fails. pgbench runs `-S` (select only) and TPC-B, simple protocol, at
@@ -15,7 +15,9 @@ to its server.
 Prints per target: median TPS, ratio to direct over the same transport, the latency each hop adds, and the
 proxy process's CPU time (utime + stime from /proc/PID/stat) per transaction. With --strace S, one more
 pgbench run of S seconds per workload and proxy with `strace -c -f` attached gives syscalls per transaction
-(strace slows the traced process, so those runs are not part of the TPS figures).
+(strace slows the traced process, so those runs are not part of the TPS figures). --floor adds `relay`, a
+uvloop byte relay that parses nothing (the least any Python + uvloop proxy can cost); --baseline CHECKOUT adds
+`cp-base`, cowproxy from another checkout (e.g. a git worktree of main), for a before/after in one run.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 @dataclass(frozen=True)
 class Target:
-    name: str  # direct | cowproxy | pgbouncer
+    name: str  # direct | cowproxy | cp-base | relay | pgbouncer
     transport: str  # tcp | unix
     host: str  # 127.0.0.1 or a socket directory (libpq's convention)
     port: int
@@ -131,6 +133,63 @@ def cowproxy(upstream: str, transport: str, root: Path = ROOT, name: str = "cowp
     try:
         wait_listening(host, port, proc)
         yield Target(name, transport, host, port, proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# The floor for any proxy on Python + uvloop: bytes relayed both ways with no parsing at all (one
+# data_received and one write per chunk). Not a proxy anyone should run: no framing, no cancel, no metrics.
+TRIVIAL_RELAY = """
+import asyncio, gc, sys, uvloop
+listen_host, listen_port, up_host, up_port = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+def path(host, port): return f"{host}/.s.PGSQL.{port}"
+class Up(asyncio.Protocol):
+    def __init__(self, client): self.client = client
+    def data_received(self, data): self.client.transport.write(data)
+    def connection_lost(self, exc): self.client.transport.close()
+class Client(asyncio.Protocol):
+    def connection_made(self, transport):
+        self.transport, self.up, self.early = transport, None, []
+        asyncio.ensure_future(self.connect())
+    async def connect(self):
+        loop = asyncio.get_running_loop()
+        if up_host.startswith("/"):
+            self.up, _ = await loop.create_unix_connection(lambda: Up(self), path(up_host, up_port))
+        else:
+            self.up, _ = await loop.create_connection(lambda: Up(self), up_host, up_port)
+        for data in self.early: self.up.write(data)
+    def data_received(self, data):
+        if self.up is None: self.early.append(data)
+        else: self.up.write(data)
+    def connection_lost(self, exc):
+        if self.up is not None: self.up.close()
+async def main():
+    loop = asyncio.get_running_loop()
+    if listen_host.startswith("/"):
+        await loop.create_unix_server(Client, path(listen_host, listen_port))
+    else:
+        await loop.create_server(Client, listen_host, listen_port)
+    gc.freeze()
+    await asyncio.Event().wait()
+uvloop.run(main())
+"""
+
+
+@contextlib.contextmanager
+def trivial_relay(up_host: str, up_port: int, transport: str) -> Iterator[Target]:
+    port = free_port()
+    work = Path(tempfile.mkdtemp(prefix="cowproxy-bench-relay-"))
+    host = str(work) if transport == "unix" else "127.0.0.1"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TRIVIAL_RELAY, host, str(port), up_host, str(up_port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_listening(host, port, proc)
+        yield Target("relay", transport, host, port, proc.pid)
     finally:
         proc.terminate()
         proc.wait(30)
@@ -249,6 +308,9 @@ def main() -> None:
     parser.add_argument("--strace", type=int, default=0, help="seconds per strace -c run (0: none)")
     parser.add_argument("--workloads", default="-S,tpcb", help="-S, tpcb or both")
     parser.add_argument(
+        "--floor", action="store_true", help="one more target, relay: a uvloop byte relay that parses nothing"
+    )
+    parser.add_argument(
         "--baseline",
         help="another checkout of cowproxy (e.g. a git worktree of main): one more target, cp-base (tcp)",
     )
@@ -284,6 +346,8 @@ def main() -> None:
                             cowproxy(f"{up_host}:{port}", transport, Path(args.baseline).resolve(), "cp-base")
                         )
                     )
+                if args.floor:
+                    targets.append(stack.enter_context(trivial_relay(up_host, port, transport)))
                 if bouncer:
                     targets.append(
                         stack.enter_context(
