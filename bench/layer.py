@@ -16,6 +16,9 @@ reference) and ``public.items`` (the layer installed on ``public``). Variants, o
                  all-visible and ``<t>_cur`` still holds the entries of the retired versions, as in a session
                  that writes faster than autovacuum visits the changes table (autovacuum is off on the
                  changes table for the run, so that the two states stay as built).
+- ``<shape>``, ``<shape> no session`` (``--shapes a,b``, reads only) candidate overlay view shapes for the
+                 same table, built next to the layer's view (see ``SHAPES``), in session ``bench`` and
+                 without a session: an A/B against the layer's shape in one run.
 
 Operations (prepared statements through asyncpg, as a client would): PK point select, 100-row range,
 ``count(*)``, single-row insert / update / delete (autocommit). The point select, the range and ``count(*)``
@@ -67,6 +70,80 @@ VARIANTS = ("plain", "untagged", "view", "session")
 SESSION = "bench"
 WRITE_SESSION = "bench-writes"  # the session variant's measured writes: they must not grow SESSION
 STALE_SESSION = "bench-stale"
+NO_SESSION = " no session"
+
+# Candidate overlay view shapes (--shapes), written for the bench's table: {ch} is its changes table, {s} the
+# session expression of the layer's view. Each is read through like the layer's view, in the same rounds.
+_S = "nullif(pg_catalog.current_setting('cow.session_id', true), '')"
+_B = "b.id, b.grp, b.name, b.qty, b.note"
+_C = "c.id, c.grp, c.name, c.qty, c.note"
+_CHANGES = (
+    f"SELECT {_C} FROM {{ch}} c "
+    f"WHERE {_S} IS NOT NULL AND c._cow_session = {_S} AND c._cow_current AND NOT c._cow_deleted"
+)
+SHAPES = {
+    # The layer's shape with nested-loop anti joins only (a per-key probe of <t>_cur per base row).
+    "nested-loop": "",
+    # The base branch filters with a hashed NOT IN subplan instead of the anti join (no per-key form).
+    "not-in": f"""
+SELECT {_B} FROM public.items b WHERE {_S} IS NULL
+UNION ALL SELECT {_B} FROM public.items b WHERE {_S} IS NOT NULL AND b.id NOT IN (
+    SELECT c.id FROM {{ch}} c WHERE c._cow_session = {_S} AND c._cow_current AND c.id IS NOT NULL)
+UNION ALL {_CHANGES}""",
+    # Leaves without WHERE (so the UNION ALL becomes one append relation: no Subquery Scan/Result per row),
+    # the branch conditions in the outer WHERE on a constant discriminator, folded per leaf; NOT IN.
+    "flat": f"""
+SELECT u.id, u.grp, u.name, u.qty, u.note FROM (
+    SELECT 1 AS k, {_B}, NULL::text AS s, NULL::boolean AS cur, NULL::boolean AS del FROM public.items b
+    UNION ALL SELECT 2, {_B}, NULL, NULL, NULL FROM public.items b
+    UNION ALL SELECT 3, {_C}, c._cow_session, c._cow_current, c._cow_deleted FROM {{ch}} c) u
+WHERE CASE u.k WHEN 1 THEN {_S} IS NULL
+               WHEN 2 THEN {_S} IS NOT NULL AND u.id NOT IN (
+                   SELECT c.id FROM {{ch}} c
+                   WHERE c._cow_session = {_S} AND c._cow_current AND c.id IS NOT NULL)
+               ELSE {_S} IS NOT NULL AND u.s = {_S} AND u.cur AND NOT u.del END""",
+    # Flat leaves for the no-session base rows and the session's versions, the anti join kept in its own
+    # leaf (a subquery with WHERE: not pulled up, so still a join): only the no-session reads change.
+    "mixed": f"""
+SELECT u.id, u.grp, u.name, u.qty, u.note FROM (
+    SELECT 1 AS k, {_B}, NULL::text AS s, NULL::boolean AS cur, NULL::boolean AS del FROM public.items b
+    UNION ALL SELECT 2, {_B}, NULL, NULL, NULL FROM public.items b WHERE NOT EXISTS (
+        SELECT 1 FROM {{ch}} c WHERE c._cow_session = {_S} AND c._cow_current AND c.id = b.id)
+    UNION ALL SELECT 3, {_C}, c._cow_session, c._cow_current, c._cow_deleted FROM {{ch}} c) u
+WHERE CASE u.k WHEN 1 THEN {_S} IS NULL WHEN 2 THEN {_S} IS NOT NULL
+               ELSE {_S} IS NOT NULL AND u.s = {_S} AND u.cur AND NOT u.del END""",
+    # The same with NOT EXISTS: a correlated subplan with a hashed alternative (costed as the per-row one).
+    "flat-exists": f"""
+SELECT u.id, u.grp, u.name, u.qty, u.note FROM (
+    SELECT 1 AS k, {_B}, NULL::text AS s, NULL::boolean AS cur, NULL::boolean AS del FROM public.items b
+    UNION ALL SELECT 2, {_B}, NULL, NULL, NULL FROM public.items b
+    UNION ALL SELECT 3, {_C}, c._cow_session, c._cow_current, c._cow_deleted FROM {{ch}} c) u
+WHERE CASE u.k WHEN 1 THEN {_S} IS NULL
+               WHEN 2 THEN {_S} IS NOT NULL AND NOT EXISTS (
+                   SELECT 1 FROM {{ch}} c WHERE c._cow_session = {_S} AND c._cow_current AND c.id = u.id)
+               ELSE {_S} IS NOT NULL AND u.s = {_S} AND u.cur AND NOT u.del END""",
+    # Two flat leaves (base, changes) under one anti join whose condition names the base leaf.
+    "anti-over-append": f"""
+SELECT u.id, u.grp, u.name, u.qty, u.note FROM (
+    SELECT 1 AS k, {_B}, NULL::text AS s, NULL::boolean AS cur, NULL::boolean AS del FROM public.items b
+    UNION ALL SELECT 2, {_C}, c._cow_session, c._cow_current, c._cow_deleted FROM {{ch}} c) u
+WHERE CASE u.k WHEN 1 THEN true ELSE {_S} IS NOT NULL AND u.s = {_S} AND u.cur AND NOT u.del END
+  AND NOT EXISTS (SELECT 1 FROM {{ch}} x WHERE u.k = 1 AND {_S} IS NOT NULL AND x._cow_session = {_S}
+                  AND x._cow_current AND x.id = u.id)""",
+    # One branch for base rows with a LATERAL probe that cannot be pulled up (LIMIT): always per key.
+    "lateral": f"""
+SELECT {_B} FROM public.items b WHERE {_S} IS NULL
+UNION ALL SELECT {_B} FROM public.items b LEFT JOIN LATERAL (
+    SELECT true AS hit FROM {{ch}} c WHERE c._cow_session = {_S} AND c._cow_current AND c.id = b.id LIMIT 1) x
+    ON true WHERE {_S} IS NOT NULL AND x.hit IS NULL
+UNION ALL {_CHANGES}""",
+}
+
+
+def shape_schema(shape: str) -> str:
+    return "bench_shape_" + shape.replace("-", "_")
+
+
 TABLE_DDL = """
 CREATE TABLE {schema}.items (
     id bigint PRIMARY KEY,
@@ -104,6 +181,7 @@ class Config:
     seed: int
     only: str | None  # regular expression: measure only the operations whose name it finds
     stale: bool  # add the read-only variant "stale"
+    shapes: tuple[str, ...]  # candidate view shapes to read through (SHAPES)
 
 
 @dataclass(frozen=True)
@@ -145,6 +223,11 @@ def parse_args(argv: list[str] | None = None) -> Config:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--only", default=None, help="measure only the operations whose name matches this regex")
     p.add_argument(
+        "--shapes",
+        default="",
+        help=f"comma-separated candidate view shapes to compare, reads only ({', '.join(SHAPES)})",
+    )
+    p.add_argument(
         "--stale-session",
         action="store_true",
         help="also read in a session whose changes are not vacuumed (variant 'stale', reads only)",
@@ -156,6 +239,10 @@ def parse_args(argv: list[str] | None = None) -> Config:
         p.error("--rounds, --batch, --count-batch and --other-sessions must be positive")
     if (a.session_changes + a.other_changes) * 2 > a.rows:
         p.error("--rows must be at least twice the number of changes")
+    shapes = tuple(x for x in a.shapes.split(",") if x)
+    for x in shapes:
+        if x not in SHAPES:
+            p.error(f"--shapes: unknown shape {x!r} ({', '.join(SHAPES)})")
     if a.only is not None:
         try:
             pattern = re.compile(a.only)
@@ -176,14 +263,16 @@ def parse_args(argv: list[str] | None = None) -> Config:
         seed=a.seed,
         only=a.only,
         stale=a.stale_session,
+        shapes=shapes,
     )
 
 
 def variants(cfg: Config, op: Op | None = None) -> tuple[str, ...]:
-    """The variants that run op (all of them when op is None): "stale" only reads."""
-    if cfg.stale and (op is None or op.kind in ("read", "count")):
-        return (*VARIANTS, "stale")
-    return VARIANTS
+    """The variants that run op (all of them when op is None): "stale" and the shapes only read."""
+    if op is not None and op.kind not in ("read", "count"):
+        return VARIANTS
+    extra = ("stale",) if cfg.stale else ()
+    return (*VARIANTS, *extra, *(f"{x}{w}" for x in cfg.shapes for w in ("", NO_SESSION)))
 
 
 def selected_ops(cfg: Config) -> tuple[Op, ...]:
@@ -306,6 +395,12 @@ async def build(dsn: str, cfg: Config, plan: Plan) -> None:
                 break
             await asyncio.sleep(1)
             await conn.execute(f"VACUUM {changes}")
+        for shape in cfg.shapes:
+            if SHAPES[shape]:
+                await conn.execute(f"CREATE SCHEMA {shape_schema(shape)}")
+                await conn.execute(
+                    f"CREATE VIEW {shape_schema(shape)}.items AS " + SHAPES[shape].format(ch=changes)
+                )
         if cfg.stale:
             await conn.execute(f"ALTER TABLE {changes} SET (autovacuum_enabled = false)")
             await conn.execute("SELECT cow.use_session($1)", STALE_SESSION)
@@ -344,12 +439,23 @@ async def connect(dsn: str, variant: str, mode: str) -> asyncpg.Connection:
     conn = await asyncpg.connect(dsn, server_settings=settings, statement_cache_size=cache)
     if variant == "plain":
         await conn.execute("SET search_path = plain")
+    elif variant == "untagged":
+        pass  # the default search_path: the base table
     elif variant == "view":
         await conn.execute("SET search_path = cow_overlay_public, public")
     elif variant == "session":
         await conn.execute("SELECT cow.use_session($1)", WRITE_SESSION if mode == "write" else SESSION)
     elif variant == "stale":
         await conn.execute("SELECT cow.use_session($1)", STALE_SESSION)
+    else:  # a candidate shape, in session bench or without a session
+        shape = variant.removesuffix(NO_SESSION)
+        if variant == shape:
+            await conn.execute("SELECT cow.use_session($1)", SESSION)
+        if shape == "nested-loop":
+            await conn.execute("SET search_path = cow_overlay_public, public")
+            await conn.execute("SET enable_hashjoin = off; SET enable_mergejoin = off")
+        else:
+            await conn.execute(f"SET search_path = {shape_schema(shape)}, public")
     return conn
 
 
