@@ -74,3 +74,20 @@ def test_full_scan_in_a_session_sees_exactly_its_rows(big: psycopg.Connection[An
         ROWS,
         sum(i % 100 for i in range(1, ROWS + 1) if i % 100) - 2 * (ROWS // 100),
     )
+
+
+def test_changes_tables_are_autovacuumed_after_one_percent_changed(layer_db: str) -> None:
+    # Index-only probes of <t>_cur read the heap for pages not all-visible (migration 0003).
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE later (id int PRIMARY KEY, v text)")  # enabled by the DDL event trigger
+        rows = conn.execute(
+            "SELECT g.table_name, c.reloptions FROM cow.registry g"
+            " JOIN pg_class c ON c.oid = to_regclass('cow_changes.' || quote_ident(g.changes_table))"
+            " ORDER BY 1"
+        ).fetchall()
+    assert [name for name, _ in rows] == ["customers", "later", "orders"]
+    for name, options in rows:
+        assert set(options or ()) >= {
+            "autovacuum_vacuum_scale_factor=0.01",
+            "autovacuum_vacuum_insert_scale_factor=0.01",
+        }, name
