@@ -82,8 +82,8 @@ BEGIN
     END IF;
     -- Autovacuum after ~1 % of the table changed instead of 20 %: a session's reads probe its current versions
     -- with index-only scans of <t>_cur, which read the heap for every page not marked all-visible and walk
-    -- the index entries of retired versions until a vacuum removes them (a 100-row range read in a session
-    -- took 2.85x the plain table with its pages not all-visible, 2.18x after VACUUM: docs/layer.md).
+    -- the index entries of retired versions until a vacuum removes them (bench/layer.py --stale-session: a
+    -- 100-row range read in a session 3.1x the plain table before a vacuum, 2.1x after; docs/layer.md).
     IF NOT coalesce((SELECT c.reloptions @> ARRAY['autovacuum_vacuum_scale_factor=0.01',
                                                   'autovacuum_vacuum_insert_scale_factor=0.01']
                      FROM pg_class c WHERE c.oid = to_regclass(ch)), false) THEN
