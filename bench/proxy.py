@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/proxy.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
         [--socket-dir /var/run/postgresql] [--seconds 8] [--rounds 2] [--clients 1,8] [--scale 10]
-        [--transports tcp,unix] [--strace 3] [--workloads -S,tpcb] [--floor] [--baseline CHECKOUT]
+        [--transports tcp,unix] [--strace 3] [--workloads=-S,tpcb] [--floor [plain,buffered]]
+        [--baseline CHECKOUT]
 
 Without --dsn an embedded PostgreSQL is started. PgBouncer is installed from Debian (apt-get) when missing;
 it is skipped, with a note, if that fails. pgbench runs `-S` (select only) and TPC-B, simple protocol, at
@@ -16,7 +17,8 @@ Prints per target: median TPS, ratio to direct over the same transport, the late
 proxy process's CPU time (utime + stime from /proc/PID/stat) per transaction. With --strace S, one more
 pgbench run of S seconds per workload and proxy with `strace -c -f` attached gives syscalls per transaction
 (strace slows the traced process, so those runs are not part of the TPS figures). --floor adds `relay`, a
-uvloop byte relay that parses nothing (the least any Python + uvloop proxy can cost); --baseline CHECKOUT adds
+uvloop byte relay that parses nothing (the least any Python + uvloop proxy can cost; --floor plain,buffered
+also `relay-buf`, the same reading server replies with asyncio.BufferedProtocol); --baseline CHECKOUT adds
 `cp-base`, cowproxy from another checkout (e.g. a git worktree of main), for a before/after in one run.
 """
 
@@ -144,10 +146,18 @@ def cowproxy(upstream: str, transport: str, root: Path = ROOT, name: str = "cowp
 TRIVIAL_RELAY = """
 import asyncio, gc, sys, uvloop
 listen_host, listen_port, up_host, up_port = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+buffered = sys.argv[5] == "buffered"
 def path(host, port): return f"{host}/.s.PGSQL.{port}"
 class Up(asyncio.Protocol):
     def __init__(self, client): self.client = client
     def data_received(self, data): self.client.transport.write(data)
+    def connection_lost(self, exc): self.client.transport.close()
+class BufferedUp(asyncio.BufferedProtocol):
+    # asyncio.BufferedProtocol: uvloop reads into our buffer (no bytes object per chunk). Writing a view of
+    # it is only safe when the write completes at once (small replies): the best case for this protocol.
+    def __init__(self, client): self.client, self.buf = client, bytearray(262144)
+    def get_buffer(self, hint): return self.buf
+    def buffer_updated(self, n): self.client.transport.write(memoryview(self.buf)[:n])
     def connection_lost(self, exc): self.client.transport.close()
 class Client(asyncio.Protocol):
     def connection_made(self, transport):
@@ -155,10 +165,11 @@ class Client(asyncio.Protocol):
         asyncio.ensure_future(self.connect())
     async def connect(self):
         loop = asyncio.get_running_loop()
+        protocol = BufferedUp if buffered else Up
         if up_host.startswith("/"):
-            self.up, _ = await loop.create_unix_connection(lambda: Up(self), path(up_host, up_port))
+            self.up, _ = await loop.create_unix_connection(lambda: protocol(self), path(up_host, up_port))
         else:
-            self.up, _ = await loop.create_connection(lambda: Up(self), up_host, up_port)
+            self.up, _ = await loop.create_connection(lambda: protocol(self), up_host, up_port)
         for data in self.early: self.up.write(data)
     def data_received(self, data):
         if self.up is None: self.early.append(data)
@@ -178,18 +189,18 @@ uvloop.run(main())
 
 
 @contextlib.contextmanager
-def trivial_relay(up_host: str, up_port: int, transport: str) -> Iterator[Target]:
+def trivial_relay(up_host: str, up_port: int, transport: str, mode: str) -> Iterator[Target]:
     port = free_port()
     work = Path(tempfile.mkdtemp(prefix="cowproxy-bench-relay-"))
     host = str(work) if transport == "unix" else "127.0.0.1"
     proc = subprocess.Popen(
-        [sys.executable, "-c", TRIVIAL_RELAY, host, str(port), up_host, str(up_port)],
+        [sys.executable, "-c", TRIVIAL_RELAY, host, str(port), up_host, str(up_port), mode],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     try:
         wait_listening(host, port, proc)
-        yield Target("relay", transport, host, port, proc.pid)
+        yield Target("relay" if mode == "plain" else "relay-buf", transport, host, port, proc.pid)
     finally:
         proc.terminate()
         proc.wait(30)
@@ -308,7 +319,11 @@ def main() -> None:
     parser.add_argument("--strace", type=int, default=0, help="seconds per strace -c run (0: none)")
     parser.add_argument("--workloads", default="-S,tpcb", help="-S, tpcb or both")
     parser.add_argument(
-        "--floor", action="store_true", help="one more target, relay: a uvloop byte relay that parses nothing"
+        "--floor",
+        nargs="?",
+        const="plain",
+        help="plain (relay: a uvloop byte relay that parses nothing), buffered (relay-buf: the same with "
+        "asyncio.BufferedProtocol server side) or plain,buffered",
     )
     parser.add_argument(
         "--baseline",
@@ -346,8 +361,8 @@ def main() -> None:
                             cowproxy(f"{up_host}:{port}", transport, Path(args.baseline).resolve(), "cp-base")
                         )
                     )
-                if args.floor:
-                    targets.append(stack.enter_context(trivial_relay(up_host, port, transport)))
+                for mode in args.floor.split(",") if args.floor else ():
+                    targets.append(stack.enter_context(trivial_relay(up_host, port, transport, mode)))
                 if bouncer:
                     targets.append(
                         stack.enter_context(
