@@ -1,0 +1,369 @@
+"""In-session single-row writes of the CoW layer: a baseline layer against this checkout's, side by side.
+
+Two databases on one server are built alike: each holds ``plain.items`` (no layer) and ``public.items`` (the
+layer installed on ``public``) of ``--rows`` rows, ``--other-changes`` changes of 100 other sessions and
+``--session-changes`` changes of session ``bench``. Database ``a`` gets the layer's migrations as of git ref
+``--baseline`` (default ``main``), database ``b`` this checkout's. Variants, one connection each:
+
+- ``plain``   ``plain.items`` in database ``b``;
+- ``a``       the overlay view in session ``bench``, baseline layer;
+- ``b``       the overlay view in session ``bench``, this checkout's layer.
+
+Operations (asyncpg prepared statements, autocommit, like ``bench/layer.py``): insert of a fresh key, update
+and delete of a base row the session has not written yet (the first write of a key: it snapshots the base
+row), and ``update again`` of a row the session already changed (retires the previous version). The variants
+take turns op by op in a shuffled order over a warm-up round and ``--rounds`` rounds of ``--batch`` ops; the
+figure is the median of every single op, and the per-round ratios show the spread. When the server runs on
+this machine, the CPU time each variant's backend spent per op (``/proc/<pid>/schedstat``) is reported too:
+unlike wall time it does not count waiting for a core that another process holds, nor the client's share.
+
+    .venv/bin/python bench/layer_writes.py [--dsn DSN] [--baseline REF] [--rows 250000] [--rounds 7] [--keep]
+
+Without ``--dsn`` an embedded PostgreSQL is started (its ``fsync`` is off, so commits are nearly free);
+with ``--dsn`` scratch databases ``cowwrites_<pid>_{a,b}`` are created and dropped at the end (``--keep``
+leaves them, for profiling with pgbench).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+# Run as a script: keep this folder (whose other files are named like the packages) off the import path.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+import asyncpg  # noqa: E402
+
+import migrations.layer as layer_mod  # noqa: E402
+from migrations.embedded import embedded_postgres  # noqa: E402
+from migrations.errors import LayerError  # noqa: E402
+
+SESSION = "bench"
+VARIANTS = ("plain", "a", "b")
+TABLE_DDL = """
+CREATE TABLE {schema}.items (
+    id bigint PRIMARY KEY,
+    grp int NOT NULL,
+    name text NOT NULL,
+    qty int NOT NULL DEFAULT 0,
+    note text
+)
+"""
+FILL = """
+INSERT INTO {schema}.items (id, grp, name, qty, note)
+SELECT g, g % 1000, 'item ' || g, g % 97, CASE WHEN g % 3 = 0 THEN 'n' || g END
+FROM generate_series(1, $1::bigint) AS g
+"""
+UPDATE_RANGE = "UPDATE items SET qty = qty + 1, note = 'other' WHERE id BETWEEN $1 AND $2"
+DELETE_RANGE = "DELETE FROM items WHERE id BETWEEN $1 AND $2"
+INSERT_RANGE = "INSERT INTO items (id, grp, name) SELECT g, 7, 'other' FROM generate_series($1::bigint, $2) g"
+UPDATE_ANY = "UPDATE items SET qty = qty + 1, note = 'bench' WHERE id = ANY ($1::bigint[])"
+DELETE_ANY = "DELETE FROM items WHERE id = ANY ($1::bigint[])"
+INSERT_ANY = "INSERT INTO items (id, grp, name) SELECT g, 8, 'bench' FROM unnest($1::bigint[]) g"
+
+OPS = {
+    "insert 1 row": "INSERT INTO items (id, grp, name) VALUES ($1, 1, 'new')",
+    "update 1 row": "UPDATE items SET qty = qty + 1 WHERE id = $1",
+    "update again": "UPDATE items SET qty = qty + 1 WHERE id = $1",
+    "delete 1 row": "DELETE FROM items WHERE id = $1",
+}
+_FILE = re.compile(r"^migrations/sql/(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True)
+class Config:
+    rows: int
+    dsn: str | None
+    baseline: str
+    rounds: int
+    batch: int
+    session_changes: int
+    other_changes: int
+    keep: bool
+    seed: int
+
+
+def parse_args(argv: list[str] | None = None) -> Config:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--rows", type=int, default=250_000)
+    p.add_argument("--dsn", default=None, help="server to use (default: start an embedded PostgreSQL)")
+    p.add_argument("--baseline", default="main", help="git ref whose migrations build database a")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--batch", type=int, default=300)
+    p.add_argument("--session-changes", type=int, default=1_000)
+    p.add_argument("--other-changes", type=int, default=100_000)
+    p.add_argument("--keep", action="store_true", help="keep the databases (with --dsn)")
+    p.add_argument("--seed", type=int, default=1)
+    a = p.parse_args(argv)
+    if a.rounds < 1 or a.batch < 1:
+        p.error("--rounds and --batch must be positive")
+    need = a.session_changes + a.other_changes + 3 * len(VARIANTS) * (a.rounds + 1) * a.batch
+    if a.rows < 2 * need:
+        p.error(f"--rows must be at least {2 * need} for these counts")
+    if a.keep and not a.dsn:
+        p.error("--keep needs --dsn")
+    return Config(
+        a.rows, a.dsn, a.baseline, a.rounds, a.batch, a.session_changes, a.other_changes, a.keep, a.seed
+    )
+
+
+def baseline_migrations(ref: str) -> list[layer_mod.Migration]:
+    """The migration files as of git ref ``ref`` of this repository."""
+    root = os.path.dirname(_HERE)
+    try:
+        names = subprocess.run(
+            ["git", "-C", root, "ls-tree", "--name-only", ref, "migrations/sql/"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        found = []
+        for name in names:
+            m = _FILE.match(name)
+            if m:
+                sql = subprocess.run(
+                    ["git", "-C", root, "show", f"{ref}:{name}"], check=True, capture_output=True, text=True
+                ).stdout
+                found.append(layer_mod.Migration(int(m.group(1)), m.group(2), sql))
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise LayerError(f"cannot read the migrations of {ref!r}: {exc}") from exc
+    if not found:
+        raise LayerError(f"no migrations at {ref!r}")
+    return sorted(found, key=lambda m: m.version)
+
+
+@contextlib.contextmanager
+def server(cfg: Config) -> Iterator[str]:
+    if cfg.dsn:
+        yield cfg.dsn
+        return
+    with embedded_postgres(settings={"shared_buffers": "256MB"}) as srv:
+        yield srv.dsn()
+
+
+def with_database(dsn: str, database: str) -> str:
+    return urlunsplit(urlsplit(dsn)._replace(path="/" + database))
+
+
+@contextlib.asynccontextmanager
+async def scratch_databases(admin_dsn: str, keep: bool) -> AsyncIterator[dict[str, str]]:
+    names = {v: f"cowwrites_{os.getpid()}_{v}" for v in ("a", "b")}
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        for name in names.values():
+            await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    try:
+        yield {v: with_database(admin_dsn, n) for v, n in names.items()}
+    finally:
+        if not keep:
+            conn = await asyncpg.connect(admin_dsn)
+            try:
+                for name in names.values():
+                    await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            finally:
+                await conn.close()
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class Plan:
+    """The keys of every write: the session's own changes, and per variant and round the measured ones."""
+
+    def __init__(self, cfg: Config, rng: random.Random) -> None:
+        n = cfg.rows
+        k = cfg.session_changes
+        # The measured keys and the session's changes: the lower half; other sessions write the upper one.
+        lower = rng.sample(range(1, n // 2), k + 3 * len(VARIANTS) * (cfg.rounds + 1) * cfg.batch)
+        own, pool = lower[:k], lower[k:]
+        self.session_updates = own[: k * 8 // 10]
+        self.session_deletes = own[k * 8 // 10 : k * 9 // 10]
+        self.session_inserts = list(range(n + 1, n + 1 + k - k * 9 // 10))
+        self.writes: dict[tuple[str, int], dict[str, list[int]]] = {}
+        fresh = 2 * n + 1
+        for v in VARIANTS:
+            for r in range(cfg.rounds + 1):
+                upd = [pool.pop() for _ in range(cfg.batch)]
+                self.writes[(v, r)] = {
+                    "insert 1 row": list(range(fresh, fresh + cfg.batch)),
+                    "update 1 row": upd,
+                    # The same keys again, after the round's first updates: the session's second write.
+                    "update again": list(upd),
+                    "delete 1 row": [pool.pop() for _ in range(cfg.batch)],
+                }
+                fresh += cfg.batch
+
+
+async def build(dsn: str, cfg: Config, plan: Plan, migs: list[layer_mod.Migration]) -> None:
+    conn = await asyncpg.connect(dsn)
+    saved = layer_mod.migrations
+    try:
+        for schema in ("public", "plain"):
+            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+            await conn.execute(TABLE_DDL.format(schema=schema))
+            await conn.execute(FILL.format(schema=schema), cfg.rows)
+        layer_mod.migrations = lambda: migs
+        await layer_mod.install_layer(conn, schemas=("public",))
+        per = cfg.other_changes // 100
+        start = cfg.rows // 2
+        for s in range(100):
+            await conn.execute("SELECT cow.use_session($1)", f"other{s}")
+            lo = start + s * per
+            await conn.execute(UPDATE_RANGE, lo, lo + per * 8 // 10 - 1)
+            await conn.execute(DELETE_RANGE, lo + per * 8 // 10, lo + per * 9 // 10 - 1)
+            ins_lo = 3 * cfg.rows + s * per
+            await conn.execute(INSERT_RANGE, ins_lo, ins_lo + per - per * 9 // 10 - 1)
+        await conn.execute("SELECT cow.use_session($1)", SESSION)
+        await conn.execute(UPDATE_ANY, plan.session_updates)
+        await conn.execute(DELETE_ANY, plan.session_deletes)
+        await conn.execute(INSERT_ANY, plan.session_inserts)
+        await conn.execute("SELECT cow.use_session(NULL)")
+        await conn.execute("VACUUM ANALYZE")
+    finally:
+        layer_mod.migrations = saved
+        await conn.close()
+
+
+def cpu_ns(pid: int) -> int | None:
+    """CPU time of a local backend so far (None: not on this machine or not readable)."""
+    try:
+        with open(f"/proc/{pid}/schedstat", encoding="ascii") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+Samples = dict[tuple[str, str], list[list[float]]]
+
+
+async def measure(dsns: dict[str, str], cfg: Config, plan: Plan) -> tuple[Samples, Samples]:
+    """Wall ms of every op, and the backend's CPU ms per op per batch (empty when not measurable)."""
+    rng = random.Random(cfg.seed)
+    conns: dict[str, asyncpg.Connection] = {}
+    pids: dict[str, int] = {}
+    for v in VARIANTS:
+        conns[v] = await asyncpg.connect(dsns["b" if v == "plain" else v], server_settings={"jit": "off"})
+        await conns[v].execute(
+            "SET search_path = plain" if v == "plain" else f"SELECT cow.use_session('{SESSION}')"
+        )
+        pids[v] = await conns[v].fetchval("SELECT pg_backend_pid()")
+    local = all(cpu_ns(pid) is not None for pid in pids.values())
+    samples: Samples = {(op, v): [] for op in OPS for v in VARIANTS}
+    cpu: Samples = {(op, v): [] for op in OPS for v in VARIANTS} if local else {}
+    try:
+        stmts = {op: {v: await conns[v].prepare(sql) for v in VARIANTS} for op, sql in OPS.items()}
+        for r in range(cfg.rounds + 1):
+            t0 = time.perf_counter()
+            for op in OPS:
+                times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+                spent = dict.fromkeys(VARIANTS, 0)
+                order = list(VARIANTS)
+                for i in range(cfg.batch):
+                    rng.shuffle(order)
+                    for v in order:
+                        key = plan.writes[(v, r)][op][i]
+                        c0 = cpu_ns(pids[v]) if local else 0
+                        t1 = time.perf_counter()
+                        await stmts[op][v].fetch(key)
+                        times[v].append((time.perf_counter() - t1) * 1000)
+                        if local:
+                            spent[v] += (cpu_ns(pids[v]) or 0) - (c0 or 0)
+                if r:  # round 0 warms up (caches, plans, the trigger functions' compilation)
+                    for v in VARIANTS:
+                        samples[(op, v)].append(times[v])
+                        if local:
+                            cpu[(op, v)].append([spent[v] / cfg.batch / 1e6])
+            log(f"round {r}/{cfg.rounds} in {time.perf_counter() - t0:.1f} s" + ("" if r else " (warm-up)"))
+    finally:
+        for c in conns.values():
+            await c.close()
+    return samples, cpu
+
+
+def report(cfg: Config, samples: Samples, cpu: Samples, version: str) -> list[str]:
+    lines = [
+        f"PostgreSQL {version}; {cfg.rows} rows; session {SESSION} holds {cfg.session_changes} changes, "
+        f"100 other sessions {cfg.other_changes}; a = layer at {cfg.baseline}, b = this checkout; "
+        f"{cfg.rounds} rounds of {cfg.batch} ops per variant",
+        "",
+        "| operation | plain ms | a ms | b ms | a × | b × | b / a | per-round a × | per-round b × |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for op in OPS:
+        med = {v: statistics.median(x for batch in samples[(op, v)] for x in batch) for v in VARIANTS}
+        rounds = {v: [statistics.median(batch) for batch in samples[(op, v)]] for v in VARIANTS}
+        spread = []
+        for v in ("a", "b"):
+            per = [x / p for x, p in zip(rounds[v], rounds["plain"], strict=True)]
+            spread.append(f"{min(per):.2f}–{max(per):.2f}")
+        lines.append(
+            f"| {op} | {med['plain']:.3f} | {med['a']:.3f} | {med['b']:.3f} | {med['a'] / med['plain']:.2f} "
+            f"| {med['b'] / med['plain']:.2f} | {med['b'] / med['a']:.2f} | {spread[0]} | {spread[1]} |"
+        )
+    if cpu:
+        lines += [
+            "",
+            "Backend CPU µs per op (median of the rounds' means; [min–max] over rounds):",
+            "",
+            "| operation | plain | a | b | a × | b × | b − a |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for op in OPS:
+            us = {v: [b[0] * 1000 for b in cpu[(op, v)]] for v in VARIANTS}
+            med = {v: statistics.median(us[v]) for v in VARIANTS}
+            cells = " | ".join(f"{med[v]:.0f} [{min(us[v]):.0f}–{max(us[v]):.0f}]" for v in VARIANTS)
+            lines.append(
+                f"| {op} | {cells} | {med['a'] / med['plain']:.2f} | {med['b'] / med['plain']:.2f} "
+                f"| {med['b'] - med['a']:+.0f} |"
+            )
+    return lines
+
+
+async def main_async(cfg: Config) -> None:
+    rng = random.Random(cfg.seed)
+    plan = Plan(cfg, rng)
+    base = baseline_migrations(cfg.baseline)
+    with server(cfg) as admin_dsn:
+        async with scratch_databases(admin_dsn, cfg.keep) as dsns:
+            for v, migs in (("a", base), ("b", layer_mod.migrations())):
+                t0 = time.perf_counter()
+                await build(dsns[v], cfg, plan, migs)
+                log(f"built {v} (migrations {[m.version for m in migs]}) in {time.perf_counter() - t0:.1f} s")
+            conn = await asyncpg.connect(dsns["b"])
+            try:
+                version = await conn.fetchval("SHOW server_version")
+            finally:
+                await conn.close()
+            samples, cpu = await measure(dsns, cfg, plan)
+            print("\n".join(report(cfg, samples, cpu, str(version))))
+            if cfg.keep:
+                print(f"\nkept: {dsns['a']} {dsns['b']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    try:
+        asyncio.run(main_async(cfg))
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, LayerError) as exc:
+        print(f"bench/layer_writes.py: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
