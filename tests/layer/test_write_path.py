@@ -1,0 +1,122 @@
+"""The in-session write path of migration 0004: the inline registry check (once per transaction, still
+refusing closed sessions and bad operation ids, still refreshing last_write_at) and the INSERT's primary-key
+lookup that retires a tombstone only when there is one. Real PostgreSQL, two connections where it matters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import errors
+
+
+def rows(dsn: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cur = conn.execute(sql, params)
+        return cur.fetchall() if cur.description else []
+
+
+def tagged(dsn: str, session: str) -> psycopg.Connection[Any]:
+    conn = psycopg.connect(dsn, autocommit=True)
+    conn.execute("SELECT cow.use_session(%s)", (session,))
+    return conn
+
+
+def test_write_to_a_session_closed_by_another_connection_is_refused(layer_db: str) -> None:
+    # The writer has already passed the registry check in earlier transactions of its connection: each new
+    # transaction must check again, so a commit or discard elsewhere stops its next write.
+    for close in ("SELECT cow.commit_session('w1')", "SELECT cow.discard_session('w1')"):
+        rows(layer_db, "DELETE FROM cow.sessions WHERE session_id = 'w1'")
+        with tagged(layer_db, "w1") as writer:
+            writer.execute("UPDATE customers SET score = 1 WHERE id = 1")
+            writer.execute("UPDATE customers SET score = 2 WHERE id = 2")
+            rows(layer_db, close)
+            with pytest.raises(errors.ObjectNotInPrerequisiteState, match="it takes no more writes"):
+                writer.execute("UPDATE customers SET score = 3 WHERE id = 3")
+            with pytest.raises(errors.ObjectNotInPrerequisiteState):
+                writer.execute("INSERT INTO customers (email, name) VALUES ('new@example.com', 'New')")
+            with pytest.raises(errors.ObjectNotInPrerequisiteState):
+                writer.execute("DELETE FROM customers WHERE id = 3")
+        if "discard" in close:
+            assert rows(layer_db, "SELECT count(*) FROM cow.session_changes('w1')") == [(0,)]
+
+
+def test_write_in_an_open_transaction_is_checked_once_and_new_sessions_register(layer_db: str) -> None:
+    with tagged(layer_db, "w2") as writer, writer.transaction():
+        writer.execute("UPDATE customers SET score = 1 WHERE id = 1")
+        writer.execute("UPDATE customers SET score = 2 WHERE id = 2")
+    got = rows(
+        layer_db, "SELECT kind, status, first_write_at IS NOT NULL FROM cow.sessions WHERE session_id = 'w2'"
+    )
+    assert got == [("other", "open", True)]
+    assert rows(layer_db, "SELECT count(*) FROM cow.session_changes('w2')") == [(2,)]
+
+
+def test_an_invalid_operation_id_set_directly_is_refused(layer_db: str) -> None:
+    with tagged(layer_db, "w3") as writer:
+        writer.execute("UPDATE customers SET score = 1 WHERE id = 1")  # registered, valid
+        writer.execute("SET cow.operation_id = 'bad op'")
+        with pytest.raises(psycopg.Error, match="operation"):
+            writer.execute("UPDATE customers SET score = 2 WHERE id = 2")
+        writer.execute("SET cow.operation_id = 'op-2'")
+        writer.execute("UPDATE customers SET score = 2 WHERE id = 2")
+    got = rows(
+        layer_db, "SELECT DISTINCT operation_id FROM cow.session_changes('w3') WHERE operation_id = 'op-2'"
+    )
+    assert got == [("op-2",)]
+
+
+def test_a_stale_last_write_at_is_refreshed(layer_db: str) -> None:
+    with tagged(layer_db, "w4") as writer:
+        writer.execute("UPDATE customers SET score = 1 WHERE id = 1")
+        rows(
+            layer_db,
+            "UPDATE cow.sessions SET last_write_at = now() - interval '1 hour' WHERE session_id = 'w4'",
+        )
+        writer.execute("UPDATE customers SET score = 2 WHERE id = 2")
+    assert rows(
+        layer_db,
+        "SELECT last_write_at > now() - interval '10 minutes' FROM cow.sessions WHERE session_id = 'w4'",
+    ) == [(True,)]
+
+
+def test_insert_after_delete_retires_the_tombstone_and_duplicates_still_fail(layer_db: str) -> None:
+    with tagged(layer_db, "w5") as writer:
+        with pytest.raises(errors.UniqueViolation, match="customers_pkey"):
+            writer.execute("INSERT INTO customers (id, email, name) VALUES (1, 'x@example.com', 'X')")
+        writer.execute("DELETE FROM customers WHERE id = 3")
+        writer.execute("INSERT INTO customers (id, email, name) VALUES (3, 'cy2@example.com', 'Cy2')")
+        with pytest.raises(errors.UniqueViolation, match="customers_pkey"):
+            writer.execute("INSERT INTO customers (id, email, name) VALUES (3, 'cy3@example.com', 'Cy3')")
+        writer.execute("INSERT INTO customers (id, email, name) VALUES (10, 'ten@example.com', 'Ten')")
+        with pytest.raises(errors.UniqueViolation, match="customers_pkey"):
+            writer.execute("INSERT INTO customers (id, email, name) VALUES (10, 'ten2@example.com', 'Ten2')")
+        # The session's view frees and takes the UNIQUE email like the table would.
+        with pytest.raises(errors.UniqueViolation, match="customers_email_key"):
+            writer.execute("INSERT INTO customers (id, email, name) VALUES (11, 'ada@example.com', 'A2')")
+        writer.execute("UPDATE customers SET email = 'ada2@example.com' WHERE id = 1")
+        writer.execute("INSERT INTO customers (id, email, name) VALUES (11, 'ada@example.com', 'A2')")
+        with pytest.raises(errors.UniqueViolation, match="customers_email_key"):
+            writer.execute("UPDATE customers SET email = 'bob@example.com' WHERE id = 11")
+        assert writer.execute(
+            "SELECT id, email FROM customers WHERE id IN (1, 3, 10, 11) ORDER BY id"
+        ).fetchall() == [
+            (1, "ada2@example.com"),
+            (3, "cy2@example.com"),
+            (10, "ten@example.com"),
+            (11, "ada@example.com"),
+        ]
+    # One current version per key; the re-inserted key keeps its base snapshot (commit sees an update of 3).
+    [(changes,)] = rows(layer_db, "SELECT changes_table FROM cow.registry WHERE table_name = 'customers'")
+    assert rows(
+        layer_db,
+        "SELECT id, count(*) FILTER (WHERE _cow_current),"
+        " (array_agg(_cow_base->>'name' ORDER BY _cow_seq DESC))[1] "
+        f"FROM cow_changes.\"{changes}\" WHERE _cow_session = 'w5' AND id IN (3, 10) GROUP BY id ORDER BY id",
+    ) == [(3, 1, "Cy"), (10, 1, None)]
+    diff = rows(
+        layer_db,
+        "SELECT pk->>'id', action FROM cow.session_diff('w5') WHERE table_name = 'customers' ORDER BY 1",
+    )
+    assert diff == [("1", "update"), ("10", "insert"), ("11", "insert"), ("3", "update")]
