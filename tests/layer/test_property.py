@@ -506,3 +506,26 @@ MOVE_INTO_DELETED_KEY = [
 def test_commit_keeps_grandchildren_of_moved_keys(world: World, stmts: list[Stmt]) -> None:
     """Commit with grandchild rows present: a key move must not touch the rows that hang below it."""
     _commit_equals_plain(world, stmts, grandchildren=True)
+
+
+# Found by test_commit_keeps_grandchildren_of_moved_keys (present since before 0002; reproduced at 2d899a8):
+# the session re-points child 3 away from parent 2, then deletes parent 2 (nothing cascades in the session).
+# The commit deletes base parent 2 before it applies child 3's update, so the base's ON DELETE CASCADE
+# deletes child 3, which base mark 1 holds with ON DELETE RESTRICT: the commit is refused (23503/23001).
+REPOINT_THEN_DELETE_PARENT = [
+    ("UPDATE child SET parent_id = %s WHERE id = %s RETURNING *", (None, 3)),
+    ("DELETE FROM parent WHERE id = %s RETURNING *", (2,)),
+]
+COMMIT_DELETES_OLD_PARENT_FIRST = (
+    "layer bug: cow.commit_session deletes a parent before it applies the update that re-pointed its child "
+    "away, so the base's ON DELETE CASCADE fires on that child (and mark's RESTRICT refuses the commit)"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=COMMIT_DELETES_OLD_PARENT_FIRST)
+@settings(SETTINGS, max_examples=1)
+@given(stmts=st.just(REPOINT_THEN_DELETE_PARENT))
+def test_commit_applies_repointed_children_before_deleting_their_old_parent(
+    world: World, stmts: list[Stmt]
+) -> None:
+    _commit_equals_plain(world, stmts, grandchildren=True)
