@@ -508,23 +508,26 @@ def test_commit_keeps_grandchildren_of_moved_keys(world: World, stmts: list[Stmt
     _commit_equals_plain(world, stmts, grandchildren=True)
 
 
-# Found by test_commit_keeps_grandchildren_of_moved_keys (present since before 0002; reproduced at 2d899a8):
-# the session re-points child 3 away from parent 2, then deletes parent 2 (nothing cascades in the session).
-# The commit deletes base parent 2 before it applies child 3's update, so the base's ON DELETE CASCADE
-# deletes child 3, which base mark 1 holds with ON DELETE RESTRICT: the commit is refused (23503/23001).
+# Regressions, found by test_commit_keeps_grandchildren_of_moved_keys (fixed by migration 0005): the session
+# re-points child 3 away from parent 2 (to NULL, or to a parent it inserts), then deletes parent 2 (nothing
+# cascades in the session). Until 0005 the commit deleted base parent 2 before it applied child 3's update, so
+# the base's ON DELETE CASCADE deleted child 3, which base mark 1 holds with ON DELETE RESTRICT: the commit
+# was refused (23001), and without mark, child 3 and badge 1 were silently lost.
 REPOINT_THEN_DELETE_PARENT = [
     ("UPDATE child SET parent_id = %s WHERE id = %s RETURNING *", (None, 3)),
     ("DELETE FROM parent WHERE id = %s RETURNING *", (2,)),
 ]
-COMMIT_DELETES_OLD_PARENT_FIRST = (
-    "layer bug: cow.commit_session deletes a parent before it applies the update that re-pointed its child "
-    "away, so the base's ON DELETE CASCADE fires on that child (and mark's RESTRICT refuses the commit)"
-)
+MOVE_TO_NEW_PARENT_THEN_DELETE_OLD = [
+    ("INSERT INTO parent (id, code, qty) VALUES (%s, %s, %s) RETURNING *", (7, "n", 1)),
+    ("UPDATE child SET parent_id = %s WHERE id = %s RETURNING *", (7, 3)),
+    ("DELETE FROM parent WHERE id = %s RETURNING *", (2,)),
+]
 
 
-@pytest.mark.xfail(strict=True, reason=COMMIT_DELETES_OLD_PARENT_FIRST)
 @settings(SETTINGS, max_examples=1)
-@given(stmts=st.just(REPOINT_THEN_DELETE_PARENT))
+@example(stmts=REPOINT_THEN_DELETE_PARENT)
+@example(stmts=[("DELETE FROM mark WHERE id = %s RETURNING *", (1,)), *REPOINT_THEN_DELETE_PARENT])
+@given(stmts=st.just(MOVE_TO_NEW_PARENT_THEN_DELETE_OLD))
 def test_commit_applies_repointed_children_before_deleting_their_old_parent(
     world: World, stmts: list[Stmt]
 ) -> None:
