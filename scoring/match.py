@@ -269,6 +269,7 @@ def match_sessions(gt: Side, agent: Side, metadata: Metadata, config: ScoringCon
     parents: dict[str, set[str]] = {
         t: {fk.ref_table for fk in metadata.tables[t].fks if fk.ref_table in metadata.tables} for t in tables
     }
+    kids = (_children(gt, metadata), _children(agent, metadata))
     results: dict[str, TableMatch] = {}
     mapped_keys: dict[str, dict[Key, Key]] = {}
     version = dict.fromkeys(tables, 0)
@@ -287,6 +288,7 @@ def match_sessions(gt: Side, agent: Side, metadata: Metadata, config: ScoringCon
                 metadata=metadata,
                 config=config,
                 mapping=mapping,
+                kids=(kids[0].get(t, {}), kids[1].get(t, {})),
             )
             new_pairs = {p.agent.key: p.gt.key for p in result.pairs}
             if new_pairs != mapping.pairs.get(t, {}):
@@ -308,6 +310,7 @@ def _match_table(
     metadata: Metadata,
     config: ScoringConfig,
     mapping: IdMapping,
+    kids: tuple[Mapping[Key, int], Mapping[Key, int]] = ({}, {}),
 ) -> tuple[TableMatch, dict[Key, Key]]:
     meta = metadata.tables[table]
     names: set[str] = set()
@@ -355,7 +358,14 @@ def _match_table(
     a_rem = [a for k, a in ag_rows.items() if k not in paired_ag and a.created is not False]
     if g_rem and a_rem:
         for gi, ai, sim, fields in _assign(
-            g_rem, a_rem, scorer=scorer, translated=translated, images=images, config=config, reasons=reasons
+            g_rem,
+            a_rem,
+            scorer=scorer,
+            translated=translated,
+            images=images,
+            config=config,
+            reasons=reasons,
+            kids=kids,
         ):
             g, a = g_rem[gi], a_rem[ai]
             pairs.append(Pair(g, a, sim, fields, "similarity"))
@@ -373,6 +383,27 @@ def _match_table(
     )
     pairs.sort(key=lambda p: p.gt.seq)
     return TableMatch(table, tuple(pairs), missing, extra), mapped_keys
+
+
+def _children(side: Side, metadata: Metadata) -> dict[str, dict[Key, int]]:
+    """Per table and key: how many live rows of the session reference that row (its own key space)."""
+    out: dict[str, dict[Key, int]] = defaultdict(lambda: defaultdict(int))
+    for table, rows in side.items():
+        meta = metadata.tables.get(table)
+        if meta is None:
+            continue
+        for fk in meta.fks:
+            ref = metadata.tables.get(fk.ref_table)
+            if ref is None or set(fk.ref_columns) != set(ref.pk):
+                continue
+            for r in rows.values():
+                if r.row is None:
+                    continue
+                by_ref = {rc: r.row.get(c) for c, rc in zip(fk.columns, fk.ref_columns, strict=True)}
+                if any(v is None for v in by_ref.values()):
+                    continue
+                out[fk.ref_table][tuple(freeze(by_ref[c]) for c in ref.pk)] += 1
+    return out
 
 
 def _missing_reason(g: Row, had_candidates: bool) -> str:
@@ -414,6 +445,7 @@ def _assign(
     images: Mapping[Key, Mapping[str, Any] | None],
     config: ScoringConfig,
     reasons: dict[tuple[str, Key], str],
+    kids: tuple[Mapping[Key, int], Mapping[Key, int]] = ({}, {}),
 ) -> list[tuple[int, int, float, tuple[tuple[str, float], ...]]]:
     """Optimal assignment of the remaining rows; identical rows first when the matrix would be huge."""
     out: list[tuple[int, int, float, tuple[tuple[str, float], ...]]] = []
@@ -460,8 +492,12 @@ def _assign(
             sim, fields = scorer.compare_rows(g, translated[a.key], a.deleted, images[a.key])
             cache[(x, y)] = (sim, fields)
             if sim >= config.min_similarity:
-                # The epsilon keeps a pair at similarity 0 (min_similarity 0) distinct from "no pair".
-                weights[x, y] = sim + 1e-9
+                # The epsilon keeps a pair at similarity 0 (min_similarity 0) distinct from "no pair". Among
+                # equally similar rows, prefer pairs whose rows have as many children on both sides (their
+                # children can then pair through the id mapping): otherwise the tie is broken by row order,
+                # and which side is the ground truth would change the score.
+                shared = min(kids[0].get(g.key, 0), kids[1].get(a.key, 0), 1000)
+                weights[x, y] = sim + 1e-9 + 1e-9 * shared
         # Imported here: scipy.optimize takes ~0.7 s to import, which every `cowproxy` command would pay.
         from scipy.optimize import linear_sum_assignment
 

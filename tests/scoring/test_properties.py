@@ -222,3 +222,26 @@ def test_incremental_utilities_equal_rescoring_each_prefix(gt: list[Write], agen
 
 def freeze_pk(pk: Any) -> tuple[Any, ...]:
     return tuple(sorted((pk or {}).items()))
+
+
+def test_equally_similar_parents_pair_so_that_their_children_pair_too() -> None:
+    """Found by the symmetry property: two inserted items the agent made alike, one of them with a note.
+    Row order alone paired the ground truth's noted item with the agent's un-noted one, so the notes no
+    longer pointed at paired items (content below 1 for a perfect agent) and swapping the sessions changed
+    the score; pairs whose rows have children on both sides now win such ties."""
+
+    def item(rid: int, seq: int) -> Write:
+        row = {"id": rid, "name": "alpha", "qty": 0, "tags": []}
+        return Write(ITEMS, {"id": rid}, row, "op1", seq, False, True)
+
+    def note(rid: int, item_id: int, seq: int) -> Write:
+        row = {"id": rid, "item_id": item_id, "body": "done"}
+        return Write(NOTES, {"id": rid}, row, "op2", seq, False, True)
+
+    gt = [item(100, 1), item(101, 2), note(102, 100, 3)]
+    agent = [item(500, 1), item(501, 2), note(502, 501, 3)]
+    for a, b in ((gt, agent), (agent, gt)):
+        result = score_writes(a, b, META)
+        assert (result.counts.matched, result.counts.missing, result.counts.extra) == (3, 0, 0)
+        assert result.content_score == pytest.approx(1.0)
+        assert result.struct_score == pytest.approx(1.0)
