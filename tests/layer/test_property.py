@@ -508,9 +508,9 @@ def test_commit_keeps_grandchildren_of_moved_keys(world: World, stmts: list[Stmt
     _commit_equals_plain(world, stmts, grandchildren=True)
 
 
-# Regressions, found by test_commit_keeps_grandchildren_of_moved_keys (fixed by migration 0005): the session
+# Regressions, found by test_commit_keeps_grandchildren_of_moved_keys (fixed by migration 0004): the session
 # re-points child 3 away from parent 2 (to NULL, or to a parent it inserts), then deletes parent 2 (nothing
-# cascades in the session). Until 0005 the commit deleted base parent 2 before it applied child 3's update, so
+# cascades in the session). Until 0004 the commit deleted base parent 2 before it applied child 3's update, so
 # the base's ON DELETE CASCADE deleted child 3, which base mark 1 holds with ON DELETE RESTRICT: the commit
 # was refused (23001), and without mark, child 3 and badge 1 were silently lost.
 REPOINT_THEN_DELETE_PARENT = [

@@ -1,4 +1,4 @@
-"""The in-session write path of migration 0004: the inline registry check (once per transaction, still
+"""The in-session write path of migration 0002: the inline registry check (once per transaction, still
 refusing closed sessions and bad operation ids, still refreshing last_write_at) and the INSERT's primary-key
 lookup that retires a tombstone only when there is one. Real PostgreSQL, two connections where it matters."""
 

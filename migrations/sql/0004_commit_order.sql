@@ -1,5 +1,5 @@
--- cowproxy copy-on-write layer, version 5: commit order for re-pointed children. `install` applies this file
--- after 0001-0004. cow.commit_session deleted a base row the session had deleted before it applied the
+-- cowproxy copy-on-write layer, version 4: commit order for re-pointed children. `install` applies this file
+-- after 0001-0003. cow.commit_session deleted a base row the session had deleted before it applied the
 -- session's update of a row that referenced it (the session re-pointed or nulled the reference, then deleted the
 -- parent), so the base's ON DELETE CASCADE removed that row, or RESTRICT refused the commit. Such updates now run
 -- before the deletes; when one cannot yet (it references a row the commit inserts), the delete waits until the
