@@ -3,7 +3,7 @@
     .venv/bin/python bench/proxy.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
         [--socket-dir /var/run/postgresql] [--seconds 8] [--rounds 2] [--clients 1,8] [--scale 10]
         [--transports tcp,unix] [--strace 3] [--workloads=-S,tpcb] [--floor [plain,buffered]]
-        [--baseline CHECKOUT]
+        [--baseline CHECKOUT] [--python-relay]
 
 Without --dsn an embedded PostgreSQL is started. PgBouncer is installed from Debian (apt-get) when missing;
 it is skipped, with a note, if that fails. pgbench runs `-S` (select only) and TPC-B, simple protocol, at
@@ -20,6 +20,8 @@ pgbench run of S seconds per workload and proxy with `strace -c -f` attached giv
 uvloop byte relay that parses nothing (the least any Python + uvloop proxy can cost; --floor plain,buffered
 also `relay-buf`, the same reading server replies with asyncio.BufferedProtocol); --baseline CHECKOUT adds
 `cp-base`, cowproxy from another checkout (e.g. a git worktree of main), for a before/after in one run.
+`cowproxy` runs with its C relay for untagged connections when the extension is built; --python-relay adds
+`cp-python`, the same proxy with --no-fast-relay (every byte through the Python relay).
 """
 
 from __future__ import annotations
@@ -121,12 +123,26 @@ def server(dsn: str | None, socket_dir: str | None) -> Iterator[tuple[str, str, 
 
 
 @contextlib.contextmanager
-def cowproxy(upstream: str, transport: str, root: Path = ROOT, name: str = "cowproxy") -> Iterator[Target]:
+def cowproxy(
+    upstream: str, transport: str, root: Path = ROOT, name: str = "cowproxy", extra: tuple[str, ...] = ()
+) -> Iterator[Target]:
     port = free_port()
     work = Path(tempfile.mkdtemp(prefix="cowproxy-bench-cp-"))
     host = str(work) if transport == "unix" else "127.0.0.1"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "proxy.cli", "serve", "--upstream", upstream, "--listen", f"{host}:{port}"],
+        [
+            *(
+                sys.executable,
+                "-m",
+                "proxy.cli",
+                "serve",
+                "--upstream",
+                upstream,
+                "--listen",
+                f"{host}:{port}",
+            ),
+            *extra,
+        ],
         cwd=root,
         env={**os.environ, "PYTHONPATH": str(root)},
         stdout=subprocess.DEVNULL,
@@ -329,6 +345,11 @@ def main() -> None:
         "--baseline",
         help="another checkout of cowproxy (e.g. a git worktree of main): one more target, cp-base (tcp)",
     )
+    parser.add_argument(
+        "--python-relay",
+        action="store_true",
+        help="one more target, cp-python: cowproxy with --no-fast-relay",
+    )
     args = parser.parse_args()
     clients = [int(c) for c in args.clients.split(",")]
     transports = args.transports.split(",")
@@ -355,6 +376,14 @@ def main() -> None:
                 up_host = host if transport == "tcp" else str(sockets)
                 targets.append(Target("direct", transport, up_host, port, None))
                 targets.append(stack.enter_context(cowproxy(f"{up_host}:{port}", transport)))
+                if args.python_relay:
+                    targets.append(
+                        stack.enter_context(
+                            cowproxy(
+                                f"{up_host}:{port}", transport, name="cp-python", extra=("--no-fast-relay",)
+                            )
+                        )
+                    )
                 if args.baseline and transport == "tcp":  # main before Unix sockets could not do unix
                     targets.append(
                         stack.enter_context(

@@ -121,7 +121,7 @@ class AdminApi:
             if not hmac.compare_digest(auth, expected):
                 return 401, "application/json", _json({"error": "missing or wrong bearer token"})
         if path == "/connections" and method == "GET":
-            conns = [c.describe() for c in list(self.proxy.connections.values())]
+            conns = self.proxy.describe_connections()
             return 200, "application/json", _json(conns)
         if path == "/routes" and method == "GET":
             routes = {db: tags.session for db, tags in self.proxy.routes.items()}

@@ -34,7 +34,7 @@ class Verdict:
 # of every distinct statement text (pgbench's literals make each one distinct) would be the proxy's main cost,
 # so their kind comes from the first keyword.
 _FIRST_WORD = re.compile(r"\s*(?:(?:--[^\n]*\n|/\*.*?\*/)\s*)*\(*\s*([A-Za-z]+)", re.S)
-_QUICK_KINDS = {
+QUICK_KINDS = {  # first keyword -> statement kind (also given to the C relay)
     "select": "select",
     "values": "select",
     "table": "select",
@@ -70,11 +70,11 @@ _LEADING_WORD = re.compile(r"[A-Za-z]+")
 def quick_kind(sql: str) -> str:
     match = _LEADING_WORD.match(sql)
     if match is not None:
-        return _QUICK_KINDS.get(match.group().lower(), "utility")
+        return QUICK_KINDS.get(match.group().lower(), "utility")
     match = _FIRST_WORD.match(sql)
     if match is None:
         return "other"
-    return _QUICK_KINDS.get(match.group(1).lower(), "utility")
+    return QUICK_KINDS.get(match.group(1).lower(), "utility")
 
 
 # quick_kind of a whole Query message, by its first bytes: pgbench-like traffic repeats a few keywords with

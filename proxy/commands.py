@@ -49,6 +49,11 @@ def register(sub: Any, session_sub: Any) -> None:
     serve.add_argument("--max-message-size", type=int, help="largest client message in bytes")
     serve.add_argument("--drain-timeout", type=float, help="seconds SIGTERM waits for open transactions")
     serve.add_argument("--log-format", choices=["logfmt", "json"], help="log line format")
+    serve.add_argument(
+        "--fast-relay",
+        action=argparse.BooleanOptionalAction,
+        help="relay untagged connections on a C thread when the extension is built (default on)",
+    )
     serve.set_defaults(func=_serve)
 
     for name, helptext in (
@@ -134,6 +139,7 @@ def _serve(args: argparse.Namespace) -> int:
         "max_message_size": args.max_message_size,
         "drain_timeout": args.drain_timeout,
         "log_format": args.log_format,
+        "fast_relay": args.fast_relay,
     }
     config = build_config(flags, args.config)
     setup_logging(config.log_format, config.log_level)

@@ -69,6 +69,7 @@ class ProxyConfig:
     parse_cache_size: int = 4096
     log_format: str = "logfmt"  # logfmt | json
     log_level: str = "info"
+    fast_relay: bool = True  # untagged connections on the C relay thread, when proxy._fastrelay is built
 
 
 _ADDRESSES = {"upstream", "listen", "metrics", "admin"}
@@ -117,6 +118,8 @@ def build_config(flags: dict[str, Any], file: str | None = None) -> ProxyConfig:
     for name in ("max_message_size", "parse_cache_size"):
         if name in values and (not isinstance(values[name], int) or values[name] < 1):
             raise ConfigError(f"{name} must be a positive integer")
+    if "fast_relay" in values and not isinstance(values["fast_relay"], bool):
+        raise ConfigError("fast_relay must be true or false")
     for name in ("drain_timeout", "connect_timeout"):
         if name in values and (not isinstance(values[name], int | float) or values[name] < 0):
             raise ConfigError(f"{name} must be a non-negative number of seconds")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -16,6 +17,9 @@ from prometheus_client.registry import Collector
 
 from proxy.protocol import ErrorFields
 from proxy.tags import Tags
+
+if TYPE_CHECKING:
+    from proxy.fastrelay import FastCounts
 
 LATENCY_BUCKETS = (
     0.0001,
@@ -53,10 +57,15 @@ class Metrics:
         self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
         self._states: Callable[[], Iterable[tuple[str, str]]] = lambda: ()
+        self._fast: Callable[[], FastCounts | None] = lambda: None
         self.registry.register(_Collector(self))
 
     def watch_connections(self, states: Callable[[], Iterable[tuple[str, str]]]) -> None:
         self._states = states
+
+    def watch_fast(self, counts: Callable[[], FastCounts | None]) -> None:
+        """Where the fast relay's counters come from (merged in at scrape time)."""
+        self._fast = counts
 
     def count_error(self, sqlstate: str) -> None:
         key = sqlstate[:2]
@@ -72,6 +81,25 @@ class _Collector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         m = self.m
+        fast = m._fast()
+        statement_counts = dict(m.statements)
+        error_counts = dict(m.errors)
+        latency_counts = list(m.latency_counts)
+        latency_sum, bytes_up, bytes_down = m.latency_sum, m.bytes_up, m.bytes_down
+        if fast is not None:
+            for kind_key, n in fast.statements.items():
+                statement_counts[kind_key] = statement_counts.get(kind_key, 0) + n
+            for cls, n in fast.errors.items():
+                error_counts[cls] = error_counts.get(cls, 0) + n
+            latency_counts = [a + b for a, b in zip(latency_counts, fast.latency_counts, strict=True)]
+            latency_sum += fast.latency_sum
+            bytes_up += fast.bytes_up
+            bytes_down += fast.bytes_down
+        on_fast = GaugeMetricFamily(
+            "cowproxy_fast_relay_connections", "Client connections relayed by the C relay thread right now"
+        )
+        on_fast.add_metric([], fast.connections if fast is not None else 0)
+        yield on_fast
         conns = GaugeMetricFamily(
             "cowproxy_connections", "Open connections by side and state", labels=["side", "state"]
         )
@@ -89,7 +117,7 @@ class _Collector(Collector):
         statements = CounterMetricFamily(
             "cowproxy_statements", "Statements relayed, by kind and tagging", labels=["kind", "tagged"]
         )
-        for (kind, tagged), n in sorted(m.statements.items()):
+        for (kind, tagged), n in sorted(statement_counts.items()):
             statements.add_metric([kind, "true" if tagged else "false"], n)
         yield statements
         writes = CounterMetricFamily(
@@ -106,12 +134,12 @@ class _Collector(Collector):
         errors = CounterMetricFamily(
             "cowproxy_errors", "ErrorResponses sent to clients, by SQLSTATE class", labels=["sqlstate_class"]
         )
-        for cls, n in sorted(m.errors.items()):
+        for cls, n in sorted(error_counts.items()):
             errors.add_metric([cls], n)
         yield errors
         relayed = CounterMetricFamily("cowproxy_bytes", "Bytes relayed", labels=["direction"])
-        relayed.add_metric(["client_to_server"], m.bytes_up)
-        relayed.add_metric(["server_to_client"], m.bytes_down)
+        relayed.add_metric(["client_to_server"], bytes_up)
+        relayed.add_metric(["server_to_client"], bytes_down)
         yield relayed
         cache = CounterMetricFamily(
             "cowproxy_parse_cache_lookups",
@@ -132,10 +160,10 @@ class _Collector(Collector):
         )
         buckets: list[tuple[str, float]] = []
         running = 0
-        for bound, count in zip((*LATENCY_BUCKETS, float("inf")), m.latency_counts, strict=True):
+        for bound, count in zip((*LATENCY_BUCKETS, float("inf")), latency_counts, strict=True):
             running += count
             buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
-        latency.add_metric([], buckets, m.latency_sum)
+        latency.add_metric([], buckets, latency_sum)
         yield latency
 
 

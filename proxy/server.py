@@ -27,9 +27,11 @@ from proxy import protocol as p
 from proxy.analysis import Analysis
 from proxy.config import ProxyConfig
 from proxy.errors import ProtocolError, ProxyError, TagError
+from proxy.fastrelay import AVAILABLE as FAST_RELAY_AVAILABLE
+from proxy.fastrelay import FastCounts, FastRelay, Handback
 from proxy.metrics import ConnectionHooks, Metrics
-from proxy.relay import Relay
-from proxy.tags import Tags, check_id, read_startup_tags
+from proxy.relay import Entry, Kind, Relay
+from proxy.tags import UNTAGGED, Tags, check_id, read_startup_tags
 
 log = logging.getLogger("cowproxy")
 _Q = ord("Q")
@@ -132,6 +134,10 @@ class ClientConnection(asyncio.Protocol):
         self.draining = False
         self.started = time.monotonic()
         self.tls = False
+        self.upstream_tls = False
+        # On the C relay right now; may go there (cleared for good after the extended protocol or TLS).
+        self.fast = False
+        self.fast_ok = server.fast is not None
 
     # ---- client transport callbacks
 
@@ -179,6 +185,8 @@ class ClientConnection(asyncio.Protocol):
         if self._upstream_paused and self.upstream is not None and self.upstream.transport is not None:
             self.upstream.transport.resume_reading()
         self._upstream_paused = False
+        if self.fast_ok:
+            self.try_fast()
 
     def pause_client_reading(self, reason: str) -> None:
         if not self._pause_reasons and self.transport is not None:
@@ -337,6 +345,7 @@ class ClientConnection(asyncio.Protocol):
             if new is None:
                 raise ConnectionError("upstream TLS handshake failed")
             upstream.transport = new
+            self.upstream_tls = True
         elif answer[:1] == b"S":
             # Bytes after 'S' came before the handshake, unencrypted (libpq's CVE-2021-23222): refuse.
             raise ConnectionError("upstream sent unencrypted data after its TLS answer")
@@ -353,7 +362,7 @@ class ClientConnection(asyncio.Protocol):
             # to_server/to_client are empty between events and fast_reply leaves them so).
             if self.transport is not None:
                 self.transport.write(data)
-            if self._pause_reasons or self.draining:
+            if self._pause_reasons or self.draining or self.fast_ok:
                 self._after_server()
             return
         try:
@@ -421,6 +430,8 @@ class ClientConnection(asyncio.Protocol):
         if rest:
             self.relay.server_data(rest)
         self._process_client()
+        if self.fast_ok:
+            self.try_fast()
 
     def _after_server(self) -> None:
         relay = self.relay
@@ -431,6 +442,103 @@ class ClientConnection(asyncio.Protocol):
                 self._process_client()
         if self.draining and self.idle:
             self.close("drained", goodbye=True)
+        elif self.fast_ok and not relay.pending:
+            self.try_fast()
+
+    # ---- the fast relay (proxy._fastrelay): untagged connections relayed by a C thread
+
+    def try_fast(self) -> None:
+        """Hand both sockets to the C relay if Python's relay state is one it can carry on from."""
+        fast = self.server.fast
+        relay = self.relay
+        if fast is None or self.tls or self.upstream_tls or self.tags.tagged:
+            self.fast_ok = False  # for good: client TLS ends here, upstream TLS is Python's
+            return
+        if (
+            self.fast
+            or self.state is not _READY
+            or self.draining
+            or relay is None
+            or relay.status != "I"
+            or relay.pending
+            or relay.holding
+            or relay.held
+            or relay.mid_batch
+            or relay.skip_until_sync
+            or relay.closing
+            or relay.applied.tentative
+            or relay.applied.tags != UNTAGGED
+            or relay.txn_tags.tagged
+            or not relay.scanner.idle
+            or self.server.routes.get(self.database) is not None
+            or not self.reader.at_boundary
+            or self._pause_reasons
+            or self._upstream_paused
+        ):
+            return
+        upstream = self.upstream.transport if self.upstream is not None else None
+        client = self.transport
+        if (
+            upstream is None
+            or client is None
+            or upstream.get_write_buffer_size()
+            or client.get_write_buffer_size()
+            or upstream.is_closing()
+            or client.is_closing()
+        ):
+            return
+        client_sock, upstream_sock = client.get_extra_info("socket"), upstream.get_extra_info("socket")
+        if client_sock is None or upstream_sock is None:
+            self.fast_ok = False
+            return
+        client.pause_reading()
+        upstream.pause_reading()
+        try:
+            fast.adopt(self.id, client_sock.fileno(), upstream_sock.fileno(), self.max_message_size)
+        except (OSError, ValueError) as exc:
+            log_event(logging.WARNING, "fast_relay_adopt_failed", conn=self.id, error=exc)
+            self.fast_ok = False
+            client.resume_reading()
+            upstream.resume_reading()
+            return
+        self.fast = True
+
+    def from_fast(self, handback: Handback) -> None:
+        """The C relay gave the connection back: resume in Python from the state it reports."""
+        _, reason, err, status, inflight, untaken, data = handback
+        self.fast = False
+        relay = self.relay
+        if relay is None or self.state is not _READY:
+            return
+        if reason in ("client closed", "upstream closed"):
+            self.close(reason)
+            return
+        if reason in ("client error", "upstream error"):
+            side = reason.split()[0]
+            self.close(f"{side} lost: {os.strerror(err) if err else 'error'}")
+            return
+        relay.status = status
+        now = time.perf_counter()
+        # Only untagged simple queries are ever in flight on the C relay (a COPY FROM STDIN comes back
+        # with its query in flight when the client sends what C does not take).
+        relay.pending.extend(Entry(Kind.QUERY, started=now) for _ in range(inflight))
+        if untaken not in (-1, _Q):
+            self.fast_ok = False  # the extended protocol (or the like): stay in Python, do not bounce
+        if self.transport is not None:
+            self.transport.resume_reading()
+        if self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.resume_reading()
+        if data:
+            self.data_received(data)
+        if self.draining and self.idle and self.state is not State.CLOSED:
+            self.close("drained", goodbye=True)
+
+    def _fast_state(self, states: dict[int, tuple[str, int]] | None = None) -> tuple[str, int]:
+        """(transaction status, queries in flight) of a connection on the C relay."""
+        if states is None:
+            fast = self.server.fast
+            states = fast.states() if fast is not None else {}
+        return states.get(self.id, ("I", 0))
 
     def _flush(self) -> None:
         relay = self.relay
@@ -463,34 +571,45 @@ class ClientConnection(asyncio.Protocol):
 
     @property
     def idle(self) -> bool:
+        if self.fast:
+            return self._fast_state() == ("I", 0)
         relay = self.relay
         if relay is None:
             return self.state in (State.STARTUP, State.CONNECTING, State.AUTH)
         return relay.status == "I" and not relay.pending and not relay.mid_batch and not relay.holding
 
-    def client_state(self) -> str:
+    def client_state(self, fast_states: dict[int, tuple[str, int]] | None = None) -> str:
         if self.draining:
             return "draining"
         if self.relay is None:
             return "startup"
+        if self.fast:
+            status, inflight = self._fast_state(fast_states)
+            if inflight:
+                return "active"
+            return "idle" if status == "I" else "idle_in_transaction"
         if self.relay.pending or self.relay.holding:
             return "active"
         return "idle" if self.relay.status == "I" else "idle_in_transaction"
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self, fast_states: dict[int, tuple[str, int]] | None = None) -> dict[str, Any]:
         relay = self.relay
         applied = relay.applied.tags if relay is not None else None
+        status = relay.status if relay is not None else None
+        if self.fast:
+            status = self._fast_state(fast_states)[0]
         return {
             "id": self.id,
             "peer": self.peer,
             "database": self.database,
             "user": self.user,
-            "state": self.client_state(),
+            "state": self.client_state(fast_states),
+            "relay": "fast" if self.fast else "python",
             "startup_session": self.tags.session,
             "startup_operation": self.tags.operation,
             "session": applied.session if applied is not None else None,
             "operation": applied.operation if applied is not None else None,
-            "transaction_status": relay.status if relay is not None else None,
+            "transaction_status": status,
             "tls": self.tls,
             "age_seconds": round(time.monotonic() - self.started, 3),
         }
@@ -510,6 +629,11 @@ class ClientConnection(asyncio.Protocol):
             return
         was_closed = self.state is State.CLOSED
         self.state = State.CLOSED
+        if self.fast:
+            # Out of the C relay before the transports close the sockets it polls.
+            self.fast = False
+            if self.server.fast is not None:
+                self.server.fast.release(self.id)
         if goodbye and self.transport is not None:
             self.transport.write(
                 p.encode_error("57P01", "terminating connection: cowproxy is shutting down", severity="FATAL")
@@ -626,11 +750,24 @@ class ProxyServer:
         self._server: asyncio.Server | None = None
         self._idle_event: asyncio.Event | None = None
         self._tasks: set[asyncio.Future[None]] = set()
+        self.fast: FastRelay | None = None  # started with the listener
         self.metrics.watch_connections(self._connection_states)
+        self.metrics.watch_fast(self._fast_counts)
+
+    def _fast_counts(self) -> FastCounts | None:
+        return self.fast.counts() if self.fast is not None else None
+
+    def fast_states(self) -> dict[int, tuple[str, int]] | None:
+        return self.fast.states() if self.fast is not None else None
+
+    def describe_connections(self) -> list[dict[str, Any]]:
+        states = self.fast_states()
+        return [conn.describe(states) for conn in list(self.connections.values())]
 
     def _connection_states(self) -> Iterator[tuple[str, str]]:
+        states = self.fast_states()
         for conn in list(self.connections.values()):
-            state = conn.client_state()
+            state = conn.client_state(states)
             yield ("client", state)
             if conn.upstream is not None:
                 yield ("upstream", state)
@@ -652,9 +789,56 @@ class ProxyServer:
                 )
         except OSError as exc:
             raise ProxyError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
+        self._start_fast(loop)
         log_event(
-            logging.INFO, "listening", listen=str(self.listen_address), upstream=str(self.config.upstream)
+            logging.INFO,
+            "listening",
+            listen=str(self.listen_address),
+            upstream=str(self.config.upstream),
+            fast_relay="on" if self.fast is not None else "off",
         )
+
+    def _start_fast(self, loop: asyncio.AbstractEventLoop) -> None:
+        if not self.config.fast_relay:
+            return
+        if not FAST_RELAY_AVAILABLE:
+            log_event(
+                logging.WARNING,
+                "fast_relay_unavailable",
+                reason="proxy._fastrelay is not built (no C compiler at install?); relaying in Python",
+            )
+            return
+        self.fast = FastRelay()
+        loop.add_reader(self.fast.fileno(), self._on_handbacks)
+
+    def _stop_fast(self) -> None:
+        fast = self.fast
+        if fast is None:
+            return
+        self.fast = None
+        with contextlib.suppress(Exception):
+            asyncio.get_running_loop().remove_reader(fast.fileno())
+        for conn in list(self.connections.values()):
+            if conn.fast:  # only after a failed start: drain takes every connection back first
+                fast.release(conn.id)
+                conn.fast = False
+        fast.close()
+
+    def _on_handbacks(self) -> None:
+        fast = self.fast
+        if fast is None:
+            return
+        for handback in fast.take_handbacks():
+            conn = self.connections.get(handback[0])
+            if conn is not None and conn.fast:
+                conn.from_fast(handback)
+
+    def recall(self, conn: ClientConnection) -> None:
+        """Ask the C relay for a connection back at its next idle point (at once when idle)."""
+        if self.fast is not None and conn.fast:
+            handback = self.fast.recall(conn.id)
+            if handback is not None:
+                conn.from_fast(handback)
 
     @property
     def listen_address(self) -> tuple[str, int]:
@@ -671,6 +855,10 @@ class ProxyServer:
             raise TagError("a route needs a database name")
         self.routes[database] = Tags(session)
         log_event(logging.INFO, "route", database=database, session=session)
+        # Connections on the C relay come back to Python for their next transaction, to be tagged.
+        for conn in list(self.connections.values()):
+            if conn.database == database:
+                self.recall(conn)
 
     def unroute(self, database: str) -> bool:
         found = self.routes.pop(database, None) is not None
@@ -715,7 +903,8 @@ class ProxyServer:
         self._idle_event = asyncio.Event()
         for conn in list(self.connections.values()):
             conn.draining = True
-            if conn.idle:
+            self.recall(conn)  # back to Python at once when idle (then closed just below), else when idle
+            if conn.idle and conn.state is not State.CLOSED:
                 conn.close("drained", goodbye=conn.relay is not None)
         if self.connections:
             log_event(logging.INFO, "draining", open=len(self.connections), timeout=timeout)
@@ -724,6 +913,7 @@ class ProxyServer:
                     await self._idle_event.wait()
         for conn in list(self.connections.values()):
             conn.close("drain timeout", goodbye=True)
+        self._stop_fast()
         if self._server is not None:
             await self._server.wait_closed()
         path = self.config.listen.unix_path

@@ -103,9 +103,28 @@ def run_proxy(pg: PgServer, **overrides: Any) -> Iterator[RunningProxy]:
             loop.close()
 
 
+RELAYS = {"fast-relay": True, "python-relay": False}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Modules with ``BOTH_RELAYS = True`` run their tests on the C relay and on the Python relay."""
+    if not getattr(metafunc.module, "BOTH_RELAYS", False):
+        return
+    if "proxy" in metafunc.fixturenames:
+        metafunc.parametrize("proxy", list(RELAYS.values()), ids=list(RELAYS), indirect=True)
+    elif "fast_relay" in metafunc.fixturenames:
+        metafunc.parametrize("fast_relay", list(RELAYS.values()), ids=list(RELAYS))
+
+
 @pytest.fixture
-def proxy(pg_server: PgServer) -> Iterator[RunningProxy]:
-    with run_proxy(pg_server) as running:
+def fast_relay() -> bool:
+    """Whether ``run_proxy`` should start the C relay (the default; see ``BOTH_RELAYS``)."""
+    return True
+
+
+@pytest.fixture
+def proxy(pg_server: PgServer, request: pytest.FixtureRequest) -> Iterator[RunningProxy]:
+    with run_proxy(pg_server, fast_relay=getattr(request, "param", True)) as running:
         yield running
 
 

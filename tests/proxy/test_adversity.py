@@ -20,6 +20,7 @@ from tests.conftest import PgServer
 from tests.proxy.conftest import RunningProxy, backends, run_proxy
 from tests.proxy.faults import faulty_relay
 
+BOTH_RELAYS = True  # untagged traffic: run on the C relay and on the Python relay
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -102,9 +103,12 @@ def test_client_gone_mid_transaction_and_mid_copy(
         assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
-def test_upstream_killed(pg_server: PgServer, empty_db: str) -> None:
+def test_upstream_killed(pg_server: PgServer, empty_db: str, fast_relay: bool) -> None:
     db = dbname(empty_db)
-    with faulty_relay(pg_server.host, pg_server.port) as relay, run_proxy(pg_server) as proxy:
+    with (
+        faulty_relay(pg_server.host, pg_server.port) as relay,
+        run_proxy(pg_server, fast_relay=fast_relay) as proxy,
+    ):
         proxy.server.config = replace(
             proxy.server.config, upstream=replace(proxy.server.config.upstream, port=relay.port)
         )
@@ -194,9 +198,9 @@ def test_large_copy_in_streams(proxy: RunningProxy, empty_db: str) -> None:
         assert conn.execute("SELECT length(v) FROM big").fetchone() == (size,)
 
 
-def test_malformed_and_oversized_messages(pg_server: PgServer, layer_db: str) -> None:
+def test_malformed_and_oversized_messages(pg_server: PgServer, layer_db: str, fast_relay: bool) -> None:
     db = dbname(layer_db)
-    with run_proxy(pg_server, max_message_size=1024 * 1024) as proxy:
+    with run_proxy(pg_server, max_message_size=1024 * 1024, fast_relay=fast_relay) as proxy:
         # Oversized query, parse and copy data: ErrorResponse 54000, the connection keeps working.
         dsn = proxy.dsn(layer_db, application_name="cow:big")
         with psycopg.connect(dsn, autocommit=True) as conn:

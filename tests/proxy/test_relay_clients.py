@@ -10,6 +10,7 @@ import pytest
 from tests.conftest import PgServer
 from tests.proxy.conftest import RunningProxy
 
+BOTH_RELAYS = True  # untagged traffic: run on the C relay and on the Python relay
 pytestmark = pytest.mark.timeout(60)
 COPY_OUT = "\\copy (SELECT g FROM generate_series(1,3) g) TO STDOUT"
 

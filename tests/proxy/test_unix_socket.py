@@ -22,6 +22,7 @@ from proxy.server import ProxyServer
 from tests.conftest import PgServer
 from tests.proxy.conftest import run_proxy
 
+BOTH_RELAYS = True  # untagged traffic: run on the C relay and on the Python relay
 pytestmark = pytest.mark.timeout(90)
 
 
@@ -46,11 +47,12 @@ def short_dir() -> Iterator[str]:
 
 
 def test_unix_listener_and_unix_upstream(
-    pg_server: PgServer, pg_socket_dir: str, short_dir: str, empty_db: str
+    pg_server: PgServer, pg_socket_dir: str, short_dir: str, empty_db: str, fast_relay: bool
 ) -> None:
     database = urlsplit(empty_db).path.lstrip("/")
     listen = Address(short_dir, 6543)
-    with run_proxy(pg_server, listen=listen, upstream=Address(pg_socket_dir, pg_server.port)) as proxy:
+    upstream_address = Address(pg_socket_dir, pg_server.port)
+    with run_proxy(pg_server, listen=listen, upstream=upstream_address, fast_relay=fast_relay) as proxy:
         assert (proxy.host, proxy.port) == (short_dir, 6543)
         assert Path(short_dir, ".s.PGSQL.6543").is_socket()
         params = {"host": short_dir, "port": 6543, "dbname": database, "user": pg_server.user}

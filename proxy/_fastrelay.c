@@ -1,0 +1,1042 @@
+/* cowproxy's fast relay: an epoll thread in C that relays untagged connections without Python.
+ *
+ * Python (proxy/server.py) decides when a connection may go fast, pauses reading on both of its uvloop
+ * transports and hands the two socket descriptors to an Engine (one per ProxyServer). The engine's thread
+ * relays whole simple Query messages client -> server (and CopyData/CopyDone/CopyFail while a COPY FROM
+ * STDIN runs), and server -> client chunks as read, following only message headers. It never touches a
+ * Python object: no GIL in the loop. When it meets what Python must decide (any other client message, a
+ * Query with a comment that may carry tags, EOF, an error, a recall) it removes the descriptors from its
+ * epoll set at a point where Python's relay state is exactly known and queues a hand-back; an eventfd
+ * tells the asyncio loop, which calls take_handbacks(). The descriptors stay owned by the transports: the
+ * engine never closes them.
+ *
+ * Copyright the cowproxy authors. License: GPL-3.0-or-later.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define BUF_CAP (64 * 1024 + 5) /* a whole Query of up to 64 KiB with its header; larger ones go to Python */
+#define MAX_INFLIGHT 128        /* pipelined queries in flight before the client stops being read */
+#define MAX_WORDS 64
+#define MAX_KINDS 32
+#define MAX_BUCKETS 32
+#define MAX_ERROR_CLASSES 128
+#define EBUF 256 /* the part of an ErrorResponse body searched for its SQLSTATE */
+
+enum { CLIENT = 0, SERVER = 1 };
+
+typedef struct conn conn_t;
+
+typedef struct {
+    conn_t *c;
+    int side;
+} end_t;
+
+typedef struct {
+    unsigned char *buf;
+    size_t off, len, cap;
+} outbuf_t;
+
+struct conn {
+    long long id;
+    int fd[2];
+    uint32_t mask[2];
+    end_t end[2];
+    uint64_t max_message;
+    char status; /* of the last ReadyForQuery */
+    int inflight;
+    double started[MAX_INFLIGHT];
+    int head;
+    int copy_in;
+    /* client side */
+    unsigned char *cin; /* bytes read from the client, not forwarded (a partial or untaken message) */
+    size_t cin_len;
+    uint64_t cstream_left; /* body bytes of a CopyData still to pass through */
+    int stop_client;       /* a message C does not take is next */
+    int untaken;           /* its type byte */
+    int recall;
+    /* server side */
+    unsigned char shdr[5];
+    int shdr_have;
+    uint64_t sbody_left;
+    unsigned char stype;
+    unsigned char ebuf[EBUF];
+    int ebuf_have;
+    outbuf_t out[2]; /* out[CLIENT]: not yet written to the client; out[SERVER]: to the server */
+    int dead;
+    conn_t *next;
+};
+
+typedef struct handback {
+    long long id;
+    const char *reason;
+    int err;
+    char status;
+    int inflight;
+    int untaken;
+    unsigned char *data;
+    size_t len;
+    struct handback *next;
+} handback_t;
+
+typedef struct {
+    char word[16];
+    int len;
+    int kind;
+} word_t;
+
+typedef struct {
+    PyObject_HEAD pthread_mutex_t mu;
+    pthread_t thread;
+    int started;
+    int stop;
+    int epfd, wakefd, notifyfd;
+    conn_t *conns;
+    conn_t *graveyard;
+    handback_t *hb_head, *hb_tail;
+    int notify;
+    long nconns;
+    unsigned char *scratch;
+    /* statement kinds, from the Python table */
+    word_t words[MAX_WORDS];
+    int nwords, nkinds, kind_utility, kind_other;
+    /* counters, merged into the metrics at scrape time */
+    unsigned long long statements[MAX_KINDS];
+    unsigned long long bytes_up, bytes_down;
+    char error_class[MAX_ERROR_CLASSES][2];
+    unsigned long long error_count[MAX_ERROR_CLASSES];
+    int nerror_classes;
+    double bounds[MAX_BUCKETS];
+    int nbounds;
+    unsigned long long latency[MAX_BUCKETS + 1];
+    double latency_sum;
+} Engine;
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint32_t be32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+}
+
+/* ---- statement kind: proxy.analysis.quick_kind over the bytes of a valid UTF-8 text ---- */
+
+static int is_alpha(unsigned char ch) { return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z'); }
+
+/* Length of the whitespace character at s (Python's str.isspace, as re's \s), or 0. */
+static size_t space_len(const unsigned char *s, size_t n) {
+    unsigned char b = s[0];
+    if ((b >= 0x09 && b <= 0x0d) || (b >= 0x1c && b <= 0x20)) return 1;
+    if (b < 0x80) return 0;
+    uint32_t cp;
+    size_t len;
+    if ((b & 0xe0) == 0xc0 && n >= 2) {
+        cp = ((uint32_t)(b & 0x1f) << 6) | (s[1] & 0x3f);
+        len = 2;
+    } else if ((b & 0xf0) == 0xe0 && n >= 3) {
+        cp = ((uint32_t)(b & 0x0f) << 12) | ((uint32_t)(s[1] & 0x3f) << 6) | (s[2] & 0x3f);
+        len = 3;
+    } else {
+        return 0;
+    }
+    if (cp == 0x85 || cp == 0xa0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 ||
+        cp == 0x2029 || cp == 0x202f || cp == 0x205f || cp == 0x3000)
+        return len;
+    return 0;
+}
+
+static size_t skip_spaces(const unsigned char *s, size_t pos, size_t n) {
+    size_t k;
+    while (pos < n && (k = space_len(s + pos, n - pos)) > 0) pos += k;
+    return pos;
+}
+
+static int lookup_word(Engine *e, const unsigned char *w, size_t len) {
+    if (len < sizeof(e->words[0].word)) {
+        char lower[16];
+        for (size_t i = 0; i < len; i++) lower[i] = (char)(w[i] | 0x20);
+        for (int i = 0; i < e->nwords; i++)
+            if ((size_t)e->words[i].len == len && memcmp(e->words[i].word, lower, len) == 0)
+                return e->words[i].kind;
+    }
+    return e->kind_utility;
+}
+
+static int text_kind(Engine *e, const unsigned char *s, size_t n) {
+    size_t pos = 0, start;
+    if (n && is_alpha(s[0])) {
+        while (pos < n && is_alpha(s[pos])) pos++;
+        return lookup_word(e, s, pos);
+    }
+    /* \s*(?:(?:--[^\n]*\n|/\*.*?\*\/)\s*)*\(*\s*([A-Za-z]+) -- no block comment reaches C */
+    pos = skip_spaces(s, 0, n);
+    while (pos + 1 < n && s[pos] == '-' && s[pos + 1] == '-') {
+        const unsigned char *nl = memchr(s + pos, '\n', n - pos);
+        if (nl == NULL) break;
+        pos = skip_spaces(s, (size_t)(nl - s) + 1, n);
+    }
+    while (pos < n && s[pos] == '(') pos++;
+    pos = skip_spaces(s, pos, n);
+    start = pos;
+    while (pos < n && is_alpha(s[pos])) pos++;
+    if (pos == start) return e->kind_other;
+    return lookup_word(e, s + start, pos - start);
+}
+
+/* ---- what Relay.fast_query takes: no comment opener anywhere, one NUL at the end, valid UTF-8 ---- */
+
+static int valid_utf8(const unsigned char *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        unsigned char b = s[i];
+        if (b < 0x80) {
+            i++;
+            continue;
+        }
+        size_t len;
+        uint32_t cp, min;
+        if ((b & 0xe0) == 0xc0) {
+            len = 2, cp = b & 0x1f, min = 0x80;
+        } else if ((b & 0xf0) == 0xe0) {
+            len = 3, cp = b & 0x0f, min = 0x800;
+        } else if ((b & 0xf8) == 0xf0) {
+            len = 4, cp = b & 0x07, min = 0x10000;
+        } else {
+            return 0;
+        }
+        if (i + len > n) return 0;
+        for (size_t k = 1; k < len; k++) {
+            if ((s[i + k] & 0xc0) != 0x80) return 0;
+            cp = (cp << 6) | (s[i + k] & 0x3f);
+        }
+        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+        i += len;
+    }
+    return 1;
+}
+
+static int query_ok(const unsigned char *m, size_t total) {
+    if (total < 6 || m[total - 1] != 0) return 0;
+    if (memchr(m + 5, 0, total - 6) != NULL) return 0;
+    for (size_t i = 0; i + 1 < total; i++) {
+        const unsigned char *slash = memchr(m + i, '/', total - 1 - i);
+        if (slash == NULL) break;
+        if (slash[1] == '*') return 0;
+        i = (size_t)(slash - m);
+    }
+    return valid_utf8(m + 5, total - 6);
+}
+
+/* ---- the relay (all below runs with e->mu held) ---- */
+
+static int blocked(conn_t *c) {
+    return c->stop_client || (c->recall && c->inflight == 0 && c->status == 'I') ||
+           c->inflight >= MAX_INFLIGHT;
+}
+
+static void update_masks(Engine *e, conn_t *c) {
+    uint32_t want[2];
+    want[CLIENT] = (!blocked(c) && c->out[SERVER].len == 0 ? EPOLLIN : 0) | (c->out[CLIENT].len ? EPOLLOUT : 0);
+    want[SERVER] = (c->out[CLIENT].len == 0 ? EPOLLIN : 0) | (c->out[SERVER].len ? EPOLLOUT : 0);
+    for (int side = 0; side < 2; side++) {
+        if (want[side] != c->mask[side]) {
+            struct epoll_event ev = {.events = want[side], .data.ptr = &c->end[side]};
+            if (epoll_ctl(e->epfd, EPOLL_CTL_MOD, c->fd[side], &ev) == 0) c->mask[side] = want[side];
+        }
+    }
+}
+
+static void free_conn(conn_t *c) {
+    free(c->cin);
+    free(c->out[0].buf);
+    free(c->out[1].buf);
+    free(c);
+}
+
+static void detach(Engine *e, conn_t *c) {
+    epoll_ctl(e->epfd, EPOLL_CTL_DEL, c->fd[CLIENT], NULL);
+    epoll_ctl(e->epfd, EPOLL_CTL_DEL, c->fd[SERVER], NULL);
+    conn_t **pp = &e->conns;
+    while (*pp != NULL && *pp != c) pp = &(*pp)->next;
+    if (*pp == c) *pp = c->next;
+    c->dead = 1;
+    /* Freed by the thread before its next epoll_wait: events already returned may still point here. */
+    c->next = e->graveyard;
+    e->graveyard = c;
+    e->nconns--;
+}
+
+/* Take the connection out of the engine; the record tells Python the state to resume from. */
+static handback_t *make_handback(Engine *e, conn_t *c, const char *reason, int err) {
+    handback_t *h = calloc(1, sizeof(*h));
+    if (h != NULL) {
+        h->id = c->id;
+        h->reason = reason;
+        h->err = err;
+        h->status = c->status;
+        h->inflight = c->inflight;
+        h->untaken = c->stop_client ? c->untaken : -1;
+        if (c->cin_len) {
+            h->data = c->cin;
+            h->len = c->cin_len;
+            c->cin = NULL;
+            e->bytes_up -= c->cin_len; /* Python counts them when it reads them */
+        }
+    }
+    c->cin_len = 0;
+    detach(e, c);
+    return h;
+}
+
+static void handback(Engine *e, conn_t *c, const char *reason, int err) {
+    if (c->dead) return;
+    handback_t *h = make_handback(e, c, reason, err);
+    if (h == NULL) return;
+    if (e->hb_tail) e->hb_tail->next = h;
+    else e->hb_head = h;
+    e->hb_tail = h;
+    e->notify = 1;
+}
+
+static const char *ready_to_hand_back(conn_t *c) {
+    if (c->out[0].len || c->out[1].len || c->cstream_left || c->shdr_have || c->sbody_left) return NULL;
+    /* A COPY FROM STDIN waits for the client: Python takes it over with the query still in flight. */
+    if (c->stop_client && (c->inflight == 0 || c->copy_in)) return "client message";
+    if (c->recall && c->inflight == 0 && c->status == 'I') return "recall";
+    return NULL;
+}
+
+static int out_append(outbuf_t *o, const unsigned char *data, size_t len) {
+    if (o->off && o->off == o->len) o->off = o->len = 0;
+    if (o->len + len > o->cap) {
+        if (o->off) {
+            memmove(o->buf, o->buf + o->off, o->len - o->off);
+            o->len -= o->off;
+            o->off = 0;
+        }
+        if (o->len + len > o->cap) {
+            size_t cap = o->len + len > BUF_CAP ? o->len + len : BUF_CAP;
+            unsigned char *buf = realloc(o->buf, cap);
+            if (buf == NULL) return -1;
+            o->buf = buf;
+            o->cap = cap;
+        }
+    }
+    memcpy(o->buf + o->len, data, len);
+    o->len += len;
+    return 0;
+}
+
+static const char *const CLOSED[2] = {"client closed", "upstream closed"};
+static const char *const FAILED[2] = {"client error", "upstream error"};
+
+/* Write to one side; what does not fit is kept (and the other side is no longer read until it is sent). */
+static void send_to(Engine *e, conn_t *c, int side, const unsigned char *data, size_t len) {
+    outbuf_t *o = &c->out[side];
+    ssize_t w = 0;
+    if (o->len == 0) {
+        w = send(c->fd[side], data, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                handback(e, c, FAILED[side], errno);
+                return;
+            }
+            w = 0;
+        }
+    }
+    if ((size_t)w < len && out_append(o, data + w, len - (size_t)w) < 0) handback(e, c, FAILED[side], ENOMEM);
+}
+
+static void flush_out(Engine *e, conn_t *c, int side) {
+    outbuf_t *o = &c->out[side];
+    while (o->len > o->off) {
+        ssize_t w = send(c->fd[side], o->buf + o->off, o->len - o->off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+            if (errno == EINTR) continue;
+            handback(e, c, FAILED[side], errno);
+            return;
+        }
+        o->off += (size_t)w;
+    }
+    o->off = o->len = 0;
+    if (o->cap > BUF_CAP) { /* shrink after an unusually large backlog */
+        free(o->buf);
+        o->buf = NULL;
+        o->cap = 0;
+    }
+}
+
+static void stop_client(conn_t *c, unsigned char type) {
+    c->stop_client = 1;
+    c->untaken = type;
+}
+
+/* Walk client messages in buf; returns how many leading bytes are to be forwarded. */
+static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_t len) {
+    size_t pos = 0;
+    while (pos < len) {
+        if (c->cstream_left) {
+            size_t take = len - pos < c->cstream_left ? len - pos : (size_t)c->cstream_left;
+            pos += take;
+            c->cstream_left -= take;
+            continue;
+        }
+        if (blocked(c) || len - pos < 5) break;
+        unsigned char type = buf[pos];
+        uint32_t ml = be32(buf + pos + 1);
+        uint64_t total = (uint64_t)ml + 1;
+        if (ml < 4 || total > c->max_message) {
+            stop_client(c, type);
+            break;
+        }
+        if (type == 'Q' && !c->copy_in) {
+            if (total > BUF_CAP) {
+                stop_client(c, type);
+                break;
+            }
+            if (len - pos < total) break;
+            if (!query_ok(buf + pos, (size_t)total)) {
+                stop_client(c, type);
+                break;
+            }
+            int kind = text_kind(e, buf + pos + 5, (size_t)total - 6);
+            e->statements[kind]++;
+            c->started[(c->head + c->inflight) % MAX_INFLIGHT] = now();
+            c->inflight++;
+            pos += (size_t)total;
+        } else if (type == 'd' && c->copy_in) {
+            pos += 5; /* stream the body: a large CopyData is not buffered whole */
+            c->cstream_left = ml - 4;
+        } else if ((type == 'c' || type == 'f') && c->copy_in && total <= BUF_CAP) {
+            if (len - pos < total) break;
+            pos += (size_t)total;
+        } else {
+            stop_client(c, type);
+            break;
+        }
+    }
+    return pos;
+}
+
+/* Forward what can go from buf (the scratch buffer or c->cin) and keep the rest in c->cin. */
+static void process_client(Engine *e, conn_t *c, unsigned char *buf, size_t len) {
+    size_t fwd = parse_client(e, c, buf, len);
+    if (fwd) send_to(e, c, SERVER, buf, fwd);
+    if (c->dead) return;
+    size_t rest = len - fwd;
+    if (rest && c->cin == NULL) {
+        c->cin = malloc(BUF_CAP);
+        if (c->cin == NULL) {
+            handback(e, c, FAILED[CLIENT], ENOMEM);
+            return;
+        }
+    }
+    if (rest) memmove(c->cin, buf + fwd, rest);
+    c->cin_len = rest;
+}
+
+static void client_read(Engine *e, conn_t *c) {
+    unsigned char *buf = c->cin_len ? c->cin : e->scratch;
+    size_t have = c->cin_len;
+    if (have >= BUF_CAP) return; /* cannot happen: a message that large is not taken */
+    ssize_t n = recv(c->fd[CLIENT], buf + have, BUF_CAP - have, MSG_DONTWAIT);
+    if (n == 0) {
+        handback(e, c, CLOSED[CLIENT], 0);
+        return;
+    }
+    if (n < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) handback(e, c, FAILED[CLIENT], errno);
+        return;
+    }
+    e->bytes_up += (unsigned long long)n;
+    process_client(e, c, buf, have + (size_t)n);
+}
+
+static void count_error(Engine *e, const unsigned char *body, int len) {
+    char cls[2] = {'?', '?'};
+    int pos = 0;
+    while (pos < len && body[pos] != 0) {
+        unsigned char field = body[pos++];
+        const unsigned char *end = memchr(body + pos, 0, (size_t)(len - pos));
+        if (field == 'C' && len - pos >= 2) {
+            cls[0] = (char)body[pos];
+            cls[1] = (char)body[pos + 1];
+            break;
+        }
+        if (end == NULL) break;
+        pos = (int)(end - body) + 1;
+    }
+    for (int i = 0; i < e->nerror_classes; i++) {
+        if (e->error_class[i][0] == cls[0] && e->error_class[i][1] == cls[1]) {
+            e->error_count[i]++;
+            return;
+        }
+    }
+    if (e->nerror_classes < MAX_ERROR_CLASSES) {
+        int i = e->nerror_classes++;
+        e->error_class[i][0] = cls[0];
+        e->error_class[i][1] = cls[1];
+        e->error_count[i] = 1;
+    }
+}
+
+static void server_message(Engine *e, conn_t *c) {
+    switch (c->stype) {
+    case 'Z':
+        if (c->ebuf_have >= 1) c->status = (char)c->ebuf[0];
+        c->copy_in = 0;
+        if (c->inflight > 0) {
+            double seconds = now() - c->started[c->head];
+            c->head = (c->head + 1) % MAX_INFLIGHT;
+            c->inflight--;
+            int i = 0;
+            while (i < e->nbounds && seconds > e->bounds[i]) i++; /* bisect_left */
+            e->latency[i]++;
+            e->latency_sum += seconds;
+        }
+        break;
+    case 'E':
+        count_error(e, c->ebuf, c->ebuf_have);
+        break;
+    case 'G': /* CopyInResponse */
+    case 'W': /* CopyBothResponse */
+        c->copy_in = 1;
+        break;
+    default:
+        break;
+    }
+}
+
+/* Follow the server's message headers through one chunk (the chunk itself is relayed as is). */
+static int parse_server(Engine *e, conn_t *c, const unsigned char *buf, size_t len) {
+    size_t pos = 0;
+    while (pos < len) {
+        if (c->sbody_left) {
+            size_t take = len - pos < c->sbody_left ? len - pos : (size_t)c->sbody_left;
+            if ((c->stype == 'E' || c->stype == 'Z') && c->ebuf_have < EBUF) {
+                size_t keep = take < (size_t)(EBUF - c->ebuf_have) ? take : (size_t)(EBUF - c->ebuf_have);
+                memcpy(c->ebuf + c->ebuf_have, buf + pos, keep);
+                c->ebuf_have += (int)keep;
+            }
+            pos += take;
+            c->sbody_left -= take;
+            if (c->sbody_left == 0) server_message(e, c);
+            continue;
+        }
+        size_t take = 5 - (size_t)c->shdr_have;
+        if (take > len - pos) take = len - pos;
+        memcpy(c->shdr + c->shdr_have, buf + pos, take);
+        c->shdr_have += (int)take;
+        pos += take;
+        if (c->shdr_have == 5) {
+            uint32_t ml = be32(c->shdr + 1);
+            if (ml < 4) return -1;
+            c->shdr_have = 0;
+            c->stype = c->shdr[0];
+            c->ebuf_have = 0;
+            c->sbody_left = ml - 4;
+            if (c->sbody_left == 0) server_message(e, c);
+        }
+    }
+    return 0;
+}
+
+static void server_read(Engine *e, conn_t *c) {
+    ssize_t n = recv(c->fd[SERVER], e->scratch, BUF_CAP, MSG_DONTWAIT);
+    if (n == 0) {
+        handback(e, c, CLOSED[SERVER], 0);
+        return;
+    }
+    if (n < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) handback(e, c, FAILED[SERVER], errno);
+        return;
+    }
+    e->bytes_down += (unsigned long long)n;
+    if (parse_server(e, c, e->scratch, (size_t)n) < 0) {
+        handback(e, c, FAILED[SERVER], EPROTO);
+        return;
+    }
+    send_to(e, c, CLIENT, e->scratch, (size_t)n);
+}
+
+/* After any event: forward client bytes a reply unblocked, re-arm, hand back when the time has come. */
+static void settle(Engine *e, conn_t *c) {
+    if (c->dead) return;
+    if (c->cin_len && !blocked(c) && c->out[SERVER].len == 0 && !c->cstream_left) {
+        process_client(e, c, c->cin, c->cin_len);
+        if (c->dead) return;
+    }
+    const char *reason = ready_to_hand_back(c);
+    if (reason != NULL) {
+        handback(e, c, reason, 0);
+        return;
+    }
+    update_masks(e, c);
+}
+
+static void on_event(Engine *e, conn_t *c, int side, uint32_t events) {
+    if (events & EPOLLERR) {
+        int err = 0;
+        socklen_t len = sizeof(err);
+        getsockopt(c->fd[side], SOL_SOCKET, SO_ERROR, &err, &len);
+        handback(e, c, FAILED[side], err);
+        return;
+    }
+    if ((events & EPOLLOUT) && c->out[side].len) flush_out(e, c, side);
+    if (c->dead) return;
+    if (events & EPOLLIN) {
+        if (side == CLIENT) client_read(e, c);
+        else server_read(e, c);
+    } else if (events & EPOLLHUP) {
+        handback(e, c, CLOSED[side], 0);
+    }
+    settle(e, c);
+}
+
+static void *run(void *arg) {
+    Engine *e = arg;
+    struct epoll_event events[64];
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (e->graveyard != NULL) {
+            conn_t *c = e->graveyard;
+            e->graveyard = c->next;
+            free_conn(c);
+        }
+        int stop = e->stop;
+        pthread_mutex_unlock(&e->mu);
+        if (stop) break;
+        int n = epoll_wait(e->epfd, events, 64, -1);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        pthread_mutex_lock(&e->mu);
+        for (int i = 0; i < n; i++) {
+            end_t *end = events[i].data.ptr;
+            if (end == NULL) {
+                uint64_t v;
+                ssize_t r = read(e->wakefd, &v, sizeof(v));
+                (void)r;
+                continue;
+            }
+            if (end->c->dead) continue;
+            on_event(e, end->c, end->side, events[i].events);
+        }
+        if (e->notify) {
+            uint64_t one = 1;
+            ssize_t r = write(e->notifyfd, &one, sizeof(one));
+            (void)r;
+            e->notify = 0;
+        }
+        pthread_mutex_unlock(&e->mu);
+    }
+    return NULL;
+}
+
+/* ---- Python interface ---- */
+
+static conn_t *find(Engine *e, long long id) {
+    for (conn_t *c = e->conns; c != NULL; c = c->next)
+        if (c->id == id) return c;
+    return NULL;
+}
+
+static PyObject *handback_tuple(handback_t *h) {
+    char status[2] = {h->status, 0};
+    PyObject *data = PyBytes_FromStringAndSize((const char *)h->data, (Py_ssize_t)h->len);
+    if (data == NULL) return NULL;
+    PyObject *t = Py_BuildValue("(LsisiiN)", h->id, h->reason, h->err, status, h->inflight, h->untaken, data);
+    return t;
+}
+
+static void free_handback(handback_t *h) {
+    free(h->data);
+    free(h);
+}
+
+static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"words", "kinds", "utility", "other", "buckets", NULL};
+    PyObject *words, *buckets;
+    int nkinds, utility, other;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OiiiO", kwlist, &words, &nkinds, &utility, &other, &buckets))
+        return -1;
+    if (e->started) {
+        PyErr_SetString(PyExc_RuntimeError, "Engine already initialised");
+        return -1;
+    }
+    if (nkinds < 1 || nkinds > MAX_KINDS || utility < 0 || utility >= nkinds || other < 0 || other >= nkinds) {
+        PyErr_SetString(PyExc_ValueError, "bad kind indexes");
+        return -1;
+    }
+    e->nkinds = nkinds;
+    e->kind_utility = utility;
+    e->kind_other = other;
+    PyObject *seq = PySequence_Fast(words, "words must be a sequence of (bytes, int)");
+    if (seq == NULL) return -1;
+    Py_ssize_t nw = PySequence_Fast_GET_SIZE(seq);
+    if (nw > MAX_WORDS) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "too many words");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nw; i++) {
+        const char *w;
+        Py_ssize_t wl;
+        int kind;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "y#i", &w, &wl, &kind)) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        if (wl < 1 || wl >= (Py_ssize_t)sizeof(e->words[0].word) || kind < 0 || kind >= nkinds) {
+            Py_DECREF(seq);
+            PyErr_SetString(PyExc_ValueError, "bad word");
+            return -1;
+        }
+        memcpy(e->words[i].word, w, (size_t)wl);
+        e->words[i].len = (int)wl;
+        e->words[i].kind = kind;
+    }
+    e->nwords = (int)nw;
+    Py_DECREF(seq);
+    seq = PySequence_Fast(buckets, "buckets must be a sequence of floats");
+    if (seq == NULL) return -1;
+    Py_ssize_t nb = PySequence_Fast_GET_SIZE(seq);
+    if (nb > MAX_BUCKETS) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "too many buckets");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nb; i++) {
+        double b = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, i));
+        if (b == -1.0 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        e->bounds[i] = b;
+    }
+    e->nbounds = (int)nb;
+    Py_DECREF(seq);
+
+    e->scratch = malloc(BUF_CAP);
+    if (e->scratch == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    pthread_mutex_init(&e->mu, NULL);
+    e->epfd = epoll_create1(EPOLL_CLOEXEC);
+    e->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    e->notifyfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (e->epfd < 0 || e->wakefd < 0 || e->notifyfd < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
+    if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, e->wakefd, &ev) < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    /* The thread takes no signals: they belong to the interpreter's main thread. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(&e->thread, NULL, run, e);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        errno = rc;
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    e->started = 1;
+    return 0;
+}
+
+static void engine_shutdown(Engine *e) {
+    if (!e->started) return;
+    pthread_mutex_lock(&e->mu);
+    e->stop = 1;
+    pthread_mutex_unlock(&e->mu);
+    uint64_t one = 1;
+    ssize_t r = write(e->wakefd, &one, sizeof(one));
+    (void)r;
+    Py_BEGIN_ALLOW_THREADS pthread_join(e->thread, NULL);
+    Py_END_ALLOW_THREADS e->started = 0;
+    while (e->conns != NULL) detach(e, e->conns);
+    while (e->graveyard != NULL) {
+        conn_t *c = e->graveyard;
+        e->graveyard = c->next;
+        free_conn(c);
+    }
+    while (e->hb_head != NULL) {
+        handback_t *h = e->hb_head;
+        e->hb_head = h->next;
+        free_handback(h);
+    }
+    e->hb_tail = NULL;
+    close(e->epfd);
+    close(e->wakefd);
+    close(e->notifyfd);
+    e->epfd = e->wakefd = e->notifyfd = -1;
+}
+
+static void engine_dealloc(Engine *e) {
+    engine_shutdown(e);
+    free(e->scratch);
+    Py_TYPE(e)->tp_free((PyObject *)e);
+}
+
+static PyObject *engine_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    Engine *e = (Engine *)type->tp_alloc(type, 0);
+    if (e != NULL) e->epfd = e->wakefd = e->notifyfd = -1;
+    return (PyObject *)e;
+}
+
+#define CHECK_STARTED(e)                                                                                 \
+    if (!(e)->started) {                                                                                 \
+        PyErr_SetString(PyExc_RuntimeError, "the fast relay is closed");                                 \
+        return NULL;                                                                                     \
+    }
+
+static PyObject *engine_fileno(Engine *e, PyObject *unused) {
+    CHECK_STARTED(e);
+    return PyLong_FromLong(e->notifyfd);
+}
+
+static PyObject *engine_adopt(Engine *e, PyObject *args) {
+    long long id;
+    int cfd, sfd;
+    unsigned long long max_message;
+    if (!PyArg_ParseTuple(args, "LiiK", &id, &cfd, &sfd, &max_message)) return NULL;
+    CHECK_STARTED(e);
+    conn_t *c = calloc(1, sizeof(*c));
+    if (c == NULL) return PyErr_NoMemory();
+    c->id = id;
+    c->fd[CLIENT] = cfd;
+    c->fd[SERVER] = sfd;
+    c->max_message = max_message;
+    c->status = 'I';
+    c->untaken = -1;
+    for (int side = 0; side < 2; side++) {
+        c->end[side].c = c;
+        c->end[side].side = side;
+        c->mask[side] = EPOLLIN;
+    }
+    pthread_mutex_lock(&e->mu);
+    if (find(e, id) != NULL) {
+        pthread_mutex_unlock(&e->mu);
+        free(c);
+        PyErr_Format(PyExc_ValueError, "connection %lld is already on the fast relay", id);
+        return NULL;
+    }
+    for (int side = 0; side < 2; side++) {
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &c->end[side]};
+        if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, c->fd[side], &ev) < 0) {
+            int err = errno;
+            if (side == SERVER) epoll_ctl(e->epfd, EPOLL_CTL_DEL, c->fd[CLIENT], NULL);
+            pthread_mutex_unlock(&e->mu);
+            free(c);
+            errno = err;
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+    }
+    c->next = e->conns;
+    e->conns = c;
+    e->nconns++;
+    pthread_mutex_unlock(&e->mu);
+    Py_RETURN_NONE;
+}
+
+/* Ask for the connection back at its next idle point: returns the hand-back now if it is idle, else None
+ * (it comes through take_handbacks). */
+static PyObject *engine_recall(Engine *e, PyObject *args) {
+    long long id;
+    if (!PyArg_ParseTuple(args, "L", &id)) return NULL;
+    CHECK_STARTED(e);
+    handback_t *h = NULL;
+    pthread_mutex_lock(&e->mu);
+    conn_t *c = find(e, id);
+    if (c != NULL) {
+        c->recall = 1;
+        const char *reason = ready_to_hand_back(c);
+        if (reason != NULL) h = make_handback(e, c, reason, 0);
+        else update_masks(e, c);
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (h == NULL) Py_RETURN_NONE;
+    PyObject *t = handback_tuple(h);
+    free_handback(h);
+    return t;
+}
+
+/* Take the connection out at once, whatever its state (Python is closing it). */
+static PyObject *engine_release(Engine *e, PyObject *args) {
+    long long id;
+    if (!PyArg_ParseTuple(args, "L", &id)) return NULL;
+    CHECK_STARTED(e);
+    pthread_mutex_lock(&e->mu);
+    conn_t *c = find(e, id);
+    if (c != NULL) detach(e, c);
+    pthread_mutex_unlock(&e->mu);
+    return PyBool_FromLong(c != NULL);
+}
+
+static PyObject *engine_take_handbacks(Engine *e, PyObject *unused) {
+    CHECK_STARTED(e);
+    uint64_t v;
+    ssize_t r = read(e->notifyfd, &v, sizeof(v));
+    (void)r;
+    pthread_mutex_lock(&e->mu);
+    handback_t *h = e->hb_head;
+    e->hb_head = e->hb_tail = NULL;
+    pthread_mutex_unlock(&e->mu);
+    PyObject *list = PyList_New(0);
+    while (h != NULL) {
+        handback_t *next = h->next;
+        if (list != NULL) {
+            PyObject *t = handback_tuple(h);
+            if (t == NULL || PyList_Append(list, t) < 0) Py_CLEAR(list);
+            Py_XDECREF(t);
+        }
+        free_handback(h);
+        h = next;
+    }
+    return list;
+}
+
+static PyObject *engine_states(Engine *e, PyObject *unused) {
+    CHECK_STARTED(e);
+    PyObject *d = PyDict_New();
+    if (d == NULL) return NULL;
+    pthread_mutex_lock(&e->mu);
+    for (conn_t *c = e->conns; c != NULL; c = c->next) {
+        char status[2] = {c->status, 0};
+        PyObject *v = Py_BuildValue("(si)", status, c->inflight);
+        PyObject *k = PyLong_FromLongLong(c->id);
+        int bad = v == NULL || k == NULL || PyDict_SetItem(d, k, v) < 0;
+        Py_XDECREF(v);
+        Py_XDECREF(k);
+        if (bad) {
+            Py_CLEAR(d);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&e->mu);
+    return d;
+}
+
+static PyObject *engine_stats(Engine *e, PyObject *unused) {
+    CHECK_STARTED(e);
+    unsigned long long statements[MAX_KINDS], latency[MAX_BUCKETS + 1], errors[MAX_ERROR_CLASSES];
+    char classes[MAX_ERROR_CLASSES][2];
+    pthread_mutex_lock(&e->mu);
+    memcpy(statements, e->statements, sizeof(statements));
+    memcpy(latency, e->latency, sizeof(latency));
+    memcpy(errors, e->error_count, sizeof(errors));
+    memcpy(classes, e->error_class, sizeof(classes));
+    int nclasses = e->nerror_classes;
+    unsigned long long up = e->bytes_up, down = e->bytes_down;
+    double lsum = e->latency_sum;
+    long nconns = e->nconns;
+    pthread_mutex_unlock(&e->mu);
+    PyObject *st = PyList_New(e->nkinds), *lat = PyList_New(e->nbounds + 1), *err = PyDict_New();
+    if (st == NULL || lat == NULL || err == NULL) goto fail;
+    for (int i = 0; i < e->nkinds; i++) PyList_SET_ITEM(st, i, PyLong_FromUnsignedLongLong(statements[i]));
+    for (int i = 0; i <= e->nbounds; i++) PyList_SET_ITEM(lat, i, PyLong_FromUnsignedLongLong(latency[i]));
+    for (int i = 0; i < nclasses; i++) {
+        PyObject *k = PyUnicode_DecodeLatin1(classes[i], 2, NULL);
+        PyObject *v = PyLong_FromUnsignedLongLong(errors[i]);
+        int bad = k == NULL || v == NULL || PyDict_SetItem(err, k, v) < 0;
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+        if (bad) goto fail;
+    }
+    return Py_BuildValue("(NKKNNdl)", st, up, down, err, lat, lsum, nconns);
+fail:
+    Py_XDECREF(st);
+    Py_XDECREF(lat);
+    Py_XDECREF(err);
+    return NULL;
+}
+
+static PyObject *engine_kind(Engine *e, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    long kind = view.len >= 6 ? text_kind(e, (const unsigned char *)view.buf + 5, (size_t)view.len - 6) : -1;
+    PyBuffer_Release(&view);
+    return PyLong_FromLong(kind);
+}
+
+static PyObject *engine_accepts(Engine *e, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    int ok = view.len >= 5 && ((const unsigned char *)view.buf)[0] == 'Q' &&
+             (uint64_t)be32((const unsigned char *)view.buf + 1) + 1 == (uint64_t)view.len &&
+             query_ok(view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(ok);
+}
+
+static PyObject *engine_close(Engine *e, PyObject *unused) {
+    engine_shutdown(e);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef engine_methods[] = {
+    {"fileno", (PyCFunction)engine_fileno, METH_NOARGS, "The eventfd that becomes readable when hand-backs wait."},
+    {"adopt", (PyCFunction)engine_adopt, METH_VARARGS, "adopt(conn_id, client_fd, server_fd, max_message)"},
+    {"recall", (PyCFunction)engine_recall, METH_VARARGS, "recall(conn_id) -> hand-back tuple or None"},
+    {"release", (PyCFunction)engine_release, METH_VARARGS, "release(conn_id) -> bool: take it out at once"},
+    {"take_handbacks", (PyCFunction)engine_take_handbacks, METH_NOARGS,
+     "[(conn_id, reason, errno, status, inflight, untaken_type, unforwarded_client_bytes)]"},
+    {"states", (PyCFunction)engine_states, METH_NOARGS, "{conn_id: (status, inflight)}"},
+    {"stats", (PyCFunction)engine_stats, METH_NOARGS,
+     "(statements by kind, bytes up, bytes down, {sqlstate class: n}, latency counts, latency sum, conns)"},
+    {"kind", (PyCFunction)engine_kind, METH_O, "kind index of a Query message (as query_kind)"},
+    {"accepts", (PyCFunction)engine_accepts, METH_O, "whether a whole Query message would be relayed in C"},
+    {"close", (PyCFunction)engine_close, METH_NOARGS, "stop the thread (connections are dropped)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject EngineType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "proxy._fastrelay.Engine",
+    .tp_basicsize = sizeof(Engine),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "An epoll relay thread for untagged connections.",
+    .tp_new = engine_new,
+    .tp_init = (initproc)engine_init,
+    .tp_dealloc = (destructor)engine_dealloc,
+    .tp_methods = engine_methods,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "proxy._fastrelay", "cowproxy's fast relay (an epoll thread in C).", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__fastrelay(void) {
+    if (PyType_Ready(&EngineType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&EngineType);
+    if (PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0) {
+        Py_DECREF(&EngineType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyModule_AddIntConstant(m, "MAX_QUERY", BUF_CAP);
+    return m;
+}

@@ -1,0 +1,90 @@
+"""The Python side of the fast relay (``proxy._fastrelay``, an epoll thread in C; see docs/proxy.md).
+
+``FastRelay`` wraps one engine per ``ProxyServer``: the statement-kind table and the latency buckets are
+given to C at start (the same objects ``query_kind`` and the metrics use), and its counters come back as a
+``FastCounts`` at scrape time. Connections go fast and come back in ``proxy.server``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from proxy.analysis import QUICK_KINDS
+from proxy.metrics import LATENCY_BUCKETS
+
+if TYPE_CHECKING:
+    from proxy._fastrelay import Engine
+
+try:
+    from proxy import _fastrelay
+except ImportError:  # built without a compiler, or not on Linux
+    _fastrelay = None  # type: ignore[assignment]
+
+AVAILABLE = _fastrelay is not None
+
+# (conn_id, reason, errno, transaction status, queries in flight, type of the client message C did not take
+# or -1, client bytes read and not forwarded)
+Handback = tuple[int, str, int, str, int, int, bytes]
+MAX_QUERY = _fastrelay.MAX_QUERY if _fastrelay is not None else 0
+
+
+@dataclass(frozen=True)
+class FastCounts:
+    """What the C relay counted (since start), in the shapes of ``Metrics``."""
+
+    statements: dict[tuple[str, bool], int]
+    bytes_up: int
+    bytes_down: int
+    errors: dict[str, int]
+    latency_counts: tuple[int, ...]
+    latency_sum: float
+    connections: int
+
+
+class FastRelay:
+    def __init__(self) -> None:
+        if _fastrelay is None:
+            raise RuntimeError("proxy._fastrelay is not built")
+        self.kinds = sorted({*QUICK_KINDS.values(), "utility", "other"})
+        index = {kind: i for i, kind in enumerate(self.kinds)}
+        words = [(word.encode(), index[kind]) for word, kind in QUICK_KINDS.items()]
+        self.engine: Engine = _fastrelay.Engine(
+            words, len(self.kinds), index["utility"], index["other"], LATENCY_BUCKETS
+        )
+
+    def fileno(self) -> int:
+        return self.engine.fileno()
+
+    def adopt(self, conn_id: int, client_fd: int, server_fd: int, max_message: int) -> None:
+        self.engine.adopt(conn_id, client_fd, server_fd, max_message)
+
+    def recall(self, conn_id: int) -> Handback | None:
+        return self.engine.recall(conn_id)
+
+    def release(self, conn_id: int) -> bool:
+        return self.engine.release(conn_id)
+
+    def take_handbacks(self) -> list[Handback]:
+        return self.engine.take_handbacks()
+
+    def states(self) -> dict[int, tuple[str, int]]:
+        return self.engine.states()
+
+    def kind(self, message: bytes) -> str:
+        return self.kinds[self.engine.kind(message)]
+
+    def counts(self) -> FastCounts:
+        statements, up, down, errors, latency, latency_sum, conns = self.engine.stats()
+        return FastCounts(
+            {(kind, False): n for kind, n in zip(self.kinds, statements, strict=True) if n},
+            up,
+            down,
+            errors,
+            tuple(latency),
+            latency_sum,
+            conns,
+        )
+
+    def close(self) -> None:
+        self.engine.close()

@@ -1,0 +1,525 @@
+"""The fast relay (proxy._fastrelay): untagged connections relayed by a C thread, handed back to Python when
+Python must decide. Each test first checks that the connection is on the C relay (admin API or metrics)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proxy import protocol as p
+from proxy.admin import admin_request
+from proxy.analysis import query_kind
+from proxy.fastrelay import AVAILABLE, FastRelay
+from tests.conftest import PgServer
+from tests.proxy.conftest import RunningProxy, backends, run_proxy
+from tests.proxy.test_adversity import RawClient, dbname, wait_for
+from tests.proxy.test_tagging import base_customers, changes, insert
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(not AVAILABLE, reason="proxy._fastrelay is not built (no C compiler at install)"),
+]
+
+
+def relays(proxy: RunningProxy) -> dict[str, int]:
+    """How many connections the admin API lists on each relay ("fast" or "python")."""
+    counts: dict[str, int] = {}
+    for conn in listed(proxy):
+        counts[conn["relay"]] = counts.get(conn["relay"], 0) + 1
+    return counts
+
+
+def listed(proxy: RunningProxy) -> list[dict[str, Any]]:
+    result: list[dict[str, Any]] = admin_request(proxy.admin_url, "GET", "/connections")
+    return result
+
+
+def scrape(proxy: RunningProxy) -> dict[str, float]:
+    """The /metrics samples, by name with labels (as printed)."""
+    text = urllib.request.urlopen(proxy.metrics_url, timeout=5).read().decode()
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def on_fast(proxy: RunningProxy, n: int = 1) -> bool:
+    return wait_for(lambda: relays(proxy).get("fast", 0) == n, 5)
+
+
+def test_connections_go_fast_and_are_counted(proxy: RunningProxy, empty_db: str) -> None:
+    before = scrape(proxy)
+    with psycopg.connect(proxy.dsn(empty_db), autocommit=True) as conn:
+        assert on_fast(proxy)
+        assert scrape(proxy)["cowproxy_fast_relay_connections"] == 1
+        conn.execute("CREATE TABLE t (id int)")
+        for i in range(10):
+            conn.execute(f"INSERT INTO t VALUES ({i})")
+        assert conn.execute("SELECT count(*) FROM t").fetchone() == (10,)
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            conn.execute("SELECT 1/0")
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            conn.execute("SELECT * FROM nope")
+        conn.execute("BEGIN")
+        conn.execute("SELECT 1")
+        (info,) = listed(proxy)
+        assert info["relay"] == "fast"
+        assert (info["state"], info["transaction_status"]) == ("idle_in_transaction", "T")
+        states = scrape(proxy)
+        assert states['cowproxy_connections{side="client",state="idle_in_transaction"}'] == 1
+        conn.execute("COMMIT")
+        assert relays(proxy) == {"fast": 1}  # all of it relayed in C
+        after = scrape(proxy)
+
+    def delta(name: str) -> float:
+        return after.get(name, 0) - before.get(name, 0)
+
+    assert delta('cowproxy_statements_total{kind="insert",tagged="false"}') == 10
+    assert delta('cowproxy_statements_total{kind="select",tagged="false"}') == 4
+    assert delta('cowproxy_statements_total{kind="ddl",tagged="false"}') == 1
+    assert delta('cowproxy_statements_total{kind="transaction",tagged="false"}') == 2
+    assert delta('cowproxy_errors_total{sqlstate_class="22"}') == 1
+    assert delta('cowproxy_errors_total{sqlstate_class="42"}') == 1
+    assert delta("cowproxy_query_duration_seconds_count") == 17
+    assert delta('cowproxy_query_duration_seconds_bucket{le="+Inf"}') == 17
+    assert delta("cowproxy_query_duration_seconds_sum") > 0
+    assert delta('cowproxy_bytes_total{direction="client_to_server"}') > 17 * 10
+    assert delta('cowproxy_bytes_total{direction="server_to_client"}') > 17 * 10
+    assert wait_for(lambda: scrape(proxy)["cowproxy_fast_relay_connections"] == 0)
+
+
+def test_comment_tags_go_to_python_and_land_in_the_session(proxy: RunningProxy, layer_db: str) -> None:
+    with psycopg.connect(proxy.dsn(layer_db), autocommit=True) as conn:
+        assert on_fast(proxy)
+        insert(conn, "plain@x")
+        insert(conn, "tagged@x", "/*cow_session='s1'*/ ")
+        assert relays(proxy) == {"python": 1}
+        insert(conn, "plain2@x")
+        # Untagged again (set at the next untagged statement), the connection goes back to the C relay.
+        assert on_fast(proxy)
+        insert(conn, "plain3@x")
+    assert "tagged@x" not in base_customers(layer_db)
+    assert {"plain@x", "plain2@x", "plain3@x"} <= set(base_customers(layer_db))
+    assert [row[2] for row in changes(layer_db, "s1")] == ["tagged@x"]
+
+
+def test_route_takes_effect_from_the_next_transaction(proxy: RunningProxy, layer_db: str) -> None:
+    database = dbname(layer_db)
+    with psycopg.connect(proxy.dsn(layer_db), autocommit=True) as conn:
+        assert on_fast(proxy)
+        conn.execute("BEGIN")
+        insert(conn, "before@x")
+        admin_request(proxy.admin_url, "POST", "/routes", {"database": database, "session": "r1"})
+        insert(conn, "same-txn@x")  # the transaction started untagged: it stays so
+        conn.execute("COMMIT")
+        insert(conn, "routed@x")
+        assert relays(proxy) == {"python": 1}
+        admin_request(proxy.admin_url, "DELETE", f"/routes/{database}")
+        insert(conn, "unrouted@x")
+        assert on_fast(proxy)
+        insert(conn, "fast-again@x")
+    base = set(base_customers(layer_db))
+    assert {"before@x", "same-txn@x", "unrouted@x", "fast-again@x"} <= base
+    assert "routed@x" not in base
+    assert [row[2] for row in changes(layer_db, "r1")] == ["routed@x"]
+
+
+def test_an_idle_connection_is_recalled_at_once(proxy: RunningProxy, layer_db: str) -> None:
+    database = dbname(layer_db)
+    with psycopg.connect(proxy.dsn(layer_db), autocommit=True) as conn:
+        assert on_fast(proxy)
+        admin_request(proxy.admin_url, "POST", "/routes", {"database": database, "session": "r2"})
+        assert relays(proxy) == {"python": 1}
+        insert(conn, "routed@x")
+    assert "routed@x" not in base_customers(layer_db)
+    assert [row[2] for row in changes(layer_db, "r2")] == ["routed@x"]
+
+
+def test_extended_protocol_after_simple_queries_stays_in_python(proxy: RunningProxy, empty_db: str) -> None:
+    with psycopg.connect(proxy.dsn(empty_db), autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int, v text)")
+        conn.execute("INSERT INTO t VALUES (1, 'a')")
+        assert on_fast(proxy)
+        conn.execute("INSERT INTO t VALUES (%s, %s)", (2, "b"))
+        assert conn.execute("SELECT v FROM t WHERE id = %s", (2,)).fetchone() == ("b",)
+        assert conn.execute("SELECT count(*) FROM t").fetchone() == (2,)
+        assert relays(proxy) == {"python": 1}  # no bouncing between the relays on every statement
+        # In a transaction, with the extended message pipelined behind a simple query still in flight.
+        c = RawClient(proxy.host, proxy.port, dbname(empty_db))
+        assert on_fast(proxy)
+        c.query("BEGIN")
+        c.sock.sendall(
+            p.encode_query("SELECT pg_sleep(0.2)")
+            + p.encode_parse("", "SELECT $1::int + 1")
+            + p.encode_bind("", "", ("41",))
+            + p.encode_execute("")
+            + p.SYNC
+        )
+        c.read_until(b"Z")
+        replies = c.read_until(b"Z")
+        assert (b"D", b"\x00\x01\x00\x00\x00\x0242") in replies
+        assert replies[-1] == (b"Z", b"T")
+        assert c.query("COMMIT")[-1] == (b"Z", b"I")
+        c.sock.close()
+
+
+def test_copy_both_ways_on_the_fast_relay(proxy: RunningProxy, empty_db: str) -> None:
+    with psycopg.connect(proxy.dsn(empty_db), autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int, v text)")
+        assert on_fast(proxy)
+        with conn.cursor().copy("COPY t (id, v) FROM STDIN") as copy:
+            for i in range(5000):
+                copy.write_row((i, "copied" * 20))
+        with conn.cursor().copy("COPY t (id, v) FROM STDIN") as copy:  # one CopyData of ~300 KB
+            copy.write(b"".join(b"%d\tbig\n" % i for i in range(5000, 40000)))
+        out = bytearray()
+        with conn.cursor().copy("COPY (SELECT id, v FROM t ORDER BY id) TO STDOUT") as copy:
+            for block in copy:
+                out += block
+        assert out.count(b"\n") == 40000
+        # A failing COPY (bad data) and CopyFail from the client.
+        with (
+            pytest.raises(psycopg.errors.InvalidTextRepresentation),
+            conn.cursor().copy("COPY t (id) FROM STDIN") as copy,
+        ):
+            copy.write(b"not a number\n")
+        with (
+            pytest.raises(psycopg.errors.QueryCanceled),
+            conn.cursor().copy("COPY t (id) FROM STDIN") as copy,
+        ):
+            copy.write(b"1\n")
+            raise psycopg.errors.QueryCanceled("client gave up")
+        assert conn.execute("SELECT count(*) FROM t").fetchone() == (40000,)
+        assert relays(proxy) == {"fast": 1}
+
+
+def test_oversized_copy_data_mid_copy_is_handed_back(pg_server: PgServer, empty_db: str) -> None:
+    with run_proxy(pg_server, max_message_size=100_000) as proxy:
+        c = RawClient(proxy.host, proxy.port, dbname(empty_db))
+        c.query("CREATE TABLE t (v text)")
+        assert on_fast(proxy)
+        c.sock.sendall(p.encode_query("COPY t FROM STDIN"))
+        c.read_until(b"G")
+        c.sock.sendall(p.message(b"d", b"ok\n") + p.message(b"d", b"x" * 200_000 + b"\n") + p.message(b"c"))
+        replies = c.read_until(b"Z")
+        assert [p.decode_error(body).sqlstate for kind, body in replies if kind == b"E"] == ["54000"]
+        assert c.query("SELECT count(*) FROM t")[1] == (b"D", b"\x00\x01\x00\x00\x00\x010")
+        c.sock.close()
+
+
+def test_pipelined_simple_queries(proxy: RunningProxy, empty_db: str, pg_server: PgServer) -> None:
+    statements = [f"SELECT {i}, repeat('x', {i * 7})" for i in range(300)] + ["SELECT 1/0", "SELECT 'end'"]
+    batch = b"".join(p.encode_query(sql) for sql in statements)
+
+    def run(host: str, port: int) -> list[tuple[bytes, bytes]]:
+        c = RawClient(host, port, dbname(empty_db))
+        c.sock.sendall(batch)  # all at once: far more than MAX_INFLIGHT, in one go
+        replies: list[tuple[bytes, bytes]] = []
+        for _ in statements:
+            replies += c.read_until(b"Z")
+        c.sock.close()
+        return replies
+
+    through = run(proxy.host, proxy.port)
+    assert relays(proxy).get("python", 0) == 0
+    assert through == run(pg_server.host, pg_server.port)
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_100_mb_row_to_a_slow_reader_in_bounded_memory(proxy: RunningProxy, empty_db: str) -> None:
+    size = 100 * 1024 * 1024
+    c = RawClient(proxy.host, proxy.port, dbname(empty_db))
+    assert on_fast(proxy)
+    c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    rss = _rss()
+    c.sock.sendall(p.encode_query(f"SELECT repeat('x', {size})"))
+    time.sleep(1)  # stall: the server keeps sending; the relay must stop reading it
+    peak = _rss()
+    with psycopg.connect(proxy.dsn(empty_db), autocommit=True) as other:
+        assert other.execute("SELECT 3").fetchone() == (3,)
+    # Read the reply in small pieces, slowly at first (the test's own memory stays small too).
+    got = 0
+    buf = bytearray()
+    while not buf.endswith(b"Z\x00\x00\x00\x05I"):
+        chunk = c.sock.recv(65536)
+        assert chunk
+        got += len(chunk)
+        buf = (buf + chunk)[-16:]
+        if got < 4 * 1024 * 1024:
+            time.sleep(0.001)
+        if got % (8 * 1024 * 1024) < 65536:
+            peak = max(peak, _rss())
+    assert got > size
+    assert peak - rss < 32 * 1024 * 1024, f"RSS grew by {peak - rss} bytes"
+    assert relays(proxy) == {"fast": 1}
+    c.sock.close()
+
+
+def test_client_killed_mid_query_and_mid_copy(
+    proxy: RunningProxy, empty_db: str, pg_server: PgServer
+) -> None:
+    db = dbname(empty_db)
+    with psycopg.connect(proxy.dsn(empty_db), autocommit=True) as other:
+        other.execute("CREATE TABLE t (v text)")
+        c = RawClient(proxy.host, proxy.port, db)
+        d = RawClient(proxy.host, proxy.port, db)
+        assert on_fast(proxy, 3)
+        c.sock.sendall(p.encode_query("SELECT pg_sleep(1)"))  # the backend notices when it answers
+        d.sock.sendall(p.encode_query("COPY t FROM STDIN"))
+        d.read_until(b"G")
+        d.sock.sendall(p.message(b"d", b"half a ro"))
+        time.sleep(0.2)
+        c.abort()
+        d.abort()
+        assert wait_for(lambda: len(proxy.server.connections) == 1)
+        assert other.execute("SELECT count(*) FROM t").fetchone() == (0,)
+    assert wait_for(lambda: backends(pg_server, db) == 0), "leaked upstream backend"
+
+
+def test_upstream_killed_on_the_fast_relay(proxy: RunningProxy, empty_db: str, pg_server: PgServer) -> None:
+    db = dbname(empty_db)
+    victim = psycopg.connect(proxy.dsn(empty_db), autocommit=True)
+    bystander = psycopg.connect(proxy.dsn(empty_db), autocommit=True)
+    row = victim.execute("SELECT pg_backend_pid()").fetchone()
+    assert on_fast(proxy, 2)
+    with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", row)
+    with pytest.raises(psycopg.OperationalError):
+        victim.execute("SELECT 1")
+    victim.close()
+    assert bystander.execute("SELECT 2").fetchone() == (2,)
+    assert wait_for(lambda: len(proxy.server.connections) == 1)
+    bystander.close()
+    assert wait_for(lambda: backends(pg_server, db) == 0)
+
+
+def test_drain_lets_fast_transactions_finish(proxy: RunningProxy, empty_db: str) -> None:
+    with psycopg.connect(proxy.dsn(empty_db), autocommit=True) as setup:
+        setup.execute("CREATE TABLE t (id int)")
+    busy = psycopg.connect(proxy.dsn(empty_db), autocommit=True)
+    idle = psycopg.connect(proxy.dsn(empty_db), autocommit=True)
+    assert on_fast(proxy, 2)
+    busy.execute("BEGIN")
+    busy.execute("INSERT INTO t VALUES (1)")
+    done = threading.Event()
+
+    def drain() -> None:
+        proxy.call(proxy.server.drain(10))
+        done.set()
+
+    thread = threading.Thread(target=drain, daemon=True)
+    thread.start()
+    assert wait_for(lambda: len(proxy.server.connections) == 1)  # the idle one went at once
+    with pytest.raises(psycopg.OperationalError):
+        idle.execute("SELECT 1")
+    busy.execute("INSERT INTO t VALUES (2)")
+    busy.execute("COMMIT")
+    assert done.wait(10)
+    with pytest.raises(psycopg.OperationalError):
+        busy.execute("SELECT 1")
+    busy.close()
+    idle.close()
+    with psycopg.connect(empty_db, autocommit=True) as direct:
+        assert direct.execute("SELECT count(*) FROM t").fetchone() == (2,)
+
+
+def test_sigterm_drains_fast_connections(pg_server: PgServer, empty_db: str, tmp_path: Path) -> None:
+    """`cowproxy serve` as a process: SIGTERM with a fast connection mid-transaction."""
+    import signal
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log_path = tmp_path / "serve.log"
+    log_file = log_path.open("w")
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "proxy.cli", "serve"),
+            *("--upstream", f"{pg_server.host}:{pg_server.port}", "--listen", f"127.0.0.1:{port}"),
+            *("--drain-timeout", "10"),
+        ],
+        stderr=log_file,
+    )
+    try:
+        dsn = empty_db.replace(f"{pg_server.host}:{pg_server.port}", f"127.0.0.1:{port}")
+        assert wait_for(lambda: _connects(dsn), 20)
+        conn = psycopg.connect(dsn, autocommit=True)
+        conn.execute("CREATE TABLE t (id int)")
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO t VALUES (1)")
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        conn.execute("INSERT INTO t VALUES (2)")
+        conn.execute("COMMIT")
+        assert proc.wait(10) == 0
+        conn.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log_file.close()
+    log = log_path.read_text()
+    assert "fast_relay=on" in log, log
+    with psycopg.connect(empty_db, autocommit=True) as direct:
+        assert direct.execute("SELECT count(*) FROM t").fetchone() == (2,)
+
+
+def _connects(dsn: str) -> bool:
+    try:
+        psycopg.connect(dsn, connect_timeout=2).close()
+    except psycopg.OperationalError:
+        return False
+    return True
+
+
+def test_no_fast_relay_flag(pg_server: PgServer, empty_db: str) -> None:
+    with run_proxy(pg_server, fast_relay=False) as proxy:
+        assert proxy.server.fast is None
+        with psycopg.connect(proxy.dsn(empty_db), autocommit=True) as conn:
+            conn.execute("SELECT 1")
+            assert relays(proxy) == {"python": 1}
+
+
+# ---- the C relay against the Python relay, message stream by message stream
+
+
+@pytest.fixture(scope="module")
+def relay_pair(pg_server: PgServer, create_database: Any) -> Any:
+    dsn = create_database()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 20) g")
+    with run_proxy(pg_server, fast_relay=True) as fast, run_proxy(pg_server, fast_relay=False) as slow:
+        yield dsn, fast, slow
+
+
+_TEXTS = st.sampled_from(
+    [
+        "SELECT 1",
+        "select v from t where id = 3",
+        "  (SELECT id FROM t ORDER BY id LIMIT 2)",
+        "-- a comment\nSELECT 'é'",
+        "SELECT 1/0",
+        "SELECT * FROM nope",
+        "",
+        ";",
+        "BEGIN",
+        "COMMIT",
+        "ROLLBACK",
+        "SELECT 1; SELECT 2",
+        "SELECT 'a' /* a comment */",
+        "/*cow_session='s9'*/ SELECT 1",
+        "INSERT INTO t VALUES (1000, 'x') ON CONFLICT DO NOTHING",
+        "UPDATE t SET v = v WHERE id = 1",
+        "SHOW server_version_num",
+        "COPY (SELECT id FROM t ORDER BY id) TO STDOUT",
+        "VALUES (1), (2)",
+        "NOTIFY chan, 'x'",
+    ]
+)
+
+
+def _message(kind: str, text: str) -> bytes:
+    if kind == "query":
+        return p.encode_query(text)
+    if kind == "nul":
+        return p.message(b"Q", text.encode() + b"\0SELECT 2\0")
+    if kind == "latin1":
+        return p.message(b"Q", b"SELECT '\xe9'\0")
+    if kind == "parse":
+        return p.encode_parse("", text) + p.encode_bind("", "", ()) + p.encode_execute("") + p.SYNC
+    raise AssertionError(kind)
+
+
+_MESSAGES = st.lists(
+    st.tuples(st.sampled_from(["query"] * 6 + ["nul", "latin1", "parse"]), _TEXTS), min_size=1, max_size=8
+)
+
+
+def _exchange(proxy: RunningProxy, database: str, messages: list[bytes], pipelined: bool) -> list[Any]:
+    """Send the messages (each waits for its reply unless pipelined); the replies, as decoded values."""
+    c = RawClient(proxy.host, proxy.port, database)
+    c.sock.settimeout(10)
+    out: list[Any] = []
+    try:
+        if pipelined:
+            c.sock.sendall(b"".join(messages))
+        for raw in messages:
+            if not pipelined:
+                c.sock.sendall(raw)
+            while True:
+                kind, body = c.read_message()
+                if kind == b"E":
+                    fields = p.decode_error(body)
+                    out.append(("E", fields.sqlstate, fields.message))
+                elif kind in (b"S", b"N", b"A"):
+                    continue  # ParameterStatus/Notice/Notification: not what is compared
+                else:
+                    out.append((kind, body))
+                if kind == b"Z":
+                    break
+    except ConnectionError:
+        out.append("closed")
+    finally:
+        c.sock.close()
+    return out
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stream=_MESSAGES, pipelined=st.booleans())
+def test_fast_relay_matches_the_python_relay(
+    relay_pair: Any, stream: list[tuple[str, str]], pipelined: bool
+) -> None:
+    dsn, fast, slow = relay_pair
+    database = dbname(dsn)
+    messages = [_message(kind, text) for kind, text in stream]
+    if any(kind in ("nul", "latin1") for kind, _ in stream):
+        # A malformed message ends the connection (FATAL 08P01). Pipelined behind others, the C relay has
+        # already forwarded (and answers) those before it, the Python relay drops the whole read: the
+        # same only one message at a time.
+        pipelined = False
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM t WHERE id > 20")
+    expected = _exchange(slow, database, messages, pipelined)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM t WHERE id > 20")
+    assert _exchange(fast, database, messages, pipelined) == expected
+    assert wait_for(lambda: not fast.server.connections and not slow.server.connections)
+
+
+@pytest.fixture(scope="module")
+def kinds() -> Any:
+    fast = FastRelay()
+    yield fast
+    fast.close()
+
+
+@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    text=st.text(st.characters(codec="utf-8", exclude_characters="\0"), max_size=40)
+    | st.sampled_from(["SELECT", " (\tselect", "--x\n\u2003(( Update", "\x1c\x85with", "--x"])
+)
+def test_statement_kind_matches_query_kind(kinds: FastRelay, text: str) -> None:
+    """The C relay counts statements by the kind ``query_kind`` gives (from the table it is passed)."""
+    message = p.encode_query(text)
+    assert kinds.kind(message) == query_kind(message)
