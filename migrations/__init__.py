@@ -1,5 +1,21 @@
 """The copy-on-write layer: overlay views, changes tables and session functions inside PostgreSQL."""
 
-from migrations.layer import InstallResult, install_layer, installed_version, migrations, uninstall_layer
+from migrations.layer import (
+    InstallResult,
+    Repeatable,
+    install_layer,
+    installed_version,
+    migrations,
+    repeatables,
+    uninstall_layer,
+)
 
-__all__ = ["InstallResult", "install_layer", "installed_version", "migrations", "uninstall_layer"]
+__all__ = [
+    "InstallResult",
+    "Repeatable",
+    "install_layer",
+    "installed_version",
+    "migrations",
+    "repeatables",
+    "uninstall_layer",
+]

@@ -148,6 +148,16 @@ def cmd_status(args: argparse.Namespace) -> int:
             {
                 "installed": st.version is not None,
                 "version": st.version,
+                "migrations": list(st.migrations),
+                "repeatables": [
+                    {
+                        "name": r.name,
+                        "checksum": r.checksum,
+                        "applied_at": r.applied_at,
+                        "current": r.current,
+                    }
+                    for r in st.repeatables
+                ],
                 "schemas": list(st.schemas),
                 "tables": [
                     {
@@ -167,6 +177,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("cowproxy layer: not installed")
         return 0
     print(f"cowproxy layer: version {st.version}, schemas {', '.join(st.schemas) or '(none)'}")
+    print(f"migrations applied: {', '.join(str(v) for v in st.migrations)}")
+    for r in st.repeatables:
+        state = "current" if r.current else "changed: install applies it" if r.checksum else "not applied"
+        print(f"  functions/{r.name}  sha256 {(r.checksum or '-')[:12]}  {state}")
     print(f"sessions: {', '.join(f'{k} {v}' for k, v in sorted(st.sessions.items())) or 'none'}")
     for t in st.tables:
         print(

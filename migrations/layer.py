@@ -1,7 +1,14 @@
-"""Install, upgrade and remove the copy-on-write layer (the SQL lives in ``migrations/sql/NNNN_name.sql``)."""
+"""Install, upgrade and remove the copy-on-write layer.
+
+The SQL lives in numbered files ``migrations/sql/NNNN_name.sql`` (schema changes, applied once each,
+recorded in ``cow.migrations``) and in repeatable files ``migrations/sql/functions/NN_name.sql`` (the one
+current definition of every layer function, re-applied whenever a file's checksum differs from the one
+recorded in ``cow.repeatables``).
+"""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -12,6 +19,7 @@ import asyncpg
 from migrations.errors import LayerError, NotInstalledError, PermissionDeniedError
 
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_REPEATABLE = re.compile(r"^\d{2}_[a-z0-9_]+\.sql$")
 # One advisory lock key for install/uninstall, so two concurrent installs serialise.
 _LOCK_KEY = 0x636F77  # "cow"
 
@@ -24,9 +32,17 @@ class Migration:
 
 
 @dataclass(frozen=True)
+class Repeatable:
+    name: str  # file name in migrations/sql/functions, e.g. "10_core.sql"; files are applied in name order
+    sql: str
+    checksum: str  # SHA-256 of the text, hex
+
+
+@dataclass(frozen=True)
 class InstallResult:
     applied: tuple[int, ...]  # migration versions applied by this call (empty: already up to date)
     notes: tuple[str, ...]  # tables skipped, views without overlay twins, ...
+    reapplied: tuple[str, ...] = ()  # repeatable files applied by this call (new or changed)
 
 
 def migrations() -> list[Migration]:
@@ -37,6 +53,17 @@ def migrations() -> list[Migration]:
         if match:
             found.append(Migration(int(match.group(1)), match.group(2), entry.read_text(encoding="utf-8")))
     found.sort(key=lambda m: m.version)
+    return found
+
+
+def repeatables() -> list[Repeatable]:
+    """The repeatable SQL files shipped with the package (function definitions), in the order they apply."""
+    found: list[Repeatable] = []
+    for entry in resources.files("migrations").joinpath("sql", "functions").iterdir():
+        if _REPEATABLE.match(entry.name):
+            text = entry.read_text(encoding="utf-8")
+            found.append(Repeatable(entry.name, text, hashlib.sha256(text.encode()).hexdigest()))
+    found.sort(key=lambda r: r.name)
     return found
 
 
@@ -78,6 +105,7 @@ async def install_layer(
     schemas = list(dict.fromkeys(schemas)) or ["public"]
     exclude = list(exclude)
     applied: list[int] = []
+    reapplied: list[str] = []
     notes: list[str] = []
     try:
         async with conn.transaction():
@@ -100,6 +128,20 @@ async def install_layer(
                     migration.name,
                 )
                 applied.append(migration.version)
+            # Then the function definitions: a file whose text changed (or that is new) is applied again. A
+            # numbered file therefore never calls a layer function: on a fresh install none exists yet.
+            recorded = {r["name"]: r["checksum"] for r in await conn.fetch("SELECT * FROM cow.repeatables")}
+            for repeatable in repeatables():
+                if recorded.get(repeatable.name) == repeatable.checksum:
+                    continue
+                await conn.execute(repeatable.sql)
+                await conn.execute(
+                    "INSERT INTO cow.repeatables (name, checksum) VALUES ($1, $2) ON CONFLICT (name)"
+                    " DO UPDATE SET checksum = excluded.checksum, applied_at = now()",
+                    repeatable.name,
+                    repeatable.checksum,
+                )
+                reapplied.append(repeatable.name)
             for schema in schemas:
                 if not await conn.fetchval("SELECT to_regnamespace(quote_ident($1)) IS NOT NULL", schema):
                     raise LayerError(f"schema {schema!r} does not exist")
@@ -109,7 +151,7 @@ async def install_layer(
                     "SELECT * FROM cow.enable_schema($1, $2::text[])", schema, excludes[schema]
                 )
                 notes.extend(r[0] for r in rows)
-            if applied and done:
+            if done and (applied or reapplied):
                 # An upgrade: regenerate every per-table object with the new generator code.
                 notes.extend(r[0] for r in await conn.fetch("SELECT * FROM cow.refresh(true)"))
     except asyncpg.InsufficientPrivilegeError as exc:
@@ -118,7 +160,7 @@ async def install_layer(
         ) from exc
     except asyncpg.PostgresError as exc:
         raise LayerError(f"install failed: {exc}") from exc
-    return InstallResult(tuple(applied), tuple(dict.fromkeys(notes)))
+    return InstallResult(tuple(applied), tuple(dict.fromkeys(notes)), tuple(reapplied))
 
 
 async def uninstall_layer(conn: asyncpg.Connection, discard_sessions: bool = False) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import asyncpg
 
 from migrations.errors import LayerError, NotInstalledError, SessionError
+from migrations.layer import repeatables
 
 KINDS = ("ground_truth", "agent", "other")
 _ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -103,11 +104,21 @@ class TableStatus:
 
 
 @dataclass(frozen=True)
+class RepeatableStatus:
+    name: str  # file in migrations/sql/functions
+    checksum: str | None  # SHA-256 recorded at its last apply (None: never applied)
+    applied_at: datetime | None
+    current: bool  # the recorded checksum is the shipped file's: `install` would not apply it again
+
+
+@dataclass(frozen=True)
 class LayerStatus:
     version: int | None
     schemas: tuple[str, ...]
     tables: tuple[TableStatus, ...]
     sessions: dict[str, int]  # status -> count
+    migrations: tuple[int, ...] = ()  # numbered migrations applied
+    repeatables: tuple[RepeatableStatus, ...] = ()  # every shipped or recorded repeatable file, by name
 
 
 def _load(value: Any) -> Any:
@@ -307,4 +318,18 @@ async def layer_status(conn: asyncpg.Connection) -> LayerStatus:
     sessions = {
         r[0]: int(r[1]) for r in await conn.fetch("SELECT status, count(*) FROM cow.sessions GROUP BY 1")
     }
-    return LayerStatus(version, schemas, tuple(tables), sessions)
+    applied = tuple(r[0] for r in await conn.fetch("SELECT version FROM cow.migrations ORDER BY 1"))
+    recorded = {}
+    if await conn.fetchval("SELECT to_regclass('cow.repeatables') IS NOT NULL"):  # from migration 0005 on
+        recorded = {r["name"]: r for r in await conn.fetch("SELECT * FROM cow.repeatables")}
+    shipped = {r.name: r.checksum for r in repeatables()}
+    files = tuple(
+        RepeatableStatus(
+            name,
+            recorded[name]["checksum"] if name in recorded else None,
+            recorded[name]["applied_at"] if name in recorded else None,
+            name in recorded and recorded[name]["checksum"] == shipped.get(name),
+        )
+        for name in sorted(shipped.keys() | recorded.keys())
+    )
+    return LayerStatus(version, schemas, tuple(tables), sessions, applied, files)

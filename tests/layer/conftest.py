@@ -5,11 +5,18 @@
 - ``layer_db``: DSN of a fresh clone of it, per test.
 - ``plain_db``: DSN of a fresh database with the same schema and rows and no layer: the reference for
   "behaves like the plain table" comparisons.
+
+``COW_TEST_LAYER_FROM=N`` (1-4) builds ``layer_template`` as an upgrade instead: the layer as it was installed
+at version N (``install_old_layer``), then ``install``; the layer's suites then run on an upgraded install.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import psycopg
@@ -50,6 +57,52 @@ INSERT INTO nopk VALUES (1, 'one');
 """
 
 
+# main before the repeatable files (migrations/sql/functions): the numbered files 0001-0004 held the
+# functions, each later file a full copy of those it changed. Old installs are built from these files in git
+# history, not from a copy in the tree: they are the exact text existing installs ran, and a copy would be
+# ~2,400 lines of SQL kept only for tests.
+OLD_LAYER_COMMIT = "8285c30"
+OLD_VERSIONS = (1, 2, 3, 4)
+
+
+def old_migration_files(upto: int) -> list[tuple[int, str, str]]:
+    """(version, name, sql) of the numbered files 1..upto at OLD_LAYER_COMMIT; skips without git history."""
+    root = Path(__file__).resolve().parents[2]
+    git = shutil.which("git")
+    if git is None:
+        pytest.skip("no git: the old layer versions are read from git history")
+
+    def show(*args: str) -> str:
+        out = subprocess.run([git, "-C", str(root), *args], capture_output=True, text=True, check=False)
+        if out.returncode != 0:
+            pytest.skip(f"git history has no {OLD_LAYER_COMMIT} (shallow clone?): {out.stderr.strip()}")
+        return out.stdout
+
+    files = []
+    for path in show("ls-tree", "--name-only", OLD_LAYER_COMMIT, "migrations/sql/").split():
+        name = path.rsplit("/", 1)[1]
+        version = int(name[:4])
+        if version <= upto:
+            files.append((version, name[5:-4], show("show", f"{OLD_LAYER_COMMIT}:{path}")))
+    assert [f[0] for f in files] == list(range(1, upto + 1))
+    return sorted(files)
+
+
+def install_old_layer(dsn: str, upto: int) -> None:
+    """The layer as `install` left it at version ``upto`` (of OLD_LAYER_COMMIT), CoW enabled on ``public``."""
+    files = old_migration_files(upto)
+    with psycopg.connect(dsn) as conn:  # one transaction, like install
+        conn.execute("SELECT set_config('cow.in_layer', 'on', true)")
+        conn.execute(
+            "CREATE SCHEMA IF NOT EXISTS cow; CREATE TABLE IF NOT EXISTS cow.migrations ("
+            "version int PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for version, name, text in files:
+            conn.execute(text.encode())  # bytes: file text, not a literal query
+            conn.execute("INSERT INTO cow.migrations (version, name) VALUES (%s, %s)", (version, name))
+        conn.execute("SELECT * FROM cow.enable_schema('public', '{}')")
+
+
 def db_name(dsn: str) -> str:
     return urlsplit(dsn).path.lstrip("/")
 
@@ -61,6 +114,9 @@ def layer_template(create_database: Callable[..., str]) -> str:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(SAMPLE_SCHEMA)
         conn.execute(SAMPLE_DATA)
+    upgrade_from = os.environ.get("COW_TEST_LAYER_FROM")
+    if upgrade_from:
+        install_old_layer(dsn, int(upgrade_from))
     install_layer_at(dsn)
     return db_name(dsn)
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import psycopg
 import pytest
 
+from migrations import migrations, repeatables
 from proxy.cli import main
 from tests.layer.conftest import SAMPLE_DATA, SAMPLE_SCHEMA
 
@@ -58,6 +59,14 @@ def test_install_status_uninstall(create_database: Callable[..., str]) -> None:
     status = json.loads(cli("status", "--format", "json", dsn=dsn).stdout)
     assert status["installed"] and status["schemas"] == ["public"]
     assert [t["table_name"] for t in status["tables"]] == ["customers", "orders"]
+    assert status["migrations"] == [m.version for m in migrations()]
+    shipped = [(r.name, True) for r in repeatables()]
+    assert [(r["name"], r["current"]) for r in status["repeatables"]] == shipped
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE cow.repeatables SET checksum = 'old' WHERE name = '70_commit.sql'")
+    text = cli("status", dsn=dsn).stdout
+    assert "functions/70_commit.sql  sha256 old  changed: install applies it" in text
+    assert "functions/10_core.sql" in text and text.count("  current") == len(repeatables()) - 1
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT cow.use_session('s')")
         conn.execute("DELETE FROM orders WHERE id = 1")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import subprocess
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -12,10 +13,11 @@ import asyncpg
 import psycopg
 import pytest
 
-from migrations import install_layer, uninstall_layer
+from migrations import install_layer, layer, repeatables, uninstall_layer
 from migrations.errors import LayerError, NotInstalledError, PermissionDeniedError
+from migrations.layer import Repeatable
 from tests.conftest import PgServer
-from tests.layer.conftest import SAMPLE_DATA, SAMPLE_SCHEMA
+from tests.layer.conftest import OLD_VERSIONS, SAMPLE_DATA, SAMPLE_SCHEMA, install_old_layer
 
 T = TypeVar("T")
 
@@ -194,3 +196,134 @@ def test_python_api_is_exported() -> None:
 
     assert {"install_layer", "uninstall_layer"} <= set(migrations.__all__)
     _: Any = migrations.install_layer
+
+
+# What the layer made, as the catalogs show it: every function in cow (its whole definition), and the
+# per-table objects: the changes tables (columns, storage options), their indexes, the overlay views and
+# twins, every function and trigger in cow_changes and the overlay schemas, the guards on app tables, the
+# event triggers.
+LAYER_OBJECTS = """
+WITH ns AS (
+    SELECT oid, nspname FROM pg_namespace
+    WHERE nspname IN ('cow', 'cow_changes') OR nspname IN (SELECT overlay_schema FROM cow.schemas)
+)
+SELECT 'function', p.oid::regprocedure::text, pg_get_functiondef(p.oid)
+FROM pg_proc p JOIN ns ON ns.oid = p.pronamespace
+UNION ALL
+SELECT 'relation', c.oid::regclass::text,
+       concat_ws(' ', c.relkind, c.reloptions::text,
+                 (SELECT string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod), ', '
+                                    ORDER BY a.attnum)
+                  FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
+                 CASE WHEN c.relkind = 'v' THEN pg_get_viewdef(c.oid) END,
+                 CASE WHEN c.relkind = 'i' THEN pg_get_indexdef(c.oid) END)
+FROM pg_class c JOIN ns ON ns.oid = c.relnamespace
+UNION ALL
+SELECT 'trigger', t.tgrelid::regclass::text || ' ' || t.tgname, pg_get_triggerdef(t.oid)
+FROM pg_trigger t WHERE NOT t.tgisinternal
+UNION ALL
+SELECT 'event trigger', e.evtname, concat_ws(' ', e.evtevent, e.evtfoid::regprocedure, e.evtenabled)
+FROM pg_event_trigger e
+ORDER BY 1, 2
+"""
+
+
+def layer_objects(dsn: str) -> list[tuple[str, str, str]]:
+    with psycopg.connect(dsn) as conn:
+        return [(r[0], r[1], r[2]) for r in conn.execute(LAYER_OBJECTS)]
+
+
+def test_a_numbered_file_defines_no_function_and_each_function_has_one_repeatable_definition() -> None:
+    import pglast
+
+    defined: list[str] = []
+    for migration in layer.migrations():
+        for stmt in pglast.parse_sql(migration.sql):
+            assert not isinstance(stmt.stmt, pglast.ast.CreateFunctionStmt), migration.name
+    for repeatable in repeatables():
+        for stmt in pglast.parse_sql(repeatable.sql):
+            if isinstance(stmt.stmt, pglast.ast.CreateFunctionStmt):
+                defined.append(".".join(n.sval for n in stmt.stmt.funcname))
+    assert len(defined) == len(set(defined)) > 40
+
+
+@pytest.mark.parametrize("version", OLD_VERSIONS)
+def test_an_upgrade_from_each_older_version_ends_like_a_fresh_install(
+    create_database: Callable[..., str], version: int
+) -> None:
+    fresh = create_database()
+    old = create_database()
+    for dsn in (fresh, old):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(SAMPLE_SCHEMA)
+            conn.execute(SAMPLE_DATA)
+    run(fresh, install_layer)
+    install_old_layer(old, version)
+    with psycopg.connect(old, autocommit=True) as conn:
+        conn.execute("SELECT cow.use_session('kept')")
+        conn.execute("UPDATE customers SET score = 7 WHERE id = 1")
+    before = layer_objects(old)
+    result = run(old, install_layer)
+    assert result.applied == (5,)
+    assert result.reapplied == tuple(r.name for r in repeatables())
+    after = layer_objects(old)
+    assert after != before
+    assert after == layer_objects(fresh)
+    with psycopg.connect(old, autocommit=True) as conn:
+        conn.execute("SELECT cow.use_session('kept')")
+        assert conn.execute("SELECT score FROM customers WHERE id = 1").fetchone() == (7,)  # sessions survive
+    second = run(old, install_layer)
+    assert (second.applied, second.reapplied) == ((), ())
+
+
+def test_second_install_applies_nothing_and_changes_nothing(sample_db: str) -> None:
+    first = run(sample_db, install_layer)
+    assert first.reapplied == tuple(r.name for r in repeatables())
+    with psycopg.connect(sample_db) as conn:
+        recorded = conn.execute(
+            "SELECT name, checksum, applied_at FROM cow.repeatables ORDER BY 1"
+        ).fetchall()
+    before = layer_objects(sample_db)
+    second = run(sample_db, install_layer)
+    assert (second.applied, second.reapplied) == ((), ())
+    assert layer_objects(sample_db) == before
+    with psycopg.connect(sample_db) as conn:
+        assert (
+            conn.execute("SELECT name, checksum, applied_at FROM cow.repeatables ORDER BY 1").fetchall()
+            == recorded
+        )
+
+
+def test_a_changed_repeatable_is_applied_again_an_unchanged_one_is_not(
+    sample_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run(sample_db, install_layer)
+    with psycopg.connect(sample_db, autocommit=True) as conn:
+        # Changed behind install's back (not in a file): an unchanged file is not applied again, so it stays.
+        conn.execute(
+            "CREATE OR REPLACE FUNCTION cow._meta_columns() RETURNS text[] LANGUAGE sql IMMUTABLE"
+            " AS $$ SELECT '{}'::text[] $$"
+        )
+        conn.execute("SELECT cow.use_session('kept')")
+        conn.execute("UPDATE customers SET score = 7 WHERE id = 1")
+        conn.execute("DROP FUNCTION cow_changes.t1_ins() CASCADE")  # refresh(true) puts it back
+    shipped = repeatables()
+    core = next(r for r in shipped if r.name == "10_core.sql")
+    assert "{1,128}$' $$;" in core.sql
+    edited = core.sql.replace("{1,128}$' $$;", "{1,64}$' $$;", 1)
+    changed = [
+        Repeatable(r.name, edited, hashlib.sha256(edited.encode()).hexdigest()) if r is core else r
+        for r in shipped
+    ]
+    monkeypatch.setattr(layer, "repeatables", lambda: changed)
+    result = run(sample_db, install_layer)
+    assert (result.applied, result.reapplied) == ((), ("10_core.sql",))
+    with psycopg.connect(sample_db, autocommit=True) as conn:
+        assert conn.execute("SELECT cow.valid_id(repeat('a', 100))").fetchone() == (False,)
+        assert conn.execute("SELECT cow._meta_columns()").fetchone() == ([],)
+        assert conn.execute("SELECT checksum FROM cow.repeatables WHERE name = '10_core.sql'").fetchone() == (
+            changed[0].checksum,
+        )
+        conn.execute("SELECT cow.use_session('kept')")
+        assert conn.execute("SELECT score FROM customers WHERE id = 1").fetchone() == (7,)
+        conn.execute("INSERT INTO customers (email, name) VALUES ('u@x', 'U')")  # the trigger is back

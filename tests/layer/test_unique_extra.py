@@ -16,6 +16,7 @@ import pytest
 
 from migrations.layer import migrations
 from tests.conftest import install_layer_at
+from tests.layer.conftest import old_migration_files
 from tests.layer.test_semantics import Pair, base_rows
 
 SCHEMA = """
@@ -519,16 +520,18 @@ def test_lookups_use_indexes_on_the_changes_table(layer_db: str) -> None:
 
 
 def test_upgrade_from_the_first_migration_adds_the_checks(layer_db: str) -> None:
-    """An install of migration 0001 only (recreated here: 0001's generator, the later rows deleted from
-    cow.migrations, the lookup indexes dropped) gets the checks from `install`."""
-    first = migrations()[0]
-    assert first.version == 1
+    """An install of migration 0001 only (recreated here: 0001's generator as it was before the repeatable
+    files, the later rows deleted from cow.migrations and the repeatables' bookkeeping dropped, the lookup
+    indexes dropped) gets the checks from `install`."""
+    [(version, _, first)] = old_migration_files(1)
+    assert version == 1
     with psycopg.connect(layer_db, autocommit=True) as conn:
         conn.execute(SCHEMA)
         with conn.transaction():
             conn.execute("SELECT set_config('cow.in_layer', 'on', true)")
-            conn.execute(first.sql)  # CREATE OR REPLACE: 0001's generators again
+            conn.execute(first.encode())  # CREATE OR REPLACE: 0001's generators again
             conn.execute("DELETE FROM cow.migrations WHERE version > 1")
+            conn.execute("DROP TABLE cow.repeatables")
             conn.execute("SELECT cow.refresh(true)")
             for (index,) in conn.execute(
                 "SELECT format('cow_changes.%I', relname) FROM pg_class WHERE relname ~ '^t[0-9]+_xq'"

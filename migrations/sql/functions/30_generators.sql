@@ -1,181 +1,187 @@
--- cowproxy copy-on-write layer, version 2: partial and expression UNIQUE indexes and exclusion constraints are
--- checked inside sessions (23505 / 23P01), against the session's view of the table like the plain UNIQUE
--- checks of 0001. `install` applies this file and then calls cow.refresh(true), which regenerates every
--- table's triggers (and with them the changes tables' lookup indexes below) with this code.
+-- cowproxy copy-on-write layer: the generators of the per-table objects.
+-- A repeatable file (docs/layer.md, "Migrations"): it holds the one current definition of each function in it,
+-- and `install` re-applies it whenever its text changes, after the numbered files and before cow.refresh(true).
 
--- The UNIQUE indexes that are partial or have expressions, and the indexes of exclusion constraints, of
--- table p_rel, in index creation order (PostgreSQL checks a row against its indexes in that order):
--- what a generated check and the changes table's lookup index need, as SQL text that names columns bare.
--- Called with search_path = pg_catalog, pg_temp (by the generators), so the expressions come out with their
--- functions and types schema-qualified unless they are in pg_catalog.
-CREATE OR REPLACE FUNCTION cow._xindexes(p_rel oid)
-RETURNS TABLE (idx oid, name text, excl boolean, nnd boolean, am text, multicol boolean, keys text[], ops text[],
-               opclasses text[], pred text, display text, cols text[])
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
-    SELECT x.indexrelid, ic.relname::text, x.indisexclusion, x.indnullsnotdistinct, am.amname::text,
-           pg_indexam_has_property(am.oid, 'can_multi_col'),
-           -- "(expr) COLLATE c": the index's collation, so the lookup can use the index (and compares like it).
-           ARRAY(SELECT format('(%s)', pg_get_indexdef(x.indexrelid, k, true))
-                        || CASE WHEN x.indcollation[k - 1] <> 0
-                                THEN ' COLLATE ' || (SELECT format('%I.%I', cn.nspname, co.collname)
-                                                     FROM pg_collation co JOIN pg_namespace cn ON cn.oid = co.collnamespace
-                                                     WHERE co.oid = x.indcollation[k - 1])
-                                ELSE '' END
-                 FROM generate_series(1, x.indnkeyatts) AS k ORDER BY k),
-           -- The operator a key conflicts by: the exclusion operator, or the opclass's equality.
-           ARRAY(SELECT (SELECT format('OPERATOR(%I.%s)', opn.nspname, o.oprname)
-                         FROM pg_operator o JOIN pg_namespace opn ON opn.oid = o.oprnamespace
-                         WHERE o.oid = CASE WHEN x.indisexclusion THEN cx.conexclop[k]
-                                            ELSE (SELECT ao.amopopr FROM pg_amop ao
-                                                  WHERE ao.amopfamily = oc.opcfamily AND ao.amoplefttype = oc.opcintype
-                                                    AND ao.amoprighttype = oc.opcintype AND ao.amopstrategy = 3
-                                                    AND ao.amopmethod = oc.opcmethod) END)
-                 FROM generate_series(1, x.indnkeyatts) AS k
-                 JOIN pg_opclass oc ON oc.oid = x.indclass[k - 1] ORDER BY k),
-           ARRAY(SELECT format('%I.%I', ocn.nspname, oc.opcname)
-                 FROM generate_series(1, x.indnkeyatts) AS k
-                 JOIN pg_opclass oc ON oc.oid = x.indclass[k - 1] JOIN pg_namespace ocn ON ocn.oid = oc.opcnamespace
-                 ORDER BY k),
-           pg_get_expr(x.indpred, x.indrelid),
-           -- As PostgreSQL names the key in the error detail: "lower(email::text), ws".
-           (SELECT string_agg(pg_get_indexdef(x.indexrelid, k, true), ', ' ORDER BY k)
-            FROM generate_series(1, x.indnkeyatts) AS k),
-           -- Every column the index reads (keys, expressions, predicate): an UPDATE that changes none of them
-           -- cannot create a conflict. Expression and predicate columns are in pg_depend (constraint keys
-           -- under the constraint).
-           ARRAY(SELECT a.attname::text FROM pg_attribute a
-                 WHERE a.attrelid = p_rel AND a.attnum > 0 AND NOT a.attisdropped
-                   AND (a.attnum = ANY (x.indkey::int2[])
-                        OR EXISTS (SELECT 1 FROM pg_depend d
-                                   WHERE d.refclassid = 'pg_class'::regclass AND d.refobjid = p_rel
-                                     AND d.refobjsubid = a.attnum
-                                     AND ((d.classid = 'pg_class'::regclass AND d.objid = x.indexrelid)
-                                          OR (d.classid = 'pg_constraint'::regclass AND d.objid = cx.oid))))
-                 ORDER BY a.attnum)
-    FROM pg_index x
-    JOIN pg_class ic ON ic.oid = x.indexrelid
-    JOIN pg_am am ON am.oid = ic.relam
-    -- (An exclusion index belongs to an EXCLUDE constraint, or from PostgreSQL 18 to a PRIMARY KEY/UNIQUE
-    -- constraint WITHOUT OVERLAPS: both store their operators in conexclop and report 23P01.)
-    LEFT JOIN pg_constraint cx ON cx.conindid = x.indexrelid AND cx.conrelid = p_rel AND cx.contype IN ('x', 'p', 'u')
-    WHERE x.indrelid = p_rel
-      AND (x.indisexclusion OR (x.indisunique AND (x.indpred IS NOT NULL OR x.indexprs IS NOT NULL)))
-    ORDER BY x.indexrelid
-$$;
+-- ---------------------------------------------------------------------------------------------------------
+-- Per-table objects: the changes table, the overlay view, the INSTEAD OF triggers
+-- ---------------------------------------------------------------------------------------------------------
 
--- Lookup indexes on the changes table for those checks (name prefix `<t>_xq`, apart from _build_view's `<t>_u`
--- ones): the same keys (expressions, collations, opclasses) and predicate over the changes table's columns,
--- restricted to current, not deleted versions, so a check probes an index on both sides of the overlay view.
--- Btree (and any access method that has a default opclass for text, e.g. gist with btree_gist) leads with
--- the session. Idempotent: indexes are named by a hash of their definition; stale ones are dropped.
-CREATE OR REPLACE FUNCTION cow._build_lookup_indexes(p_id int) RETURNS void
+-- Create or bring in step the changes table of registry entry p_id, then (re)create its overlay view. The
+-- changes tables are autovacuumed after ~1 % changed (docs/layer.md, "Performance").
+CREATE OR REPLACE FUNCTION cow._build_view(p_id int) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
 DECLARE
     r cow.registry%ROWTYPE;
-    x record;
-    def text;
-    nm text;
-    wanted text[] := '{}';
+    rel oid;
+    sch text;
+    tab text;
+    ch text;
+    v text;
+    b text;
+    names text[];
+    types text[];
+    nums int[];
+    pk text[];
+    k int;
+    i int;
+    sess text := $$nullif(pg_catalog.current_setting('cow.session_id', true), '')$$;
+    col record;
+    idx record;
+    n int := 0;
 BEGIN
     SELECT * INTO STRICT r FROM cow.registry WHERE id = p_id;
-    FOR x IN SELECT * FROM cow._xindexes(r.relid) LOOP
-        def := format('ON cow_changes.%I USING %I (%s%s) WHERE _cow_current AND NOT _cow_deleted%s', r.changes_table,
-                      x.am,
-                      CASE WHEN x.am = 'btree' OR (x.multicol AND EXISTS (
-                                SELECT 1 FROM pg_opclass oc JOIN pg_am a ON a.oid = oc.opcmethod
-                                WHERE a.amname = x.am AND oc.opcintype = 'text'::regtype AND oc.opcdefault))
-                           THEN '_cow_session, ' ELSE '' END,
-                      (SELECT string_agg(x.keys[k] || ' ' || x.opclasses[k], ', ' ORDER BY k)
-                       FROM generate_subscripts(x.keys, 1) AS k),
-                      CASE WHEN x.pred IS NULL THEN '' ELSE format(' AND (%s)', x.pred) END);
-        nm := r.changes_table || '_xq' || left(md5(def), 12);
-        wanted := wanted || nm;
-        IF to_regclass(format('cow_changes.%I', nm)) IS NULL THEN
-            EXECUTE format('CREATE INDEX %I %s', nm, def);
+    rel := r.relid;
+    SELECT n2.nspname, c.relname INTO sch, tab FROM pg_class c JOIN pg_namespace n2 ON n2.oid = c.relnamespace
+    WHERE c.oid = rel;
+    ch := format('cow_changes.%I', r.changes_table);
+    b := format('%I.%I', sch, tab);
+    -- The old view (under its old name, if the table was renamed) goes first: it depends on the columns.
+    EXECUTE format('DROP VIEW IF EXISTS %I.%I CASCADE', r.overlay_schema, r.table_name);
+    SELECT array_agg(a.attname::text ORDER BY a.attnum),
+           array_agg(format_type(a.atttypid, a.atttypmod)
+                     || CASE WHEN a.attcollation <> 0 AND a.attcollation <> t.typcollation
+                             THEN ' COLLATE ' || (SELECT format('%I.%I', cn.nspname, co.collname)
+                                                  FROM pg_collation co JOIN pg_namespace cn ON cn.oid = co.collnamespace
+                                                  WHERE co.oid = a.attcollation)
+                             ELSE '' END ORDER BY a.attnum),
+           array_agg(a.attnum::int ORDER BY a.attnum)
+    INTO names, types, nums
+    FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+    WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped;
+    pk := cow._pk_columns(rel);
+
+    IF to_regclass(ch) IS NULL THEN
+        EXECUTE format('CREATE TABLE %s (_cow_seq bigint NOT NULL DEFAULT nextval(''cow.write_seq''), '
+                       '_cow_session text NOT NULL, _cow_op text NOT NULL, _cow_deleted boolean NOT NULL, '
+                       '_cow_current boolean NOT NULL DEFAULT true, _cow_base jsonb, _cow_fk int NOT NULL DEFAULT 0, '
+                       '_cow_origin jsonb%s)',
+                       ch, (SELECT string_agg(format(', %I %s', names[j], types[j]), '' ORDER BY j)
+                            FROM generate_subscripts(names, 1) AS j));
+        EXECUTE format('CREATE INDEX %I ON %s (_cow_session, _cow_seq)', r.changes_table || '_log', ch);
+        EXECUTE format('GRANT SELECT, INSERT, UPDATE ON %s TO PUBLIC', ch);
+    ELSE
+        EXECUTE format('ALTER TABLE %s ADD COLUMN IF NOT EXISTS _cow_fk int NOT NULL DEFAULT 0, '
+                       'ADD COLUMN IF NOT EXISTS _cow_origin jsonb', ch);
+        -- Follow app DDL by attribute number: dropped, renamed, retyped and added columns.
+        FOR i IN 1 .. coalesce(array_length(r.col_attnums, 1), 0) LOOP
+            k := array_position(nums, r.col_attnums[i]);
+            IF k IS NULL THEN
+                EXECUTE format('ALTER TABLE %s DROP COLUMN IF EXISTS %I', ch, r.col_names[i]);
+            ELSE
+                IF names[k] <> r.col_names[i] THEN
+                    EXECUTE format('ALTER TABLE %s RENAME COLUMN %I TO %I', ch, r.col_names[i], names[k]);
+                END IF;
+                IF types[k] <> r.col_types[i] THEN
+                    EXECUTE format('ALTER TABLE %s ALTER COLUMN %I TYPE %s USING %I::%s', ch, names[k], types[k],
+                                   names[k], split_part(types[k], ' COLLATE ', 1));
+                END IF;
+            END IF;
+        END LOOP;
+        FOR k IN 1 .. array_length(nums, 1) LOOP
+            IF NOT nums[k] = ANY (r.col_attnums) THEN
+                EXECUTE format('ALTER TABLE %s ADD COLUMN %I %s', ch, names[k], types[k]);
+            END IF;
+        END LOOP;
+    END IF;
+    -- Autovacuum after ~1 % of the table changed instead of 20 %: a session's reads probe its current versions
+    -- with index-only scans of <t>_cur, which read the heap for every page not marked all-visible and walk
+    -- the index entries of retired versions until a vacuum removes them (bench/layer.py --stale-session: a
+    -- 100-row range read in a session 3.1x the plain table before a vacuum, 2.1x after; docs/layer.md).
+    IF NOT coalesce((SELECT c.reloptions @> ARRAY['autovacuum_vacuum_scale_factor=0.01',
+                                                  'autovacuum_vacuum_insert_scale_factor=0.01']
+                     FROM pg_class c WHERE c.oid = to_regclass(ch)), false) THEN
+        EXECUTE format('ALTER TABLE %s SET (autovacuum_vacuum_scale_factor = 0.01, '
+                       'autovacuum_vacuum_insert_scale_factor = 0.01)', ch);
+    END IF;
+    -- The current version of each (session, key): what the overlay view merges.
+    IF pk IS DISTINCT FROM r.pk_columns OR to_regclass(format('cow_changes.%I', r.changes_table || '_cur')) IS NULL THEN
+        EXECUTE format('DROP INDEX IF EXISTS cow_changes.%I', r.changes_table || '_cur');
+        EXECUTE format('CREATE UNIQUE INDEX %I ON %s (_cow_session, %s) WHERE _cow_current', r.changes_table || '_cur',
+                       ch, cow._collist(pk));
+    END IF;
+    -- Lookups for the session's UNIQUE checks.
+    FOR idx IN SELECT c.relname FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace
+               WHERE s.nspname = 'cow_changes' AND c.relkind = 'i' AND c.relname LIKE r.changes_table || '\_u%' LOOP
+        EXECUTE format('DROP INDEX cow_changes.%I', idx.relname);
+    END LOOP;
+    FOR idx IN SELECT cow._attnames(rel, x.indkey::int2[]) AS cols FROM pg_index x
+               WHERE x.indrelid = rel AND x.indisunique AND NOT x.indisprimary AND x.indpred IS NULL
+                 AND x.indexprs IS NULL ORDER BY x.indexrelid LOOP
+        n := n + 1;
+        EXECUTE format('CREATE INDEX %I ON %s (_cow_session, %s) WHERE _cow_current AND NOT _cow_deleted',
+                       r.changes_table || '_u' || n, ch, cow._collist(idx.cols));
+    END LOOP;
+
+    v := format('%I.%I', r.overlay_schema, tab);
+    -- Three branches: with no session the first one alone runs (the others are cut by a one-time filter);
+    -- in a session the base rows this session has not touched, then its current, not deleted, versions.
+    EXECUTE format(
+        'CREATE VIEW %1$s AS SELECT %2$s FROM %3$s b WHERE %5$s IS NULL '
+        'UNION ALL SELECT %2$s FROM %3$s b WHERE %5$s IS NOT NULL AND NOT EXISTS ('
+        'SELECT 1 FROM %4$s c WHERE c._cow_session = %5$s AND c._cow_current AND %6$s) '
+        'UNION ALL SELECT %7$s FROM %4$s c WHERE %5$s IS NOT NULL AND c._cow_session = %5$s AND c._cow_current '
+        'AND NOT c._cow_deleted',
+        v, cow._collist(names, 'b.'), b, ch, sess, cow._eq(pk, 'c', 'b'), cow._collist(names, 'c.'));
+    -- Defaults come from the base table (serial and identity values from its sequences).
+    FOR col IN SELECT a.attname, a.attnum, pg_get_expr(d.adbin, d.adrelid) AS def, a.attidentity, a.attgenerated,
+                      format_type(a.atttypid, a.atttypmod) AS typ
+               FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+               WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped LOOP
+        IF col.attidentity = 'a' THEN
+            EXECUTE format('ALTER VIEW %s ALTER COLUMN %I SET DEFAULT cow._defaulted(nextval(%L::regclass), %L)', v,
+                           col.attname, pg_get_serial_sequence(b, col.attname),
+                           'cow._d_' || r.changes_table || '_' || col.attnum);
+        ELSIF col.attgenerated <> '' THEN
+            EXECUTE format('ALTER VIEW %s ALTER COLUMN %I SET DEFAULT cow._defaulted(NULL::%s, %L)', v, col.attname,
+                           col.typ, 'cow._d_' || r.changes_table || '_' || col.attnum);
+        ELSIF col.attidentity = 'd' THEN
+            EXECUTE format('ALTER VIEW %s ALTER COLUMN %I SET DEFAULT nextval(%L::regclass)', v, col.attname,
+                           pg_get_serial_sequence(b, col.attname));
+        ELSIF col.def IS NOT NULL AND col.attgenerated = '' THEN
+            EXECUTE format('ALTER VIEW %s ALTER COLUMN %I SET DEFAULT %s', v, col.attname, col.def);
         END IF;
     END LOOP;
-    FOR x IN SELECT c.relname FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace
-             WHERE s.nspname = 'cow_changes' AND c.relkind = 'i' AND c.relname LIKE r.changes_table || '\_xq%'
-               AND NOT c.relname = ANY (wanted) LOOP
-        EXECUTE format('DROP INDEX cow_changes.%I', x.relname);
+    -- The view's privileges mirror the table's (the owner of the table gets them all).
+    FOR col IN SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee)) END AS who,
+                      a.privilege_type AS priv
+               FROM pg_class c, aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) a
+               WHERE c.oid = rel AND a.privilege_type IN ('SELECT', 'INSERT', 'UPDATE', 'DELETE') LOOP
+        EXECUTE format('GRANT %s ON %s TO %s', col.priv, v, col.who);
     END LOOP;
+
+    UPDATE cow.registry SET table_schema = sch, table_name = tab, pk_columns = pk, col_attnums = nums,
+                            col_names = names, col_types = types
+    WHERE id = p_id;
 END $gen$;
 
--- The check of one index of cow._xindexes in a generated INSERT (p_upd false) or UPDATE trigger: evaluate the
--- predicate and keys on NEW; when the predicate holds and no key is NULL (NULLS NOT DISTINCT: NULLs match),
--- look for a row of the session's view with the predicate true and conflicting keys (an UPDATE skips its own
--- row, and runs only when a column the index reads changed). `var` is the record variable the generated
--- function declares for NEW's keys. The session's view is spelled out here rather than read through the
--- overlay view: base rows matched by the base's own index, each probed for a version of this session
--- (`OFFSET 0` keeps that a per-row index probe: through the view a generic plan may hash all of the
--- session's keys for a range overlap), plus the session's current versions matched by the lookup index.
-CREATE OR REPLACE FUNCTION cow._xcheck_code(p_rel oid, p_idx oid, p_upd boolean, var text, b text, ch text,
-                                            names text[], pk text[], sch text, tab text) RETURNS text
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $gen$
-DECLARE
-    x record;
-    n int;
-    cond text;
-    newkey text;
-    code text;
-    base_src text;
-    sess_src text;
-BEGIN
-    SELECT * INTO STRICT x FROM cow._xindexes(p_rel) WHERE idx = p_idx;
-    n := array_length(x.keys, 1);
-    -- NULLS NOT DISTINCT: "key = value OR both NULL"; plpgsql's custom plans fold the NULL test per call, so
-    -- the lookup stays an index probe (`= value` or `IS NULL`).
-    SELECT string_agg(CASE WHEN x.nnd
-                           THEN format('(%1$s %2$s %3$s.k%4$s OR (%3$s.k%4$s IS NULL AND %1$s IS NULL))',
-                                       x.keys[k], x.ops[k], var, k)
-                           ELSE format('%s %s %s.k%s', x.keys[k], x.ops[k], var, k) END,
-                      ' AND ' ORDER BY k)
-    INTO cond FROM generate_series(1, n) AS k;
-    IF x.pred IS NOT NULL THEN
-        cond := format('(%s) AND ', x.pred) || cond;
-    END IF;
-    -- The keys and predicate name columns bare: each source below has one relation in scope.
-    base_src := format('%s b WHERE %s AND NOT EXISTS (SELECT 1 FROM %s c WHERE c._cow_session = _s AND c._cow_current AND %s OFFSET 0)%s',
-                       b, cond, ch, cow._eq(pk, 'c', 'b'),
-                       CASE WHEN p_upd THEN format(' AND NOT (%s)', cow._eq(pk, 'b', 'OLD')) ELSE '' END);
-    sess_src := format('%s c WHERE c._cow_session = _s AND c._cow_current AND NOT c._cow_deleted AND %s%s',
-                       ch, cond, CASE WHEN p_upd THEN format(' AND NOT (%s)', cow._eq(pk, 'c', 'OLD')) ELSE '' END);
-    newkey := (SELECT string_agg(format('coalesce(%s.k%s::text, ''null'')', var, k), ', ' ORDER BY k)
-               FROM generate_series(1, n) AS k);
-    code := format(E'    SELECT %s AS p, %s INTO %s FROM (%s) AS _x;\n',
-                   coalesce('(' || x.pred || ')', 'true'),
-                   (SELECT string_agg(format('%s AS k%s', x.keys[k], k), ', ' ORDER BY k) FROM generate_series(1, n) AS k),
-                   var, cow._rowsrc(names, 'NEW'))
-         || format(E'    IF %s.p IS TRUE%s THEN\n', var,
-                   CASE WHEN x.nnd AND NOT x.excl THEN ''
-                        ELSE (SELECT string_agg(format(' AND %s.k%s IS NOT NULL', var, k), '' ORDER BY k)
-                              FROM generate_series(1, n) AS k) END);
-    IF x.excl THEN
-        -- The detail names the existing key too.
-        code := code || format(
-            E'        SELECT _y.d INTO _cow_c FROM (SELECT %1$s AS d FROM %2$s UNION ALL SELECT %1$s AS d FROM %3$s) AS _y LIMIT 1;\n'
-             '        IF FOUND THEN\n            %4$s\n        END IF;\n',
-            format('concat_ws('', '', %s)', (SELECT string_agg(format('coalesce((%s)::text, ''null'')', x.keys[k]), ', ' ORDER BY k)
-                                             FROM generate_series(1, n) AS k)),
-            base_src, sess_src,
-            cow._raise('23P01', format('conflicting key value violates exclusion constraint "%s"', x.name),
-                       format('format(''Key (%%s)=(%%s) conflicts with existing key (%%s)=(%%s).'', %L, concat_ws('', '', %s), %L, _cow_c.d)',
-                              x.display, newkey, x.display),
-                       sch, tab, x.name));
-    ELSE
-        code := code || format(E'        IF EXISTS (SELECT 1 FROM %s) OR EXISTS (SELECT 1 FROM %s) THEN\n            %s\n        END IF;\n',
-            base_src, sess_src,
-            cow._raise('23505', format('duplicate key value violates unique constraint "%s"', x.name),
-                       format('format(''Key (%%s)=(%%s) already exists.'', %L, concat_ws('', '', %s))', x.display, newkey),
-                       sch, tab, x.name));
-    END IF;
-    code := code || E'    END IF;\n';
-    IF p_upd THEN
-        -- (An index that reads no column at all: check every UPDATE.)
-        code := format(E'    IF %s THEN\n%s    END IF;\n', cow._changed(coalesce(nullif(x.cols, '{}'), names)), code);
-    END IF;
-    RETURN code;
-END $gen$;
+-- Record a write of the row in record variable `var` (NEW or OLD) in the changes table: the previous current
+-- version of that key stops being current; the first write of a key in the session snapshots the base row
+-- (commit compares it to detect conflicts; diff shows it as the old row).
+CREATE OR REPLACE FUNCTION cow._rec_code(ch text, b text, names text[], pk text[], var text, deleted boolean,
+                                         fkmask text DEFAULT '0', mark_guc text DEFAULT NULL,
+                                         origin text DEFAULT NULL)
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT format(
+        $c$
+    _seen := NULL;
+    UPDATE %1$s x SET _cow_current = false WHERE x._cow_session = _s AND x._cow_current AND %3$s
+        RETURNING x._cow_base, true, x._cow_fk, x._cow_seq, x._cow_origin INTO _base, _seen, _pfk, _pseq, _porig;
+    INSERT INTO %1$s (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, _cow_origin, %5$s)
+    VALUES (_s, _o, %6$s,
+            CASE WHEN _seen THEN _base ELSE (SELECT pg_catalog.to_jsonb(y) FROM %2$s y WHERE %4$s) END,
+            %8$s, %9$s, %7$s);
+$c$, ch, b, cow._eq(pk, 'x', var), cow._eq(pk, 'y', var), cow._collist(names), CASE WHEN deleted THEN 'true' ELSE 'false' END,
+       cow._collist(names, var || '.'),
+       -- FOREIGN KEYs to check at the end of the statement: those this write changed, plus those an earlier
+       -- write of the same row in the same (outermost) statement changed.
+       CASE WHEN deleted OR mark_guc IS NULL THEN '0'
+            ELSE format($m$(%s) | CASE WHEN _pseq > coalesce(nullif(pg_catalog.split_part(pg_catalog.current_setting(%L, true), ',', 1), '')::bigint, 9223372036854775807) THEN coalesce(_pfk, 0) ELSE 0 END$m$,
+                        fkmask, mark_guc) END,
+       -- The base key the row descends from: kept from the previous version, or the key itself when this is
+       -- the session's first write of a row read from the base; an INSERT passes NULL.
+       coalesce(origin, format('CASE WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object(%s) ELSE _porig END',
+                               (SELECT string_agg(format('%L, %s.%I', k, var, k), ', ') FROM unnest(pk) AS k))))
+$$;
 
 -- The trigger generator below is also the cheaper in-session write path (measured in docs/layer.md
 -- "Performance" and docs/benchmarks.md "Writes in a session"):
@@ -186,9 +192,9 @@ END $gen$;
 --   version (a tombstone) only when that lookup found one;
 -- - an UPDATE runs the UNIQUE and referenced-key (RESTRICT/NO ACTION) queries only when those columns change.
 
--- The generator of 0001 with these changes: the UNIQUE loop also emits the checks of partial and expression
--- UNIQUE indexes and exclusion constraints (cow._xcheck_code), the changes table gets their lookup indexes, and
--- the write path above.
+-- The INSTEAD OF triggers of registry entry p_id: the UNIQUE loop also emits the checks of partial and expression
+-- UNIQUE indexes and exclusion constraints (cow._xcheck_code, 20_unique_checks.sql), and the changes table gets
+-- their lookup indexes.
 CREATE OR REPLACE FUNCTION cow._build_triggers(p_id int) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
 DECLARE

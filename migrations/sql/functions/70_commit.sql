@@ -1,9 +1,6 @@
--- cowproxy copy-on-write layer, version 4: commit order for re-pointed children. `install` applies this file
--- after 0001-0003. cow.commit_session deleted a base row the session had deleted before it applied the
--- session's update of a row that referenced it (the session re-pointed or nulled the reference, then deleted the
--- parent), so the base's ON DELETE CASCADE removed that row, or RESTRICT refused the commit. Such updates now run
--- before the deletes; when one cannot yet (it references a row the commit inserts), the delete waits until the
--- inserts and updates are applied, then runs children first. Otherwise 0001's function.
+-- cowproxy copy-on-write layer: cow.commit_session and its code helpers.
+-- A repeatable file (docs/layer.md, "Migrations"): it holds the one current definition of each function in it,
+-- and `install` re-applies it whenever its text changes, after the numbered files and before cow.refresh(true).
 
 -- "EXISTS (SELECT 1 FROM child r WHERE r.fk = b.key) OR ...": some base row references row `b` of p_rel through a
 -- foreign key (of any table, enabled or not); "false" when no foreign key references p_rel.
@@ -26,6 +23,9 @@ LANGUAGE sql IMMUTABLE AS $$
                   cow._collist(p_pk, 'c.'), p_changes, cow._collist(p_pk, 'c.'))
 $$;
 
+-- Apply the session's net changes (or those of some operations and what they depend on) to the base tables,
+-- in one transaction: deletes children first, then inserts/updates parents first. A base row changed since
+-- the session first wrote it is a conflict (40001) unless on_conflict = 'overwrite'.
 CREATE OR REPLACE FUNCTION cow.commit_session(session text, ops text[] DEFAULT NULL, on_conflict text DEFAULT 'fail')
 RETURNS jsonb
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$

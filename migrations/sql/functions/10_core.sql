@@ -1,0 +1,279 @@
+-- cowproxy copy-on-write layer: session GUCs, the base tables' guard, code generation helpers.
+-- A repeatable file (docs/layer.md, "Migrations"): it holds the one current definition of each function in it,
+-- and `install` re-applies it whenever its text changes, after the numbered files and before cow.refresh(true).
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Session GUCs
+-- ---------------------------------------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION cow.valid_id(p text) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$ SELECT p ~ '^[A-Za-z0-9._:-]{1,128}$' $$;
+
+CREATE OR REPLACE FUNCTION cow._check_id(p text, what text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p IS NOT NULL AND NOT cow.valid_id(p) THEN
+        RAISE EXCEPTION 'invalid % id %: ids are 1-128 characters of [A-Za-z0-9._:-]', what, left(quote_literal(p), 140)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END $$;
+
+-- View default of a GENERATED ALWAYS identity or a generated column: the value, plus a transaction-local flag
+-- the INSTEAD OF trigger consumes, so that an explicit value can be told from DEFAULT (428C9, as PostgreSQL).
+CREATE OR REPLACE FUNCTION cow._defaulted(value anyelement, flag text) RETURNS anyelement
+LANGUAGE sql VOLATILE AS $$ SELECT CASE WHEN pg_catalog.set_config(flag, 'on', true) IS NOT NULL THEN value END $$;
+
+CREATE OR REPLACE FUNCTION cow.current_session() RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE AS $$ SELECT nullif(current_setting('cow.session_id', true), '') $$;
+
+-- search_path entries, unquoted, in order.
+CREATE OR REPLACE FUNCTION cow._path_entries(p text) RETURNS text[]
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(array_agg(CASE WHEN m[1] IS NOT NULL THEN replace(m[1], '""', '"') ELSE btrim(m[2]) END
+                              ORDER BY ord), '{}')
+    FROM regexp_matches(coalesce(p, ''), '\s*(?:"((?:[^"]|"")*)"|([^,]+))\s*(?:,|$)', 'g') WITH ORDINALITY AS t(m, ord)
+    WHERE coalesce(m[1], btrim(m[2])) <> ''
+$$;
+
+CREATE OR REPLACE FUNCTION cow._path_text(entries text[]) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(string_agg(CASE WHEN e = '$user' THEN '"$user"' ELSE quote_ident(e) END, ', ' ORDER BY ord), '')
+    FROM unnest(entries) WITH ORDINALITY AS t(e, ord)
+$$;
+
+-- The search_path without overlay schemas, then (when joining) with each enabled schema's overlay right before it.
+CREATE OR REPLACE FUNCTION cow._session_path(p_join boolean) RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    entries text[] := cow._path_entries(current_setting('search_path'));
+    result text[] := '{}';
+    e text;
+    ov text;
+    placed boolean := false;
+BEGIN
+    FOREACH e IN ARRAY entries LOOP
+        CONTINUE WHEN e IN (SELECT overlay_schema FROM cow.schemas);
+        IF p_join THEN
+            SELECT overlay_schema INTO ov FROM cow.schemas
+            WHERE schema_name = CASE WHEN e = '$user' THEN current_user ELSE e END;
+            IF ov IS NOT NULL AND NOT ov = ANY (result) THEN
+                result := result || ov;
+                placed := true;
+            END IF;
+        END IF;
+        result := result || e;
+    END LOOP;
+    IF p_join AND NOT placed THEN
+        -- No enabled schema on the path: put every overlay first so that unqualified names still resolve.
+        result := ARRAY(SELECT overlay_schema FROM cow.schemas ORDER BY schema_name) || result;
+    END IF;
+    RETURN cow._path_text(result);
+END $$;
+
+CREATE OR REPLACE FUNCTION cow.use_session(session text, operation text DEFAULT NULL) RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    session := nullif(session, '');
+    operation := nullif(operation, '');
+    PERFORM cow._check_id(session, 'session');
+    PERFORM cow._check_id(operation, 'operation');
+    PERFORM set_config('cow.session_id', coalesce(session, ''), false);
+    PERFORM set_config('cow.operation_id', CASE WHEN session IS NULL THEN '' ELSE coalesce(operation, '') END, false);
+    PERFORM set_config('search_path', cow._session_path(session IS NOT NULL), false);
+    RETURN session;
+END $$;
+
+CREATE OR REPLACE FUNCTION cow.use_operation(operation text) RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    operation := nullif(operation, '');
+    PERFORM cow._check_id(operation, 'operation');
+    PERFORM set_config('cow.operation_id', coalesce(operation, ''), false);
+    RETURN operation;
+END $$;
+
+-- Called by every trigger that records a change: the current session (NULL: none). Registers the session and
+-- validates the ids once per transaction.
+CREATE OR REPLACE FUNCTION cow._write_session() RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    s text := nullif(current_setting('cow.session_id', true), '');
+    stamp text;
+    st text;
+    lw timestamptz;
+BEGIN
+    IF s IS NULL THEN
+        RETURN NULL;
+    END IF;
+    stamp := s || '/' || pg_current_xact_id()::text;
+    IF current_setting('cow._registered', true) IS DISTINCT FROM stamp THEN
+        -- Ids set with SET or startup options did not go through cow.use_session: check them here (inline:
+        -- this runs once per write transaction).
+        IF s !~ '^[A-Za-z0-9._:-]{1,128}$'
+           OR coalesce(current_setting('cow.operation_id', true), '') !~ '^([A-Za-z0-9._:-]{1,128})?$' THEN
+            PERFORM cow._check_id(s, 'session');
+            PERFORM cow._check_id(nullif(current_setting('cow.operation_id', true), ''), 'operation');
+        END IF;
+        -- Never hold the registry row for the rest of the transaction: concurrent transactions of one session
+        -- (a pooled application) must not queue behind each other. A new session is inserted (ON CONFLICT DO
+        -- NOTHING takes no lock on an existing row); an existing one gets its timestamps only when no other
+        -- transaction holds its row (SKIP LOCKED), so last_write_at is approximate under concurrency.
+        SELECT x.status, x.last_write_at INTO st, lw FROM cow.sessions x WHERE x.session_id = s;
+        IF st IS NULL THEN
+            INSERT INTO cow.sessions (session_id, kind, first_write_at, last_write_at)
+            VALUES (s, 'other', now(), now())
+            ON CONFLICT (session_id) DO NOTHING;
+            SELECT x.status INTO st FROM cow.sessions x WHERE x.session_id = s;
+        ELSIF lw IS NULL OR lw < now() - interval '1 second' THEN
+            -- (At most about once a second: a registry update per transaction would double a write's cost.)
+            UPDATE cow.sessions x SET last_write_at = now(), first_write_at = coalesce(x.first_write_at, now())
+            WHERE x.session_id = (SELECT y.session_id FROM cow.sessions y WHERE y.session_id = s
+                                  FOR UPDATE SKIP LOCKED);
+        END IF;
+        IF st <> 'open' THEN
+            RAISE EXCEPTION 'session % is %: it takes no more writes', s, st
+                USING ERRCODE = 'object_not_in_prerequisite_state';
+        END IF;
+        PERFORM set_config('cow._registered', stamp, true);
+    END IF;
+    RETURN s;
+END $$;
+
+-- The operation of the current write: cow.operation_id, else one id per top-level transaction.
+CREATE OR REPLACE FUNCTION cow._write_operation() RETURNS text
+LANGUAGE sql VOLATILE AS $$
+    SELECT coalesce(nullif(current_setting('cow.operation_id', true), ''), 'xact:' || pg_current_xact_id()::text)
+$$;
+
+-- ---------------------------------------------------------------------------------------------------------
+-- The fail-closed guard on base tables
+-- ---------------------------------------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION cow.guard() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('cow.session_id', true) <> '' THEN
+        RAISE EXCEPTION 'cowproxy: % on base table %.% refused: the connection is in session % (write through the overlay view, or leave the session with cow.use_session(NULL))',
+            TG_OP, quote_ident(TG_TABLE_SCHEMA), quote_ident(TG_TABLE_NAME), current_setting('cow.session_id', true)
+            USING ERRCODE = 'insufficient_privilege', SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME;
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE FUNCTION cow._add_guard(p_rel oid) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    -- The WHEN clause keeps untagged writes from calling plpgsql at all (a plain expression per statement).
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = p_rel AND tgname = 'cow_guard' AND tgqual IS NOT NULL) THEN
+        EXECUTE format('CREATE OR REPLACE TRIGGER cow_guard BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %s '
+                       'FOR EACH STATEMENT WHEN (pg_catalog.current_setting(''cow.session_id'', true) <> '''') '
+                       'EXECUTE FUNCTION cow.guard()', p_rel::regclass);
+    END IF;
+END $$;
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Code generation helpers
+-- ---------------------------------------------------------------------------------------------------------
+
+-- "a.x = b.x AND a.y = b.y" over cols.
+CREATE OR REPLACE FUNCTION cow._eq(cols text[], l text, r text, l_cols text[] DEFAULT NULL) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT string_agg(format('%s.%I = %s.%I', l, coalesce(l_cols[i], cols[i]), r, cols[i]), ' AND ' ORDER BY i)
+    FROM generate_subscripts(cols, 1) AS i
+$$;
+
+-- "r.x IS NOT NULL AND r.y IS NOT NULL"
+CREATE OR REPLACE FUNCTION cow._notnull(cols text[], r text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT string_agg(format('%s.%I IS NOT NULL', r, c), ' AND ' ORDER BY i)
+    FROM unnest(cols) WITH ORDINALITY AS t(c, i)
+$$;
+
+-- "(NEW.x IS DISTINCT FROM OLD.x OR ...)"
+CREATE OR REPLACE FUNCTION cow._changed(cols text[]) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT '(' || string_agg(format('NEW.%I IS DISTINCT FROM OLD.%I', c, c), ' OR ' ORDER BY i) || ')'
+    FROM unnest(cols) WITH ORDINALITY AS t(c, i)
+$$;
+
+-- "concat_ws(', ', coalesce(r.x::text, 'null'), ...)": key values for error details.
+CREATE OR REPLACE FUNCTION cow._keytext(cols text[], r text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'concat_ws('', '', ' || string_agg(format('coalesce(%s.%I::text, ''null'')', r, c), ', ' ORDER BY i) || ')'
+    FROM unnest(cols) WITH ORDINALITY AS t(c, i)
+$$;
+
+CREATE OR REPLACE FUNCTION cow._collist(cols text[], prefix text DEFAULT '') RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(string_agg(prefix || quote_ident(c), ', ' ORDER BY i), '')
+    FROM unnest(cols) WITH ORDINALITY AS t(c, i)
+$$;
+
+CREATE OR REPLACE FUNCTION cow._attnames(p_rel oid, p_nums int2[]) RETURNS text[]
+LANGUAGE sql STABLE AS $$
+    SELECT array_agg(a.attname::text ORDER BY k.i)
+    FROM unnest(p_nums) WITH ORDINALITY AS k(n, i)
+    JOIN pg_attribute a ON a.attrelid = p_rel AND a.attnum = k.n
+$$;
+
+CREATE OR REPLACE FUNCTION cow._overlay_name(p_schema text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN length('cow_overlay_' || p_schema) <= 63 THEN 'cow_overlay_' || p_schema
+                ELSE 'cow_overlay_' || left(p_schema, 40) || '_' || left(md5(p_schema), 8) END
+$$;
+
+-- The relation rows are read from in a session: the overlay view of an enabled table, else the table itself.
+CREATE OR REPLACE FUNCTION cow._session_rel(p_rel oid) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce((SELECT format('%I.%I', overlay_schema, table_name) FROM cow.registry WHERE relid = p_rel),
+                    p_rel::regclass::text)
+$$;
+
+CREATE OR REPLACE FUNCTION cow._pk_columns(p_rel oid) RETURNS text[]
+LANGUAGE sql STABLE AS $$
+    SELECT cow._attnames(p_rel, i.indkey::int2[])
+    FROM pg_index i WHERE i.indrelid = p_rel AND i.indisprimary
+$$;
+
+-- A fingerprint of everything the generated objects depend on: when it changes, regenerate.
+CREATE OR REPLACE FUNCTION cow._signature(p_rel oid) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT md5(concat_ws('|',
+        p_rel::regclass::text,
+        (SELECT string_agg(concat_ws(':', a.attnum, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+                                     a.attgenerated, a.attidentity, pg_get_expr(d.adbin, d.adrelid)), ',' ORDER BY a.attnum)
+         FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+         WHERE a.attrelid = p_rel AND a.attnum > 0 AND NOT a.attisdropped),
+        (SELECT string_agg(c.conname || pg_get_constraintdef(c.oid) || c.conrelid::regclass::text
+                           || cow._session_rel(c.conrelid) || cow._session_rel(c.confrelid), ',' ORDER BY c.conname, c.oid)
+         FROM pg_constraint c WHERE c.conrelid = p_rel OR c.confrelid = p_rel),
+        (SELECT string_agg(pg_get_indexdef(i.indexrelid), ',' ORDER BY i.indexrelid)
+         FROM pg_index i WHERE i.indrelid = p_rel AND i.indisunique),
+        (SELECT string_agg(coalesce(c.relacl::text, ''), ',') FROM pg_class c WHERE c.oid = p_rel),
+        (SELECT string_agg(pg_get_partition_constraintdef(t.relid), ',' ORDER BY t.relid)
+         FROM pg_partition_tree(p_rel) t WHERE t.isleaf AND t.relid <> p_rel)))
+$$;
+
+CREATE OR REPLACE FUNCTION cow._eq2(lcols text[], l text, rcols text[], r text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT string_agg(format('%s.%I = %s.%I', l, lcols[i], r, rcols[i]), ' AND ' ORDER BY i)
+    FROM generate_subscripts(lcols, 1) AS i
+$$;
+
+-- "SELECT r.a AS a, r.b AS b": a row source naming a record's fields as columns, for generated-column and CHECK
+-- expressions (which name columns bare).
+CREATE OR REPLACE FUNCTION cow._rowsrc(cols text[], r text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'SELECT ' || string_agg(format('%s.%I AS %I', r, c, c), ', ' ORDER BY i)
+    FROM unnest(cols) WITH ORDINALITY AS t(c, i)
+$$;
+
+CREATE OR REPLACE FUNCTION cow._raise(errcode text, message text, detail text, p_schema text, p_table text,
+                                      p_constraint text DEFAULT NULL, p_column text DEFAULT NULL) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT format('RAISE EXCEPTION USING ERRCODE = %L, MESSAGE = %L%s, SCHEMA = %L, TABLE = %L%s%s;',
+                  errcode, message, CASE WHEN detail IS NULL THEN '' ELSE ', DETAIL = ' || detail END,
+                  p_schema, p_table,
+                  CASE WHEN p_constraint IS NULL THEN '' ELSE format(', CONSTRAINT = %L', p_constraint) END,
+                  CASE WHEN p_column IS NULL THEN '' ELSE format(', COLUMN = %L', p_column) END)
+$$;

@@ -1,0 +1,224 @@
+-- cowproxy copy-on-write layer: enabling schemas and tables, keeping them in step with app DDL, and teardown.
+-- A repeatable file (docs/layer.md, "Migrations"): it holds the one current definition of each function in it,
+-- and `install` re-applies it whenever its text changes, after the numbered files and before cow.refresh(true).
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Enabling schemas and tables, keeping them in step with app DDL
+-- ---------------------------------------------------------------------------------------------------------
+
+-- Overlay twins of app views that read enabled tables: same definition, names resolving to the overlay first.
+CREATE OR REPLACE FUNCTION cow._build_twins() RETURNS SETOF text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
+DECLARE
+    x record;
+    enabled oid[];
+    todo oid[];
+    progress boolean := true;
+    app_path text;
+    twin_path text;
+    def text;
+    opts text;
+BEGIN
+    -- Drop the existing twins (everything in an overlay schema that is not a table's overlay view).
+    FOR x IN SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname IN (SELECT overlay_schema FROM cow.schemas) AND c.relkind = 'v'
+               AND NOT EXISTS (SELECT 1 FROM cow.registry g WHERE g.overlay_schema = n.nspname AND g.table_name = c.relname)
+    LOOP
+        EXECUTE format('DROP VIEW IF EXISTS %I.%I CASCADE', x.nspname, x.relname);
+    END LOOP;
+    SELECT array_agg(relid) INTO enabled FROM cow.registry;
+    enabled := coalesce(enabled, '{}');
+    -- Views and materialized views of enabled schemas that read (transitively) an enabled table.
+    SELECT array_agg(c.oid ORDER BY c.oid) INTO todo
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE c.relkind IN ('v', 'm') AND n.nspname IN (SELECT schema_name FROM cow.schemas);
+    todo := coalesce(todo, '{}');
+    WHILE progress LOOP
+        progress := false;
+        FOR x IN SELECT c.oid, n.nspname, c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE c.oid = ANY (todo) ORDER BY c.oid LOOP
+            IF EXISTS (SELECT 1 FROM pg_rewrite rw JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = rw.oid
+                       WHERE rw.ev_class = x.oid AND d.refclassid = 'pg_class'::regclass AND d.refobjid <> x.oid
+                         AND d.refobjid = ANY (enabled)) THEN
+                todo := array_remove(todo, x.oid);
+                progress := true;
+                IF x.relkind = 'm' THEN
+                    RETURN NEXT format('materialized view %I.%I reads CoW tables; it shows base rows only (no overlay twin)',
+                                       x.nspname, x.relname);
+                    CONTINUE;
+                END IF;
+                -- Print the definition with the app schemas on the path (their names come out bare), then
+                -- create it with each overlay schema ahead of its app schema.
+                SELECT string_agg(quote_ident(s), ', ' ORDER BY s <> x.nspname, s) INTO app_path
+                FROM (SELECT schema_name AS s FROM cow.schemas) q;
+                SELECT string_agg(format('%I, %I', overlay_schema, schema_name), ', ' ORDER BY schema_name <> x.nspname, schema_name)
+                INTO twin_path FROM cow.schemas;
+                PERFORM set_config('search_path', app_path, true);
+                def := pg_get_viewdef(x.oid);
+                PERFORM set_config('search_path', twin_path, true);
+                SELECT coalesce(' WITH (' || array_to_string(c.reloptions, ', ') || ')', '') INTO opts
+                FROM pg_class c WHERE c.oid = x.oid;
+                EXECUTE format('CREATE VIEW %I.%I%s AS %s', cow._overlay_name(x.nspname), x.relname, opts, def);
+                PERFORM set_config('search_path', 'pg_catalog, pg_temp', true);
+                EXECUTE (SELECT string_agg(format('GRANT %s ON %I.%I TO %s', a.privilege_type, cow._overlay_name(x.nspname),
+                                                  x.relname, CASE WHEN a.grantee = 0 THEN 'PUBLIC'
+                                                                  ELSE quote_ident(pg_get_userbyid(a.grantee)) END), '; ')
+                         FROM pg_class c, aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) a
+                         WHERE c.oid = x.oid AND a.privilege_type IN ('SELECT', 'INSERT', 'UPDATE', 'DELETE'));
+                enabled := enabled || x.oid;
+            END IF;
+        END LOOP;
+    END LOOP;
+END $gen$;
+
+-- Register a table (no objects yet); returns a note when it cannot be enabled.
+CREATE OR REPLACE FUNCTION cow._register(p_rel oid) RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
+DECLARE
+    sch text;
+    tab text;
+    new_id int;
+BEGIN
+    SELECT n.nspname, c.relname INTO sch, tab FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE c.oid = p_rel;
+    PERFORM cow._add_guard(p_rel);
+    IF EXISTS (SELECT 1 FROM cow.registry WHERE relid = p_rel) THEN
+        RETURN NULL;
+    END IF;
+    IF cow._pk_columns(p_rel) IS NULL THEN
+        RETURN format('table %I.%I has no primary key: not enabled (it stays plain; writes to it in a session are refused)',
+                      sch, tab);
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = p_rel AND attnum > 0 AND NOT attisdropped
+               AND attname LIKE '\_cow\_%') THEN
+        RETURN format('table %I.%I has a column named _cow_*, reserved by the layer: not enabled', sch, tab);
+    END IF;
+    INSERT INTO cow.registry (relid, table_schema, table_name, overlay_schema, changes_table, pk_columns)
+    VALUES (p_rel, sch, tab, cow._overlay_name(sch), 'pending_' || p_rel, '{}')
+    RETURNING id INTO new_id;
+    UPDATE cow.registry SET changes_table = 't' || new_id WHERE id = new_id;
+    RETURN NULL;
+END $gen$;
+
+-- Bring every enabled schema in step: new tables enabled, dropped tables' overlays removed, changed tables
+-- regenerated, guards present, view twins rebuilt. Returns notes (skipped tables, unsupported objects).
+CREATE OR REPLACE FUNCTION cow.refresh(p_force boolean DEFAULT false) RETURNS SETOF text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
+DECLARE
+    x record;
+    note text;
+    rebuilt boolean := p_force;
+    prev text := current_setting('cow.in_layer', true);
+BEGIN
+    PERFORM set_config('cow.in_layer', 'on', true);
+    -- Tables that are gone, or moved out of the enabled schemas.
+    FOR x IN SELECT g.* FROM cow.registry g
+             WHERE NOT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                               JOIN cow.schemas s ON s.schema_name = n.nspname
+                               WHERE c.oid = g.relid AND NOT c.relname = ANY (s.excluded)) LOOP
+        EXECUTE format('DROP VIEW IF EXISTS %I.%I CASCADE', x.overlay_schema, x.table_name);
+        EXECUTE format('DROP TABLE IF EXISTS cow_changes.%I CASCADE', x.changes_table);
+        EXECUTE format('DROP FUNCTION IF EXISTS cow_changes.%I(), cow_changes.%I(), cow_changes.%I()',
+                       x.changes_table || '_ins', x.changes_table || '_upd', x.changes_table || '_del');
+        DELETE FROM cow.registry WHERE id = x.id;
+        rebuilt := true;
+    END LOOP;
+    FOR x IN SELECT s.overlay_schema FROM cow.schemas s LOOP
+        EXECUTE format('CREATE SCHEMA IF NOT EXISTS %I', x.overlay_schema);
+        EXECUTE format('GRANT USAGE ON SCHEMA %I TO PUBLIC', x.overlay_schema);
+    END LOOP;
+    -- Tables of enabled schemas (partitions get the guard only; their parent is enabled).
+    FOR x IN SELECT c.oid, c.relispartition FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             JOIN cow.schemas s ON s.schema_name = n.nspname
+             WHERE c.relkind IN ('r', 'p') AND NOT c.relname = ANY (s.excluded) ORDER BY n.nspname, c.relname LOOP
+        IF x.relispartition THEN
+            PERFORM cow._add_guard(x.oid);
+        ELSE
+            note := cow._register(x.oid);
+            IF note IS NOT NULL THEN
+                RETURN NEXT note;
+            END IF;
+        END IF;
+    END LOOP;
+    -- Views first (every trigger function reads other tables' overlay views), then the triggers.
+    FOR x IN SELECT g.id, g.relid, g.signature, g.overlay_schema, g.table_name FROM cow.registry g ORDER BY g.id LOOP
+        IF p_force OR x.signature IS DISTINCT FROM cow._signature(x.relid)
+           OR to_regclass(format('%I.%I', x.overlay_schema, (SELECT relname FROM pg_class WHERE oid = x.relid))) IS NULL THEN
+            PERFORM cow._build_view(x.id);
+            rebuilt := true;
+        END IF;
+    END LOOP;
+    IF rebuilt THEN
+        FOR x IN SELECT g.id FROM cow.registry g ORDER BY g.id LOOP
+            PERFORM cow._build_triggers(x.id);
+        END LOOP;
+    END IF;
+    FOR note IN SELECT * FROM cow._build_twins() LOOP
+        RETURN NEXT note;
+    END LOOP;
+    PERFORM set_config('cow.in_layer', coalesce(prev, ''), true);
+END $gen$;
+
+CREATE OR REPLACE FUNCTION cow.enable_schema(p_schema text, p_exclude text[] DEFAULT '{}') RETURNS SETOF text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
+DECLARE
+    t text;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = p_schema) THEN
+        RAISE EXCEPTION 'schema "%" does not exist', p_schema USING ERRCODE = 'invalid_schema_name';
+    END IF;
+    IF p_schema IN ('cow', 'cow_changes', 'pg_catalog', 'information_schema') OR p_schema LIKE 'cow\_overlay\_%'
+       OR p_schema LIKE 'pg\_toast%' THEN
+        RAISE EXCEPTION 'schema "%" cannot be enabled', p_schema USING ERRCODE = 'invalid_schema_name';
+    END IF;
+    FOREACH t IN ARRAY coalesce(p_exclude, '{}') LOOP
+        IF to_regclass(format('%I.%I', p_schema, t)) IS NULL THEN
+            RAISE EXCEPTION 'relation "%.%" does not exist (--exclude)', p_schema, t USING ERRCODE = 'undefined_table';
+        END IF;
+    END LOOP;
+    INSERT INTO cow.schemas AS s (schema_name, overlay_schema, excluded)
+    VALUES (p_schema, cow._overlay_name(p_schema), coalesce(p_exclude, '{}'))
+    ON CONFLICT (schema_name) DO UPDATE
+        SET excluded = ARRAY(SELECT DISTINCT e FROM unnest(s.excluded || EXCLUDED.excluded) AS e ORDER BY e);
+    RETURN QUERY SELECT * FROM cow.refresh();
+END $gen$;
+
+-- Enable one table (its schema becomes enabled; the schema's other tables are enabled too).
+CREATE OR REPLACE FUNCTION cow.enable_table(p_rel regclass) RETURNS SETOF text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
+BEGIN
+    RETURN QUERY SELECT * FROM cow.enable_schema(
+        (SELECT n.nspname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = p_rel));
+END $gen$;
+
+-- Remove every layer object except schema cow itself (the caller drops it): guards, overlays, changes, event
+-- triggers. Refuses while sessions hold changes, unless p_discard.
+CREATE OR REPLACE FUNCTION cow._teardown(p_discard boolean) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    x record;
+    n bigint;
+    holders text[] := '{}';
+BEGIN
+    PERFORM set_config('cow.in_layer', 'on', true);
+    FOR x IN SELECT changes_table FROM cow.registry LOOP
+        IF to_regclass(format('cow_changes.%I', x.changes_table)) IS NOT NULL THEN
+            EXECUTE format('SELECT array_agg(DISTINCT _cow_session) FROM cow_changes.%I', x.changes_table) INTO STRICT holders;
+            IF holders IS NOT NULL AND NOT p_discard THEN
+                RAISE EXCEPTION 'sessions hold changes: % (discard or commit them, or uninstall with --discard-sessions)',
+                    array_to_string(holders, ', ') USING ERRCODE = 'object_not_in_prerequisite_state';
+            END IF;
+        END IF;
+    END LOOP;
+    DROP EVENT TRIGGER IF EXISTS cow_ddl_start;
+    DROP EVENT TRIGGER IF EXISTS cow_ddl_end;
+    FOR x IN SELECT tgrelid::regclass AS rel FROM pg_trigger WHERE tgname = 'cow_guard'
+             AND tgfoid = 'cow.guard()'::regprocedure LOOP
+        EXECUTE format('DROP TRIGGER cow_guard ON %s', x.rel);
+    END LOOP;
+    FOR x IN SELECT overlay_schema FROM cow.schemas LOOP
+        EXECUTE format('DROP SCHEMA IF EXISTS %I CASCADE', x.overlay_schema);
+    END LOOP;
+    DROP SCHEMA IF EXISTS cow_changes CASCADE;
+    GET DIAGNOSTICS n = ROW_COUNT;
+END $$;
