@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import os
 import random
 import re
@@ -80,6 +81,7 @@ OPS = {
     "delete 1 row": "DELETE FROM items WHERE id = $1",
 }
 _FILE = re.compile(r"^migrations/sql/(\d{4})_([a-z0-9_]+)\.sql$")
+_REPEATABLE_FILE = re.compile(r"^migrations/sql/functions/(\d{2}_[a-z0-9_]+\.sql)$")
 
 
 @dataclass(frozen=True)
@@ -119,29 +121,40 @@ def parse_args(argv: list[str] | None = None) -> Config:
     )
 
 
-def baseline_migrations(ref: str) -> list[layer_mod.Migration]:
-    """The migration files as of git ref ``ref`` of this repository."""
+Layer = tuple[list[layer_mod.Migration], list[layer_mod.Repeatable]]
+
+
+def baseline_layer(ref: str) -> Layer:
+    """The numbered and repeatable SQL files as of git ref ``ref`` of this repository (a ref from before the
+    repeatable files has none: its numbered files hold the functions)."""
     root = os.path.dirname(_HERE)
     try:
         names = subprocess.run(
-            ["git", "-C", root, "ls-tree", "--name-only", ref, "migrations/sql/"],
+            ["git", "-C", root, "ls-tree", "-r", "--name-only", ref, "migrations/sql/"],
             check=True,
             capture_output=True,
             text=True,
         ).stdout.split()
         found = []
+        repeatables = []
         for name in names:
             m = _FILE.match(name)
+            r = _REPEATABLE_FILE.match(name)
+            if not (m or r):
+                continue
+            sql = subprocess.run(
+                ["git", "-C", root, "show", f"{ref}:{name}"], check=True, capture_output=True, text=True
+            ).stdout
             if m:
-                sql = subprocess.run(
-                    ["git", "-C", root, "show", f"{ref}:{name}"], check=True, capture_output=True, text=True
-                ).stdout
                 found.append(layer_mod.Migration(int(m.group(1)), m.group(2), sql))
+            elif r:
+                checksum = hashlib.sha256(sql.encode()).hexdigest()
+                repeatables.append(layer_mod.Repeatable(r.group(1), sql, checksum))
     except (OSError, subprocess.CalledProcessError) as exc:
         raise LayerError(f"cannot read the migrations of {ref!r}: {exc}") from exc
     if not found:
         raise LayerError(f"no migrations at {ref!r}")
-    return sorted(found, key=lambda m: m.version)
+    return sorted(found, key=lambda m: m.version), sorted(repeatables, key=lambda r: r.name)
 
 
 @contextlib.contextmanager
@@ -209,15 +222,16 @@ class Plan:
                 fresh += cfg.batch
 
 
-async def build(dsn: str, cfg: Config, plan: Plan, migs: list[layer_mod.Migration]) -> None:
+async def build(dsn: str, cfg: Config, plan: Plan, files: Layer) -> None:
     conn = await asyncpg.connect(dsn)
-    saved = layer_mod.migrations
+    saved = layer_mod.migrations, layer_mod.repeatables
     try:
         for schema in ("public", "plain"):
             await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
             await conn.execute(TABLE_DDL.format(schema=schema))
             await conn.execute(FILL.format(schema=schema), cfg.rows)
-        layer_mod.migrations = lambda: migs
+        layer_mod.migrations = lambda: files[0]
+        layer_mod.repeatables = lambda: files[1]
         await layer_mod.install_layer(conn, schemas=("public",))
         per = cfg.other_changes // 100
         start = cfg.rows // 2
@@ -235,7 +249,7 @@ async def build(dsn: str, cfg: Config, plan: Plan, migs: list[layer_mod.Migratio
         await conn.execute("SELECT cow.use_session(NULL)")
         await conn.execute("VACUUM ANALYZE")
     finally:
-        layer_mod.migrations = saved
+        layer_mod.migrations, layer_mod.repeatables = saved
         await conn.close()
 
 
@@ -337,13 +351,16 @@ def report(cfg: Config, samples: Samples, cpu: Samples, version: str) -> list[st
 async def main_async(cfg: Config) -> None:
     rng = random.Random(cfg.seed)
     plan = Plan(cfg, rng)
-    base = baseline_migrations(cfg.baseline)
+    base = baseline_layer(cfg.baseline)
     with server(cfg) as admin_dsn:
         async with scratch_databases(admin_dsn, cfg.keep) as dsns:
-            for v, migs in (("a", base), ("b", layer_mod.migrations())):
+            for v, files in (("a", base), ("b", (layer_mod.migrations(), layer_mod.repeatables()))):
                 t0 = time.perf_counter()
-                await build(dsns[v], cfg, plan, migs)
-                log(f"built {v} (migrations {[m.version for m in migs]}) in {time.perf_counter() - t0:.1f} s")
+                await build(dsns[v], cfg, plan, files)
+                log(
+                    f"built {v} (migrations {[m.version for m in files[0]]},"
+                    f" {len(files[1])} repeatable files) in {time.perf_counter() - t0:.1f} s"
+                )
             conn = await asyncpg.connect(dsns["b"])
             try:
                 version = await conn.fetchval("SHOW server_version")
