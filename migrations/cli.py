@@ -155,6 +155,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                         "checksum": r.checksum,
                         "applied_at": r.applied_at,
                         "current": r.current,
+                        "shipped": r.shipped,
                     }
                     for r in st.repeatables
                 ],
@@ -179,7 +180,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"cowproxy layer: version {st.version}, schemas {', '.join(st.schemas) or '(none)'}")
     print(f"migrations applied: {', '.join(str(v) for v in st.migrations)}")
     for r in st.repeatables:
-        state = "current" if r.current else "changed: install applies it" if r.checksum else "not applied"
+        state = (
+            "current"
+            if r.current
+            else "no longer shipped"
+            if not r.shipped
+            else "changed: install applies it"
+            if r.checksum
+            else "not applied"
+        )
         print(f"  functions/{r.name}  sha256 {(r.checksum or '-')[:12]}  {state}")
     print(f"sessions: {', '.join(f'{k} {v}' for k, v in sorted(st.sessions.items())) or 'none'}")
     for t in st.tables:

@@ -109,6 +109,7 @@ class RepeatableStatus:
     checksum: str | None  # SHA-256 recorded at its last apply (None: never applied)
     applied_at: datetime | None
     current: bool  # the recorded checksum is the shipped file's: `install` would not apply it again
+    shipped: bool  # False: recorded by an earlier install, no such file now (its functions stay)
 
 
 @dataclass(frozen=True)
@@ -329,6 +330,7 @@ async def layer_status(conn: asyncpg.Connection) -> LayerStatus:
             recorded[name]["checksum"] if name in recorded else None,
             recorded[name]["applied_at"] if name in recorded else None,
             name in recorded and recorded[name]["checksum"] == shipped.get(name),
+            name in shipped,
         )
         for name in sorted(shipped.keys() | recorded.keys())
     )

@@ -64,8 +64,10 @@ def test_install_status_uninstall(create_database: Callable[..., str]) -> None:
     assert [(r["name"], r["current"]) for r in status["repeatables"]] == shipped
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("UPDATE cow.repeatables SET checksum = 'old' WHERE name = '70_commit.sql'")
+        conn.execute("INSERT INTO cow.repeatables (name, checksum) VALUES ('05_gone.sql', 'x')")
     text = cli("status", dsn=dsn).stdout
     assert "functions/70_commit.sql  sha256 old  changed: install applies it" in text
+    assert "functions/05_gone.sql  sha256 x  no longer shipped" in text
     assert "functions/10_core.sql" in text and text.count("  current") == len(repeatables()) - 1
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT cow.use_session('s')")

@@ -249,15 +249,9 @@ def test_a_numbered_file_defines_no_function_and_each_function_has_one_repeatabl
 
 @pytest.mark.parametrize("version", OLD_VERSIONS)
 def test_an_upgrade_from_each_older_version_ends_like_a_fresh_install(
-    create_database: Callable[..., str], version: int
+    sample_db: str, layer_db: str, version: int
 ) -> None:
-    fresh = create_database()
-    old = create_database()
-    for dsn in (fresh, old):
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(SAMPLE_SCHEMA)
-            conn.execute(SAMPLE_DATA)
-    run(fresh, install_layer)
+    fresh, old = layer_db, sample_db  # layer_db: the sample database with a fresh install
     install_old_layer(old, version)
     with psycopg.connect(old, autocommit=True) as conn:
         conn.execute("SELECT cow.use_session('kept')")
