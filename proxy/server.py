@@ -280,7 +280,9 @@ class ClientConnection(asyncio.Protocol):
                 else:
                     transport, _ = await loop.create_connection(lambda: upstream, up.host, up.port)
                 if self.server.upstream_tls is not None:
-                    await self._upstream_tls(upstream, transport)
+                    self.upstream_tls = await upstream_tls_handshake(
+                        self.config, self.server.upstream_tls, transport, upstream
+                    )
         except ssl.SSLCertVerificationError as exc:
             # The connection is not made: the client learns why (libpq has no SQLSTATE for this; 08006
             # is connection_failure, as for any upstream that cannot be reached).
@@ -327,30 +329,6 @@ class ClientConnection(asyncio.Protocol):
             user=self.user,
             session=self.tags.session,
         )
-
-    async def _upstream_tls(self, upstream: UpstreamProtocol, transport: asyncio.BaseTransport) -> None:
-        """SSLRequest, then TLS as ``upstream_tls`` says (libpq's sslmode); raises when it cannot be had."""
-        context = self.server.upstream_tls
-        assert context is not None
-        loop = asyncio.get_running_loop()
-        upstream.tls_answer = loop.create_future()
-        cast(asyncio.Transport, transport).write(_ssl_request())
-        answer = await upstream.tls_answer
-        upstream.tls_answer = None
-        if answer == b"S":
-            host = self.config.upstream.host
-            new = await loop.start_tls(
-                cast(asyncio.Transport, transport), upstream, context, server_hostname=host
-            )
-            if new is None:
-                raise ConnectionError("upstream TLS handshake failed")
-            upstream.transport = new
-            self.upstream_tls = True
-        elif answer[:1] == b"S":
-            # Bytes after 'S' came before the handshake, unencrypted (libpq's CVE-2021-23222): refuse.
-            raise ConnectionError("upstream sent unencrypted data after its TLS answer")
-        elif self.config.upstream_tls != "prefer":
-            raise ConnectionError("upstream refused TLS")
 
     # ---- server side dispatch
 
@@ -728,6 +706,60 @@ def upstream_tls_context(config: ProxyConfig) -> ssl.SSLContext | None:
     return context
 
 
+async def upstream_tls_handshake(
+    config: ProxyConfig,
+    context: ssl.SSLContext,
+    transport: asyncio.BaseTransport,
+    protocol: UpstreamProtocol | _CancelProtocol,
+) -> bool:
+    """SSLRequest, then TLS as ``upstream_tls`` says (libpq's sslmode): True when TLS is on, False when
+    ``prefer`` goes on in the clear; raises when TLS cannot be had. Go on with ``protocol.transport``."""
+    loop = asyncio.get_running_loop()
+    answer_future: asyncio.Future[bytes] = loop.create_future()
+    protocol.tls_answer = answer_future
+    cast(asyncio.Transport, transport).write(_ssl_request())
+    try:
+        answer = await answer_future
+    finally:
+        protocol.tls_answer = None
+    if answer == b"S":
+        new = await loop.start_tls(
+            cast(asyncio.Transport, transport), protocol, context, server_hostname=config.upstream.host
+        )
+        if new is None:
+            raise ConnectionError("upstream TLS handshake failed")
+        protocol.transport = new
+        return True
+    if answer[:1] == b"S":
+        # Bytes after 'S' came before the handshake, unencrypted (libpq's CVE-2021-23222): refuse.
+        raise ConnectionError("upstream sent unencrypted data after its TLS answer")
+    if config.upstream_tls != "prefer":
+        raise ConnectionError("upstream refused TLS")
+    return False
+
+
+class _CancelProtocol(asyncio.Protocol):
+    """A connection that carries one CancelRequest; PostgreSQL answers nothing and closes it."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.tls_answer: asyncio.Future[bytes] | None = None
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.tls_answer is not None and not self.tls_answer.done():
+            self.tls_answer.set_result(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.tls_answer is not None and not self.tls_answer.done():
+            self.tls_answer.set_exception(ConnectionError("upstream closed during TLS negotiation"))
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
 class ProxyServer:
     """Listeners and the registry of live connections, routes and cancel keys."""
 
@@ -871,20 +903,41 @@ class ProxyServer:
             log_event(logging.INFO, "cancel_unknown_key", pid=request.pid)
             return
         log_event(logging.INFO, "cancel", conn=conn.id, pid=request.pid)
-        self.spawn(self._send_cancel(request))
+        self.spawn(self._send_cancel(request, conn.id))
 
-    async def _send_cancel(self, request: p.CancelRequest) -> None:
+    async def _send_cancel(self, request: p.CancelRequest, conn_id: int) -> None:
+        """Send a cancel the way the connection was made: over TLS when ``upstream_tls`` asks for it (the
+        key stays encrypted and goes only to a server that passes the same checks), bounded by
+        ``connect_timeout``. Waits for PostgreSQL to close the connection, as libpq does: by then the
+        cancel has been handled."""
         up = self.config.upstream
-        with contextlib.suppress(OSError, TimeoutError):
+        loop = asyncio.get_running_loop()
+        protocol = _CancelProtocol()
+        tls = False
+        try:
             async with asyncio.timeout(self.config.connect_timeout):
                 if up.unix_path is not None:
-                    _, writer = await asyncio.open_unix_connection(up.unix_path)
+                    transport, _ = await loop.create_unix_connection(lambda: protocol, up.unix_path)
                 else:
-                    _, writer = await asyncio.open_connection(up.host, up.port)
-                writer.write(request.encode())
-                await writer.drain()
-                writer.close()
-                await writer.wait_closed()
+                    transport, _ = await loop.create_connection(lambda: protocol, up.host, up.port)
+                if self.upstream_tls is not None:
+                    tls = await upstream_tls_handshake(self.config, self.upstream_tls, transport, protocol)
+                assert protocol.transport is not None
+                protocol.transport.write(request.encode())
+                await protocol.closed
+        except ssl.SSLCertVerificationError as exc:
+            error = f"TLS certificate verification ({self.config.upstream_tls}): {exc.verify_message or exc}"
+        except TimeoutError:
+            error = f"no answer within connect_timeout ({self.config.connect_timeout:g} s)"
+        except (OSError, ConnectionError, ssl.SSLError) as exc:
+            error = str(exc) or type(exc).__name__
+        else:
+            log_event(logging.INFO, "cancel_sent", conn=conn_id, tls=tls)
+            return
+        finally:
+            if protocol.transport is not None:
+                protocol.transport.close()
+        log_event(logging.WARNING, "cancel_failed", conn=conn_id, upstream=str(up), error=error)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)

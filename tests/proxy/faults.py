@@ -3,6 +3,8 @@
 It listens on a loopback port and relays to a target, in a thread with its own event loop. Faults:
 ``delay`` each chunk, ``cut_after`` N bytes (client to target) on new connections, ``kill_all()`` current
 connections abruptly (RST). Slow readers are raw sockets with a small receive buffer (see the tests).
+``openings`` records the first 8 bytes each connection sent: the request code that opened it (startup,
+SSLRequest or a CancelRequest in the clear).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class FaultyRelay:
         self.target = (target_host, target_port)
         self.delay = 0.0
         self.cut_after: int | None = None
+        self.openings: list[bytes] = []
         self._conns: set[asyncio.StreamWriter] = set()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="faulty-relay", daemon=True)
@@ -38,6 +41,7 @@ class FaultyRelay:
             return
         self._conns.update((writer, up_writer))
         budget = [self.cut_after]
+        first = [True]
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, upward: bool) -> None:
             try:
@@ -45,6 +49,9 @@ class FaultyRelay:
                     data = await src.read(65536)
                     if not data:
                         break
+                    if upward and first[0]:
+                        first[0] = False
+                        self.openings.append(data[:8])
                     if self.delay:
                         await asyncio.sleep(self.delay)
                     if upward and budget[0] is not None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -47,8 +49,15 @@ def short_dir() -> Iterator[str]:
 
 
 def test_unix_listener_and_unix_upstream(
-    pg_server: PgServer, pg_socket_dir: str, short_dir: str, empty_db: str, fast_relay: bool
+    pg_server: PgServer,
+    pg_socket_dir: str,
+    short_dir: str,
+    empty_db: str,
+    fast_relay: bool,
+    *,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="cowproxy")
     database = urlsplit(empty_db).path.lstrip("/")
     listen = Address(short_dir, 6543)
     upstream_address = Address(pg_socket_dir, pg_server.port)
@@ -68,6 +77,12 @@ def test_unix_listener_and_unix_upstream(
             with pytest.raises(psycopg.errors.QueryCanceled):
                 conn.execute("SELECT pg_sleep(20)")
             timer.join()
+            # Logged once PostgreSQL closed the cancel's connection, which may be after the error came.
+            deadline = time.monotonic() + 10
+            while not (sent := [r for r in caplog.records if r.getMessage() == "cancel_sent"]):
+                assert time.monotonic() < deadline, "no cancel_sent logged"
+                time.sleep(0.05)
+            assert [r.fields["tls"] for r in sent] == [False]  # type: ignore[attr-defined]
             described = proxy.run(lambda: [c.describe() for c in proxy.server.connections.values()])
             assert described and {d["peer"] for d in described} == {"[local]"}
         # A second proxy on the same socket is refused while the first one listens.

@@ -1,8 +1,11 @@
-"""TLS from the proxy to a real PostgreSQL with ``ssl=on``: libpq's sslmode semantics and client certificates.
+"""TLS from the proxy to a real PostgreSQL with ``ssl=on``: libpq's sslmode semantics, client certificates
+and cancel requests.
 
 The upstream is a PostgreSQL of its own (started here in both test runs, whatever ``COW_TEST_DSN`` says)
-with a certificate signed by a test CA made with the ``openssl`` CLI. Its pg_hba.conf rejects plain TCP, so
-a connection that works went over TLS; database ``certdb`` also demands a client certificate.
+with a certificate signed by a test CA made with the ``openssl`` CLI. Its pg_hba.conf has only ``hostssl``
+lines for TCP (plain TCP is rejected), so a connection that works went over TLS; database ``certdb`` also
+demands a client certificate. PostgreSQL does not apply pg_hba.conf to cancel requests, so whether a cancel
+went over TLS is seen on the wire, through a relay that records how each connection opened.
 """
 
 from __future__ import annotations
@@ -13,9 +16,13 @@ import logging
 import os
 import re
 import shutil
+import socket
+import ssl
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +39,11 @@ from migrations.embedded import (
     embedded_postgres,
     run_user_ids,
 )
+from proxy import protocol as p
+from proxy.config import Address
 from tests.conftest import PgServer
 from tests.proxy.conftest import RunningProxy, run_proxy
+from tests.proxy.faults import FaultyRelay, faulty_relay
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -367,3 +377,183 @@ def test_bad_upstream_tls_settings_are_one_line_errors(tmp_path: Path) -> None:
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     result = cowproxy("--upstream-tls", "verify-none")
     assert result.returncode == 2 and "invalid choice" in result.stderr
+
+
+# ---- cancel requests
+
+
+def opened_with(opening: bytes) -> int:
+    """The request code of a connection's first message (SSLRequest, CancelRequest, protocol version)."""
+    return int.from_bytes(opening[4:8], "big")
+
+
+def cancel_events(caplog: pytest.LogCaptureFixture) -> list[tuple[str, dict[str, Any]]]:
+    names = ("cancel_sent", "cancel_failed")
+    return [(r.getMessage(), r.fields) for r in caplog.records if r.getMessage() in names]  # type: ignore[attr-defined]
+
+
+def wait_for_cancel_event(
+    caplog: pytest.LogCaptureFixture, count: int = 1
+) -> list[tuple[str, dict[str, Any]]]:
+    deadline = time.monotonic() + 15
+    while len(cancel_events(caplog)) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return cancel_events(caplog)
+
+
+def psycopg_cancels(dsn: str) -> None:
+    """``conn.cancel()`` stops a pg_sleep(20) (a lost cancel lets it run to completion)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        # cancel_safe: the blocking cancel() holds the GIL, which would stall the in-process proxy.
+        timer = threading.Timer(0.5, conn.cancel_safe)
+        timer.start()
+        started = time.monotonic()
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            conn.execute("SELECT pg_sleep(20)")
+        timer.join()
+        assert time.monotonic() - started < 15
+        assert conn.execute("SELECT 42").fetchone() == (42,)
+
+
+def asyncpg_timeout_cancels(dsn: str) -> None:
+    """asyncpg's statement timeout sends a cancel; the next query waits for the cancelled one to end."""
+
+    async def main() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            with pytest.raises(asyncio.TimeoutError):
+                await conn.execute("SELECT pg_sleep(20)", timeout=0.5)
+            async with asyncio.timeout(10):  # a lost cancel: pg_sleep runs 19.5 s more
+                assert await conn.fetchval("SELECT 7") == 7
+        finally:
+            await conn.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("mode", ["require", "prefer", "verify-full"])
+def test_cancel_goes_over_tls(tls_upstream: TlsUpstream, mode: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="cowproxy")
+    host = "localhost" if mode == "verify-full" else "127.0.0.1"
+    ca = {"upstream_tls_ca": tls_upstream.file("ca.crt")} if mode == "verify-full" else {}
+    with (
+        faulty_relay("127.0.0.1", tls_upstream.server.port) as relay,
+        run_proxy(
+            tls_upstream.pg(host), upstream=Address(host, relay.port), upstream_tls=mode, **ca
+        ) as proxy,
+    ):
+        dsn = proxy.dsn(tls_upstream.pg(host).dsn)
+        psycopg_cancels(dsn)
+        asyncpg_timeout_cancels(dsn)
+        events = wait_for_cancel_event(caplog, 2)
+    # Two connections and two cancels, each opened with SSLRequest: no cancel key crossed in the clear.
+    codes = [opened_with(o) for o in relay.openings]
+    assert len(codes) == 4 and set(codes) == {p.SSL_REQUEST_CODE}, codes
+    assert [(name, fields["tls"]) for name, fields in events] == [("cancel_sent", True)] * 2
+
+
+@contextlib.contextmanager
+def impostor(relay: FaultyRelay, certificate: str, key: str, heard: list[bytes]) -> Iterator[int]:
+    """A server (its port) that answers SSLRequest with a certificate no trusted CA signed."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(certificate, key)
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readexactly(8)
+            if opened_with(head) != p.SSL_REQUEST_CODE:
+                heard.append(head + await reader.read(1024))  # in the clear
+                return
+            writer.write(b"S")
+            await writer.drain()
+            await writer.start_tls(context)
+            heard.append(await reader.read(1024))  # the client trusted this certificate
+        except (OSError, ssl.SSLError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def start() -> asyncio.Server:
+        return await asyncio.start_server(serve, "127.0.0.1", 0)
+
+    async def stop() -> None:
+        server.close()
+        await server.wait_closed()
+
+    server = asyncio.run_coroutine_threadsafe(start(), relay.loop).result(10)
+    try:
+        yield int(server.sockets[0].getsockname()[1])
+    finally:
+        asyncio.run_coroutine_threadsafe(stop(), relay.loop).result(10)
+
+
+def test_cancel_verifies_the_certificate(tls_upstream: TlsUpstream, caplog: pytest.LogCaptureFixture) -> None:
+    """verify-full: a cancel is not sent to an address whose certificate fails the check."""
+    caplog.set_level(logging.INFO, logger="cowproxy")
+    heard: list[bytes] = []
+    ca = tls_upstream.file("ca.crt")
+    upstream = tls_upstream.pg("localhost")
+    with (
+        faulty_relay("127.0.0.1", tls_upstream.server.port) as relay,
+        run_proxy(
+            upstream,
+            upstream=Address("localhost", relay.port),
+            upstream_tls="verify-full",
+            upstream_tls_ca=ca,
+        ) as proxy,
+        psycopg.connect(proxy.dsn(upstream.dsn), autocommit=True) as conn,
+        impostor(relay, tls_upstream.file("rogue.crt"), tls_upstream.file("rogue.key"), heard) as port,
+    ):
+        # The upstream address now leads somewhere else (a moved DNS name, a man in the middle).
+        relay.target = ("127.0.0.1", port)
+        timer = threading.Timer(0.3, conn.cancel_safe)
+        timer.start()
+        conn.execute("SELECT pg_sleep(1.5)")  # not cancelled: the cancel had nowhere trusted to go
+        timer.join()
+        events = wait_for_cancel_event(caplog)
+    assert heard == []  # neither the cancel key nor anything else reached the impostor
+    assert opened_with(relay.openings[-1]) == p.SSL_REQUEST_CODE
+    assert len(events) == 1 and events[0][0] == "cancel_failed", events
+    assert events[0][1]["error"] == "TLS certificate verification (verify-full): self-signed certificate"
+
+
+def test_cancel_to_a_silent_upstream_gives_up(
+    tls_upstream: TlsUpstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An address that accepts and never answers the SSLRequest: the cancel ends at ``connect_timeout``."""
+    caplog.set_level(logging.INFO, logger="cowproxy")
+    upstream = tls_upstream.pg("127.0.0.1")
+    with (
+        socket.create_server(("127.0.0.1", 0)) as silent,  # the kernel accepts; nobody reads
+        faulty_relay("127.0.0.1", tls_upstream.server.port) as relay,
+        run_proxy(
+            upstream, upstream=Address("127.0.0.1", relay.port), upstream_tls="require", connect_timeout=1
+        ) as proxy,
+        psycopg.connect(proxy.dsn(upstream.dsn), autocommit=True) as conn,
+    ):
+        relay.target = ("127.0.0.1", silent.getsockname()[1])
+        started = time.monotonic()
+        conn.cancel_safe()
+        events = wait_for_cancel_event(caplog)
+        waited = time.monotonic() - started
+        assert conn.execute("SELECT 1").fetchone() == (1,)  # the connection itself is unharmed
+    assert [(name, fields["upstream"], fields["error"]) for name, fields in events] == [
+        ("cancel_failed", f"127.0.0.1:{relay.port}", "no answer within connect_timeout (1 s)")
+    ]
+    assert 0.9 < waited < 5
+
+
+def test_prefer_cancels_without_tls_too(
+    pg_server: PgServer, empty_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """prefer against the test PostgreSQL: TLS where it has it (Debian's ssl=on), plain where it has not
+    (the embedded one): the cancel falls back as the connection did."""
+    caplog.set_level(logging.INFO, logger="cowproxy")
+    with run_proxy(pg_server, upstream_tls="prefer") as proxy:
+        dsn = proxy.dsn(empty_db)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()
+            assert row is not None
+        psycopg_cancels(dsn)
+        events = wait_for_cancel_event(caplog)
+    assert [(name, fields["tls"]) for name, fields in events] == [("cancel_sent", row[0])]
