@@ -40,9 +40,7 @@ with ``--dsn`` a scratch database ``cowbench_<pid>`` is created on that server a
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 import functools
 import json
 import os
@@ -51,20 +49,15 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
-# Run as a script: keep this folder (whose other files are named like the packages) off the import path.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+# First: it takes this folder, whose other files are named like the packages, off the import path.
+import _common as common
+import asyncpg
 
-import asyncpg  # noqa: E402
-
-from migrations import install_layer  # noqa: E402
-from migrations.embedded import embedded_postgres  # noqa: E402
-from migrations.errors import LayerError  # noqa: E402
+from migrations import install_layer
 
 VARIANTS = ("plain", "untagged", "view", "session")
 SESSION = "bench"
@@ -144,21 +137,6 @@ def shape_schema(shape: str) -> str:
     return "bench_shape_" + shape.replace("-", "_")
 
 
-TABLE_DDL = """
-CREATE TABLE {schema}.items (
-    id bigint PRIMARY KEY,
-    grp int NOT NULL,
-    name text NOT NULL,
-    qty int NOT NULL DEFAULT 0,
-    note text
-)
-"""
-FILL = """
-INSERT INTO {schema}.items (id, grp, name, qty, note)
-SELECT g, g % 1000, 'item ' || g, g % 97, CASE WHEN g % 3 = 0 THEN 'n' || g END
-FROM generate_series(1, $1::bigint) AS g
-"""
-
 SELECT_POINT = "SELECT * FROM items WHERE id = $1"
 SELECT_RANGE = "SELECT * FROM items WHERE id BETWEEN $1 AND $1 + 99"
 SELECT_COUNT = "SELECT count(*) FROM items"
@@ -210,9 +188,7 @@ OPS = (
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--rows", type=int, default=1_000_000)
-    p.add_argument("--dsn", default=None, help="server to use (default: start an embedded PostgreSQL)")
+    p = common.argument_parser(__doc__, rows=1_000_000)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--batch", type=int, default=400)
     p.add_argument("--count-batch", type=int, default=4)
@@ -283,43 +259,6 @@ def modes(ops: tuple[Op, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(op.mode for op in ops))
 
 
-def with_database(dsn: str, database: str) -> str:
-    return urlunsplit(urlsplit(dsn)._replace(path="/" + database))
-
-
-@contextlib.contextmanager
-def server(cfg: Config) -> Iterator[str]:
-    """DSN of the maintenance database of the server to use."""
-    if cfg.dsn:
-        yield cfg.dsn
-        return
-    with embedded_postgres(settings={"shared_buffers": "512MB"}) as srv:
-        yield srv.dsn()
-
-
-@contextlib.asynccontextmanager
-async def scratch_database(admin_dsn: str) -> AsyncIterator[str]:
-    name = f"cowbench_{os.getpid()}"
-    conn = await asyncpg.connect(admin_dsn)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    try:
-        yield with_database(admin_dsn, name)
-    finally:
-        conn = await asyncpg.connect(admin_dsn)
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await conn.close()
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 class Plan:
     """Which ids each variant and round touches, so that no write collides and no key is written twice."""
 
@@ -328,10 +267,7 @@ class Plan:
         # Session 'bench': 80 % updates, 10 % deletes of scattered base rows, 10 % inserts above the table.
         k = cfg.session_changes
         scattered = rng.sample(range(1, n + 1), k)
-        self.session_updates = scattered[: k * 8 // 10]
-        self.session_deletes = scattered[k * 8 // 10 : k * 9 // 10]
-        n_ins = k - len(self.session_updates) - len(self.session_deletes)
-        self.session_inserts = list(range(n + 1, n + 1 + n_ins))
+        self.session_changes = common.split_changes(scattered, n)
         taken = set(scattered)
         # Measured writes: per variant and round, base ids to update and delete, fresh ids to insert.
         pool = [
@@ -354,37 +290,25 @@ async def build(dsn: str, cfg: Config, plan: Plan) -> None:
     conn = await asyncpg.connect(dsn)
     try:
         t0 = time.perf_counter()
-        for schema in ("public", "plain"):
-            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
-            await conn.execute(TABLE_DDL.format(schema=schema))
-            await conn.execute(FILL.format(schema=schema), cfg.rows)
+        await common.create_items(conn, cfg.rows)
         await conn.execute("VACUUM ANALYZE public.items")
         await conn.execute("VACUUM ANALYZE plain.items")
-        log(f"filled 2 x {cfg.rows} rows in {time.perf_counter() - t0:.1f} s")
+        common.log(f"filled 2 x {cfg.rows} rows in {time.perf_counter() - t0:.1f} s")
         await install_layer(conn, schemas=("public",))
         # Other sessions: the same mix (80 % updates, 10 % deletes, 10 % inserts) in ranges of their own.
         t0 = time.perf_counter()
         per = max(10, cfg.other_changes // cfg.other_sessions)
-        start = cfg.rows // 2  # the measured ids are scattered everywhere; overlaps are harmless
-        for s in range(cfg.other_sessions):
-            await conn.execute("SELECT cow.use_session($1)", f"other{s}")
-            lo = start + s * per
-            await conn.execute(UPDATE_RANGE, lo, lo + per * 8 // 10 - 1)
-            await conn.execute(DELETE_RANGE, lo + per * 8 // 10, lo + per * 9 // 10 - 1)
-            ins_lo = 3 * cfg.rows + s * per
-            await conn.execute(INSERT_RANGE, ins_lo, ins_lo + per - per * 9 // 10 - 1)
-        await conn.execute("SELECT cow.use_session(NULL)")
-        log(f"other sessions: {cfg.other_sessions} x {per} changes in {time.perf_counter() - t0:.1f} s")
+        # The measured ids are scattered everywhere; overlaps with the other sessions' are harmless.
+        await common.write_other_sessions(conn, cfg.rows, cfg.other_sessions, per)
+        common.log(
+            f"other sessions: {cfg.other_sessions} x {per} changes in {time.perf_counter() - t0:.1f} s"
+        )
         t0 = time.perf_counter()
         sessions = (SESSION, WRITE_SESSION, STALE_SESSION) if cfg.stale else (SESSION, WRITE_SESSION)
         for session in sessions:
-            await conn.execute("SELECT cow.use_session($1)", session)
-            await conn.execute(UPDATE_ANY, plan.session_updates)
-            await conn.execute(DELETE_ANY, plan.session_deletes)
-            await conn.execute(INSERT_ANY, plan.session_inserts)
-        await conn.execute("SELECT cow.use_session(NULL)")
+            await common.write_session(conn, session, plan.session_changes)
         took = time.perf_counter() - t0
-        log(f"sessions {', '.join(sessions)}: {cfg.session_changes} changes each in {took:.1f} s")
+        common.log(f"sessions {', '.join(sessions)}: {cfg.session_changes} changes each in {took:.1f} s")
         await conn.execute("VACUUM ANALYZE")
         # A concurrent autovacuum ANALYZE of the freshly filled tables can hold back the VACUUM's horizon,
         # leaving the last pages of the changes table not all-visible: vacuum it again until they are.
@@ -404,18 +328,13 @@ async def build(dsn: str, cfg: Config, plan: Plan) -> None:
         if cfg.stale:
             await conn.execute(f"ALTER TABLE {changes} SET (autovacuum_enabled = false)")
             await conn.execute("SELECT cow.use_session($1)", STALE_SESSION)
-            await conn.execute(UPDATE_ANY, plan.session_updates + plan.session_inserts)
+            updates, _, inserts = plan.session_changes
+            await conn.execute(common.UPDATE_ANY, updates + inserts)
             await conn.execute("SELECT cow.use_session(NULL)")
     finally:
         await conn.close()
 
 
-UPDATE_RANGE = "UPDATE items SET qty = qty + 1, note = 'other' WHERE id BETWEEN $1 AND $2"
-DELETE_RANGE = "DELETE FROM items WHERE id BETWEEN $1 AND $2"
-INSERT_RANGE = "INSERT INTO items (id, grp, name) SELECT g, 7, 'other' FROM generate_series($1::bigint, $2) g"
-UPDATE_ANY = "UPDATE items SET qty = qty + 1, note = 'bench' WHERE id = ANY ($1::bigint[])"
-DELETE_ANY = "DELETE FROM items WHERE id = ANY ($1::bigint[])"
-INSERT_ANY = "INSERT INTO items (id, grp, name) SELECT g, 8, 'bench' FROM unnest($1::bigint[]) g"
 CHANGES_TABLE = """
 SELECT format('cow_changes.%I', changes_table) FROM cow.registry
 WHERE table_schema = 'public' AND table_name = 'items'
@@ -525,10 +444,7 @@ async def measure(dsn: str, cfg: Config, plan: Plan) -> dict[tuple[str, str], Re
                 for v, ms in (await run_batch(stmts[op.name], args, rng)).items():
                     if r:
                         samples[(op.name, v)].append(ms)
-            log(
-                f"round {r}/{cfg.rounds} in {time.perf_counter() - t0:.1f} s"
-                + (" (warm-up)" if not r else "")
-            )
+            common.log_round(r, cfg.rounds, t0)
         return {
             k: Result(
                 median=statistics.median(x for batch in s for x in batch),
@@ -660,8 +576,8 @@ async def plan_costs(dsn: str, cfg: Config) -> list[str]:
 async def main_async(cfg: Config) -> None:
     rng = random.Random(cfg.seed)
     plan = Plan(cfg, rng)
-    with server(cfg) as admin_dsn:
-        async with scratch_database(admin_dsn) as dsn:
+    with common.server(cfg.dsn, "512MB") as admin_dsn:
+        async with common.scratch_database(admin_dsn, f"cowbench_{os.getpid()}") as dsn:
             await build(dsn, cfg, plan)
             conn = await asyncpg.connect(dsn)
             try:
@@ -670,7 +586,9 @@ async def main_async(cfg: Config) -> None:
                 n = await conn.fetchval(SESSION_ROWS, SESSION)
                 # Index-only scans of the changes table's indexes read the heap for pages not all-visible.
                 pages, visible = await conn.fetchrow(ALL_VISIBLE)
-                log(f"session {SESSION}: {n} rows changed; changes table {visible}/{pages} pages all-visible")
+                common.log(
+                    f"session {SESSION}: {n} rows changed; changes table {visible}/{pages} pages all-visible"
+                )
             finally:
                 await conn.close()
             if cfg.explain:
@@ -678,12 +596,8 @@ async def main_async(cfg: Config) -> None:
                 print()
             costs = await plan_costs(dsn, cfg)
             res = await measure(dsn, cfg, plan)
-            conn = await asyncpg.connect(dsn)
-            try:
-                # The reads must have seen the session as built: the measured writes went elsewhere.
-                after = await conn.fetchval(SESSION_ROWS, SESSION)
-            finally:
-                await conn.close()
+            # The reads must have seen the session as built: the measured writes went elsewhere.
+            after = await common.fetchval(dsn, SESSION_ROWS, SESSION)
             if after != n:
                 raise SystemExit(f"bench/layer.py: session {SESSION} went from {n} to {after} changes")
             print("\n".join(report(cfg, res, str(version), str(jit))))
@@ -692,13 +606,7 @@ async def main_async(cfg: Config) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_args(argv)
-    try:
-        asyncio.run(main_async(cfg))
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, LayerError) as exc:
-        print(f"bench/layer.py: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return common.run_main("bench/layer.py", main_async(parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -26,9 +26,6 @@ leaves them, for profiling with pgbench).
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import contextlib
 import hashlib
 import os
 import random
@@ -37,43 +34,17 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
 
-# Run as a script: keep this folder (whose other files are named like the packages) off the import path.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+# First: it takes this folder, whose other files are named like the packages, off the import path.
+import _common as common
+import asyncpg
 
-import asyncpg  # noqa: E402
-
-import migrations.layer as layer_mod  # noqa: E402
-from migrations.embedded import embedded_postgres  # noqa: E402
-from migrations.errors import LayerError  # noqa: E402
+import migrations.layer as layer_mod
+from migrations.errors import LayerError
 
 SESSION = "bench"
 VARIANTS = ("plain", "a", "b")
-TABLE_DDL = """
-CREATE TABLE {schema}.items (
-    id bigint PRIMARY KEY,
-    grp int NOT NULL,
-    name text NOT NULL,
-    qty int NOT NULL DEFAULT 0,
-    note text
-)
-"""
-FILL = """
-INSERT INTO {schema}.items (id, grp, name, qty, note)
-SELECT g, g % 1000, 'item ' || g, g % 97, CASE WHEN g % 3 = 0 THEN 'n' || g END
-FROM generate_series(1, $1::bigint) AS g
-"""
-UPDATE_RANGE = "UPDATE items SET qty = qty + 1, note = 'other' WHERE id BETWEEN $1 AND $2"
-DELETE_RANGE = "DELETE FROM items WHERE id BETWEEN $1 AND $2"
-INSERT_RANGE = "INSERT INTO items (id, grp, name) SELECT g, 7, 'other' FROM generate_series($1::bigint, $2) g"
-UPDATE_ANY = "UPDATE items SET qty = qty + 1, note = 'bench' WHERE id = ANY ($1::bigint[])"
-DELETE_ANY = "DELETE FROM items WHERE id = ANY ($1::bigint[])"
-INSERT_ANY = "INSERT INTO items (id, grp, name) SELECT g, 8, 'bench' FROM unnest($1::bigint[]) g"
-
 OPS = {
     "insert 1 row": "INSERT INTO items (id, grp, name) VALUES ($1, 1, 'new')",
     "update 1 row": "UPDATE items SET qty = qty + 1 WHERE id = $1",
@@ -98,9 +69,7 @@ class Config:
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--rows", type=int, default=250_000)
-    p.add_argument("--dsn", default=None, help="server to use (default: start an embedded PostgreSQL)")
+    p = common.argument_parser(__doc__, rows=250_000)
     p.add_argument("--baseline", default="main", help="git ref whose migrations build database a")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--batch", type=int, default=300)
@@ -127,7 +96,7 @@ Layer = tuple[list[layer_mod.Migration], list[layer_mod.Repeatable]]
 def baseline_layer(ref: str) -> Layer:
     """The numbered and repeatable SQL files as of git ref ``ref`` of this repository (a ref from before the
     repeatable files has none: its numbered files hold the functions)."""
-    root = os.path.dirname(_HERE)
+    root = os.path.dirname(common.HERE)
     try:
         names = subprocess.run(
             ["git", "-C", root, "ls-tree", "-r", "--name-only", ref, "migrations/sql/"],
@@ -157,44 +126,6 @@ def baseline_layer(ref: str) -> Layer:
     return sorted(found, key=lambda m: m.version), sorted(repeatables, key=lambda r: r.name)
 
 
-@contextlib.contextmanager
-def server(cfg: Config) -> Iterator[str]:
-    if cfg.dsn:
-        yield cfg.dsn
-        return
-    with embedded_postgres(settings={"shared_buffers": "256MB"}) as srv:
-        yield srv.dsn()
-
-
-def with_database(dsn: str, database: str) -> str:
-    return urlunsplit(urlsplit(dsn)._replace(path="/" + database))
-
-
-@contextlib.asynccontextmanager
-async def scratch_databases(admin_dsn: str, keep: bool) -> AsyncIterator[dict[str, str]]:
-    names = {v: f"cowwrites_{os.getpid()}_{v}" for v in ("a", "b")}
-    conn = await asyncpg.connect(admin_dsn)
-    try:
-        for name in names.values():
-            await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    try:
-        yield {v: with_database(admin_dsn, n) for v, n in names.items()}
-    finally:
-        if not keep:
-            conn = await asyncpg.connect(admin_dsn)
-            try:
-                for name in names.values():
-                    await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            finally:
-                await conn.close()
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 class Plan:
     """The keys of every write: the session's own changes, and per variant and round the measured ones."""
 
@@ -204,9 +135,7 @@ class Plan:
         # The measured keys and the session's changes: the lower half; other sessions write the upper one.
         lower = rng.sample(range(1, n // 2), k + 3 * len(VARIANTS) * (cfg.rounds + 1) * cfg.batch)
         own, pool = lower[:k], lower[k:]
-        self.session_updates = own[: k * 8 // 10]
-        self.session_deletes = own[k * 8 // 10 : k * 9 // 10]
-        self.session_inserts = list(range(n + 1, n + 1 + k - k * 9 // 10))
+        self.session_changes = common.split_changes(own, n)
         self.writes: dict[tuple[str, int], dict[str, list[int]]] = {}
         fresh = 2 * n + 1
         for v in VARIANTS:
@@ -226,27 +155,12 @@ async def build(dsn: str, cfg: Config, plan: Plan, files: Layer) -> None:
     conn = await asyncpg.connect(dsn)
     saved = layer_mod.migrations, layer_mod.repeatables
     try:
-        for schema in ("public", "plain"):
-            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
-            await conn.execute(TABLE_DDL.format(schema=schema))
-            await conn.execute(FILL.format(schema=schema), cfg.rows)
+        await common.create_items(conn, cfg.rows)
         layer_mod.migrations = lambda: files[0]
         layer_mod.repeatables = lambda: files[1]
         await layer_mod.install_layer(conn, schemas=("public",))
-        per = cfg.other_changes // 100
-        start = cfg.rows // 2
-        for s in range(100):
-            await conn.execute("SELECT cow.use_session($1)", f"other{s}")
-            lo = start + s * per
-            await conn.execute(UPDATE_RANGE, lo, lo + per * 8 // 10 - 1)
-            await conn.execute(DELETE_RANGE, lo + per * 8 // 10, lo + per * 9 // 10 - 1)
-            ins_lo = 3 * cfg.rows + s * per
-            await conn.execute(INSERT_RANGE, ins_lo, ins_lo + per - per * 9 // 10 - 1)
-        await conn.execute("SELECT cow.use_session($1)", SESSION)
-        await conn.execute(UPDATE_ANY, plan.session_updates)
-        await conn.execute(DELETE_ANY, plan.session_deletes)
-        await conn.execute(INSERT_ANY, plan.session_inserts)
-        await conn.execute("SELECT cow.use_session(NULL)")
+        await common.write_other_sessions(conn, cfg.rows, 100, cfg.other_changes // 100)
+        await common.write_session(conn, SESSION, plan.session_changes)
         await conn.execute("VACUUM ANALYZE")
     finally:
         layer_mod.migrations, layer_mod.repeatables = saved
@@ -302,7 +216,7 @@ async def measure(dsns: dict[str, str], cfg: Config, plan: Plan) -> tuple[Sample
                         samples[(op, v)].append(times[v])
                         if local:
                             cpu[(op, v)].append([spent[v] / cfg.batch / 1e6])
-            log(f"round {r}/{cfg.rounds} in {time.perf_counter() - t0:.1f} s" + ("" if r else " (warm-up)"))
+            common.log_round(r, cfg.rounds, t0)
     finally:
         for c in conns.values():
             await c.close()
@@ -352,20 +266,18 @@ async def main_async(cfg: Config) -> None:
     rng = random.Random(cfg.seed)
     plan = Plan(cfg, rng)
     base = baseline_layer(cfg.baseline)
-    with server(cfg) as admin_dsn:
-        async with scratch_databases(admin_dsn, cfg.keep) as dsns:
+    with common.server(cfg.dsn, "256MB") as admin_dsn:
+        names = [f"cowwrites_{os.getpid()}_{v}" for v in ("a", "b")]
+        async with common.scratch_databases(admin_dsn, names, keep=cfg.keep) as (dsn_a, dsn_b):
+            dsns = {"a": dsn_a, "b": dsn_b}
             for v, files in (("a", base), ("b", (layer_mod.migrations(), layer_mod.repeatables()))):
                 t0 = time.perf_counter()
                 await build(dsns[v], cfg, plan, files)
-                log(
+                common.log(
                     f"built {v} (migrations {[m.version for m in files[0]]},"
                     f" {len(files[1])} repeatable files) in {time.perf_counter() - t0:.1f} s"
                 )
-            conn = await asyncpg.connect(dsns["b"])
-            try:
-                version = await conn.fetchval("SHOW server_version")
-            finally:
-                await conn.close()
+            version = await common.fetchval(dsns["b"], "SHOW server_version")
             samples, cpu = await measure(dsns, cfg, plan)
             print("\n".join(report(cfg, samples, cpu, str(version))))
             if cfg.keep:
@@ -373,13 +285,7 @@ async def main_async(cfg: Config) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_args(argv)
-    try:
-        asyncio.run(main_async(cfg))
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, LayerError) as exc:
-        print(f"bench/layer_writes.py: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return common.run_main("bench/layer_writes.py", main_async(parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -24,27 +24,18 @@ is created on that server and dropped at the end.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import contextlib
 import os
 import random
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
 
-# Run as a script: keep this folder (whose other files are named like the packages) off the import path.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+# First: it takes this folder, whose other files are named like the packages, off the import path.
+import _common as common
+import asyncpg
 
-import asyncpg  # noqa: E402
-
-from migrations import install_layer  # noqa: E402
-from migrations.embedded import embedded_postgres  # noqa: E402
-from migrations.errors import LayerError  # noqa: E402
+from migrations import install_layer
 
 SESSION = "bench"
 TABLES = ("items_noidx", "items_idx")
@@ -83,9 +74,7 @@ class Config:
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--rows", type=int, default=100_000)
-    p.add_argument("--dsn", default=None, help="server to use (default: start an embedded PostgreSQL)")
+    p = common.argument_parser(__doc__, rows=100_000)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--batch", type=int, default=300)
     p.add_argument("--session-changes", type=int, default=1_000)
@@ -97,38 +86,6 @@ def parse_args(argv: list[str] | None = None) -> Config:
     if a.session_changes + a.other_changes + 2 * (a.rounds + 1) * a.batch > a.rows * 4 // 5:
         p.error("--rows is too small for the changes and the measured updates")
     return Config(a.rows, a.dsn, a.rounds, a.batch, a.session_changes, a.other_changes, a.seed)
-
-
-@contextlib.contextmanager
-def server(cfg: Config) -> Iterator[str]:
-    if cfg.dsn:
-        yield cfg.dsn
-        return
-    with embedded_postgres(settings={"shared_buffers": "256MB"}) as srv:
-        yield srv.dsn()
-
-
-@contextlib.asynccontextmanager
-async def scratch_database(admin_dsn: str) -> AsyncIterator[str]:
-    name = f"cowbench_u{os.getpid()}"
-    conn = await asyncpg.connect(admin_dsn)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    try:
-        yield urlunsplit(urlsplit(admin_dsn)._replace(path="/" + name))
-    finally:
-        conn = await asyncpg.connect(admin_dsn)
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await conn.close()
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 async def build(dsn: str, cfg: Config, ids: list[int]) -> None:
@@ -196,7 +153,7 @@ async def measure(dsn: str, cfg: Config, pool: list[int]) -> dict[tuple[str, str
                 if r:
                     for v in VARIANTS:
                         samples[(op, v)].append(times[v])
-            log(f"round {r}/{cfg.rounds} in {time.perf_counter() - t0:.1f} s" + ("" if r else " (warm-up)"))
+            common.log_round(r, cfg.rounds, t0)
         return {
             k: (statistics.median(x for b in s for x in b), [statistics.fmean(b) for b in s])
             for k, s in samples.items()
@@ -231,28 +188,18 @@ async def main_async(cfg: Config) -> None:
     # (id % 5 <> 0), so that every measured update of `name` runs the lookup.
     need = cfg.other_changes + cfg.session_changes + 2 * (cfg.rounds + 1) * cfg.batch
     pool = rng.sample([i for i in range(1, cfg.rows + 1) if i % 5], need)
-    with server(cfg) as admin_dsn:
-        async with scratch_database(admin_dsn) as dsn:
+    with common.server(cfg.dsn, "256MB") as admin_dsn:
+        async with common.scratch_database(admin_dsn, f"cowbench_u{os.getpid()}") as dsn:
             t0 = time.perf_counter()
             await build(dsn, cfg, pool)
-            log(f"built in {time.perf_counter() - t0:.1f} s")
-            conn = await asyncpg.connect(dsn)
-            try:
-                version = str(await conn.fetchval("SHOW server_version"))
-            finally:
-                await conn.close()
+            common.log(f"built in {time.perf_counter() - t0:.1f} s")
+            version = str(await common.fetchval(dsn, "SHOW server_version"))
             res = await measure(dsn, cfg, pool[cfg.other_changes + cfg.session_changes :])
             print("\n".join(report(cfg, res, version)))
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_args(argv)
-    try:
-        asyncio.run(main_async(cfg))
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, LayerError) as exc:
-        print(f"bench/unique_checks.py: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return common.run_main("bench/unique_checks.py", main_async(parse_args(argv)))
 
 
 if __name__ == "__main__":
