@@ -183,6 +183,197 @@ $c$, ch, b, cow._eq(pk, 'x', var), cow._eq(pk, 'y', var), cow._collist(names), C
                                (SELECT string_agg(format('%L, %s.%I', k, var, k), ', ') FROM unnest(pk) AS k))))
 $$;
 
+-- Deferrable constraints in a session. PostgreSQL checks a DEFERRABLE UNIQUE/EXCLUDE constraint or FOREIGN
+-- KEY at the end of the statement (INITIALLY IMMEDIATE) or at COMMIT (INITIALLY DEFERRED), and `SET
+-- CONSTRAINTS` moves between the two. The generated write path leaves such a constraint out of its immediate
+-- checks; instead a constraint trigger on the changes table, with the constraint's name and deferrability,
+-- queues an event for each new row version it must check (`WHEN`: not a tombstone for UNIQUE/EXCLUDE, the
+-- FOREIGN KEY's bit for a child row, a tombstone for a referenced row), so PostgreSQL's own trigger queue
+-- decides when it fires and follows `SET CONSTRAINTS ALL ...`. When it fires:
+-- - at COMMIT or at `SET CONSTRAINTS ... IMMEDIATE` (trigger depth 1), it checks that version if it is still
+--   current (a later version queued its own event), in the session that wrote it;
+-- - in IMMEDIATE mode it fires at the end of the changes table's INSERT, inside the INSTEAD OF trigger
+--   (depth > 1), which is per row: it only flags the constraint (GUC `cow._dq_<changes table>`), and the
+--   view's AFTER STATEMENT trigger checks the statement's versions, as PostgreSQL does at statement end.
+-- The code of one check: `%VF%` stands for the versions to check (one, or those since the statement's mark).
+
+-- "(EXISTS (...) OR EXISTS (...))": some row of the session `_s`'s view of table p_rel satisfies p_cond (which
+-- names that row `z`): its current, not deleted versions, or base rows it holds no version of (a per-row probe
+-- of <t>_cur, `OFFSET 0`), each found by the tables' own indexes; the base table alone for a table outside the
+-- layer. Unlike the overlay view it names the session, so a constraint trigger can check at COMMIT, and its
+-- plan probes indexes instead of a hash or scan of the view's branches (a deferred check through the view
+-- cost ~115 us at COMMIT on 15, ~290 on 18; ~18 this way).
+CREATE OR REPLACE FUNCTION cow._sexists(p_rel oid, p_cond text) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce(
+        (SELECT format('(EXISTS (SELECT 1 FROM cow_changes.%1$I z WHERE z._cow_session = _s AND z._cow_current '
+                       'AND NOT z._cow_deleted AND %2$s) OR EXISTS (SELECT 1 FROM %3$s z WHERE %2$s AND NOT EXISTS '
+                       '(SELECT 1 FROM cow_changes.%1$I y WHERE y._cow_session = _s AND y._cow_current AND %4$s OFFSET 0)))',
+                       g.changes_table, p_cond, p_rel::regclass, cow._eq(g.pk_columns, 'y', 'z'))
+         FROM cow.registry g WHERE g.relid = p_rel),
+        format('EXISTS (SELECT 1 FROM %s z WHERE %s)', p_rel::regclass, p_cond))
+$$;
+
+-- One check as a branch of the generated functions: the constraint trigger's (p_stmt false: `_k` is the
+-- check's number) or the statement trigger's (p_stmt true: the check was flagged in `_g`).
+CREATE OR REPLACE FUNCTION cow._defer_branch(p_k int, p_check text, p_vf text, p_stmt boolean) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT format(E'    IF %s THEN\n%s    END IF;\n',
+                  CASE WHEN p_stmt THEN format('pg_catalog.strpos(_g, '',%s,'') > 0', p_k) ELSE format('_k = %s', p_k) END,
+                  replace(p_check, '%VF%', p_vf))
+$$;
+
+-- Add check p_k to constraint trigger p_name (one per constraint name and mode: a self-referencing FOREIGN
+-- KEY checks both sides in one trigger) of the map the generator collects.
+CREATE OR REPLACE FUNCTION cow._defer_trigger(p_map jsonb, p_name text, p_deferred boolean, p_when text, p_k int)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    key text := p_name;
+BEGIN
+    IF p_map ? key AND (p_map -> key ->> 'deferred')::boolean IS DISTINCT FROM p_deferred THEN
+        key := left(p_name, 50) || '_' || p_k;  -- two constraints of one name, one deferred: two triggers
+    END IF;
+    RETURN p_map || jsonb_build_object(key, jsonb_build_object(
+        'deferred', p_deferred,
+        'when', coalesce(p_map -> key -> 'when', '[]') || to_jsonb(p_when),
+        'args', coalesce(p_map -> key -> 'args', '[]') || to_jsonb(p_k::text)));
+END $$;
+
+-- The check of a deferrable UNIQUE or exclusion constraint (index p_idx of table p_rel) over the versions
+-- `%VF%`: a current version whose key another row of the session's view (base rows it holds no version of,
+-- plus its current versions) already has. Sets _seq/_det and, for the first violation, _best and the error.
+CREATE OR REPLACE FUNCTION cow._defer_unique_code(p_rel oid, p_idx oid, b text, ch text, pk text[]) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $gen$
+DECLARE
+    con record;
+    x record;
+    n int;
+    cond text;
+BEGIN
+    SELECT ic.relname AS name, cow._attnames(p_rel, i.indkey::int2[]) AS cols, i.indnullsnotdistinct AS nnd,
+           i.indisunique AND NOT i.indisexclusion AND i.indpred IS NULL AND i.indexprs IS NULL AS plain
+    INTO STRICT con FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid WHERE i.indexrelid = p_idx;
+    IF con.plain THEN
+        cond := CASE WHEN con.nnd
+                     THEN (SELECT string_agg(format('z.%I IS NOT DISTINCT FROM c.%I', c, c), ' AND ') FROM unnest(con.cols) AS c)
+                     ELSE cow._eq(con.cols, 'z', 'c') END;
+        RETURN format(
+            E'    SELECT c._cow_seq, format(''Key (%%s)=(%%s) already exists.'', %1$L, %2$s) INTO _seq, _det\n'
+             '    FROM %3$s c WHERE c._cow_session = _s AND %%VF%% AND c._cow_current AND NOT c._cow_deleted%4$s\n'
+             '        AND (EXISTS (SELECT 1 FROM %3$s z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND %5$s AND NOT (%6$s))\n'
+             '             OR EXISTS (SELECT 1 FROM %7$s z WHERE %5$s AND NOT (%6$s) AND NOT EXISTS (SELECT 1 FROM %3$s y WHERE y._cow_session = _s AND y._cow_current AND %8$s OFFSET 0)))\n'
+             '    ORDER BY c._cow_seq LIMIT 1;\n'
+             '    IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN\n'
+             '        _best := _seq; _bdet := _det; _bcon := %9$L; _bmsg := %10$L; _bcode := ''23505''; _btab := NULL; _bsch := NULL;\n'
+             '    END IF;\n',
+            cow._collist(con.cols), cow._keytext(con.cols, 'c'), ch,
+            CASE WHEN con.nnd THEN '' ELSE ' AND ' || cow._notnull(con.cols, 'c') END,
+            cond, cow._eq(pk, 'z', 'c'), b, cow._eq(pk, 'y', 'z'), con.name,
+            format('duplicate key value violates unique constraint "%s"', con.name));
+    END IF;
+    -- An exclusion constraint (or UNIQUE WITHOUT OVERLAPS): version by version, the keys evaluated on the
+    -- version (`_r`) as cow._xcheck_code does on NEW, the version's own key left out.
+    SELECT * INTO STRICT x FROM cow._xindexes(p_rel) WHERE idx = p_idx;
+    n := array_length(x.keys, 1);
+    SELECT string_agg(format('%s %s _cow_k.k%s', x.keys[k], x.ops[k], k), ' AND ' ORDER BY k) INTO cond
+    FROM generate_series(1, n) AS k;
+    IF x.pred IS NOT NULL THEN
+        cond := format('(%s) AND ', x.pred) || cond;
+    END IF;
+    RETURN format(
+        E'    _seq := NULL;\n'
+         '    FOR _r IN SELECT * FROM %1$s c WHERE c._cow_session = _s AND %%VF%% AND c._cow_current AND NOT c._cow_deleted ORDER BY c._cow_seq LOOP\n'
+         '        SELECT %2$s AS p, %3$s INTO _cow_k FROM (%4$s) AS _x;\n'
+         '        IF _cow_k.p IS TRUE%5$s THEN\n'
+         '            SELECT _y.d INTO _cow_c FROM (SELECT %6$s AS d FROM %7$s b WHERE %8$s AND NOT (%9$s)\n'
+         '                AND NOT EXISTS (SELECT 1 FROM %1$s c WHERE c._cow_session = _s AND c._cow_current AND %10$s OFFSET 0)\n'
+         '                UNION ALL SELECT %6$s AS d FROM %1$s c WHERE c._cow_session = _s AND c._cow_current AND NOT c._cow_deleted\n'
+         '                AND %8$s AND NOT (%11$s)) AS _y LIMIT 1;\n'
+         '            IF FOUND THEN\n'
+         '                _seq := _r._cow_seq;\n'
+         '                _det := format(''Key (%%s)=(%%s) conflicts with existing key (%%s)=(%%s).'', %12$L, concat_ws('', '', %13$s), %12$L, _cow_c.d);\n'
+         '                EXIT;\n'
+         '            END IF;\n'
+         '        END IF;\n'
+         '    END LOOP;\n'
+         '    IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN\n'
+         '        _best := _seq; _bdet := _det; _bcon := %14$L; _bmsg := %15$L; _bcode := ''23P01''; _btab := NULL; _bsch := NULL;\n'
+         '    END IF;\n',
+        ch, coalesce('(' || x.pred || ')', 'true'),
+        (SELECT string_agg(format('%s AS k%s', x.keys[k], k), ', ' ORDER BY k) FROM generate_series(1, n) AS k),
+        cow._rowsrc((SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_attribute a
+                     WHERE a.attrelid = p_rel AND a.attnum > 0 AND NOT a.attisdropped), '_r'),
+        (SELECT string_agg(format(' AND _cow_k.k%s IS NOT NULL', k), '' ORDER BY k) FROM generate_series(1, n) AS k),
+        format('concat_ws('', '', %s)', (SELECT string_agg(format('coalesce((%s)::text, ''null'')', x.keys[k]), ', ' ORDER BY k)
+                                         FROM generate_series(1, n) AS k)),
+        b, cond, cow._eq(pk, 'b', '_r'), cow._eq(pk, 'c', 'b'), cow._eq(pk, 'c', '_r'),
+        x.display,
+        (SELECT string_agg(format('coalesce(_cow_k.k%s::text, ''null'')', k), ', ' ORDER BY k) FROM generate_series(1, n) AS k),
+        x.name, format('conflicting key value violates exclusion constraint "%s"', x.name));
+END $gen$;
+
+-- (Re)create the constraint triggers of registry entry p_id's changes table from the generator's map, and
+-- their function `<t>_dfr` with the checks p_checks (cow._defer_branch, p_stmt false).
+CREATE OR REPLACE FUNCTION cow._defer_triggers(p_id int, p_map jsonb, p_checks text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
+DECLARE
+    r cow.registry%ROWTYPE;
+    ch text;
+    fn text;
+    t record;
+BEGIN
+    SELECT * INTO STRICT r FROM cow.registry WHERE id = p_id;
+    ch := format('cow_changes.%I', r.changes_table);
+    fn := format('cow_changes.%I', r.changes_table || '_dfr');
+    FOR t IN SELECT tgname FROM pg_trigger WHERE tgrelid = ch::regclass AND NOT tgisinternal LOOP
+        EXECUTE format('DROP TRIGGER %I ON %s', t.tgname, ch);
+    END LOOP;
+    IF p_map = '{}' THEN
+        EXECUTE format('DROP FUNCTION IF EXISTS %s()', fn);
+        RETURN;
+    END IF;
+    EXECUTE format(
+        E'CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql AS $body$\n'
+         'DECLARE\n    _s text := NEW._cow_session;\n    _v bigint := NEW._cow_seq;\n    _k int;\n    _i int;\n'
+         '    _g text;\n    _g0 text;\n    _seq bigint;\n    _det text;\n    _best bigint;\n    _bdet text;\n'
+         '    _bcon text;\n    _bmsg text;\n    _bcode text;\n    _btab text;\n    _bsch text;\n    _r record;\n    _cow_k record;\n    _cow_c record;\n'
+         'BEGIN\n'
+         '    IF pg_catalog.pg_trigger_depth() > 1 THEN\n'
+         '        -- IMMEDIATE mode, inside a write: the statement trigger checks at the end of the statement.\n'
+         '        _g := coalesce(pg_catalog.current_setting(%2$L, true), '''');\n'
+         '        FOR _i IN 0 .. TG_NARGS - 1 LOOP\n'
+         '            IF pg_catalog.strpos(_g, '','' || TG_ARGV[_i] || '','') = 0 THEN\n'
+         '                _g := CASE WHEN _g = '''' THEN '','' ELSE _g END || TG_ARGV[_i] || '','';\n'
+         '                PERFORM pg_catalog.set_config(%2$L, _g, true);\n'
+         '            END IF;\n'
+         '        END LOOP;\n'
+         '        RETURN NULL;\n'
+         '    END IF;\n'
+         '    -- At COMMIT or SET CONSTRAINTS: the checks read the session that wrote the version.\n'
+         '    _g0 := pg_catalog.current_setting(''cow.session_id'', true);\n'
+         '    IF _g0 IS DISTINCT FROM _s THEN\n'
+         '        PERFORM pg_catalog.set_config(''cow.session_id'', _s, true);\n'
+         '    END IF;\n'
+         '    FOR _i IN 0 .. TG_NARGS - 1 LOOP\n'
+         '        _k := TG_ARGV[_i]::int;\n%3$s'
+         '    END LOOP;\n'
+         '    IF _g0 IS DISTINCT FROM _s THEN\n'
+         '        PERFORM pg_catalog.set_config(''cow.session_id'', coalesce(_g0, ''''), true);\n'
+         '    END IF;\n'
+         '    IF _best IS NOT NULL THEN\n'
+         '        RAISE EXCEPTION USING ERRCODE = _bcode, MESSAGE = _bmsg, DETAIL = _bdet, SCHEMA = coalesce(_bsch, %4$L), TABLE = coalesce(_btab, %5$L), CONSTRAINT = _bcon;\n'
+         '    END IF;\n'
+         '    RETURN NULL;\n'
+         'END $body$', fn, 'cow._dq_' || r.changes_table, p_checks, r.table_schema, r.table_name);
+    FOR t IN SELECT key AS name, value AS spec FROM jsonb_each(p_map) LOOP
+        EXECUTE format('CREATE CONSTRAINT TRIGGER %I AFTER INSERT ON %s DEFERRABLE INITIALLY %s FOR EACH ROW WHEN (%s) '
+                       'EXECUTE FUNCTION %s(%s)',
+                       t.name, ch, CASE WHEN (t.spec ->> 'deferred')::boolean THEN 'DEFERRED' ELSE 'IMMEDIATE' END,
+                       (SELECT string_agg('(' || w || ')', ' OR ') FROM jsonb_array_elements_text(t.spec -> 'when') AS w),
+                       fn, (SELECT string_agg(quote_literal(a), ', ') FROM jsonb_array_elements_text(t.spec -> 'args') AS a));
+    END LOOP;
+END $gen$;
+
 -- The trigger generator below is also the cheaper in-session write path (measured in docs/layer.md
 -- "Performance" and docs/benchmarks.md "Writes in a session"):
 -- - the session id is read directly and the once-per-transaction registry check runs inline (cow._write_session
@@ -194,7 +385,8 @@ $$;
 
 -- The INSTEAD OF triggers of registry entry p_id: the UNIQUE loop also emits the checks of partial and expression
 -- UNIQUE indexes and exclusion constraints (cow._xcheck_code, 20_unique_checks.sql), and the changes table gets
--- their lookup indexes.
+-- their lookup indexes; deferrable constraints are left to the constraint triggers
+-- above (cow._defer_triggers).
 CREATE OR REPLACE FUNCTION cow._build_triggers(p_id int) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
 DECLARE
@@ -240,6 +432,17 @@ DECLARE
     xn int := 0;          -- checks generated by cow._xcheck_code
     pk_probe boolean := false;  -- the INSERT's primary-key check looked up the key's current version (_pdel)
     rec text;
+    -- Deferrable constraints (cow._defer_* below): checks of one row version (`dq`, run by the constraint
+    -- triggers on the changes table when they fire) and of the statement's versions (`dq_stmt`, run by the
+    -- statement trigger when a constraint trigger fired inside the statement, i.e. in IMMEDIATE mode).
+    dq text := '';
+    dq_stmt text := '';
+    dn int := 0;
+    dbits text := '0';    -- the bits of the deferrable FOREIGN KEYs (carried to later versions of a row)
+    dcheck text;
+    dtrg jsonb := '{}';   -- trigger name -> {deferred, when [], args []}
+    dname text;
+    vf_row text;          -- the version a constraint trigger fires for: found by key in <t>_cur, then its seq
     -- Once per transaction (cow._write_session's stamp): the registry row is read here, and only a new, closed
     -- or stale (last_write_at older than a second) session or an operation id that was not validated calls
     -- cow._write_session, which registers, refuses or updates. A plpgsql call per write cost ~20 us.
@@ -263,6 +466,7 @@ BEGIN
     v := format('%I.%I', r.overlay_schema, tab);
     names := r.col_names;
     pk := r.pk_columns;
+    vf_row := format('%s AND c._cow_seq = _v', cow._eq(pk, 'c', 'NEW'));
     SELECT array_agg(a.attname::text ORDER BY a.attnum) FILTER (WHERE a.attgenerated = ''),
            array_agg(a.attname::text ORDER BY a.attnum) FILTER (WHERE a.attgenerated = '' AND a.attidentity <> 'a'),
            bool_or(a.attidentity = 'a')
@@ -331,10 +535,23 @@ BEGIN
     -- constraints: cow._xcheck_code.
     FOR con IN SELECT x.indexrelid AS idx, ic.relname AS name, cow._attnames(rel, x.indkey::int2[]) AS cols,
                       x.indnullsnotdistinct AS nnd, x.indisprimary AS prim,
-                      x.indisunique AND NOT x.indisexclusion AND x.indpred IS NULL AND x.indexprs IS NULL AS plain
+                      x.indisunique AND NOT x.indisexclusion AND x.indpred IS NULL AND x.indexprs IS NULL AS plain,
+                      -- (A deferrable PRIMARY KEY stays checked at once: the changes table holds one
+                      -- version per key, so two rows cannot share a key even for a moment.)
+                      coalesce(d.condeferrable AND NOT x.indisprimary, false) AS deferrable,
+                      coalesce(d.condeferred, false) AS deferred
                FROM pg_index x JOIN pg_class ic ON ic.oid = x.indexrelid
+               LEFT JOIN pg_constraint d ON d.conindid = x.indexrelid AND d.conrelid = rel AND d.contype IN ('p', 'u', 'x')
                WHERE x.indrelid = rel AND (x.indisunique OR x.indisexclusion)
                ORDER BY x.indexrelid LOOP
+        IF con.deferrable THEN
+            dcheck := cow._defer_unique_code(rel, con.idx, b, ch, pk);
+            dn := dn + 1;
+            dq := dq || cow._defer_branch(dn, dcheck, vf_row, false);
+            dq_stmt := dq_stmt || cow._defer_branch(dn, dcheck, 'c._cow_seq > _mark', true);
+            dtrg := cow._defer_trigger(dtrg, con.name, con.deferred, 'NOT NEW._cow_deleted', dn);
+            CONTINUE;
+        END IF;
         IF NOT con.plain THEN
             xn := xn + 1;
             decl := decl || format(E'    _cow_k%s record;\n', xn) || CASE WHEN xn = 1 THEN E'    _cow_c record;\n' ELSE '' END;
@@ -387,12 +604,19 @@ BEGIN
     -- UNIQUE error wins over an earlier row's missing parent): a BEFORE STATEMENT trigger pushes the current
     -- write sequence value, the AFTER STATEMENT trigger checks this session's rows written since.
     FOR con IN SELECT c.conname, cow._attnames(c.conrelid, c.conkey) AS cols, c.confrelid,
-                      cow._attnames(c.confrelid, c.confkey) AS refcols, pr.relname AS parent
+                      cow._attnames(c.confrelid, c.confkey) AS refcols, pr.relname AS parent,
+                      c.condeferrable, c.condeferred
                FROM pg_constraint c JOIN pg_class pr ON pr.oid = c.confrelid
                WHERE c.conrelid = rel AND c.contype = 'f' ORDER BY c.conname LOOP
         target := cow._session_rel(con.confrelid);
-        cond := format('%s AND NOT EXISTS (SELECT 1 FROM %s z WHERE %s)', cow._notnull(con.cols, 'c'), target,
-                       cow._eq2(con.refcols, 'z', con.cols, 'c'));
+        IF con.condeferrable THEN
+            -- (Checked at COMMIT too: the parent looked up by index in the session's view, cow._sexists.)
+            cond := format('%s AND NOT %s', cow._notnull(con.cols, 'c'),
+                           cow._sexists(con.confrelid, cow._eq2(con.refcols, 'z', con.cols, 'c')));
+        ELSE
+            cond := format('%s AND NOT EXISTS (SELECT 1 FROM %s z WHERE %s)', cow._notnull(con.cols, 'c'), target,
+                           cow._eq2(con.refcols, 'z', con.cols, 'c'));
+        END IF;
         IF con.confrelid = rel THEN
             -- A row may reference itself.
             cond := cond || format(' AND NOT (%s)', cow._eq2(con.refcols, 'c', con.cols, 'c'));
@@ -400,22 +624,36 @@ BEGIN
         fk_all := fk_all || format(' | %s', 1 << least(fk_n, 30));
         fk_changed := fk_changed || format(' | CASE WHEN %s THEN %s ELSE 0 END', cow._changed(con.cols), 1 << least(fk_n, 30));
         cond := cond || format(' AND (c._cow_fk & %s) <> 0', 1 << least(fk_n, 30));
+        dcheck := format(E'    SELECT c._cow_seq, format(''Key (%%s)=(%%s) is not present in table "%%s".'', %L, %s, %L)\n'
+                         '    INTO _seq, _det FROM %s c WHERE c._cow_session = _s AND %%VF%%\n'
+                         '        AND c._cow_current AND NOT c._cow_deleted AND %s\n'
+                         '    ORDER BY c._cow_seq LIMIT 1;\n'
+                         '    IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN\n'
+                         '        _best := _seq; _bdet := _det; _bcon := %L; _bmsg := %L; _bcode := ''23503''; _btab := NULL; _bsch := NULL;\n'
+                         '    END IF;\n',
+                         cow._collist(con.cols), cow._keytext(con.cols, 'c'), con.parent, ch, cond, con.conname,
+                         format('insert or update on table "%s" violates foreign key constraint "%s"',
+                                tab, con.conname));
+        IF con.condeferrable THEN
+            -- Checked by a constraint trigger on the changes table (at COMMIT when deferred); the bit stays on
+            -- the row's later versions, so an update that leaves the key alone still carries the check.
+            dbits := dbits || format(' | %s', 1 << least(fk_n, 30));
+            dn := dn + 1;
+            dq := dq || cow._defer_branch(dn, dcheck, vf_row, false);
+            dq_stmt := dq_stmt || cow._defer_branch(dn, dcheck, 'c._cow_seq > _mark', true);
+            dtrg := cow._defer_trigger(dtrg, con.conname, con.condeferred,
+                                       format('(NEW._cow_fk & %s) <> 0', 1 << least(fk_n, 30)), dn);
+        ELSE
+            fk_ins := fk_ins || replace(dcheck, '%VF%', 'c._cow_seq > _mark');
+        END IF;
         fk_n := fk_n + 1;
-        fk_ins := fk_ins || format(E'    SELECT c._cow_seq, format(''Key (%%s)=(%%s) is not present in table "%%s".'', %L, %s, %L)\n'
-                                   '    INTO _seq, _det FROM %s c WHERE c._cow_session = _s AND c._cow_seq > _mark\n'
-                                   '        AND c._cow_current AND NOT c._cow_deleted AND %s\n'
-                                   '    ORDER BY c._cow_seq LIMIT 1;\n'
-                                   '    IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN\n'
-                                   '        _best := _seq; _bdet := _det; _bcon := %L; _bmsg := %L;\n'
-                                   '    END IF;\n',
-                                   cow._collist(con.cols), cow._keytext(con.cols, 'c'), con.parent, ch, cond, con.conname,
-                                   format('insert or update on table "%s" violates foreign key constraint "%s"',
-                                          tab, con.conname));
     END LOOP;
     -- FOREIGN KEY, this table as the parent: ON DELETE / ON UPDATE actions within the session.
     FOR con IN SELECT c.conname, c.conrelid, cow._attnames(c.conrelid, c.conkey) AS cols,
                       cow._attnames(c.confrelid, c.confkey) AS refcols, c.confdeltype, c.confupdtype,
                       cow._attnames(c.conrelid, c.confdelsetcols) AS delsetcols, ck.relname AS child,
+                      (SELECT nspname FROM pg_namespace WHERE oid = ck.relnamespace) AS child_schema,
+                      c.condeferrable, c.condeferred,
                       EXISTS (SELECT 1 FROM cow.registry g WHERE g.relid = c.conrelid) AS child_cow
                FROM pg_constraint c JOIN pg_class ck ON ck.oid = c.conrelid
                WHERE c.confrelid = rel AND c.contype = 'f' ORDER BY c.conname LOOP
@@ -428,25 +666,39 @@ BEGIN
         det := format('format(''Key (%%s)=(%%s) is still referenced from table "%%s".'', %L, %s, %L)',
                       cow._collist(con.refcols), cow._keytext(con.refcols, 'OLD'), con.child);
         keytxt := cow._raise(CASE WHEN con.confdeltype = 'r' AND con.child_cow AND pg18 THEN '23001' ELSE '23503' END,
-                             msg, det, sch, tab, con.conname);
+                             msg, det, con.child_schema, con.child, con.conname);
         upd_raise := cow._raise(CASE WHEN con.confupdtype = 'r' AND con.child_cow AND pg18 THEN '23001' ELSE '23503' END,
-                                msg, det, sch, tab, con.conname);
+                                msg, det, con.child_schema, con.child, con.conname);
         -- NO ACTION is checked at the end of the statement, like PostgreSQL (so `DELETE FROM t` of a whole
         -- self-referencing tree works): the statement's tombstones whose key is gone from the session's view
         -- must not be referenced. RESTRICT is checked at once.
         IF (con.confdeltype = 'a' OR con.confupdtype = 'a') AND con.child_cow THEN
-            fk_ins := fk_ins || format(E'    SELECT c._cow_seq, format(''Key (%%s)=(%%s) is still referenced from table "%%s".'', %L, %s, %L)\n'
-                                       '    INTO _seq, _det FROM %s c WHERE c._cow_session = _s AND c._cow_seq > _mark\n'
-                                       '        AND c._cow_current AND c._cow_deleted AND %s\n'
-                                       '        AND NOT EXISTS (SELECT 1 FROM %s z WHERE %s)\n'
-                                       '        AND EXISTS (SELECT 1 FROM %s k WHERE %s)\n'
-                                       '    ORDER BY c._cow_seq LIMIT 1;\n'
-                                       '    IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN\n'
-                                       '        _best := _seq; _bdet := _det; _bcon := %L; _bmsg := %L;\n'
-                                       '    END IF;\n',
-                                       cow._collist(con.refcols), cow._keytext(con.refcols, 'c'), con.child, ch,
-                                       cow._notnull(con.refcols, 'c'), v, cow._eq(con.refcols, 'z', 'c'),
-                                       target, cow._eq2(con.cols, 'k', con.refcols, 'c'), con.conname, msg);
+            dcheck := format(E'    SELECT c._cow_seq, format(''Key (%%s)=(%%s) is still referenced from table "%%s".'', %L, %s, %L)\n'
+                             '    INTO _seq, _det FROM %s c WHERE c._cow_session = _s AND %%VF%%\n'
+                             '        AND c._cow_current AND c._cow_deleted AND %s\n'
+                             '        AND NOT %s\n'
+                             '        AND %s\n'
+                             '    ORDER BY c._cow_seq LIMIT 1;\n'
+                             '    IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN\n'
+                             '        _best := _seq; _bdet := _det; _bcon := %L; _bmsg := %L; _bcode := ''23503''; _btab := %L; _bsch := %L;\n'
+                             '    END IF;\n',
+                             cow._collist(con.refcols), cow._keytext(con.refcols, 'c'), con.child, ch,
+                             cow._notnull(con.refcols, 'c'),
+                             CASE WHEN con.condeferrable THEN cow._sexists(rel, cow._eq(con.refcols, 'z', 'c'))
+                                  ELSE format('EXISTS (SELECT 1 FROM %s z WHERE %s)', v, cow._eq(con.refcols, 'z', 'c')) END,
+                             CASE WHEN con.condeferrable THEN cow._sexists(con.conrelid, cow._eq2(con.cols, 'z', con.refcols, 'c'))
+                                  ELSE format('EXISTS (SELECT 1 FROM %s k WHERE %s)', target, cow._eq2(con.cols, 'k', con.refcols, 'c')) END,
+                             con.conname, msg, con.child, con.child_schema);
+            IF con.condeferrable THEN
+                -- The tombstones of deleted (or moved) referenced keys, checked when the trigger fires. (A
+                -- referenced key that is not the primary key and changes in place is still checked at once.)
+                dn := dn + 1;
+                dq := dq || cow._defer_branch(dn, dcheck, vf_row, false);
+                dq_stmt := dq_stmt || cow._defer_branch(dn, dcheck, 'c._cow_seq > _mark', true);
+                dtrg := cow._defer_trigger(dtrg, con.conname, con.condeferred, 'NEW._cow_deleted', dn);
+            ELSE
+                fk_ins := fk_ins || replace(dcheck, '%VF%', 'c._cow_seq > _mark');
+            END IF;
         END IF;
         -- A child table outside the layer cannot change in a session: any action is a refusal there.
         IF con.confdeltype = 'r' OR NOT con.child_cow THEN
@@ -510,7 +762,12 @@ BEGIN
                    cow._rec_code(ch, b, names, pk, 'OLD', true) || format(
                        E'    _morig := CASE WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object(%s) ELSE _porig END;\n',
                        (SELECT string_agg(format('%L, OLD.%I', k, k), ', ') FROM unnest(pk) AS k)),
-                   cow._rec_code(ch, b, names, pk, 'NEW', false, fk_changed, mark_guc,
+                   cow._rec_code(ch, b, names, pk, 'NEW', false,
+                                 CASE WHEN dbits = '0' THEN fk_changed
+                                      -- (Deferrable FOREIGN KEYs: still to check when an earlier version
+                                      -- was, and all of them after a primary-key move.)
+                                      ELSE format('%s | (coalesce(_pfk, 0) & (%s)) | CASE WHEN %s THEN %s ELSE 0 END',
+                                                  fk_changed, dbits, cow._changed(pk), dbits) END, mark_guc,
                                  format('CASE WHEN %s THEN _morig WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object(%s) ELSE _porig END',
                                         cow._changed(pk),
                                         (SELECT string_agg(format('%L, NEW.%I', k, k), ', ') FROM unnest(pk) AS k))), par_upd_act);
@@ -525,7 +782,8 @@ BEGIN
                    cow._rec_code(ch, b, names, pk, 'OLD', true), par_del_act);
     EXECUTE format('CREATE OR REPLACE TRIGGER cow_delete INSTEAD OF DELETE ON %s FOR EACH ROW EXECUTE FUNCTION %s()', v, fn);
     -- Statement-level FOREIGN KEY checks (see above).
-    IF fk_ins = '' THEN
+    PERFORM cow._defer_triggers(p_id, dtrg, dq);
+    IF fk_ins = '' AND dq_stmt = '' THEN
         EXECUTE format('DROP TRIGGER IF EXISTS cow_fk_mark ON %s', v);
         EXECUTE format('DROP TRIGGER IF EXISTS cow_fk_check ON %s', v);
     ELSE
@@ -542,14 +800,25 @@ BEGIN
                        'AS $body$\n'
                        'DECLARE\n    _s text := nullif(current_setting(''cow.session_id'', true), '''');\n'
                        '    _marks text := current_setting(%2$L, true);\n    _mark bigint;\n    _seq bigint;\n'
-                       '    _det text;\n    _best bigint;\n    _bdet text;\n    _bcon text;\n    _bmsg text;\nBEGIN\n'
+                       '    _det text;\n    _best bigint;\n    _bdet text;\n    _bcon text;\n    _bmsg text;\n'
+                       '    _bcode text := ''23503'';\n    _btab text;\n    _bsch text;\n    _g text;\n    _r record;\n    _cow_k record;\n    _cow_c record;\nBEGIN\n'
                        '    IF _s IS NULL OR coalesce(_marks, '''') = '''' THEN\n        RETURN NULL;\n    END IF;\n'
                        '    _mark := split_part(_marks, '','', -1)::bigint;\n'
-                       '    PERFORM set_config(%2$L, regexp_replace(_marks, '',?[^,]*$'', ''''), true);\n%3$s'
+                       '    PERFORM set_config(%2$L, regexp_replace(_marks, '',?[^,]*$'', ''''), true);\n%3$s%6$s'
                        '    IF _best IS NOT NULL THEN\n'
-                       '        RAISE EXCEPTION USING ERRCODE = ''23503'', MESSAGE = _bmsg,\n'
-                       '            DETAIL = _bdet, SCHEMA = %5$L, TABLE = %4$L, CONSTRAINT = _bcon;\n'
-                       '    END IF;\n    RETURN NULL;\nEND $body$', fn, 'cow._mark_' || r.changes_table, fk_ins, tab, sch);
+                       '        RAISE EXCEPTION USING ERRCODE = _bcode, MESSAGE = _bmsg,\n'
+                       '            DETAIL = _bdet, SCHEMA = coalesce(_bsch, %5$L), TABLE = coalesce(_btab, %4$L), CONSTRAINT = _bcon;\n'
+                       '    END IF;\n    RETURN NULL;\nEND $body$', fn, 'cow._mark_' || r.changes_table, fk_ins, tab, sch,
+                       CASE WHEN dq_stmt = '' THEN '' ELSE format(
+                           -- Deferrable constraints whose trigger fired inside this statement (IMMEDIATE mode):
+                           -- checked here, at the end of the statement, like PostgreSQL; the outermost
+                           -- statement clears the flags.
+                           E'    _g := pg_catalog.current_setting(%L, true);\n'
+                            '    IF coalesce(_g, '''') <> '''' THEN\n'
+                            '        IF regexp_replace(_marks, '',?[^,]*$'', '''') = '''' THEN\n'
+                            '            PERFORM pg_catalog.set_config(%L, '''', true);\n'
+                            '        END IF;\n%s    END IF;\n',
+                           'cow._dq_' || r.changes_table, 'cow._dq_' || r.changes_table, dq_stmt) END);
         EXECUTE format('CREATE OR REPLACE TRIGGER cow_fk_check AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()', v, fn);
     END IF;
     UPDATE cow.registry SET signature = cow._signature(rel) WHERE id = p_id;
