@@ -447,3 +447,30 @@ def test_commit_of_a_key_swap_keeps_grandchildren(layer_db: str) -> None:
     assert rows(layer_db, "SELECT * FROM p ORDER BY id") == [(1, "two"), (2, "one")]
     assert rows(layer_db, "SELECT * FROM k ORDER BY id") == [(1, 2), (2, 1)]
     assert rows(layer_db, "SELECT * FROM g ORDER BY id") == [(1, 1), (2, 2)]
+
+
+def test_commit_reuses_unique_values_of_a_delete_held_back(layer_db: str) -> None:
+    # The member moves to a team the session inserts, through a NOT NULL reference, so the commit can neither
+    # re-point nor null it before the inserts: the delete of team 1 is held back until they ran. A new team
+    # reuses team 1's UNIQUE code: it has to wait for that delete too.
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE team (id int PRIMARY KEY, code text NOT NULL UNIQUE)")
+        conn.execute("CREATE TABLE member (id int PRIMARY KEY, team_id int NOT NULL REFERENCES team)")
+        conn.execute("INSERT INTO team VALUES (1, 'a'), (5, 'e')")
+        conn.execute("INSERT INTO member VALUES (1, 1), (2, 5)")
+    write(
+        layer_db,
+        "reuse",
+        "INSERT INTO team VALUES (2, 'b')",
+        "UPDATE member SET team_id = 2 WHERE id = 1",
+        "DELETE FROM team WHERE id = 1",
+        "INSERT INTO team VALUES (3, 'a')",
+        "UPDATE team SET code = 'x' WHERE id = 5",
+        "INSERT INTO member VALUES (3, 3)",
+    )
+    result = run(layer_db, lambda c: sessions.commit_session(c, "reuse"))
+    assert result.status == "committed"
+    assert result.tables["public.team"] == {"inserted": 2, "updated": 1, "deleted": 1}
+    assert result.tables["public.member"] == {"inserted": 1, "updated": 1, "deleted": 0}
+    assert rows(layer_db, "SELECT * FROM team ORDER BY id") == [(2, "b"), (3, "a"), (5, "x")]
+    assert rows(layer_db, "SELECT * FROM member ORDER BY id") == [(1, 2), (2, 5), (3, 3)]

@@ -23,6 +23,27 @@ LANGUAGE sql IMMUTABLE AS $$
                   cow._collist(p_pk, 'c.'), p_changes, cow._collist(p_pk, 'c.'))
 $$;
 
+-- The statement cow.commit_session applies a table's kept rows with: the updates of rows the base has, then
+-- the inserts of the others, in one statement (PostgreSQL checks foreign keys at the end of a statement, so an
+-- updated row may reference a row inserted here, e.g. in a self-referencing table, and the other way round;
+-- the INSERT reads u's count first, so the updates, which may free UNIQUE values, run first). p_sel: the rows
+-- (cow._latest_code, or a subset of it); returns (updated, inserted).
+CREATE OR REPLACE FUNCTION cow._apply_code(p_rel oid, ncols text[], setcols text[], has_always boolean, pk text[],
+                                           p_sel text) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT format('WITH u AS (%s), i AS (INSERT INTO %s (%s) %s SELECT %s FROM %s c WHERE NOT c._cow_deleted '
+                  'AND (SELECT count(*) FROM u) >= 0 '
+                  'AND NOT EXISTS (SELECT 1 FROM %s b WHERE %s) ORDER BY c._cow_seq RETURNING 1) '
+                  'SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM i)',
+                  CASE WHEN setcols IS NULL THEN 'SELECT 1 WHERE false'
+                       ELSE format('UPDATE %s b SET (%s) = ROW(%s) FROM %s c WHERE NOT c._cow_deleted AND %s RETURNING 1',
+                                   p_rel::regclass, cow._collist(setcols), cow._collist(setcols, 'c.'),
+                                   p_sel, cow._eq(pk, 'b', 'c')) END,
+                  p_rel::regclass, cow._collist(ncols),
+                  CASE WHEN has_always THEN 'OVERRIDING SYSTEM VALUE' ELSE '' END, cow._collist(ncols, 'c.'),
+                  p_sel, p_rel::regclass, cow._eq(pk, 'b', 'c'))
+$$;
+
 -- Apply the session's net changes (or those of some operations and what they depend on) to the base tables,
 -- in one transaction: deletes children first, then inserts/updates parents first. A base row changed since
 -- the session first wrote it is a conflict (40001) unless on_conflict = 'overwrite'.
@@ -55,6 +76,14 @@ DECLARE
     row_id tid;
     row_key jsonb;
     ckey text;
+    stmt text;
+    held boolean := false;  -- an update of the first pass could not run: a delete may be held back
+    pending jsonb := '{}';  -- per table (position in ord): keys whose write waits for the held-back deletes
+    keys jsonb[];
+    rest jsonb[];
+    k1 bigint;
+    k2 bigint;
+    progress boolean;
 BEGIN
     IF on_conflict IS NULL OR on_conflict NOT IN ('fail', 'overwrite') THEN
         RAISE EXCEPTION 'on_conflict must be fail or overwrite' USING ERRCODE = 'invalid_parameter_value';
@@ -135,6 +164,7 @@ BEGIN
                                ckey)
                 USING session, chosen, row_id, row_key;
             EXCEPTION WHEN integrity_constraint_violation THEN
+                held := true;
                 BEGIN
                     IF nullset IS NOT NULL THEN
                         EXECUTE format('UPDATE %I.%I b SET %s WHERE b.ctid = $3', g.table_schema, g.table_name, nullset)
@@ -214,18 +244,44 @@ BEGIN
         -- Updates, then inserts, in one statement: PostgreSQL checks foreign keys at the end of a statement,
         -- so an updated row may reference a row inserted here (a self-referencing table) and the other way
         -- round. The INSERT reads u's count first, so the updates (which may free UNIQUE values) run first.
-        EXECUTE format('WITH u AS (%s), i AS (INSERT INTO %I.%I (%s) %s SELECT %s FROM %s c WHERE NOT c._cow_deleted '
-                       'AND (SELECT count(*) FROM u) >= 0 '
-                       'AND NOT EXISTS (SELECT 1 FROM %I.%I b WHERE %s) ORDER BY c._cow_seq RETURNING 1) '
-                       'SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM i)',
-                       CASE WHEN setcols IS NULL THEN 'SELECT 1 WHERE false'
-                            ELSE format('UPDATE %I.%I b SET (%s) = ROW(%s) FROM %s c WHERE NOT c._cow_deleted AND %s RETURNING 1',
-                                        g.table_schema, g.table_name, cow._collist(setcols), cow._collist(setcols, 'c.'),
-                                        sel, pkeq) END,
-                       g.table_schema, g.table_name, cow._collist(ncols),
-                       CASE WHEN has_always THEN 'OVERRIDING SYSTEM VALUE' ELSE '' END, cow._collist(ncols, 'c.'),
-                       sel, g.table_schema, g.table_name, pkeq)
-        INTO m, n USING session, chosen;
+        stmt := cow._apply_code(g.relid, ncols, setcols, has_always, g.pk_columns, sel);
+        BEGIN
+            EXECUTE stmt INTO m, n USING session, chosen;
+        EXCEPTION WHEN unique_violation OR foreign_key_violation THEN
+            IF NOT held THEN
+                RAISE;
+            END IF;
+            -- A delete is held back (above): its row still holds its UNIQUE values, and rows of later tables
+            -- may reference rows that cannot be written yet. Row by row, in passes while some succeed; what
+            -- is left is written after the held-back deletes (and raises there if it still cannot).
+            ckey := format('jsonb_build_object(%s)', (SELECT string_agg(format('%L, c.%I', k, k), ', ')
+                                                      FROM unnest(g.pk_columns) AS k));
+            stmt := cow._apply_code(g.relid, ncols, setcols, has_always, g.pk_columns,
+                                    format('(SELECT * FROM %s c WHERE %s = ANY ($3))', sel, ckey));
+            EXECUTE format('SELECT array_agg(%s ORDER BY c._cow_seq) FROM %s c WHERE NOT c._cow_deleted', ckey, sel)
+            INTO keys USING session, chosen;
+            m := 0;
+            n := 0;
+            LOOP
+                progress := false;
+                rest := '{}';
+                FOREACH row_key IN ARRAY coalesce(keys, '{}') LOOP
+                    BEGIN
+                        EXECUTE stmt INTO k1, k2 USING session, chosen, ARRAY[row_key];
+                        m := m + k1;
+                        n := n + k2;
+                        progress := true;
+                    EXCEPTION WHEN unique_violation OR foreign_key_violation THEN
+                        rest := rest || row_key;
+                    END;
+                END LOOP;
+                keys := rest;
+                EXIT WHEN NOT progress OR cardinality(keys) = 0;
+            END LOOP;
+            IF cardinality(keys) > 0 THEN
+                pending := pending || jsonb_build_object(i::text, to_jsonb(keys));
+            END IF;
+        END;
         -- moved rows included (without non-key columns, the moves are all the updates)
         stats := jsonb_set(stats, '{updated}', to_jsonb(CASE WHEN setcols IS NULL THEN moved ELSE m END));
         -- Rows the session wrote and that already existed count as updated (the UPDATE above), the rest inserted.
@@ -245,6 +301,30 @@ BEGIN
             summary := jsonb_set(summary, ARRAY[g.table_schema || '.' || g.table_name],
                                  jsonb_set(stats, '{deleted}', to_jsonb((stats ->> 'deleted')::bigint + n)));
         END IF;
+    END LOOP;
+    -- The writes that waited for them (UNIQUE values of a held-back row reused, or a reference to such a
+    -- write), parents first; in one statement per table, so that an error is the table's own.
+    FOR i IN 1 .. coalesce(array_length(ord, 1), 0) LOOP
+        CONTINUE WHEN NOT pending ? i::text;
+        SELECT * INTO g FROM cow.registry WHERE id = ord[i];
+        sel := cow._latest_code(g.changes_table, g.pk_columns);
+        ckey := format('jsonb_build_object(%s)', (SELECT string_agg(format('%L, c.%I', k, k), ', ')
+                                                  FROM unnest(g.pk_columns) AS k));
+        SELECT array_agg(a.attname::text ORDER BY a.attnum) FILTER (WHERE a.attgenerated = ''),
+               array_agg(a.attname::text ORDER BY a.attnum) FILTER (WHERE a.attgenerated = '' AND a.attidentity <> 'a'
+                                                                      AND NOT a.attname = ANY (g.pk_columns)),
+               bool_or(a.attidentity = 'a')
+        INTO ncols, setcols, has_always
+        FROM pg_attribute a WHERE a.attrelid = g.relid AND a.attnum > 0 AND NOT a.attisdropped;
+        EXECUTE cow._apply_code(g.relid, ncols, setcols, has_always, g.pk_columns,
+                                format('(SELECT * FROM %s c WHERE %s = ANY ($3))', sel, ckey))
+        INTO m, n USING session, chosen, ARRAY(SELECT jsonb_array_elements(pending -> i::text));
+        stats := summary -> (g.table_schema || '.' || g.table_name);
+        IF setcols IS NOT NULL THEN
+            stats := jsonb_set(stats, '{updated}', to_jsonb((stats ->> 'updated')::bigint + m));
+        END IF;
+        stats := jsonb_set(stats, '{inserted}', to_jsonb((stats ->> 'inserted')::bigint + n));
+        summary := jsonb_set(summary, ARRAY[g.table_schema || '.' || g.table_name], stats);
     END LOOP;
     -- Drop what was applied; later writes of other operations stay, now based on the new base rows.
     FOR i IN 1 .. coalesce(array_length(ord, 1), 0) LOOP
