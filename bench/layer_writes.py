@@ -18,6 +18,10 @@ this machine, the CPU time each variant's backend spent per op (``/proc/<pid>/sc
 unlike wall time it does not count waiting for a core that another process holds, nor the client's share.
 
     .venv/bin/python bench/layer_writes.py [--dsn DSN] [--baseline REF] [--rows 250000] [--rounds 7] [--keep]
+        [--fk immediate|deferred]
+
+``--fk`` gives ``items.grp`` a FOREIGN KEY to a 1000-row table ``grps`` (on both sides), checked at the end of
+the statement (``immediate``) or ``DEFERRABLE INITIALLY DEFERRED`` at COMMIT (``deferred``, Django's kind).
 
 Without ``--dsn`` an embedded PostgreSQL is started (its ``fsync`` is off, so commits are nearly free);
 with ``--dsn`` scratch databases ``cowwrites_<pid>_{a,b}`` are created and dropped at the end (``--keep``
@@ -66,6 +70,7 @@ class Config:
     other_changes: int
     keep: bool
     seed: int
+    fk: str = "none"
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
@@ -77,6 +82,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
     p.add_argument("--other-changes", type=int, default=100_000)
     p.add_argument("--keep", action="store_true", help="keep the databases (with --dsn)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--fk", choices=("none", "immediate", "deferred"), default="none")
     a = p.parse_args(argv)
     if a.rounds < 1 or a.batch < 1:
         p.error("--rounds and --batch must be positive")
@@ -86,7 +92,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
     if a.keep and not a.dsn:
         p.error("--keep needs --dsn")
     return Config(
-        a.rows, a.dsn, a.baseline, a.rounds, a.batch, a.session_changes, a.other_changes, a.keep, a.seed
+        a.rows, a.dsn, a.baseline, a.rounds, a.batch, a.session_changes, a.other_changes, a.keep, a.seed, a.fk
     )
 
 
@@ -156,6 +162,13 @@ async def build(dsn: str, cfg: Config, plan: Plan, files: Layer) -> None:
     saved = layer_mod.migrations, layer_mod.repeatables
     try:
         await common.create_items(conn, cfg.rows)
+        if cfg.fk != "none":
+            deferrable = " DEFERRABLE INITIALLY DEFERRED" if cfg.fk == "deferred" else ""
+            for schema in ("public", "plain"):
+                await conn.execute(f"CREATE TABLE {schema}.grps (id int PRIMARY KEY)")
+                await conn.execute(f"INSERT INTO {schema}.grps SELECT generate_series(0, 999)")
+                ref = f"REFERENCES {schema}.grps (id){deferrable}"
+                await conn.execute(f"ALTER TABLE {schema}.items ADD FOREIGN KEY (grp) {ref}")
         layer_mod.migrations = lambda: files[0]
         layer_mod.repeatables = lambda: files[1]
         await layer_mod.install_layer(conn, schemas=("public",))
