@@ -52,6 +52,8 @@ class Kind(enum.IntEnum):
 
 
 _ENDS_WITH_READY = (Kind.QUERY, Kind.FUNC, Kind.SYNC)
+# Client messages that may wait for an injected cow.use_session (see _prepare, _client_bind, "F").
+_INJECTION_TRIGGERS = (b"Q", b"F", b"P", b"B")
 _TERMINATOR: dict[int, tuple[Kind, ...]] = {
     ord("1"): (Kind.PARSE,),
     ord("2"): (Kind.BIND,),
@@ -611,9 +613,11 @@ class Relay:
             if (
                 self._injection_error is not None
                 and isinstance(event, p.Frame)
-                and event.kind in (b"Q", b"F")
+                and event.kind in _INJECTION_TRIGGERS
             ):
-                # use_session failed before a simple query: refuse it with that error (fail closed).
+                # use_session failed before the statement that needed it: refuse that statement with the
+                # error (fail closed; replaying it would only retry the switch, for ever). A refused Parse
+                # or Bind makes the server skip the rest of the client's batch, as a failed one would.
                 # Without the position: it points into the injected statement, not the client's.
                 fields = p.ErrorFields(tuple(f for f in self._injection_error.fields if f[0] not in "Ppq"))
                 error = p.encode_error_fields(fields)

@@ -8,6 +8,7 @@ import logging
 import threading
 from typing import Any
 
+import asyncpg
 import psycopg
 import pytest
 
@@ -242,6 +243,32 @@ def test_tagged_connection_without_layer_fails_closed(
                 conn.execute("INSERT INTO t VALUES (1)")
     failed = [r for r in caplog.records if r.getMessage() == "session_switch_failed"]
     assert failed and failed[0].fields["session"] == "s9"  # type: ignore[attr-defined]
+    with psycopg.connect(empty_db, autocommit=True) as direct:
+        assert direct.execute("SELECT count(*) FROM t").fetchone() == (0,)
+
+
+def test_tagged_extended_statement_without_layer_fails_closed(proxy: RunningProxy, empty_db: str) -> None:
+    """The failed session switch is the answer to a Parse (bound parameters, a comment tag, asyncpg's
+    prepared statements) as it is to a simple query: an error, the connection usable, base untouched.
+    Until the fix the relay re-tried the switch for ever and the client hung."""
+    with psycopg.connect(empty_db, autocommit=True) as direct:
+        direct.execute("CREATE TABLE t (x int)")
+    with psycopg.connect(proxy.dsn(empty_db), autocommit=True) as conn:
+        for _ in range(2):
+            with pytest.raises(psycopg.errors.InvalidSchemaName):
+                conn.execute("/*cow_session='s9'*/ INSERT INTO t VALUES (%s)", (1,))
+        assert conn.execute("SELECT %s::int", (7,)).fetchone() == (7,)
+
+    async def prepared() -> None:
+        conn = await asyncpg.connect(proxy.dsn(empty_db, application_name="cow:s9"))
+        try:
+            for _ in range(2):
+                with pytest.raises(asyncpg.InvalidSchemaNameError):
+                    await conn.execute("INSERT INTO t VALUES ($1)", 2)
+        finally:
+            await conn.close()
+
+    asyncio.run(asyncio.wait_for(prepared(), 30))
     with psycopg.connect(empty_db, autocommit=True) as direct:
         assert direct.execute("SELECT count(*) FROM t").fetchone() == (0,)
 
