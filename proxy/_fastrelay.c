@@ -451,6 +451,7 @@ static void process_client(Engine *e, conn_t *c, unsigned char *buf, size_t len)
 }
 
 static void client_read(Engine *e, conn_t *c) {
+    if (c->out[SERVER].len || blocked(c)) return; /* not armed for reading: an event from before the change */
     unsigned char *buf = c->cin_len ? c->cin : e->scratch;
     size_t have = c->cin_len;
     if (have >= BUF_CAP) return; /* cannot happen: a message that large is not taken */
@@ -557,6 +558,7 @@ static int parse_server(Engine *e, conn_t *c, const unsigned char *buf, size_t l
 }
 
 static void server_read(Engine *e, conn_t *c) {
+    if (c->out[CLIENT].len) return;
     ssize_t n = recv(c->fd[SERVER], e->scratch, BUF_CAP, MSG_DONTWAIT);
     if (n == 0) {
         handback(e, c, CLOSED[SERVER], 0);
