@@ -91,3 +91,151 @@ def test_changes_tables_are_autovacuumed_after_one_percent_changed(layer_db: str
             "autovacuum_vacuum_scale_factor=0.01",
             "autovacuum_vacuum_insert_scale_factor=0.01",
         }, name
+
+
+# Joins and ordered reads through the overlay view (docs/layer.md, "Overlay view shape"): a view whose
+# UNION ALL leaves keep quals stays a subquery, so neither parameterized index paths (nested-loop joins) nor
+# ordered paths (Merge Append under ORDER BY ... LIMIT) reach the base table: every join and every
+# paginated list read the whole base table in a session.
+SHOP_ROWS = 20_000
+SHOP_DDL = """
+CREATE TABLE prod (id int PRIMARY KEY, rank int NOT NULL, v int, t text);
+CREATE INDEX prod_rank ON prod (rank);
+CREATE TABLE line (
+    id int PRIMARY KEY, prod_id int NOT NULL REFERENCES prod (id) ON DELETE CASCADE ON UPDATE CASCADE, qty int
+);
+CREATE INDEX line_prod ON line (prod_id);
+CREATE TABLE pick (id int PRIMARY KEY, prod_id int NOT NULL);
+"""
+# rank: a permutation of 0..SHOP_ROWS-1 (7 is coprime with it), so ORDER BY rank has no ties.
+SHOP_FILL = f"""
+INSERT INTO prod SELECT g, (g * 7) % {SHOP_ROWS}, g % 100, 'row ' || g FROM generate_series(1, {SHOP_ROWS}) g;
+INSERT INTO line SELECT g, (g * 13) % {SHOP_ROWS} + 1, g % 5 FROM generate_series(1, {2 * SHOP_ROWS}) g;
+INSERT INTO pick SELECT g, (g * 37) % {SHOP_ROWS} + 1 FROM generate_series(1, 100) g;
+"""
+# This session's changes around the page boundaries the tests read (keyset pages from id 1000, the top of
+# rank): deletes, updates, inserts, primary-key moves out of, into and within the page.
+SHOP_SESSION = f"""
+UPDATE prod SET v = -2 WHERE id % 100 = 0;
+DELETE FROM prod WHERE id IN (1000, 1003, 1099, 1100) OR rank IN ({SHOP_ROWS - 1}, {SHOP_ROWS - 3});
+INSERT INTO prod VALUES (1003, {SHOP_ROWS + 5}, 3, 'new 1003'), (1100, 5, 4, 'new 1100'), (-1, 1, 1, 'neg');
+UPDATE prod SET id = 1099 WHERE id = 5000;
+UPDATE prod SET id = {SHOP_ROWS + 100} WHERE id = 1050;
+UPDATE prod SET id = 1000, rank = {SHOP_ROWS + 1} WHERE id = 1001;
+UPDATE prod SET rank = {SHOP_ROWS + 2} WHERE id = 3;
+UPDATE line SET prod_id = 1099 WHERE id IN (1, 2, 3);
+DELETE FROM line WHERE id IN (4, 5);
+INSERT INTO line VALUES ({3 * SHOP_ROWS}, 1099, 9), ({3 * SHOP_ROWS + 1}, 1003, 8);
+UPDATE pick SET prod_id = 1099 WHERE id = 1;
+"""
+
+
+@pytest.fixture
+def shop(layer_db: str, plain_db: str) -> Iterator[tuple[psycopg.Connection[Any], psycopg.Connection[Any]]]:
+    """(plain, cow): the same tables and rows; cow in session 'me' with other sessions' changes present,
+    the plain copy with only 'me''s changes applied."""
+    with (
+        psycopg.connect(plain_db, autocommit=True) as plain,
+        psycopg.connect(layer_db, autocommit=True) as cow,
+    ):
+        for conn in (plain, cow):
+            conn.execute(SHOP_DDL)
+            conn.execute(SHOP_FILL)
+        cow.execute("SELECT cow.use_session('other')")
+        cow.execute("UPDATE prod SET v = -1 WHERE id <= 5000")
+        cow.execute("DELETE FROM line WHERE id % 10 = 0")
+        cow.execute("UPDATE pick SET prod_id = 2 WHERE id < 50")
+        cow.execute("SELECT cow.use_session('me')")
+        for conn in (plain, cow):
+            conn.execute(SHOP_SESSION)
+        cow.execute("SELECT cow.use_session(NULL)")
+        for conn in (plain, cow):
+            conn.execute("VACUUM ANALYZE")
+            conn.execute("SET jit = on")
+        cow.execute("SELECT cow.use_session('me')")
+        yield plain, cow
+
+
+SHOP_READS = (
+    # (sql, params, base table that must not be read whole)
+    ("SELECT p.id, x.* FROM pick p JOIN prod x ON x.id = p.prod_id WHERE p.id < 10 ORDER BY 1", (), "prod"),
+    (
+        "SELECT x.id, l.* FROM prod x JOIN line l ON l.prod_id = x.id"
+        " WHERE x.id BETWEEN 1095 AND 1105 ORDER BY 2",
+        (),
+        "line",
+    ),
+    ("SELECT * FROM prod WHERE id >= %s ORDER BY id LIMIT 100", (1000,), "prod"),
+    ("SELECT * FROM prod WHERE id >= %s ORDER BY id LIMIT 100", (1060,), "prod"),
+    ("SELECT * FROM prod ORDER BY id DESC LIMIT 20", (), "prod"),
+    ("SELECT * FROM prod ORDER BY rank DESC LIMIT 20", (), "prod"),
+    ("SELECT * FROM prod WHERE rank < %s ORDER BY rank DESC LIMIT 20", (SHOP_ROWS - 10,), "prod"),
+)
+
+
+def base_scans(plan: dict[str, Any], table: str) -> list[dict[str, Any]]:
+    return [n for n in nodes(plan) if n.get("Relation Name") == table]
+
+
+def assert_indexed(plan: dict[str, Any], table: str, sql: str) -> None:
+    """No sequential scan and no full sort of the base table, no JIT."""
+    top = plan["Plan"]
+    scans = base_scans(top, table)
+    assert scans, sql
+    assert all(n["Node Type"] != "Seq Scan" for n in scans), (sql, [n["Node Type"] for n in scans])
+    for sort in (n for n in nodes(top) if n["Node Type"] in ("Sort", "Incremental Sort")):
+        assert not base_scans(sort, table), (sql, "the base table is sorted, not read in index order")
+    assert "JIT" not in plan and top["Total Cost"] < 100_000, (sql, top["Total Cost"])  # jit_above_cost
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+def test_joins_and_ordered_limits_in_a_session_use_the_base_indexes(
+    shop: tuple[psycopg.Connection[Any], psycopg.Connection[Any]], generic: bool
+) -> None:
+    plain, cow = shop
+    if generic:
+        cow.execute("SET plan_cache_mode = force_generic_plan")
+    for i, (sql, params, table) in enumerate(SHOP_READS):
+        q = sql.replace("%s", "$1")
+        for conn in (plain, cow):
+            conn.execute(f"PREPARE q{i}{'(int)' if params else ''} AS {q}")
+        execute = f"EXECUTE q{i}" + (f"({params[0]})" if params else "")
+        assert_indexed(explain(cow, execute), table, sql)
+        expected = plain.execute(execute).fetchall()
+        assert expected and cow.execute(execute).fetchall() == expected, sql
+
+
+def test_joins_and_ordered_limits_see_the_session_rows_like_the_plain_table(
+    shop: tuple[psycopg.Connection[Any], psycopg.Connection[Any]],
+) -> None:
+    plain, cow = shop
+    pages = [
+        "SELECT * FROM prod WHERE id >= %s ORDER BY id LIMIT 100",
+        "SELECT * FROM prod WHERE id < %s ORDER BY id DESC LIMIT 20",
+        "SELECT * FROM prod WHERE rank < %s ORDER BY rank DESC LIMIT 20",
+    ]
+    for sql in pages:
+        for start in (-5, 990, 1000, 1001, 1040, 1090, 1099, 1100, 4990, SHOP_ROWS - 50, SHOP_ROWS + 200):
+            assert cow.execute(sql, (start,)).fetchall() == plain.execute(sql, (start,)).fetchall(), (
+                sql,
+                start,
+            )
+    for sql in (
+        "SELECT p.id, x.* FROM pick p JOIN prod x ON x.id = p.prod_id ORDER BY 1",
+        "SELECT x.id, l.* FROM prod x JOIN line l ON l.prod_id = x.id"
+        " WHERE x.id IN (1003, 1099, 5000) ORDER BY 2",
+        "SELECT x.*, count(l.id) FROM prod x LEFT JOIN line l ON l.prod_id = x.id WHERE x.id < 1200"
+        " GROUP BY x.id, x.rank, x.v, x.t ORDER BY x.id",
+    ):
+        expected = plain.execute(sql).fetchall()
+        assert expected and cow.execute(sql).fetchall() == expected, sql
+
+
+def test_the_view_is_one_flat_append_of_the_base_and_changes_tables(
+    shop: tuple[psycopg.Connection[Any], psycopg.Connection[Any]],
+) -> None:
+    # A leaf that PostgreSQL does not pull up shows as a Subquery Scan: it hides the base table's paths.
+    _, cow = shop
+    for sql in ("SELECT * FROM prod WHERE id = 7", "SELECT count(*) FROM prod", "SELECT * FROM line"):
+        kinds = {n["Node Type"] for n in nodes(explain(cow, sql)["Plan"])}
+        assert "Subquery Scan" not in kinds, (sql, kinds)
