@@ -20,8 +20,12 @@ reference) and ``public.items`` (the layer installed on ``public``). Variants, o
                  same table, built next to the layer's view (see ``SHAPES``), in session ``bench`` and
                  without a session: an A/B against the layer's shape in one run.
 
-Operations (prepared statements through asyncpg, as a client would): PK point select, 100-row range,
-``count(*)``, single-row insert / update / delete (autocommit). The point select, the range and ``count(*)``
+Operations (prepared statements through asyncpg, as a client would): PK point select, 100-row range, a
+keyset page (``id >= $1 ORDER BY id LIMIT 100``), the last 20 rows (``ORDER BY id DESC LIMIT 20``), 10 rows
+of a small table ``picks`` joined to items on the primary key and 1 joined on the indexed column ``grp``
+(``--list-batch`` ops per batch: these read the whole table where the plan cannot use an index),
+``count(*)``, single-row insert / update / delete (autocommit). The keyset page and the primary-key join also
+run with a generic plan. The point select, the range and ``count(*)``
 also run with ``plan_cache_mode = force_generic_plan`` (no planning per execution), the point select and
 ``count(*)`` with ``jit = on`` (default thresholds; the other connections run ``jit = off``), to catch plans
 whose estimated cost triggers JIT compilation, and the point select and the range "unprepared" (an unnamed
@@ -137,9 +141,26 @@ def shape_schema(shape: str) -> str:
     return "bench_shape_" + shape.replace("-", "_")
 
 
+# layer.py's own tables next to common.create_items's: an index on grp (joins on a non-key column) and a
+# small table whose rows point at scattered items (by primary key) and at a group.
+EXTRA_DDL = """
+CREATE INDEX ON {schema}.items (grp);
+CREATE TABLE {schema}.picks (id bigint PRIMARY KEY, item_id bigint NOT NULL, grp int NOT NULL)
+"""
+FILL_PICKS = """
+INSERT INTO {schema}.picks (id, item_id, grp)
+SELECT g, (g * 7919) % $1::bigint + 1, g % 1000 FROM generate_series(1, $2::bigint) AS g
+"""
+
 SELECT_POINT = "SELECT * FROM items WHERE id = $1"
 SELECT_RANGE = "SELECT * FROM items WHERE id BETWEEN $1 AND $1 + 99"
 SELECT_COUNT = "SELECT count(*) FROM items"
+# What list endpoints and joins run: a keyset page, the newest rows, 10 rows of another table joined on the
+# primary key, one row joined on an indexed column (~rows/1000 items).
+SELECT_PAGE = "SELECT * FROM items WHERE id >= $1 ORDER BY id LIMIT 100"
+SELECT_LAST = "SELECT * FROM items ORDER BY id DESC LIMIT 20"
+JOIN_PK = "SELECT i.* FROM picks p JOIN items i ON i.id = p.item_id WHERE p.id BETWEEN $1 AND $1 + 9"
+JOIN_GRP = "SELECT i.* FROM picks p JOIN items i ON i.grp = p.grp WHERE p.id = $1"
 INSERT_ONE = "INSERT INTO items (id, grp, name) VALUES ($1, 1, 'new')"
 UPDATE_ONE = "UPDATE items SET qty = qty + 1 WHERE id = $1"
 DELETE_ONE = "DELETE FROM items WHERE id = $1"
@@ -151,6 +172,7 @@ class Config:
     dsn: str | None
     rounds: int
     batch: int  # ops per batch for the fast operations
+    list_batch: int  # ops per batch for keyset pages and joins (slow where a plan reads the whole table)
     count_batch: int  # ops per batch for count(*)
     session_changes: int
     other_changes: int
@@ -166,7 +188,7 @@ class Config:
 class Op:
     name: str
     sql: str
-    kind: str  # read | count | insert | update | delete
+    kind: str  # read | list | join | last | count | insert | update | delete
     mode: str  # custom | generic | jit | unprepared | write
 
 
@@ -178,6 +200,12 @@ OPS = (
     Op("range 100 rows", SELECT_RANGE, "read", "custom"),
     Op("range 100 rows, generic plan", SELECT_RANGE, "read", "generic"),
     Op("range 100 rows, unprepared", SELECT_RANGE, "read", "unprepared"),
+    Op("keyset page 100 rows", SELECT_PAGE, "list", "custom"),
+    Op("keyset page 100 rows, generic plan", SELECT_PAGE, "list", "generic"),
+    Op("last 20 rows (ORDER BY id DESC)", SELECT_LAST, "last", "custom"),
+    Op("join 10 rows on primary key", JOIN_PK, "join", "custom"),
+    Op("join 10 rows on primary key, generic plan", JOIN_PK, "join", "generic"),
+    Op("join 1 row on indexed grp", JOIN_GRP, "join", "custom"),
     Op("count(*)", SELECT_COUNT, "count", "custom"),
     Op("count(*), generic plan", SELECT_COUNT, "count", "generic"),
     Op("count(*), jit on", SELECT_COUNT, "count", "jit"),
@@ -191,6 +219,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
     p = common.argument_parser(__doc__, rows=1_000_000)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--batch", type=int, default=400)
+    p.add_argument("--list-batch", type=int, default=100, help="ops per batch for keyset pages and joins")
     p.add_argument("--count-batch", type=int, default=4)
     p.add_argument("--session-changes", type=int, default=1_000)
     p.add_argument("--other-changes", type=int, default=100_000)
@@ -211,8 +240,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
     a = p.parse_args(argv)
     if a.rows < 10_000:
         p.error("--rows must be at least 10000")
-    if a.rounds < 1 or a.batch < 1 or a.count_batch < 1 or a.other_sessions < 1:
-        p.error("--rounds, --batch, --count-batch and --other-sessions must be positive")
+    if a.rounds < 1 or a.batch < 1 or a.list_batch < 1 or a.count_batch < 1 or a.other_sessions < 1:
+        p.error("--rounds, --batch, --list-batch, --count-batch and --other-sessions must be positive")
     if (a.session_changes + a.other_changes) * 2 > a.rows:
         p.error("--rows must be at least twice the number of changes")
     shapes = tuple(x for x in a.shapes.split(",") if x)
@@ -231,6 +260,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         dsn=a.dsn,
         rounds=a.rounds,
         batch=a.batch,
+        list_batch=a.list_batch,
         count_batch=a.count_batch,
         session_changes=a.session_changes,
         other_changes=a.other_changes,
@@ -243,9 +273,12 @@ def parse_args(argv: list[str] | None = None) -> Config:
     )
 
 
+READ_KINDS = ("read", "list", "join", "last", "count")
+
+
 def variants(cfg: Config, op: Op | None = None) -> tuple[str, ...]:
     """The variants that run op (all of them when op is None): "stale" and the shapes only read."""
-    if op is not None and op.kind not in ("read", "count"):
+    if op is not None and op.kind not in READ_KINDS:
         return VARIANTS
     extra = ("stale",) if cfg.stale else ()
     return (*VARIANTS, *extra, *(f"{x}{w}" for x in cfg.shapes for w in ("", NO_SESSION)))
@@ -257,6 +290,11 @@ def selected_ops(cfg: Config) -> tuple[Op, ...]:
 
 def modes(ops: tuple[Op, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(op.mode for op in ops))
+
+
+def picks(cfg: Config) -> int:
+    """Rows of the small table joined to items."""
+    return max(1000, cfg.rows // 100)
 
 
 class Plan:
@@ -291,8 +329,11 @@ async def build(dsn: str, cfg: Config, plan: Plan) -> None:
     try:
         t0 = time.perf_counter()
         await common.create_items(conn, cfg.rows)
-        await conn.execute("VACUUM ANALYZE public.items")
-        await conn.execute("VACUUM ANALYZE plain.items")
+        for schema in ("public", "plain"):
+            await conn.execute(EXTRA_DDL.format(schema=schema))
+            await conn.execute(FILL_PICKS.format(schema=schema), cfg.rows, picks(cfg))
+        for table in ("public.items", "plain.items", "public.picks", "plain.picks"):
+            await conn.execute(f"VACUUM ANALYZE {table}")
         common.log(f"filled 2 x {cfg.rows} rows in {time.perf_counter() - t0:.1f} s")
         await install_layer(conn, schemas=("public",))
         # Other sessions: the same mix (80 % updates, 10 % deletes, 10 % inserts) in ranges of their own.
@@ -386,6 +427,12 @@ def op_args(
         return [() for _ in range(cfg.count_batch)]
     if op.kind == "read":
         return [(rng.randint(1, cfg.rows - 100),) for _ in range(cfg.batch)]
+    if op.kind == "list":
+        return [(rng.randint(1, cfg.rows - 100),) for _ in range(cfg.list_batch)]
+    if op.kind == "join":
+        return [(rng.randint(1, picks(cfg) - 10),) for _ in range(cfg.list_batch)]
+    if op.kind == "last":
+        return [() for _ in range(cfg.list_batch)]
     upd, dele, ins = plan.writes[(variant, rnd)]
     return [(i,) for i in {"insert": ins, "update": upd, "delete": dele}[op.kind]]
 
@@ -466,6 +513,8 @@ async def explain(dsn: str, cfg: Config) -> list[str]:
         ("point select", SELECT_POINT, "(bigint)", f"({probe})", "custom"),
         ("point select", SELECT_POINT, "(bigint)", f"({probe})", "generic"),
         ("range 100 rows", SELECT_RANGE, "(bigint)", f"({probe})", "custom"),
+        ("keyset page 100 rows", SELECT_PAGE, "(bigint)", f"({probe})", "custom"),
+        ("join 10 rows on primary key", JOIN_PK, "(bigint)", "(100)", "generic"),
         ("count(*)", SELECT_COUNT, "", "", "jit"),
         ("update 1 row", UPDATE_ONE, "(bigint)", f"({probe + 1})", "custom"),
     ]
@@ -535,7 +584,7 @@ def goals(res: dict[tuple[str, str], Result], ops: tuple[Op, ...]) -> list[str]:
         untagged = res[(op.name, "untagged")].median / base
         view = res[(op.name, "view")].median / base
         sess = res[(op.name, "session")].median / base
-        limit = 1.5 if op.kind in ("read", "count") else 2.0
+        limit = 1.5 if op.kind in READ_KINDS else 2.0
         stale = (op.name, "stale")
         out.append(
             f"{op.name}: untagged {untagged:.2f}x, view without session {view:.2f}x "
@@ -553,6 +602,10 @@ async def plan_costs(dsn: str, cfg: Config) -> list[str]:
     cases = (
         ("point select", SELECT_POINT, "(bigint)", "(1)"),
         ("range 100 rows", SELECT_RANGE, "(bigint)", "(1)"),
+        ("keyset page 100 rows", SELECT_PAGE, "(bigint)", "(1)"),
+        ("last 20 rows", SELECT_LAST, "", ""),
+        ("join 10 rows on primary key", JOIN_PK, "(bigint)", "(1)"),
+        ("join 1 row on indexed grp", JOIN_GRP, "(bigint)", "(1)"),
         ("count(*)", SELECT_COUNT, "", ""),
     )
     for what, sql, types, args in cases:
@@ -567,7 +620,7 @@ async def plan_costs(dsn: str, cfg: Config) -> list[str]:
                 cost = float(json.loads(plan)[0]["Plan"]["Total Cost"])
             finally:
                 await conn.close()
-            more = f", JIT from ~{cfg.rows * threshold / cost / 1e6:.1f}M rows" if not types else ""
+            more = f", JIT from ~{cfg.rows * threshold / cost / 1e6:.1f}M rows" if sql == SELECT_COUNT else ""
             cells.append(f"{v} {cost:.0f}{more}")
         out.append(f"- {what}: " + "; ".join(cells) + f" (jit_above_cost {threshold:.0f})")
     return out
