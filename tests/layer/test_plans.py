@@ -47,7 +47,10 @@ def test_no_session_runs_only_the_base_branch(big: psycopg.Connection[Any]) -> N
     assert plan["Plan"]["Actual Rows"] == 1
     for node in nodes(plan["Plan"]):
         if node.get("Relation Name", "").startswith("t3"):
-            assert node["Actual Loops"] == 0, node  # the changes table is never read without a session
+            # The changes leaf is cut by a one-time filter; the anti join's probe has a NULL session key,
+            # which a btree scan knows matches nothing before reading the index.
+            assert node["Actual Rows"] == 0, node
+            assert node["Alias"] == "x" or node["Actual Loops"] == 0, node
     assert plan["Plan"]["Total Cost"] < 100  # far below jit_above_cost: no JIT for a point read
     assert "JIT" not in plan
 
@@ -178,13 +181,13 @@ def base_scans(plan: dict[str, Any], table: str) -> list[dict[str, Any]]:
 
 
 def assert_indexed(plan: dict[str, Any], table: str, sql: str) -> None:
-    """No sequential scan and no full sort of the base table, no JIT."""
+    """The base table is read through an index, a few rows (not whole, nor sorted whole), and no JIT."""
     top = plan["Plan"]
     scans = base_scans(top, table)
     assert scans, sql
     assert all(n["Node Type"] != "Seq Scan" for n in scans), (sql, [n["Node Type"] for n in scans])
-    for sort in (n for n in nodes(top) if n["Node Type"] in ("Sort", "Incremental Sort")):
-        assert not base_scans(sort, table), (sql, "the base table is sorted, not read in index order")
+    read = sum((n["Actual Rows"] + n.get("Rows Removed by Filter", 0)) * n["Actual Loops"] for n in scans)
+    assert read < SHOP_ROWS // 20, (sql, read)
     assert "JIT" not in plan and top["Total Cost"] < 100_000, (sql, top["Total Cost"])  # jit_above_cost
 
 

@@ -113,15 +113,25 @@ BEGIN
     END LOOP;
 
     v := format('%I.%I', r.overlay_schema, tab);
-    -- Three branches: with no session the first one alone runs (the others are cut by a one-time filter);
-    -- in a session the base rows this session has not touched, then its current, not deleted, versions.
+    -- One UNION ALL of two leaves without quals, the base table and the changes table, tagged by a constant
+    -- _cow_k: PostgreSQL pulls such a UNION ALL up into an append relation of the two tables (a leaf with a
+    -- WHERE would stay a subquery, and then no index path of the base table, parameterized or ordered,
+    -- reaches a join or an ORDER BY ... LIMIT above the view; docs/layer.md, "Overlay view shape"). The
+    -- leaves' column types and collations are the same (the changes table is made from the base's), which
+    -- the pull-up needs. The outer conditions fold per leaf: base rows pass, the changes leaf keeps the
+    -- session's current, not deleted versions (a one-time filter without a session). The anti join drops
+    -- the base rows this session has a version of; it is over the append, with the base leaf's key.
     EXECUTE format(
-        'CREATE VIEW %1$s AS SELECT %2$s FROM %3$s b WHERE %5$s IS NULL '
-        'UNION ALL SELECT %2$s FROM %3$s b WHERE %5$s IS NOT NULL AND NOT EXISTS ('
-        'SELECT 1 FROM %4$s c WHERE c._cow_session = %5$s AND c._cow_current AND %6$s) '
-        'UNION ALL SELECT %7$s FROM %4$s c WHERE %5$s IS NOT NULL AND c._cow_session = %5$s AND c._cow_current '
-        'AND NOT c._cow_deleted',
-        v, cow._collist(names, 'b.'), b, ch, sess, cow._eq(pk, 'c', 'b'), cow._collist(names, 'c.'));
+        'CREATE VIEW %1$s AS SELECT %2$s FROM ('
+        'SELECT 1 AS _cow_k, %3$s, NULL::text AS _cow_s, NULL::boolean AS _cow_cur, NULL::boolean AS _cow_del '
+        'FROM %4$s b '
+        'UNION ALL SELECT 2, %5$s, c._cow_session, c._cow_current, c._cow_deleted FROM %6$s c) u '
+        'WHERE CASE u._cow_k WHEN 1 THEN true '
+        'ELSE %7$s IS NOT NULL AND u._cow_s = %7$s AND u._cow_cur AND NOT u._cow_del END '
+        'AND NOT EXISTS (SELECT 1 FROM %6$s x WHERE u._cow_k = 1 AND %7$s IS NOT NULL '
+        'AND x._cow_session = %7$s AND x._cow_current AND %8$s)',
+        v, cow._collist(names, 'u.'), cow._collist(names, 'b.'), b, cow._collist(names, 'c.'), ch, sess,
+        cow._eq(pk, 'x', 'u'));
     -- Defaults come from the base table (serial and identity values from its sequences).
     FOR col IN SELECT a.attname, a.attnum, pg_get_expr(d.adbin, d.adrelid) AS def, a.attidentity, a.attgenerated,
                       format_type(a.atttypid, a.atttypmod) AS typ
