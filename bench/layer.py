@@ -515,6 +515,7 @@ async def explain(dsn: str, cfg: Config) -> list[str]:
         ("range 100 rows", SELECT_RANGE, "(bigint)", f"({probe})", "custom"),
         ("keyset page 100 rows", SELECT_PAGE, "(bigint)", f"({probe})", "custom"),
         ("join 10 rows on primary key", JOIN_PK, "(bigint)", "(100)", "generic"),
+        ("join 1 row on indexed grp", JOIN_GRP, "(bigint)", "(100)", "custom"),
         ("count(*)", SELECT_COUNT, "", "", "jit"),
         ("update 1 row", UPDATE_ONE, "(bigint)", f"({probe + 1})", "custom"),
     ]
