@@ -121,13 +121,17 @@ BEGIN
     -- the pull-up needs. The outer conditions fold per leaf: base rows pass, the changes leaf keeps the
     -- session's current, not deleted versions (a one-time filter without a session). The anti join drops
     -- the base rows this session has a version of; it is over the append, with the base leaf's key.
+    -- _cow_s = coalesce(<session>, '') is a top-level equality with a constant (true in the base leaf, where
+    -- _cow_s is that constant): it puts the changes leaf's _cow_session in an equivalence class with a
+    -- constant, so <t>_cur (_cow_session, pk) counts as ordered by the primary key and a Merge Append needs
+    -- no sort of the session's rows (PostgreSQL 15 costs that sort by the whole changes table's row count).
     EXECUTE format(
         'CREATE VIEW %1$s AS SELECT %2$s FROM ('
-        'SELECT 1 AS _cow_k, %3$s, NULL::text AS _cow_s, NULL::boolean AS _cow_cur, NULL::boolean AS _cow_del '
-        'FROM %4$s b '
+        'SELECT 1 AS _cow_k, %3$s, coalesce(%7$s, '''') AS _cow_s, NULL::boolean AS _cow_cur, '
+        'NULL::boolean AS _cow_del FROM %4$s b '
         'UNION ALL SELECT 2, %5$s, c._cow_session, c._cow_current, c._cow_deleted FROM %6$s c) u '
-        'WHERE CASE u._cow_k WHEN 1 THEN true '
-        'ELSE %7$s IS NOT NULL AND u._cow_s = %7$s AND u._cow_cur AND NOT u._cow_del END '
+        'WHERE u._cow_s = coalesce(%7$s, '''') AND CASE u._cow_k WHEN 1 THEN true '
+        'ELSE %7$s IS NOT NULL AND u._cow_cur AND NOT u._cow_del END '
         'AND NOT EXISTS (SELECT 1 FROM %6$s x WHERE u._cow_k = 1 AND %7$s IS NOT NULL '
         'AND x._cow_session = %7$s AND x._cow_current AND %8$s)',
         v, cow._collist(names, 'u.'), cow._collist(names, 'b.'), b, cow._collist(names, 'c.'), ch, sess,
