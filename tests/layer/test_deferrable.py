@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from psycopg.pq import TransactionStatus
 
-from tests.layer.test_semantics import Pair, base_rows
+from tests.layer.test_semantics import Pair, base_rows, session_pair
 
 SCHEMA = """
 CREATE TABLE parent (id int PRIMARY KEY, name text);
@@ -53,14 +53,8 @@ SEED = [2, 3, 0, 0, 2, 3]
 
 @pytest.fixture
 def pair(plain_db: str, layer_db: str) -> Iterator[Pair]:
-    with (
-        psycopg.connect(plain_db, autocommit=True) as plain,
-        psycopg.connect(layer_db, autocommit=True) as cow,
-    ):
-        plain.execute(SCHEMA)
-        cow.execute(SCHEMA)  # app DDL: the event trigger enables the new tables
-        cow.execute("SELECT cow.use_session('s1', 'op1')")
-        yield Pair(plain, cow)
+    with session_pair(plain_db, layer_db, SCHEMA) as p:
+        yield p
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ Same rows, same RETURNING values, same row counts, same SQLSTATEs; the base tabl
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -56,14 +57,25 @@ def base_rows(dsn: str, table: str) -> list[tuple[Any, ...]]:
         return conn.execute(f"SELECT * FROM public.{table} ORDER BY 1").fetchall()
 
 
-@pytest.fixture
-def pair(plain_db: str, layer_db: str) -> Iterator[Pair]:
+@contextlib.contextmanager
+def session_pair(plain_db: str, layer_db: str, app_ddl: str | None = None) -> Iterator[Pair]:
+    """A connection to the plain copy and one in session s1 (operation op1) on the layer's database, after
+    running ``app_ddl`` on both (on the layer's side it is app DDL: the event trigger enables new tables)."""
     with (
         psycopg.connect(plain_db, autocommit=True) as plain,
         psycopg.connect(layer_db, autocommit=True) as cow,
     ):
+        if app_ddl is not None:
+            plain.execute(app_ddl)
+            cow.execute(app_ddl)
         cow.execute("SELECT cow.use_session('s1', 'op1')")
         yield Pair(plain, cow)
+
+
+@pytest.fixture
+def pair(plain_db: str, layer_db: str) -> Iterator[Pair]:
+    with session_pair(plain_db, layer_db) as p:
+        yield p
 
 
 @pytest.fixture

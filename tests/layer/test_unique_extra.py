@@ -17,7 +17,7 @@ import pytest
 from migrations.layer import migrations
 from tests.conftest import install_layer_at
 from tests.layer.conftest import old_migration_files
-from tests.layer.test_semantics import Pair, base_rows
+from tests.layer.test_semantics import Pair, base_rows, session_pair
 
 SCHEMA = """
 -- Soft delete, Django/Plane style: a name is unique per workspace among the rows not deleted.
@@ -105,14 +105,8 @@ def logged(conn: psycopg.Connection[Any], session: str = "s1") -> int:
 
 @pytest.fixture
 def pair(plain_db: str, layer_db: str) -> Iterator[Pair]:
-    with (
-        psycopg.connect(plain_db, autocommit=True) as plain,
-        psycopg.connect(layer_db, autocommit=True) as cow,
-    ):
-        plain.execute(SCHEMA)
-        cow.execute(SCHEMA)  # app DDL: the event trigger enables the new tables
-        cow.execute("SELECT cow.use_session('s1', 'op1')")
-        yield Pair(plain, cow)
+    with session_pair(plain_db, layer_db, SCHEMA) as p:
+        yield p
 
 
 @pytest.fixture
