@@ -109,6 +109,8 @@ _SIEVE = re.compile(
     r"|delete|into)(?![\w$])|u&|;"
 )
 
+_GROUP = re.compile(r"(?<![\w$])group(?![\w$])")
+
 
 def _sieve_hit(lowered: str) -> bool:
     return any(word in lowered for word in _SIEVE_WORDS) and _SIEVE.search(lowered) is not None
@@ -124,6 +126,8 @@ def _fast_path(text: str, catalog: Catalog, in_session: bool) -> Analysis | None
     lowered = (text[:-1] if text.endswith(";") else text).lower()
     if _sieve_hit(lowered):
         return None
+    if in_session and catalog.has_cow_tables and "group" in lowered and _GROUP.search(lowered):
+        return None  # GROUP BY a CoW table's primary key may need its other columns (docs/rewrites.md)
     if (
         in_session
         and catalog.has_cow_tables
@@ -239,6 +243,8 @@ class _Inspection:
         self.may_rewrite = False
         self.qualified = False  # a schema-qualified CoW relation somewhere
         self.on_conflicts = 0  # INSERT ... ON CONFLICT into CoW tables, nested ones included
+        self.group_by = False  # a SELECT grouping rows of a CoW table in its FROM
+        self.ctes: set[str] = set()  # CTE names (any level): they may shadow a CoW table's name
         # The result depends on catalog details a stale catalog may get wrong. Not for plain reads and
         # writes of known tables: those cost no catalog check.
         self.in_session = in_session
@@ -296,6 +302,11 @@ class _Inspection:
             self._write(node.get("relation"), "update")
             if self.watch and self.error is None and not self.in_do:
                 self._generated_update(node)
+        elif name == "CommonTableExpr":
+            self.ctes.add(str(node.get("ctename")))
+        elif name == "SelectStmt":
+            if self.watch and not self.group_by and self._groups_cow_rows(node):
+                self.may_rewrite = self.group_by = True
         elif name == "DeleteStmt":
             self._write(node.get("relation"), "delete")
         elif name == "MergeStmt":
@@ -320,6 +331,21 @@ class _Inspection:
         if self.watch and name in _REWRITE_NODES:
             self.may_rewrite = True
         return True
+
+    def _groups_cow_rows(self, node: dict[str, Any]) -> bool:
+        """A GROUP BY over a CoW table in this SELECT or its set-operation members (``larg``/``rarg``
+        hold bare SelectStmt fields, so the walk does not visit them as nodes)."""
+        stack: list[Any] = [node]
+        while stack:
+            select = stack.pop()
+            if not isinstance(select, dict):
+                continue
+            if select.get("groupClause") and any(
+                self._cow(r) for r in _from_relations(select.get("fromClause"))
+            ):
+                return True
+            stack.extend((select.get("larg"), select.get("rarg")))
+        return False
 
     def _generated_update(self, node: dict[str, Any]) -> None:
         """PostgreSQL's 428C9 for ``UPDATE t SET g = …`` of a generated or GENERATED ALWAYS identity column.
@@ -456,6 +482,21 @@ class _Inspection:
                 self.tampers = True
 
 
+def _from_relations(items: Any) -> list[Any]:
+    """The RangeVars of a JSON FROM list, through joins (subqueries have their own SelectStmt)."""
+    out: list[Any] = []
+    stack = list(items or ())
+    while stack:
+        item = stack.pop()
+        if not isinstance(item, dict):
+            continue
+        if "RangeVar" in item:
+            out.append(item["RangeVar"])
+        elif "JoinExpr" in item:
+            stack.extend((item["JoinExpr"].get("larg"), item["JoinExpr"].get("rarg")))
+    return out
+
+
 def _is_default(value: Any) -> bool:
     """``DEFAULT``, also as the matching item of ``SET (a, g) = (1, DEFAULT)`` / ``ROW(1, DEFAULT)``."""
     if not isinstance(value, dict):
@@ -539,7 +580,14 @@ def _analyze_parsed(text: str, catalog: Catalog, in_session: bool, version: int)
         return base
     # Only now the full parse into pglast nodes, which the rewriter edits and deparses.
     try:
-        rewriter = Rewriter(catalog, version, inspection.qualified, inspection.on_conflicts)
+        rewriter = Rewriter(
+            catalog,
+            version,
+            inspection.qualified,
+            inspection.on_conflicts,
+            group_by=inspection.group_by,
+            ctes=frozenset(inspection.ctes),
+        )
         outcome = rewriter.rewrite(pglast.parse_sql(text), text)
     except RewriteError as exc:
         return replace(base, error=(exc.sqlstate, str(exc)))

@@ -107,6 +107,123 @@ class _Qualify(Visitor):
         return Skip
 
 
+# Types without an equality operator: a GROUP BY on them fails (42883), so such columns are not added.
+_UNGROUPABLE = frozenset(
+    {
+        "json",
+        "xml",
+        "point",
+        "line",
+        "lseg",
+        "box",
+        "path",
+        "polygon",
+        "circle",
+        "txid_snapshot",
+        "pg_snapshot",
+    }
+)
+
+
+@dataclass(frozen=True)
+class _FromItem:
+    """One relation a SELECT's column references can name: ``names`` the qualifiers that denote it."""
+
+    names: tuple[tuple[str, ...], ...]
+    table: CowTable | None  # None: columns unknown (a subquery, function, other table, aliased join)
+    qualifier: tuple[str, ...] = ()  # how added columns are qualified
+
+
+class _GroupByKeys(Visitor):
+    """Adds the other columns of a CoW table whose primary key a SELECT groups by to its GROUP BY.
+
+    PostgreSQL lets ``SELECT t.*, count(c.id) … GROUP BY t.id`` through on a table because the other
+    columns depend on its primary key; the overlay view has no key (42803). Grouping by them as well is
+    the same grouping. Anything not resolved for certain is left alone (PostgreSQL's own error follows).
+    """
+
+    def __init__(self, catalog: Catalog, ctes: frozenset[str]) -> None:
+        self.catalog = catalog
+        self.ctes = ctes  # names a CTE may shadow a table with (any level: conservative)
+        self.changed = False
+
+    def visit_SelectStmt(self, _: Any, node: Any) -> None:
+        groups = tuple(node.groupClause or ())
+        if not groups or any(isinstance(g, ast.GroupingSet) for g in groups):
+            return
+        items = self._from_items(node.fromClause or ())
+        grouped: dict[int, set[str]] = {}
+        for group in groups:
+            found = self._resolve(group, items)
+            if found is not None:
+                grouped.setdefault(found[0], set()).add(found[1])
+        added: list[Any] = []
+        for index, columns in grouped.items():
+            item = items[index]
+            table = item.table
+            if table is None or not table.pk or not set(table.pk) <= columns:
+                continue
+            for column in table.columns:
+                if column.name not in columns and column.type.removesuffix("[]") not in _UNGROUPABLE:
+                    fields = (*item.qualifier, column.name)
+                    added.append(ast.ColumnRef(fields=tuple(ast.String(sval=f) for f in fields)))
+        if added:
+            node.groupClause = (*groups, *added)
+            self.changed = True
+
+    def _from_items(self, from_clause: Sequence[Any]) -> list[_FromItem]:
+        items: list[_FromItem] = []
+        stack = list(reversed(from_clause))
+        while stack:
+            item = stack.pop()
+            if isinstance(item, ast.JoinExpr) and item.alias is None:
+                stack.extend((item.rarg, item.larg))
+            elif isinstance(item, ast.RangeVar):
+                items.append(self._range_var(item))
+            else:
+                alias = getattr(item, "alias", None)
+                names = ((alias.aliasname,),) if alias is not None else ()
+                items.append(_FromItem(names, None))
+        return items
+
+    def _range_var(self, node: Any) -> _FromItem:
+        if node.alias is not None:
+            table = None if node.alias.colnames else self._table(node)
+            return _FromItem(((node.alias.aliasname,),), table, (node.alias.aliasname,))
+        if node.schemaname:
+            qualifier = (node.schemaname, node.relname)
+            return _FromItem((qualifier, (node.relname,)), self._table(node), qualifier)
+        return _FromItem(((node.relname,),), self._table(node), (node.relname,))
+
+    def _table(self, node: Any) -> CowTable | None:
+        if node.catalogname or (not node.schemaname and node.relname in self.ctes):
+            return None
+        return self.catalog.lookup(node.schemaname, node.relname)
+
+    @staticmethod
+    def _resolve(group: Any, items: Sequence[_FromItem]) -> tuple[int, str] | None:
+        """(index of the FROM item, column) a plain column reference denotes, when certain."""
+        if not isinstance(group, ast.ColumnRef):
+            return None
+        fields = tuple(group.fields or ())
+        if not fields or not all(isinstance(f, ast.String) for f in fields):
+            return None
+        *qualifier, column = (f.sval for f in fields)
+        if qualifier:
+            found = [i for i, item in enumerate(items) if tuple(qualifier) in item.names]
+        elif all(item.table is not None for item in items):
+            found = [i for i, item in enumerate(items) if item.table and item.table.column(column)]
+        else:
+            return None  # a relation of unknown columns may hold a column of that name
+        if len(found) != 1:
+            return None
+        table = items[found[0]].table
+        return (found[0], column) if table is not None and table.column(column) else None
+
+    def visit_CreateFunctionStmt(self, _: Any, node: Any) -> Any:
+        return Skip
+
+
 def _expand_stars(targets: Sequence[Any], alias: str, columns: Sequence[str]) -> tuple[Any, ...]:
     """A RETURNING list with ``*`` / ``alias.*`` spelled out as the table's columns."""
     out: list[Any] = []
@@ -121,6 +238,17 @@ def _expand_stars(targets: Sequence[Any], alias: str, columns: Sequence[str]) ->
         else:
             out.append(target)
     return tuple(out)
+
+
+def _cte_names(node: Any) -> frozenset[str]:
+    names: set[str] = set()
+
+    class Ctes(Visitor):
+        def visit_CommonTableExpr(self, _: Any, cte: Any) -> None:
+            names.add(cte.ctename)
+
+    Ctes()(node)
+    return frozenset(names)
 
 
 # Statements whose schema-qualified CoW names are pointed at the overlay (DDL keeps the base tables).
@@ -144,6 +272,9 @@ class Rewriter:
         server_version_num: int,
         qualified: bool = True,
         on_conflicts: int | None = None,
+        *,
+        group_by: bool = True,
+        ctes: frozenset[str] | None = None,
     ) -> None:
         """``qualified`` / ``on_conflicts``: what a cheaper walk already found (schema-qualified CoW names;
         ON CONFLICT inserts into CoW tables, nested included), so that big statements skip full visits."""
@@ -151,6 +282,8 @@ class Rewriter:
         self.version = server_version_num
         self.qualified = qualified
         self.on_conflicts = on_conflicts
+        self.group_by = group_by  # a SELECT groups a CoW table's rows (the walk found one)
+        self.ctes = ctes  # the statement's CTE names, when the walk collected them
 
     # -- entry -------------------------------------------------------------------------------------
 
@@ -226,6 +359,11 @@ class Rewriter:
             if table is not None:
                 self._copy_to(node, table)
                 changed = True
+        if self.group_by and isinstance(node, _QUALIFIED_NAME_KINDS):
+            # before _Qualify: columns added for public.t are then pointed at the overlay with the rest
+            keys = _GroupByKeys(self.catalog, self.ctes if self.ctes is not None else _cte_names(node))
+            keys(node)
+            changed = changed or keys.changed
         if self.qualified and isinstance(node, _QUALIFIED_NAME_KINDS):
             qualify = _Qualify(self.catalog)
             qualify(node)

@@ -42,11 +42,15 @@ QUERIES: list[tuple[str, tuple[Any, ...] | None]] = [
     (DJANGO + ' ORDER BY "app_t"."id"', None),
     (DJANGO + ' HAVING COUNT("app_c"."id") >= %s ORDER BY "app_t"."id"', (1,)),  # extended protocol
     (
-        'SELECT "app_t"."id", "app_t"."name", COUNT("app_c"."id") AS "n" FROM "app_t" LEFT OUTER JOIN "app_c" '
-        'ON ("app_t"."id" = "app_c"."t_id") WHERE "app_t"."id" > %s GROUP BY "app_t"."id" ORDER BY 1',
+        'SELECT "app_t"."id", "app_t"."name", COUNT("app_c"."id") AS "n" FROM "app_t" '
+        'LEFT OUTER JOIN "app_c" ON ("app_t"."id" = "app_c"."t_id") WHERE "app_t"."id" > %s '
+        'GROUP BY "app_t"."id" ORDER BY 1',
         (0,),
     ),
-    ("SELECT t.*, count(c.id) FROM app_t t LEFT JOIN app_c c ON c.t_id = t.id GROUP BY t.id ORDER BY t.id", None),
+    (
+        "SELECT t.*, count(c.id) FROM app_t t LEFT JOIN app_c c ON c.t_id = t.id GROUP BY t.id ORDER BY t.id",
+        None,
+    ),
     ("SELECT a, b, label, count(*) FROM app_pair GROUP BY a, b ORDER BY a, b", None),
     ("SELECT a, label, count(*) FROM app_pair GROUP BY a ORDER BY a", None),  # not the whole key: 42803
 ]

@@ -51,6 +51,17 @@ SAMPLE: dict[
         [("members_pkey", ["id"], False), ("members_email_key", ["email"], True)],
         [],
     ),
+    ("public", "labels"): (  # a composite primary key; point has no equality operator
+        ["project_id", "name"],
+        [
+            ("project_id", "integer", False),
+            ("name", "text", False),
+            ("color", "text", False),
+            ("pos", "point", False),
+        ],
+        [("labels_pkey", ["project_id", "name"], False)],
+        [],
+    ),
     ("app", "events"): (
         ["id"],
         [("id", "bigint", False), ("payload", "jsonb", False)],

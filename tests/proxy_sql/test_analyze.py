@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from proxy.errors import ProxyError
@@ -263,3 +265,36 @@ def test_malformed_catalog_rows_raise_catalog_error(row: tuple[str | None, ...])
 def test_catalog_dependent(sql: str, dependent: bool) -> None:
     assert analyze(sql).catalog_dependent is dependent
     assert not analyze(sql, in_session=False).catalog_dependent
+
+
+@pytest.mark.parametrize(
+    ("sql", "in_session", "json_parse", "full_parse"),
+    [
+        ("SELECT p.name, count(*) FROM projects p GROUP BY p.id", False, False, False),  # untagged: fast path
+        ("SELECT p.name, count(*) FROM projects p ORDER BY p.id", True, False, False),  # no GROUP BY
+        ("SELECT x, count(*) FROM other GROUP BY x", True, True, False),  # no CoW table in its FROM
+        ("SELECT p.name, count(*) FROM projects p GROUP BY p.name", True, True, True),  # parsed, unchanged
+        ("SELECT p.name, count(*) FROM projects p GROUP BY p.id", True, True, True),
+    ],
+)
+def test_group_by_classification_stays_cheap(
+    monkeypatch: pytest.MonkeyPatch, sql: str, in_session: bool, json_parse: bool, full_parse: bool
+) -> None:
+    import pglast
+
+    from proxy.sql import analyze as module
+
+    calls = {"json": 0, "full": 0}
+
+    def counting(name: str, real: Any) -> Any:
+        def call(*args: Any) -> Any:
+            calls[name] += 1
+            return real(*args)
+
+        return call
+
+    monkeypatch.setattr(module, "parse_sql_json", counting("json", module.parse_sql_json))
+    monkeypatch.setattr(module.pglast, "parse_sql", counting("full", pglast.parse_sql))
+    result = Analyzer().analyze(sql, CATALOG, in_session)
+    assert (calls["json"] > 0, calls["full"] > 0) == (json_parse, full_parse)
+    assert (result.rewritten is not None) == (sql.endswith("GROUP BY p.id") and in_session)

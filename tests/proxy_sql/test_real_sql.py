@@ -410,6 +410,57 @@ def test_truncate(pair: Pair, name: str) -> None:
     compare(pair, TRUNCATE_CASES[name])
 
 
+# -- GROUP BY a primary key ----------------------------------------------------------------------------
+
+_SESSION_WRITES = [
+    "INSERT INTO projects VALUES (4, 'delta', 7)",
+    "UPDATE projects SET name = 'ALPHA' WHERE id = 1",
+    "INSERT INTO issues (project_id, title) VALUES (4, 'New'), (4, 'Newer')",
+    "INSERT INTO comments (issue_id, body) VALUES (4, 'x'), (4, 'y')",
+]
+GROUP_BY_CASES: dict[str, list[str | tuple[str, Sequence[Any]]]] = {
+    "django": [
+        *_SESSION_WRITES,
+        'SELECT "projects"."id", "projects"."name", COUNT("issues"."id") AS "n" FROM "projects" LEFT OUTER '
+        'JOIN "issues" ON ("projects"."id" = "issues"."project_id") GROUP BY "projects"."id"',
+    ],
+    "alias_star_param": [
+        *_SESSION_WRITES,
+        (
+            "SELECT p.*, count(i.id) FROM projects p LEFT JOIN issues AS i ON i.project_id = p.id "
+            "WHERE p.budget >= $1 GROUP BY p.id",
+            (0,),
+        ),
+    ],
+    "two_tables": [
+        *_SESSION_WRITES,
+        "SELECT p.name, i.title, i.slug, count(c.id) FROM projects p JOIN issues i ON i.project_id = p.id "
+        "LEFT JOIN comments c ON c.issue_id = i.id GROUP BY p.id, i.id",
+    ],
+    "qualified_and_quoted": [
+        *_SESSION_WRITES,
+        "SELECT public.projects.name, count(*) FROM public.projects GROUP BY public.projects.id",
+        'SELECT "P"."name", "P".budget, count(*) FROM "projects" AS "P" GROUP BY "P"."id"',
+    ],
+    "nested_union_cte": [
+        *_SESSION_WRITES,
+        "WITH s AS (SELECT p.id, p.name, count(i.id) AS n FROM projects p LEFT JOIN issues i "
+        "ON i.project_id = p.id GROUP BY p.id) SELECT id, name, n FROM s WHERE n >= 0 "
+        "UNION ALL SELECT * FROM (SELECT i.id, i.title, count(c.id) FROM issues i LEFT JOIN comments c "
+        "ON c.issue_id = i.id GROUP BY i.id) AS x",
+    ],
+    "not_the_key": ["SELECT p.name, count(*) FROM projects p GROUP BY p.budget"],  # 42803 on both sides
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", GROUP_BY_CASES)
+def test_group_by_primary_key(pair: Pair, name: str) -> None:
+    outcomes = compare(pair, GROUP_BY_CASES[name])
+    assert outcomes[-1].sqlstate == ("42803" if name == "not_the_key" else None)
+    assert name == "not_the_key" or outcomes[-1].rows
+
+
 @pytest.mark.timeout(60)
 def test_truncate_cascade_into_a_plain_table_is_refused(pair: Pair) -> None:
     analysis = Analyzer().analyze("TRUNCATE projects CASCADE", pair.catalog, in_session=True)
