@@ -53,6 +53,11 @@ SELECT = (
 UPDATE = "UPDATE orders SET total = total + 1 WHERE id = {i}"
 QUALIFIED = "SELECT * FROM public.orders WHERE id = {i}"
 UPSERT = "INSERT INTO orders (id, name) VALUES ({i}, $1) ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name"
+GROUP_BY_PK = (
+    'SELECT "orders"."id", "orders"."name", COUNT("users"."id") AS "n" FROM "orders" LEFT OUTER JOIN "users" '
+    'ON ("orders"."id" = "users"."order_id") WHERE "orders"."id" > {i} GROUP BY "orders"."id"'
+)
+GROUP_BY_OTHER = "SELECT u.kind, count(*) FROM users u WHERE u.id > {i} GROUP BY u.kind"
 TAGGED = "/*cow_session='s-1',cow_operation='op-{i}'*/ SELECT 1"
 
 
@@ -80,6 +85,8 @@ def main() -> None:
         ("UPDATE (parsed)", UPDATE),
         ("SELECT public.t (rewritten)", QUALIFIED),
         ("INSERT ON CONFLICT (rewritten)", UPSERT),
+        ("GROUP BY pk (rewritten)", GROUP_BY_PK),
+        ("GROUP BY, no CoW table (JSON walk)", GROUP_BY_OTHER),
     ):
         analyzer = Analyzer(cache_size=4 * n)
         rows.append(
