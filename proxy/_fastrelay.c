@@ -28,6 +28,8 @@
 
 #define BUF_CAP (64 * 1024 + 5) /* a whole Query of up to 64 KiB with its header; larger ones go to Python */
 #define MAX_INFLIGHT 128        /* pipelined queries in flight before the client stops being read */
+#define QCAP 1024               /* replies owed (Relay.pending); a full queue hands the connection back */
+#define MAX_NAMES 4096          /* prepared statements or portals tracked; more hands the connection back */
 #define MAX_WORDS 64
 #define MAX_KINDS 32
 #define MAX_BUCKETS 32
@@ -37,6 +39,35 @@
 enum { CLIENT = 0, SERVER = 1 };
 
 typedef struct conn conn_t;
+
+/* A prepared statement as Python's Relay.statements sees it: prepared here (text kept, for Python to analyse
+ * at hand-back) or known to Python at adoption (idx into the list Python gave). Shared with the portals
+ * bound from it, as Python shares its Statement objects. */
+typedef struct stmt {
+    int refs;
+    int kind;
+    int pyonly; /* Python must bind it (comment tags, or a kind C does not count) */
+    long idx;   /* >= 0: Python's object; -1: text below */
+    size_t len;
+    unsigned char text[];
+} stmt_t;
+
+typedef struct {
+    unsigned char *name;
+    size_t len;
+    stmt_t *s;
+} named_t;
+
+typedef struct {
+    named_t *v;
+    int n, cap;
+} table_t;
+
+/* What a forwarded client message will be answered with (Relay.pending; the kind letters of Kind). */
+typedef struct {
+    char kind; /* Q S P B D E C */
+    double started;
+} entry_t;
 
 typedef struct {
     conn_t *c;
@@ -55,10 +86,14 @@ struct conn {
     end_t end[2];
     uint64_t max_message;
     char status; /* of the last ReadyForQuery */
-    int inflight;
-    double started[MAX_INFLIGHT];
-    int head;
+    int inflight; /* entries in q that end with ReadyForQuery (Query, Sync) */
+    entry_t q[QCAP];
+    int head, qlen;
     int copy_in;
+    int mid_batch;       /* Relay.mid_batch */
+    int skip;            /* Relay.skip_until_sync */
+    double batch_started;
+    table_t stmts, portals;
     /* client side */
     unsigned char *cin; /* bytes read from the client, not forwarded (a partial or untaken message) */
     size_t cin_len;
@@ -87,6 +122,9 @@ typedef struct handback {
     int untaken;
     unsigned char *data;
     size_t len;
+    char kinds[QCAP + 1];
+    int mid_batch, skip;
+    table_t stmts, portals;
     struct handback *next;
 } handback_t;
 
@@ -241,11 +279,121 @@ static int query_ok(const unsigned char *m, size_t total) {
     return valid_utf8(m + 5, total - 6);
 }
 
+/* ---- the extended protocol: what Relay._client_frame forwards unchanged for an untagged connection ---- */
+
+/* A NUL-terminated UTF-8 string at body[pos..n) (protocol._cstring); returns the position after its NUL. */
+static long cstring(const unsigned char *b, size_t pos, size_t n) {
+    const unsigned char *z = pos < n ? memchr(b + pos, 0, n - pos) : NULL;
+    if (z == NULL || !valid_utf8(b + pos, (size_t)(z - b) - pos)) return -1;
+    return (long)(z - b) + 1;
+}
+
+static int has_comment_opener(const unsigned char *s, size_t n) {
+    for (size_t i = 0; i + 1 < n; i++)
+        if (s[i] == '/' && s[i + 1] == '*') return 1;
+    return 0;
+}
+
+static void stmt_unref(stmt_t *s) {
+    if (s != NULL && --s->refs == 0) free(s);
+}
+
+static void table_free(table_t *t) {
+    for (int i = 0; i < t->n; i++) {
+        free(t->v[i].name);
+        stmt_unref(t->v[i].s);
+    }
+    free(t->v);
+    t->v = NULL;
+    t->n = t->cap = 0;
+}
+
+static named_t *table_find(table_t *t, const unsigned char *name, size_t len) {
+    for (int i = 0; i < t->n; i++)
+        if (t->v[i].len == len && memcmp(t->v[i].name, name, len) == 0) return &t->v[i];
+    return NULL;
+}
+
+/* name -> s (a new reference is taken); -1 when out of memory or names. */
+static int table_set(table_t *t, const unsigned char *name, size_t len, stmt_t *s) {
+    named_t *slot = table_find(t, name, len);
+    if (slot == NULL) {
+        if (t->n >= MAX_NAMES) return -1;
+        if (t->n == t->cap) {
+            int cap = t->cap ? t->cap * 2 : 8;
+            named_t *v = realloc(t->v, (size_t)cap * sizeof(*v));
+            if (v == NULL) return -1;
+            t->v = v;
+            t->cap = cap;
+        }
+        unsigned char *copy = malloc(len ? len : 1);
+        if (copy == NULL) return -1;
+        memcpy(copy, name, len);
+        slot = &t->v[t->n++];
+        slot->name = copy;
+        slot->len = len;
+        slot->s = NULL;
+    }
+    s->refs++;
+    stmt_unref(slot->s);
+    slot->s = s;
+    return 0;
+}
+
+static void table_pop(table_t *t, const unsigned char *name, size_t len) {
+    named_t *slot = table_find(t, name, len);
+    if (slot == NULL) return;
+    free(slot->name);
+    stmt_unref(slot->s);
+    *slot = t->v[--t->n];
+}
+
+static stmt_t *stmt_new(int kind, int pyonly, long idx, const unsigned char *text, size_t len) {
+    stmt_t *s = malloc(sizeof(*s) + len);
+    if (s == NULL) return NULL;
+    s->refs = 0;
+    s->kind = kind;
+    s->pyonly = pyonly;
+    s->idx = idx;
+    s->len = len;
+    if (len) memcpy(s->text, text, len);
+    return s;
+}
+
 /* ---- the relay (all below runs with e->mu held) ---- */
 
 static int blocked(conn_t *c) {
-    return c->stop_client || (c->recall && c->inflight == 0 && c->status == 'I') ||
+    return c->stop_client || (c->recall && c->qlen == 0 && !c->mid_batch && c->status == 'I') ||
            c->inflight >= MAX_INFLIGHT;
+}
+
+static int idle_point(conn_t *c) { return c->qlen == 0 && !c->mid_batch && !c->skip; }
+
+static void push(conn_t *c, char kind, double started) {
+    entry_t *en = &c->q[(c->head + c->qlen) % QCAP];
+    en->kind = kind;
+    en->started = started;
+    c->qlen++;
+    if (kind == 'Q' || kind == 'S') c->inflight++;
+}
+
+static entry_t *qhead(conn_t *c) { return c->qlen ? &c->q[c->head] : NULL; }
+
+static entry_t pop(conn_t *c) {
+    entry_t en = c->q[c->head];
+    c->head = (c->head + 1) % QCAP;
+    c->qlen--;
+    if (en.kind == 'Q' || en.kind == 'S') c->inflight--;
+    return en;
+}
+
+/* Relay._extended: an extended-protocol message opens a batch (ended by Sync). */
+static void push_extended(conn_t *c, char kind) {
+    if (!c->mid_batch) {
+        c->mid_batch = 1;
+        c->batch_started = now();
+    }
+    push(c, kind, 0.0);
 }
 
 static void update_masks(Engine *e, conn_t *c) {
@@ -261,6 +409,8 @@ static void update_masks(Engine *e, conn_t *c) {
 }
 
 static void free_conn(conn_t *c) {
+    table_free(&c->stmts);
+    table_free(&c->portals);
     free(c->cin);
     free(c->out[0].buf);
     free(c->out[1].buf);
@@ -290,6 +440,14 @@ static handback_t *make_handback(Engine *e, conn_t *c, const char *reason, int e
         h->status = c->status;
         h->inflight = c->inflight;
         h->untaken = c->stop_client ? c->untaken : -1;
+        for (int i = 0; i < c->qlen; i++) h->kinds[i] = c->q[(c->head + i) % QCAP].kind;
+        h->kinds[c->qlen] = 0;
+        h->mid_batch = c->mid_batch;
+        h->skip = c->skip;
+        h->stmts = c->stmts; /* moved: Python rebuilds Relay.statements/portals from them */
+        h->portals = c->portals;
+        memset(&c->stmts, 0, sizeof(c->stmts));
+        memset(&c->portals, 0, sizeof(c->portals));
         if (c->cin_len) {
             h->data = c->cin;
             h->len = c->cin_len;
@@ -314,9 +472,11 @@ static void handback(Engine *e, conn_t *c, const char *reason, int err) {
 
 static const char *ready_to_hand_back(conn_t *c) {
     if (c->out[0].len || c->out[1].len || c->cstream_left || c->shdr_have || c->sbody_left) return NULL;
-    /* A COPY FROM STDIN waits for the client: Python takes it over with the query still in flight. */
-    if (c->stop_client && (c->inflight == 0 || c->copy_in)) return "client message";
-    if (c->recall && c->inflight == 0 && c->status == 'I') return "recall";
+    /* A COPY FROM STDIN waits for the client: Python takes it over with the query still in flight. Inside
+     * an extended batch the server answers nothing before the client's Sync, which comes after the message
+     * C does not take: Python takes over at once with the replies still owed (c->q mirrors Relay.pending). */
+    if (c->stop_client && (c->qlen == 0 || c->copy_in || c->mid_batch || c->skip)) return "client message";
+    if (c->recall && idle_point(c) && c->status == 'I') return "recall";
     return NULL;
 }
 
@@ -386,6 +546,68 @@ static void stop_client(conn_t *c, unsigned char type) {
     c->untaken = type;
 }
 
+/* One whole Parse, Bind, Describe, Execute, Close, Sync or Flush: take it (and keep Relay's bookkeeping for it)
+ * if Python would forward it unchanged for an untagged connection; 0: Python must see it. */
+static int take_extended(Engine *e, conn_t *c, const unsigned char *m, size_t total) {
+    unsigned char type = m[0];
+    const unsigned char *b = m + 5;
+    size_t n = total - 5;
+    long p1, p2;
+    if (type == 'H') return 1; /* Flush: nothing owed for it */
+    if (c->qlen >= QCAP - 1) return 0;
+    if (type == 'S') {
+        c->skip = 0;
+        c->mid_batch = 0;
+        push(c, 'S', c->batch_started ? c->batch_started : now());
+        c->batch_started = 0;
+        return 1;
+    }
+    if (c->skip) return 1; /* the server discards up to Sync; so does Relay (no decisions, no entries) */
+    switch (type) {
+    case 'P': {
+        if ((p1 = cstring(b, 0, n)) < 0 || (p2 = cstring(b, (size_t)p1, n)) < 0 || (size_t)p2 + 2 > n) return 0;
+        size_t count = ((size_t)b[p2] << 8) | b[p2 + 1];
+        if ((size_t)p2 + 2 + 4 * count != n) return 0;
+        const unsigned char *text = b + p1;
+        size_t len = (size_t)(p2 - p1 - 1);
+        if (has_comment_opener(text, len)) return 0; /* a comment may carry tags */
+        stmt_t *st = stmt_new(text_kind(e, text, len), 0, -1, text, len);
+        if (st == NULL) return 0;
+        if (table_set(&c->stmts, b, (size_t)p1 - 1, st) < 0) {
+            free(st);
+            return 0;
+        }
+        break;
+    }
+    case 'B': {
+        if ((p1 = cstring(b, 0, n)) < 0 || (p2 = cstring(b, (size_t)p1, n)) < 0) return 0;
+        named_t *st = table_find(&c->stmts, b + p1, (size_t)(p2 - p1 - 1));
+        if (st != NULL && (st->s->pyonly || table_set(&c->portals, b, (size_t)p1 - 1, st->s) < 0)) return 0;
+        break;
+    }
+    case 'E': {
+        if ((p1 = cstring(b, 0, n)) < 0 || (size_t)p1 + 4 != n) return 0;
+        named_t *portal = table_find(&c->portals, b, (size_t)p1 - 1);
+        if (portal != NULL) {
+            if (portal->s->pyonly) return 0;
+            e->statements[portal->s->kind]++;
+        }
+        break;
+    }
+    case 'C': {
+        if (n < 1 || (b[0] != 'S' && b[0] != 'P') || (p1 = cstring(b, 1, n)) < 0 || (size_t)p1 != n) return 0;
+        table_pop(b[0] == 'S' ? &c->stmts : &c->portals, b + 1, (size_t)p1 - 2);
+        break;
+    }
+    case 'D':
+        break;
+    default:
+        return 0;
+    }
+    push_extended(c, (char)type);
+    return 1;
+}
+
 /* Walk client messages in buf; returns how many leading bytes are to be forwarded. */
 static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_t len) {
     size_t pos = 0;
@@ -405,7 +627,7 @@ static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_
             break;
         }
         if (type == 'Q' && !c->copy_in) {
-            if (total > BUF_CAP) {
+            if (total > BUF_CAP || c->mid_batch || c->skip || c->qlen >= QCAP - 1) {
                 stop_client(c, type);
                 break;
             }
@@ -416,14 +638,20 @@ static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_
             }
             int kind = text_kind(e, buf + pos + 5, (size_t)total - 6);
             e->statements[kind]++;
-            c->started[(c->head + c->inflight) % MAX_INFLIGHT] = now();
-            c->inflight++;
+            push(c, 'Q', now());
             pos += (size_t)total;
         } else if (type == 'd' && c->copy_in) {
             pos += 5; /* stream the body: a large CopyData is not buffered whole */
             c->cstream_left = ml - 4;
         } else if ((type == 'c' || type == 'f') && c->copy_in && total <= BUF_CAP) {
             if (len - pos < total) break;
+            pos += (size_t)total;
+        } else if (!c->copy_in && total <= BUF_CAP && memchr("PBDECSH", type, 7) != NULL && type != 0) {
+            if (len - pos < total) break;
+            if (!take_extended(e, c, buf + pos, (size_t)total)) {
+                stop_client(c, type);
+                break;
+            }
             pos += (size_t)total;
         } else {
             stop_client(c, type);
@@ -496,24 +724,57 @@ static void count_error(Engine *e, const unsigned char *body, int len) {
     }
 }
 
+/* Relay._on_pass: the reply that ends the extended-protocol message at the head of the queue. */
+static void server_header(conn_t *c, unsigned char type) {
+    entry_t *h = qhead(c);
+    if (h == NULL) return;
+    char want = 0;
+    switch (type) {
+    case '1': want = 'P'; break;
+    case '2': want = 'B'; break;
+    case '3': want = 'C'; break;
+    case 'T':
+    case 'n': want = 'D'; break;
+    case 'C':
+    case 'I':
+    case 's': want = 'E'; break;
+    default: return;
+    }
+    if (h->kind == want) pop(c);
+}
+
 static void server_message(Engine *e, conn_t *c) {
     switch (c->stype) {
-    case 'Z':
+    case 'Z': { /* Relay._ready: it answers the first Query or Sync owed */
         if (c->ebuf_have >= 1) c->status = (char)c->ebuf[0];
         c->copy_in = 0;
-        if (c->inflight > 0) {
-            double seconds = now() - c->started[c->head];
-            c->head = (c->head + 1) % MAX_INFLIGHT;
-            c->inflight--;
+        double started = 0.0;
+        while (c->qlen) {
+            entry_t en = pop(c);
+            if (en.kind == 'Q' || en.kind == 'S') {
+                started = en.started;
+                break;
+            }
+        }
+        if (started) {
+            double seconds = now() - started;
             int i = 0;
             while (i < e->nbounds && seconds > e->bounds[i]) i++; /* bisect_left */
             e->latency[i]++;
             e->latency_sum += seconds;
         }
+        if (c->status == 'I' && c->qlen == 0) c->mid_batch = 0;
         break;
-    case 'E':
+    }
+    case 'E': { /* Relay._error: in the extended protocol the server now skips everything up to Sync */
         count_error(e, c->ebuf, c->ebuf_have);
+        entry_t *h = qhead(c);
+        if (h != NULL && h->kind != 'Q' && h->kind != 'S') {
+            while (c->qlen && qhead(c)->kind != 'S') pop(c);
+            if (c->qlen == 0) c->skip = 1;
+        }
         break;
+    }
     case 'G': /* CopyInResponse */
     case 'W': /* CopyBothResponse */
         c->copy_in = 1;
@@ -549,6 +810,7 @@ static int parse_server(Engine *e, conn_t *c, const unsigned char *buf, size_t l
             if (ml < 4) return -1;
             c->shdr_have = 0;
             c->stype = c->shdr[0];
+            server_header(c, c->stype);
             c->ebuf_have = 0;
             c->sbody_left = ml - 4;
             if (c->sbody_left == 0) server_message(e, c);
@@ -659,17 +921,71 @@ static conn_t *find(Engine *e, long long id) {
     return NULL;
 }
 
+/* [(name, idx, text or None)]: idx >= 0 is Python's own Statement, else the text prepared here. */
+static PyObject *table_list(table_t *t) {
+    PyObject *list = PyList_New(t->n);
+    if (list == NULL) return NULL;
+    for (int i = 0; i < t->n; i++) {
+        stmt_t *st = t->v[i].s;
+        PyObject *item;
+        if (st->idx >= 0)
+            item = Py_BuildValue("(y#lO)", t->v[i].name, (Py_ssize_t)t->v[i].len, st->idx, Py_None);
+        else
+            item = Py_BuildValue("(y#ly#)", t->v[i].name, (Py_ssize_t)t->v[i].len, -1L, st->text,
+                                 (Py_ssize_t)st->len);
+        if (item == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, item);
+    }
+    return list;
+}
+
 static PyObject *handback_tuple(handback_t *h) {
     char status[2] = {h->status, 0};
     PyObject *data = PyBytes_FromStringAndSize((const char *)h->data, (Py_ssize_t)h->len);
-    if (data == NULL) return NULL;
-    PyObject *t = Py_BuildValue("(LsisiiN)", h->id, h->reason, h->err, status, h->inflight, h->untaken, data);
-    return t;
+    PyObject *stmts = table_list(&h->stmts), *portals = table_list(&h->portals);
+    if (data == NULL || stmts == NULL || portals == NULL) {
+        Py_XDECREF(data);
+        Py_XDECREF(stmts);
+        Py_XDECREF(portals);
+        return NULL;
+    }
+    return Py_BuildValue("(LsisiiNsiiNN)", h->id, h->reason, h->err, status, h->inflight, h->untaken, data,
+                         h->kinds, h->mid_batch, h->skip, stmts, portals);
 }
 
 static void free_handback(handback_t *h) {
+    table_free(&h->stmts);
+    table_free(&h->portals);
     free(h->data);
     free(h);
+}
+
+/* Python's statements (or portals) at adoption: [(name, idx, kind, pyonly)]. */
+static int table_load(table_t *t, PyObject *items) {
+    PyObject *seq = PySequence_Fast(items, "expected a sequence of (name, idx, kind, pyonly)");
+    if (seq == NULL) return -1;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+        const char *name;
+        Py_ssize_t len;
+        long idx;
+        int kind, pyonly;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "y#lip", &name, &len, &idx, &kind, &pyonly)) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        stmt_t *st = stmt_new(kind, pyonly, idx, NULL, 0);
+        if (st == NULL || table_set(t, (const unsigned char *)name, (size_t)len, st) < 0) {
+            free(st);
+            Py_DECREF(seq);
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    Py_DECREF(seq);
+    return 0;
 }
 
 static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
@@ -823,10 +1139,16 @@ static PyObject *engine_adopt(Engine *e, PyObject *args) {
     long long id;
     int cfd, sfd;
     unsigned long long max_message;
-    if (!PyArg_ParseTuple(args, "LiiK", &id, &cfd, &sfd, &max_message)) return NULL;
+    PyObject *stmts = NULL, *portals = NULL;
+    if (!PyArg_ParseTuple(args, "LiiK|OO", &id, &cfd, &sfd, &max_message, &stmts, &portals)) return NULL;
     CHECK_STARTED(e);
     conn_t *c = calloc(1, sizeof(*c));
     if (c == NULL) return PyErr_NoMemory();
+    if ((stmts != NULL && table_load(&c->stmts, stmts) < 0) ||
+        (portals != NULL && table_load(&c->portals, portals) < 0)) {
+        free_conn(c);
+        return NULL;
+    }
     c->id = id;
     c->fd[CLIENT] = cfd;
     c->fd[SERVER] = sfd;
@@ -841,7 +1163,7 @@ static PyObject *engine_adopt(Engine *e, PyObject *args) {
     pthread_mutex_lock(&e->mu);
     if (find(e, id) != NULL) {
         pthread_mutex_unlock(&e->mu);
-        free(c);
+        free_conn(c);
         PyErr_Format(PyExc_ValueError, "connection %lld is already on the fast relay", id);
         return NULL;
     }
@@ -851,7 +1173,7 @@ static PyObject *engine_adopt(Engine *e, PyObject *args) {
             int err = errno;
             if (side == SERVER) epoll_ctl(e->epfd, EPOLL_CTL_DEL, c->fd[CLIENT], NULL);
             pthread_mutex_unlock(&e->mu);
-            free(c);
+            free_conn(c);
             errno = err;
             return PyErr_SetFromErrno(PyExc_OSError);
         }
@@ -927,7 +1249,7 @@ static PyObject *engine_states(Engine *e, PyObject *unused) {
     pthread_mutex_lock(&e->mu);
     for (conn_t *c = e->conns; c != NULL; c = c->next) {
         char status[2] = {c->status, 0};
-        PyObject *v = Py_BuildValue("(si)", status, c->inflight);
+        PyObject *v = Py_BuildValue("(si)", status, c->qlen + (c->mid_batch || c->skip));
         PyObject *k = PyLong_FromLongLong(c->id);
         int bad = v == NULL || k == NULL || PyDict_SetItem(d, k, v) < 0;
         Py_XDECREF(v);
@@ -1000,12 +1322,14 @@ static PyObject *engine_close(Engine *e, PyObject *unused) {
 
 static PyMethodDef engine_methods[] = {
     {"fileno", (PyCFunction)engine_fileno, METH_NOARGS, "The eventfd that becomes readable when hand-backs wait."},
-    {"adopt", (PyCFunction)engine_adopt, METH_VARARGS, "adopt(conn_id, client_fd, server_fd, max_message)"},
+    {"adopt", (PyCFunction)engine_adopt, METH_VARARGS,
+     "adopt(conn_id, client_fd, server_fd, max_message, statements=(), portals=())"},
     {"recall", (PyCFunction)engine_recall, METH_VARARGS, "recall(conn_id) -> hand-back tuple or None"},
     {"release", (PyCFunction)engine_release, METH_VARARGS, "release(conn_id) -> bool: take it out at once"},
     {"take_handbacks", (PyCFunction)engine_take_handbacks, METH_NOARGS,
-     "[(conn_id, reason, errno, status, inflight, untaken_type, unforwarded_client_bytes)]"},
-    {"states", (PyCFunction)engine_states, METH_NOARGS, "{conn_id: (status, inflight)}"},
+     "[(conn_id, reason, errno, status, inflight, untaken_type, unforwarded_client_bytes, owed kinds, mid_batch, "
+     "skip_until_sync, statements, portals)]"},
+    {"states", (PyCFunction)engine_states, METH_NOARGS, "{conn_id: (status, replies owed + open batch)}"},
     {"stats", (PyCFunction)engine_stats, METH_NOARGS,
      "(statements by kind, bytes up, bytes down, {sqlstate class: n}, latency counts, latency sum, conns)"},
     {"kind", (PyCFunction)engine_kind, METH_O, "kind index of a Query message (as query_kind)"},

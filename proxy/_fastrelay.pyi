@@ -2,8 +2,11 @@ from collections.abc import Sequence
 
 MAX_QUERY: int
 
-# (conn_id, reason, errno, status, inflight, untaken message type or -1, client bytes not forwarded)
-Handback = tuple[int, str, int, str, int, int, bytes]
+# (name, index of Python's statement or -1, text prepared on the C relay or None)
+Named = tuple[bytes, int, bytes | None]
+# (conn_id, reason, errno, status, inflight, untaken message type or -1, client bytes not forwarded,
+# kinds of the replies owed, mid_batch, skip_until_sync, statements, portals)
+Handback = tuple[int, str, int, str, int, int, bytes, str, int, int, list[Named], list[Named]]
 
 class Engine:
     def __init__(
@@ -15,7 +18,16 @@ class Engine:
         buckets: Sequence[float],
     ) -> None: ...
     def fileno(self) -> int: ...
-    def adopt(self, conn_id: int, client_fd: int, server_fd: int, max_message: int, /) -> None: ...
+    def adopt(
+        self,
+        conn_id: int,
+        client_fd: int,
+        server_fd: int,
+        max_message: int,
+        statements: Sequence[tuple[bytes, int, int, bool]] = ...,
+        portals: Sequence[tuple[bytes, int, int, bool]] = ...,
+        /,
+    ) -> None: ...
     def recall(self, conn_id: int, /) -> Handback | None: ...
     def release(self, conn_id: int, /) -> bool: ...
     def take_handbacks(self) -> list[Handback]: ...

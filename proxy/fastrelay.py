@@ -23,9 +23,15 @@ except ImportError:  # built without a compiler, or not on Linux
 
 AVAILABLE = _fastrelay is not None
 
-# (conn_id, reason, errno, transaction status, queries in flight, type of the client message C did not take
-# or -1, client bytes read and not forwarded)
-Handback = tuple[int, str, int, str, int, int, bytes]
+# A prepared statement or portal as the C relay hands it back: (name, index into the Statements Python gave
+# at adoption or -1, the text of one prepared on the C relay or None).
+Named = tuple[bytes, int, bytes | None]
+# (conn_id, reason, errno, transaction status, Query/Sync replies in flight, type of the client message C did
+# not take or -1, client bytes read and not forwarded, kinds of the replies owed (Relay.pending, as Kind
+# letters: Q S P B D E C), mid_batch, skip_until_sync, statements, portals)
+Handback = tuple[int, str, int, str, int, int, bytes, str, int, int, list[Named], list[Named]]
+# What Python knows at adoption: (name, index, kind index, only Python may bind it)
+Known = tuple[bytes, int, int, bool]
 MAX_QUERY = _fastrelay.MAX_QUERY if _fastrelay is not None else 0
 
 
@@ -56,8 +62,24 @@ class FastRelay:
     def fileno(self) -> int:
         return self.engine.fileno()
 
-    def adopt(self, conn_id: int, client_fd: int, server_fd: int, max_message: int) -> None:
-        self.engine.adopt(conn_id, client_fd, server_fd, max_message)
+    def adopt(
+        self,
+        conn_id: int,
+        client_fd: int,
+        server_fd: int,
+        max_message: int,
+        *,
+        statements: list[Known] | None = None,
+        portals: list[Known] | None = None,
+    ) -> None:
+        self.engine.adopt(conn_id, client_fd, server_fd, max_message, statements or [], portals or [])
+
+    def kind_index(self, kind: str) -> int | None:
+        """The C relay's index of a statement kind (None: one it does not count)."""
+        try:
+            return self.kinds.index(kind)
+        except ValueError:
+            return None
 
     def recall(self, conn_id: int) -> Handback | None:
         return self.engine.recall(conn_id)

@@ -65,6 +65,15 @@ _TERMINATOR: dict[int, tuple[Kind, ...]] = {
     ord("s"): (Kind.EXECUTE,),
 }
 _Z = ord("Z")
+_FAST_KINDS = {
+    "Q": Kind.QUERY,
+    "S": Kind.SYNC,
+    "P": Kind.PARSE,
+    "B": Kind.BIND,
+    "D": Kind.DESCRIBE,
+    "E": Kind.EXECUTE,
+    "C": Kind.CLOSE,
+}
 _READY_HEADER = b"Z\x00\x00\x00\x05"
 _STATUSES = frozenset(b"ITE")
 _STATUS_CHARS = {c: chr(c) for c in b"ITE"}
@@ -675,6 +684,70 @@ class Relay:
             entry.started = perf_counter()
             pending.append(entry)
         return True
+
+    # ------------------------------------------------------------------------------------------------
+    # The fast relay (proxy._fastrelay) carries on from this state and hands it back
+
+    def export_statements(
+        self, kind_index: Callable[[str], int | None]
+    ) -> tuple[list[tuple[bytes, int, int, bool]], list[tuple[bytes, int, int, bool]], list[Statement]]:
+        """``statements`` and ``portals`` for the C relay: (name, index into the returned list, kind index,
+        Python only). Python only: bound with comment tags (a session switch), or a kind C does not count."""
+        objects: list[Statement] = []
+        index: dict[int, int] = {}
+
+        def known(table: dict[str, Statement]) -> list[tuple[bytes, int, int, bool]]:
+            rows = []
+            for name, statement in table.items():
+                i = index.get(id(statement))
+                if i is None:
+                    i = index[id(statement)] = len(objects)
+                    objects.append(statement)
+                kind = kind_index(statement.verdict.kind)
+                rows.append((name.encode(), i, kind or 0, statement.tags is not None or kind is None))
+            return rows
+
+        return known(self.statements), known(self.portals), objects
+
+    def resume_from_fast(
+        self,
+        status: str,
+        owed: str,
+        *,
+        mid_batch: bool,
+        skip_until_sync: bool,
+        statements: list[tuple[bytes, int, bytes | None]],
+        portals: list[tuple[bytes, int, bytes | None]],
+        objects: list[Statement],
+    ) -> None:
+        """Carry on from the state the C relay hands back.
+
+        ``owed``: the replies still owed, in order, as Kind letters (only untagged messages are ever in
+        flight there; it hands back inside an extended batch, or with a COPY FROM STDIN running, at once).
+        The statements and portals: its tables, which started as ``export_statements``; one prepared there
+        is analysed now as ``_client_parse`` would have then: untagged, no comment tags (C takes no Parse
+        with a comment opener)."""
+        self.status = status
+        now = perf_counter()
+        self.pending.extend(Entry(_FAST_KINDS[kind], started=now) for kind in owed)
+        self.mid_batch = mid_batch
+        self.skip_until_sync = skip_until_sync
+        if mid_batch:
+            self._batch_started = now
+        made: dict[bytes, Statement] = {}
+
+        def resolve(i: int, text: bytes | None) -> Statement:
+            if i >= 0:
+                return objects[i]
+            assert text is not None
+            statement = made.get(text)
+            if statement is None:
+                verdict = self.analysis.analyze(text.decode(), self.catalog, False)
+                statement = made[text] = Statement(None, verdict)
+            return statement
+
+        self.statements = {name.decode(): resolve(i, text) for name, i, text in statements}
+        self.portals = {name.decode(): resolve(i, text) for name, i, text in portals}
 
     # ------------------------------------------------------------------------------------------------
     # Server side

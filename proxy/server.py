@@ -30,11 +30,13 @@ from proxy.errors import ProtocolError, ProxyError, TagError
 from proxy.fastrelay import AVAILABLE as FAST_RELAY_AVAILABLE
 from proxy.fastrelay import FastCounts, FastRelay, Handback
 from proxy.metrics import ConnectionHooks, Metrics
-from proxy.relay import Entry, Kind, Relay
+from proxy.relay import Relay, Statement
 from proxy.tags import UNTAGGED, Tags, check_id, read_startup_tags
 
 log = logging.getLogger("cowproxy")
 _Q = ord("Q")
+# Client messages the C relay takes (what it hands back for, Python relays, and C may take again after).
+_FAST_TYPES = frozenset(b"QPBDECSH")
 _ids = itertools.count(1)
 
 
@@ -135,9 +137,10 @@ class ClientConnection(asyncio.Protocol):
         self.started = time.monotonic()
         self.tls = False
         self.upstream_tls = False
-        # On the C relay right now; may go there (cleared for good after the extended protocol or TLS).
+        # On the C relay right now; may go there (cleared for good after a message C never takes, or TLS).
         self.fast = False
         self.fast_ok = server.fast is not None
+        self._fast_statements: list[Statement] = []  # Relay.statements/portals given to the C relay
 
     # ---- client transport callbacks
 
@@ -469,10 +472,18 @@ class ClientConnection(asyncio.Protocol):
         if client_sock is None or upstream_sock is None:
             self.fast_ok = False
             return
+        statements, portals, self._fast_statements = relay.export_statements(fast.kind_index)
         client.pause_reading()
         upstream.pause_reading()
         try:
-            fast.adopt(self.id, client_sock.fileno(), upstream_sock.fileno(), self.max_message_size)
+            fast.adopt(
+                self.id,
+                client_sock.fileno(),
+                upstream_sock.fileno(),
+                self.max_message_size,
+                statements=statements,
+                portals=portals,
+            )
         except (OSError, ValueError) as exc:
             log_event(logging.WARNING, "fast_relay_adopt_failed", conn=self.id, error=exc)
             self.fast_ok = False
@@ -483,8 +494,11 @@ class ClientConnection(asyncio.Protocol):
 
     def from_fast(self, handback: Handback) -> None:
         """The C relay gave the connection back: resume in Python from the state it reports."""
-        _, reason, err, status, inflight, untaken, data = handback
+        _, reason, err, status, _inflight, untaken, data, owed, mid_batch, skip, statements, portals = (
+            handback
+        )
         self.fast = False
+        objects, self._fast_statements = self._fast_statements, []
         relay = self.relay
         if relay is None or self.state is not _READY:
             return
@@ -495,13 +509,17 @@ class ClientConnection(asyncio.Protocol):
             side = reason.split()[0]
             self.close(f"{side} lost: {os.strerror(err) if err else 'error'}")
             return
-        relay.status = status
-        now = time.perf_counter()
-        # Only untagged simple queries are ever in flight on the C relay (a COPY FROM STDIN comes back
-        # with its query in flight when the client sends what C does not take).
-        relay.pending.extend(Entry(Kind.QUERY, started=now) for _ in range(inflight))
-        if untaken not in (-1, _Q):
-            self.fast_ok = False  # the extended protocol (or the like): stay in Python, do not bounce
+        relay.resume_from_fast(
+            status,
+            owed,
+            mid_batch=bool(mid_batch),
+            skip_until_sync=bool(skip),
+            statements=statements,
+            portals=portals,
+            objects=objects,
+        )
+        if untaken != -1 and untaken not in _FAST_TYPES:
+            self.fast_ok = False  # FunctionCall (or the like): stay in Python, do not bounce
         if self.transport is not None:
             self.transport.resume_reading()
         if self.upstream is not None and self.upstream.transport is not None:

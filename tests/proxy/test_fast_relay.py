@@ -146,18 +146,31 @@ def test_an_idle_connection_is_recalled_at_once(proxy: RunningProxy, layer_db: s
     assert [row[2] for row in changes(layer_db, "r2")] == ["routed@x"]
 
 
-def test_extended_protocol_after_simple_queries_stays_in_python(proxy: RunningProxy, empty_db: str) -> None:
+def fast_counted(proxy: RunningProxy) -> dict[tuple[str, bool], int]:
+    """Statements counted by the C relay itself (not by the Python relay)."""
+    fast = proxy.server.fast
+    assert fast is not None
+    return fast.counts().statements
+
+
+def test_extended_protocol_on_the_fast_relay(proxy: RunningProxy, empty_db: str) -> None:
     with psycopg.connect(proxy.dsn(empty_db), autocommit=True) as conn:
         conn.execute("CREATE TABLE t (id int, v text)")
         conn.execute("INSERT INTO t VALUES (1, 'a')")
         assert on_fast(proxy)
+        before = fast_counted(proxy)
         conn.execute("INSERT INTO t VALUES (%s, %s)", (2, "b"))
         assert conn.execute("SELECT v FROM t WHERE id = %s", (2,)).fetchone() == ("b",)
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            conn.execute("SELECT %s::int / 0", (1,))
         assert conn.execute("SELECT count(*) FROM t").fetchone() == (2,)
-        assert relays(proxy) == {"python": 1}  # no bouncing between the relays on every statement
-        # In a transaction, with the extended message pipelined behind a simple query still in flight.
+        assert relays(proxy) == {"fast": 1}
+        after = fast_counted(proxy)
+        assert after.get(("insert", False), 0) - before.get(("insert", False), 0) == 1
+        assert after.get(("select", False), 0) - before.get(("select", False), 0) == 3
+        # In a transaction, with the extended messages pipelined behind a simple query still in flight.
         c = RawClient(proxy.host, proxy.port, dbname(empty_db))
-        assert on_fast(proxy)
+        assert on_fast(proxy, 2)
         c.query("BEGIN")
         c.sock.sendall(
             p.encode_query("SELECT pg_sleep(0.2)")
@@ -171,7 +184,178 @@ def test_extended_protocol_after_simple_queries_stays_in_python(proxy: RunningPr
         assert (b"D", b"\x00\x01\x00\x00\x00\x0242") in replies
         assert replies[-1] == (b"Z", b"T")
         assert c.query("COMMIT")[-1] == (b"Z", b"I")
+        assert relays(proxy) == {"fast": 2}
         c.sock.close()
+
+
+def test_error_mid_batch_flush_and_pipelined_syncs(
+    proxy: RunningProxy, empty_db: str, pg_server: PgServer
+) -> None:
+    """An error makes the server skip to Sync; Flush answers mid-batch; several Syncs in one write."""
+    batch = (
+        p.encode_parse("s1", "SELECT $1::int * 2")
+        + p.message(b"D", b"Ss1\0")
+        + p.FLUSH
+        + p.encode_bind("", "s1", ("21",))
+        + p.encode_execute("")
+        + p.SYNC
+        + p.encode_parse("", "SELECT 1/0")
+        + p.encode_bind("", "", ())
+        + p.encode_execute("")
+        + p.encode_bind("", "s1", ("5",))  # skipped by the server: after the error, before Sync
+        + p.encode_execute("")
+        + p.SYNC
+        + p.encode_bind("p1", "s1", ("7",))
+        + p.encode_execute("p1", 0)
+        + p.encode_close("P", "p1")
+        + p.encode_close("S", "s1")
+        + p.SYNC
+    )
+
+    def run(host: str, port: int) -> list[tuple[bytes, bytes]]:
+        c = RawClient(host, port, dbname(empty_db))
+        c.sock.sendall(batch)
+        replies = c.read_until(b"Z") + c.read_until(b"Z") + c.read_until(b"Z")
+        replies += c.query("SELECT 'after'")
+        c.sock.close()
+        return [(k, b) for k, b in replies if k not in (b"S", b"N")]
+
+    through = run(proxy.host, proxy.port)
+    assert relays(proxy).get("python", 0) == 0
+    assert through == run(pg_server.host, pg_server.port)
+    kinds = [k for k, _ in through]
+    assert kinds.count(b"E") == 1 and kinds.count(b"Z") == 4
+
+
+def test_asyncpg_and_psycopg_pipeline_stay_fast(proxy: RunningProxy, empty_db: str) -> None:
+    import asyncio
+
+    import asyncpg
+
+    before = fast_counted(proxy)
+
+    async def main() -> list[Any]:
+        conn = await asyncpg.connect(proxy.dsn(empty_db))
+        try:
+            await conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+            stmt = await conn.prepare("INSERT INTO t VALUES ($1, $2)")
+            await stmt.fetch(1, "a")
+            await conn.executemany("INSERT INTO t VALUES ($1, $2)", [(i, f"v{i}") for i in range(2, 100)])
+            assert relays(proxy) == {"fast": 1}
+            async with conn.transaction():
+                await conn.execute("UPDATE t SET v = $1 WHERE id < $2", "u", 10)
+            with pytest.raises(asyncpg.UniqueViolationError):
+                await stmt.fetch(1, "dup")
+            rows = await conn.fetch("SELECT id, v FROM t WHERE id <= $1 ORDER BY id", 11)
+            assert relays(proxy) == {"fast": 1}
+            return [tuple(r) for r in rows]
+        finally:
+            await conn.close()
+
+    rows = asyncio.run(main())
+    assert rows == [(i, "u") for i in range(1, 10)] + [(10, "v10"), (11, "v11")]
+    counted = fast_counted(proxy)
+    assert counted.get(("insert", False), 0) - before.get(("insert", False), 0) >= 100
+    with psycopg.connect(proxy.dsn(empty_db), autocommit=True) as conn:
+        assert on_fast(proxy)
+        with conn.pipeline():
+            for i in range(100, 150):
+                conn.execute("INSERT INTO t VALUES (%s, %s)", (i, "p"))
+            cur = conn.execute("SELECT count(*) FROM t WHERE v = %s", ("p",))
+        assert cur.fetchone() == (50,)
+        assert relays(proxy) == {"fast": 1}
+    with psycopg.connect(empty_db, autocommit=True) as direct:
+        assert direct.execute("SELECT count(*) FROM t").fetchone() == (149,)
+
+
+@pytest.mark.parametrize("mode", ["extended", "prepared"])
+def test_pgbench_extended_and_prepared_stay_fast(
+    proxy: RunningProxy, pg_server: PgServer, create_database: Any, mode: str
+) -> None:
+    import subprocess
+
+    pgbench = pg_server.tool("pgbench")
+    dsn = create_database()
+    init = subprocess.run([pgbench, "-i", "-s", "1", "-q", dsn], capture_output=True, text=True, timeout=60)
+    assert init.returncode == 0, init.stderr
+    before = fast_counted(proxy)
+    run = subprocess.run(
+        [pgbench, "-M", mode, "-c", "2", "-t", "50", "-n", proxy.dsn(dsn)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "number of failed transactions: 0" in run.stdout or "failed" not in run.stdout
+    counted = fast_counted(proxy)
+    # TPC-B: three UPDATEs, one SELECT, one INSERT per transaction, all counted by the C relay.
+    assert counted.get(("update", False), 0) - before.get(("update", False), 0) == 300
+    assert counted.get(("insert", False), 0) - before.get(("insert", False), 0) == 100
+    with psycopg.connect(dsn, autocommit=True) as direct:
+        assert direct.execute("SELECT count(*) FROM pgbench_history").fetchone() == (100,)
+        (delta,) = direct.execute("SELECT sum(delta) FROM pgbench_history").fetchone() or (None,)
+        assert direct.execute("SELECT sum(abalance) FROM pgbench_accounts").fetchone() == (delta,)
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-relay", "python-relay"])
+def test_statement_prepared_untagged_then_routed(pg_server: PgServer, layer_db: str, fast: bool) -> None:
+    """Prepared on the C relay, then the database routed: the next transaction's Bind/Execute of that
+    statement lands in the session (as on the Python relay), the base table is untouched."""
+    database = dbname(layer_db)
+    with run_proxy(pg_server, fast_relay=fast) as proxy, psycopg.connect(proxy.dsn(layer_db)) as conn:
+        conn.autocommit = True
+        if fast:
+            assert on_fast(proxy)
+        c = RawClient(proxy.host, proxy.port, database)
+        if fast:
+            assert on_fast(proxy, 2)
+        c.sock.sendall(
+            p.encode_parse("ins", "INSERT INTO customers (email, name) VALUES ($1, 'x')")
+            + p.encode_bind("", "ins", ("plain@x",))
+            + p.encode_execute("")
+            + p.SYNC
+        )
+        assert c.read_until(b"Z")[-1] == (b"Z", b"I")
+        if fast:
+            assert relays(proxy) == {"fast": 2}
+        admin_request(proxy.admin_url, "POST", "/routes", {"database": database, "session": "rs"})
+        c.sock.sendall(p.encode_bind("", "ins", ("routed@x",)) + p.encode_execute("") + p.SYNC)
+        replies = c.read_until(b"Z")
+        assert not [k for k, _ in replies if k == b"E"], replies
+        c.sock.close()
+    base = set(base_customers(layer_db))
+    assert "plain@x" in base
+    assert "routed@x" not in base
+    assert [row[2] for row in changes(layer_db, "rs")] == ["routed@x"]
+
+
+def test_comment_tagged_parse_hands_back_and_lands_in_its_session(proxy: RunningProxy, layer_db: str) -> None:
+    c = RawClient(proxy.host, proxy.port, dbname(layer_db))
+    assert on_fast(proxy)
+    c.sock.sendall(
+        p.encode_parse("", "INSERT INTO customers (email, name) VALUES ($1, 'x')")
+        + p.encode_bind("", "", ("plain@x",))
+        + p.encode_execute("")
+        + p.encode_parse("", "/*cow_session='ct'*/ INSERT INTO customers (email, name) VALUES ($1, 'x')")
+        + p.encode_bind("", "", ("tagged@x",))
+        + p.encode_execute("")
+        + p.SYNC
+    )
+    replies = c.read_until(b"Z")
+    assert not [k for k, _ in replies if k == b"E"], replies
+    c.sock.sendall(
+        p.encode_parse("", "INSERT INTO customers (email, name) VALUES ($1, 'x')")
+        + p.encode_bind("", "", ("plain2@x",))
+        + p.encode_execute("")
+        + p.SYNC
+    )
+    assert c.read_until(b"Z")[-1] == (b"Z", b"I")
+    assert on_fast(proxy)  # untagged again: back on the C relay
+    c.sock.close()
+    base = set(base_customers(layer_db))
+    assert {"plain@x", "plain2@x"} <= base
+    assert "tagged@x" not in base
+    assert [row[2] for row in changes(layer_db, "ct")] == ["tagged@x"]
 
 
 def test_copy_both_ways_on_the_fast_relay(proxy: RunningProxy, empty_db: str) -> None:
@@ -448,12 +632,39 @@ def _message(kind: str, text: str) -> bytes:
         return p.message(b"Q", b"SELECT '\xe9'\0")
     if kind == "parse":
         return p.encode_parse("", text) + p.encode_bind("", "", ()) + p.encode_execute("") + p.SYNC
+    if kind == "named":  # a named statement and portal, described, run a row at a time, closed
+        return (
+            p.encode_parse("s", text)
+            + p.message(b"D", b"Ss\0")
+            + p.encode_bind("p", "s", ())
+            + p.message(b"D", b"Pp\0")
+            + p.encode_execute("p", 1)
+            + p.encode_execute("p", 0)
+            + p.encode_close("P", "p")
+            + p.encode_close("S", "s")
+            + p.SYNC
+        )
+    if kind == "keep":  # prepared now, run by "again" later (or an error: it exists already)
+        return p.encode_parse("keep", text) + p.SYNC
+    if kind == "again":
+        return p.encode_bind("", "keep", ()) + p.encode_execute("") + p.SYNC
+    if kind == "flush":  # answered up to the Flush before the Sync is sent
+        return p.encode_parse("", text) + p.FLUSH + p.encode_bind("", "", ()) + p.encode_execute("") + p.SYNC
+    if kind == "errmid":  # an error mid-batch: the server skips the rest up to Sync
+        return (
+            p.encode_parse("", "SELECT 1/0")
+            + p.encode_bind("", "", ())
+            + p.encode_execute("")
+            + p.encode_parse("", text)
+            + p.encode_bind("", "", ())
+            + p.encode_execute("")
+            + p.SYNC
+        )
     raise AssertionError(kind)
 
 
-_MESSAGES = st.lists(
-    st.tuples(st.sampled_from(["query"] * 6 + ["nul", "latin1", "parse"]), _TEXTS), min_size=1, max_size=8
-)
+_KINDS = ["query"] * 6 + ["nul", "latin1", "parse"] + ["named", "keep", "again", "flush", "errmid", "parse"]
+_MESSAGES = st.lists(st.tuples(st.sampled_from(_KINDS), _TEXTS), min_size=1, max_size=8)
 
 
 def _exchange(proxy: RunningProxy, database: str, messages: list[bytes], pipelined: bool) -> list[Any]:
@@ -485,7 +696,7 @@ def _exchange(proxy: RunningProxy, database: str, messages: list[bytes], pipelin
     return out
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(stream=_MESSAGES, pipelined=st.booleans())
 def test_fast_relay_matches_the_python_relay(
     relay_pair: Any, stream: list[tuple[str, str]], pipelined: bool
