@@ -3,11 +3,13 @@
     .venv/bin/python bench/proxy.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
         [--socket-dir /var/run/postgresql] [--seconds 8] [--rounds 2] [--clients 1,8] [--scale 10]
         [--transports tcp,unix] [--strace 3] [--workloads=-S,tpcb] [--floor [plain,buffered]]
-        [--baseline CHECKOUT] [--python-relay]
+        [--baseline CHECKOUT] [--python-relay] [--modes simple,extended,prepared]
 
 Without --dsn an embedded PostgreSQL is started. PgBouncer is installed from Debian (apt-get) when missing;
 it is skipped, with a note, if that fails. pgbench runs `-S` (select only) and TPC-B, simple protocol, at
 each client count, against every target in turn (round by round, so load from other jobs hits all alike).
+--modes picks pgbench's query modes (`-M`; default simple): extended and prepared workloads are labelled
+`-S/ext`, `tpcb/prep` and so on.
 
 Transports: `tcp` = every hop over 127.0.0.1; `unix` = every hop over a Unix socket (pgbench to the proxy,
 the proxy to PostgreSQL; direct = pgbench to PostgreSQL's socket), which is how PgBouncer usually runs next
@@ -321,6 +323,9 @@ def traced(
     return sum(calls.values()), calls
 
 
+_MODE_SUFFIX = {"simple": "", "extended": "/ext", "prepared": "/prep"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -334,6 +339,11 @@ def main() -> None:
     parser.add_argument("--transports", default="tcp", help="tcp, unix or tcp,unix")
     parser.add_argument("--strace", type=int, default=0, help="seconds per strace -c run (0: none)")
     parser.add_argument("--workloads", default="-S,tpcb", help="-S, tpcb or both")
+    parser.add_argument(
+        "--modes",
+        default="simple",
+        help="pgbench -M query modes: simple, extended, prepared (comma-separated)",
+    )
     parser.add_argument(
         "--floor",
         nargs="?",
@@ -352,6 +362,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     clients = [int(c) for c in args.clients.split(",")]
+    unknown = set(args.modes.split(",")) - set(_MODE_SUFFIX)
+    if unknown:
+        raise SystemExit(f"--modes: unknown {', '.join(sorted(unknown))} (simple, extended, prepared)")
     transports = args.transports.split(",")
     if args.strace and not shutil.which("strace"):
         raise SystemExit("--strace needs strace (apt-get install strace)")
@@ -400,7 +413,11 @@ def main() -> None:
                     )
             wanted = args.workloads.split(",")
             workloads = [
-                (f"{name} c={c}", [*flags, "-c", str(c), "-j", str(min(c, 2))])
+                (
+                    f"{name}{_MODE_SUFFIX[mode]} c={c}",
+                    [*flags, *(("-M", mode) if mode != "simple" else ()), "-c", str(c), "-j", str(min(c, 2))],
+                )
+                for mode in args.modes.split(",")
                 for name, flags in (("-S", ["-S"]), ("tpcb", []))
                 if name in wanted
                 for c in clients
@@ -418,7 +435,7 @@ def main() -> None:
                             else ""
                         )
                         print(
-                            f"round {round_no + 1} {label:10} {target.label:15} tps {run.tps:9.1f} "
+                            f"round {round_no + 1} {label:14} {target.label:15} tps {run.tps:9.1f} "
                             f"latency {run.latency_ms:.3f} ms{cpu}",
                             flush=True,
                         )
@@ -434,7 +451,7 @@ def main() -> None:
             conn.execute(f"DROP DATABASE IF EXISTS {database}")
     print()
     print(
-        f"{'workload':10} {'target':15} {'tps':>9} {'spread':>13} {'ratio':>6} {'added lat':>10} "
+        f"{'workload':14} {'target':15} {'tps':>9} {'spread':>13} {'ratio':>6} {'added lat':>10} "
         f"{'cpu/txn':>8} {'user':>6}"
     )
     for label, flags in workloads:
@@ -454,16 +471,16 @@ def main() -> None:
                 cpu = f"{statistics.median(cpus):5.0f} µs" if cpus else "-"
                 user = f"{statistics.median(users):3.0f} µs" if users else "-"
                 print(
-                    f"{label:10} {target.label:15} {tps:9.1f} {spread:>13} {tps / base_tps:6.2f} "
+                    f"{label:14} {target.label:15} {tps:9.1f} {spread:>13} {tps / base_tps:6.2f} "
                     f"{added:7.0f} µs {cpu:>8} {user:>6}"
                 )
     if traces:
         print()
-        print(f"{'workload':10} {'target':15} {'syscalls/txn':>12}  top syscalls per txn")
+        print(f"{'workload':14} {'target':15} {'syscalls/txn':>12}  top syscalls per txn")
         for (label, target_label), (total, calls) in traces.items():
             top = sorted(calls.items(), key=lambda kv: -kv[1])[:6]
             detail = ", ".join(f"{name} {count:.1f}" for name, count in top)
-            print(f"{label:10} {target_label:15} {total:12.1f}  {detail}")
+            print(f"{label:14} {target_label:15} {total:12.1f}  {detail}")
 
 
 if __name__ == "__main__":
