@@ -2,11 +2,14 @@
  *
  * Python (proxy/server.py) decides when a connection may go fast, pauses reading on both of its uvloop
  * transports and hands the two socket descriptors to an Engine (one per ProxyServer). The engine's thread
- * relays whole simple Query messages client -> server (and CopyData/CopyDone/CopyFail while a COPY FROM
- * STDIN runs), and server -> client chunks as read, following only message headers. It never touches a
- * Python object: no GIL in the loop. When it meets what Python must decide (any other client message, a
- * Query with a comment that may carry tags, EOF, an error, a recall) it removes the descriptors from its
- * epoll set at a point where Python's relay state is exactly known and queues a hand-back; an eventfd
+ * relays whole simple Query messages and extended-protocol messages (Parse, Bind, Describe, Execute, Close,
+ * Sync, Flush) client -> server where Python's relay would forward them unchanged for an untagged connection
+ * (and CopyData/CopyDone/CopyFail while a COPY FROM STDIN runs), keeping Relay.pending's reply queue and
+ * Relay.statements/portals as Python does, and server -> client chunks as read, following only message
+ * headers. It never touches a Python object: no GIL in the loop. When it meets what Python must decide (any
+ * other client message, a Query or Parse with a comment that may carry tags, EOF, an error, a recall) it
+ * removes the descriptors from its epoll set at a point where Python's relay state is exactly known (Python
+ * recreates the replies still owed from the queue) and queues a hand-back; an eventfd
  * tells the asyncio loop, which calls take_handbacks(). The descriptors stay owned by the transports: the
  * engine never closes them.
  *
@@ -964,7 +967,7 @@ static void free_handback(handback_t *h) {
 }
 
 /* Python's statements (or portals) at adoption: [(name, idx, kind, pyonly)]. */
-static int table_load(table_t *t, PyObject *items) {
+static int table_load(Engine *e, table_t *t, PyObject *items) {
     PyObject *seq = PySequence_Fast(items, "expected a sequence of (name, idx, kind, pyonly)");
     if (seq == NULL) return -1;
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
@@ -976,11 +979,17 @@ static int table_load(table_t *t, PyObject *items) {
             Py_DECREF(seq);
             return -1;
         }
+        if (kind < 0 || kind >= e->nkinds) {
+            Py_DECREF(seq);
+            PyErr_SetString(PyExc_ValueError, "bad kind index");
+            return -1;
+        }
         stmt_t *st = stmt_new(kind, pyonly, idx, NULL, 0);
         if (st == NULL || table_set(t, (const unsigned char *)name, (size_t)len, st) < 0) {
             free(st);
             Py_DECREF(seq);
-            PyErr_NoMemory();
+            /* ValueError: the caller keeps the connection in Python (more than MAX_NAMES, or no memory) */
+            PyErr_SetString(PyExc_ValueError, "too many prepared statements or portals for the fast relay");
             return -1;
         }
     }
@@ -1144,8 +1153,8 @@ static PyObject *engine_adopt(Engine *e, PyObject *args) {
     CHECK_STARTED(e);
     conn_t *c = calloc(1, sizeof(*c));
     if (c == NULL) return PyErr_NoMemory();
-    if ((stmts != NULL && table_load(&c->stmts, stmts) < 0) ||
-        (portals != NULL && table_load(&c->portals, portals) < 0)) {
+    if ((stmts != NULL && table_load(e, &c->stmts, stmts) < 0) ||
+        (portals != NULL && table_load(e, &c->portals, portals) < 0)) {
         free_conn(c);
         return NULL;
     }
