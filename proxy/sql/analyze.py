@@ -326,6 +326,11 @@ class _Inspection:
             self._func_call(node)
         elif name == "DoStmt":
             self._do_block(node)
+        elif name == "ConstraintsSetStmt":
+            # SET CONSTRAINTS <names>: the rewrite adds the layer's constraint triggers of those names
+            if self.in_session and node.get("constraints"):
+                self.catalog_dependent = True  # a constraint made deferrable since the catalog was read
+                self.may_rewrite = self.watch
         elif name in _SETTINGS_ELSEWHERE:
             return False  # a definition, or settings for later sessions: nothing changes now
         if self.watch and name in _REWRITE_NODES:

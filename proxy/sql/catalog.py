@@ -14,7 +14,10 @@ from proxy.errors import ProxyError
 # One row per CoW table: app schema, table, overlay schema, a JSON document with the rest (keys,
 # columns, unique indexes, FKs pointing at the table), and the server's version number (so the rewrites
 # know it even when the caller does not pass it). JSON keeps the row all-text and spares us from
-# parsing PostgreSQL array literals. Works on PostgreSQL 15+ (indnullsnotdistinct). Fails with 42P01 or
+# parsing PostgreSQL array literals. 'deferrable' pairs each deferrable UNIQUE/EXCLUDE/FOREIGN KEY constraint
+# of (or referencing) the table with the layer's constraint trigger on its changes table: named like the
+# constraint, or ``left(name, 50) || '_' || n`` when two constraints of one name but different modes meet
+# there (cow._defer_trigger). Works on PostgreSQL 15+ (indnullsnotdistinct). Fails with 42P01 or
 # 3F000 when the layer is not installed: the caller then uses ``Catalog.empty()``.
 CATALOG_QUERY = """\
 SELECT t.table_schema::text, t.table_name::text, t.overlay_schema::text,
@@ -54,7 +57,26 @@ SELECT t.table_schema::text, t.table_name::text, t.overlay_schema::text,
       FROM pg_catalog.pg_constraint f
       JOIN pg_catalog.pg_class rc ON rc.oid = f.conrelid
       JOIN pg_catalog.pg_namespace rn ON rn.oid = rc.relnamespace
-      WHERE f.contype = 'f' AND f.confrelid = c.oid)
+      WHERE f.contype = 'f' AND f.confrelid = c.oid),
+    'deferrable', (
+      SELECT coalesce(json_agg(json_build_object(
+               'schema', an.nspname, 'name', ac.conname, 'trigger', tc.conname)
+             ORDER BY an.nspname, ac.conname, tc.conname), '[]')
+      FROM cow.registry g
+      JOIN pg_catalog.pg_namespace cn ON cn.nspname = 'cow_changes'
+      JOIN pg_catalog.pg_class cc ON cc.relnamespace = cn.oid AND cc.relname = g.changes_table
+      JOIN pg_catalog.pg_constraint tc ON tc.conrelid = cc.oid AND tc.contype = 't'
+      JOIN pg_catalog.pg_constraint ac
+        ON ac.condeferrable AND ac.contype IN ('u', 'x', 'f')
+       AND (ac.conrelid = c.oid OR (ac.contype = 'f' AND ac.confrelid = c.oid))
+       AND (tc.conname = ac.conname
+            OR (starts_with(tc.conname, left(ac.conname, 50) || '_')
+                AND substr(tc.conname, length(left(ac.conname, 50)) + 2) ~ '^[0-9]+$'
+                AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_constraint o
+                                WHERE o.conname = tc.conname AND o.condeferrable
+                                  AND (o.conrelid = c.oid OR o.confrelid = c.oid))))
+      JOIN pg_catalog.pg_namespace an ON an.oid = ac.connamespace
+      WHERE g.relid = c.oid)
   )::text,
   current_setting('server_version_num')
 FROM cow.tables t
@@ -115,6 +137,16 @@ class ReferencingKey:
 
 
 @dataclass(frozen=True)
+class DeferrableKey:
+    """A deferrable constraint (in schema ``schema``) checked in a session by constraint trigger
+    ``cow_changes.<trigger>`` on this table's changes table."""
+
+    schema: str
+    name: str
+    trigger: str
+
+
+@dataclass(frozen=True)
 class CowTable:
     schema: str
     name: str
@@ -123,6 +155,7 @@ class CowTable:
     columns: tuple[Column, ...]
     unique: tuple[UniqueKey, ...]
     referenced_by: tuple[ReferencingKey, ...]
+    deferrable: tuple[DeferrableKey, ...] = ()
 
     @property
     def qualified(self) -> str:
@@ -210,6 +243,10 @@ class Catalog:
                         ReferencingKey(r["schema"], r["table"], r["name"], r["on_delete"])
                         for r in info["referenced_by"]
                     ),
+                    deferrable=tuple(
+                        DeferrableKey(d["schema"], d["name"], d["trigger"])
+                        for d in info.get("deferrable") or ()
+                    ),
                 )
             except (ValueError, KeyError, TypeError) as exc:
                 raise CatalogError(f"malformed CoW catalog row {row!r}: {exc}") from exc
@@ -239,6 +276,19 @@ class Catalog:
         if schema is None or name is None:
             return None
         return self.tables.get((schema, name))
+
+    def constraint_triggers(self, schema: str | None, name: str) -> tuple[str, ...]:
+        """The layer's constraint triggers (in ``cow_changes``) for deferrable constraint ``name``.
+
+        Unqualified, the name matches in every app schema: the session's ``search_path`` decides which one
+        PostgreSQL resolves, and the catalog does not know it (docs/rewrites.md).
+        """
+        found: list[str] = []
+        for table in self.tables.values():
+            for key in table.deferrable:
+                if key.name == name and schema in (None, key.schema) and key.trigger not in found:
+                    found.append(key.trigger)
+        return tuple(found)
 
     @property
     def lowered_schemas(self) -> tuple[str, ...]:

@@ -22,6 +22,7 @@ from pglast.visitors import Skip, Visitor
 from proxy.errors import RewriteError
 from proxy.sql.catalog import Catalog, CowTable, UniqueKey
 
+CHANGES_SCHEMA = "cow_changes"  # the layer's changes tables and their constraint triggers
 MERGE_ON_VIEWS = 170000  # PostgreSQL 17 runs MERGE on views through INSTEAD OF triggers
 
 
@@ -342,6 +343,8 @@ class Rewriter:
                 raise _unsupported(
                     f"MERGE into copy-on-write table {table.qualified} needs PostgreSQL 17 or later"
                 )
+        if isinstance(node, ast.ConstraintsSetStmt):
+            return node, self._set_constraints(node), None
         if isinstance(node, ast.TruncateStmt):
             truncated = self._truncate(node)
             if truncated is not None:
@@ -469,6 +472,33 @@ class Rewriter:
                     )
 
         Nested()(node)
+
+    # -- SET CONSTRAINTS ---------------------------------------------------------------------------
+
+    def _set_constraints(self, node: Any) -> bool:
+        """Adds ``cow_changes.<trigger>`` for each name that is a deferrable constraint of a CoW table.
+
+        PostgreSQL resolves an unqualified name in the first schema on ``search_path`` that has a
+        constraint of that name: in a session the app's own, which session writes never queue events for;
+        the session's checks are the layer's constraint triggers of the same name in ``cow_changes``.
+        Only existing triggers are added (an added unknown name would raise 42704); ``ALL``, unknown names
+        and ``catalog.schema.name`` (PostgreSQL's 0A000) stay as they are."""
+        names = list(node.constraints or ())
+        present = {r.relname for r in names if r.schemaname == CHANGES_SCHEMA and not r.catalogname}
+        added: list[Any] = []
+        for relation in names:
+            if relation.catalogname or relation.schemaname == CHANGES_SCHEMA:
+                continue
+            for trigger in self.catalog.constraint_triggers(relation.schemaname, relation.relname):
+                if trigger not in present:
+                    present.add(trigger)
+                    added.append(
+                        ast.RangeVar(schemaname=CHANGES_SCHEMA, relname=trigger, inh=True, relpersistence="p")
+                    )
+        if not added:
+            return False
+        node.constraints = tuple(names + added)
+        return True
 
     # -- COPY TO -----------------------------------------------------------------------------------
 
