@@ -29,6 +29,10 @@
 #include <time.h>
 #include <unistd.h>
 
+/* What proxy/fastrelay.py expects (API_VERSION there): bump both when the module's functions or the tuples
+ * they take or return change, so that a stale build (an editable install not rebuilt after a pull) is
+ * reported and left unused instead of failing at the first call. */
+#define API_VERSION 2
 #define BUF_CAP (64 * 1024 + 5) /* a whole Query of up to 64 KiB with its header; larger ones go to Python */
 #define MAX_INFLIGHT 128        /* pipelined queries in flight before the client stops being read */
 #define QCAP 1024               /* replies owed (Relay.pending); a full queue hands the connection back */
@@ -1373,5 +1377,6 @@ PyMODINIT_FUNC PyInit__fastrelay(void) {
         return NULL;
     }
     PyModule_AddIntConstant(m, "MAX_QUERY", BUF_CAP);
+    PyModule_AddIntConstant(m, "API_VERSION", API_VERSION);
     return m;
 }

@@ -1,6 +1,7 @@
 from collections.abc import Sequence
 
 MAX_QUERY: int
+API_VERSION: int
 
 # (name, index of Python's statement or -1, text prepared on the C relay or None)
 Named = tuple[bytes, int, bytes | None]

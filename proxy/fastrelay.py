@@ -16,10 +16,23 @@ from proxy.metrics import LATENCY_BUCKETS
 if TYPE_CHECKING:
     from proxy._fastrelay import Engine
 
+API_VERSION = 2  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
+
 try:
     from proxy import _fastrelay
 except ImportError:  # built without a compiler, or not on Linux
     _fastrelay = None  # type: ignore[assignment]
+    UNAVAILABLE: str | None = "proxy._fastrelay is not built (no C compiler at install?)"
+else:
+    _built = getattr(_fastrelay, "API_VERSION", 0)
+    UNAVAILABLE = (
+        None
+        if _built == API_VERSION
+        else f"proxy._fastrelay is a stale build (API {_built}, this code needs {API_VERSION}): "
+        "run pip install again to rebuild it"
+    )
+    if UNAVAILABLE is not None:
+        _fastrelay = None  # type: ignore[assignment]
 
 AVAILABLE = _fastrelay is not None
 

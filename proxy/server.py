@@ -27,7 +27,7 @@ from proxy import protocol as p
 from proxy.analysis import Analysis
 from proxy.config import ProxyConfig
 from proxy.errors import ProtocolError, ProxyError, TagError
-from proxy.fastrelay import AVAILABLE as FAST_RELAY_AVAILABLE
+from proxy.fastrelay import UNAVAILABLE as FAST_RELAY_UNAVAILABLE
 from proxy.fastrelay import FastCounts, FastRelay, Handback
 from proxy.metrics import ConnectionHooks, Metrics
 from proxy.relay import Relay, Statement
@@ -843,7 +843,7 @@ class ProxyServer:
         log_event(
             logging.INFO,
             "listening",
-            listen=str(self.listen_address),
+            listen="{}:{}".format(*self.listen_address),  # the bound port when --listen gave port 0
             upstream=str(self.config.upstream),
             fast_relay="on" if self.fast is not None else "off",
         )
@@ -851,12 +851,9 @@ class ProxyServer:
     def _start_fast(self, loop: asyncio.AbstractEventLoop) -> None:
         if not self.config.fast_relay:
             return
-        if not FAST_RELAY_AVAILABLE:
-            log_event(
-                logging.WARNING,
-                "fast_relay_unavailable",
-                reason="proxy._fastrelay is not built (no C compiler at install?); relaying in Python",
-            )
+        if FAST_RELAY_UNAVAILABLE is not None:
+            reason = f"{FAST_RELAY_UNAVAILABLE}; relaying in Python"
+            log_event(logging.WARNING, "fast_relay_unavailable", reason=reason)
             return
         self.fast = FastRelay()
         loop.add_reader(self.fast.fileno(), self._on_handbacks)

@@ -3,6 +3,7 @@ Python must decide. Each test first checks that the connection is on the C relay
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 from proxy import protocol as p
 from proxy.admin import admin_request
 from proxy.analysis import query_kind
-from proxy.fastrelay import AVAILABLE, FastRelay
+from proxy.fastrelay import AVAILABLE, UNAVAILABLE, FastRelay
 from tests.conftest import PgServer
 from tests.proxy.conftest import RunningProxy, backends, run_proxy
 from tests.proxy.test_adversity import RawClient, dbname, wait_for
@@ -26,7 +27,7 @@ from tests.proxy.test_tagging import base_customers, changes, insert
 
 pytestmark = [
     pytest.mark.timeout(120),
-    pytest.mark.skipif(not AVAILABLE, reason="proxy._fastrelay is not built (no C compiler at install)"),
+    pytest.mark.skipif(not AVAILABLE, reason=f"{UNAVAILABLE}"),
 ]
 
 
@@ -533,21 +534,22 @@ def test_sigterm_drains_fast_connections(pg_server: PgServer, empty_db: str, tmp
     import subprocess
     import sys
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     log_path = tmp_path / "serve.log"
     log_file = log_path.open("w")
+    # Port 0: the proxy binds a free port itself and logs it (a port picked here could be taken meanwhile).
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "proxy.cli", "serve"),
-            *("--upstream", f"{pg_server.host}:{pg_server.port}", "--listen", f"127.0.0.1:{port}"),
+            *("--upstream", f"{pg_server.host}:{pg_server.port}", "--listen", "127.0.0.1:0"),
             *("--drain-timeout", "10"),
         ],
         stderr=log_file,
     )
     try:
-        dsn = empty_db.replace(f"{pg_server.host}:{pg_server.port}", f"127.0.0.1:{port}")
+        assert wait_for(lambda: re.search(r"listen=\S+:(\d+)", log_path.read_text()) is not None, 20)
+        found = re.search(r"listen=\S+:(\d+)", log_path.read_text())
+        assert found is not None
+        dsn = empty_db.replace(f"{pg_server.host}:{pg_server.port}", f"127.0.0.1:{found.group(1)}")
         assert wait_for(lambda: _connects(dsn), 20)
         conn = psycopg.connect(dsn, autocommit=True)
         conn.execute("CREATE TABLE t (id int)")
@@ -576,6 +578,20 @@ def _connects(dsn: str) -> bool:
     except psycopg.OperationalError:
         return False
     return True
+
+
+def test_a_stale_build_is_reported_and_left_unused() -> None:
+    """An editable install that was not rebuilt after a pull keeps an old proxy/_fastrelay*.so: the proxy
+    says so and relays in Python, instead of failing at the first call with a changed signature."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import proxy._fastrelay as m; m.API_VERSION -= 1; import proxy.fastrelay as f; "
+        "print(f.AVAILABLE, f.UNAVAILABLE)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.startswith("False proxy._fastrelay is a stale build"), out
 
 
 def test_no_fast_relay_flag(pg_server: PgServer, empty_db: str) -> None:
