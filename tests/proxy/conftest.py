@@ -142,3 +142,18 @@ def backends(pg: PgServer, database: str) -> int:
 
 # The layer's sample database (tests/layer/conftest.py): customers/orders with the layer on ``public``.
 from tests.layer.conftest import layer_db, layer_template  # noqa: E402, F401
+
+
+@pytest.fixture
+def databases(
+    layer_db: str,  # noqa: F811 (the fixture imported above)
+    create_database: Callable[..., str],
+    request: pytest.FixtureRequest,
+) -> tuple[str, str]:
+    """(the layer's database, a plain one), both with the requesting module's ``SCHEMA`` (app DDL on the
+    layer's side: the event trigger enables the new tables), for side-by-side tests through the proxy."""
+    plain = create_database()
+    for dsn in (plain, layer_db):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(request.module.SCHEMA)
+    return layer_db, plain

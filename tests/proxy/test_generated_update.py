@@ -7,7 +7,6 @@ same table, through psycopg's simple and extended protocol.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -54,15 +53,6 @@ def outcome(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...] | N
         diag = exc.diag
         return ("error", diag.sqlstate, diag.message_primary, diag.message_detail)
     return ("ok", cur.statusmessage)
-
-
-@pytest.fixture
-def databases(layer_db: str, create_database: Callable[..., str]) -> tuple[str, str]:
-    plain = create_database()
-    for dsn in (plain, layer_db):
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(SCHEMA)
-    return layer_db, plain
 
 
 def test_generated_column_updates_fail_as_on_the_plain_table(

@@ -8,7 +8,6 @@ tables and the same writes, through psycopg's simple and extended protocol.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -62,15 +61,6 @@ def outcome(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...] | N
     except psycopg.Error as exc:
         return ("error", exc.diag.sqlstate, exc.diag.message_primary)
     return ("ok", cur.statusmessage, cur.fetchall())
-
-
-@pytest.fixture
-def databases(layer_db: str, create_database: Callable[..., str]) -> tuple[str, str]:
-    plain = create_database()
-    for dsn in (plain, layer_db):
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(SCHEMA)
-    return layer_db, plain
 
 
 def test_group_by_primary_key_in_a_session_as_on_the_plain_table(
