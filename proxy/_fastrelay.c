@@ -783,9 +783,26 @@ static void server_message(Engine *e, conn_t *c) {
         break;
     }
     case 'G': /* CopyInResponse */
-    case 'W': /* CopyBothResponse */
+    case 'W': { /* CopyBothResponse */
+        /* Relay._copy_started: the server ignores the Syncs sent after the COPY's Execute (libpq sends one
+         * before the data): no ReadyForQuery answers them. C takes no CopyDone before this point, so every
+         * Sync still owed behind the head is one of those. */
         c->copy_in = 1;
+        int kept = 1;
+        for (int i = 1; i < c->qlen; i++) {
+            entry_t en = c->q[(c->head + i) % QCAP];
+            if (en.kind == 'S') {
+                c->inflight--;
+                continue;
+            }
+            c->q[(c->head + kept++) % QCAP] = en;
+        }
+        if (kept < c->qlen) {
+            c->qlen = kept;
+            if (c->q[c->head].kind == 'E') c->mid_batch = 1;
+        }
         break;
+    }
     default:
         break;
     }

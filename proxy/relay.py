@@ -65,6 +65,7 @@ _TERMINATOR: dict[int, tuple[Kind, ...]] = {
     ord("s"): (Kind.EXECUTE,),
 }
 _Z = ord("Z")
+_COPY_IN = (ord("G"), ord("W"))  # CopyInResponse, CopyBothResponse
 _FAST_KINDS = {
     "Q": Kind.QUERY,
     "S": Kind.SYNC,
@@ -94,6 +95,7 @@ class Entry:
     capture: list[tuple[str | None, ...]] | None = None
     on_done: Callable[[bool], None] | None = None  # injected: called with ok when answered
     started: float = 0.0
+    copy_epoch: int = 0  # the client's CopyDone/CopyFail count when it was sent (see Relay._copy_started)
 
 
 class Hooks(Protocol):
@@ -177,6 +179,8 @@ class Relay:
         self.status = "I"  # transaction status of the last ReadyForQuery
         self.pending: deque[Entry] = deque()
         self.skip_until_sync = False  # the server is discarding messages until Sync
+        self.copy_ends = 0  # CopyDone/CopyFail messages the client has sent
+        self.copy_in: int | None = None  # in COPY FROM STDIN: copy_ends when it started (Syncs are ignored)
         self.mid_batch = False  # extended-protocol messages forwarded since the last Sync
         self.applied = _Applied()
         self.txn_tags: Tags = UNTAGGED  # tags in force for the current transaction
@@ -269,6 +273,10 @@ class Relay:
             self._client_execute(frame)
         elif kind == b"S":
             self.skip_until_sync = False
+            if self.copy_in == self.copy_ends:
+                # The server ignores a Sync inside COPY FROM STDIN: no ReadyForQuery will answer it.
+                self.to_server.append(frame.raw)
+                return
             self.mid_batch = False
             self._push(Entry(Kind.SYNC, started=self._batch_started or time.perf_counter()))
             self._batch_started = 0.0
@@ -292,9 +300,12 @@ class Relay:
             self.closing = True
             self.to_server.append(frame.raw)
         else:  # Flush, CopyData/CopyDone/CopyFail, password messages
+            if kind in b"cf":
+                self.copy_ends += 1
             self.to_server.append(frame.raw)
 
     def _push(self, entry: Entry) -> None:
+        entry.copy_epoch = self.copy_ends
         self.pending.append(entry)
 
     def _extended(self, entry: Entry, raw: bytes) -> None:
@@ -674,7 +685,7 @@ class Relay:
                 return False
         self.hooks.statement(query_kind(data), False)
         if pending:
-            pending.append(Entry(Kind.QUERY, started=perf_counter()))
+            pending.append(Entry(Kind.QUERY, started=perf_counter(), copy_epoch=self.copy_ends))
         else:
             self.txn_tags = tags
             # Nothing in flight: the one Entry kept for this case is free (it leaves the queue with its
@@ -682,6 +693,7 @@ class Relay:
             entry = self._query_entry
             entry.replace_error = None  # an oversized CopyData may have set it (COPY FROM STDIN)
             entry.started = perf_counter()
+            entry.copy_epoch = self.copy_ends
             pending.append(entry)
         return True
 
@@ -729,7 +741,7 @@ class Relay:
         with a comment opener)."""
         self.status = status
         now = perf_counter()
-        self.pending.extend(Entry(_FAST_KINDS[kind], started=now) for kind in owed)
+        self.pending.extend(Entry(_FAST_KINDS[kind], started=now, copy_epoch=self.copy_ends) for kind in owed)
         self.mid_batch = mid_batch
         self.skip_until_sync = skip_until_sync
         if mid_batch:
@@ -812,6 +824,21 @@ class Relay:
             kinds = _TERMINATOR.get(kind)
             if kinds is not None and self.pending[0].kind in kinds:
                 self.pending.popleft()
+            elif kind in _COPY_IN:
+                self._copy_started()
+
+    def _copy_started(self) -> None:
+        """CopyInResponse: until the client's CopyDone or CopyFail the server ignores Sync (protocol docs,
+        "COPY Operations"), so the Syncs the client sent after the COPY's Execute and before that message
+        get no ReadyForQuery: libpq pipelines Execute, Sync and then sends CopyDone, Sync. Counting them
+        would leave the queue owing a reply for good (the next injected cow.use_session waited forever)."""
+        head = self.pending[0]
+        self.copy_in = epoch = head.copy_epoch
+        kept = [e for e in self.pending if e is head or e.kind != Kind.SYNC or e.copy_epoch != epoch]
+        if len(kept) != len(self.pending):
+            self.pending = deque(kept)
+            if head.kind == Kind.EXECUTE:
+                self.mid_batch = True  # the batch stays open until a Sync the server reads
 
     def _handle(self, kind: int, body: bytes, raw: bytes) -> bytes:
         if kind == _Z:
@@ -843,6 +870,7 @@ class Relay:
     def _error(self, body: bytes, raw: bytes) -> bytes:
         fields = p.decode_error(body)
         self.applied.error_since = True
+        self.copy_in = None  # an error ends COPY FROM STDIN: from here on the server reads Syncs again
         head = self.pending[0] if self.pending else None
         out = raw
         callbacks: list[Callable[[bool], None]] = []
@@ -868,6 +896,7 @@ class Relay:
     def _ready(self, body: bytes, raw: bytes) -> bytes:
         status = p.decode_ready(body)
         self.status = status
+        self.copy_in = None
         head = None
         while self.pending:
             entry = self.pending.popleft()

@@ -290,3 +290,39 @@ def test_many_concurrent_connections(proxy: RunningProxy, empty_db: str, pg_serv
     results = asyncio.run(asyncio.wait_for(main(), 100))
     assert sorted(results) == list(range(count))
     assert wait_for(lambda: backends(pg_server, dbname(empty_db)) == 0, 20)
+
+
+def test_copy_from_stdin_over_the_extended_protocol(proxy: RunningProxy, layer_db: str) -> None:
+    """libpq's order for a COPY sent with the extended protocol: Execute and Sync, the data, CopyDone and
+    Sync. The server ignores the first Sync, so one ReadyForQuery answers both; afterwards statements that
+    switch sessions by comment (an injected cow.use_session each) must still get their own answers (they
+    hung before: the relay owed the first Sync a reply)."""
+    c = RawClient(proxy.host, proxy.port, dbname(layer_db))
+    try:
+        for email in ("copy1@x", "copy2@x"):
+            c.sock.sendall(
+                p.encode_parse("", "COPY customers (email, name) FROM STDIN")
+                + p.encode_bind("", "", ())
+                + p.encode_execute()
+                + p.SYNC
+            )
+            assert [k for k, _ in c.read_until(b"G")] == [b"1", b"2", b"G"]
+            c.sock.sendall(p.message(b"d", f"{email}\tc\n".encode()) + p.message(b"c") + p.SYNC)
+            assert [k for k, _ in c.read_until(b"Z")] == [b"C", b"Z"]
+        for i in range(2):
+            got = c.query(
+                f"/*cow_session='copyx{i}'*/ INSERT INTO customers (email, name) VALUES ('t{i}@x', 't')"
+            )
+            assert (b"C", b"INSERT 0 1\0") in got
+        c.sock.sendall(p.encode_parse("", "SELECT 41 + 1") + p.encode_bind("", "", ()) + p.encode_execute())
+        c.sock.sendall(p.SYNC)
+        assert [k for k, _ in c.read_until(b"Z")] == [b"1", b"2", b"D", b"C", b"Z"]
+    finally:
+        c.sock.close()
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        emails = conn.execute("SELECT email FROM public.customers WHERE email LIKE '%@x' ORDER BY 1")
+        assert emails.fetchall() == [("copy1@x",), ("copy2@x",)]
+        sessions = conn.execute(
+            "SELECT session_id FROM cow.sessions WHERE session_id LIKE 'copyx%' ORDER BY 1"
+        )
+        assert sessions.fetchall() == [("copyx0",), ("copyx1",)]

@@ -177,6 +177,47 @@ def test_fast_path_reuses_its_entry_without_carrying_a_copy_refusal_over() -> No
     assert not r.pending
 
 
+def test_syncs_inside_copy_from_stdin_are_not_owed_a_ready() -> None:
+    # libpq's extended COPY: Execute and Sync, then the data, CopyDone and Sync. The server ignores the
+    # first Sync (it arrives in copy mode), so only one ReadyForQuery comes; the queue must be empty after
+    # it, else the next injected use_session waits for a reply that never comes.
+    r = relay()
+    start = (p.encode_parse("", "COPY t FROM STDIN"), p.encode_bind("", "", ()), p.encode_execute(), p.SYNC)
+    assert send(r, *start) == b"".join(start)
+    copy_in = p.message(b"G", b"\x00\x00\x00")
+    assert reply(r, p.message(b"1"), p.message(b"2"), copy_in) == p.message(b"1") + p.message(b"2") + copy_in
+    assert [e.kind.name for e in r.pending] == ["EXECUTE"] and r.mid_batch
+    # A Sync before the CopyDone is ignored by the server too; the one after it is answered.
+    rest = (p.message(b"d", b"1\n"), p.SYNC, p.message(b"c"), p.SYNC)
+    assert send(r, *rest) == b"".join(rest)
+    assert [e.kind.name for e in r.pending] == ["EXECUTE", "SYNC"]
+    reply(r, p.encode_command_complete("COPY 1"), p.encode_ready("I"))
+    assert not r.pending and not r.mid_batch and r.copy_in is None
+    # All of it pipelined before the server answers: the Sync after CopyDone still counts.
+    assert send(r, *start, p.message(b"d", b"2\n"), p.message(b"c"), p.SYNC)
+    assert len(r.pending) == 5
+    reply(r, p.message(b"1"), p.message(b"2"), copy_in)
+    assert [e.kind.name for e in r.pending] == ["EXECUTE", "SYNC"]
+    reply(r, p.encode_command_complete("COPY 1"), p.encode_ready("I"))
+    assert not r.pending
+    # A failed COPY ends copy mode: the server reads the next Sync, whether or not CopyDone came first.
+    send(r, *start)
+    reply(r, p.message(b"1"), p.message(b"2"), copy_in)
+    send(r, p.message(b"d", b"x\n"))
+    reply(r, p.encode_error("22P02", "invalid input syntax for type integer"))
+    assert r.skip_until_sync and not r.pending
+    send(r, p.SYNC)
+    reply(r, p.encode_ready("I"))
+    assert not r.pending and r.status == "I"
+    # Simple-protocol COPY: the same rule for a stray Sync.
+    send(r, p.encode_query("COPY t FROM STDIN"))
+    reply(r, copy_in)
+    send(r, p.SYNC, p.message(b"c"))
+    assert [e.kind.name for e in r.pending] == ["QUERY"]
+    reply(r, p.encode_command_complete("COPY 0"), p.encode_ready("I"))
+    assert not r.pending
+
+
 def test_query_kind_matches_quick_kind_with_and_without_its_prefix_table() -> None:
     texts = [
         "SELECT 1",
