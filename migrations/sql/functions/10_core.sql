@@ -203,6 +203,12 @@ LANGUAGE sql IMMUTABLE AS $$
     FROM unnest(cols) WITH ORDINALITY AS t(c, i)
 $$;
 
+-- "'x', r.x, 'y', r.y": the arguments of jsonb_build_object for a key (or NULL without columns).
+CREATE OR REPLACE FUNCTION cow._jsonargs(cols text[], r text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT string_agg(format('%L, %s.%I', c, r, c), ', ' ORDER BY i) FROM unnest(cols) WITH ORDINALITY AS t(c, i)
+$$;
+
 CREATE OR REPLACE FUNCTION cow._collist(cols text[], prefix text DEFAULT '') RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT coalesce(string_agg(prefix || quote_ident(c), ', ' ORDER BY i), '')

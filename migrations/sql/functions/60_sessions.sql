@@ -55,6 +55,21 @@ END $$;
 CREATE OR REPLACE FUNCTION cow._meta_columns() RETURNS text[]
 LANGUAGE sql IMMUTABLE AS $$ SELECT '{_cow_seq,_cow_session,_cow_op,_cow_deleted,_cow_current,_cow_base,_cow_fk,_cow_origin}'::text[] $$;
 
+-- The per-table SELECTs of the session functions below over every changes table (`c`), joined by UNION ALL
+-- (NULL: no table is enabled). In p_select, {schema} and {table} stand for the table's name as text
+-- literals, {pk} for its primary key as a jsonb object and {pkcols} for the key columns of `c`.
+CREATE OR REPLACE FUNCTION cow._changes_union(p_select text, p_where text) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT string_agg(format('SELECT %s FROM cow_changes.%I c WHERE %s',
+        replace(replace(replace(replace(p_select,
+            '{schema}', quote_literal(g.table_schema) || '::text'),
+            '{table}', quote_literal(g.table_name) || '::text'),
+            '{pk}', format('jsonb_build_object(%s)', cow._jsonargs(g.pk_columns, 'c'))),
+            '{pkcols}', cow._collist(g.pk_columns, 'c.')),
+        g.changes_table, p_where), ' UNION ALL ')
+    FROM cow.registry g
+$$;
+
 -- The session's write log, one row per row written, in write order.
 CREATE OR REPLACE FUNCTION cow.session_changes(session text)
 RETURNS TABLE (seq bigint, operation_id text, table_schema text, table_name text, pk jsonb, row_data jsonb,
@@ -64,14 +79,10 @@ DECLARE
     q text;
 BEGIN
     PERFORM cow._check_id(coalesce(session, ''), 'session');
-    SELECT string_agg(format(
-        'SELECT c._cow_seq, c._cow_op, %L::text, %L::text, jsonb_build_object(%s), '
-        'CASE WHEN c._cow_deleted THEN NULL ELSE to_jsonb(c) - cow._meta_columns() END, c._cow_deleted '
-        'FROM cow_changes.%I c WHERE c._cow_session = $1',
-        g.table_schema, g.table_name,
-        (SELECT string_agg(format('%L, c.%I', k, k), ', ') FROM unnest(g.pk_columns) AS k), g.changes_table),
-        ' UNION ALL ')
-    INTO q FROM cow.registry g;
+    q := cow._changes_union(
+        'c._cow_seq, c._cow_op, {schema}, {table}, {pk}, '
+        'CASE WHEN c._cow_deleted THEN NULL ELSE to_jsonb(c) - cow._meta_columns() END, c._cow_deleted',
+        'c._cow_session = $1');
     IF q IS NULL THEN
         RETURN;
     END IF;
@@ -87,14 +98,10 @@ DECLARE
     q text;
 BEGIN
     PERFORM cow._check_id(coalesce(session, ''), 'session');
-    SELECT string_agg(format(
-        'SELECT %L::text, %L::text, jsonb_build_object(%s), c._cow_deleted, c._cow_base, '
-        'CASE WHEN c._cow_deleted THEN NULL ELSE to_jsonb(c) - cow._meta_columns() END, c._cow_seq, c._cow_op '
-        'FROM cow_changes.%I c WHERE c._cow_session = $1 AND c._cow_current',
-        g.table_schema, g.table_name,
-        (SELECT string_agg(format('%L, c.%I', k, k), ', ') FROM unnest(g.pk_columns) AS k), g.changes_table),
-        ' UNION ALL ')
-    INTO q FROM cow.registry g;
+    q := cow._changes_union(
+        '{schema}, {table}, {pk}, c._cow_deleted, c._cow_base, '
+        'CASE WHEN c._cow_deleted THEN NULL ELSE to_jsonb(c) - cow._meta_columns() END, c._cow_seq, c._cow_op',
+        'c._cow_session = $1 AND c._cow_current');
     IF q IS NULL THEN
         RETURN;
     END IF;
@@ -116,13 +123,7 @@ DECLARE
     q text;
 BEGIN
     PERFORM cow._check_id(coalesce(session, ''), 'session');
-    SELECT string_agg(format(
-        'SELECT DISTINCT ON (%3$s) %1$L::text, %2$L::text, jsonb_build_object(%4$s), c._cow_base '
-        'FROM cow_changes.%5$I c WHERE c._cow_session = $1',
-        g.table_schema, g.table_name, cow._collist(g.pk_columns, 'c.'),
-        (SELECT string_agg(format('%L, c.%I', k, k), ', ') FROM unnest(g.pk_columns) AS k), g.changes_table),
-        ' UNION ALL ')
-    INTO q FROM cow.registry g;
+    q := cow._changes_union('DISTINCT ON ({pkcols}) {schema}, {table}, {pk}, c._cow_base', 'c._cow_session = $1');
     IF q IS NULL THEN
         RETURN;
     END IF;

@@ -134,7 +134,7 @@ BEGIN
                           pr.table_schema, pr.table_name, cow._latest_code(pr.changes_table, pr.pk_columns),
                           cow._eq(pr.pk_columns, 'pb', 'd'),
                           cow._eq2(cow._attnames(k.confrelid, k.confkey), 'pb', cow._attnames(k.conrelid, k.conkey), 'b'),
-                          (SELECT string_agg(format('%L, d.%I', x, x), ', ') FROM unnest(pr.pk_columns) AS x)) AS cond
+                          cow._jsonargs(pr.pk_columns, 'd')) AS cond
             FROM pg_constraint k JOIN cow.registry pr ON pr.relid = k.confrelid
             WHERE k.contype = 'f' AND k.conrelid = g.relid AND k.conparentid = 0)
         SELECT (SELECT string_agg(f.cond, ' OR ' ORDER BY f.oid) FROM f),
@@ -147,8 +147,7 @@ BEGIN
           AND a.attidentity <> 'a' AND NOT a.attname = ANY (g.pk_columns);
         CONTINUE WHEN refs IS NULL OR setcols IS NULL;
         sel := cow._latest_code(g.changes_table, g.pk_columns);
-        ckey := format('jsonb_build_object(%s)', (SELECT string_agg(format('%L, c.%I', k, k), ', ')
-                                                  FROM unnest(g.pk_columns) AS k));
+        ckey := format('jsonb_build_object(%s)', cow._jsonargs(g.pk_columns, 'c'));
         -- The base row of each kept session row: at its key, or at its origin when the session moved it.
         FOR row_id, row_key IN EXECUTE format(
                 'SELECT b.ctid, %4$s FROM %1$I.%2$I b JOIN %3$s c ON %5$s WHERE NOT c._cow_deleted '
@@ -156,7 +155,7 @@ BEGIN
                 'UNION ALL SELECT b.ctid, %4$s FROM %1$I.%2$I b JOIN %3$s c ON c._cow_origin = jsonb_build_object(%7$s) '
                 'WHERE NOT c._cow_deleted AND c._cow_origin <> %4$s AND (%6$s)',
                 g.table_schema, g.table_name, sel, ckey, cow._eq(g.pk_columns, 'b', 'c'), refs,
-                (SELECT string_agg(format('%L, b.%I', k, k), ', ') FROM unnest(g.pk_columns) AS k))
+                cow._jsonargs(g.pk_columns, 'b'))
             USING session, chosen LOOP
             BEGIN
                 EXECUTE format('UPDATE %I.%I b SET (%s) = ROW(%s) FROM %s c WHERE b.ctid = $3 AND %s = $4',
@@ -192,8 +191,8 @@ BEGIN
                        'AND m._cow_origin <> jsonb_build_object(%6$s)) '
                        'AND NOT (c._cow_deleted AND coalesce(c._cow_origin = jsonb_build_object(%5$s), true) AND (%7$s))',
                        g.table_schema, g.table_name, sel, cow._eq(g.pk_columns, 'b', 'c'),
-                       (SELECT string_agg(format('%L, c.%I', k, k), ', ') FROM unnest(g.pk_columns) AS k),
-                       (SELECT string_agg(format('%L, m.%I', k, k), ', ') FROM unnest(g.pk_columns) AS k),
+                       cow._jsonargs(g.pk_columns, 'c'),
+                       cow._jsonargs(g.pk_columns, 'm'),
                        cow._referenced_code(g.relid, 'b'))
         USING session, chosen;
         GET DIAGNOSTICS n = ROW_COUNT;
@@ -229,7 +228,7 @@ BEGIN
                            (SELECT string_agg(format('b.%I = (c._cow_origin ->> %L)::%s', k, k,
                                                      format_type(a.atttypid, a.atttypmod)), ' AND ')
                             FROM unnest(g.pk_columns) AS k JOIN pg_attribute a ON a.attrelid = g.relid AND a.attname = k),
-                           (SELECT string_agg(format('%L, c.%I', k, k), ', ') FROM unnest(g.pk_columns) AS k),
+                           cow._jsonargs(g.pk_columns, 'c'),
                            cow._eq(g.pk_columns, 'b2', 'c'))
             USING session, chosen;
             GET DIAGNOSTICS n = ROW_COUNT;
@@ -254,8 +253,7 @@ BEGIN
             -- A delete is held back (above): its row still holds its UNIQUE values, and rows of later tables
             -- may reference rows that cannot be written yet. Row by row, in passes while some succeed; what
             -- is left is written after the held-back deletes (and raises there if it still cannot).
-            ckey := format('jsonb_build_object(%s)', (SELECT string_agg(format('%L, c.%I', k, k), ', ')
-                                                      FROM unnest(g.pk_columns) AS k));
+            ckey := format('jsonb_build_object(%s)', cow._jsonargs(g.pk_columns, 'c'));
             stmt := cow._apply_code(g.relid, ncols, setcols, has_always, g.pk_columns,
                                     format('(SELECT * FROM %s c WHERE %s = ANY ($3))', sel, ckey));
             EXECUTE format('SELECT array_agg(%s ORDER BY c._cow_seq) FROM %s c WHERE NOT c._cow_deleted', ckey, sel)
@@ -308,8 +306,7 @@ BEGIN
         CONTINUE WHEN NOT pending ? i::text;
         SELECT * INTO g FROM cow.registry WHERE id = ord[i];
         sel := cow._latest_code(g.changes_table, g.pk_columns);
-        ckey := format('jsonb_build_object(%s)', (SELECT string_agg(format('%L, c.%I', k, k), ', ')
-                                                  FROM unnest(g.pk_columns) AS k));
+        ckey := format('jsonb_build_object(%s)', cow._jsonargs(g.pk_columns, 'c'));
         SELECT array_agg(a.attname::text ORDER BY a.attnum) FILTER (WHERE a.attgenerated = ''),
                array_agg(a.attname::text ORDER BY a.attnum) FILTER (WHERE a.attgenerated = '' AND a.attidentity <> 'a'
                                                                       AND NOT a.attname = ANY (g.pk_columns)),
@@ -344,7 +341,7 @@ BEGIN
                            format('(SELECT DISTINCT ON (%s) c.* FROM cow_changes.%I c WHERE c._cow_session = $1 '
                                   'AND c._cow_op = ANY ($2) ORDER BY %s, c._cow_seq DESC)',
                                   cow._collist(g.pk_columns, 'c.'), g.changes_table, cow._collist(g.pk_columns, 'c.')),
-                           (SELECT string_agg(format('%L, c.%I', k, k), ', ') FROM unnest(g.pk_columns) AS k))
+                           cow._jsonargs(g.pk_columns, 'c'))
             USING session, chosen;
             EXECUTE format('DELETE FROM cow_changes.%I WHERE _cow_session = $1 AND _cow_op = ANY ($2)', g.changes_table)
             USING session, chosen;
