@@ -1,11 +1,14 @@
 -- cowproxy copy-on-write layer: the helpers of the in-session checks of partial and expression UNIQUE indexes and
--- exclusion constraints (23505 / 23P01), against base + session with indexed lookups.
+-- exclusion constraints (23505 / 23P01), against base + session with indexed lookups, and the changes tables'
+-- mirrors of the base tables' indexes those lookups (and a session's reads) use.
 -- A repeatable file (docs/layer.md, "Migrations"): it holds the one current definition of each function in it,
 -- and `install` re-applies it whenever its text changes, after the numbered files and before cow.refresh(true).
 
--- The UNIQUE indexes that are partial or have expressions, and the indexes of exclusion constraints, of
--- table p_rel, in index creation order (PostgreSQL checks a row against its indexes in that order):
--- what a generated check and the changes table's lookup index need, as SQL text that names columns bare.
+-- The indexes of table p_rel that the changes table mirrors with a lookup index (all but the primary key and
+-- the plain UNIQUE ones, which cow._build_view mirrors), in index creation order: the UNIQUE indexes that are
+-- partial or have expressions and the indexes of exclusion constraints (PostgreSQL checks a row against them
+-- in that order; a generated check needs what is here), and the non-unique indexes (so that a read in a
+-- session finds the session's rows by the same keys as the base rows), as SQL text that names columns bare.
 -- Called with search_path = pg_catalog, pg_temp (by the generators), so the expressions come out with their
 -- functions and types schema-qualified unless they are in pg_catalog.
 CREATE OR REPLACE FUNCTION cow._xindexes(p_rel oid)
@@ -59,13 +62,16 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     -- constraint WITHOUT OVERLAPS: both store their operators in conexclop and report 23P01.)
     LEFT JOIN pg_constraint cx ON cx.conindid = x.indexrelid AND cx.conrelid = p_rel AND cx.contype IN ('x', 'p', 'u')
     WHERE x.indrelid = p_rel
-      AND (x.indisexclusion OR (x.indisunique AND (x.indpred IS NOT NULL OR x.indexprs IS NOT NULL)))
+      AND (x.indisexclusion
+           OR NOT (x.indisprimary OR (x.indisunique AND x.indpred IS NULL AND x.indexprs IS NULL)))
     ORDER BY x.indexrelid
 $$;
 
--- Lookup indexes on the changes table for those checks (name prefix `<t>_xq`, apart from _build_view's `<t>_u`
+-- Lookup indexes on the changes table for those indexes (name prefix `<t>_xq`, apart from _build_view's `<t>_u`
 -- ones): the same keys (expressions, collations, opclasses) and predicate over the changes table's columns,
--- restricted to current, not deleted versions, so a check probes an index on both sides of the overlay view.
+-- restricted to current, not deleted versions, so a check or a read probes an index on both sides of the
+-- overlay view. (Without one, a join on an indexed column read all of the session's versions per outer row,
+-- and a plan over a session with many changes was costed high enough to start parallel workers.)
 -- Btree (and any access method that has a default opclass for text, e.g. gist with btree_gist) leads with
 -- the session. Idempotent: indexes are named by a hash of their definition; stale ones are dropped.
 CREATE OR REPLACE FUNCTION cow._build_lookup_indexes(p_id int) RETURNS void
