@@ -254,7 +254,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
                            || cow._session_rel(c.conrelid) || cow._session_rel(c.confrelid), ',' ORDER BY c.conname, c.oid)
          FROM pg_constraint c WHERE c.conrelid = p_rel OR c.confrelid = p_rel),
         (SELECT string_agg(pg_get_indexdef(i.indexrelid), ',' ORDER BY i.indexrelid)
-         FROM pg_index i WHERE i.indrelid = p_rel),
+         FROM pg_index i WHERE i.indrelid = p_rel AND i.indisunique),
         (SELECT string_agg(coalesce(c.relacl::text, ''), ',') FROM pg_class c WHERE c.oid = p_rel),
         (SELECT string_agg(pg_get_partition_constraintdef(t.relid), ',' ORDER BY t.relid)
          FROM pg_partition_tree(p_rel) t WHERE t.isleaf AND t.relid <> p_rel)))

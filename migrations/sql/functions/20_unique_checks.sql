@@ -4,6 +4,13 @@
 -- A repeatable file (docs/layer.md, "Migrations"): it holds the one current definition of each function in it,
 -- and `install` re-applies it whenever its text changes, after the numbered files and before cow.refresh(true).
 
+-- Whether the changes table mirrors base index x with a lookup index: all but the primary key and the plain
+-- UNIQUE ones (cow._build_view mirrors those), see cow._xindexes.
+CREATE OR REPLACE FUNCTION cow._mirrored(x pg_catalog.pg_index) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT x.indisexclusion OR NOT (x.indisprimary OR (x.indisunique AND x.indpred IS NULL AND x.indexprs IS NULL))
+$$;
+
 -- The indexes of table p_rel that the changes table mirrors with a lookup index (all but the primary key and
 -- the plain UNIQUE ones, which cow._build_view mirrors), in index creation order: the UNIQUE indexes that are
 -- partial or have expressions and the indexes of exclusion constraints (PostgreSQL checks a row against them
@@ -61,9 +68,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     -- (An exclusion index belongs to an EXCLUDE constraint, or from PostgreSQL 18 to a PRIMARY KEY/UNIQUE
     -- constraint WITHOUT OVERLAPS: both store their operators in conexclop and report 23P01.)
     LEFT JOIN pg_constraint cx ON cx.conindid = x.indexrelid AND cx.conrelid = p_rel AND cx.contype IN ('x', 'p', 'u')
-    WHERE x.indrelid = p_rel
-      AND (x.indisexclusion
-           OR NOT (x.indisprimary OR (x.indisunique AND x.indpred IS NULL AND x.indexprs IS NULL)))
+    WHERE x.indrelid = p_rel AND cow._mirrored(x)
     ORDER BY x.indexrelid
 $$;
 

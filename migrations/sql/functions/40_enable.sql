@@ -152,6 +152,17 @@ BEGIN
         FOR x IN SELECT g.id FROM cow.registry g ORDER BY g.id LOOP
             PERFORM cow._build_triggers(x.id);
         END LOOP;
+    ELSE
+        -- The mirrors of base indexes (cow._build_lookup_indexes) after CREATE or DROP INDEX of a non-unique
+        -- index, which leaves the signature alone: it is Django's index of every foreign key, and a new
+        -- signature would rebuild every table's triggers (~40 ms per table) for each such index.
+        FOR x IN SELECT g.id FROM cow.registry g
+                 WHERE (SELECT count(*) FROM pg_index i WHERE i.indrelid = g.relid AND cow._mirrored(i))
+                       <> (SELECT count(*) FROM pg_class c
+                           WHERE c.relnamespace = 'cow_changes'::regnamespace AND c.relkind = 'i'
+                             AND c.relname LIKE g.changes_table || '\_xq%') LOOP
+            PERFORM cow._build_lookup_indexes(x.id);
+        END LOOP;
     END IF;
     FOR note IN SELECT * FROM cow._build_twins() LOOP
         RETURN NEXT note;
