@@ -24,7 +24,10 @@ DECLARE
     pk text[];
     k int;
     i int;
-    sess text := $$nullif(pg_catalog.current_setting('cow.session_id', true), '')$$;
+    -- The session GUC as is: NULL (never set) or '' without a session. No changes row has either as its
+    -- _cow_session (ids are validated when written), so the view needs no nullif(): a smaller expression,
+    -- planned five times per read (docs/layer.md, "Overlay view shape").
+    sess text := $$pg_catalog.current_setting('cow.session_id', true)$$;
     col record;
     idx record;
     n int := 0;
@@ -120,7 +123,8 @@ BEGIN
     -- leaves' column types and collations are the same (the changes table is made from the base's), which
     -- the pull-up needs. The outer conditions fold per leaf: base rows pass, the changes leaf keeps the
     -- session's current, not deleted versions (a one-time filter without a session). The anti join drops
-    -- the base rows this session has a version of; it is over the append, with the base leaf's key.
+    -- the base rows this session has a version of; it is over the append, with the base leaf's key. It has
+    -- no condition on the session being set: without one its key is NULL or '', which no row has.
     -- _cow_s = coalesce(<session>, '') is a top-level equality with a constant (true in the base leaf, where
     -- _cow_s is that constant): it puts the changes leaf's _cow_session in an equivalence class with a
     -- constant, so <t>_cur (_cow_session, pk) counts as ordered by the primary key and a Merge Append needs
@@ -131,8 +135,8 @@ BEGIN
         'NULL::boolean AS _cow_del FROM %4$s b '
         'UNION ALL SELECT 2, %5$s, c._cow_session, c._cow_current, c._cow_deleted FROM %6$s c) u '
         'WHERE u._cow_s = coalesce(%7$s, '''') AND CASE u._cow_k WHEN 1 THEN true '
-        'ELSE %7$s IS NOT NULL AND u._cow_cur AND NOT u._cow_del END '
-        'AND NOT EXISTS (SELECT 1 FROM %6$s x WHERE u._cow_k = 1 AND %7$s IS NOT NULL '
+        'ELSE %7$s <> '''' AND u._cow_cur AND NOT u._cow_del END '
+        'AND NOT EXISTS (SELECT 1 FROM %6$s x WHERE u._cow_k = 1 '
         'AND x._cow_session = %7$s AND x._cow_current AND %8$s)',
         v, cow._collist(names, 'u.'), cow._collist(names, 'b.'), b, cow._collist(names, 'c.'), ch, sess,
         cow._eq(pk, 'x', 'u'));
