@@ -1,9 +1,10 @@
-"""The in-session write path of migration 0002: the inline registry check (once per transaction, still
+"""The in-session write path: the registry check (skipped while the connection's stamp matches, still
 refusing closed sessions and bad operation ids, still refreshing last_write_at) and the INSERT's primary-key
 lookup that retires a tombstone only when there is one. Real PostgreSQL, two connections where it matters."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import psycopg
@@ -42,6 +43,32 @@ def test_write_to_a_session_closed_by_another_connection_is_refused(layer_db: st
             assert rows(layer_db, "SELECT count(*) FROM cow.session_changes('w1')") == [(0,)]
 
 
+def test_a_status_changed_or_a_row_deleted_directly_is_seen_by_the_next_write(layer_db: str) -> None:
+    with tagged(layer_db, "w6") as writer:
+        writer.execute("UPDATE customers SET score = 1 WHERE id = 1")
+        rows(layer_db, "UPDATE cow.sessions SET status = 'discarded' WHERE session_id = 'w6'")
+        with pytest.raises(errors.ObjectNotInPrerequisiteState, match="w6 is discarded"):
+            writer.execute("UPDATE customers SET score = 2 WHERE id = 2")
+        rows(layer_db, "DELETE FROM cow.sessions WHERE session_id = 'w6'")
+        writer.execute("UPDATE customers SET score = 2 WHERE id = 2")  # registered again
+    got = rows(layer_db, "SELECT kind, status FROM cow.sessions WHERE session_id = 'w6'")
+    assert got == [("other", "open")]
+
+
+def test_a_write_during_a_close_is_checked_again_after_it(layer_db: str) -> None:
+    # The close bumps the counter before it commits, so a writer can read the new counter and the session's
+    # row as it was before the close: that check may pass (the close has not happened yet), but must not be
+    # kept for the connection, or its writes would pass after the close commits. Nor may it wait.
+    with tagged(layer_db, "w7") as writer, psycopg.connect(layer_db) as closer:
+        writer.execute("UPDATE customers SET score = 1 WHERE id = 1")
+        closer.execute("UPDATE cow.sessions SET status = 'committed' WHERE session_id = 'w7'")
+        writer.execute("SET statement_timeout = '5s'")
+        writer.execute("UPDATE customers SET score = 2 WHERE id = 2")
+        closer.commit()
+        with pytest.raises(errors.ObjectNotInPrerequisiteState, match="w7 is committed"):
+            writer.execute("UPDATE customers SET score = 3 WHERE id = 3")
+
+
 def test_write_in_an_open_transaction_is_checked_once_and_new_sessions_register(layer_db: str) -> None:
     with tagged(layer_db, "w2") as writer, writer.transaction():
         writer.execute("UPDATE customers SET score = 1 WHERE id = 1")
@@ -74,6 +101,8 @@ def test_a_stale_last_write_at_is_refreshed(layer_db: str) -> None:
             layer_db,
             "UPDATE cow.sessions SET last_write_at = now() - interval '1 hour' WHERE session_id = 'w4'",
         )
+        # The connection checks the registry again in a transaction that starts in a later second.
+        time.sleep(1.1)
         writer.execute("UPDATE customers SET score = 2 WHERE id = 2")
     assert rows(
         layer_db,

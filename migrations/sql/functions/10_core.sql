@@ -92,8 +92,23 @@ BEGIN
     RETURN operation;
 END $$;
 
--- Called by every trigger that records a change: the current session (NULL: none). Registers the session and
--- validates the ids once per transaction.
+-- The registry check's stamp: what it was valid for. The generated triggers skip the check while the stamp
+-- that cow._write_session left in `cow._open` (for the rest of the connection) equals this: the same session
+-- and operation ids (validated then), no session closed since (cow.session_closes, bumped by the trigger on
+-- cow.sessions below, also for closes by other connections) and the same second of transaction start (so
+-- last_write_at is refreshed about once a second). One inlined expression, no query: the check's lookup,
+-- when it ran in every autocommit write, was ~20-35 us of a ~150 us write (docs/benchmarks.md).
+-- (Ids containing '/' are invalid, so a stamp cannot be forged from an unchecked id.)
+CREATE OR REPLACE FUNCTION cow._open_stamp(s text) RETURNS text
+LANGUAGE sql VOLATILE AS $$
+    SELECT s || '/' || coalesce(pg_catalog.current_setting('cow.operation_id', true), '') || '/'
+           || coalesce(pg_catalog.pg_sequence_last_value('cow.session_closes'::pg_catalog.regclass), 0)::text || '/'
+           || pg_catalog.floor(pg_catalog.date_part('epoch', pg_catalog.now()))::int8::text
+$$;
+
+-- The registry check of the generated triggers, when the stamp (above) does not match: the current session
+-- (NULL: none), with the ids validated, the session registered if new, refused if not open, last_write_at
+-- refreshed if older than a second.
 CREATE OR REPLACE FUNCTION cow._write_session() RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -101,40 +116,61 @@ DECLARE
     stamp text;
     st text;
     lw timestamptz;
+    keep boolean;
 BEGIN
     IF s IS NULL THEN
         RETURN NULL;
     END IF;
-    stamp := s || '/' || pg_current_xact_id()::text;
-    IF current_setting('cow._registered', true) IS DISTINCT FROM stamp THEN
-        -- Ids set with SET or startup options did not go through cow.use_session: check them here (inline:
-        -- this runs once per write transaction).
+    -- (Read before the registry row: a close that bumps the counter after this read is seen next time.)
+    stamp := cow._open_stamp(s);
+    IF current_setting('cow._open', true) IS DISTINCT FROM stamp THEN
+        -- Ids set with SET or startup options did not go through cow.use_session: check them here.
         IF s !~ '^[A-Za-z0-9._:-]{1,128}$'
            OR coalesce(current_setting('cow.operation_id', true), '') !~ '^([A-Za-z0-9._:-]{1,128})?$' THEN
             PERFORM cow._check_id(s, 'session');
             PERFORM cow._check_id(nullif(current_setting('cow.operation_id', true), ''), 'operation');
         END IF;
-        -- Never hold the registry row for the rest of the transaction: concurrent transactions of one session
-        -- (a pooled application) must not queue behind each other. A new session is inserted (ON CONFLICT DO
-        -- NOTHING takes no lock on an existing row); an existing one gets its timestamps only when no other
-        -- transaction holds its row (SKIP LOCKED), so last_write_at is approximate under concurrency.
-        SELECT x.status, x.last_write_at INTO st, lw FROM cow.sessions x WHERE x.session_id = s;
-        IF st IS NULL THEN
-            INSERT INTO cow.sessions (session_id, kind, first_write_at, last_write_at)
-            VALUES (s, 'other', now(), now())
-            ON CONFLICT (session_id) DO NOTHING;
-            SELECT x.status INTO st FROM cow.sessions x WHERE x.session_id = s;
-        ELSIF lw IS NULL OR lw < now() - interval '1 second' THEN
+        -- The stamp may include a counter a close in progress has already bumped (commit_session,
+        -- discard_session, a status UPDATE or a DELETE hold the row when they bump it): then the status read
+        -- is the one before the close, and keeping it for the connection would let writes pass after the
+        -- close commits. So it is kept only when the row could be locked FOR SHARE (no close holds it, and
+        -- none can take it before this transaction ends); when another transaction holds the row (a close,
+        -- or one updating the timestamps), it is read without a lock, as a check for this transaction only,
+        -- and nothing waits: concurrent transactions of one session (a pooled application) do not queue
+        -- behind each other. A new session is inserted (ON CONFLICT DO NOTHING); an existing one gets its
+        -- timestamps only when no other transaction holds its row (SKIP LOCKED), so last_write_at is
+        -- approximate under concurrency.
+        SELECT x.status, x.last_write_at INTO st, lw FROM cow.sessions x WHERE x.session_id = s
+        FOR SHARE SKIP LOCKED;
+        keep := FOUND;
+        IF NOT keep THEN
+            SELECT x.status, x.last_write_at INTO st, lw FROM cow.sessions x WHERE x.session_id = s;
+            IF st IS NULL THEN
+                INSERT INTO cow.sessions (session_id, kind, first_write_at, last_write_at)
+                VALUES (s, 'other', now(), now())
+                ON CONFLICT (session_id) DO NOTHING;
+                SELECT x.status, x.last_write_at INTO st, lw FROM cow.sessions x WHERE x.session_id = s
+                FOR SHARE SKIP LOCKED;
+                keep := FOUND;
+                IF NOT keep THEN
+                    SELECT x.status, x.last_write_at INTO st, lw FROM cow.sessions x WHERE x.session_id = s;
+                END IF;
+            END IF;
+        END IF;
+        IF lw IS NULL OR lw < now() - interval '1 second' THEN
             -- (At most about once a second: a registry update per transaction would double a write's cost.)
             UPDATE cow.sessions x SET last_write_at = now(), first_write_at = coalesce(x.first_write_at, now())
             WHERE x.session_id = (SELECT y.session_id FROM cow.sessions y WHERE y.session_id = s
-                                  FOR UPDATE SKIP LOCKED);
+                                  FOR NO KEY UPDATE SKIP LOCKED);
         END IF;
         IF st <> 'open' THEN
             RAISE EXCEPTION 'session % is %: it takes no more writes', s, st
                 USING ERRCODE = 'object_not_in_prerequisite_state';
         END IF;
-        PERFORM set_config('cow._registered', stamp, true);
+        IF keep THEN
+            -- For the rest of the connection (a rollback takes it back with the transaction).
+            PERFORM set_config('cow._open', stamp, false);
+        END IF;
     END IF;
     RETURN s;
 END $$;

@@ -440,7 +440,7 @@ DECLARE
     det text;
     cond text;
     fn text;
-    decl text := E'DECLARE\n    _s text := nullif(pg_catalog.current_setting(''cow.session_id'', true), '''');\n    _st text;\n    _lw timestamptz;\n    _o text;\n    _base jsonb;\n    _seen boolean;\n    _bad text;\n    _pfk int;\n    _pseq bigint;\n    _porig jsonb;\n    _morig jsonb;\n    _pdel boolean;\n';
+    decl text := E'DECLARE\n    _s text := nullif(pg_catalog.current_setting(''cow.session_id'', true), '''');\n    _o text;\n    _base jsonb;\n    _seen boolean;\n    _bad text;\n    _pfk int;\n    _pseq bigint;\n    _porig jsonb;\n    _morig jsonb;\n    _pdel boolean;\n';
     fk_all text := '0';     -- every FOREIGN KEY bit (an INSERT checks them all)
     fk_changed text := '0'; -- the bits of the FOREIGN KEYs whose columns an UPDATE changed
     fk_n int := 0;
@@ -461,16 +461,11 @@ DECLARE
     dtrg jsonb := '{}';   -- trigger name -> {deferred, when [], args []}
     dname text;
     vf_row text;          -- the version a constraint trigger fires for: found by key in <t>_cur, then its seq
-    -- Once per transaction (cow._write_session's stamp): the registry row is read here, and only a new, closed
-    -- or stale (last_write_at older than a second) session or an operation id that was not validated calls
-    -- cow._write_session, which registers, refuses or updates. A plpgsql call per write cost ~20 us.
-    reg_code text := E'    IF _s IS NOT NULL AND pg_catalog.current_setting(''cow._registered'', true) IS DISTINCT FROM _s || ''/'' || pg_catalog.pg_current_xact_id()::text THEN\n'
-                      '        SELECT x.status, x.last_write_at INTO _st, _lw FROM cow.sessions x WHERE x.session_id = _s;\n'
-                      '        IF _st = ''open'' AND _lw >= pg_catalog.now() - interval ''1 second'' AND coalesce(pg_catalog.current_setting(''cow.operation_id'', true), '''') ~ ''^([A-Za-z0-9._:-]{1,128})?$'' THEN\n'
-                      '            PERFORM pg_catalog.set_config(''cow._registered'', _s || ''/'' || pg_catalog.pg_current_xact_id()::text, true);\n'
-                      '        ELSE\n'
-                      '            PERFORM cow._write_session();\n'
-                      '        END IF;\n'
+    -- The registry check (cow._write_session) runs only when the stamp it left for the connection does not
+    -- match (cow._open_stamp: another session or operation id, a session closed since, the next second); the
+    -- match is one expression, no query (a lookup of the registry row in every autocommit write cost ~20-35 us).
+    reg_code text := E'    IF _s IS NOT NULL AND pg_catalog.current_setting(''cow._open'', true) IS DISTINCT FROM cow._open_stamp(_s) THEN\n'
+                      '        PERFORM cow._write_session();\n'
                       '    END IF;\n';
 BEGIN
     SELECT * INTO STRICT r FROM cow.registry WHERE id = p_id;

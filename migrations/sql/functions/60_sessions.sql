@@ -35,6 +35,22 @@ BEGIN
     RETURN row;
 END $$;
 
+-- A session's status changed or its row went: bump cow.session_closes (migration 0006), which ends the
+-- connections' cached registry checks (cow._open_stamp). Sequences are not transactional: the bump is seen
+-- at once, while the row is still locked by the closing transaction, and a rolled-back close only costs the
+-- writers one more check each.
+CREATE OR REPLACE FUNCTION cow._session_closed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM nextval('cow.session_closes');
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE TRIGGER cow_session_status AFTER UPDATE OF status ON cow.sessions
+    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status) EXECUTE FUNCTION cow._session_closed();
+CREATE OR REPLACE TRIGGER cow_session_gone AFTER DELETE OR TRUNCATE ON cow.sessions
+    FOR EACH STATEMENT EXECUTE FUNCTION cow._session_closed();
+
 CREATE OR REPLACE FUNCTION cow._session_row(session text, p_lock boolean DEFAULT false) RETURNS cow.sessions
 LANGUAGE plpgsql AS $$
 DECLARE
