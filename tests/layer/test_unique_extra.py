@@ -528,6 +528,11 @@ def test_upgrade_from_the_first_migration_adds_the_checks(layer_db: str) -> None
         conn.execute(SCHEMA)
         with conn.transaction():
             conn.execute("SELECT set_config('cow.in_layer', 'on', true)")
+            # A signature 0001 did not have (0001's generator would find its call ambiguous).
+            conn.execute(
+                "DROP FUNCTION cow._rec_code(text, text, text[], text[], text, boolean,"
+                " text, text, text, text)"
+            )
             conn.execute(first.encode())  # CREATE OR REPLACE: 0001's generators again
             conn.execute("DELETE FROM cow.migrations WHERE version > 1")
             conn.execute("DROP TABLE cow.repeatables")

@@ -1,9 +1,11 @@
 """The in-session write path: the registry check (skipped while the connection's stamp matches, still
-refusing closed sessions and bad operation ids, still refreshing last_write_at) and the INSERT's primary-key
-lookup that retires a tombstone only when there is one. Real PostgreSQL, two connections where it matters."""
+refusing closed sessions and bad operation ids, still refreshing last_write_at), the INSERT's primary-key
+lookup that retires a tombstone only when there is one, and the base snapshot taken from the row the write
+read. Real PostgreSQL, two or three connections where it matters."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -55,6 +57,31 @@ def test_a_status_changed_or_a_row_deleted_directly_is_seen_by_the_next_write(la
     assert got == [("other", "open")]
 
 
+def blocked(dsn: str, pid: int) -> bool:
+    """Whether backend pid waits for a lock (polled: the other thread's statement may not have started)."""
+    for _ in range(200):
+        waiting = rows(dsn, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,))
+        if waiting == [(True,)]:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def in_thread(conn: psycopg.Connection[Any], sql: str) -> tuple[threading.Thread, list[BaseException]]:
+    """Runs sql on conn in a thread; its error, if any, lands in the list."""
+    errs: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            conn.execute(sql)
+        except BaseException as exc:
+            errs.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, errs
+
+
 def test_a_write_during_a_close_is_checked_again_after_it(layer_db: str) -> None:
     # The close bumps the counter before it commits, so a writer can read the new counter and the session's
     # row as it was before the close: that check may pass (the close has not happened yet), but must not be
@@ -67,6 +94,36 @@ def test_a_write_during_a_close_is_checked_again_after_it(layer_db: str) -> None
         closer.commit()
         with pytest.raises(errors.ObjectNotInPrerequisiteState, match="w7 is committed"):
             writer.execute("UPDATE customers SET score = 3 WHERE id = 3")
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        "UPDATE customers SET score = 5 + (SELECT 0 FROM pg_advisory_lock(7001) AS l) WHERE id = 1",
+        "DELETE FROM customers WHERE id = 1 AND (SELECT true FROM pg_advisory_lock(7001) AS l)",
+    ],
+)
+def test_a_base_change_committed_while_a_write_runs_is_a_commit_conflict(layer_db: str, write: str) -> None:
+    # The write reads row 1 from the base with its statement's snapshot, then waits (the advisory lock) while
+    # another connection changes that row in the base. Its base snapshot must be the row it read, so that
+    # committing the session reports the conflict instead of overwriting the base change.
+    with tagged(layer_db, "w8") as writer, psycopg.connect(layer_db, autocommit=True) as gate:
+        gate.execute("SELECT pg_advisory_lock(7001)")
+        pid = writer.info.backend_pid
+        thread, errs = in_thread(writer, write)
+        try:
+            assert blocked(layer_db, pid)
+            rows(layer_db, "UPDATE customers SET name = 'Base' WHERE id = 1")
+        finally:
+            gate.execute("SELECT pg_advisory_unlock(7001)")
+            thread.join()
+        assert errs == []
+    [(changes,)] = rows(layer_db, "SELECT changes_table FROM cow.registry WHERE table_name = 'customers'")
+    base = f"SELECT _cow_base->>'name' FROM cow_changes.\"{changes}\" WHERE _cow_session = 'w8' AND id = 1"
+    assert rows(layer_db, base) == [("Ada",)]
+    with pytest.raises(errors.SerializationFailure, match=r"\(id\)=\(1\) of table public.customers"):
+        rows(layer_db, "SELECT cow.commit_session('w8')")
+    assert rows(layer_db, "SELECT name FROM public.customers WHERE id = 1") == [("Base",)]
 
 
 def test_write_in_an_open_transaction_is_checked_once_and_new_sessions_register(layer_db: str) -> None:

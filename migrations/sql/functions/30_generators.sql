@@ -174,21 +174,30 @@ END $gen$;
 
 -- Record a write of the row in record variable `var` (NEW or OLD) in the changes table: the previous current
 -- version of that key stops being current; the first write of a key in the session snapshots the base row
--- (commit compares it to detect conflicts; diff shows it as the old row).
+-- (commit compares it to detect conflicts; diff shows it as the old row). `snap` says where that snapshot
+-- comes from when the session holds no current version of the key (_seen IS NULL after the retiring UPDATE):
+-- NULL: a query of the base table; 'NULL': none (an INSERT whose primary-key check found no base row);
+-- otherwise a condition under which OLD is the base row ('true': always), else the query.
+-- Why OLD: an UPDATE or DELETE through the overlay view got OLD from the view's base leaf whenever the session
+-- held no version of its key (a version, once written, stays current until the next version of the key
+-- replaces it), so OLD is the base row as of the statement's snapshot: the row the session's change was
+-- computed from. The query would read a newer snapshot in READ COMMITTED and miss a base change committed
+-- meanwhile, which commit's conflict check (40001) must see. And it costs a query.
+-- The snapshot is assigned to _base in plpgsql, not computed in the INSERT: an INSERT whose base value is a
+-- CASE over _seen with a sub-select gets cheaper custom plans when _seen is true (the CASE folds), so the
+-- plan cache could keep planning it at every write (+10-20 us, bench of docs/benchmarks.md).
 CREATE OR REPLACE FUNCTION cow._rec_code(ch text, b text, names text[], pk text[], var text, deleted boolean,
                                          fkmask text DEFAULT '0', mark_guc text DEFAULT NULL,
-                                         origin text DEFAULT NULL)
+                                         origin text DEFAULT NULL, snap text DEFAULT NULL)
 RETURNS text LANGUAGE sql IMMUTABLE AS $$
     SELECT format(
         $c$
     _seen := NULL;
     UPDATE %1$s x SET _cow_current = false WHERE x._cow_session = _s AND x._cow_current AND %3$s
         RETURNING x._cow_base, true, x._cow_fk, x._cow_seq, x._cow_origin INTO _base, _seen, _pfk, _pseq, _porig;
-    INSERT INTO %1$s (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, _cow_origin, %5$s)
-    VALUES (_s, _o, %6$s,
-            CASE WHEN _seen THEN _base ELSE (SELECT pg_catalog.to_jsonb(y) FROM %2$s y WHERE %4$s) END,
-            %8$s, %9$s, %7$s);
-$c$, ch, b, cow._eq(pk, 'x', var), cow._eq(pk, 'y', var), cow._collist(names), CASE WHEN deleted THEN 'true' ELSE 'false' END,
+%10$s    INSERT INTO %1$s (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, _cow_origin, %5$s)
+    VALUES (_s, _o, %6$s, _base, %8$s, %9$s, %7$s);
+$c$, ch, b, cow._eq(pk, 'x', var), NULL, cow._collist(names), CASE WHEN deleted THEN 'true' ELSE 'false' END,
        cow._collist(names, var || '.'),
        -- FOREIGN KEYs to check at the end of the statement: those this write changed, plus those an earlier
        -- write of the same row in the same (outermost) statement changed.
@@ -198,7 +207,15 @@ $c$, ch, b, cow._eq(pk, 'x', var), cow._eq(pk, 'y', var), cow._collist(names), C
        -- The base key the row descends from: kept from the previous version, or the key itself when this is
        -- the session's first write of a row read from the base; an INSERT passes NULL.
        coalesce(origin, format('CASE WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object(%s) ELSE _porig END',
-                               (SELECT string_agg(format('%L, %s.%I', k, var, k), ', ') FROM unnest(pk) AS k))))
+                               (SELECT string_agg(format('%L, %s.%I', k, var, k), ', ') FROM unnest(pk) AS k))),
+       -- (No version: the UPDATE ... INTO found no row and left _base NULL.)
+       CASE WHEN snap = 'NULL' THEN ''
+            WHEN snap = 'true' THEN E'    IF _seen IS NULL THEN\n        _base := pg_catalog.to_jsonb(OLD);\n    END IF;\n'
+            WHEN snap IS NULL THEN format(E'    IF _seen IS NULL THEN\n        _base := (SELECT pg_catalog.to_jsonb(y) FROM %s y WHERE %s);\n    END IF;\n',
+                                          b, cow._eq(pk, 'y', var))
+            ELSE format(E'    IF _seen IS NULL THEN\n        IF %s THEN\n            _base := pg_catalog.to_jsonb(OLD);\n'
+                         '        ELSE\n            _base := (SELECT pg_catalog.to_jsonb(y) FROM %s y WHERE %s);\n        END IF;\n    END IF;\n',
+                        snap, b, cow._eq(pk, 'y', var)) END)
 $$;
 
 -- Deferrable constraints in a session. PostgreSQL checks a DEFERRABLE UNIQUE/EXCLUDE constraint or FOREIGN
@@ -422,6 +439,7 @@ DECLARE
     has_always boolean;
     gen_code text := '';
     nn_code text := '';
+    nn_any text := '';
     chk_code text := '';
     uq_ins text := '';
     uq_upd text := '';
@@ -440,7 +458,7 @@ DECLARE
     det text;
     cond text;
     fn text;
-    decl text := E'DECLARE\n    _s text := nullif(pg_catalog.current_setting(''cow.session_id'', true), '''');\n    _o text;\n    _base jsonb;\n    _seen boolean;\n    _bad text;\n    _pfk int;\n    _pseq bigint;\n    _porig jsonb;\n    _morig jsonb;\n    _pdel boolean;\n';
+    decl text := E'DECLARE\n    _s text := nullif(pg_catalog.current_setting(''cow.session_id'', true), '''');\n    _o text;\n    _g text;\n    _base jsonb;\n    _seen boolean;\n    _bad text;\n    _pfk int;\n    _pseq bigint;\n    _porig jsonb;\n    _morig jsonb;\n    _pdel boolean;\n';
     fk_all text := '0';     -- every FOREIGN KEY bit (an INSERT checks them all)
     fk_changed text := '0'; -- the bits of the FOREIGN KEYs whose columns an UPDATE changed
     fk_n int := 0;
@@ -493,7 +511,7 @@ BEGIN
         dflt_ins := dflt_ins || format(
             E'    IF pg_catalog.current_setting(%L, true) IS DISTINCT FROM ''on'' THEN\n'
              '        RAISE EXCEPTION USING ERRCODE = ''428C9'', MESSAGE = %L, DETAIL = %L%s;\n    END IF;\n'
-             '    PERFORM pg_catalog.set_config(%L, '''', true);\n',
+             '    _g := pg_catalog.set_config(%L, '''', true);\n',
             'cow._d_' || r.changes_table || '_' || col.attnum,
             format('cannot insert a non-DEFAULT value into column "%s"', col.attname),
             CASE WHEN col.ident THEN format('Column "%s" is an identity column defined as GENERATED ALWAYS.', col.attname)
@@ -503,7 +521,7 @@ BEGIN
         dflt_upd := dflt_upd || format(
             E'    IF NEW.%I IS DISTINCT FROM OLD.%I AND pg_catalog.current_setting(%L, true) IS DISTINCT FROM ''on'' THEN\n'
              '        RAISE EXCEPTION USING ERRCODE = ''428C9'', MESSAGE = %L, DETAIL = %L;\n    END IF;\n'
-             '    PERFORM pg_catalog.set_config(%L, '''', true);\n',
+             '    _g := pg_catalog.set_config(%L, '''', true);\n',
             col.attname, col.attname, 'cow._d_' || r.changes_table || '_' || col.attnum,
             format('column "%s" can only be updated to DEFAULT', col.attname),
             CASE WHEN col.ident THEN format('Column "%s" is an identity column defined as GENERATED ALWAYS.', col.attname)
@@ -529,10 +547,16 @@ BEGIN
     -- NOT NULL (23502).
     FOR col IN SELECT a.attname FROM pg_attribute a
                WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped AND a.attnotnull ORDER BY a.attnum LOOP
-        nn_code := nn_code || format(E'    IF NEW.%I IS NULL THEN\n        %s\n    END IF;\n', col.attname,
+        nn_code := nn_code || format(E'        IF NEW.%I IS NULL THEN\n            %s\n        END IF;\n', col.attname,
             cow._raise('23502', format('null value in column "%s" of relation "%s" violates not-null constraint',
                                        col.attname, tab), NULL, sch, tab, NULL, col.attname));
+        nn_any := nn_any || format(' OR NEW.%I IS NULL', col.attname);
     END LOOP;
+    -- One condition on the path without a NULL (each IF is an expression evaluation, set up anew in each
+    -- transaction), then the column PostgreSQL would name (the first in attribute order).
+    IF nn_code <> '' THEN
+        nn_code := format(E'    IF %s THEN\n%s    END IF;\n', substr(nn_any, 5), nn_code);
+    END IF;
     -- CHECK (23514), evaluated in one query, in constraint name order like PostgreSQL.
     SELECT string_agg(format('WHEN (%s) IS FALSE THEN %L', pg_get_expr(c.conbin, c.conrelid), c.conname),
                       ' ' ORDER BY c.conname)
@@ -746,7 +770,14 @@ BEGIN
     END LOOP;
 
     -- INSERT
-    rec := cow._rec_code(ch, b, names, pk, 'NEW', false, fk_all, mark_guc, 'NULL');
+    -- (With the primary-key probe, a key the session holds no version of passed the check only if the base
+    -- table has no row with it either: no base snapshot, and commit's conflict check sees a row inserted
+    -- into the base meanwhile.)
+    -- (A table without FOREIGN KEYs: every version's bits are 0, nothing to carry from the previous one.)
+    IF fk_n = 0 THEN
+        mark_guc := NULL;
+    END IF;
+    rec := cow._rec_code(ch, b, names, pk, 'NEW', false, fk_all, mark_guc, 'NULL', CASE WHEN pk_probe THEN 'NULL' END);
     IF pk_probe THEN
         -- (_rec_code: retire the current version, then insert the new one; the retire only after a tombstone.)
         rec := format(E'    IF _pdel IS NOT NULL THEN\n%s    END IF;\n%s',
@@ -772,7 +803,7 @@ BEGIN
                    gen_code, nn_code, chk_code, uq_upd, '', par_upd_check,
                    cow._changed(pk),
                    -- A primary-key move remembers the base key it started from (commit applies it as an UPDATE).
-                   cow._rec_code(ch, b, names, pk, 'OLD', true) || format(
+                   cow._rec_code(ch, b, names, pk, 'OLD', true, snap => 'true') || format(
                        E'    _morig := CASE WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object(%s) ELSE _porig END;\n',
                        (SELECT string_agg(format('%L, OLD.%I', k, k), ', ') FROM unnest(pk) AS k)),
                    cow._rec_code(ch, b, names, pk, 'NEW', false,
@@ -783,7 +814,8 @@ BEGIN
                                                   fk_changed, dbits, cow._changed(pk), dbits) END, mark_guc,
                                  format('CASE WHEN %s THEN _morig WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object(%s) ELSE _porig END',
                                         cow._changed(pk),
-                                        (SELECT string_agg(format('%L, NEW.%I', k, k), ', ') FROM unnest(pk) AS k))), par_upd_act);
+                                        (SELECT string_agg(format('%L, NEW.%I', k, k), ', ') FROM unnest(pk) AS k)),
+                                 'NOT ' || cow._changed(pk)), par_upd_act);
     EXECUTE format('CREATE OR REPLACE TRIGGER cow_update INSTEAD OF UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION %s()', v, fn);
     -- DELETE
     fn := format('cow_changes.%I', r.changes_table || '_del');
@@ -792,7 +824,7 @@ BEGIN
                    '    IF _s IS NULL THEN\n        DELETE FROM %s AS y WHERE %s;\n        IF NOT FOUND THEN\n            RETURN NULL;\n        END IF;\n        RETURN OLD;\n    END IF;\n'
                    '    _o := cow._write_operation();\n%s%s%s    RETURN OLD;\nEND $body$',
                    fn, decl, reg_code, b, cow._eq(pk, 'y', 'OLD'), par_del_check,
-                   cow._rec_code(ch, b, names, pk, 'OLD', true), par_del_act);
+                   cow._rec_code(ch, b, names, pk, 'OLD', true, snap => 'true'), par_del_act);
     EXECUTE format('CREATE OR REPLACE TRIGGER cow_delete INSTEAD OF DELETE ON %s FOR EACH ROW EXECUTE FUNCTION %s()', v, fn);
     -- Statement-level FOREIGN KEY checks (see above).
     PERFORM cow._defer_triggers(p_id, dtrg, dq);
