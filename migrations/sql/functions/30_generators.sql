@@ -207,7 +207,7 @@ $c$, ch, b, cow._eq(pk, 'x', var), NULL, cow._collist(names), CASE WHEN deleted 
        -- The base key the row descends from: kept from the previous version, or the key itself when this is
        -- the session's first write of a row read from the base; an INSERT passes NULL.
        coalesce(origin, format('CASE WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object(%s) ELSE _porig END',
-                               (SELECT string_agg(format('%L, %s.%I', k, var, k), ', ') FROM unnest(pk) AS k))),
+                               cow._jsonargs(pk, var))),
        -- (No version: the UPDATE ... INTO found no row and left _base NULL.)
        CASE WHEN snap = 'NULL' THEN ''
             WHEN snap = 'true' THEN E'    IF _seen IS NULL THEN\n        _base := pg_catalog.to_jsonb(OLD);\n    END IF;\n'
@@ -805,7 +805,7 @@ BEGIN
                    -- A primary-key move remembers the base key it started from (commit applies it as an UPDATE).
                    cow._rec_code(ch, b, names, pk, 'OLD', true, snap => 'true') || format(
                        E'    _morig := CASE WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object(%s) ELSE _porig END;\n',
-                       (SELECT string_agg(format('%L, OLD.%I', k, k), ', ') FROM unnest(pk) AS k)),
+                       cow._jsonargs(pk, 'OLD')),
                    cow._rec_code(ch, b, names, pk, 'NEW', false,
                                  CASE WHEN dbits = '0' THEN fk_changed
                                       -- (Deferrable FOREIGN KEYs: still to check when an earlier version
@@ -814,7 +814,7 @@ BEGIN
                                                   fk_changed, dbits, cow._changed(pk), dbits) END, mark_guc,
                                  format('CASE WHEN %s THEN _morig WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object(%s) ELSE _porig END',
                                         cow._changed(pk),
-                                        (SELECT string_agg(format('%L, NEW.%I', k, k), ', ') FROM unnest(pk) AS k)),
+                                        cow._jsonargs(pk, 'NEW')),
                                  'NOT ' || cow._changed(pk)), par_upd_act);
     EXECUTE format('CREATE OR REPLACE TRIGGER cow_update INSTEAD OF UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION %s()', v, fn);
     -- DELETE
