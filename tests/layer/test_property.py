@@ -226,9 +226,6 @@ class World:
         self.cow = psycopg.connect(dsn, autocommit=True)
         self.other = psycopg.connect(dsn, autocommit=True)
         self.plain.execute("SET search_path = plain")
-        # Index paths wherever there is one (these tables are tiny): the session's reads and the triggers'
-        # lookups then go through the base indexes and their mirrors on the changes tables.
-        self.cow.execute("SET enable_seqscan = off")
         self.session = ""
 
     def close(self) -> None:
@@ -252,6 +249,11 @@ class World:
         self.session = f"p{next(self._ids)}"
         self.admin.execute("SELECT cow.create_session(%s)", (self.session,))
         self.cow.execute("SELECT cow.use_session(%s, 'op')", (self.session,))
+        # Index paths wherever there is one (these tables are tiny): the session's reads and the triggers'
+        # lookups then go through the base indexes and their mirrors on the changes tables. (No JIT: a plan
+        # that still has to scan a table sequentially is costed past jit_above_cost.)
+        self.cow.execute("SET enable_seqscan = off")
+        self.cow.execute("SET jit = off")
         # Another session's changes, which must stay invisible to this one and out of its commit.
         self.other.execute("SELECT cow.use_session(%s)", (f"other-{self.session}",))
         self.other.execute(OTHER_SESSION)
@@ -428,6 +430,8 @@ def _commit_equals_plain(
         for i, stmt in enumerate(stmts):
             world.cow.execute("SELECT cow.use_operation(%s)", (f"op{i}",))
             world.step(stmt, check_log=False)
+        # commit_session's own catalog and set queries, planned as usual.
+        world.cow.execute("RESET enable_seqscan")
         try:
             if split is not None:
                 # Only operations that wrote (a failed statement leaves none); the closure may take all.
