@@ -79,6 +79,12 @@ _CHANGES = (
     f"WHERE {_S} IS NOT NULL AND c._cow_session = {_S} AND c._cow_current AND NOT c._cow_deleted"
 )
 SHAPES = {
+    # Not an overlay: the base table minus the rows the session has a version of (a bare anti join written
+    # on the table, no view, no session rows). Any overlay that hides changed base rows pays at least this,
+    # so its ratio is the floor for the view shapes' reads.
+    "floor": f"""
+SELECT {_B} FROM public.items b WHERE NOT EXISTS (
+    SELECT 1 FROM {{ch}} x WHERE x._cow_session = {_S} AND x._cow_current AND x.id = b.id)""",
     # The layer's shape with nested-loop anti joins only (a per-key probe of <t>_cur per base row).
     "nested-loop": "",
     # The base branch filters with a hashed NOT IN subplan instead of the anti join (no per-key form).
