@@ -165,9 +165,12 @@ async def fetch_metadata(conn: asyncpg.Connection) -> Metadata:
     out: dict[str, TableMeta] = {}
     for t in tables:
         name = qualified(t["table_schema"], t["table_name"])
-        out[name] = TableMeta(
-            name, tuple(cols_by[t["oid"]]), tuple(t["pk_columns"] or ()), tuple(fks_by[t["oid"]])
-        )
+        cols = tuple(cols_by[t["oid"]])
+        # A keyless table (no primary key): a row is identified by its whole value, which is also the key
+        # cow.session_changes reports for it.
+        keyless = not t["pk_columns"]
+        pk = tuple(c.name for c in cols) if keyless else tuple(t["pk_columns"])
+        out[name] = TableMeta(name, cols, pk, tuple(fks_by[t["oid"]]), keyless=keyless)
     return Metadata(out)
 
 
@@ -214,7 +217,9 @@ async def _existing_keys(
             continue
         schema, _, name = table.partition(".")
         rel = f"{quote_ident(schema)}.{quote_ident(name)}"
-        cond = " AND ".join(f"b.{quote_ident(c)} = p.{quote_ident(c)}" for c in meta.pk)
+        # (A keyless table's key is its whole row, NULLs included.)
+        eq = "IS NOT DISTINCT FROM" if meta.keyless else "="
+        cond = " AND ".join(f"b.{quote_ident(c)} {eq} p.{quote_ident(c)}" for c in meta.pk)
         listed = list(pks.values())
         ords = await conn.fetch(
             f"SELECT e.ord FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS e(pk, ord) "

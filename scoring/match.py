@@ -181,7 +181,8 @@ class _TableScorer:
         self.fields: list[tuple[str, Comparator, FieldContext]] = []
         for name in columns:
             # Generated surrogate keys say nothing about content; key parts that are foreign keys do.
-            if name in meta.pk and name not in fk_cols:
+            # (A keyless table's "key" is the whole row: all content.)
+            if name in meta.pk and name not in fk_cols and not meta.keyless:
                 continue
             if config.column_ignored(meta.name, name):
                 continue

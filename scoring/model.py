@@ -70,6 +70,8 @@ class TableMeta:
     columns: tuple[ColumnMeta, ...]
     pk: tuple[str, ...]
     fks: tuple[ForeignKey, ...] = ()
+    # No primary key in the database: ``pk`` lists every column (a row is identified by its whole value).
+    keyless: bool = False
 
     def column(self, name: str) -> ColumnMeta | None:
         for col in self.columns:

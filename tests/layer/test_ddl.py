@@ -53,15 +53,21 @@ def test_create_and_drop_table_in_an_enabled_schema(layer_db: str) -> None:
         agent.execute("DELETE FROM orders WHERE id = 1")  # ON DELETE SET NULL within the session
         assert agent.execute("SELECT order_id, t FROM tags").fetchall() == [(None, "x")]
         assert app.execute("SELECT count(*) FROM public.tags").fetchone() == (0,)
-        app.execute("CREATE TABLE loose (v int)")  # no primary key: notice, guard only
+        # No primary key, and json has no equality (a keyless row cannot be compared): notice, guard only.
+        app.execute("CREATE TABLE loose (v json)")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            agent.execute("INSERT INTO loose VALUES (1)")
+            agent.execute("INSERT INTO loose VALUES ('1')")
+        app.execute("CREATE TABLE events (v int)")  # no primary key: enabled as a keyless table
+        agent.execute("INSERT INTO events VALUES (1), (1)")
+        assert agent.execute("SELECT v FROM events").fetchall() == [(1,), (1,)]
+        assert app.execute("SELECT count(*) FROM public.events").fetchone() == (0,)
+        app.execute("DROP TABLE events")  # the session's rows of it go with it
         app.execute("DROP TABLE tags")
         assert ("tags",) not in app.execute("SELECT table_name FROM cow.tables").fetchall()
         changes = app.execute(
             "SELECT count(*) FROM pg_class WHERE relnamespace = 'cow_changes'::regnamespace AND relkind = 'r'"
         ).fetchone()
-        assert changes == app.execute("SELECT count(*) FROM cow.tables").fetchone() == (2,)
+        assert changes == app.execute("SELECT count(*) FROM cow.tables").fetchone() == (3,)  # and nopk
         assert app.execute("SELECT to_regclass('cow_overlay_public.tags')").fetchone() == (None,)
         assert agent.execute("SELECT count(*) FROM orders").fetchone() == (3,)
 

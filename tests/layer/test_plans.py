@@ -88,7 +88,7 @@ def test_changes_tables_are_autovacuumed_after_one_percent_changed(layer_db: str
             " JOIN pg_class c ON c.oid = to_regclass('cow_changes.' || quote_ident(g.changes_table))"
             " ORDER BY 1"
         ).fetchall()
-    assert [name for name, _ in rows] == ["customers", "later", "orders"]
+    assert [name for name, _ in rows] == ["customers", "later", "nopk", "orders"]
     for name, options in rows:
         assert set(options or ()) >= {
             "autovacuum_vacuum_scale_factor=0.01",

@@ -217,7 +217,7 @@ def test_guard_refuses_base_writes_in_a_session(layer_db: str, untouched: None) 
             "UPDATE public.orders SET qty = 5",
             "DELETE FROM public.orders",
             "TRUNCATE public.orders CASCADE",
-            "INSERT INTO nopk VALUES (2, 'two')",
+            "INSERT INTO public.nopk VALUES (2, 'two')",
         ):
             with pytest.raises(psycopg.errors.InsufficientPrivilege, match="session s1"):
                 conn.execute(sql)

@@ -6,53 +6,15 @@
 -- Per-table objects: the changes table, the overlay view, the INSTEAD OF triggers
 -- ---------------------------------------------------------------------------------------------------------
 
--- Create or bring in step the changes table of registry entry p_id, then (re)create its overlay view. The
--- changes tables are autovacuumed after ~1 % changed (docs/layer.md, "Performance").
-CREATE OR REPLACE FUNCTION cow._build_view(p_id int) RETURNS void
+-- Create the changes table of registry entry r, or bring it in step with the base table's columns (names,
+-- types, attribute numbers now; r holds those it was made for). Shared by both generators (keyed, keyless).
+CREATE OR REPLACE FUNCTION cow._changes_table(r cow.registry, names text[], types text[], nums int[]) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
 DECLARE
-    r cow.registry%ROWTYPE;
-    rel oid;
-    sch text;
-    tab text;
-    ch text;
-    v text;
-    b text;
-    names text[];
-    types text[];
-    nums int[];
-    pk text[];
+    ch text := format('cow_changes.%I', r.changes_table);
     k int;
     i int;
-    -- The session GUC as is: NULL (never set) or '' without a session. No changes row has either as its
-    -- _cow_session (ids are validated when written), so the view needs no nullif(): a smaller expression,
-    -- planned five times per read (docs/layer.md, "Overlay view shape").
-    sess text := $$pg_catalog.current_setting('cow.session_id', true)$$;
-    col record;
-    idx record;
-    n int := 0;
 BEGIN
-    SELECT * INTO STRICT r FROM cow.registry WHERE id = p_id;
-    rel := r.relid;
-    SELECT n2.nspname, c.relname INTO sch, tab FROM pg_class c JOIN pg_namespace n2 ON n2.oid = c.relnamespace
-    WHERE c.oid = rel;
-    ch := format('cow_changes.%I', r.changes_table);
-    b := format('%I.%I', sch, tab);
-    -- The old view (under its old name, if the table was renamed) goes first: it depends on the columns.
-    EXECUTE format('DROP VIEW IF EXISTS %I.%I CASCADE', r.overlay_schema, r.table_name);
-    SELECT array_agg(a.attname::text ORDER BY a.attnum),
-           array_agg(format_type(a.atttypid, a.atttypmod)
-                     || CASE WHEN a.attcollation <> 0 AND a.attcollation <> t.typcollation
-                             THEN ' COLLATE ' || (SELECT format('%I.%I', cn.nspname, co.collname)
-                                                  FROM pg_collation co JOIN pg_namespace cn ON cn.oid = co.collnamespace
-                                                  WHERE co.oid = a.attcollation)
-                             ELSE '' END ORDER BY a.attnum),
-           array_agg(a.attnum::int ORDER BY a.attnum)
-    INTO names, types, nums
-    FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
-    WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped;
-    pk := cow._pk_columns(rel);
-
     IF to_regclass(ch) IS NULL THEN
         EXECUTE format('CREATE TABLE %s (_cow_seq bigint NOT NULL DEFAULT nextval(''cow.write_seq''), '
                        '_cow_session text NOT NULL, _cow_op text NOT NULL, _cow_deleted boolean NOT NULL, '
@@ -96,6 +58,88 @@ BEGIN
         EXECUTE format('ALTER TABLE %s SET (autovacuum_vacuum_scale_factor = 0.01, '
                        'autovacuum_vacuum_insert_scale_factor = 0.01)', ch);
     END IF;
+END $gen$;
+
+-- The overlay view v's column defaults and privileges, from base table p_rel (b: its quoted name; p_changes:
+-- the changes table, which names the DEFAULT flags). Shared by both generators (keyed, keyless).
+CREATE OR REPLACE FUNCTION cow._view_defaults(rel oid, v text, b text, p_changes text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
+DECLARE
+    col record;
+BEGIN
+    -- Defaults come from the base table (serial and identity values from its sequences).
+    FOR col IN SELECT a.attname, a.attnum, pg_get_expr(d.adbin, d.adrelid) AS def, a.attidentity, a.attgenerated,
+                      format_type(a.atttypid, a.atttypmod) AS typ
+               FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+               WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped LOOP
+        IF col.attidentity = 'a' THEN
+            EXECUTE format('ALTER VIEW %s ALTER COLUMN %I SET DEFAULT cow._defaulted(nextval(%L::regclass), %L)', v,
+                           col.attname, pg_get_serial_sequence(b, col.attname),
+                           'cow._d_' || p_changes || '_' || col.attnum);
+        ELSIF col.attgenerated <> '' THEN
+            EXECUTE format('ALTER VIEW %s ALTER COLUMN %I SET DEFAULT cow._defaulted(NULL::%s, %L)', v, col.attname,
+                           col.typ, 'cow._d_' || p_changes || '_' || col.attnum);
+        ELSIF col.attidentity = 'd' THEN
+            EXECUTE format('ALTER VIEW %s ALTER COLUMN %I SET DEFAULT nextval(%L::regclass)', v, col.attname,
+                           pg_get_serial_sequence(b, col.attname));
+        ELSIF col.def IS NOT NULL AND col.attgenerated = '' THEN
+            EXECUTE format('ALTER VIEW %s ALTER COLUMN %I SET DEFAULT %s', v, col.attname, col.def);
+        END IF;
+    END LOOP;
+    -- The view's privileges mirror the table's (the owner of the table gets them all).
+    FOR col IN SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee)) END AS who,
+                      a.privilege_type AS priv
+               FROM pg_class c, aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) a
+               WHERE c.oid = rel AND a.privilege_type IN ('SELECT', 'INSERT', 'UPDATE', 'DELETE') LOOP
+        EXECUTE format('GRANT %s ON %s TO %s', col.priv, v, col.who);
+    END LOOP;
+END $gen$;
+
+-- Create or bring in step the changes table of registry entry p_id, then (re)create its overlay view. The
+-- changes tables are autovacuumed after ~1 % changed (docs/layer.md, "Performance").
+CREATE OR REPLACE FUNCTION cow._build_view(p_id int) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
+DECLARE
+    r cow.registry%ROWTYPE;
+    rel oid;
+    sch text;
+    tab text;
+    ch text;
+    v text;
+    b text;
+    names text[];
+    types text[];
+    nums int[];
+    pk text[];
+    -- The session GUC as is: NULL (never set) or '' without a session. No changes row has either as its
+    -- _cow_session (ids are validated when written), so the view needs no nullif(): a smaller expression,
+    -- planned five times per read (docs/layer.md, "Overlay view shape").
+    sess text := $$pg_catalog.current_setting('cow.session_id', true)$$;
+    idx record;
+    n int := 0;
+BEGIN
+    SELECT * INTO STRICT r FROM cow.registry WHERE id = p_id;
+    rel := r.relid;
+    SELECT n2.nspname, c.relname INTO sch, tab FROM pg_class c JOIN pg_namespace n2 ON n2.oid = c.relnamespace
+    WHERE c.oid = rel;
+    ch := format('cow_changes.%I', r.changes_table);
+    b := format('%I.%I', sch, tab);
+    -- The old view (under its old name, if the table was renamed) goes first: it depends on the columns.
+    EXECUTE format('DROP VIEW IF EXISTS %I.%I CASCADE', r.overlay_schema, r.table_name);
+    SELECT array_agg(a.attname::text ORDER BY a.attnum),
+           array_agg(format_type(a.atttypid, a.atttypmod)
+                     || CASE WHEN a.attcollation <> 0 AND a.attcollation <> t.typcollation
+                             THEN ' COLLATE ' || (SELECT format('%I.%I', cn.nspname, co.collname)
+                                                  FROM pg_collation co JOIN pg_namespace cn ON cn.oid = co.collnamespace
+                                                  WHERE co.oid = a.attcollation)
+                             ELSE '' END ORDER BY a.attnum),
+           array_agg(a.attnum::int ORDER BY a.attnum)
+    INTO names, types, nums
+    FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+    WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped;
+    pk := cow._pk_columns(rel);
+
+    PERFORM cow._changes_table(r, names, types, nums);
     -- The current version of each (session, key): what the overlay view merges.
     IF pk IS DISTINCT FROM r.pk_columns OR to_regclass(format('cow_changes.%I', r.changes_table || '_cur')) IS NULL THEN
         EXECUTE format('DROP INDEX IF EXISTS cow_changes.%I', r.changes_table || '_cur');
@@ -140,32 +184,7 @@ BEGIN
         'AND x._cow_session = %7$s AND x._cow_current AND %8$s)',
         v, cow._collist(names, 'u.'), cow._collist(names, 'b.'), b, cow._collist(names, 'c.'), ch, sess,
         cow._eq(pk, 'x', 'u'));
-    -- Defaults come from the base table (serial and identity values from its sequences).
-    FOR col IN SELECT a.attname, a.attnum, pg_get_expr(d.adbin, d.adrelid) AS def, a.attidentity, a.attgenerated,
-                      format_type(a.atttypid, a.atttypmod) AS typ
-               FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-               WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped LOOP
-        IF col.attidentity = 'a' THEN
-            EXECUTE format('ALTER VIEW %s ALTER COLUMN %I SET DEFAULT cow._defaulted(nextval(%L::regclass), %L)', v,
-                           col.attname, pg_get_serial_sequence(b, col.attname),
-                           'cow._d_' || r.changes_table || '_' || col.attnum);
-        ELSIF col.attgenerated <> '' THEN
-            EXECUTE format('ALTER VIEW %s ALTER COLUMN %I SET DEFAULT cow._defaulted(NULL::%s, %L)', v, col.attname,
-                           col.typ, 'cow._d_' || r.changes_table || '_' || col.attnum);
-        ELSIF col.attidentity = 'd' THEN
-            EXECUTE format('ALTER VIEW %s ALTER COLUMN %I SET DEFAULT nextval(%L::regclass)', v, col.attname,
-                           pg_get_serial_sequence(b, col.attname));
-        ELSIF col.def IS NOT NULL AND col.attgenerated = '' THEN
-            EXECUTE format('ALTER VIEW %s ALTER COLUMN %I SET DEFAULT %s', v, col.attname, col.def);
-        END IF;
-    END LOOP;
-    -- The view's privileges mirror the table's (the owner of the table gets them all).
-    FOR col IN SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee)) END AS who,
-                      a.privilege_type AS priv
-               FROM pg_class c, aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) a
-               WHERE c.oid = rel AND a.privilege_type IN ('SELECT', 'INSERT', 'UPDATE', 'DELETE') LOOP
-        EXECUTE format('GRANT %s ON %s TO %s', col.priv, v, col.who);
-    END LOOP;
+    PERFORM cow._view_defaults(rel, v, b, r.changes_table);
 
     UPDATE cow.registry SET table_schema = sch, table_name = tab, pk_columns = pk, col_attnums = nums,
                             col_names = names, col_types = types
@@ -245,6 +264,10 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
                        'AND NOT z._cow_deleted AND %2$s) OR EXISTS (SELECT 1 FROM %3$s z WHERE %2$s AND NOT EXISTS '
                        '(SELECT 1 FROM cow_changes.%1$I y WHERE y._cow_session = _s AND y._cow_current AND %4$s OFFSET 0)))',
                        g.changes_table, p_cond, p_rel::regclass, cow._eq(g.pk_columns, 'y', 'z'))
+         FROM cow.registry g WHERE g.relid = p_rel AND g.pk_columns <> '{}'),
+        -- (A keyless table, 35_keyless.sql: through its overlay view, which reads the session from the GUC;
+        -- the constraint triggers set it to the session that wrote the version they check.)
+        (SELECT format('EXISTS (SELECT 1 FROM %I.%I z WHERE %s)', g.overlay_schema, g.table_name, p_cond)
          FROM cow.registry g WHERE g.relid = p_rel),
         format('EXISTS (SELECT 1 FROM %s z WHERE %s)', p_rel::regclass, p_cond))
 $$;
@@ -409,6 +432,88 @@ BEGIN
     END LOOP;
 END $gen$;
 
+-- The per-row code both generators (keyed, keyless) put in their INSERT and UPDATE triggers, in PostgreSQL's
+-- order: 428C9 for an explicit value of a GENERATED ALWAYS identity or generated column (dflt_ins, dflt_upd),
+-- generated columns and the partition check (gen_code), NOT NULL 23502 (nn_code), CHECK 23514 (chk_code).
+CREATE OR REPLACE FUNCTION cow._row_checks(rel oid, p_changes text, names text[], ncols text[], sch text, tab text,
+                                           OUT dflt_ins text, OUT dflt_upd text, OUT gen_code text, OUT nn_code text,
+                                           OUT chk_code text)
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $gen$
+DECLARE
+    col record;
+    cond text;
+    nn_any text := '';
+BEGIN
+    dflt_ins := '';
+    dflt_upd := '';
+    gen_code := '';
+    nn_code := '';
+    chk_code := '';
+    -- An explicit value for a GENERATED ALWAYS identity or a generated column (no DEFAULT flag): 428C9.
+    FOR col IN SELECT a.attname, a.attnum, a.attidentity = 'a' AS ident FROM pg_attribute a
+               WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped
+                 AND (a.attidentity = 'a' OR a.attgenerated <> '') ORDER BY a.attnum LOOP
+        dflt_ins := dflt_ins || format(
+            E'    IF pg_catalog.current_setting(%L, true) IS DISTINCT FROM ''on'' THEN\n'
+             '        RAISE EXCEPTION USING ERRCODE = ''428C9'', MESSAGE = %L, DETAIL = %L%s;\n    END IF;\n'
+             '    _g := pg_catalog.set_config(%L, '''', true);\n',
+            'cow._d_' || p_changes || '_' || col.attnum,
+            format('cannot insert a non-DEFAULT value into column "%s"', col.attname),
+            CASE WHEN col.ident THEN format('Column "%s" is an identity column defined as GENERATED ALWAYS.', col.attname)
+                 ELSE format('Column "%s" is a generated column.', col.attname) END,
+            CASE WHEN col.ident THEN ', HINT = ''Use OVERRIDING SYSTEM VALUE to override.''' ELSE '' END,
+            'cow._d_' || p_changes || '_' || col.attnum);
+        dflt_upd := dflt_upd || format(
+            E'    IF NEW.%I IS DISTINCT FROM OLD.%I AND pg_catalog.current_setting(%L, true) IS DISTINCT FROM ''on'' THEN\n'
+             '        RAISE EXCEPTION USING ERRCODE = ''428C9'', MESSAGE = %L, DETAIL = %L;\n    END IF;\n'
+             '    _g := pg_catalog.set_config(%L, '''', true);\n',
+            col.attname, col.attname, 'cow._d_' || p_changes || '_' || col.attnum,
+            format('column "%s" can only be updated to DEFAULT', col.attname),
+            CASE WHEN col.ident THEN format('Column "%s" is an identity column defined as GENERATED ALWAYS.', col.attname)
+                 ELSE format('Column "%s" is a generated column.', col.attname) END,
+            'cow._d_' || p_changes || '_' || col.attnum);
+    END LOOP;
+    -- Generated columns: computed from the other columns, as the table would.
+    FOR col IN SELECT a.attname, pg_get_expr(d.adbin, d.adrelid) AS expr
+               FROM pg_attribute a JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+               WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated <> ''
+               ORDER BY a.attnum LOOP
+        gen_code := gen_code || format(E'    SELECT (%s) INTO NEW.%I FROM (%s) AS _x;\n',
+                                       col.expr, col.attname, cow._rowsrc(ncols, 'NEW'));
+    END LOOP;
+    -- A partitioned table: the row must fall into a partition (23514), checked first like PostgreSQL's routing.
+    IF (SELECT relkind FROM pg_class WHERE oid = rel) = 'p' THEN
+        SELECT string_agg('(' || pg_get_partition_constraintdef(t.relid) || ')', ' OR ' ORDER BY t.relid)
+        INTO cond FROM pg_partition_tree(rel) t WHERE t.isleaf;
+        gen_code := gen_code || format(E'    IF (SELECT %s FROM (%s) AS _x) IS NOT TRUE THEN\n        %s\n    END IF;\n',
+            coalesce(cond, 'false'), cow._rowsrc(names, 'NEW'),
+            cow._raise('23514', format('no partition of relation "%s" found for row', tab), NULL, sch, tab));
+    END IF;
+    -- NOT NULL (23502).
+    FOR col IN SELECT a.attname FROM pg_attribute a
+               WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped AND a.attnotnull ORDER BY a.attnum LOOP
+        nn_code := nn_code || format(E'        IF NEW.%I IS NULL THEN\n            %s\n        END IF;\n', col.attname,
+            cow._raise('23502', format('null value in column "%s" of relation "%s" violates not-null constraint',
+                                       col.attname, tab), NULL, sch, tab, NULL, col.attname));
+        nn_any := nn_any || format(' OR NEW.%I IS NULL', col.attname);
+    END LOOP;
+    -- One condition on the path without a NULL (each IF is an expression evaluation, set up anew in each
+    -- transaction), then the column PostgreSQL would name (the first in attribute order).
+    IF nn_code <> '' THEN
+        nn_code := format(E'    IF %s THEN\n%s    END IF;\n', substr(nn_any, 5), nn_code);
+    END IF;
+    -- CHECK (23514), evaluated in one query, in constraint name order like PostgreSQL.
+    SELECT string_agg(format('WHEN (%s) IS FALSE THEN %L', pg_get_expr(c.conbin, c.conrelid), c.conname),
+                      ' ' ORDER BY c.conname)
+    INTO cond
+    FROM pg_constraint c WHERE c.conrelid = rel AND c.contype = 'c';
+    IF cond IS NOT NULL THEN
+        chk_code := format(E'    SELECT CASE %s END INTO _bad FROM (%s) AS _x;\n    IF _bad IS NOT NULL THEN\n'
+                           '        RAISE EXCEPTION USING ERRCODE = ''23514'', MESSAGE = format(''new row for relation "%%s" violates check constraint "%%s"'', %L, _bad), SCHEMA = %L, TABLE = %L, CONSTRAINT = _bad;\n'
+                           '    END IF;\n', cond, cow._rowsrc(names, 'NEW'), tab, sch, tab);
+    END IF;
+END $gen$;
+
 -- The trigger generator below is also the cheaper in-session write path (measured in docs/layer.md
 -- "Performance" and docs/benchmarks.md "Writes in a session"):
 -- - the session id is read directly and the once-per-transaction registry check runs inline (cow._write_session
@@ -439,7 +544,6 @@ DECLARE
     has_always boolean;
     gen_code text := '';
     nn_code text := '';
-    nn_any text := '';
     chk_code text := '';
     uq_ins text := '';
     uq_upd text := '';
@@ -504,69 +608,7 @@ BEGIN
     INTO ncols, setcols, has_always
     FROM pg_attribute a WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped;
 
-    -- An explicit value for a GENERATED ALWAYS identity or a generated column (no DEFAULT flag): 428C9.
-    FOR col IN SELECT a.attname, a.attnum, a.attidentity = 'a' AS ident FROM pg_attribute a
-               WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped
-                 AND (a.attidentity = 'a' OR a.attgenerated <> '') ORDER BY a.attnum LOOP
-        dflt_ins := dflt_ins || format(
-            E'    IF pg_catalog.current_setting(%L, true) IS DISTINCT FROM ''on'' THEN\n'
-             '        RAISE EXCEPTION USING ERRCODE = ''428C9'', MESSAGE = %L, DETAIL = %L%s;\n    END IF;\n'
-             '    _g := pg_catalog.set_config(%L, '''', true);\n',
-            'cow._d_' || r.changes_table || '_' || col.attnum,
-            format('cannot insert a non-DEFAULT value into column "%s"', col.attname),
-            CASE WHEN col.ident THEN format('Column "%s" is an identity column defined as GENERATED ALWAYS.', col.attname)
-                 ELSE format('Column "%s" is a generated column.', col.attname) END,
-            CASE WHEN col.ident THEN ', HINT = ''Use OVERRIDING SYSTEM VALUE to override.''' ELSE '' END,
-            'cow._d_' || r.changes_table || '_' || col.attnum);
-        dflt_upd := dflt_upd || format(
-            E'    IF NEW.%I IS DISTINCT FROM OLD.%I AND pg_catalog.current_setting(%L, true) IS DISTINCT FROM ''on'' THEN\n'
-             '        RAISE EXCEPTION USING ERRCODE = ''428C9'', MESSAGE = %L, DETAIL = %L;\n    END IF;\n'
-             '    _g := pg_catalog.set_config(%L, '''', true);\n',
-            col.attname, col.attname, 'cow._d_' || r.changes_table || '_' || col.attnum,
-            format('column "%s" can only be updated to DEFAULT', col.attname),
-            CASE WHEN col.ident THEN format('Column "%s" is an identity column defined as GENERATED ALWAYS.', col.attname)
-                 ELSE format('Column "%s" is a generated column.', col.attname) END,
-            'cow._d_' || r.changes_table || '_' || col.attnum);
-    END LOOP;
-    -- Generated columns: computed from the other columns, as the table would.
-    FOR col IN SELECT a.attname, pg_get_expr(d.adbin, d.adrelid) AS expr
-               FROM pg_attribute a JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-               WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated <> ''
-               ORDER BY a.attnum LOOP
-        gen_code := gen_code || format(E'    SELECT (%s) INTO NEW.%I FROM (%s) AS _x;\n',
-                                       col.expr, col.attname, cow._rowsrc(ncols, 'NEW'));
-    END LOOP;
-    -- A partitioned table: the row must fall into a partition (23514), checked first like PostgreSQL's routing.
-    IF (SELECT relkind FROM pg_class WHERE oid = rel) = 'p' THEN
-        SELECT string_agg('(' || pg_get_partition_constraintdef(t.relid) || ')', ' OR ' ORDER BY t.relid)
-        INTO cond FROM pg_partition_tree(rel) t WHERE t.isleaf;
-        gen_code := gen_code || format(E'    IF (SELECT %s FROM (%s) AS _x) IS NOT TRUE THEN\n        %s\n    END IF;\n',
-            coalesce(cond, 'false'), cow._rowsrc(names, 'NEW'),
-            cow._raise('23514', format('no partition of relation "%s" found for row', tab), NULL, sch, tab));
-    END IF;
-    -- NOT NULL (23502).
-    FOR col IN SELECT a.attname FROM pg_attribute a
-               WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped AND a.attnotnull ORDER BY a.attnum LOOP
-        nn_code := nn_code || format(E'        IF NEW.%I IS NULL THEN\n            %s\n        END IF;\n', col.attname,
-            cow._raise('23502', format('null value in column "%s" of relation "%s" violates not-null constraint',
-                                       col.attname, tab), NULL, sch, tab, NULL, col.attname));
-        nn_any := nn_any || format(' OR NEW.%I IS NULL', col.attname);
-    END LOOP;
-    -- One condition on the path without a NULL (each IF is an expression evaluation, set up anew in each
-    -- transaction), then the column PostgreSQL would name (the first in attribute order).
-    IF nn_code <> '' THEN
-        nn_code := format(E'    IF %s THEN\n%s    END IF;\n', substr(nn_any, 5), nn_code);
-    END IF;
-    -- CHECK (23514), evaluated in one query, in constraint name order like PostgreSQL.
-    SELECT string_agg(format('WHEN (%s) IS FALSE THEN %L', pg_get_expr(c.conbin, c.conrelid), c.conname),
-                      ' ' ORDER BY c.conname)
-    INTO cond
-    FROM pg_constraint c WHERE c.conrelid = rel AND c.contype = 'c';
-    IF cond IS NOT NULL THEN
-        chk_code := format(E'    SELECT CASE %s END INTO _bad FROM (%s) AS _x;\n    IF _bad IS NOT NULL THEN\n'
-                           '        RAISE EXCEPTION USING ERRCODE = ''23514'', MESSAGE = format(''new row for relation "%%s" violates check constraint "%%s"'', %L, _bad), SCHEMA = %L, TABLE = %L, CONSTRAINT = _bad;\n'
-                           '    END IF;\n', cond, cow._rowsrc(names, 'NEW'), tab, sch, tab);
-    END IF;
+    SELECT * INTO dflt_ins, dflt_upd, gen_code, nn_code, chk_code FROM cow._row_checks(rel, r.changes_table, names, ncols, sch, tab);
     -- PRIMARY KEY and UNIQUE (23505), and exclusion constraints (23P01), against the session's view of the
     -- table, in index creation order like PostgreSQL. Partial and expression UNIQUE indexes and exclusion
     -- constraints: cow._xcheck_code.

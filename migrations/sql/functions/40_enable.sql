@@ -78,16 +78,22 @@ DECLARE
     sch text;
     tab text;
     new_id int;
+    note text;
 BEGIN
     SELECT n.nspname, c.relname INTO sch, tab FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
     WHERE c.oid = p_rel;
     PERFORM cow._add_guard(p_rel);
-    IF EXISTS (SELECT 1 FROM cow.registry WHERE relid = p_rel) THEN
+    -- (A registered table whose kind changed, cow._kl_recheck, is dropped from the registry and enabled anew.)
+    IF EXISTS (SELECT 1 FROM cow.registry WHERE relid = p_rel) AND NOT cow._kl_recheck(p_rel) THEN
         RETURN NULL;
     END IF;
+    -- A table without a primary key is enabled as a keyless table (35_keyless.sql) when its rows can be compared.
     IF cow._pk_columns(p_rel) IS NULL THEN
-        RETURN format('table %I.%I has no primary key: not enabled (it stays plain; writes to it in a session are refused)',
-                      sch, tab);
+        note := cow._kl_refusal(p_rel);
+        IF note IS NOT NULL THEN
+            RETURN format('table %I.%I %s: not enabled (it stays plain; writes to it in a session are refused)',
+                          sch, tab, note);
+        END IF;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = p_rel AND attnum > 0 AND NOT attisdropped
                AND attname LIKE '\_cow\_%') THEN
@@ -144,13 +150,21 @@ BEGIN
     FOR x IN SELECT g.id, g.relid, g.signature, g.overlay_schema, g.table_name FROM cow.registry g ORDER BY g.id LOOP
         IF p_force OR x.signature IS DISTINCT FROM cow._signature(x.relid)
            OR to_regclass(format('%I.%I', x.overlay_schema, (SELECT relname FROM pg_class WHERE oid = x.relid))) IS NULL THEN
-            PERFORM cow._build_view(x.id);
+            IF cow._pk_columns(x.relid) IS NULL THEN
+                PERFORM cow._kl_build_view(x.id);
+            ELSE
+                PERFORM cow._build_view(x.id);
+            END IF;
             rebuilt := true;
         END IF;
     END LOOP;
     IF rebuilt THEN
-        FOR x IN SELECT g.id FROM cow.registry g ORDER BY g.id LOOP
-            PERFORM cow._build_triggers(x.id);
+        FOR x IN SELECT g.id, g.pk_columns FROM cow.registry g ORDER BY g.id LOOP
+            IF x.pk_columns = '{}' THEN
+                PERFORM cow._kl_build_triggers(x.id);
+            ELSE
+                PERFORM cow._build_triggers(x.id);
+            END IF;
         END LOOP;
     ELSE
         -- The mirrors of base indexes (cow._build_lookup_indexes) after CREATE or DROP INDEX of a non-unique

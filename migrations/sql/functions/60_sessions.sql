@@ -73,15 +73,19 @@ LANGUAGE sql IMMUTABLE AS $$ SELECT '{_cow_seq,_cow_session,_cow_op,_cow_deleted
 
 -- The per-table SELECTs of the session functions below over every changes table (`c`), joined by UNION ALL
 -- (NULL: no table is enabled). In p_select, {schema} and {table} stand for the table's name as text
--- literals, {pk} for its primary key as a jsonb object and {pkcols} for the key columns of `c`.
+-- literals, {pk} for its primary key as a jsonb object and {pkcols} for the key columns of `c` (for a keyless
+-- table both are the row's whole value as jsonb).
 CREATE OR REPLACE FUNCTION cow._changes_union(p_select text, p_where text) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT string_agg(format('SELECT %s FROM cow_changes.%I c WHERE %s',
         replace(replace(replace(replace(p_select,
             '{schema}', quote_literal(g.table_schema) || '::text'),
             '{table}', quote_literal(g.table_name) || '::text'),
-            '{pk}', format('jsonb_build_object(%s)', cow._jsonargs(g.pk_columns, 'c'))),
-            '{pkcols}', cow._collist(g.pk_columns, 'c.')),
+            -- (A keyless table, pk_columns '{}': a row is identified by its whole value.)
+            '{pk}', CASE WHEN g.pk_columns = '{}' THEN '(to_jsonb(c) - cow._meta_columns())'
+                         ELSE format('jsonb_build_object(%s)', cow._jsonargs(g.pk_columns, 'c')) END),
+            '{pkcols}', CASE WHEN g.pk_columns = '{}' THEN '(to_jsonb(c) - cow._meta_columns())'
+                             ELSE cow._collist(g.pk_columns, 'c.') END),
         g.changes_table, p_where), ' UNION ALL ')
     FROM cow.registry g
 $$;

@@ -101,6 +101,7 @@ BEGIN
     -- Conflicts first, so that nothing is written when one exists.
     FOR i IN 1 .. coalesce(array_length(ord, 1), 0) LOOP
         SELECT * INTO g FROM cow.registry WHERE id = ord[i];
+        CONTINUE WHEN g.pk_columns = '{}';  -- keyless (35_keyless.sql): cow._kl_commit below
         sel := cow._latest_code(g.changes_table, g.pk_columns);
         pkeq := cow._eq(g.pk_columns, 'b', 'c');
         IF on_conflict = 'fail' THEN
@@ -125,6 +126,7 @@ BEGIN
     -- holds waits for those updates (the check in the delete passes).
     FOR i IN 1 .. coalesce(array_length(ord, 1), 0) LOOP
         SELECT * INTO g FROM cow.registry WHERE id = ord[i];
+        CONTINUE WHEN g.pk_columns = '{}';  -- keyless (35_keyless.sql): cow._kl_commit below
         -- (a key the session moved away from is not deleted: the move is applied as an UPDATE, references follow)
         WITH f AS (
             SELECT k.oid, cow._attnames(k.conrelid, k.conkey) AS cols,
@@ -178,6 +180,13 @@ BEGIN
     -- Deletes, children first.
     FOR i IN REVERSE coalesce(array_length(ord, 1), 0) .. 1 LOOP
         SELECT * INTO g FROM cow.registry WHERE id = ord[i];
+        IF g.pk_columns = '{}' THEN
+            -- A keyless table (35_keyless.sql; never referenced: no unique index): its deletes first.
+            summary := jsonb_set(summary, ARRAY[g.table_schema || '.' || g.table_name],
+                                 jsonb_build_object('inserted', 0, 'updated', 0,
+                                                    'deleted', cow._kl_commit(g, session, chosen, on_conflict, true)));
+            CONTINUE;
+        END IF;
         sel := cow._latest_code(g.changes_table, g.pk_columns);
         -- Deleted keys, and keys a moved row takes over (the session deleted their base row first). The old
         -- key of a primary-key move is not deleted: the move is applied as an UPDATE below, so that the
@@ -202,6 +211,7 @@ BEGIN
     -- Inserts and updates, parents first, rows in write order.
     FOR i IN 1 .. coalesce(array_length(ord, 1), 0) LOOP
         SELECT * INTO g FROM cow.registry WHERE id = ord[i];
+        CONTINUE WHEN g.pk_columns = '{}';  -- keyless (35_keyless.sql): cow._kl_commit below
         sel := cow._latest_code(g.changes_table, g.pk_columns);
         pkeq := cow._eq(g.pk_columns, 'b', 'c');
         SELECT array_agg(a.attname::text ORDER BY a.attnum) FILTER (WHERE a.attgenerated = ''),
@@ -289,6 +299,7 @@ BEGIN
     -- The deletes held back above, children first: by now no base row the session kept references them.
     FOR i IN REVERSE coalesce(array_length(ord, 1), 0) .. 1 LOOP
         SELECT * INTO g FROM cow.registry WHERE id = ord[i];
+        CONTINUE WHEN g.pk_columns = '{}';  -- keyless (35_keyless.sql): cow._kl_commit below
         sel := cow._latest_code(g.changes_table, g.pk_columns);
         EXECUTE format('DELETE FROM %I.%I b USING %s c WHERE c._cow_deleted AND %s', g.table_schema, g.table_name,
                        sel, cow._eq(g.pk_columns, 'b', 'c'))
@@ -305,6 +316,7 @@ BEGIN
     FOR i IN 1 .. coalesce(array_length(ord, 1), 0) LOOP
         CONTINUE WHEN NOT pending ? i::text;
         SELECT * INTO g FROM cow.registry WHERE id = ord[i];
+        CONTINUE WHEN g.pk_columns = '{}';  -- keyless (35_keyless.sql): cow._kl_commit below
         sel := cow._latest_code(g.changes_table, g.pk_columns);
         ckey := format('jsonb_build_object(%s)', cow._jsonargs(g.pk_columns, 'c'));
         SELECT array_agg(a.attname::text ORDER BY a.attnum) FILTER (WHERE a.attgenerated = ''),
@@ -323,9 +335,22 @@ BEGIN
         stats := jsonb_set(stats, '{inserted}', to_jsonb((stats ->> 'inserted')::bigint + n));
         summary := jsonb_set(summary, ARRAY[g.table_schema || '.' || g.table_name], stats);
     END LOOP;
+    -- The rows added to keyless tables, last: nothing references them (no unique index), they may reference
+    -- any row written above.
+    FOR i IN 1 .. coalesce(array_length(ord, 1), 0) LOOP
+        SELECT * INTO g FROM cow.registry WHERE id = ord[i];
+        CONTINUE WHEN g.pk_columns <> '{}';
+        stats := summary -> (g.table_schema || '.' || g.table_name);
+        summary := jsonb_set(summary, ARRAY[g.table_schema || '.' || g.table_name],
+                             jsonb_set(stats, '{inserted}', to_jsonb(cow._kl_commit(g, session, chosen, on_conflict, false))));
+    END LOOP;
     -- Drop what was applied; later writes of other operations stay, now based on the new base rows.
     FOR i IN 1 .. coalesce(array_length(ord, 1), 0) LOOP
         SELECT * INTO g FROM cow.registry WHERE id = ord[i];
+        IF g.pk_columns = '{}' AND chosen IS NOT NULL THEN
+            remaining := remaining + cow._kl_commit_rebase(g, session, chosen);
+            CONTINUE;
+        END IF;
         IF chosen IS NULL THEN
             EXECUTE format('DELETE FROM cow_changes.%I WHERE _cow_session = $1', g.changes_table) USING session;
         ELSE

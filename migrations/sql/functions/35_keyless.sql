@@ -1,0 +1,406 @@
+-- cowproxy copy-on-write layer: tables without a key ("keyless": no primary key, no unique index).
+-- A repeatable file (docs/layer.md, "Migrations"): it holds the one current definition of each function in it,
+-- and `install` re-applies it whenever its text changes, after the numbered files and before cow.refresh(true).
+--
+-- A keyless table is a multiset of row values: identical rows are indistinguishable to a client, so a row is
+-- identified by its whole value, compared with `=` on the table's composite type (record_eq: NULL-safe,
+-- hashable). The registry marks such a table with pk_columns = '{}'. Its changes table has the keyed shape;
+-- its rows mean:
+-- - an added row value: _cow_deleted false, _cow_current true while the session has not removed it again;
+-- - a tombstone, "one base instance of this value removed": _cow_deleted and _cow_current true;
+-- - a log entry of a removal that retired one of the session's own added instances: _cow_deleted true,
+--   _cow_current false, _cow_origin {"retires": <its _cow_seq>} (commit with operations needs the link).
+-- The keyed generators (30_generators.sql) and their view shape are not used for these tables.
+
+-- Whether values of type p_type compare with `=` (a default btree operator class, through domains, arrays,
+-- ranges and composite types): record_eq over the table's row type needs it for every column.
+CREATE OR REPLACE FUNCTION cow._kl_type_ok(p_type oid) RETURNS boolean
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    t pg_type;
+BEGIN
+    SELECT * INTO STRICT t FROM pg_type WHERE oid = p_type;
+    IF EXISTS (SELECT 1 FROM pg_opclass o JOIN pg_am a ON a.oid = o.opcmethod
+               WHERE a.amname = 'btree' AND o.opcdefault
+                 AND (o.opcintype = p_type OR EXISTS (SELECT 1 FROM pg_cast k WHERE k.castsource = p_type
+                                                      AND k.casttarget = o.opcintype AND k.castmethod = 'b'))) THEN
+        RETURN true;
+    END IF;
+    RETURN CASE
+        WHEN t.typtype = 'd' THEN cow._kl_type_ok(t.typbasetype)
+        WHEN t.typtype = 'e' THEN true
+        WHEN t.typtype = 'c' THEN NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = t.typrelid AND a.attnum > 0
+                                              AND NOT a.attisdropped AND NOT cow._kl_type_ok(a.atttypid))
+        WHEN t.typtype = 'r' THEN cow._kl_type_ok((SELECT rngsubtype FROM pg_range WHERE rngtypid = p_type))
+        WHEN t.typtype = 'm' THEN cow._kl_type_ok((SELECT rngtypid FROM pg_range WHERE rngmultitypid = p_type))
+        WHEN t.typelem <> 0 AND t.typsubscript = 'array_subscript_handler'::regproc THEN cow._kl_type_ok(t.typelem)
+        ELSE false END;
+END $$;
+
+-- Why table p_rel (without a primary key) cannot be enabled as a keyless table, or NULL when it can.
+CREATE OR REPLACE FUNCTION cow._kl_refusal(p_rel oid) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    cols text;
+BEGIN
+    -- (A UNIQUE index over nullable columns is no key; checking it against base + session is not done.)
+    IF EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = p_rel AND (i.indisunique OR i.indisexclusion)) THEN
+        RETURN 'has no primary key and a UNIQUE index or exclusion constraint (not supported without a key)';
+    END IF;
+    SELECT string_agg(format('%I %s', a.attname, format_type(a.atttypid, a.atttypmod)), ', ' ORDER BY a.attnum)
+    INTO cols FROM pg_attribute a
+    WHERE a.attrelid = p_rel AND a.attnum > 0 AND NOT a.attisdropped AND NOT cow._kl_type_ok(a.atttypid);
+    IF cols IS NOT NULL THEN
+        RETURN format('has no primary key and columns whose type has no equality operator (%s): its rows cannot be '
+                      'told apart', cols);
+    END IF;
+    RETURN NULL;
+END $$;
+
+-- Drop the per-table objects of registry entry p_id and the entry itself (the table leaves the layer or
+-- changes kind: it got or lost its primary key, or a keyless table became one that cannot be enabled).
+-- Refuses (0A000) while sessions hold changes to it: they were recorded for the other kind.
+CREATE OR REPLACE FUNCTION cow._kl_unregister(p_id int, p_why text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r cow.registry%ROWTYPE;
+    holders text;
+BEGIN
+    SELECT * INTO STRICT r FROM cow.registry WHERE id = p_id;
+    IF to_regclass(format('cow_changes.%I', r.changes_table)) IS NOT NULL THEN
+        EXECUTE format('SELECT string_agg(DISTINCT _cow_session, '', '') FROM cow_changes.%I', r.changes_table)
+        INTO holders;
+    END IF;
+    IF holders IS NOT NULL THEN
+        RAISE EXCEPTION 'cowproxy: table %.% %, but sessions hold changes to it: %', quote_ident(r.table_schema),
+            quote_ident(r.table_name), p_why, holders
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'commit or discard those sessions first (their changes were recorded for the table as it was)';
+    END IF;
+    EXECUTE format('DROP VIEW IF EXISTS %I.%I CASCADE', r.overlay_schema, r.table_name);
+    EXECUTE format('DROP TABLE IF EXISTS cow_changes.%I CASCADE', r.changes_table);
+    EXECUTE format('DROP FUNCTION IF EXISTS cow_changes.%I(), cow_changes.%I(), cow_changes.%I(), cow_changes.%I(), '
+                   'cow_changes.%I(), cow_changes.%I()', r.changes_table || '_ins', r.changes_table || '_upd',
+                   r.changes_table || '_del', r.changes_table || '_mark', r.changes_table || '_fkcheck',
+                   r.changes_table || '_dfr');
+    DELETE FROM cow.registry WHERE id = p_id;
+END $$;
+
+-- cow._register of a table already in the registry: when its kind changed (a primary key added to a keyless
+-- table or dropped from a keyed one, or a keyless table that can no longer be enabled), its objects are
+-- dropped (cow._kl_unregister) and true is returned: the caller registers it anew.
+CREATE OR REPLACE FUNCTION cow._kl_recheck(p_rel oid) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r cow.registry%ROWTYPE;
+    keyless boolean := cow._pk_columns(p_rel) IS NULL;
+BEGIN
+    SELECT * INTO STRICT r FROM cow.registry WHERE relid = p_rel;
+    IF (r.pk_columns = '{}') = keyless AND NOT (keyless AND cow._kl_refusal(p_rel) IS NOT NULL) THEN
+        RETURN false;
+    END IF;
+    PERFORM cow._kl_unregister(r.id, CASE WHEN r.pk_columns = '{}' AND NOT keyless THEN 'got a primary key'
+                                          WHEN NOT keyless THEN 'changed'
+                                          WHEN r.pk_columns <> '{}' THEN 'lost its primary key'
+                                          ELSE cow._kl_refusal(p_rel) END);
+    RETURN true;
+END $$;
+
+-- "ROW(c.a, c.b)::<table type>": the row value of changes-table row `c` as a value of the base table's row type,
+-- which `=` compares with a base row like record_eq: NULL-safe and hashable. (A base row's whole-row reference
+-- is always spelled with a `_cow_` alias: a bare alias like `b` would be the column `b` if the table has one,
+-- and app columns named _cow_* are refused.)
+CREATE OR REPLACE FUNCTION cow._kl_value(names text[], r text, b text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT format('ROW(%s)::%s', cow._collist(names, r || '.'), b)
+$$;
+
+-- The changes table and overlay view of keyless registry entry p_id. The view is the base rows (less one
+-- instance per tombstone of the session) plus the session's added rows.
+CREATE OR REPLACE FUNCTION cow._kl_build_view(p_id int) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
+DECLARE
+    r cow.registry%ROWTYPE;
+    rel oid;
+    sch text;
+    tab text;
+    ch text;
+    v text;
+    b text;
+    names text[];
+    types text[];
+    nums int[];
+    sess text := $$pg_catalog.current_setting('cow.session_id', true)$$;
+BEGIN
+    SELECT * INTO STRICT r FROM cow.registry WHERE id = p_id;
+    rel := r.relid;
+    SELECT n2.nspname, c.relname INTO sch, tab FROM pg_class c JOIN pg_namespace n2 ON n2.oid = c.relnamespace
+    WHERE c.oid = rel;
+    ch := format('cow_changes.%I', r.changes_table);
+    b := format('%I.%I', sch, tab);
+    EXECUTE format('DROP VIEW IF EXISTS %I.%I CASCADE', r.overlay_schema, r.table_name);
+    SELECT array_agg(a.attname::text ORDER BY a.attnum),
+           array_agg(format_type(a.atttypid, a.atttypmod)
+                     || CASE WHEN a.attcollation <> 0 AND a.attcollation <> t.typcollation
+                             THEN ' COLLATE ' || (SELECT format('%I.%I', cn.nspname, co.collname)
+                                                  FROM pg_collation co JOIN pg_namespace cn ON cn.oid = co.collnamespace
+                                                  WHERE co.oid = a.attcollation)
+                             ELSE '' END ORDER BY a.attnum),
+           array_agg(a.attnum::int ORDER BY a.attnum)
+    INTO names, types, nums
+    FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+    WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped;
+    PERFORM cow._changes_table(r, names, types, nums);
+    v := format('%I.%I', r.overlay_schema, tab);
+    EXECUTE format(
+        'CREATE VIEW %1$s AS SELECT %2$s FROM %3$s b '
+        'UNION ALL SELECT %4$s FROM %5$s c WHERE c._cow_session = %6$s AND c._cow_current AND NOT c._cow_deleted',
+        v, cow._collist(names, 'b.'), b, cow._collist(names, 'c.'), ch, sess);
+    PERFORM cow._view_defaults(rel, v, b, r.changes_table);
+    UPDATE cow.registry SET table_schema = sch, table_name = tab, pk_columns = '{}', col_attnums = nums,
+                            col_names = names, col_types = types
+    WHERE id = p_id;
+END $gen$;
+
+-- The INSTEAD OF triggers of keyless registry entry p_id: an INSERT records an added row value after the
+-- checks the keyed path makes for non-key constraints (cow._row_checks; FOREIGN KEYs at the end of the
+-- statement, deferrable ones by constraint triggers on the changes table, as for keyed tables).
+CREATE OR REPLACE FUNCTION cow._kl_build_triggers(p_id int) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
+DECLARE
+    r cow.registry%ROWTYPE;
+    rel oid;
+    sch text;
+    tab text;
+    ch text;
+    v text;
+    b text;
+    names text[];
+    ncols text[];
+    setcols text[];
+    has_always boolean;
+    dflt_ins text;
+    dflt_upd text;
+    gen_code text;
+    nn_code text;
+    chk_code text;
+    con record;
+    cond text;
+    fn text;
+    fk_all text := '0';
+    fk_n int := 0;
+    fk_ins text := '';
+    dq text := '';
+    dq_stmt text := '';
+    dn int := 0;
+    dcheck text;
+    dtrg jsonb := '{}';
+    mark_guc text;
+    decl text := E'DECLARE\n    _s text := nullif(pg_catalog.current_setting(''cow.session_id'', true), '''');\n    _o text;\n    _g text;\n    _bad text;\n';
+    reg_code text := E'    IF _s IS NOT NULL AND pg_catalog.current_setting(''cow._open'', true) IS DISTINCT FROM cow._open_stamp(_s) THEN\n'
+                      '        PERFORM cow._write_session();\n'
+                      '    END IF;\n';
+    refuse text;
+BEGIN
+    SELECT * INTO STRICT r FROM cow.registry WHERE id = p_id;
+    PERFORM cow._build_lookup_indexes(p_id);
+    rel := r.relid;
+    sch := r.table_schema;
+    tab := r.table_name;
+    mark_guc := 'cow._mark_' || r.changes_table;
+    ch := format('cow_changes.%I', r.changes_table);
+    b := format('%I.%I', sch, tab);
+    v := format('%I.%I', r.overlay_schema, tab);
+    names := r.col_names;
+    SELECT array_agg(a.attname::text ORDER BY a.attnum) FILTER (WHERE a.attgenerated = ''),
+           array_agg(a.attname::text ORDER BY a.attnum) FILTER (WHERE a.attgenerated = '' AND a.attidentity <> 'a'),
+           bool_or(a.attidentity = 'a')
+    INTO ncols, setcols, has_always
+    FROM pg_attribute a WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped;
+    SELECT * INTO dflt_ins, dflt_upd, gen_code, nn_code, chk_code
+    FROM cow._row_checks(rel, r.changes_table, names, ncols, sch, tab);
+    -- FOREIGN KEY, this table as the child (23503), as in cow._build_triggers: the parent must be in the
+    -- session's view of the parent at the end of the statement (a keyless table is never a parent: that
+    -- takes a unique index).
+    FOR con IN SELECT c.conname, cow._attnames(c.conrelid, c.conkey) AS cols, c.confrelid,
+                      cow._attnames(c.confrelid, c.confkey) AS refcols, pr.relname AS parent,
+                      c.condeferrable, c.condeferred
+               FROM pg_constraint c JOIN pg_class pr ON pr.oid = c.confrelid
+               WHERE c.conrelid = rel AND c.contype = 'f' ORDER BY c.conname LOOP
+        IF con.condeferrable THEN
+            cond := format('%s AND NOT %s', cow._notnull(con.cols, 'c'),
+                           cow._sexists(con.confrelid, cow._eq2(con.refcols, 'z', con.cols, 'c')));
+        ELSE
+            cond := format('%s AND NOT EXISTS (SELECT 1 FROM %s z WHERE %s)', cow._notnull(con.cols, 'c'),
+                           cow._session_rel(con.confrelid), cow._eq2(con.refcols, 'z', con.cols, 'c'));
+        END IF;
+        fk_all := fk_all || format(' | %s', 1 << least(fk_n, 30));
+        cond := cond || format(' AND (c._cow_fk & %s) <> 0', 1 << least(fk_n, 30));
+        dcheck := format(E'    SELECT c._cow_seq, format(''Key (%%s)=(%%s) is not present in table "%%s".'', %L, %s, %L)\n'
+                         '    INTO _seq, _det FROM %s c WHERE c._cow_session = _s AND %%VF%%\n'
+                         '        AND c._cow_current AND NOT c._cow_deleted AND %s\n'
+                         '    ORDER BY c._cow_seq LIMIT 1;\n'
+                         '    IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN\n'
+                         '        _best := _seq; _bdet := _det; _bcon := %L; _bmsg := %L; _bcode := ''23503''; _btab := NULL; _bsch := NULL;\n'
+                         '    END IF;\n',
+                         cow._collist(con.cols), cow._keytext(con.cols, 'c'), con.parent, ch, cond, con.conname,
+                         format('insert or update on table "%s" violates foreign key constraint "%s"',
+                                tab, con.conname));
+        IF con.condeferrable THEN
+            dn := dn + 1;
+            dq := dq || cow._defer_branch(dn, dcheck, 'c._cow_seq = _v', false);
+            dq_stmt := dq_stmt || cow._defer_branch(dn, dcheck, 'c._cow_seq > _mark', true);
+            dtrg := cow._defer_trigger(dtrg, con.conname, con.condeferred,
+                                       format('(NEW._cow_fk & %s) <> 0', 1 << least(fk_n, 30)), dn);
+        ELSE
+            fk_ins := fk_ins || replace(dcheck, '%VF%', 'c._cow_seq > _mark');
+        END IF;
+        fk_n := fk_n + 1;
+    END LOOP;
+
+    -- INSERT: one added row value.
+    fn := format('cow_changes.%I', r.changes_table || '_ins');
+    EXECUTE format(E'CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql '
+                   'AS $body$\n%sBEGIN\n%s%s'
+                   '    IF _s IS NULL THEN\n        INSERT INTO %s AS y (%s) %s VALUES (%s) RETURNING y.* INTO NEW;\n        RETURN NEW;\n    END IF;\n'
+                   '    _o := cow._write_operation();\n%s%s%s'
+                   '    INSERT INTO %s (_cow_session, _cow_op, _cow_deleted, _cow_fk, %s) VALUES (_s, _o, false, %s, %s);\n'
+                   '    RETURN NEW;\nEND $body$',
+                   fn, decl, reg_code, dflt_ins, b, cow._collist(ncols), CASE WHEN has_always THEN 'OVERRIDING SYSTEM VALUE' ELSE '' END,
+                   cow._collist(ncols, 'NEW.'), gen_code, nn_code, chk_code,
+                   ch, cow._collist(names), CASE WHEN fk_n = 0 THEN '0' ELSE fk_all END, cow._collist(names, 'NEW.'));
+    EXECUTE format('CREATE OR REPLACE TRIGGER cow_insert INSTEAD OF INSERT ON %s FOR EACH ROW EXECUTE FUNCTION %s()', v, fn);
+    -- UPDATE and DELETE: not in a session yet (0A000, never a base write); without a session the overlay view
+    -- writes the base table like the keyed ones, one instance of the row value.
+    refuse := format(E'    IF _s IS NOT NULL THEN\n        RAISE EXCEPTION ''cowproxy: %% of table %% in a session is not supported yet: it has no primary key'', TG_OP, %L\n'
+                     '            USING ERRCODE = ''feature_not_supported'', SCHEMA = %L, TABLE = %L;\n    END IF;\n',
+                     b, sch, tab);
+    fn := format('cow_changes.%I', r.changes_table || '_upd');
+    EXECUTE format(E'CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql '
+                   'AS $body$\n%sBEGIN\n%s'
+                   '    UPDATE %s AS y SET (%s) = ROW(%s) WHERE (y.tableoid, y.ctid) = (SELECT _cow_z.tableoid, _cow_z.ctid FROM %s _cow_z WHERE _cow_z = %s LIMIT 1) RETURNING y.* INTO NEW;\n'
+                   '    RETURN NEW;\nEND $body$',
+                   fn, decl, refuse, b, cow._collist(setcols), cow._collist(setcols, 'NEW.'), b, cow._kl_value(names, 'OLD', b));
+    EXECUTE format('CREATE OR REPLACE TRIGGER cow_update INSTEAD OF UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION %s()', v, fn);
+    fn := format('cow_changes.%I', r.changes_table || '_del');
+    EXECUTE format(E'CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql '
+                   'AS $body$\n%sBEGIN\n%s'
+                   '    DELETE FROM %s AS y WHERE (y.tableoid, y.ctid) = (SELECT _cow_z.tableoid, _cow_z.ctid FROM %s _cow_z WHERE _cow_z = %s LIMIT 1);\n'
+                   '    IF NOT FOUND THEN\n        RETURN NULL;\n    END IF;\n    RETURN OLD;\nEND $body$',
+                   fn, decl, refuse, b, b, cow._kl_value(names, 'OLD', b));
+    EXECUTE format('CREATE OR REPLACE TRIGGER cow_delete INSTEAD OF DELETE ON %s FOR EACH ROW EXECUTE FUNCTION %s()', v, fn);
+    -- Statement-level FOREIGN KEY checks, as cow._build_triggers makes them.
+    PERFORM cow._defer_triggers(p_id, dtrg, dq);
+    IF fk_ins = '' AND dq_stmt = '' THEN
+        EXECUTE format('DROP TRIGGER IF EXISTS cow_fk_mark ON %s', v);
+        EXECUTE format('DROP TRIGGER IF EXISTS cow_fk_check ON %s', v);
+    ELSE
+        fn := format('cow_changes.%I', r.changes_table || '_mark');
+        EXECUTE format(E'CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql '
+                       'AS $body$\nBEGIN\n'
+                       '    IF nullif(current_setting(''cow.session_id'', true), '''') IS NOT NULL THEN\n'
+                       '        PERFORM set_config(%2$L, concat_ws('','', nullif(current_setting(%2$L, true), ''''),\n'
+                       '            (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM cow.write_seq)::text), true);\n'
+                       '    END IF;\n    RETURN NULL;\nEND $body$', fn, mark_guc);
+        EXECUTE format('CREATE OR REPLACE TRIGGER cow_fk_mark BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()', v, fn);
+        fn := format('cow_changes.%I', r.changes_table || '_fkcheck');
+        EXECUTE format(E'CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql '
+                       'AS $body$\n'
+                       'DECLARE\n    _s text := nullif(current_setting(''cow.session_id'', true), '''');\n'
+                       '    _marks text := current_setting(%2$L, true);\n    _mark bigint;\n    _seq bigint;\n'
+                       '    _det text;\n    _best bigint;\n    _bdet text;\n    _bcon text;\n    _bmsg text;\n'
+                       '    _bcode text := ''23503'';\n    _btab text;\n    _bsch text;\n    _g text;\nBEGIN\n'
+                       '    IF _s IS NULL OR coalesce(_marks, '''') = '''' THEN\n        RETURN NULL;\n    END IF;\n'
+                       '    _mark := split_part(_marks, '','', -1)::bigint;\n'
+                       '    PERFORM set_config(%2$L, regexp_replace(_marks, '',?[^,]*$'', ''''), true);\n%3$s%6$s'
+                       '    IF _best IS NOT NULL THEN\n'
+                       '        RAISE EXCEPTION USING ERRCODE = _bcode, MESSAGE = _bmsg,\n'
+                       '            DETAIL = _bdet, SCHEMA = coalesce(_bsch, %5$L), TABLE = coalesce(_btab, %4$L), CONSTRAINT = _bcon;\n'
+                       '    END IF;\n    RETURN NULL;\nEND $body$', fn, mark_guc, fk_ins, tab, sch,
+                       CASE WHEN dq_stmt = '' THEN '' ELSE format(
+                           E'    _g := pg_catalog.current_setting(%L, true);\n'
+                            '    IF coalesce(_g, '''') <> '''' THEN\n'
+                            '        IF regexp_replace(_marks, '',?[^,]*$'', '''') = '''' THEN\n'
+                            '            PERFORM pg_catalog.set_config(%L, '''', true);\n'
+                            '        END IF;\n%s    END IF;\n',
+                           'cow._dq_' || r.changes_table, 'cow._dq_' || r.changes_table, dq_stmt) END);
+        EXECUTE format('CREATE OR REPLACE TRIGGER cow_fk_check AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()', v, fn);
+    END IF;
+    UPDATE cow.registry SET signature = cow._signature(rel) WHERE id = p_id;
+END $gen$;
+
+-- cow.commit_session's part for keyless table g: p_deletes true removes one base instance per tombstone of the
+-- session (of operations `chosen`, all when NULL), each a row that equals the value, found by (tableoid,
+-- ctid) and locked FOR UPDATE, and raises 40001 naming the table and the value when no instance is left
+-- (unless on_conflict is 'overwrite': then what is left goes); p_deletes false inserts the added rows, in
+-- write order (with operations: also those a later operation that is not committed removed again, which stays
+-- in the session as a tombstone of the now committed row, cow._kl_commit_rebase). Returns the row count.
+CREATE OR REPLACE FUNCTION cow._kl_commit(g cow.registry, session text, chosen text[], on_conflict text,
+                                          p_deletes boolean) RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    b text := format('%I.%I', g.table_schema, g.table_name);
+    ncols text[];
+    has_always boolean;
+    val jsonb;
+    vtxt text;
+    want bigint;
+    got bigint;
+    total bigint := 0;
+BEGIN
+    IF p_deletes THEN
+        FOR val, want IN EXECUTE format(
+                'SELECT to_jsonb(s.v), count(*) FROM (SELECT %s AS v, c._cow_seq FROM cow_changes.%I c '
+                'WHERE c._cow_session = $1 AND ($2::text[] IS NULL OR c._cow_op = ANY ($2)) AND c._cow_current '
+                'AND c._cow_deleted) s GROUP BY s.v ORDER BY min(s._cow_seq)',
+                cow._kl_value(g.col_names, 'c', b), g.changes_table)
+            USING session, chosen LOOP
+            EXECUTE format('WITH d AS (DELETE FROM %1$s y USING (SELECT _cow_z.tableoid AS t, _cow_z.ctid AS c FROM %1$s _cow_z '
+                           'WHERE _cow_z = jsonb_populate_record(NULL::%1$s, $1) LIMIT $2 FOR UPDATE) x '
+                           'WHERE y.tableoid = x.t AND y.ctid = x.c RETURNING 1) SELECT count(*) FROM d', b)
+            INTO got USING val, want;
+            IF got < want AND on_conflict = 'fail' THEN
+                EXECUTE format('SELECT jsonb_populate_record(NULL::%s, $1)::text', b) INTO vtxt USING val;
+                RAISE EXCEPTION 'could not commit session %: row % of table % changed in base since the session deleted it (% of the % instance(s) it deleted left)',
+                    session, vtxt, b, got, want
+                    USING ERRCODE = 'serialization_failure',
+                          HINT = 'discard the session, or commit with on_conflict => ''overwrite'' (--on-conflict overwrite)';
+            END IF;
+            total := total + got;
+        END LOOP;
+        RETURN total;
+    END IF;
+    SELECT array_agg(a.attname::text ORDER BY a.attnum) FILTER (WHERE a.attgenerated = ''), bool_or(a.attidentity = 'a')
+    INTO ncols, has_always
+    FROM pg_attribute a WHERE a.attrelid = g.relid AND a.attnum > 0 AND NOT a.attisdropped;
+    EXECUTE format('WITH i AS (INSERT INTO %1$s (%2$s) %3$s SELECT %4$s FROM cow_changes.%5$I c '
+                   'WHERE c._cow_session = $1 AND NOT c._cow_deleted AND ($2::text[] IS NULL OR c._cow_op = ANY ($2)) '
+                   'AND (c._cow_current OR ($2::text[] IS NOT NULL AND EXISTS (SELECT 1 FROM cow_changes.%5$I t '
+                   'WHERE t._cow_session = $1 AND t._cow_deleted AND NOT t._cow_current AND NOT t._cow_op = ANY ($2) '
+                   'AND t._cow_origin = jsonb_build_object(''retires'', c._cow_seq)))) '
+                   'ORDER BY c._cow_seq RETURNING 1) SELECT count(*) FROM i',
+                   b, cow._collist(ncols), CASE WHEN has_always THEN 'OVERRIDING SYSTEM VALUE' ELSE '' END,
+                   cow._collist(ncols, 'c.'), g.changes_table)
+    INTO total USING session, chosen;
+    RETURN total;
+END $$;
+
+-- After a commit of operations `chosen`: a removal by an operation left in the session that retired a row
+-- value one of them added (now a base row) becomes a tombstone of that base row; then the committed
+-- operations' entries go. Returns the entries left.
+CREATE OR REPLACE FUNCTION cow._kl_commit_rebase(g cow.registry, session text, chosen text[]) RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    n bigint;
+BEGIN
+    EXECUTE format('UPDATE cow_changes.%1$I t SET _cow_current = true, _cow_origin = NULL, '
+                   '_cow_base = to_jsonb(t) - cow._meta_columns() '
+                   'WHERE t._cow_session = $1 AND t._cow_deleted AND NOT t._cow_current AND NOT t._cow_op = ANY ($2) '
+                   'AND (t._cow_origin ->> ''retires'')::bigint IN (SELECT c._cow_seq FROM cow_changes.%1$I c '
+                   'WHERE c._cow_session = $1 AND c._cow_op = ANY ($2))', g.changes_table)
+    USING session, chosen;
+    EXECUTE format('DELETE FROM cow_changes.%I WHERE _cow_session = $1 AND _cow_op = ANY ($2)', g.changes_table)
+    USING session, chosen;
+    EXECUTE format('SELECT count(*) FROM cow_changes.%I WHERE _cow_session = $1', g.changes_table) INTO n USING session;
+    RETURN n;
+END $$;
