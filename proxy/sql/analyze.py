@@ -18,7 +18,7 @@ from pglast.parser import ParseError, parse_plpgsql_json, parse_sql_json
 
 from proxy.errors import RewriteError
 from proxy.sql.catalog import Catalog
-from proxy.sql.rewrite import Rewriter
+from proxy.sql.rewrite import LATERAL_MIN_TABLES, Rewriter
 from proxy.sql.tags import strip_edge_comments
 
 KINDS = ("select", "insert", "update", "delete", "merge", "copy", "ddl", "utility", "transaction", "other")
@@ -110,6 +110,7 @@ _SIEVE = re.compile(
 )
 
 _GROUP = re.compile(r"(?<![\w$])group(?![\w$])")
+_JOIN = re.compile(r"(?<![\w$])join(?![\w$])")
 
 
 def _sieve_hit(lowered: str) -> bool:
@@ -128,6 +129,8 @@ def _fast_path(text: str, catalog: Catalog, in_session: bool) -> Analysis | None
         return None
     if in_session and catalog.has_cow_tables and "group" in lowered and _GROUP.search(lowered):
         return None  # GROUP BY a CoW table's primary key may need its other columns (docs/rewrites.md)
+    if in_session and catalog.has_cow_tables and "join" in lowered and _JOIN.search(lowered):
+        return None  # joins of several CoW tables become LATERAL subqueries (docs/rewrites.md)
     if (
         in_session
         and catalog.has_cow_tables
@@ -244,6 +247,7 @@ class _Inspection:
         self.qualified = False  # a schema-qualified CoW relation somewhere
         self.on_conflicts = 0  # INSERT ... ON CONFLICT into CoW tables, nested ones included
         self.group_by = False  # a SELECT grouping rows of a CoW table in its FROM
+        self.lateral = False  # a SELECT joining several CoW tables, with WHERE or LIMIT
         self.ctes: set[str] = set()  # CTE names (any level): they may shadow a CoW table's name
         # The result depends on catalog details a stale catalog may get wrong. Not for plain reads and
         # writes of known tables: those cost no catalog check.
@@ -307,6 +311,8 @@ class _Inspection:
         elif name == "SelectStmt":
             if self.watch and not self.group_by and self._groups_cow_rows(node):
                 self.may_rewrite = self.group_by = True
+            if self.watch and not self.lateral and self._joins_cow_tables(node):
+                self.may_rewrite = self.lateral = True
         elif name == "DeleteStmt":
             self._write(node.get("relation"), "delete")
         elif name == "MergeStmt":
@@ -348,6 +354,20 @@ class _Inspection:
             if select.get("groupClause") and any(
                 self._cow(r) for r in _from_relations(select.get("fromClause"))
             ):
+                return True
+            stack.extend((select.get("larg"), select.get("rarg")))
+        return False
+
+    def _joins_cow_tables(self, node: dict[str, Any]) -> bool:
+        """A SELECT (or set-operation member) joining LATERAL_MIN_TABLES CoW tables, with WHERE or LIMIT."""
+        stack: list[Any] = [node]
+        while stack:
+            select = stack.pop()
+            if not isinstance(select, dict):
+                continue
+            if (select.get("whereClause") or select.get("limitCount")) and sum(
+                self._cow(r) for r in _from_relations(select.get("fromClause"))
+            ) >= LATERAL_MIN_TABLES:
                 return True
             stack.extend((select.get("larg"), select.get("rarg")))
         return False
@@ -591,6 +611,7 @@ def _analyze_parsed(text: str, catalog: Catalog, in_session: bool, version: int)
             inspection.qualified,
             inspection.on_conflicts,
             group_by=inspection.group_by,
+            lateral=inspection.lateral,
             ctes=frozenset(inspection.ctes),
         )
         outcome = rewriter.rewrite(pglast.parse_sql(text), text)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pglast
 from pglast import ast
-from pglast.enums import BoolExprType, DropBehavior, ObjectType, OnConflictAction
+from pglast.enums import A_Expr_Kind, BoolExprType, DropBehavior, JoinType, ObjectType, OnConflictAction
 from pglast.stream import RawStream
 from pglast.visitors import Skip, Visitor
 
@@ -197,9 +197,7 @@ class _GroupByKeys(Visitor):
         return _FromItem(((node.relname,),), self._table(node), (node.relname,))
 
     def _table(self, node: Any) -> CowTable | None:
-        if node.catalogname or (not node.schemaname and node.relname in self.ctes):
-            return None
-        return self.catalog.lookup(node.schemaname, node.relname)
+        return _cow_range(self.catalog, self.ctes, node)
 
     @staticmethod
     def _resolve(group: Any, items: Sequence[_FromItem]) -> tuple[int, str] | None:
@@ -223,6 +221,145 @@ class _GroupByKeys(Visitor):
 
     def visit_CreateFunctionStmt(self, _: Any, node: Any) -> Any:
         return Skip
+
+
+def _cow_range(catalog: Catalog, ctes: frozenset[str], node: Any) -> CowTable | None:
+    """The CoW table a FROM item's RangeVar names (not a CTE of that name, not another database's)."""
+    if node.catalogname or (not node.schemaname and node.relname in ctes):
+        return None
+    return catalog.lookup(node.schemaname, node.relname)
+
+
+def _join_tree_ranges(from_clause: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    """The RangeVars and the JoinExprs of a FROM list, through unaliased joins."""
+    ranges: list[Any] = []
+    joins: list[Any] = []
+    stack = list(from_clause)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, ast.JoinExpr):
+            joins.append(item)
+            if item.alias is None:
+                stack.extend((item.rarg, item.larg))
+        elif isinstance(item, ast.RangeVar):
+            ranges.append(item)
+    return ranges, joins
+
+
+# Joins of at least this many CoW tables in one FROM get their key joins as LATERAL subqueries.
+LATERAL_MIN_TABLES = 3
+_TRUE = _parse("SELECT 1 FROM a JOIN b ON true").fromClause[0].quals
+
+
+class _LateralJoins(Visitor):
+    """Key joins to CoW tables become ``JOIN LATERAL (SELECT * FROM t WHERE <on> OFFSET 0) t ON true``.
+
+    PostgreSQL keeps no statistics for the columns of a UNION ALL view, so it estimates a join on a view's
+    key with its default of 200 distinct values (10 rows joined to a 1M-row view: 50k rows), and the error
+    multiplies with every further join until the plan reads whole tables: 4 tables joined for 10 rows took
+    over 10 s instead of 0.8 ms (bench/joins.py). Inside the subquery the key equality restricts the view,
+    so each of its leaves is estimated from its own table's statistics (about one row) and probed by index;
+    OFFSET 0 keeps PostgreSQL from pulling the subquery back up into a join. Only SELECTs that join at least
+    three CoW tables and restrict their rows (WHERE or LIMIT) are changed: a probe per outer row would be
+    slower than the hash join of a query over whole tables. Joins the rewrite cannot prove equivalent
+    (USING, NATURAL, RIGHT/FULL, aliased joins or column aliases, no equality on a whole key of the joined
+    table, FOR UPDATE) are left as written.
+    """
+
+    def __init__(self, catalog: Catalog, ctes: frozenset[str]) -> None:
+        self.catalog = catalog
+        self.ctes = ctes
+        self.changed = False
+
+    def visit_SelectStmt(self, _: Any, node: Any) -> None:
+        if node.lockingClause or not node.fromClause:
+            return
+        if node.whereClause is None and node.limitCount is None:
+            return
+        ranges, joins = _join_tree_ranges(node.fromClause)
+        if sum(_cow_range(self.catalog, self.ctes, r) is not None for r in ranges) < LATERAL_MIN_TABLES:
+            return
+        for join in joins:
+            self._lateral(join)
+
+    def _lateral(self, join: Any) -> None:
+        rarg = join.rarg
+        if (
+            join.jointype not in (JoinType.JOIN_INNER, JoinType.JOIN_LEFT)
+            or join.isNatural
+            or join.usingClause
+            or join.quals is None
+            or not isinstance(rarg, ast.RangeVar)
+            or (rarg.alias is not None and rarg.alias.colnames)
+            or (rarg.alias is None and rarg.schemaname)  # columns may be named schema.table.column
+        ):
+            return
+        table = _cow_range(self.catalog, self.ctes, rarg)
+        if table is None:
+            return
+        name = str(rarg.alias.aliasname if rarg.alias is not None else rarg.relname)
+        quals = join.quals
+        conjuncts: Sequence[Any] = (
+            quals.args or ()
+            if isinstance(quals, ast.BoolExpr) and quals.boolop == BoolExprType.AND_EXPR
+            else (quals,)
+        )
+        keyed: set[str] = set()
+        for conjunct in conjuncts:
+            if not (
+                isinstance(conjunct, ast.A_Expr)
+                and conjunct.kind == A_Expr_Kind.AEXPR_OP
+                and [getattr(n, "sval", None) for n in conjunct.name or ()] == ["="]
+            ):
+                continue
+            for mine, other in ((conjunct.lexpr, conjunct.rexpr), (conjunct.rexpr, conjunct.lexpr)):
+                column = _own_column(mine, name, table)
+                if column is not None and not _mentions(other, name, table):
+                    keyed.add(column)
+        keys = [table.pk, *(u.columns for u in table.unique if u.inferable)]
+        if not any(key and set(key) <= keyed for key in keys):
+            return
+        sub = _parse("SELECT * FROM x OFFSET 0")
+        sub.fromClause = (rarg,)
+        sub.whereClause = quals
+        join.rarg = ast.RangeSubselect(lateral=True, subquery=sub, alias=ast.Alias(aliasname=name))
+        join.quals = _TRUE
+        self.changed = True
+
+    def visit_CreateFunctionStmt(self, _: Any, node: Any) -> Any:
+        return Skip
+
+
+def _own_column(node: Any, name: str, table: CowTable) -> str | None:
+    """The column of ``table`` (FROM item ``name``) that ``node`` is, if it is ``name.column``."""
+    if not isinstance(node, ast.ColumnRef):
+        return None
+    fields = tuple(node.fields or ())
+    if len(fields) != 2 or not all(isinstance(f, ast.String) for f in fields) or fields[0].sval != name:
+        return None
+    return fields[1].sval if table.column(fields[1].sval) is not None else None
+
+
+def _mentions(node: Any, name: str, table: CowTable) -> bool:
+    """Whether ``node`` may read a column of FROM item ``name`` (conservative: any subquery counts)."""
+    found = False
+
+    class Refs(Visitor):
+        def visit_SubLink(self, _: Any, sub: Any) -> Any:
+            nonlocal found
+            found = True
+            return Skip
+
+        def visit_ColumnRef(self, _: Any, ref: Any) -> None:
+            nonlocal found
+            fields = [getattr(f, "sval", None) for f in ref.fields or ()]
+            if len(fields) == 1:
+                found = found or fields[0] is None or table.column(fields[0]) is not None
+            else:
+                found = found or name in fields[:-1]
+
+    Refs()(node)
+    return found
 
 
 def _expand_stars(targets: Sequence[Any], alias: str, columns: Sequence[str]) -> tuple[Any, ...]:
@@ -275,6 +412,7 @@ class Rewriter:
         on_conflicts: int | None = None,
         *,
         group_by: bool = True,
+        lateral: bool = True,
         ctes: frozenset[str] | None = None,
     ) -> None:
         """``qualified`` / ``on_conflicts``: what a cheaper walk already found (schema-qualified CoW names;
@@ -284,6 +422,7 @@ class Rewriter:
         self.qualified = qualified
         self.on_conflicts = on_conflicts
         self.group_by = group_by  # a SELECT groups a CoW table's rows (the walk found one)
+        self.lateral = lateral  # a SELECT joins several CoW tables (the walk found one)
         self.ctes = ctes  # the statement's CTE names, when the walk collected them
 
     # -- entry -------------------------------------------------------------------------------------
@@ -367,6 +506,11 @@ class Rewriter:
             keys = _GroupByKeys(self.catalog, self.ctes if self.ctes is not None else _cte_names(node))
             keys(node)
             changed = changed or keys.changed
+        if self.lateral and isinstance(node, _QUALIFIED_NAME_KINDS):
+            # after _GroupByKeys, which only knows the columns of plain FROM items
+            joins = _LateralJoins(self.catalog, self.ctes if self.ctes is not None else _cte_names(node))
+            joins(node)
+            changed = changed or joins.changed
         if self.qualified and isinstance(node, _QUALIFIED_NAME_KINDS):
             qualify = _Qualify(self.catalog)
             qualify(node)

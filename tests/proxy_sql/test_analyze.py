@@ -298,3 +298,63 @@ def test_group_by_classification_stays_cheap(
     result = Analyzer().analyze(sql, CATALOG, in_session)
     assert (calls["json"] > 0, calls["full"] > 0) == (json_parse, full_parse)
     assert (result.rewritten is not None) == (sql.endswith("GROUP BY p.id") and in_session)
+
+
+CHAIN = "FROM comments c JOIN issues i ON i.id = c.issue_id JOIN projects p ON p.id = i.project_id"
+
+
+@pytest.mark.parametrize(
+    ("sql", "rewritten"),
+    [
+        (
+            f"SELECT * {CHAIN} WHERE c.id = $1",
+            "SELECT * FROM comments AS c INNER JOIN LATERAL (SELECT * FROM issues AS i WHERE i.id = "
+            "c.issue_id "
+            "OFFSET 0) AS i ON TRUE INNER JOIN LATERAL (SELECT * FROM projects AS p WHERE p.id = "
+            "i.project_id "
+            "OFFSET 0) AS p ON TRUE WHERE c.id = $1",
+        ),
+        (  # LEFT JOIN, the key on the right of '=', an extra condition, no alias, LIMIT
+            "SELECT * FROM comments c LEFT JOIN issues i ON c.issue_id = i.id AND i.points > 2 "
+            "JOIN projects ON projects.id = i.project_id LIMIT 5",
+            "SELECT * FROM comments AS c LEFT JOIN LATERAL (SELECT * FROM issues AS i WHERE c.issue_id "
+            "= i.id "
+            "AND i.points > 2 OFFSET 0) AS i ON TRUE INNER JOIN LATERAL (SELECT * FROM projects WHERE "
+            "projects.id = i.project_id OFFSET 0) AS projects ON TRUE LIMIT 5",
+        ),
+        (  # a composite key, whole; a join on a non-key column stays
+            "SELECT * FROM comments c JOIN labels l ON l.project_id = c.id AND l.name = 'x' "
+            "JOIN members m ON m.project_id = l.project_id WHERE c.id = 1",
+            "SELECT * FROM comments AS c INNER JOIN LATERAL (SELECT * FROM labels AS l WHERE "
+            "l.project_id = c.id "
+            "AND l.name = 'x' OFFSET 0) AS l ON TRUE INNER JOIN members AS m ON m.project_id = l.project_id "
+            "WHERE c.id = 1",
+        ),
+        (  # a unique key other than the primary key
+            "SELECT * FROM comments c JOIN issues i ON i.id = c.issue_id "
+            "JOIN projects p ON p.name = i.title WHERE c.id = 1",
+            "SELECT * FROM comments AS c INNER JOIN LATERAL (SELECT * FROM issues AS i WHERE i.id = "
+            "c.issue_id "
+            "OFFSET 0) AS i ON TRUE INNER JOIN LATERAL (SELECT * FROM projects AS p WHERE p.name = i.title "
+            "OFFSET 0) AS p ON TRUE WHERE c.id = 1",
+        ),
+        (f"SELECT * {CHAIN}", None),  # whole tables: a hash join beats a probe per row
+        (f"SELECT * {CHAIN} WHERE c.id = 1 FOR UPDATE", None),
+        ("SELECT * FROM comments c JOIN issues i ON i.id = c.issue_id WHERE c.id = 1", None),  # two tables
+        (  # part of a composite key; USING; a key compared with itself or an unqualified name of the table
+            "SELECT * FROM comments c JOIN labels l ON l.project_id = c.id "
+            "JOIN issues i USING (id) JOIN projects p ON p.id = p.id + 0 "
+            "JOIN members m ON m.id = email WHERE c.id = 1",
+            None,
+        ),
+        (  # a subquery in the condition; a CTE that shadows a table name
+            "WITH projects AS (SELECT 1 AS id) SELECT * FROM comments c "
+            "JOIN issues i ON i.id = (SELECT max(id) FROM comments) JOIN projects p ON p.id = i.project_id "
+            "WHERE c.id = 1",
+            None,
+        ),
+    ],
+)
+def test_key_joins_of_three_cow_tables_become_lateral_subqueries(sql: str, rewritten: str | None) -> None:
+    assert analyze(sql).rewritten == rewritten
+    assert analyze(sql, in_session=False).rewritten is None
