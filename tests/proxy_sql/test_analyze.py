@@ -339,6 +339,9 @@ CHAIN = "FROM comments c JOIN issues i ON i.id = c.issue_id JOIN projects p ON p
             "OFFSET 0) AS p ON TRUE WHERE c.id = 1",
         ),
         (f"SELECT * {CHAIN}", None),  # whole tables: a hash join beats a probe per row
+        (f"SELECT count(*) {CHAIN} WHERE p.name = $1", None),  # a filter on the last table only
+        (f"SELECT * {CHAIN} WHERE c.id = i.points", None),  # not a restriction by values
+        (f"SELECT * {CHAIN} ORDER BY p.name LIMIT 3", None),  # the order needs every row
         (f"SELECT * {CHAIN} WHERE c.id = 1 FOR UPDATE", None),
         ("SELECT * FROM comments c JOIN issues i ON i.id = c.issue_id WHERE c.id = 1", None),  # two tables
         (  # part of a composite key; USING; a key compared with itself or an unqualified name of the table
