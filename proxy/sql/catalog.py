@@ -50,6 +50,13 @@ SELECT t.table_schema::text, t.table_name::text, t.overlay_schema::text,
       LEFT JOIN pg_catalog.pg_constraint con
         ON con.conindid = i.indexrelid AND con.conrelid = c.oid AND con.contype IN ('p', 'u')
       WHERE i.indrelid = c.oid AND i.indisunique),
+    'indexed', (
+      SELECT coalesce(json_agg(DISTINCT ia.attname), '[]')
+      FROM pg_catalog.pg_index i
+      JOIN pg_catalog.pg_class ic ON ic.oid = i.indexrelid
+      JOIN pg_catalog.pg_am am ON am.oid = ic.relam AND am.amname IN ('btree', 'hash')
+      JOIN pg_catalog.pg_attribute ia ON ia.attrelid = c.oid AND ia.attnum = i.indkey[0]
+      WHERE i.indrelid = c.oid AND i.indisvalid AND i.indpred IS NULL),
     'referenced_by', (
       SELECT coalesce(json_agg(json_build_object(
                'schema', rn.nspname, 'table', rc.relname, 'name', f.conname, 'on_delete', f.confdeltype)
@@ -156,6 +163,7 @@ class CowTable:
     unique: tuple[UniqueKey, ...]
     referenced_by: tuple[ReferencingKey, ...]
     deferrable: tuple[DeferrableKey, ...] = ()
+    indexed: frozenset[str] = frozenset()  # leading columns of the base table's btree/hash indexes
 
     @property
     def qualified(self) -> str:
@@ -247,6 +255,7 @@ class Catalog:
                         DeferrableKey(d["schema"], d["name"], d["trigger"])
                         for d in info.get("deferrable") or ()
                     ),
+                    indexed=frozenset(info.get("indexed") or ()),
                 )
             except (ValueError, KeyError, TypeError) as exc:
                 raise CatalogError(f"malformed CoW catalog row {row!r}: {exc}") from exc

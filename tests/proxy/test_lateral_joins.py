@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from proxy.sql import CATALOG_QUERY, CATALOG_VERSION_QUERY, Catalog
 from tests.proxy.conftest import RunningProxy
 
 pytestmark = pytest.mark.timeout(120)
@@ -24,6 +25,7 @@ CREATE TABLE j_a (id bigint PRIMARY KEY, v int NOT NULL, note text);
 CREATE TABLE j_b (id bigint PRIMARY KEY, a_id bigint REFERENCES j_a, w int NOT NULL);
 CREATE INDEX ON j_b (a_id);
 CREATE TABLE j_c (id bigint PRIMARY KEY, b_id bigint NOT NULL REFERENCES j_b, x int NOT NULL);
+CREATE INDEX ON j_c (b_id);
 CREATE TABLE j_d (id bigint PRIMARY KEY, c_id bigint NOT NULL REFERENCES j_c, y int NOT NULL);
 CREATE TABLE j_pair (k1 int, k2 text, label text, PRIMARY KEY (k1, k2));
 INSERT INTO j_a SELECT g, g % 10, 'a' || g FROM generate_series(1, 20000) g;
@@ -69,6 +71,11 @@ QUERIES: list[tuple[str, tuple[Any, ...] | None]] = [
         "JOIN j_c c ON c.b_id = b.id JOIN j_d d ON d.c_id = c.id WHERE a.id < 3000 "
         "GROUP BY a.id ORDER BY a.id",
         None,
+    ),
+    (  # one-to-many joins down the chain (indexed foreign keys), and one without an index (d.c_id)
+        "SELECT a.id, b.id, c.x, d.id FROM j_a a JOIN j_b b ON b.a_id = a.id JOIN j_c c ON c.b_id = b.id "
+        "LEFT JOIN j_d d ON d.c_id = c.id WHERE a.id BETWEEN %s AND %s ORDER BY 1, 2, 3, 4",
+        (100, 4000),
     ),
     (  # a composite key, joined inside a CTE
         "WITH picked AS (SELECT d.id, p.label FROM j_d d JOIN j_c c ON c.id = d.c_id "
@@ -141,3 +148,23 @@ def test_a_join_of_four_views_is_planned_like_the_plain_tables(
         direct.execute("SELECT cow.use_session('plan')")
         direct.execute("SET max_parallel_workers_per_gather = 0")
         assert most_rows(direct, query) >= 5000
+
+
+def test_a_new_index_reaches_the_proxys_catalog(databases: tuple[str, str]) -> None:
+    """The rewrite only probes joined tables by indexed columns; an index created later must be seen."""
+    layer_db, _ = databases
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+
+        def indexed() -> tuple[Any, frozenset[str]]:
+            version = conn.execute(CATALOG_VERSION_QUERY).fetchone()
+            table = Catalog.from_rows(conn.execute(CATALOG_QUERY).fetchall()).lookup(None, "j_d")
+            assert version is not None and table is not None
+            return version[0], table.indexed
+
+        before, columns = indexed()
+        assert columns == {"id"}
+        conn.execute("CREATE INDEX j_d_c_id ON j_d (c_id)")
+        after, columns = indexed()
+        assert after != before and columns == {"id", "c_id"}
+        conn.execute("DROP INDEX j_d_c_id")
+        assert indexed()[1] == {"id"}

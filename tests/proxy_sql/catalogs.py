@@ -80,6 +80,8 @@ DEFAULTS = {
 
 # (table, column): GENERATED ALWAYS AS IDENTITY
 IDENTITY_ALWAYS = {("events", "id")}
+# Leading columns of non-unique indexes (the unique ones' come from SAMPLE).
+INDEXED = {"comments": {"issue_id"}}
 
 
 def rows(spec: dict = SAMPLE) -> Sequence[Sequence[str | None]]:  # type: ignore[type-arg]
@@ -110,6 +112,7 @@ def rows(spec: dict = SAMPLE) -> Sequence[Sequence[str | None]]:  # type: ignore
                 for n, cols, nnd in unique
             ],
             "referenced_by": [{"schema": s, "table": t, "name": n, "on_delete": d} for s, t, n, d in refs],
+            "indexed": sorted({cols[0] for _, cols, _ in unique} | INDEXED.get(name, set())),
         }
         out.append((schema, name, f"cow_{schema}", json.dumps(doc)))
     return out

@@ -344,8 +344,15 @@ CHAIN = "FROM comments c JOIN issues i ON i.id = c.issue_id JOIN projects p ON p
         (f"SELECT * {CHAIN} ORDER BY p.name LIMIT 3", None),  # the order needs every row
         (f"SELECT * {CHAIN} WHERE c.id = 1 FOR UPDATE", None),
         ("SELECT * FROM comments c JOIN issues i ON i.id = c.issue_id WHERE c.id = 1", None),  # two tables
-        (  # part of a composite key; USING; a key compared with itself or an unqualified name of the table
-            "SELECT * FROM comments c JOIN labels l ON l.project_id = c.id "
+        (  # one-to-many joins on indexed columns
+            "SELECT * FROM projects p JOIN issues i ON i.project_id = p.id "
+            "JOIN comments c ON c.issue_id = i.id WHERE p.id = 1",
+            "SELECT * FROM projects AS p INNER JOIN LATERAL (SELECT * FROM issues AS i "
+            "WHERE i.project_id = p.id OFFSET 0) AS i ON TRUE INNER JOIN LATERAL (SELECT * FROM comments "
+            "AS c WHERE c.issue_id = i.id OFFSET 0) AS c ON TRUE WHERE p.id = 1",
+        ),
+        (  # a column no index leads; USING; a key compared with itself or an unqualified name of the table
+            "SELECT * FROM comments c JOIN labels l ON l.name = c.body "
             "JOIN issues i USING (id) JOIN projects p ON p.id = p.id + 0 "
             "JOIN members m ON m.id = email WHERE c.id = 1",
             None,

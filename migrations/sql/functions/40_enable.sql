@@ -176,6 +176,8 @@ BEGIN
                            WHERE c.relnamespace = 'cow_changes'::regnamespace AND c.relkind = 'i'
                              AND c.relname LIKE g.changes_table || '\_xq%') LOOP
             PERFORM cow._build_lookup_indexes(x.id);
+            -- A new row version changes the catalog version: proxies re-read the indexes they plan with.
+            UPDATE cow.registry SET signature = signature WHERE id = x.id;
         END LOOP;
     END IF;
     FOR note IN SELECT * FROM cow._build_twins() LOOP
