@@ -19,10 +19,10 @@ PostgreSQL keeps no statistics for the columns of a ``UNION ALL`` view, so it es
 key with its default of 200 distinct values: joining 10 rows to a 1M-row view is estimated at 50k rows, and
 with every further join the error multiplies until the plan reads whole tables. Operations: 10 rows of ``d``
 (or ``c``) joined along the chain to 2, 3 and 4 tables, the rows of ``b`` under one ``a`` (the foreign-key
-index), an aggregate over 20k rows of ``c`` joined to ``b`` and ``a``, and an aggregate over a join on
-columns without an index (``d.y = c.x``). Each op runs ``--batch`` times per round over ``--rounds`` rounds
-after a warm-up, variants interleaved; the figure is the median. An op that exceeds ``--timeout`` seconds is
-cancelled and reported as such.
+index), the rows of ``b`` and ``c`` under 100 rows of ``a``, an aggregate over 20k rows of ``c`` joined to
+``b`` and ``a``, and an aggregate over a join on columns without an index (``d.y = c.x``). Each op runs
+``--batch`` times per round over ``--rounds`` rounds after a warm-up, variants interleaved; the figure is the
+median. An op that exceeds ``--timeout`` seconds is cancelled and reported as such.
 
     .venv/bin/python bench/joins.py [--rows 1000000] [--dsn DSN] [--rounds 3] [--batch 10] [--timeout 10]
 """
@@ -94,6 +94,12 @@ OPS = (
         True,
     ),
     Op("children by foreign key", "SELECT b.* FROM a JOIN b ON b.a_id = a.id WHERE a.id = $1", True),
+    Op(
+        "children and grandchildren of 100 rows",
+        "SELECT a.id, b.w, c.x FROM a JOIN b ON b.a_id = a.id JOIN c ON c.b_id = b.id "
+        "WHERE a.id BETWEEN $1 AND $1 + 99",
+        True,
+    ),
     Op(
         "aggregate over 3 tables, 20k rows",
         "SELECT a.v, count(*) FROM c JOIN b ON b.id = c.b_id JOIN a ON a.id = b.a_id WHERE c.id <= 20000 "
