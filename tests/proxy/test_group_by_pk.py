@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.proxy.conftest import RunningProxy
+from tests.proxy.conftest import RunningProxy, outcome
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -53,14 +53,6 @@ QUERIES: list[tuple[str, tuple[Any, ...] | None]] = [
     ("SELECT a, b, label, count(*) FROM app_pair GROUP BY a, b ORDER BY a, b", None),
     ("SELECT a, label, count(*) FROM app_pair GROUP BY a ORDER BY a", None),  # not the whole key: 42803
 ]
-
-
-def outcome(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...] | None) -> tuple[Any, ...]:
-    try:
-        cur = conn.execute(sql, params)
-    except psycopg.Error as exc:
-        return ("error", exc.diag.sqlstate, exc.diag.message_primary)
-    return ("ok", cur.statusmessage, cur.fetchall())
 
 
 def test_group_by_primary_key_in_a_session_as_on_the_plain_table(

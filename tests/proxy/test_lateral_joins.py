@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from proxy.sql import CATALOG_QUERY, CATALOG_VERSION_QUERY, Catalog
-from tests.proxy.conftest import RunningProxy
+from tests.proxy.conftest import RunningProxy, outcome
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -85,14 +85,6 @@ QUERIES: list[tuple[str, tuple[Any, ...] | None]] = [
     ),
     (f"SELECT count(*), sum(a.v) {CHAIN}", None),  # no WHERE: left as written
 ]
-
-
-def outcome(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...] | None) -> tuple[Any, ...]:
-    try:
-        cur = conn.execute(sql, params)
-    except psycopg.Error as exc:
-        return ("error", exc.diag.sqlstate, exc.diag.message_primary)
-    return ("ok", cur.statusmessage, cur.fetchall())
 
 
 def most_rows(conn: psycopg.Connection[Any], sql: str) -> int:
