@@ -18,7 +18,7 @@ from pglast.parser import ParseError, parse_plpgsql_json, parse_sql_json
 
 from proxy.errors import RewriteError
 from proxy.sql.catalog import Catalog
-from proxy.sql.rewrite import LATERAL_MIN_TABLES, Rewriter
+from proxy.sql.rewrite import Rewriter
 from proxy.sql.tags import strip_edge_comments
 
 KINDS = ("select", "insert", "update", "delete", "merge", "copy", "ddl", "utility", "transaction", "other")
@@ -247,7 +247,7 @@ class _Inspection:
         self.qualified = False  # a schema-qualified CoW relation somewhere
         self.on_conflicts = 0  # INSERT ... ON CONFLICT into CoW tables, nested ones included
         self.group_by = False  # a SELECT grouping rows of a CoW table in its FROM
-        self.lateral = False  # a SELECT joining several CoW tables, with WHERE or LIMIT
+        self.lateral = False  # a SELECT joining CoW tables, with WHERE or LIMIT
         self.ctes: set[str] = set()  # CTE names (any level): they may shadow a CoW table's name
         # The result depends on catalog details a stale catalog may get wrong. Not for plain reads and
         # writes of known tables: those cost no catalog check.
@@ -359,7 +359,7 @@ class _Inspection:
         return False
 
     def _joins_cow_tables(self, node: dict[str, Any]) -> bool:
-        """A SELECT (or set-operation member) joining LATERAL_MIN_TABLES CoW tables, with WHERE or LIMIT."""
+        """A SELECT (or set-operation member) joining CoW tables with WHERE or LIMIT: the rewriter decides."""
         stack: list[Any] = [node]
         while stack:
             select = stack.pop()
@@ -367,7 +367,7 @@ class _Inspection:
                 continue
             if (select.get("whereClause") or select.get("limitCount")) and sum(
                 self._cow(r) for r in _from_relations(select.get("fromClause"))
-            ) >= LATERAL_MIN_TABLES:
+            ) >= 2:
                 return True
             stack.extend((select.get("larg"), select.get("rarg")))
         return False

@@ -246,7 +246,8 @@ def _join_tree_ranges(from_clause: Sequence[Any]) -> tuple[list[Any], list[Any]]
     return ranges, joins
 
 
-# Joins of at least this many CoW tables in one FROM get their key joins as LATERAL subqueries.
+# Joins of at least this many CoW tables in one FROM get their key joins as LATERAL subqueries when the first
+# relation is restricted; two tables only when it is pinned to a few rows by a key.
 LATERAL_MIN_TABLES = 3
 _TRUE = _parse("SELECT 1 FROM a JOIN b ON true").fromClause[0].quals
 
@@ -260,10 +261,10 @@ class _LateralJoins(Visitor):
     over 10 s instead of 0.8 ms (bench/joins.py). Inside the subquery the equality restricts the view, so
     each of its leaves is estimated from its own table's statistics and probed by index; OFFSET 0 keeps
     PostgreSQL from pulling the subquery back up into a join. Only SELECTs that join at least three CoW
-    tables from a restricted first relation are changed (a probe per outer row would be slower than the
-    hash join of a query over whole tables), and only joins on an indexed column or a whole key of the
-    joined table. USING, NATURAL, RIGHT/FULL, aliased joins, column aliases and FOR UPDATE are left as
-    written (docs/rewrites.md).
+    tables from a restricted first relation, or two from a first relation pinned by its key, are changed (a
+    probe per outer row would be slower than the hash join of a query over whole tables), and only joins
+    on an indexed column or a whole key of the joined table. USING, NATURAL, RIGHT/FULL, aliased joins,
+    column aliases and FOR UPDATE are left as written (docs/rewrites.md).
     """
 
     def __init__(self, catalog: Catalog, ctes: frozenset[str]) -> None:
@@ -275,48 +276,49 @@ class _LateralJoins(Visitor):
         if node.lockingClause or not node.fromClause or len(node.fromClause) != 1:
             return
         ranges, joins = _join_tree_ranges(node.fromClause)
-        if sum(_cow_range(self.catalog, self.ctes, r) is not None for r in ranges) < LATERAL_MIN_TABLES:
+        tables = sum(_cow_range(self.catalog, self.ctes, r) is not None for r in ranges)
+        if tables < 2:
             return
-        if not self._driver_restricted(node, ranges):
-            return
-        for join in joins:
-            self._lateral(join)
+        driver = self._driver(node, ranges)
+        if driver == "pinned" or (driver == "restricted" and tables >= LATERAL_MIN_TABLES):
+            for join in joins:
+                self._lateral(join)
 
-    def _driver_restricted(self, node: Any, ranges: Sequence[Any]) -> bool:
-        """Whether the query's rows come from a restricted first relation: a WHERE condition compares one
-        of its columns with values (no other relation of the FROM), or a LIMIT with no ORDER BY beyond it.
+    def _driver(self, node: Any, ranges: Sequence[Any]) -> str:
+        """How the first relation of the join tree is restricted: "pinned" (equality or IN on a whole key:
+        a few rows), "restricted" (a WHERE condition compares one of its columns with values, or a LIMIT
+        with no ORDER BY beyond it), else "open".
 
-        Each joined row then costs a probe per join, as on the plain tables; a filter on a later relation
-        would make every row of the first one probe (a query counting rows by a condition on the last
-        table of a chain went from 0.25 s to 2.5 s that way), so those are left as written.
+        Each joined row costs a probe per join, as on the plain tables; a filter on a later relation would
+        make every row of the first one probe (a query counting rows by a condition on the last table of a
+        chain went from 0.25 s to 2.5 s that way), so those are left as written.
         """
         driver = node.fromClause[0]
         while isinstance(driver, ast.JoinExpr):
             if driver.alias is not None:
-                return False
+                return "open"
             driver = driver.larg
         if not isinstance(driver, ast.RangeVar):
-            return False
+            return "open"
         names = {_range_name(r) for r in ranges}
         name = _range_name(driver)
-        if node.limitCount is not None and all(
+        restricted = node.limitCount is not None and all(
             _qualifier(sort.node) == name for sort in node.sortClause or ()
-        ):
-            return True
-        where = node.whereClause
-        conjuncts = (
-            where.args or ()
-            if isinstance(where, ast.BoolExpr) and where.boolop == BoolExprType.AND_EXPR
-            else (where,)
         )
-        for conjunct in conjuncts:
+        pinned: set[str] = set()
+        for conjunct in _conjuncts(node.whereClause):
             if not isinstance(conjunct, ast.A_Expr) or conjunct.kind not in _RESTRICTING:
                 continue
-            sides = [conjunct.lexpr, conjunct.rexpr]
+            sides: list[Any] = [conjunct.lexpr, conjunct.rexpr]
             for column, values in (sides, sides[::-1]):
                 if _qualifier(column) == name and not _reads_relations(values, names):
-                    return True
-        return False
+                    restricted = True
+                    if conjunct.kind != A_Expr_Kind.AEXPR_BETWEEN and _operator(conjunct) == "=":
+                        pinned.add(column.fields[-1].sval)
+        table = _cow_range(self.catalog, self.ctes, driver)
+        if table is not None and any(set(key) <= pinned for key in _keys(table)):
+            return "pinned"
+        return "restricted" if restricted else "open"
 
     def _lateral(self, join: Any) -> None:
         rarg = join.rarg
@@ -333,27 +335,21 @@ class _LateralJoins(Visitor):
         table = _cow_range(self.catalog, self.ctes, rarg)
         if table is None:
             return
-        name = str(rarg.alias.aliasname if rarg.alias is not None else rarg.relname)
+        name = _range_name(rarg)
         quals = join.quals
-        conjuncts: Sequence[Any] = (
-            quals.args or ()
-            if isinstance(quals, ast.BoolExpr) and quals.boolop == BoolExprType.AND_EXPR
-            else (quals,)
-        )
         keyed: set[str] = set()
-        for conjunct in conjuncts:
+        for conjunct in _conjuncts(quals):
             if not (
                 isinstance(conjunct, ast.A_Expr)
                 and conjunct.kind == A_Expr_Kind.AEXPR_OP
-                and [getattr(n, "sval", None) for n in conjunct.name or ()] == ["="]
+                and _operator(conjunct) == "="
             ):
                 continue
             for mine, other in ((conjunct.lexpr, conjunct.rexpr), (conjunct.rexpr, conjunct.lexpr)):
                 column = _own_column(mine, name, table)
                 if column is not None and not _reads_relations(other, {name}):
                     keyed.add(column)
-        keys = [table.pk, *(u.columns for u in table.unique if u.inferable)]
-        if not keyed & table.indexed and not any(key and set(key) <= keyed for key in keys):
+        if not keyed & table.indexed and not any(set(key) <= keyed for key in _keys(table)):
             return
         sub = _parse("SELECT * FROM x OFFSET 0")
         sub.fromClause = (rarg,)
@@ -369,6 +365,26 @@ class _LateralJoins(Visitor):
 _RESTRICTING = frozenset(
     (A_Expr_Kind.AEXPR_OP, A_Expr_Kind.AEXPR_OP_ANY, A_Expr_Kind.AEXPR_IN, A_Expr_Kind.AEXPR_BETWEEN)
 )
+
+
+def _conjuncts(expr: Any) -> Sequence[Any]:
+    """The top-level AND terms of a condition (none for a missing one)."""
+    if expr is None:
+        return ()
+    if isinstance(expr, ast.BoolExpr) and expr.boolop == BoolExprType.AND_EXPR:
+        return expr.args or ()
+    return (expr,)
+
+
+def _operator(expr: Any) -> str | None:
+    """The operator of an A_Expr (``=`` also for ``IN`` and ``= ANY``), when it is an unqualified one."""
+    names = [getattr(n, "sval", None) for n in expr.name or ()]
+    return names[0] if len(names) == 1 else None
+
+
+def _keys(table: CowTable) -> list[tuple[str, ...]]:
+    """The column sets that identify a row: the primary key and the plain unique indexes."""
+    return [key for key in (table.pk, *(u.columns for u in table.unique if u.inferable)) if key]
 
 
 def _range_name(node: Any) -> str:

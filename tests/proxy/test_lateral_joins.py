@@ -2,8 +2,9 @@
 
 PostgreSQL estimates a join on an overlay view's key with its default of 200 distinct values (a UNION ALL
 view has no statistics), and the error multiplies with every join. The proxy turns key joins into LATERAL
-subqueries when a SELECT joins three or more CoW tables (docs/rewrites.md). Compared side by side with a plain
-database holding the same tables and the same writes, through psycopg's simple and extended protocol.
+subqueries when a SELECT joins three or more CoW tables, or two for a few rows (docs/rewrites.md). Compared
+side by side with a plain database holding the same tables and the same writes, through psycopg's simple and
+extended protocol.
 """
 
 from __future__ import annotations
@@ -81,6 +82,12 @@ QUERIES: list[tuple[str, tuple[Any, ...] | None]] = [
         "WITH picked AS (SELECT d.id, p.label FROM j_d d JOIN j_c c ON c.id = d.c_id "
         "JOIN j_pair p ON p.k1 = c.x + 5 AND p.k2 = 'k' || (d.id % 20) WHERE d.id < 300) "
         "SELECT * FROM picked ORDER BY id, label",
+        None,
+    ),
+    ("SELECT d.*, c.x FROM j_d d JOIN j_c c ON c.id = d.c_id WHERE d.id = %s", (2001,)),  # two tables, pinned
+    (
+        "SELECT b.id, a.id, a.note FROM j_b b LEFT JOIN j_a a ON a.id = b.a_id "
+        "WHERE b.id IN (97, 4999, 5000, 20001) ORDER BY b.id",
         None,
     ),
     (f"SELECT count(*), sum(a.v) {CHAIN}", None),  # no WHERE: left as written

@@ -343,7 +343,20 @@ CHAIN = "FROM comments c JOIN issues i ON i.id = c.issue_id JOIN projects p ON p
         (f"SELECT * {CHAIN} WHERE c.id = i.points", None),  # not a restriction by values
         (f"SELECT * {CHAIN} ORDER BY p.name LIMIT 3", None),  # the order needs every row
         (f"SELECT * {CHAIN} WHERE c.id = 1 FOR UPDATE", None),
-        ("SELECT * FROM comments c JOIN issues i ON i.id = c.issue_id WHERE c.id = 1", None),  # two tables
+        (  # two tables, the first pinned by its key (= or IN)
+            "SELECT * FROM comments c JOIN issues i ON i.id = c.issue_id WHERE c.id = 1",
+            "SELECT * FROM comments AS c INNER JOIN LATERAL (SELECT * FROM issues AS i "
+            "WHERE i.id = c.issue_id OFFSET 0) AS i ON TRUE WHERE c.id = 1",
+        ),
+        (
+            "SELECT * FROM comments c JOIN issues i ON i.id = c.issue_id WHERE c.id IN ($1, $2)",
+            "SELECT * FROM comments AS c INNER JOIN LATERAL (SELECT * FROM issues AS i "
+            "WHERE i.id = c.issue_id OFFSET 0) AS i ON TRUE WHERE c.id IN ($1, $2)",
+        ),
+        # two tables, the first only restricted: it may still hold many rows
+        ("SELECT * FROM comments c JOIN issues i ON i.id = c.issue_id WHERE c.id > 1", None),
+        ("SELECT * FROM comments c JOIN issues i ON i.id = c.issue_id WHERE c.body = $1 LIMIT 5", None),
+        ("SELECT * FROM comments c JOIN issues i ON i.id = c.issue_id WHERE c.id BETWEEN 1 AND 1", None),
         (  # one-to-many joins on indexed columns
             "SELECT * FROM projects p JOIN issues i ON i.project_id = p.id "
             "JOIN comments c ON c.issue_id = i.id WHERE p.id = 1",
@@ -365,6 +378,6 @@ CHAIN = "FROM comments c JOIN issues i ON i.id = c.issue_id JOIN projects p ON p
         ),
     ],
 )
-def test_key_joins_of_three_cow_tables_become_lateral_subqueries(sql: str, rewritten: str | None) -> None:
+def test_key_joins_of_cow_tables_become_lateral_subqueries(sql: str, rewritten: str | None) -> None:
     assert analyze(sql).rewritten == rewritten
     assert analyze(sql, in_session=False).rewritten is None
