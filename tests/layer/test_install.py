@@ -100,8 +100,9 @@ def test_install_is_idempotent_and_reports_skipped_tables(sample_db: str) -> Non
     first = run(sample_db, install_layer)
     assert first.applied
     assert [n for n in first.notes if "no primary key" in n] == [
-        "table public.codes has no primary key and a UNIQUE index or exclusion constraint (not supported "
-        "without a key): not enabled (it stays plain; writes to it in a session are refused)",
+        "table public.codes has no primary key or NOT NULL unique index, and a UNIQUE index or exclusion "
+        "constraint that cannot be its key (not supported without a key: codes_code_key (column code is "
+        "nullable)): not enabled (it stays plain; writes to it in a session are refused)",
         "table public.docs has no primary key and columns whose type has no equality operator (body json): "
         "its rows cannot be told apart: not enabled (it stays plain; writes to it in a session are refused)",
     ]

@@ -189,7 +189,7 @@ def test_ddl_follows_and_a_primary_key_changes_the_kind(kl: Pair, layer_db: str)
             (5, "after", None, 1, 2, None, 7),
         ]
         # A primary key would make the session's rows (recorded as values) keyed rows: refused while held.
-        with pytest.raises(psycopg.errors.FeatureNotSupported, match="got a primary key, but sessions hold"):
+        with pytest.raises(psycopg.errors.FeatureNotSupported, match="got a key, but sessions hold"):
             app.execute("ALTER TABLE ev ADD PRIMARY KEY (seq)")
         kl.cow.execute("SELECT cow.discard_session('s1')")
         app.execute("ALTER TABLE ev ADD PRIMARY KEY (seq)")

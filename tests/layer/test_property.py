@@ -64,6 +64,14 @@ CREATE TABLE badge (
     id int PRIMARY KEY,
     child_id int NOT NULL REFERENCES child (id) ON DELETE CASCADE ON UPDATE CASCADE
 );
+-- A join table without a primary key, keyed by its NOT NULL UNIQUE (cow._key_index): its key moves when a
+-- parent's or a child's id moves (ON UPDATE CASCADE), and its rows go with them (ON DELETE CASCADE).
+CREATE TABLE link (
+    parent_id int NOT NULL REFERENCES parent (id) ON DELETE CASCADE ON UPDATE CASCADE,
+    child_id int NOT NULL REFERENCES child (id) ON DELETE CASCADE ON UPDATE CASCADE,
+    w int CHECK (w > 0),
+    UNIQUE (parent_id, child_id)
+);
 """
 
 SEED = """
@@ -72,6 +80,7 @@ INSERT INTO child (parent_id, other_id, label)
 VALUES (1, 2, 'l1'), (1, NULL, 'l2'), (2, 3, 'l1'), (NULL, 1, 'l2');
 INSERT INTO mark VALUES (1, 3);
 INSERT INTO badge VALUES (1, 3);
+INSERT INTO link VALUES (1, 1, 1), (1, 2, NULL), (2, 3, 5);
 """
 
 # Writes of another session, present during every example (explicit keys: the sequences stay untouched).
@@ -81,9 +90,11 @@ DELETE FROM parent WHERE id = 3;
 INSERT INTO parent (id, code, tag) VALUES (5, 'd', 'y'), (6, 'e', NULL);
 INSERT INTO child (id, parent_id, other_id, label) VALUES (6, 5, 6, 'l2');
 UPDATE child SET id = 7, label = 'l1' WHERE id = 2;
+INSERT INTO link VALUES (5, 6, 2);
 """
 
-TABLES = ("parent", "child", "mark", "badge")
+TABLES = ("parent", "child", "mark", "badge", "link")
+ORDER = {"link": "t.parent_id, t.child_id"}  # the others by t.id
 SEQUENCES = ("parent_id_seq", "child_id_seq")
 
 Stmt = tuple[str, tuple[Any, ...]]
@@ -167,7 +178,17 @@ GRANDCHILD = st.one_of(
     _stmt("DELETE FROM badge WHERE id = %s RETURNING *", st.integers(1, 3)),
 )
 
-SEQUENCES_OF_STATEMENTS = st.lists(st.one_of(SINGLE_ROW, GRANDCHILD), min_size=1, max_size=12)
+# The join table keyed by a unique index: inserts, updates of a plain column and of the key, deletes.
+LINK = st.one_of(
+    _stmt("INSERT INTO link VALUES (%s, %s, %s) RETURNING *", PIDS, CIDS, st.sampled_from([0, 1, None])),
+    _stmt("UPDATE link SET w = %s WHERE parent_id = %s RETURNING *", st.sampled_from([2, None]), PIDS),
+    _stmt(
+        "UPDATE link SET child_id = %s WHERE parent_id = %s AND child_id = %s RETURNING *", CIDS, PIDS, CIDS
+    ),
+    _stmt("DELETE FROM link WHERE child_id = %s RETURNING *", CIDS),
+)
+
+SEQUENCES_OF_STATEMENTS = st.lists(st.one_of(SINGLE_ROW, GRANDCHILD, LINK), min_size=1, max_size=12)
 
 
 @dataclass(frozen=True)
@@ -191,7 +212,8 @@ def rows_query(schema: str = "") -> str:
     """One round trip for every table: each as the text of its array of rows, ordered by key."""
     prefix = f"{schema}." if schema else ""
     return "SELECT " + ", ".join(
-        f"(SELECT coalesce(array_agg(t ORDER BY t.id)::text, '{{}}') FROM {prefix}{name} t)"
+        f"(SELECT coalesce(array_agg(t ORDER BY {ORDER.get(name, 't.id')})::text, '{{}}')"
+        f" FROM {prefix}{name} t)"
         for name in TABLES
     )
 
@@ -240,7 +262,8 @@ class World:
             for schema in ("public", "plain"):
                 self.admin.execute(f"SET LOCAL search_path = {schema}")
                 self.admin.execute(
-                    "DELETE FROM badge; DELETE FROM mark; DELETE FROM child; DELETE FROM parent;"
+                    "DELETE FROM link; DELETE FROM badge; DELETE FROM mark; DELETE FROM child;"
+                    " DELETE FROM parent;"
                     "SELECT setval('parent_id_seq', 1, false), setval('child_id_seq', 1, false)"
                 )
                 self.admin.execute(SEED)

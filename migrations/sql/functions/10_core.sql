@@ -271,10 +271,49 @@ LANGUAGE sql STABLE AS $$
                     p_rel::regclass::text)
 $$;
 
+-- The index that identifies a table's rows in the layer, its "key" (registry.pk_columns holds its columns, so the
+-- overlay view, the changes table's <t>_cur, commit, diff and scoring follow it): the primary key; else, like
+-- PostgreSQL's logical replication, the index chosen by REPLICA IDENTITY USING INDEX; else the unique index with
+-- the lowest oid that PostgreSQL would accept as a replica identity: valid, unique (not an exclusion index),
+-- immediate (not DEFERRABLE), not partial, without expressions, every key column NOT NULL. NULL: none, the
+-- table stays plain (cow._register says why). cow._signature covers the choice, so a change regenerates.
+CREATE OR REPLACE FUNCTION cow._key_index(p_rel oid) RETURNS oid
+LANGUAGE sql STABLE AS $$
+    SELECT i.indexrelid FROM pg_index i
+    WHERE i.indrelid = p_rel
+      AND (i.indisprimary
+           OR (i.indisvalid AND i.indisunique AND NOT i.indisexclusion AND i.indimmediate AND i.indpred IS NULL
+               AND i.indexprs IS NULL
+               AND NOT EXISTS (SELECT 1 FROM unnest((i.indkey::int2[])[0:i.indnkeyatts - 1]) AS k(n)
+                               LEFT JOIN pg_attribute a ON a.attrelid = p_rel AND a.attnum = k.n
+                               WHERE a.attnotnull IS NOT TRUE)))
+    ORDER BY i.indisprimary DESC, i.indisreplident DESC, i.indexrelid
+    LIMIT 1
+$$;
+
+-- Why no unique index of p_rel qualifies as its key (cow._key_index), for the notice of a table left plain:
+-- "t_a_key (column a is nullable), t_b_idx (partial)", or NULL without unique indexes.
+CREATE OR REPLACE FUNCTION cow._key_rejects(p_rel oid) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT string_agg(format('%I (%s)', ic.relname, concat_ws(', ',
+               CASE WHEN NOT i.indisvalid THEN 'invalid' END,
+               CASE WHEN i.indisexclusion THEN 'an exclusion index' END,
+               CASE WHEN NOT i.indimmediate THEN 'deferrable' END,
+               CASE WHEN i.indpred IS NOT NULL THEN 'partial' END,
+               CASE WHEN i.indexprs IS NOT NULL THEN 'on expressions' END,
+               (SELECT string_agg(format('column %I is nullable', a.attname), ', ' ORDER BY k.o)
+                FROM unnest((i.indkey::int2[])[0:i.indnkeyatts - 1]) WITH ORDINALITY AS k(n, o)
+                JOIN pg_attribute a ON a.attrelid = p_rel AND a.attnum = k.n
+                WHERE NOT a.attnotnull))), ', ' ORDER BY i.indexrelid)
+    FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid
+    WHERE i.indrelid = p_rel AND i.indisunique
+$$;
+
+-- The key's columns (the key index's key columns, without INCLUDE ones), NULL without a key.
 CREATE OR REPLACE FUNCTION cow._pk_columns(p_rel oid) RETURNS text[]
 LANGUAGE sql STABLE AS $$
-    SELECT cow._attnames(p_rel, i.indkey::int2[])
-    FROM pg_index i WHERE i.indrelid = p_rel AND i.indisprimary
+    SELECT cow._attnames(p_rel, (i.indkey::int2[])[0:i.indnkeyatts - 1])
+    FROM pg_index i WHERE i.indexrelid = cow._key_index(p_rel)
 $$;
 
 -- A fingerprint of everything the generated objects depend on: when it changes, regenerate.
@@ -291,6 +330,8 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
          FROM pg_constraint c WHERE c.conrelid = p_rel OR c.confrelid = p_rel),
         (SELECT string_agg(pg_get_indexdef(i.indexrelid), ',' ORDER BY i.indexrelid)
          FROM pg_index i WHERE i.indrelid = p_rel AND i.indisunique),
+        -- The key's choice (REPLICA IDENTITY, a NOT NULL dropped, a primary key added: cow._key_index).
+        cow._key_index(p_rel)::regclass::text,
         (SELECT string_agg(coalesce(c.relacl::text, ''), ',') FROM pg_class c WHERE c.oid = p_rel),
         (SELECT string_agg(pg_get_partition_constraintdef(t.relid), ',' ORDER BY t.relid)
          FROM pg_partition_tree(p_rel) t WHERE t.isleaf AND t.relid <> p_rel)))

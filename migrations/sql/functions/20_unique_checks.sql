@@ -5,7 +5,8 @@
 -- and `install` re-applies it whenever its text changes, after the numbered files and before cow.refresh(true).
 
 -- Whether the changes table mirrors base index x with a lookup index: all but the primary key and the plain
--- UNIQUE ones (cow._build_view mirrors those), see cow._xindexes.
+-- UNIQUE ones (cow._build_view mirrors those), see cow._xindexes. (A table's key index, cow._key_index, is one
+-- of these two: a unique index that stands in for a missing primary key is plain.)
 CREATE OR REPLACE FUNCTION cow._mirrored(x pg_catalog.pg_index) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
     SELECT x.indisexclusion OR NOT (x.indisprimary OR (x.indisunique AND x.indpred IS NULL AND x.indexprs IS NULL))

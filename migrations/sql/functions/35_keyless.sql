@@ -43,9 +43,12 @@ LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     cols text;
 BEGIN
-    -- (A UNIQUE index over nullable columns is no key; checking it against base + session is not done.)
+    -- (A UNIQUE index over nullable columns is no key; checking it against base + session is not done. One
+    -- that can be the key, cow._key_index, makes the table a keyed one: the notice says why each cannot.)
     IF EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = p_rel AND (i.indisunique OR i.indisexclusion)) THEN
-        RETURN 'has no primary key and a UNIQUE index or exclusion constraint (not supported without a key)';
+        RETURN format('has no primary key or NOT NULL unique index, and a UNIQUE index or exclusion constraint '
+                      'that cannot be its key (not supported without a key%s)',
+                      coalesce(': ' || cow._key_rejects(p_rel), ''));
     END IF;
     SELECT string_agg(format('%I %s', a.attname, format_type(a.atttypid, a.atttypmod)), ', ' ORDER BY a.attnum)
     INTO cols FROM pg_attribute a
@@ -99,9 +102,10 @@ BEGIN
     IF (r.pk_columns = '{}') = keyless AND NOT (keyless AND cow._kl_refusal(p_rel) IS NOT NULL) THEN
         RETURN false;
     END IF;
-    PERFORM cow._kl_unregister(r.id, CASE WHEN r.pk_columns = '{}' AND NOT keyless THEN 'got a primary key'
+    -- (The key: a primary key, or a NOT NULL unique index that stands in for it, cow._key_index.)
+    PERFORM cow._kl_unregister(r.id, CASE WHEN r.pk_columns = '{}' AND NOT keyless THEN 'got a key'
                                           WHEN NOT keyless THEN 'changed'
-                                          WHEN r.pk_columns <> '{}' THEN 'lost its primary key'
+                                          WHEN r.pk_columns <> '{}' THEN 'lost its key'
                                           ELSE cow._kl_refusal(p_rel) END);
     RETURN true;
 END $$;

@@ -87,7 +87,8 @@ BEGIN
     IF EXISTS (SELECT 1 FROM cow.registry WHERE relid = p_rel) AND NOT cow._kl_recheck(p_rel) THEN
         RETURN NULL;
     END IF;
-    -- A table without a primary key is enabled as a keyless table (35_keyless.sql) when its rows can be compared.
+    -- A table without a key (cow._key_index: a primary key, or a NOT NULL unique index that stands in for it)
+    -- is enabled as a keyless table (35_keyless.sql) when its rows can be compared.
     IF cow._pk_columns(p_rel) IS NULL THEN
         note := cow._kl_refusal(p_rel);
         IF note IS NOT NULL THEN
@@ -127,6 +128,23 @@ BEGIN
         EXECUTE format('DROP FUNCTION IF EXISTS cow_changes.%I(), cow_changes.%I(), cow_changes.%I()',
                        x.changes_table || '_ins', x.changes_table || '_upd', x.changes_table || '_del');
         DELETE FROM cow.registry WHERE id = x.id;
+        rebuilt := true;
+    END LOOP;
+    -- Keyed tables whose key (cow._key_index) now has other columns (a primary key added on other columns, the
+    -- key index dropped or a key column made nullable while another unique index qualifies, REPLICA
+    -- IDENTITY): dropped from the registry, and enabled anew with the new key below (_register). Refused
+    -- (cow._kl_unregister: 0A000) while a session holds changes to the table: its versions are keyed by the
+    -- old columns (<t>_cur, each version's origin), so commit would turn an update into a delete and an insert
+    -- (ON DELETE actions firing on the base) and two versions may share the new key. A table left without a
+    -- key changes kind: cow._kl_recheck, in _register. (By attribute number: renaming a key column is no change.)
+    FOR x IN SELECT g.*, cow._pk_columns(g.relid) AS key FROM cow.registry g
+             WHERE g.pk_columns <> '{}' AND cow._key_index(g.relid) IS NOT NULL
+               AND (SELECT (i.indkey::int2[])[0:i.indnkeyatts - 1]::int[] FROM pg_index i
+                    WHERE i.indexrelid = cow._key_index(g.relid))
+                   IS DISTINCT FROM ARRAY(SELECT g.col_attnums[array_position(g.col_names, k.c)]
+                                          FROM unnest(g.pk_columns) WITH ORDINALITY AS k(c, o) ORDER BY k.o) LOOP
+        PERFORM cow._kl_unregister(x.id, format('would change its row key from (%s) to (%s)',
+                                                array_to_string(x.pk_columns, ', '), array_to_string(x.key, ', ')));
         rebuilt := true;
     END LOOP;
     FOR x IN SELECT s.overlay_schema FROM cow.schemas s LOOP
