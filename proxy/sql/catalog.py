@@ -22,7 +22,10 @@ from proxy.errors import ProxyError
 CATALOG_QUERY = """\
 SELECT t.table_schema::text, t.table_name::text, t.overlay_schema::text,
   json_build_object(
-    'pk', to_json(t.pk_columns),
+    -- The primary key only (what GROUP BY's functional dependency needs), not a unique index the layer keys
+    -- a table without one by.
+    'pk', to_json(CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_index pi WHERE pi.indrelid = c.oid
+                                     AND pi.indisprimary) THEN t.pk_columns END),
     'columns', (
       SELECT coalesce(json_agg(json_build_object(
                'name', a.attname, 'type', format_type(a.atttypid, NULL),
