@@ -231,10 +231,10 @@ $c$, ch, b, cow._eq(pk, 'x', var), NULL, cow._collist(names), CASE WHEN deleted 
        -- (No version: the UPDATE ... INTO found no row and left _base NULL.)
        CASE WHEN snap = 'NULL' THEN ''
             WHEN snap = 'true' THEN E'    IF _seen IS NULL THEN\n        _base := pg_catalog.to_jsonb(OLD);\n    END IF;\n'
-            WHEN snap IS NULL THEN format(E'    IF _seen IS NULL THEN\n        _base := (SELECT pg_catalog.to_jsonb(y) FROM %s y WHERE %s);\n    END IF;\n',
+            WHEN snap IS NULL THEN format(E'    IF _seen IS NULL THEN\n        _base := (SELECT pg_catalog.to_jsonb(y.*) FROM %s y WHERE %s);\n    END IF;\n',
                                           b, cow._eq(pk, 'y', var))
             ELSE format(E'    IF _seen IS NULL THEN\n        IF %s THEN\n            _base := pg_catalog.to_jsonb(OLD);\n'
-                         '        ELSE\n            _base := (SELECT pg_catalog.to_jsonb(y) FROM %s y WHERE %s);\n        END IF;\n    END IF;\n',
+                         '        ELSE\n            _base := (SELECT pg_catalog.to_jsonb(y.*) FROM %s y WHERE %s);\n        END IF;\n    END IF;\n',
                         snap, b, cow._eq(pk, 'y', var)) END)
 $$;
 

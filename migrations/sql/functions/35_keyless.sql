@@ -398,7 +398,7 @@ DECLARE
     n bigint;
 BEGIN
     EXECUTE format('UPDATE cow_changes.%1$I t SET _cow_current = true, _cow_origin = NULL, '
-                   '_cow_base = to_jsonb(t) - cow._meta_columns() '
+                   '_cow_base = to_jsonb(t.*) - cow._meta_columns() '
                    'WHERE t._cow_session = $1 AND t._cow_deleted AND NOT t._cow_current AND NOT t._cow_op = ANY ($2) '
                    'AND (t._cow_origin ->> ''retires'')::bigint IN (SELECT c._cow_seq FROM cow_changes.%1$I c '
                    'WHERE c._cow_session = $1 AND c._cow_op = ANY ($2))', g.changes_table)

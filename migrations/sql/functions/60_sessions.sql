@@ -82,9 +82,9 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
             '{schema}', quote_literal(g.table_schema) || '::text'),
             '{table}', quote_literal(g.table_name) || '::text'),
             -- (A keyless table, pk_columns '{}': a row is identified by its whole value.)
-            '{pk}', CASE WHEN g.pk_columns = '{}' THEN '(to_jsonb(c) - cow._meta_columns())'
+            '{pk}', CASE WHEN g.pk_columns = '{}' THEN '(to_jsonb(c.*) - cow._meta_columns())'
                          ELSE format('jsonb_build_object(%s)', cow._jsonargs(g.pk_columns, 'c')) END),
-            '{pkcols}', CASE WHEN g.pk_columns = '{}' THEN '(to_jsonb(c) - cow._meta_columns())'
+            '{pkcols}', CASE WHEN g.pk_columns = '{}' THEN '(to_jsonb(c.*) - cow._meta_columns())'
                              ELSE cow._collist(g.pk_columns, 'c.') END),
         g.changes_table, p_where), ' UNION ALL ')
     FROM cow.registry g
@@ -101,7 +101,7 @@ BEGIN
     PERFORM cow._check_id(coalesce(session, ''), 'session');
     q := cow._changes_union(
         'c._cow_seq, c._cow_op, {schema}, {table}, {pk}, '
-        'CASE WHEN c._cow_deleted THEN NULL ELSE to_jsonb(c) - cow._meta_columns() END, c._cow_deleted',
+        'CASE WHEN c._cow_deleted THEN NULL ELSE to_jsonb(c.*) - cow._meta_columns() END, c._cow_deleted',
         'c._cow_session = $1');
     IF q IS NULL THEN
         RETURN;
@@ -120,7 +120,7 @@ BEGIN
     PERFORM cow._check_id(coalesce(session, ''), 'session');
     q := cow._changes_union(
         '{schema}, {table}, {pk}, c._cow_deleted, c._cow_base, '
-        'CASE WHEN c._cow_deleted THEN NULL ELSE to_jsonb(c) - cow._meta_columns() END, c._cow_seq, c._cow_op',
+        'CASE WHEN c._cow_deleted THEN NULL ELSE to_jsonb(c.*) - cow._meta_columns() END, c._cow_seq, c._cow_op',
         'c._cow_session = $1 AND c._cow_current');
     IF q IS NULL THEN
         RETURN;

@@ -106,7 +106,7 @@ BEGIN
         pkeq := cow._eq(g.pk_columns, 'b', 'c');
         IF on_conflict = 'fail' THEN
             EXECUTE format('SELECT format(''(%s)=(%%s)'', %s) FROM %s c LEFT JOIN %I.%I b ON %s '
-                           'WHERE (CASE WHEN b.%I IS NULL THEN NULL ELSE to_jsonb(b) END) IS DISTINCT FROM c._cow_base LIMIT 1',
+                           'WHERE (CASE WHEN b.%I IS NULL THEN NULL ELSE to_jsonb(b.*) END) IS DISTINCT FROM c._cow_base LIMIT 1',
                            cow._collist(g.pk_columns), cow._keytext(g.pk_columns, 'c'), sel, g.table_schema, g.table_name,
                            pkeq, g.pk_columns[1])
             INTO bad USING session, chosen;
@@ -370,7 +370,7 @@ BEGIN
             USING session, chosen;
             EXECUTE format('DELETE FROM cow_changes.%I WHERE _cow_session = $1 AND _cow_op = ANY ($2)', g.changes_table)
             USING session, chosen;
-            EXECUTE format('UPDATE cow_changes.%1$I c SET _cow_base = (SELECT to_jsonb(b) FROM %2$I.%3$I b WHERE %4$s) '
+            EXECUTE format('UPDATE cow_changes.%1$I c SET _cow_base = (SELECT to_jsonb(b.*) FROM %2$I.%3$I b WHERE %4$s) '
                            'WHERE c._cow_session = $1', g.changes_table, g.table_schema, g.table_name,
                            cow._eq(g.pk_columns, 'b', 'c'))
             USING session;
