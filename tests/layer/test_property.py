@@ -72,6 +72,12 @@ CREATE TABLE link (
     w int CHECK (w > 0),
     UNIQUE (parent_id, child_id)
 );
+-- A keyless table (no primary key: a multiset of row values), with duplicate rows and cascades into it.
+CREATE TABLE trail (
+    parent_id int REFERENCES parent (id) ON DELETE CASCADE ON UPDATE CASCADE,
+    body text CHECK (body <> '')
+);
+CREATE INDEX trail_parent ON trail (parent_id);
 """
 
 SEED = """
@@ -81,6 +87,7 @@ VALUES (1, 2, 'l1'), (1, NULL, 'l2'), (2, 3, 'l1'), (NULL, 1, 'l2');
 INSERT INTO mark VALUES (1, 3);
 INSERT INTO badge VALUES (1, 3);
 INSERT INTO link VALUES (1, 1, 1), (1, 2, NULL), (2, 3, 5);
+INSERT INTO trail VALUES (1, 't'), (1, 't'), (2, NULL), (2, NULL), (NULL, 't');
 """
 
 # Writes of another session, present during every example (explicit keys: the sequences stay untouched).
@@ -91,10 +98,14 @@ INSERT INTO parent (id, code, tag) VALUES (5, 'd', 'y'), (6, 'e', NULL);
 INSERT INTO child (id, parent_id, other_id, label) VALUES (6, 5, 6, 'l2');
 UPDATE child SET id = 7, label = 'l1' WHERE id = 2;
 INSERT INTO link VALUES (5, 6, 2);
+DELETE FROM trail WHERE parent_id = 1;
+INSERT INTO trail VALUES (2, NULL), (5, 'o');
 """
 
-TABLES = ("parent", "child", "mark", "badge", "link")
-ORDER = {"link": "t.parent_id, t.child_id"}  # the others by t.id
+TABLES = ("parent", "child", "mark", "badge", "link", "trail")
+# Rows in key order (the others by t.id); trail has no key: its rows in the order of their text (duplicates
+# are equal text).
+ORDER = {"link": "t.parent_id, t.child_id", "trail": "t::text"}
 SEQUENCES = ("parent_id_seq", "child_id_seq")
 
 Stmt = tuple[str, tuple[Any, ...]]
@@ -108,6 +119,7 @@ TAGS = st.sampled_from(["x", "y", None])
 QTYS = st.sampled_from([-1, 0, 1, 5, None])
 LABELS = st.sampled_from(["l1", "l2", "", None])
 NOTES = st.sampled_from(["n", "N", None])
+BODIES = st.sampled_from(["t", "u", "", None])
 
 
 def _stmt(sql: str, *parts: st.SearchStrategy[Any]) -> st.SearchStrategy[Stmt]:
@@ -152,6 +164,12 @@ SINGLE_ROW = st.one_of(
         "INSERT INTO child (id, label, size) VALUES (%s, 'l1', %s) RETURNING *", CIDS, st.sampled_from([2, 9])
     ),
     _stmt("UPDATE child SET size = DEFAULT, label = %s WHERE id = %s RETURNING *", LABELS, CIDS),
+    # The keyless table: each matched row removes one instance of its value (identical rows: each one).
+    _stmt("INSERT INTO trail VALUES (%s, %s) RETURNING *", REFS, BODIES),
+    _stmt("DELETE FROM trail WHERE parent_id = %s RETURNING *", PIDS),
+    _stmt("DELETE FROM trail WHERE body IS NOT DISTINCT FROM %s RETURNING *", BODIES),
+    _stmt("UPDATE trail SET body = %s WHERE parent_id = %s RETURNING *", BODIES, PIDS),
+    _stmt("UPDATE trail SET parent_id = %s WHERE body IS NOT DISTINCT FROM %s RETURNING *", REFS, BODIES),
 )
 
 # Updating a generated column to an explicit value: 428C9. To its current value (2 for these labels) is a
@@ -262,8 +280,8 @@ class World:
             for schema in ("public", "plain"):
                 self.admin.execute(f"SET LOCAL search_path = {schema}")
                 self.admin.execute(
-                    "DELETE FROM link; DELETE FROM badge; DELETE FROM mark; DELETE FROM child;"
-                    " DELETE FROM parent;"
+                    "DELETE FROM link; DELETE FROM trail; DELETE FROM badge; DELETE FROM mark;"
+                    " DELETE FROM child; DELETE FROM parent;"
                     "SELECT setval('parent_id_seq', 1, false), setval('child_id_seq', 1, false)"
                 )
                 self.admin.execute(SEED)
