@@ -237,10 +237,30 @@ async def session_diff(conn: asyncpg.Connection, session_id: str) -> Diff:
         (f"{r['table_schema']}.{r['table_name']}", _key(_load(r["pk"]))): _load(r["base_row"])
         for r in await conn.fetch("SELECT * FROM cow.session_keys($1)", session_id)
     }
+    # A keyless table's write adds or removes one instance of a row value (its pk): no row to update.
+    keyless = {
+        f"{r['table_schema']}.{r['table_name']}"
+        for r in await conn.fetch("SELECT table_schema, table_name FROM cow.tables WHERE pk_columns = '{}'")
+    }
     per_op: dict[str, list[RowChange]] = {}
     for w in await conn.fetch("SELECT * FROM cow.session_changes($1)", session_id):
         table = f"{w['table_schema']}.{w['table_name']}"
         pk = _load(w["pk"])
+        if table in keyless:
+            old, new = (pk, None) if w["deleted"] else (None, _load(w["row_data"]))
+            per_op.setdefault(w["operation_id"], []).append(
+                RowChange(
+                    table,
+                    pk,
+                    "delete" if w["deleted"] else "insert",
+                    old,
+                    new,
+                    {},
+                    int(w["seq"]),
+                    w["operation_id"],
+                )
+            )
+            continue
         key = (table, _key(pk))
         before = state.get(key)
         after = None if w["deleted"] else _load(w["row_data"])

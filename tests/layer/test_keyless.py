@@ -3,6 +3,7 @@ multiset of row values, side by side with a plain copy of the table."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -409,3 +410,38 @@ def test_deferred_foreign_keys_of_a_keyless_child(tags: Pair) -> None:
     )
     tags.same_table("dlog", "cust, t")
     tags.same_table("customers")
+
+
+def test_per_operation_diff_of_a_keyless_table(tags: Pair, layer_db: str) -> None:
+    """`cowproxy session diff`'s replay: each write of a keyless table adds or removes one instance."""
+    import asyncio
+
+    import asyncpg
+
+    from migrations.sessions import session_diff
+
+    tags.cow.execute("SELECT cow.use_operation('a')")
+    tags.cow.execute("INSERT INTO tag VALUES (2, 'dup', NULL), (2, 'dup', NULL)")
+    tags.cow.execute("SELECT cow.use_operation('b')")
+    tags.cow.execute("DELETE FROM tag WHERE tag = 'dup' OR post = 3")
+
+    async def diff() -> Any:
+        conn = await asyncpg.connect(layer_db)
+        try:
+            return await session_diff(conn, "s1")
+        finally:
+            await conn.close()
+
+    result = asyncio.run(diff())
+    dup = {"post": 2, "tag": "dup", "w": None}
+    x = {"post": 3, "tag": "x", "w": 0.30000000000000004}
+    # (The rows of one statement in its scan order.)
+    ops = [
+        (op, sorted(((r.action, r.pk) for r in rows), key=lambda w: json.dumps(w, sort_keys=True)))
+        for op, rows in result.operations
+    ]
+    assert ops == [
+        ("a", [("insert", dup), ("insert", dup)]),
+        ("b", [("delete", dup), ("delete", dup), ("delete", x)]),
+    ]
+    assert [(r.action, r.old_row) for r in result.rows] == [("delete", x)]  # net
