@@ -49,6 +49,8 @@ CREATE TABLE members (
 CREATE UNIQUE INDEX members_email_key ON members (email);
 CREATE TABLE audit (id int PRIMARY KEY, project_id int REFERENCES projects (id));
 CREATE TABLE tree (id int PRIMARY KEY, parent_id int REFERENCES tree (id));
+-- No primary key: a keyless CoW table (a multiset of row values).
+CREATE TABLE labels (issue_id int REFERENCES issues (id) ON DELETE CASCADE, label text);
 """
 DATA = """
 INSERT INTO projects VALUES (1, 'alpha', 10), (2, 'beta', 200), (3, 'gamma', 0);
@@ -56,9 +58,18 @@ INSERT INTO issues (project_id, title, points) VALUES (1, 'Fix', 3), (1, 'Docs',
 INSERT INTO comments (issue_id, body) VALUES (1, 'a'), (1, 'b'), (3, 'c');
 INSERT INTO members VALUES (1, 1, 'a@x'), (2, 2, NULL);
 INSERT INTO tree VALUES (1, NULL), (2, 1), (3, 2), (4, 1);
+INSERT INTO labels VALUES (1, 'bug'), (1, 'bug'), (3, NULL);
 """
-COW_TABLES = ("projects", "issues", "comments", "members", "tree")
-ORDER = {"projects": "id", "issues": "id", "comments": "id", "members": "id", "audit": "id", "tree": "id"}
+COW_TABLES = ("projects", "issues", "comments", "members", "tree", "labels")
+ORDER = {
+    "projects": "id",
+    "issues": "id",
+    "comments": "id",
+    "members": "id",
+    "audit": "id",
+    "tree": "id",
+    "labels": "issue_id, label",
+}
 
 
 @dataclass(frozen=True)
@@ -182,6 +193,10 @@ def compare(pair: Pair, statements: Sequence[str | tuple[str, Sequence[Any]]]) -
 # -- ON CONFLICT -------------------------------------------------------------------------------------
 
 ON_CONFLICT_CASES: dict[str, list[str | tuple[str, Sequence[Any]]]] = {
+    # A keyless table has no arbiter: every row is inserted, duplicates too.
+    "do_nothing_keyless": [
+        "INSERT INTO labels VALUES (1, 'bug'), (2, NULL) ON CONFLICT DO NOTHING RETURNING *"
+    ],
     "do_nothing_pk_multi_row": [
         "INSERT INTO projects (id, name) VALUES (1, 'x'), (4, 'delta'), (5, 'eps') ON "
         "CONFLICT (id) DO NOTHING"
@@ -380,6 +395,12 @@ def test_do_update_without_returning(pair: Pair) -> None:
 # -- TRUNCATE ----------------------------------------------------------------------------------------
 
 TRUNCATE_CASES: dict[str, list[str | tuple[str, Sequence[Any]]]] = {
+    "keyless": [
+        "INSERT INTO labels VALUES (2, 'x'), (2, 'x')",
+        "TRUNCATE labels",
+        "SELECT count(*) FROM labels",
+        "INSERT INTO labels VALUES (2, 'y') RETURNING *",
+    ],
     "leaf": ["TRUNCATE comments", "SELECT count(*) FROM comments"],
     "restrict_fails_0A000": ["TRUNCATE issues"],
     "restrict_fails_even_when_listed_parent_only": ["TRUNCATE TABLE projects RESTRICT"],
