@@ -220,6 +220,9 @@ def test_partitioned_table_with_columns_named_like_aliases(kl: Pair) -> None:
     kl.both("INSERT INTO log VALUES (1, 'a', NULL, NULL), (2, NULL, NULL, NULL) RETURNING *")
     assert kl.both("INSERT INTO log VALUES (3, 'no partition', NULL, NULL)") == ("error", "23514")
     kl.same_table("log", "b, z, c, x")
+    kl.both("DELETE FROM log WHERE b = 1 AND z = 'a' RETURNING *")  # one base and one added instance
+    kl.both("UPDATE log SET x = 'u', c = 2 WHERE b = 2 RETURNING *")
+    kl.same_table("log", "b, z, c, x")
     kl.cow.execute("SELECT cow.use_session(NULL)")
     kl.cow.execute("SELECT cow.commit_session('s1')")
     assert base(dsn_of(kl.cow), "log", "b, z, c, x") == base(dsn_of(kl.plain), "log", "b, z, c, x")
