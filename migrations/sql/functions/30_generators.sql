@@ -6,6 +6,40 @@
 -- Per-table objects: the changes table, the overlay view, the INSTEAD OF triggers
 -- ---------------------------------------------------------------------------------------------------------
 
+-- Column p_col of changes table p_ch after app DDL added it to (p_added) or retyped it in base table p_b (key
+-- p_pk, NULL for a keyless table): the session's versions of base rows take the value the base row has now, as
+-- their snapshots do (the only value the DDL could have given that row); the session's own rows an added
+-- column's default, identity or generation expression, as the plain table's rows got at ALTER TABLE. A keyless
+-- table's rows have no base row to match: each takes the expression, and its own value is its snapshot.
+CREATE OR REPLACE FUNCTION cow._rebase_column(p_ch text, p_b text, p_pk text[], p_col text, p_added boolean)
+RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
+DECLARE
+    a record;
+    expr text;
+BEGIN
+    SELECT att.attgenerated = 's' AS generated, att.attidentity <> '' AS identity, pg_get_expr(d.adbin, d.adrelid) AS def
+    INTO a FROM pg_attribute att LEFT JOIN pg_attrdef d ON d.adrelid = att.attrelid AND d.adnum = att.attnum
+    WHERE att.attrelid = p_b::regclass AND att.attname = p_col;
+    expr := CASE WHEN a.identity THEN format('nextval(%L::regclass)', pg_get_serial_sequence(p_b, p_col)) ELSE a.def END;
+    IF p_pk IS NOT NULL THEN
+        EXECUTE format('UPDATE %s c SET _cow_base = CASE WHEN c._cow_base IS NULL THEN NULL '
+                       'ELSE c._cow_base || jsonb_build_object(%L, to_jsonb(b.%I)) END%s FROM %s b WHERE %s',
+                       p_ch, p_col, p_col,
+                       CASE WHEN p_added AND NOT a.generated THEN format(', %I = b.%I', p_col, p_col) ELSE '' END,
+                       p_b, cow._eq(p_pk, 'c', 'b'));
+    END IF;
+    IF p_added AND expr IS NOT NULL THEN
+        -- A generated column follows each version's own values; a default only the rows no base row gave one.
+        EXECUTE format('UPDATE %s c SET %I = %s%s', p_ch, p_col, expr,
+                       CASE WHEN a.generated OR p_pk IS NULL THEN ''
+                            ELSE format(' WHERE NOT EXISTS (SELECT 1 FROM %s b WHERE %s)', p_b, cow._eq(p_pk, 'c', 'b')) END);
+    END IF;
+    IF p_pk IS NULL THEN
+        EXECUTE format('UPDATE %s c SET _cow_base = c._cow_base || jsonb_build_object(%L, to_jsonb(c.%I)) '
+                       'WHERE c._cow_base IS NOT NULL', p_ch, p_col, p_col);
+    END IF;
+END $gen$;
+
 -- Create the changes table of registry entry r, or bring it in step with the base table's columns (names,
 -- types, attribute numbers now; r holds those it was made for). Shared by both generators (keyed, keyless).
 CREATE OR REPLACE FUNCTION cow._changes_table(r cow.registry, names text[], types text[], nums int[]) RETURNS void
@@ -14,6 +48,9 @@ DECLARE
     ch text := format('cow_changes.%I', r.changes_table);
     k int;
     i int;
+    b text := r.relid::regclass::text;
+    pk text[] := nullif(cow._pk_columns(r.relid), '{}');
+    col record;
 BEGIN
     IF to_regclass(ch) IS NULL THEN
         EXECUTE format('CREATE TABLE %s (_cow_seq bigint NOT NULL DEFAULT nextval(''cow.write_seq''), '
@@ -30,21 +67,29 @@ BEGIN
         -- Follow app DDL by attribute number: dropped, renamed, retyped and added columns.
         FOR i IN 1 .. coalesce(array_length(r.col_attnums, 1), 0) LOOP
             k := array_position(nums, r.col_attnums[i]);
+            -- The base snapshots (_cow_base, what commit compares the base row with) follow too; else every
+            -- row a session changed before the DDL would be a conflict (40001) at commit.
             IF k IS NULL THEN
                 EXECUTE format('ALTER TABLE %s DROP COLUMN IF EXISTS %I', ch, r.col_names[i]);
+                EXECUTE format('UPDATE %s SET _cow_base = _cow_base - %L WHERE _cow_base ? %L', ch,
+                               r.col_names[i], r.col_names[i]);
             ELSE
                 IF names[k] <> r.col_names[i] THEN
                     EXECUTE format('ALTER TABLE %s RENAME COLUMN %I TO %I', ch, r.col_names[i], names[k]);
+                    EXECUTE format('UPDATE %s SET _cow_base = (_cow_base - %L) || jsonb_build_object(%L, _cow_base -> %L) '
+                                   'WHERE _cow_base ? %L', ch, r.col_names[i], names[k], r.col_names[i], r.col_names[i]);
                 END IF;
                 IF types[k] <> r.col_types[i] THEN
                     EXECUTE format('ALTER TABLE %s ALTER COLUMN %I TYPE %s USING %I::%s', ch, names[k], types[k],
                                    names[k], split_part(types[k], ' COLLATE ', 1));
+                    PERFORM cow._rebase_column(ch, b, pk, names[k], false);
                 END IF;
             END IF;
         END LOOP;
         FOR k IN 1 .. array_length(nums, 1) LOOP
             IF NOT nums[k] = ANY (r.col_attnums) THEN
                 EXECUTE format('ALTER TABLE %s ADD COLUMN %I %s', ch, names[k], types[k]);
+                PERFORM cow._rebase_column(ch, b, pk, names[k], true);
             END IF;
         END LOOP;
     END IF;
