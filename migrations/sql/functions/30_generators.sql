@@ -6,6 +6,22 @@
 -- Per-table objects: the changes table, the overlay view, the INSTEAD OF triggers
 -- ---------------------------------------------------------------------------------------------------------
 
+-- The columns of base table rel, in attribute order: names, types as the changes table declares them (with a
+-- collation other than the type's), attribute numbers. Shared by both generators (keyed, keyless).
+CREATE OR REPLACE FUNCTION cow._base_columns(rel oid, OUT names text[], OUT types text[], OUT nums int[])
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT array_agg(a.attname::text ORDER BY a.attnum),
+           array_agg(format_type(a.atttypid, a.atttypmod)
+                     || CASE WHEN a.attcollation <> 0 AND a.attcollation <> t.typcollation
+                             THEN ' COLLATE ' || (SELECT format('%I.%I', cn.nspname, co.collname)
+                                                  FROM pg_collation co JOIN pg_namespace cn ON cn.oid = co.collnamespace
+                                                  WHERE co.oid = a.attcollation)
+                             ELSE '' END ORDER BY a.attnum),
+           array_agg(a.attnum::int ORDER BY a.attnum)
+    FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+    WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped
+$$;
+
 -- Column p_col of changes table p_ch after app DDL added it to (p_added) or retyped it in base table p_b (key
 -- p_pk, NULL for a keyless table): the session's versions of base rows take the value the base row has now, as
 -- their snapshots do (the only value the DDL could have given that row); the session's own rows an added
@@ -171,17 +187,7 @@ BEGIN
     b := format('%I.%I', sch, tab);
     -- The old view (under its old name, if the table was renamed) goes first: it depends on the columns.
     EXECUTE format('DROP VIEW IF EXISTS %I.%I CASCADE', r.overlay_schema, r.table_name);
-    SELECT array_agg(a.attname::text ORDER BY a.attnum),
-           array_agg(format_type(a.atttypid, a.atttypmod)
-                     || CASE WHEN a.attcollation <> 0 AND a.attcollation <> t.typcollation
-                             THEN ' COLLATE ' || (SELECT format('%I.%I', cn.nspname, co.collname)
-                                                  FROM pg_collation co JOIN pg_namespace cn ON cn.oid = co.collnamespace
-                                                  WHERE co.oid = a.attcollation)
-                             ELSE '' END ORDER BY a.attnum),
-           array_agg(a.attnum::int ORDER BY a.attnum)
-    INTO names, types, nums
-    FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
-    WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped;
+    SELECT c.names, c.types, c.nums INTO names, types, nums FROM cow._base_columns(rel) c;
     pk := cow._pk_columns(rel);
 
     PERFORM cow._changes_table(r, names, types, nums);

@@ -165,17 +165,7 @@ BEGIN
     ch := format('cow_changes.%I', r.changes_table);
     b := format('%I.%I', sch, tab);
     EXECUTE format('DROP VIEW IF EXISTS %I.%I CASCADE', r.overlay_schema, r.table_name);
-    SELECT array_agg(a.attname::text ORDER BY a.attnum),
-           array_agg(format_type(a.atttypid, a.atttypmod)
-                     || CASE WHEN a.attcollation <> 0 AND a.attcollation <> t.typcollation
-                             THEN ' COLLATE ' || (SELECT format('%I.%I', cn.nspname, co.collname)
-                                                  FROM pg_collation co JOIN pg_namespace cn ON cn.oid = co.collnamespace
-                                                  WHERE co.oid = a.attcollation)
-                             ELSE '' END ORDER BY a.attnum),
-           array_agg(a.attnum::int ORDER BY a.attnum)
-    INTO names, types, nums
-    FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
-    WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped;
+    SELECT c.names, c.types, c.nums INTO names, types, nums FROM cow._base_columns(rel) c;
     PERFORM cow._changes_table(r, names, types, nums);
     v := format('%I.%I', r.overlay_schema, tab);
     tomb := format('FROM %s x WHERE x._cow_session = %s AND x._cow_current AND x._cow_deleted', ch, sess);
