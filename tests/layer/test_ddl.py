@@ -141,3 +141,23 @@ def test_migration_inside_a_transaction_rolls_back_cleanly(layer_db: str) -> Non
         agent.execute("SELECT cow.use_session('s')")
         agent.execute("UPDATE customers SET name = 'z' WHERE id = 3 RETURNING *")
         assert len(agent.execute("SELECT * FROM customers WHERE id = 3").fetchone() or ()) == 5
+
+
+def test_a_column_added_to_a_keyless_table_keeps_the_sessions_removals(layer_db: str) -> None:
+    """A keyless table's session rows (and the tombstones that hide base rows, matched by whole value) take
+    an added column's default, as the base rows do: the removed row stays removed, and commit applies."""
+    with (
+        psycopg.connect(layer_db, autocommit=True) as app,
+        psycopg.connect(layer_db, autocommit=True) as agent,
+    ):
+        app.execute("CREATE TABLE ddl_log (a int, b text)")
+        app.execute("INSERT INTO ddl_log VALUES (1, 'x'), (1, 'x'), (2, 'y')")
+        agent.execute("SELECT cow.use_session('k', 'op')")
+        agent.execute("DELETE FROM ddl_log WHERE a = 2")
+        agent.execute("INSERT INTO ddl_log VALUES (3, 'z')")
+        app.execute("ALTER TABLE ddl_log ADD COLUMN c int NOT NULL DEFAULT 7")
+        expected = [(1, "x", 7), (1, "x", 7), (3, "z", 7)]
+        assert agent.execute("SELECT * FROM ddl_log ORDER BY a").fetchall() == expected
+        agent.execute("SELECT cow.use_session(NULL)")
+        agent.execute("SELECT cow.commit_session('k')")
+        assert app.execute("SELECT * FROM public.ddl_log ORDER BY a").fetchall() == expected
