@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -344,33 +345,23 @@ class _Inspection:
         return True
 
     def _groups_cow_rows(self, node: dict[str, Any]) -> bool:
-        """A GROUP BY over a CoW table in this SELECT or its set-operation members (``larg``/``rarg``
-        hold bare SelectStmt fields, so the walk does not visit them as nodes)."""
-        stack: list[Any] = [node]
-        while stack:
-            select = stack.pop()
-            if not isinstance(select, dict):
-                continue
-            if select.get("groupClause") and any(
-                self._cow(r) for r in _from_relations(select.get("fromClause"))
-            ):
-                return True
-            stack.extend((select.get("larg"), select.get("rarg")))
-        return False
+        """A GROUP BY over a CoW table in this SELECT or its set-operation members."""
+        return _any_select(
+            node,
+            lambda s: (
+                bool(s.get("groupClause")) and any(self._cow(r) for r in _from_relations(s.get("fromClause")))
+            ),
+        )
 
     def _joins_cow_tables(self, node: dict[str, Any]) -> bool:
         """A SELECT (or set-operation member) joining CoW tables with WHERE or LIMIT: the rewriter decides."""
-        stack: list[Any] = [node]
-        while stack:
-            select = stack.pop()
-            if not isinstance(select, dict):
-                continue
-            if (select.get("whereClause") or select.get("limitCount")) and sum(
-                self._cow(r) for r in _from_relations(select.get("fromClause"))
-            ) >= 2:
-                return True
-            stack.extend((select.get("larg"), select.get("rarg")))
-        return False
+        return _any_select(
+            node,
+            lambda s: (
+                bool(s.get("whereClause") or s.get("limitCount"))
+                and sum(self._cow(r) for r in _from_relations(s.get("fromClause"))) >= 2
+            ),
+        )
 
     def _generated_update(self, node: dict[str, Any]) -> None:
         """PostgreSQL's 428C9 for ``UPDATE t SET g = …`` of a generated or GENERATED ALWAYS identity column.
@@ -505,6 +496,19 @@ class _Inspection:
             # a guarded name, or one computed at run time that might be
             if not isinstance(value, str) or _guarded_setting(value):
                 self.tampers = True
+
+
+def _any_select(node: dict[str, Any], test: Callable[[dict[str, Any]], bool]) -> bool:
+    """Whether ``test`` holds for a JSON SelectStmt or one of its set-operation members (``larg``/``rarg``
+    hold bare SelectStmt fields, so the walk does not visit them as nodes)."""
+    stack: list[Any] = [node]
+    while stack:
+        select = stack.pop()
+        if isinstance(select, dict):
+            if test(select):
+                return True
+            stack.extend((select.get("larg"), select.get("rarg")))
+    return False
 
 
 def _from_relations(items: Any) -> list[Any]:
