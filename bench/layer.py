@@ -11,6 +11,10 @@ reference) and ``public.items`` (the layer installed on ``public``). Variants, o
                  other sessions hold ``--other-changes`` (100k). Its measured writes go to session
                  ``bench-writes`` (built alike), so that every round reads the same session size (before,
                  each round's writes grew ``bench`` by 3 x ``--batch`` changes: ~9k by the last round).
+- ``proxy``      session ``bench``, the statements as cowproxy sends them (``proxy.sql.Analyzer``: its
+                 rewrites, such as the split ``count(*)`` and the LATERAL key joins of docs/rewrites.md),
+                 without the proxy's own round trip (bench/proxy.py measures that); only for the
+                 operations the proxy rewrites (the others it sends as written: the session's figures).
 - ``stale``      (``--stale-session``, reads only) the overlay view in session ``bench-stale``, built like
                  ``bench`` but with each of its rows rewritten once after the last VACUUM: its pages are not
                  all-visible and ``<t>_cur`` still holds the entries of the retired versions, as in a session
@@ -45,6 +49,7 @@ with ``--dsn`` a scratch database ``cowbench_<pid>`` is created on that server a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import os
@@ -62,6 +67,7 @@ import _common as common
 import asyncpg
 
 from migrations import install_layer
+from proxy.sql import CATALOG_QUERY, Analyzer, Catalog
 
 VARIANTS = ("plain", "untagged", "view", "session")
 SESSION = "bench"
@@ -188,6 +194,8 @@ class Config:
     only: str | None  # regular expression: measure only the operations whose name it finds
     stale: bool  # add the read-only variant "stale"
     shapes: tuple[str, ...]  # candidate view shapes to read through (SHAPES)
+    # (op name, the statement as the proxy rewrites it) for the ops it rewrites, from the catalog
+    proxied: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -283,11 +291,21 @@ READ_KINDS = ("read", "list", "join", "last", "count")
 
 
 def variants(cfg: Config, op: Op | None = None) -> tuple[str, ...]:
-    """The variants that run op (all of them when op is None): "stale" and the shapes only read."""
+    """The variants that run op (all of them when op is None): "proxy" only what the proxy rewrites,
+    "stale" and the shapes only read."""
+    proxy = ("proxy",) if cfg.proxied and (op is None or op.name in dict(cfg.proxied)) else ()
     if op is not None and op.kind not in READ_KINDS:
-        return VARIANTS
+        return (*VARIANTS, *proxy)
     extra = ("stale",) if cfg.stale else ()
-    return (*VARIANTS, *extra, *(f"{x}{w}" for x in cfg.shapes for w in ("", NO_SESSION)))
+    return (*VARIANTS, *proxy, *extra, *(f"{x}{w}" for x in cfg.shapes for w in ("", NO_SESSION)))
+
+
+def sent_sql(cfg: Config, variant: str, sql: str) -> str | None:
+    """What variant runs for statement ``sql``: the proxy variant its rewrite (None if it has none)."""
+    if variant != "proxy":
+        return sql
+    rewritten = dict(cfg.proxied)
+    return next((rewritten[op.name] for op in OPS if op.sql == sql and op.name in rewritten), None)
 
 
 def selected_ops(cfg: Config) -> tuple[Op, ...]:
@@ -409,7 +427,7 @@ async def connect(dsn: str, variant: str, mode: str) -> asyncpg.Connection:
         pass  # the default search_path: the base table
     elif variant == "view":
         await conn.execute("SET search_path = cow_overlay_public, public")
-    elif variant == "session":
+    elif variant in ("session", "proxy"):
         await conn.execute("SELECT cow.use_session($1)", WRITE_SESSION if mode == "write" else SESSION)
     elif variant == "stale":
         await conn.execute("SELECT cow.use_session($1)", STALE_SESSION)
@@ -446,12 +464,12 @@ def op_args(
 Fetch = Callable[..., Awaitable[Any]]
 
 
-async def statement(conn: asyncpg.Connection, op: Op) -> Fetch:
+async def statement(conn: asyncpg.Connection, op: Op, sql: str) -> Fetch:
     """What runs one op: a statement prepared once and kept (the server's plan cache sees every execution),
     or, unprepared, an unnamed statement parsed and planned at every execution."""
     if op.mode == "unprepared":
-        return functools.partial(conn.fetch, op.sql)
-    stmt = await conn.prepare(op.sql)
+        return functools.partial(conn.fetch, sql)
+    stmt = await conn.prepare(sql)
     return stmt.fetch  # type: ignore[no-any-return]
 
 
@@ -484,8 +502,13 @@ async def measure(dsn: str, cfg: Config, plan: Plan) -> dict[tuple[str, str], Re
     ops = selected_ops(cfg)
     conns = {(v, op.mode): await connect(dsn, v, op.mode) for op in ops for v in variants(cfg, op)}
     try:
+        proxied = dict(cfg.proxied)
         stmts = {
-            op.name: {v: await statement(conns[(v, op.mode)], op) for v in variants(cfg, op)} for op in ops
+            op.name: {
+                v: await statement(conns[(v, op.mode)], op, proxied[op.name] if v == "proxy" else op.sql)
+                for v in variants(cfg, op)
+            }
+            for op in ops
         }
         samples = {(op.name, v): list[list[float]]() for op in ops for v in variants(cfg, op)}
         # Round 0 warms up (ids of its own for the writes): caches, the first custom plans, the compilation
@@ -527,9 +550,12 @@ async def explain(dsn: str, cfg: Config) -> list[str]:
     ]
     for what, sql, types, args, mode in cases:
         for v in variants(cfg) if sql != UPDATE_ONE else VARIANTS:
+            sent = sent_sql(cfg, v, sql)
+            if sent is None:
+                continue
             conn = await connect(dsn, v, mode)
             try:
-                await conn.execute(f"PREPARE p{types} AS {sql}")
+                await conn.execute(f"PREPARE p{types} AS {sent}")
                 async with conn.transaction():
                     for _ in range(6):  # past the planner's five custom plans
                         await conn.execute(f"EXECUTE p{args}")
@@ -593,12 +619,19 @@ def goals(res: dict[tuple[str, str], Result], ops: tuple[Op, ...]) -> list[str]:
         sess = res[(op.name, "session")].median / base
         limit = 1.5 if op.kind in READ_KINDS else 2.0
         stale = (op.name, "stale")
+        proxy = (op.name, "proxy")
         # Without a session: untagged traffic (what an application runs then: the base table) and the
         # overlay view read with no session set (what the issue's wording names); both against 1.05.
         out.append(
             f"{op.name}: untagged {untagged:.2f}x ({'met' if untagged <= 1.05 else 'NOT met'}), "
             f"view without session {view:.2f}x ({'met' if view <= 1.05 else 'NOT met'}), goal <= 1.05; "
             f"session {sess:.2f}x ({'met' if sess <= limit else 'NOT met'}, goal <= {limit})"
+            + (
+                f"; through cowproxy's rewrite {res[proxy].median / base:.2f}x "
+                f"({'met' if res[proxy].median / base <= limit else 'NOT met'})"
+                if proxy in res
+                else ""
+            )
             + (f"; session not vacuumed {res[stale].median / base:.2f}x" if stale in res else "")
         )
     return out
@@ -621,10 +654,13 @@ async def plan_costs(dsn: str, cfg: Config) -> list[str]:
         cells = []
         threshold = 0.0
         for v in variants(cfg):
+            sent = sent_sql(cfg, v, sql)
+            if sent is None:
+                continue
             conn = await connect(dsn, v, "generic")
             try:
                 threshold = float(await conn.fetchval("SELECT current_setting('jit_above_cost')"))
-                await conn.execute(f"PREPARE p{types} AS {sql}")
+                await conn.execute(f"PREPARE p{types} AS {sent}")
                 plan = await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE p{args}")
                 cost = float(json.loads(plan)[0]["Plan"]["Total Cost"])
             finally:
@@ -651,8 +687,15 @@ async def main_async(cfg: Config) -> None:
                 common.log(
                     f"session {SESSION}: {n} rows changed; changes table {visible}/{pages} pages all-visible"
                 )
+                await conn.execute("SELECT cow.use_session($1)", SESSION)
+                catalog = Catalog.from_rows([tuple(r) for r in await conn.fetch(CATALOG_QUERY)])
             finally:
                 await conn.close()
+            analyzer = Analyzer()
+            rewritten = {op.name: analyzer.analyze(op.sql, catalog, True).rewritten for op in OPS}
+            cfg = dataclasses.replace(
+                cfg, proxied=tuple((name, sql) for name, sql in rewritten.items() if sql is not None)
+            )
             if cfg.explain:
                 print("\n".join(await explain(dsn, cfg)))
                 print()

@@ -112,6 +112,7 @@ _SIEVE = re.compile(
 
 _GROUP = re.compile(r"(?<![\w$])group(?![\w$])")
 _JOIN = re.compile(r"(?<![\w$])join(?![\w$])")
+_COUNT = re.compile(r"(?<![\w$])count(?![\w$])")
 
 
 def _sieve_hit(lowered: str) -> bool:
@@ -132,6 +133,8 @@ def _fast_path(text: str, catalog: Catalog, in_session: bool) -> Analysis | None
         return None  # GROUP BY a CoW table's primary key may need its other columns (docs/rewrites.md)
     if in_session and catalog.has_cow_tables and "join" in lowered and _JOIN.search(lowered):
         return None  # joins of several CoW tables become LATERAL subqueries (docs/rewrites.md)
+    if in_session and catalog.has_cow_tables and "count" in lowered and _COUNT.search(lowered):
+        return None  # count(*) of a CoW table is split into counts of its base and changes tables
     if (
         in_session
         and catalog.has_cow_tables
@@ -249,6 +252,7 @@ class _Inspection:
         self.on_conflicts = 0  # INSERT ... ON CONFLICT into CoW tables, nested ones included
         self.group_by = False  # a SELECT grouping rows of a CoW table in its FROM
         self.lateral = False  # a SELECT joining CoW tables, with WHERE or LIMIT
+        self.counts = False  # a SELECT of count(*) over one CoW table
         self.ctes: set[str] = set()  # CTE names (any level): they may shadow a CoW table's name
         # The result depends on catalog details a stale catalog may get wrong. Not for plain reads and
         # writes of known tables: those cost no catalog check.
@@ -314,6 +318,8 @@ class _Inspection:
                 self.may_rewrite = self.group_by = True
             if self.watch and not self.lateral and self._joins_cow_tables(node):
                 self.may_rewrite = self.lateral = True
+            if self.watch and not self.counts and self._counts_cow_rows(node):
+                self.may_rewrite = self.counts = True
         elif name == "DeleteStmt":
             self._write(node.get("relation"), "delete")
         elif name == "MergeStmt":
@@ -362,6 +368,23 @@ class _Inspection:
                 and sum(self._cow(r) for r in _from_relations(s.get("fromClause"))) >= 2
             ),
         )
+
+    def _counts_cow_rows(self, node: dict[str, Any]) -> bool:
+        """A SELECT (or set-operation member) of count(*) alone over one CoW table: the rewriter decides
+        whether to split it."""
+
+        def counts(select: dict[str, Any]) -> bool:
+            targets: list[Any] = select.get("targetList") or []
+            items: list[Any] = select.get("fromClause") or []
+            if len(targets) != 1 or len(items) != 1:
+                return False
+            call = targets[0].get("ResTarget", {}).get("val", {}).get("FuncCall", {})
+            inner = items[0].get("RangeSubselect", {}).get("subquery", {}).get("SelectStmt", {})
+            if inner:  # SQLAlchemy's count of a query: FROM (SELECT ... FROM t WHERE ...) alias
+                items = inner.get("fromClause") or []
+            return bool(call.get("agg_star")) and len(items) == 1 and self._cow(items[0].get("RangeVar"))
+
+        return _any_select(node, counts)
 
     def _generated_update(self, node: dict[str, Any]) -> None:
         """PostgreSQL's 428C9 for ``UPDATE t SET g = …`` of a generated or GENERATED ALWAYS identity column.
@@ -616,6 +639,7 @@ def _analyze_parsed(text: str, catalog: Catalog, in_session: bool, version: int)
             inspection.on_conflicts,
             group_by=inspection.group_by,
             lateral=inspection.lateral,
+            counts=inspection.counts,
             ctes=frozenset(inspection.ctes),
         )
         outcome = rewriter.rewrite(pglast.parse_sql(text), text)

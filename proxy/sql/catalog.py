@@ -26,6 +26,12 @@ SELECT t.table_schema::text, t.table_name::text, t.overlay_schema::text,
     -- a table without one by.
     'pk', to_json(CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_index pi WHERE pi.indrelid = c.oid
                                      AND pi.indisprimary) THEN t.pk_columns END),
+    -- The columns the layer keys the table's versions by (primary key or NOT NULL unique index; empty for a
+    -- table without one), its changes table and whether row security applies to it: what a rewrite that
+    -- reads the base and changes tables itself needs (_SplitCounts).
+    'key', to_json(t.pk_columns),
+    'changes', (SELECT g.changes_table FROM cow.registry g WHERE g.relid = c.oid),
+    'row_security', c.relrowsecurity,
     'columns', (
       SELECT coalesce(json_agg(json_build_object(
                'name', a.attname, 'type', format_type(a.atttypid, NULL),
@@ -167,6 +173,9 @@ class CowTable:
     referenced_by: tuple[ReferencingKey, ...]
     deferrable: tuple[DeferrableKey, ...] = ()
     indexed: frozenset[str] = frozenset()  # leading columns of the base table's btree/hash indexes
+    key: tuple[str, ...] = ()  # the layer's key of the table's versions; () for a table without one
+    changes_table: str | None = None  # its changes table, in schema cow_changes
+    row_security: bool = False
 
     @property
     def qualified(self) -> str:
@@ -259,6 +268,9 @@ class Catalog:
                         for d in info.get("deferrable") or ()
                     ),
                     indexed=frozenset(info.get("indexed") or ()),
+                    key=tuple(info.get("key") or ()),
+                    changes_table=info.get("changes"),
+                    row_security=bool(info.get("row_security")),
                 )
             except (ValueError, KeyError, TypeError) as exc:
                 raise CatalogError(f"malformed CoW catalog row {row!r}: {exc}") from exc

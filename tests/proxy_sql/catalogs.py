@@ -82,13 +82,18 @@ DEFAULTS = {
 IDENTITY_ALWAYS = {("events", "id")}
 # Leading columns of non-unique indexes (the unique ones' come from SAMPLE).
 INDEXED = {"comments": {"issue_id"}}
+# Tables with row security enabled.
+ROW_SECURITY = {"members"}
 
 
 def rows(spec: dict = SAMPLE) -> Sequence[Sequence[str | None]]:  # type: ignore[type-arg]
     out = []
-    for (schema, name), (pk, columns, unique, refs) in spec.items():
+    for number, ((schema, name), (pk, columns, unique, refs)) in enumerate(spec.items(), 1):
         doc = {
             "pk": pk,
+            "key": pk,
+            "changes": f"t{number}",
+            "row_security": name in ROW_SECURITY,
             "columns": [
                 {
                     "name": c,

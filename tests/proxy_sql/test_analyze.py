@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Any
 
+import pglast
 import pytest
+from pglast.stream import RawStream
 
 from proxy.errors import ProxyError
 from proxy.sql import Analysis, Analyzer, Catalog, CatalogError, apply_tag_map
 
+from . import catalogs
 from .catalogs import SAMPLE, rows, sample_catalog
 
 CATALOG = sample_catalog()
@@ -271,7 +276,8 @@ def test_catalog_dependent(sql: str, dependent: bool) -> None:
     ("sql", "in_session", "json_parse", "full_parse"),
     [
         ("SELECT p.name, count(*) FROM projects p GROUP BY p.id", False, False, False),  # untagged: fast path
-        ("SELECT p.name, count(*) FROM projects p ORDER BY p.id", True, False, False),  # no GROUP BY
+        ("SELECT p.name, max(p.id) FROM projects p ORDER BY p.id", True, False, False),  # no GROUP BY
+        ("SELECT count(*) FROM projects p, other o", True, True, False),  # no lone count of a CoW table
         ("SELECT x, count(*) FROM other GROUP BY x", True, True, False),  # no CoW table in its FROM
         ("SELECT p.name, count(*) FROM projects p GROUP BY p.name", True, True, True),  # parsed, unchanged
         ("SELECT p.name, count(*) FROM projects p GROUP BY p.id", True, True, True),
@@ -381,3 +387,119 @@ CHAIN = "FROM comments c JOIN issues i ON i.id = c.issue_id JOIN projects p ON p
 def test_key_joins_of_cow_tables_become_lateral_subqueries(sql: str, rewritten: str | None) -> None:
     assert analyze(sql).rewritten == rewritten
     assert analyze(sql, in_session=False).rewritten is None
+
+
+_HAS_VERSION = (
+    "EXISTS (SELECT 1 FROM cow_changes.t{n} AS _cow_x WHERE _cow_x._cow_session = "
+    "pg_catalog.current_setting('cow.session_id', TRUE) AND _cow_x._cow_current AND {keys})"
+)
+_LIVE = (
+    "{a}._cow_session = pg_catalog.current_setting('cow.session_id', TRUE) AND {a}._cow_current "
+    "AND NOT {a}._cow_deleted"
+)
+
+
+def _split(
+    table: str, alias: str, n: int, keys: str, *, name: str = "count", where: Sequence[str] = ()
+) -> str:
+    """The proxy's split count of public.<table> (changes table t<n>) under the AND of ``where``."""
+    base = f"public.{table} AS {alias}"
+    has_version = _HAS_VERSION.format(n=n, keys=keys)
+    live = _LIVE.format(a=alias)
+    if not where:
+        return (
+            f"SELECT (SELECT count(*) FROM {base}) - (SELECT count(*) FROM {base} WHERE {has_version}) "
+            f"+ (SELECT count(*) FROM cow_changes.t{n} AS {alias} WHERE {live}) AS {name}"
+        )
+    terms = " AND ".join(f"({term})" for term in where)
+    return (
+        f"SELECT (SELECT count(*) FROM {base} WHERE {terms}) - (SELECT count(*) FROM {base} WHERE {terms} "
+        f"AND {has_version}) + (SELECT count(*) FROM cow_changes.t{n} AS {alias} WHERE {live} "
+        f"AND {terms}) AS {name}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("sql", "rewritten"),
+    [
+        ("SELECT count(*) FROM issues", _split("issues", "issues", 2, "_cow_x.id = issues.id")),
+        (  # Django's paginator; a composite key; parameters, functions and LIKE
+            'SELECT COUNT(*) AS "__count" FROM labels WHERE lower(color) LIKE $1 AND project_id = $2',
+            _split(
+                "labels",
+                "labels",
+                5,
+                "_cow_x.project_id = labels.project_id AND _cow_x.name = labels.name",
+                name='"__count"',
+                where=["lower(color) LIKE $1", "project_id = $2"],
+            ),
+        ),
+        (  # schema-qualified (the overlay rewrite runs first), aliased, with IN, IS NULL and a cast
+            "select count(*) as n from public.issues i where i.points in (1, 2) or i.title::text is null",
+            _split(
+                "issues",
+                "i",
+                2,
+                "_cow_x.id = i.id",
+                name="n",
+                where=["i.points IN (1, 2) OR i.title::text IS NULL"],
+            ),
+        ),
+        (  # in a scalar subquery: that part only
+            "SELECT 1 + (SELECT count(*) FROM comments WHERE issue_id = 3)",
+            "SELECT 1 + ("
+            + _split("comments", "comments", 3, "_cow_x.id = comments.id", where=["issue_id = 3"])
+            + ")",
+        ),
+        # left as written: the view answers
+        ("SELECT count(*) FROM issues WHERE random() < 0.5", None),  # volatile
+        ("SELECT count(*) FROM issues WHERE id IN (SELECT issue_id FROM comments)", None),  # subquery
+        ("SELECT count(*) FROM issues i WHERE i IS NOT NULL", None),  # whole row
+        ("SELECT count(*) FROM issues WHERE slug = 'x' AND x.y = 1", None),  # not its column
+        ("SELECT count(*) FROM issues GROUP BY points", None),
+        ("SELECT count(*), max(points) FROM issues", None),
+        ("SELECT count(id) FROM issues", None),
+        ("SELECT count(*) FILTER (WHERE points > 1) FROM issues", None),
+        ("SELECT count(*) FROM issues LIMIT 1", None),
+        ("SELECT count(*) FROM issues, comments", None),
+        ("SELECT count(*) FROM ONLY issues", None),
+        ("SELECT count(*) FROM members", None),  # row security: the view's owner would bypass it
+        ("WITH issues AS (SELECT 1 AS id) SELECT count(*) FROM issues", None),
+        # SQLAlchemy's Query.count(): the count of a query of the table's columns
+        (
+            "SELECT count(*) AS count_1 FROM (SELECT issues.id AS issues_id, issues.title AS issues_title "
+            "FROM issues WHERE issues.points = $1 ORDER BY issues.id) AS anon_1",
+            _split(
+                "issues", "issues", 2, "_cow_x.id = issues.id", name="count_1", where=["issues.points = $1"]
+            ),
+        ),
+        (
+            "SELECT count(*) FROM (SELECT * FROM issues) s",
+            _split("issues", "issues", 2, "_cow_x.id = issues.id"),
+        ),
+        ("SELECT count(*) FROM (SELECT generate_series(1, points) FROM issues) s", None),  # rows per row
+        ("SELECT count(*) FROM (SELECT id FROM issues LIMIT 5) s", None),
+        ("SELECT count(*) FROM (SELECT DISTINCT points FROM issues) s", None),
+        ("SELECT count(*) FROM (SELECT id FROM issues) s WHERE s.id > 3", None),
+        ("SELECT count(*) FROM (SELECT id FROM issues WHERE random() < 0.5) s", None),
+    ],
+)
+def test_count_of_a_cow_table_is_split(sql: str, rewritten: str | None) -> None:
+    # the expected text as the deparser writes it (parentheses)
+    assert analyze(sql).rewritten == (rewritten and RawStream()(pglast.parse_sql(rewritten)))
+    assert analyze(sql, in_session=False).rewritten is None
+
+
+def test_an_unqualified_name_of_two_cow_tables_is_not_split() -> None:
+    spec = {**catalogs.SAMPLE, ("app", "issues"): catalogs.SAMPLE[("public", "issues")]}
+    catalog = Catalog.from_rows(catalogs.rows(spec))
+    assert analyze("SELECT count(*) FROM issues", catalog=catalog).rewritten is None
+    assert analyze("SELECT count(*) FROM app.issues", catalog=catalog).rewritten is not None
+
+
+def test_a_keyless_table_is_not_split() -> None:
+    (schema, name, overlay, doc), *rest = catalogs.rows()
+    info = json.loads(doc)
+    info["key"] = []
+    catalog = Catalog.from_rows([(schema, name, overlay, json.dumps(info)), *rest])
+    assert analyze(f"SELECT count(*) FROM {name}", catalog=catalog).rewritten is None
