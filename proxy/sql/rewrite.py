@@ -426,7 +426,7 @@ class _SplitCounts(Visitor):
     versions, so its count is ``count(base WHERE p) - count(base WHERE p that the session has a version of)
     + count(session's live versions WHERE p)``: the first part is the plain table's own plan (a parallel or
     index-only scan), the others read the session's few rows by index. Through the view, every base row is
-    probed against the session's keys: 2.4-2.7x the plain table on 1M rows, against about 1.1x split
+    probed against the session's keys: 2.4-2.8x the plain table on 1M rows, against 1.1-1.2x split
     (docs/benchmarks.md). Only a lone ``count(*)`` over one table, with a WHERE of the table's own columns,
     constants, parameters and stable built-in functions, is split; anything else reads the view.
     """
