@@ -532,7 +532,7 @@ def test_upgrade_from_the_first_migration_adds_the_checks(layer_db: str) -> None
             # A signature 0001 did not have (0001's generator would find its call ambiguous).
             conn.execute(
                 "DROP FUNCTION cow._rec_code(text, text, text[], text[], text, boolean,"
-                " text, text, text, text)"
+                " text, text, text, text, text, text)"
             )
             conn.execute(first.encode())  # CREATE OR REPLACE: 0001's generators again
             conn.execute("DELETE FROM cow.migrations WHERE version > 1")

@@ -257,9 +257,26 @@ END $gen$;
 -- The snapshot is assigned to _base in plpgsql, not computed in the INSERT: an INSERT whose base value is a
 -- CASE over _seen with a sub-select gets cheaper custom plans when _seen is true (the CASE folds), so the
 -- plan cache could keep planning it at every write (+10-20 us, bench of docs/benchmarks.md).
+--
+-- Two transactions of one session writing one row at the same time (a web request and a background job routed
+-- to the same session): on the plain table the second waits on the first's row lock, then works on the new row
+-- version. Here the second waits too (on the first's lock of the version it retires, or on <t>_cur when the
+-- first inserted the key's current version), but an INSTEAD OF trigger cannot re-run the statement's SET list
+-- on the new version; the second then failed with 23505 on <t>_cur or silently overwrote the first writer's
+-- change with values computed from the row it had read. Now an UPDATE or DELETE passes `stale`
+-- (cow._unchanged_since the row the statement read, OLD): the retire skips a current version that another,
+-- committed transaction wrote and that differs from that row (or is a tombstone); and `conflict`: the version
+-- goes in `ON CONFLICT DO NOTHING` on <t>_cur, and when a current version is still there `conflict` runs:
+-- 40001 (as the plain table does in REPEATABLE READ; a retry reads the new version), or the table's 23505 for
+-- a key an UPDATE moves to. Versions of the writer's own transaction (a cascade that wrote the row earlier in
+-- the same statement) are in progress, so they are retired as before.
+-- (The signatures of earlier versions go: a call that fits two overloads is ambiguous.)
+DROP FUNCTION IF EXISTS cow._rec_code(text, text, text[], text[], text, boolean, text, text, text);
+DROP FUNCTION IF EXISTS cow._rec_code(text, text, text[], text[], text, boolean, text, text, text, text);
 CREATE OR REPLACE FUNCTION cow._rec_code(ch text, b text, names text[], pk text[], var text, deleted boolean,
                                          fkmask text DEFAULT '0', mark_guc text DEFAULT NULL,
-                                         origin text DEFAULT NULL, snap text DEFAULT NULL)
+                                         origin text DEFAULT NULL, snap text DEFAULT NULL,
+                                         stale text DEFAULT NULL, conflict text DEFAULT NULL)
 RETURNS text LANGUAGE sql IMMUTABLE AS $$
     SELECT format(
         $c$
@@ -267,8 +284,10 @@ RETURNS text LANGUAGE sql IMMUTABLE AS $$
     UPDATE %1$s x SET _cow_current = false WHERE x._cow_session = _s AND x._cow_current AND %3$s
         RETURNING x._cow_base, true, x._cow_fk, x._cow_seq, x._cow_origin INTO _base, _seen, _pfk, _pseq, _porig;
 %10$s    INSERT INTO %1$s (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, _cow_origin, %5$s)
-    VALUES (_s, _o, %6$s, _base, %8$s, %9$s, %7$s);
-$c$, ch, b, cow._eq(pk, 'x', var), NULL, cow._collist(names), CASE WHEN deleted THEN 'true' ELSE 'false' END,
+    VALUES (_s, _o, %6$s, _base, %8$s, %9$s, %7$s)%11$s;
+$c$, ch, b,
+       cow._eq(pk, 'x', var) || CASE WHEN stale IS NULL THEN '' ELSE ' AND ' || stale END,
+       NULL, cow._collist(names), CASE WHEN deleted THEN 'true' ELSE 'false' END,
        cow._collist(names, var || '.'),
        -- FOREIGN KEYs to check at the end of the statement: those this write changed, plus those an earlier
        -- write of the same row in the same (outermost) statement changed.
@@ -286,7 +305,30 @@ $c$, ch, b, cow._eq(pk, 'x', var), NULL, cow._collist(names), CASE WHEN deleted 
                                           b, cow._eq(pk, 'y', var))
             ELSE format(E'    IF _seen IS NULL THEN\n        IF %s THEN\n            _base := pg_catalog.to_jsonb(OLD);\n'
                          '        ELSE\n            _base := (SELECT pg_catalog.to_jsonb(y.*) FROM %s y WHERE %s);\n        END IF;\n    END IF;\n',
-                        snap, b, cow._eq(pk, 'y', var)) END)
+                        snap, b, cow._eq(pk, 'y', var)) END,
+       -- (Without `conflict`, a plain INSERT: the speculative one costs ~10 us, and an INSERT's key check ran
+       -- before, so a key that a concurrent transaction of the session inserted is 23505 on <t>_cur.)
+       CASE WHEN conflict IS NULL THEN ''
+            ELSE format(E'\n    ON CONFLICT (_cow_session, %s) WHERE _cow_current DO NOTHING;\n'
+                         '    IF NOT FOUND THEN\n        %s\n    END IF', cow._collist(pk), conflict) END)
+$$;
+
+-- The full transaction id (xid8) of a recent xid such as a row's xmin: the epoch of the current snapshot's xmax.
+CREATE OR REPLACE FUNCTION cow._xid8(p_xid xid) RETURNS xid8
+LANGUAGE sql STABLE AS $$
+    SELECT (CASE WHEN f >= m THEN f - 4294967296 ELSE f END)::text::xid8
+    FROM (SELECT m - m % 4294967296 + p_xid::text::bigint AS f, m
+          FROM (SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint AS m) AS s) AS t
+$$;
+
+-- The condition on the current version `x` of a key under which the row `var` a statement read is still what
+-- the session holds: the same values and not deleted, or written by a transaction that has not committed (the
+-- writer's own: the statement's snapshot cannot have missed it). Text forms compare every type (json has no =).
+CREATE OR REPLACE FUNCTION cow._unchanged_since(names text[], var text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT format('((NOT x._cow_deleted AND ROW(%s)::text = ROW(%s)::text)'
+                  ' OR pg_catalog.pg_xact_status(cow._xid8(x.xmin)) IS DISTINCT FROM ''committed'')',
+                  cow._collist(names, 'x.'), cow._collist(names, var || '.'))
 $$;
 
 -- Deferrable constraints in a session. PostgreSQL checks a DEFERRABLE UNIQUE/EXCLUDE constraint or FOREIGN
@@ -626,6 +668,9 @@ DECLARE
     pk_probe boolean := false;  -- the INSERT's primary-key check looked up the key's current version (_pdel)
     keyidx oid;           -- the key index (cow._key_index)
     rec text;
+    keyname text;         -- the key index's name (a PRIMARY KEY's is its constraint's)
+    dup_raise text;       -- a concurrent transaction of the session wrote the key first (cow._rec_code)
+    stale_raise text;
     -- Deferrable constraints (cow._defer_* below): checks of one row version (`dq`, run by the constraint
     -- triggers on the changes table when they fire) and of the statement's versions (`dq_stmt`, run by the
     -- statement trigger when a constraint trigger fired inside the statement, i.e. in IMMEDIATE mode).
@@ -878,6 +923,17 @@ BEGIN
     IF fk_n = 0 THEN
         mark_guc := NULL;
     END IF;
+    -- What an UPDATE or DELETE does when another transaction of the session wrote the key's current version
+    -- meanwhile (cow._rec_code): a key it moves to is the table's 23505, a changed row 40001.
+    SELECT ic.relname INTO keyname FROM pg_class ic WHERE ic.oid = keyidx;
+    dup_raise := cow._raise('23505', format('duplicate key value violates unique constraint "%s"', keyname),
+                            format('format(''Key (%%s)=(%%s) already exists.'', %L, %s)', cow._collist(pk),
+                                   cow._keytext(pk, 'NEW')), sch, tab, keyname);
+    stale_raise := cow._raise('40001', 'could not serialize access due to concurrent update',
+                              format('format(%L, _s, %s)',
+                                     format('Another transaction of session %%s changed the row of "%s" with key '
+                                            '(%s)=(%%s) after this statement read it.', tab, cow._collist(pk)),
+                                     cow._keytext(pk, 'OLD')), sch, tab);
     rec := cow._rec_code(ch, b, names, pk, 'NEW', false, fk_all, mark_guc, 'NULL', CASE WHEN pk_probe THEN 'NULL' END);
     IF pk_probe THEN
         -- (_rec_code: retire the current version, then insert the new one; the retire only after a tombstone.)
@@ -904,7 +960,8 @@ BEGIN
                    gen_code, nn_code, chk_code, uq_upd, '', par_upd_check,
                    cow._changed(pk),
                    -- A primary-key move remembers the base key it started from (commit applies it as an UPDATE).
-                   cow._rec_code(ch, b, names, pk, 'OLD', true, snap => 'true') || format(
+                   cow._rec_code(ch, b, names, pk, 'OLD', true, snap => 'true', stale => cow._unchanged_since(names, 'OLD'),
+                                 conflict => stale_raise) || format(
                        E'    _morig := CASE WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object(%s) ELSE _porig END;\n',
                        cow._jsonargs(pk, 'OLD')),
                    cow._rec_code(ch, b, names, pk, 'NEW', false,
@@ -916,7 +973,11 @@ BEGIN
                                  format('CASE WHEN %s THEN _morig WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object(%s) ELSE _porig END',
                                         cow._changed(pk),
                                         cow._jsonargs(pk, 'NEW')),
-                                 'NOT ' || cow._changed(pk)), par_upd_act);
+                                 'NOT ' || cow._changed(pk),
+                                 -- (A key move writes a new key: its current version can only be a tombstone.)
+                                 format('(%s OR %s)', cow._changed(pk), cow._unchanged_since(names, 'OLD')),
+                                 format(E'IF %s THEN\n            %s\n        ELSE\n            %s\n        END IF;',
+                                        cow._changed(pk), dup_raise, stale_raise)), par_upd_act);
     EXECUTE format('CREATE OR REPLACE TRIGGER cow_update INSTEAD OF UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION %s()', v, fn);
     -- DELETE
     fn := format('cow_changes.%I', r.changes_table || '_del');
@@ -925,7 +986,8 @@ BEGIN
                    '    IF _s IS NULL THEN\n        DELETE FROM %s AS y WHERE %s;\n        IF NOT FOUND THEN\n            RETURN NULL;\n        END IF;\n        RETURN OLD;\n    END IF;\n'
                    '    _o := cow._write_operation();\n%s%s%s    RETURN OLD;\nEND $body$',
                    fn, decl, reg_code, b, cow._eq(pk, 'y', 'OLD'), par_del_check,
-                   cow._rec_code(ch, b, names, pk, 'OLD', true, snap => 'true'), par_del_act);
+                   cow._rec_code(ch, b, names, pk, 'OLD', true, snap => 'true', stale => cow._unchanged_since(names, 'OLD'),
+                                 conflict => stale_raise), par_del_act);
     EXECUTE format('CREATE OR REPLACE TRIGGER cow_delete INSTEAD OF DELETE ON %s FOR EACH ROW EXECUTE FUNCTION %s()', v, fn);
     -- Statement-level FOREIGN KEY checks (see above).
     PERFORM cow._defer_triggers(p_id, dtrg, dq);
