@@ -21,6 +21,7 @@ from pglast.enums import (
     BoolExprType,
     DropBehavior,
     JoinType,
+    LimitOption,
     ObjectType,
     OnConflictAction,
     SetOperation,
@@ -419,6 +420,18 @@ _PLAIN_EXPRESSION_NODES = (
 _SESSION = "pg_catalog.current_setting('cow.session_id', true)"
 
 
+@dataclass(frozen=True)
+class _Count:
+    """What a lone ``count(*)`` counts: the rows of ``table`` (FROM item ``range_var``) under ``where``,
+    skipping ``offset`` and at most ``limit`` of them (the expressions of a counted subquery, or None)."""
+
+    table: CowTable
+    range_var: Any
+    where: Any
+    offset: Any = None
+    limit: Any = None
+
+
 class _SplitCounts(Visitor):
     """``SELECT count(*) FROM t [WHERE p]`` on a keyed CoW table becomes three counts of real tables.
 
@@ -427,8 +440,9 @@ class _SplitCounts(Visitor):
     + count(session's live versions WHERE p)``: the first part is the plain table's own plan (a parallel or
     index-only scan), the others read the session's few rows by index. Through the view, every base row is
     probed against the session's keys: 2.4-2.8x the plain table on 1M rows, against 1.1-1.2x split
-    (docs/benchmarks.md). Only a lone ``count(*)`` over one table, with a WHERE of the table's own columns,
-    constants, parameters and stable built-in functions, is split; anything else reads the view.
+    (docs/benchmarks.md). Only a lone ``count(*)`` over one table (or over a query of its columns, as
+    SQLAlchemy and Prisma count), with a WHERE of the table's own columns, constants, parameters and stable
+    built-in functions, is split; anything else reads the view.
     """
 
     def __init__(self, catalog: Catalog, ctes: frozenset[str]) -> None:
@@ -437,13 +451,13 @@ class _SplitCounts(Visitor):
         self.changed = False
 
     def visit_SelectStmt(self, _: Any, node: Any) -> Any:
-        counted = self._counted(node)
-        if counted is None:
+        count = self._counted(node)
+        if count is None:
             return None
-        table, range_var, where = counted
-        target = node.targetList[0]
-        name = _range_name(range_var)
-        if where is not None and not _plain_condition(where, name, table):
+        table, where = count.table, count.where
+        name = _range_name(count.range_var)
+        qualified = count.range_var.alias is None  # then schema.table.column names its columns too
+        if where is not None and not _plain_condition(where, name, table, qualified=qualified):
             return None
         alias = _q(name)
         base = f"{_q(table.schema)}.{_q(table.name)} AS {alias}"
@@ -452,34 +466,53 @@ class _SplitCounts(Visitor):
             [f"_cow_x._cow_session = {_SESSION}", "_cow_x._cow_current"]
             + [f"_cow_x.{_q(c)} = {alias}.{_q(c)}" for c in table.key]
         )
-        new = _parse(
-            f"SELECT (SELECT count(*) FROM {base})"
+        split = (
+            f"(SELECT count(*) FROM {base})"
             f" - (SELECT count(*) FROM {base} WHERE EXISTS (SELECT 1 FROM {changes} AS _cow_x"
             f" WHERE {has_version}))"
             f" + (SELECT count(*) FROM {changes} AS {alias} WHERE {alias}._cow_session = {_SESSION}"
             f" AND {alias}._cow_current AND NOT {alias}._cow_deleted)"
-            f" AS {_q(target.name or 'count')}"
         )
+        column = _q(node.targetList[0].name or "count")
+        if count.offset is None and count.limit is None:
+            new = _parse(f"SELECT {split} AS {column}")
+            parts = new.targetList[0].val
+        else:
+            # The rows OFFSET skips and LIMIT cuts; the subquery in WHERE lets PostgreSQL reject a negative
+            # OFFSET or LIMIT (2201X, 2201W) as it would the client's query.
+            new = _parse(
+                f"SELECT LEAST(GREATEST(_cow_n.n - COALESCE(CAST(_cow_off AS bigint), 0), 0),"
+                f" COALESCE(CAST(_cow_lim AS bigint), _cow_n.n))"
+                f" AS {column} FROM (SELECT {split} AS n) AS _cow_n"
+                f" WHERE (SELECT count(*) FROM (SELECT 1 LIMIT _cow_lim OFFSET _cow_off) AS _cow_v) >= 0"
+            )
+            parts = new.fromClause[0].subquery.targetList[0].val
+            _Placeholders({"_cow_off": count.offset, "_cow_lim": count.limit})(new)
         if where is not None:
             # a copy of the client's condition in each part (the deparser writes shared nodes thrice too,
             # but a copy keeps later edits of one part from reaching the others)
-            minus = new.targetList[0].val.lexpr
-            first, second = minus.lexpr.subselect, minus.rexpr.subselect
-            third = new.targetList[0].val.rexpr.subselect
-            first.whereClause = copy.deepcopy(where)
-            second.whereClause = _all(copy.deepcopy(where), second.whereClause)
-            third.whereClause = _all(third.whereClause, copy.deepcopy(where))
+            first, second = parts.lexpr.lexpr.subselect, parts.lexpr.rexpr.subselect
+            third = parts.rexpr.subselect
+            first.whereClause = _unqualified(where)
+            second.whereClause = _all(_unqualified(where), second.whereClause)
+            third.whereClause = _all(third.whereClause, _unqualified(where))
         node.targetList = new.targetList
-        node.fromClause = None
-        node.whereClause = None
+        node.fromClause = new.fromClause
+        node.whereClause = new.whereClause
         self.changed = True
         return Skip
 
-    def _counted(self, node: Any) -> tuple[CowTable, Any, Any] | None:
-        """(table, its RangeVar, the WHERE) when this SELECT is a lone ``count(*)`` of a keyed CoW table's
-        rows: ``FROM t [WHERE p]``, or ``FROM (SELECT <t's columns> FROM t [WHERE p]) alias`` (SQLAlchemy's
-        ``Query.count()``)."""
-        if not _bare_select(node, ordered=False) or len(node.targetList) != 1:
+    def _counted(self, node: Any) -> _Count | None:
+        """What this SELECT counts when it is a lone ``count(*)`` of a keyed CoW table's rows: ``FROM t
+        [WHERE p]``, or ``FROM (SELECT <t's columns> FROM t [WHERE p] [ORDER BY …] [LIMIT n] [OFFSET m])
+        alias`` (SQLAlchemy's ``Query.count()``; Prisma's ``count()``, with ``OFFSET $1``)."""
+        if (
+            not _bare_select(node)
+            or node.sortClause
+            or node.limitCount is not None
+            or node.limitOffset is not None
+            or len(node.targetList) != 1
+        ):
             return None
         call = node.targetList[0].val
         if (
@@ -491,16 +524,23 @@ class _SplitCounts(Visitor):
         ):
             return None
         item, where = node.fromClause[0], node.whereClause
+        offset = limit = None
         if isinstance(item, ast.RangeSubselect):
             inner: Any = item.subquery
-            if item.lateral or where is not None or not _bare_select(inner, ordered=True):
+            if (
+                item.lateral
+                or where is not None
+                or not _bare_select(inner)
+                or inner.limitOption == LimitOption.LIMIT_OPTION_WITH_TIES  # ties depend on the rows
+            ):
                 return None
             item, where = inner.fromClause[0], inner.whereClause
+            offset, limit = inner.limitOffset, inner.limitCount
             columns_only = all(
                 isinstance(t.val, ast.ColumnRef) and _qualifier(t.val) in (None, _range_name(item))
                 for t in inner.targetList
             )
-            if not isinstance(item, ast.RangeVar) or not columns_only:
+            if not columns_only or not (_plain_condition(offset) and _plain_condition(limit)):
                 return None
         if (
             not isinstance(item, ast.RangeVar)
@@ -511,7 +551,7 @@ class _SplitCounts(Visitor):
         table = self._table(item)
         if table is None or not table.key or table.changes_table is None or table.row_security:
             return None
-        return table, item, where
+        return _Count(table, item, where, offset, limit)
 
     def _table(self, node: Any) -> CowTable | None:
         tables = self.catalog.tables.values()
@@ -528,18 +568,43 @@ class _SplitCounts(Visitor):
         return Skip
 
 
-def _bare_select(node: Any, *, ordered: bool) -> bool:
-    """A SELECT with targets and one FROM item and nothing else but a WHERE (and an ORDER BY if
-    ``ordered``): no set operation, WITH, INTO, DISTINCT, GROUP BY, HAVING, window, LIMIT, OFFSET or
-    locking clause."""
+class _Placeholders(Visitor):
+    """Replaces the template's one-word column references named in ``values`` with copies of the client's
+    expressions (NULL for a missing one)."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.values = values
+
+    def visit_ColumnRef(self, _: Any, node: Any) -> Any:
+        fields = [getattr(f, "sval", None) for f in node.fields or ()]
+        if len(fields) == 1 and fields[0] in self.values:
+            value = self.values[fields[0]]
+            return copy.deepcopy(value) if value is not None else ast.A_Const(isnull=True)
+        return None
+
+
+def _unqualified(where: Any) -> Any:
+    """A copy of ``where`` with ``schema.table.column`` written ``table.column`` (each part names the table
+    by its name, as an alias)."""
+    where = copy.deepcopy(where)
+
+    class Shorten(Visitor):
+        def visit_ColumnRef(self, _: Any, node: Any) -> None:
+            if len(node.fields or ()) == 3:
+                node.fields = tuple(node.fields[1:])
+
+    Shorten()(where)
+    return where
+
+
+def _bare_select(node: Any) -> bool:
+    """A SELECT with targets and one FROM item, and only WHERE, ORDER BY, LIMIT and OFFSET besides: no set
+    operation, WITH, INTO, DISTINCT, GROUP BY, HAVING, window or locking clause."""
     return (
         isinstance(node, ast.SelectStmt)
         and node.op == SetOperation.SETOP_NONE
         and not (node.withClause or node.intoClause or node.distinctClause or node.groupClause)
         and not (node.havingClause or node.windowClause or node.lockingClause)
-        and (ordered or not node.sortClause)
-        and node.limitCount is None
-        and node.limitOffset is None
         and bool(node.targetList)
         and len(node.fromClause or ()) == 1
     )
@@ -549,23 +614,26 @@ def _function_name(call: Any) -> tuple[str | None, ...]:
     return tuple(getattr(n, "sval", None) for n in call.funcname or ())
 
 
-def _plain_condition(where: Any, name: str, table: CowTable) -> bool:
-    """Whether a WHERE reads only the FROM item's own columns (``c`` or ``name.c``), constants,
-    parameters and stable built-in functions: the same answer for a row wherever it is evaluated."""
+def _plain_condition(
+    where: Any, name: str = "", table: CowTable | None = None, *, qualified: bool = False
+) -> bool:
+    """Whether an expression reads only the FROM item's own columns (``c``, ``name.c``, and with
+    ``qualified`` ``schema.name.c``; none without ``table``), constants, parameters and stable built-in
+    functions: the same answer for a row wherever it is evaluated."""
     plain = True
+
+    def own(fields: list[str | None]) -> bool:
+        if table is None or fields[-1] is None or table.column(fields[-1]) is None:
+            return False
+        if len(fields) == 3:
+            return qualified and fields[1] == name and fields[0] in (table.schema, table.overlay_schema)
+        return len(fields) == 1 or (len(fields) == 2 and fields[0] == name)
 
     class Check(Visitor):
         def visit(self, _: Any, node: Any) -> Any:
             nonlocal plain
             if isinstance(node, ast.ColumnRef):
-                fields = [getattr(f, "sval", None) for f in node.fields or ()]
-                column = fields[-1]
-                plain = plain and (
-                    len(fields) in (1, 2)
-                    and column is not None
-                    and table.column(column) is not None
-                    and (len(fields) == 1 or fields[0] == name)
-                )
+                plain = plain and own([getattr(f, "sval", None) for f in node.fields or ()])
                 return Skip
             if isinstance(node, ast.FuncCall):
                 names = _function_name(node)
@@ -580,7 +648,8 @@ def _plain_condition(where: Any, name: str, table: CowTable) -> bool:
                 plain = False
             return Skip if not plain else None
 
-    Check()(where)
+    if where is not None:
+        Check()(where)
     return plain
 
 

@@ -46,7 +46,12 @@ WRITES = [
     "INSERT INTO k_bag VALUES (1, 'w1'), (9, 'w9')",
     "DELETE FROM k_bag WHERE v = 2",
 ]
-# (statement, parameters, split by the proxy; None: a table without key, whose view has no anti join)
+PRISMA = (
+    'SELECT COUNT(*) FROM (SELECT "public"."k_items"."id" FROM "public"."k_items" '
+    'WHERE ("public"."k_items"."grp" = %s AND 1=1) OFFSET %s) AS "sub"'
+)
+# (statement, parameters, split by the proxy; None: not checked (a table without key, whose view has no anti
+# join; an error))
 QUERIES: list[tuple[str, tuple[Any, ...] | None, bool | None]] = [
     ("SELECT count(*) FROM k_items", None, True),
     ('SELECT COUNT(*) AS "__count" FROM k_items WHERE grp = %s', (3,), True),
@@ -64,6 +69,13 @@ QUERIES: list[tuple[str, tuple[Any, ...] | None, bool | None]] = [
         True,
     ),
     ("SELECT count(*) FROM k_coded", None, True),
+    # Prisma's count(): schema-qualified columns, OFFSET $n (0 unless skip is given)
+    (PRISMA, (3, 0), True),
+    (PRISMA, (3, 5), True),
+    (PRISMA, (3, 100000), True),
+    (PRISMA, (3, -1), None),  # 2201X from PostgreSQL itself, split or not
+    ("SELECT count(*) FROM (SELECT id FROM k_items ORDER BY id LIMIT %s OFFSET %s) s", (10, 4990), True),
+    ("SELECT count(*) FROM (SELECT * FROM k_items LIMIT %s) s", (7,), True),
     ("SELECT count(*) FROM k_coded WHERE code LIKE %s", ("%x",), True),
     ("SELECT count(*) FROM k_items WHERE random() < 2", None, False),  # volatile: the view answers
     ("SELECT count(*) FROM k_items WHERE id IN (SELECT n FROM k_coded)", None, False),
@@ -95,8 +107,8 @@ def test_counts_in_a_session_as_on_the_plain_tables(
             ref.execute(sql)
         for sql, params, split in QUERIES:
             expected = outcome(ref, sql, params)
-            assert expected[0] == "ok", sql
-            assert outcome(conn, sql, params) == expected, sql
+            assert expected[0] == "ok" or split is None, sql
+            assert outcome(conn, sql, params) == expected, (sql, params)
             if split is not None:
                 assert anti_join(conn, sql, params) is not split, sql
         cur = conn.execute('SELECT count(*) AS "__count" FROM k_items')

@@ -478,7 +478,9 @@ def _split(
             _split("issues", "issues", 2, "_cow_x.id = issues.id"),
         ),
         ("SELECT count(*) FROM (SELECT generate_series(1, points) FROM issues) s", None),  # rows per row
-        ("SELECT count(*) FROM (SELECT id FROM issues LIMIT 5) s", None),
+        ("SELECT count(*) FROM (SELECT id FROM issues FETCH FIRST 3 ROWS WITH TIES) s", None),
+        ("SELECT count(*) FROM (SELECT id FROM issues LIMIT random()) s", None),
+        ("SELECT count(*) FROM (SELECT id FROM issues OFFSET (SELECT 1)) s", None),
         ("SELECT count(*) FROM (SELECT DISTINCT points FROM issues) s", None),
         ("SELECT count(*) FROM (SELECT id FROM issues) s WHERE s.id > 3", None),
         ("SELECT count(*) FROM (SELECT id FROM issues WHERE random() < 0.5) s", None),
@@ -503,3 +505,33 @@ def test_a_keyless_table_is_not_split() -> None:
     info["key"] = []
     catalog = Catalog.from_rows([(schema, name, overlay, json.dumps(info)), *rest])
     assert analyze(f"SELECT count(*) FROM {name}", catalog=catalog).rewritten is None
+
+
+@pytest.mark.parametrize(
+    ("sql", "where", "offset", "limit"),
+    [
+        (  # Prisma's count(): schema-qualified columns, OFFSET $n
+            'SELECT COUNT(*) FROM (SELECT "public"."issues"."id" FROM "public"."issues" '
+            'WHERE ("public"."issues"."points" = $1 AND 1=1) OFFSET $2) AS "sub"',
+            "issues.points = $1 AND 1 = 1",
+            "$2",
+            "NULL",
+        ),
+        ("SELECT count(*) FROM (SELECT id FROM issues ORDER BY id LIMIT 5) s", None, "NULL", "5"),
+        ("SELECT count(*) FROM (SELECT * FROM issues LIMIT $1 OFFSET $2) s", None, "$2", "$1"),
+    ],
+)
+def test_count_of_a_limited_query_is_split(sql: str, where: str | None, offset: str, limit: str) -> None:
+    rewritten = analyze(sql).rewritten
+    assert rewritten is not None
+    # the rows OFFSET skips and LIMIT cuts, from the split count; PostgreSQL still checks both
+    assert rewritten.startswith(
+        f"SELECT LEAST(GREATEST(_cow_n.n - COALESCE(CAST({offset} AS bigint), 0), 0), "
+        f"COALESCE(CAST({limit} AS bigint), _cow_n.n)) AS count FROM (SELECT (SELECT count(*) FROM "
+        f"public.issues AS issues{f' WHERE {where}' if where else ''}) - "
+    )
+    assert rewritten.endswith(
+        f"AS n) AS _cow_n WHERE (SELECT count(*) FROM (SELECT 1 LIMIT {limit.replace('NULL', 'ALL')} "
+        f"OFFSET {offset}) AS _cow_v) >= 0"
+    )
+    assert rewritten.count("cow_changes.t2") == 2
