@@ -14,6 +14,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.proxy.conftest import RunningProxy, outcome
 
@@ -117,3 +119,82 @@ def test_counts_in_a_session_as_on_the_plain_tables(
         assert cur.description is not None and [d.name for d in cur.description] == ["count"]
     with psycopg.connect(layer_db) as direct:  # the session's writes stayed in the session
         assert direct.execute("SELECT count(*) FROM k_items").fetchone() == (5000,)
+
+
+# -- property: any mix of writes, any condition of the supported kinds: the plain table's count ------------
+
+COLUMNS = {"grp": st.integers(0, 12), "qty": st.integers(0, 99), "id": st.integers(1, 5050)}
+# (SQL with %s, parameters) of one condition on k_items
+Condition = tuple[str, tuple[Any, ...]]
+
+
+@st.composite
+def conditions(draw: st.DrawFn, depth: int = 0) -> Condition:
+    kind = draw(
+        st.sampled_from(
+            ["cmp", "null", "like", "between", "in"] + (["and", "or", "not"] if depth < 2 else [])
+        )
+    )
+    if kind == "cmp":
+        column = draw(st.sampled_from(sorted(COLUMNS)))
+        op = draw(st.sampled_from(["=", "<", ">=", "<>"]))
+        return f"{column} {op} %s", (draw(COLUMNS[column]),)
+    if kind == "null":
+        return draw(st.sampled_from(["qty IS NULL", "grp IS NOT NULL", "qty IS DISTINCT FROM 5"])), ()
+    if kind == "like":
+        return "lower(name) LIKE %s", (draw(st.sampled_from(["item 1%", "%7", "new%", "renamed%", "%"])),)
+    if kind == "between":
+        low = draw(COLUMNS["id"])
+        return "id BETWEEN %s AND %s", (low, low + draw(st.integers(0, 2000)))
+    if kind == "in":
+        return "grp = ANY(%s)", (draw(st.lists(COLUMNS["grp"], max_size=4)),)
+    if kind == "not":
+        sql, params = draw(conditions(depth + 1))
+        return f"NOT ({sql})", params
+    (left, lp), (right, rp) = draw(conditions(depth + 1)), draw(conditions(depth + 1))
+    return f"({left}) {kind.upper()} ({right})", lp + rp
+
+
+WRITE = st.one_of(
+    st.builds(
+        lambda i, g: ("UPDATE k_items SET grp = %s WHERE id = %s", (g, i)), COLUMNS["id"], COLUMNS["grp"]
+    ),
+    st.builds(lambda i: ("UPDATE k_items SET qty = NULL WHERE id %% 97 = %s", (i % 97,)), COLUMNS["id"]),
+    st.builds(lambda i: ("DELETE FROM k_items WHERE id BETWEEN %s AND %s + 20", (i, i)), COLUMNS["id"]),
+    st.builds(lambda i: ("UPDATE k_items SET id = id + 20000 WHERE id = %s", (i,)), COLUMNS["id"]),
+    st.builds(
+        lambda i, g: (
+            "INSERT INTO k_items VALUES (%s, %s, 'new ' || %s, 1) ON CONFLICT DO NOTHING",
+            (i, g, i),
+        ),
+        st.integers(6000, 6100),
+        COLUMNS["grp"],
+    ),
+)
+
+
+def test_split_counts_equal_the_plain_table_for_any_writes_and_condition(
+    proxy: RunningProxy, databases: tuple[str, str]
+) -> None:
+    layer_db, plain = databases
+    sessions = iter(range(10**6))
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(writes=st.lists(WRITE, max_size=8), where=st.lists(conditions(), min_size=1, max_size=4))
+    def check(writes: list[tuple[str, tuple[Any, ...]]], where: list[Condition]) -> None:
+        session = f"prop{next(sessions)}"
+        with (
+            psycopg.connect(proxy.dsn(layer_db, options=f"-c%20cow.session_id%3D{session}")) as conn,
+            psycopg.connect(plain) as ref,
+        ):
+            for sql, params in writes:
+                assert conn.execute(sql, params).rowcount == ref.execute(sql, params).rowcount, sql
+            for condition, params in where:
+                for sql in (
+                    f"SELECT count(*) FROM k_items WHERE {condition}",
+                    f"SELECT count(*) FROM (SELECT k_items.id FROM k_items WHERE {condition} OFFSET 3) AS s",
+                ):
+                    assert outcome(conn, sql, params) == outcome(ref, sql, params), (sql, params, writes)
+            ref.rollback()  # the plain side starts each example from the same rows; the session is new
+
+    check()
