@@ -502,10 +502,9 @@ async def measure(dsn: str, cfg: Config, plan: Plan) -> dict[tuple[str, str], Re
     ops = selected_ops(cfg)
     conns = {(v, op.mode): await connect(dsn, v, op.mode) for op in ops for v in variants(cfg, op)}
     try:
-        proxied = dict(cfg.proxied)
         stmts = {
             op.name: {
-                v: await statement(conns[(v, op.mode)], op, proxied[op.name] if v == "proxy" else op.sql)
+                v: await statement(conns[(v, op.mode)], op, sent_sql(cfg, v, op.sql) or op.sql)
                 for v in variants(cfg, op)
             }
             for op in ops

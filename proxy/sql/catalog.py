@@ -32,6 +32,10 @@ SELECT t.table_schema::text, t.table_name::text, t.overlay_schema::text,
     'key', to_json(t.pk_columns),
     'changes', (SELECT g.changes_table FROM cow.registry g WHERE g.relid = c.oid),
     'row_security', c.relrowsecurity,
+    -- The planner's row estimate (-1: never analyzed), to one significant digit: which of two joined tables
+    -- is far the larger. Rounded so that an ANALYZE seldom changes the catalog (and its parse cache entries).
+    'rows', CASE WHEN c.reltuples < 0 THEN -1
+                 ELSE round(c.reltuples::numeric, 1 - length(c.reltuples::numeric::bigint::text)) END,
     'columns', (
       SELECT coalesce(json_agg(json_build_object(
                'name', a.attname, 'type', format_type(a.atttypid, NULL),
@@ -176,6 +180,7 @@ class CowTable:
     key: tuple[str, ...] = ()  # the layer's key of the table's versions; () for a table without one
     changes_table: str | None = None  # its changes table, in schema cow_changes
     row_security: bool = False
+    rows: float = -1  # pg_class.reltuples of the base table when the catalog was read; -1: unknown
 
     @property
     def qualified(self) -> str:
@@ -271,6 +276,7 @@ class Catalog:
                     key=tuple(info.get("key") or ()),
                     changes_table=info.get("changes"),
                     row_security=bool(info.get("row_security")),
+                    rows=float(info.get("rows", -1)),
                 )
             except (ValueError, KeyError, TypeError) as exc:
                 raise CatalogError(f"malformed CoW catalog row {row!r}: {exc}") from exc

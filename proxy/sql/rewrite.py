@@ -263,8 +263,12 @@ def _join_tree_ranges(from_clause: Sequence[Any]) -> tuple[list[Any], list[Any]]
 
 
 # Joins of at least this many CoW tables in one FROM get their key joins as LATERAL subqueries when the first
-# relation is restricted; two tables only when it is pinned to a few rows by a key.
+# relation is restricted; two tables when it is pinned to a few rows by a key, or when the joined table is at
+# least LATERAL_SIZE_RATIO times as large: then even every row of the first relation probing the joined view
+# by index costs less than a hash join reading the joined view whole (a probe of a view is three index
+# probes, ~5 us, against ~0.1 us per row hashed; bench/joins.py).
 LATERAL_MIN_TABLES = 3
+LATERAL_SIZE_RATIO = 50
 _TRUE = _parse("SELECT 1 FROM a JOIN b ON true").fromClause[0].quals
 
 
@@ -277,8 +281,9 @@ class _LateralJoins(Visitor):
     over 10 s instead of 0.8 ms (bench/joins.py). Inside the subquery the equality restricts the view, so
     each of its leaves is estimated from its own table's statistics and probed by index; OFFSET 0 keeps
     PostgreSQL from pulling the subquery back up into a join. Only SELECTs that join at least three CoW
-    tables from a restricted first relation, or two from a first relation pinned by its key, are changed (a
-    probe per outer row would be slower than the hash join of a query over whole tables), and only joins
+    tables from a restricted first relation, or two from a first relation pinned by its key or dwarfed by the
+    other table, are changed (a probe per outer row would be slower than the hash join of a query over whole
+    tables), and only joins
     on an indexed column or a whole key of the joined table. USING, NATURAL, RIGHT/FULL, aliased joins,
     column aliases and FOR UPDATE are left as written (docs/rewrites.md).
     """
@@ -296,9 +301,23 @@ class _LateralJoins(Visitor):
         if tables < 2:
             return
         driver = self._driver(node, ranges)
-        if driver == "pinned" or (driver == "restricted" and tables >= LATERAL_MIN_TABLES):
+        if driver == "pinned" or (
+            driver == "restricted" and (tables >= LATERAL_MIN_TABLES or self._dwarfed(node, ranges))
+        ):
             for join in joins:
                 self._lateral(join)
+
+    def _dwarfed(self, node: Any, ranges: Sequence[Any]) -> bool:
+        """Whether the first relation is a CoW table that every other CoW table of the join outsizes by
+        LATERAL_SIZE_RATIO (row estimates from the catalog; an unanalyzed table does not count)."""
+        first = node.fromClause[0]
+        while isinstance(first, ast.JoinExpr):
+            first = first.larg
+        driver = _cow_range(self.catalog, self.ctes, first) if isinstance(first, ast.RangeVar) else None
+        if driver is None or driver.rows < 0:
+            return False
+        others = [_cow_range(self.catalog, self.ctes, r) for r in ranges if r is not first]
+        return all(t is None or t.rows >= LATERAL_SIZE_RATIO * max(driver.rows, 1.0) for t in others)
 
     def _driver(self, node: Any, ranges: Sequence[Any]) -> str:
         """How the first relation of the join tree is restricted: "pinned" (equality or IN on a whole key:

@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from proxy.sql import CATALOG_QUERY, CATALOG_VERSION_QUERY, Catalog
+from proxy.sql import CATALOG_QUERY, CATALOG_VERSION_QUERY, Analyzer, Catalog
 from tests.proxy.conftest import RunningProxy, outcome
 
 pytestmark = pytest.mark.timeout(120)
@@ -29,13 +29,15 @@ CREATE TABLE j_c (id bigint PRIMARY KEY, b_id bigint NOT NULL REFERENCES j_b, x 
 CREATE INDEX ON j_c (b_id);
 CREATE TABLE j_d (id bigint PRIMARY KEY, c_id bigint NOT NULL REFERENCES j_c, y int NOT NULL);
 CREATE TABLE j_pair (k1 int, k2 text, label text, PRIMARY KEY (k1, k2));
+CREATE TABLE j_tiny (id int PRIMARY KEY, a_id bigint REFERENCES j_a);
 INSERT INTO j_a SELECT g, g % 10, 'a' || g FROM generate_series(1, 20000) g;
 INSERT INTO j_b SELECT g, CASE WHEN g % 97 = 0 THEN NULL ELSE (g * 7919) % 20000 + 1 END, g % 7
   FROM generate_series(1, 20000) g;
 INSERT INTO j_c SELECT g, (g * 104729) % 20000 + 1, g % 5 FROM generate_series(1, 5000) g;
 INSERT INTO j_d SELECT g, (g * 31) % 5000 + 1, g FROM generate_series(1, 2000) g;
 INSERT INTO j_pair SELECT g % 100, 'k' || (g / 100), 'p' || g FROM generate_series(1, 2000) g;
-ANALYZE j_a, j_b, j_c, j_d, j_pair;
+INSERT INTO j_tiny SELECT g, g * 150 FROM generate_series(1, 100) g;
+ANALYZE j_a, j_b, j_c, j_d, j_pair, j_tiny;
 """
 WRITES = [
     "UPDATE j_a SET v = v + 100, note = NULL WHERE id % 50 = 0",
@@ -91,6 +93,11 @@ QUERIES: list[tuple[str, tuple[Any, ...] | None]] = [
         None,
     ),
     (f"SELECT count(*), sum(a.v) {CHAIN}", None),  # no WHERE: left as written
+    (  # two tables, the joined one 200 times the first
+        "SELECT t.id, a.id, a.v, a.note FROM j_tiny t LEFT JOIN j_a a ON a.id = t.a_id WHERE t.id > %s "
+        "ORDER BY t.id",
+        (5,),
+    ),
 ]
 
 
@@ -147,6 +154,20 @@ def test_a_join_of_four_views_is_planned_like_the_plain_tables(
         direct.execute("SELECT cow.use_session('plan')")
         direct.execute("SET max_parallel_workers_per_gather = 0")
         assert most_rows(direct, query) >= 5000
+
+
+def test_two_tables_join_laterally_when_the_joined_one_is_far_larger(databases: tuple[str, str]) -> None:
+    """j_a has 200 times the rows of j_tiny (the catalog's row estimates): a restricted j_tiny probes it."""
+    layer_db, _ = databases
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        catalog = Catalog.from_rows(conn.execute(CATALOG_QUERY).fetchall())
+    tiny, big = catalog.lookup(None, "j_tiny"), catalog.lookup(None, "j_a")
+    assert tiny is not None and big is not None and (tiny.rows, big.rows) == (100, 20000)
+    sql = "SELECT t.id, a.v FROM j_tiny t JOIN j_a a ON a.id = t.a_id WHERE t.id > $1"
+    rewritten = Analyzer().analyze(sql, catalog, True).rewritten
+    assert rewritten is not None and "JOIN LATERAL (SELECT * FROM j_a AS a WHERE a.id = t.a_id" in rewritten
+    reverse = "SELECT t.id, a.v FROM j_a a JOIN j_tiny t ON t.a_id = a.id WHERE a.id > $1"
+    assert Analyzer().analyze(reverse, catalog, True).rewritten is None  # j_tiny has no index on a_id anyway
 
 
 def test_a_new_index_reaches_the_proxys_catalog(databases: tuple[str, str]) -> None:

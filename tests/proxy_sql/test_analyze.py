@@ -535,3 +535,39 @@ def test_count_of_a_limited_query_is_split(sql: str, where: str | None, offset: 
         f"OFFSET {offset}) AS _cow_v) >= 0"
     )
     assert rewritten.count("cow_changes.t2") == 2
+
+
+def _sized(rows: dict[str, float]) -> Catalog:
+    """The sample catalog with row estimates for some tables."""
+    out = []
+    for schema, name, overlay, doc in catalogs.rows():
+        info = json.loads(str(doc))
+        if name in rows:
+            info["rows"] = rows[name]
+        out.append((schema, name, overlay, json.dumps(info)))
+    return Catalog.from_rows(out)
+
+
+JOIN_TWO = "SELECT c.body, i.title FROM comments c JOIN issues i ON i.id = c.issue_id WHERE c.body = $1"
+
+
+@pytest.mark.parametrize(
+    ("rows", "rewritten"),
+    [
+        ({"comments": 2_000, "issues": 1_000_000}, True),  # a few rows of the first probe a big table
+        ({"comments": 0, "issues": 50}, True),
+        ({"comments": 2_000, "issues": 90_000}, False),  # not large enough: a hash join may be cheaper
+        ({"comments": 1_000_000, "issues": 2_000}, False),  # the first relation is the big one
+        ({"comments": -1, "issues": 1_000_000}, False),  # never analyzed: unknown
+        ({"issues": 1_000_000}, False),
+    ],
+)
+def test_two_tables_join_laterally_when_the_joined_one_dwarfs_the_first(
+    rows: dict[str, float], rewritten: bool
+) -> None:
+    result = analyze(JOIN_TWO, catalog=_sized(rows)).rewritten
+    assert (
+        result is not None and "JOIN LATERAL (SELECT * FROM issues AS i WHERE i.id = c.issue_id" in result
+    ) is (rewritten)
+    # an open first relation (no WHERE, no LIMIT) is never probed row by row
+    assert analyze(JOIN_TWO.split(" WHERE ", maxsplit=1)[0], catalog=_sized(rows)).rewritten is None
