@@ -71,6 +71,18 @@ def wait_until_blocked(dsn: str, conn: psycopg.Connection[Any]) -> None:
     raise AssertionError("the second writer never waited")
 
 
+def race(
+    dsn: str, first: psycopg.Connection[Any], second: psycopg.Connection[Any], sqls: tuple[str, str]
+) -> Any:
+    """``first`` runs its statement, ``second`` runs its own and waits; ``first`` commits: what ``second``
+    got."""
+    first.execute(sqls[0])
+    blocked = Background(second, sqls[1])
+    wait_until_blocked(dsn, second)
+    first.commit()
+    return blocked.outcome()
+
+
 @pytest.mark.parametrize("versioned", [False, True], ids=["base row", "session version"])
 def test_the_second_writer_of_a_row_waits_then_gets_40001(layer_db: str, versioned: bool) -> None:
     first, second = session(layer_db, "s1"), session(layer_db, "s1")
@@ -78,11 +90,11 @@ def test_the_second_writer_of_a_row_waits_then_gets_40001(layer_db: str, version
         if versioned:  # the session already holds a version of the row
             first.execute("UPDATE customers SET score = 100 WHERE id = 2")
             first.commit()
-        first.execute("UPDATE customers SET score = score + 10 WHERE id = 2")
-        blocked = Background(second, "UPDATE customers SET score = score + 1 WHERE id = 2")
-        wait_until_blocked(layer_db, second)
-        first.commit()
-        assert blocked.outcome() == ("error", "40001", None)
+        statements = (
+            "UPDATE customers SET score = score + 10 WHERE id = 2",
+            "UPDATE customers SET score = score + 1 WHERE id = 2",
+        )
+        assert race(layer_db, first, second, statements) == ("error", "40001", None)
         # nothing lost: the first writer's change stands, and the retry works on it
         second.execute("UPDATE customers SET score = score + 1 WHERE id = 2")
         second.commit()
@@ -117,11 +129,11 @@ def test_a_row_changed_after_the_statement_read_it_gets_40001(layer_db: str) -> 
 def test_a_delete_of_a_row_another_transaction_updated_gets_40001(layer_db: str) -> None:
     first, second = session(layer_db, "s1"), session(layer_db, "s1")
     with first, second:
-        first.execute("UPDATE customers SET name = 'Bobby' WHERE id = 2")
-        blocked = Background(second, "DELETE FROM customers WHERE id = 2")
-        wait_until_blocked(layer_db, second)
-        first.commit()
-        assert blocked.outcome() == ("error", "40001", None)
+        statements = (
+            "UPDATE customers SET name = 'Bobby' WHERE id = 2",
+            "DELETE FROM customers WHERE id = 2",
+        )
+        assert race(layer_db, first, second, statements) == ("error", "40001", None)
         assert first.execute("SELECT name FROM customers WHERE id = 2").fetchone() == ("Bobby",)
 
 
@@ -145,11 +157,7 @@ def test_concurrent_inserts_of_one_key_fail_with_23505(layer_db: str, plain_db: 
         first = session(dsn, name) if name else psycopg.connect(dsn)
         second = session(dsn, name) if name else psycopg.connect(dsn)
         with first, second:
-            first.execute(insert)
-            blocked = Background(second, insert)
-            wait_until_blocked(dsn, second)
-            first.commit()
-            outcomes.append(blocked.outcome())
+            outcomes.append(race(dsn, first, second, (insert, insert)))
     assert outcomes[1] == ("error", "23505", "customers_pkey")
     assert outcomes[0][:2] == ("error", "23505") and str(outcomes[0][2]).endswith("_cur")
 
@@ -157,11 +165,11 @@ def test_concurrent_inserts_of_one_key_fail_with_23505(layer_db: str, plain_db: 
 def test_a_key_update_onto_a_key_another_transaction_inserted_fails_with_23505(layer_db: str) -> None:
     first, second = session(layer_db, "s1"), session(layer_db, "s1")
     with first, second:
-        first.execute("INSERT INTO customers (id, email, name) VALUES (50, 'new@example.com', 'New')")
-        blocked = Background(second, "UPDATE customers SET id = 50 WHERE id = 3")
-        wait_until_blocked(layer_db, second)
-        first.commit()
-        assert blocked.outcome() == ("error", "23505", "customers_pkey")
+        statements = (
+            "INSERT INTO customers (id, email, name) VALUES (50, 'new@example.com', 'New')",
+            "UPDATE customers SET id = 50 WHERE id = 3",
+        )
+        assert race(layer_db, first, second, statements) == ("error", "23505", "customers_pkey")
 
 
 def test_other_sessions_and_untagged_writers_do_not_wait(layer_db: str) -> None:
