@@ -161,3 +161,20 @@ def test_a_column_added_to_a_keyless_table_keeps_the_sessions_removals(layer_db:
         agent.execute("SELECT cow.use_session(NULL)")
         agent.execute("SELECT cow.commit_session('k')")
         assert app.execute("SELECT * FROM public.ddl_log ORDER BY a").fetchall() == expected
+
+
+def test_app_ddl_on_enabled_tables_raises_no_notices_of_the_layer(layer_db: str) -> None:
+    """A migration tool shows every NOTICE: the layer's own DDL (IF NOT EXISTS, CASCADE) must stay quiet, its
+    notes (a table left plain, and why) must not."""
+    seen: list[str] = []
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.add_notice_handler(lambda d: seen.append(d.message_primary or ""))
+        conn.execute("CREATE INDEX customers_name ON customers (name)")
+        conn.execute("ALTER TABLE customers ADD COLUMN nickname text")
+        conn.execute("ALTER TABLE orders ALTER COLUMN note TYPE varchar(200)")
+        conn.execute("CREATE TABLE tags (id int PRIMARY KEY, label text)")
+        conn.execute("DROP INDEX customers_name")
+        conn.execute("DROP TABLE tags")
+        assert seen == []
+        conn.execute("CREATE TABLE raw_json (doc json)")  # no key, no equality: left plain, with a note
+        assert len(seen) == 1 and seen[0].startswith("cowproxy: ") and "raw_json" in seen[0]

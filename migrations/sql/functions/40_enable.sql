@@ -109,8 +109,10 @@ END $gen$;
 
 -- Bring every enabled schema in step: new tables enabled, dropped tables' overlays removed, changed tables
 -- regenerated, guards present, view twins rebuilt. Returns notes (skipped tables, unsupported objects).
+-- The layer's own DDL runs with client_min_messages = warning: its "already exists, skipping" and "drop
+-- cascades to" notices reached the application's migration tool at every DDL statement it ran.
 CREATE OR REPLACE FUNCTION cow.refresh(p_force boolean DEFAULT false) RETURNS SETOF text
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET client_min_messages = warning AS $gen$
 DECLARE
     x record;
     note text;

@@ -4,7 +4,7 @@
 
 -- Event triggers: app DDL goes through; the overlay follows.
 CREATE OR REPLACE FUNCTION cow._ddl_start() RETURNS event_trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET client_min_messages = warning AS $gen$
 DECLARE
     x record;
 BEGIN
