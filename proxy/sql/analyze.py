@@ -382,7 +382,8 @@ class _Inspection:
             inner = items[0].get("RangeSubselect", {}).get("subquery", {}).get("SelectStmt", {})
             if inner:  # SQLAlchemy's count of a query: FROM (SELECT ... FROM t WHERE ...) alias
                 items = inner.get("fromClause") or []
-            return bool(call.get("agg_star")) and len(items) == 1 and self._cow(items[0].get("RangeVar"))
+            counted = bool(call.get("agg_star")) or len(call.get("args") or ()) == 1
+            return counted and len(items) == 1 and self._cow(items[0].get("RangeVar"))
 
         return _any_select(node, counts)
 

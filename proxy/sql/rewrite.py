@@ -22,6 +22,7 @@ from pglast.enums import (
     DropBehavior,
     JoinType,
     LimitOption,
+    NullTestType,
     ObjectType,
     OnConflictAction,
     SetOperation,
@@ -446,7 +447,8 @@ class _Count:
 
 
 class _SplitCounts(Visitor):
-    """``SELECT count(*) FROM t [WHERE p]`` on a keyed CoW table becomes three counts of real tables.
+    """``SELECT count(*) FROM t [WHERE p]`` on a keyed CoW table becomes three counts of real tables
+    (``count(x)`` too: the rows where x is not null).
 
     The overlay is the base rows minus those the session has a version of, plus the session's live
     versions, so its count is ``count(base WHERE p) - count(base WHERE p that the session has a version of)
@@ -531,12 +533,21 @@ class _SplitCounts(Visitor):
         if (
             not isinstance(call, ast.FuncCall)
             or _function_name(call) not in (("count",), ("pg_catalog", "count"))
-            or not call.agg_star
+            or not (call.agg_star or len(call.args or ()) == 1)
+            or call.agg_distinct
+            or call.agg_order
             or call.agg_filter is not None
             or call.over is not None
         ):
             return None
         item, where = node.fromClause[0], node.whereClause
+        if not call.agg_star:
+            if not isinstance(item, ast.RangeVar):
+                return None  # count(x) of a subquery's column: left to the view
+            # count(x) counts the rows where x is not null
+            (arg,) = call.args or ()
+            counted = ast.NullTest(arg=arg, nulltesttype=NullTestType.IS_NOT_NULL, argisrow=False)
+            where = counted if where is None else _all(where, counted)
         offset = limit = None
         if isinstance(item, ast.RangeSubselect):
             inner: Any = item.subquery

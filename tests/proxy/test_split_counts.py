@@ -59,6 +59,8 @@ QUERIES: list[tuple[str, tuple[Any, ...] | None, bool | None]] = [
     ('SELECT COUNT(*) AS "__count" FROM k_items WHERE grp = %s', (3,), True),
     ("SELECT count(*) FROM k_items WHERE grp = %s", (0,), True),
     ("SELECT count(*) FROM k_items WHERE qty IS NULL", None, True),
+    ("SELECT count(qty) FROM k_items WHERE grp = %s", (3,), True),  # the rows where qty is not null
+    ("SELECT count(1) AS n FROM k_items", None, True),
     ("SELECT count(*) AS n FROM public.k_items i WHERE i.name LIKE %s OR i.qty > %s", ("renamed%", 90), True),
     ("SELECT count(*) FROM k_items WHERE id BETWEEN %s AND %s", (3990, 14100), True),
     ("SELECT count(*) FROM k_items WHERE lower(name) = %s", ("back again",), True),
@@ -192,6 +194,7 @@ def test_split_counts_equal_the_plain_table_for_any_writes_and_condition(
             for condition, params in where:
                 for sql in (
                     f"SELECT count(*) FROM k_items WHERE {condition}",
+                    f"SELECT count(qty) FROM k_items WHERE {condition}",
                     f"SELECT count(*) FROM (SELECT k_items.id FROM k_items WHERE {condition} OFFSET 3) AS s",
                 ):
                     assert outcome(conn, sql, params) == outcome(ref, sql, params), (sql, params, writes)

@@ -458,7 +458,16 @@ def _split(
         ("SELECT count(*) FROM issues WHERE slug = 'x' AND x.y = 1", None),  # not its column
         ("SELECT count(*) FROM issues GROUP BY points", None),
         ("SELECT count(*), max(points) FROM issues", None),
-        ("SELECT count(id) FROM issues", None),
+        (  # count(x): the rows where x is not null (SQLAlchemy's func.count(Model.id))
+            "SELECT count(i.title) AS n FROM issues i WHERE i.points > 1",
+            _split(
+                "issues", "i", 2, "_cow_x.id = i.id", name="n", where=["i.points > 1", "i.title IS NOT NULL"]
+            ),
+        ),
+        ("SELECT count(DISTINCT points) FROM issues", None),
+        ("SELECT count(random()) FROM issues", None),
+        ("SELECT count(i) FROM issues i", None),  # a whole row
+        ("SELECT count(id) FROM (SELECT id FROM issues) s", None),
         ("SELECT count(*) FILTER (WHERE points > 1) FROM issues", None),
         ("SELECT count(*) FROM issues LIMIT 1", None),
         ("SELECT count(*) FROM issues, comments", None),
