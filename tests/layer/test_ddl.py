@@ -2,135 +2,143 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import psycopg
 import pytest
 
 
-def test_add_rename_drop_retype_columns_with_a_pending_session(layer_db: str) -> None:
-    with (
-        psycopg.connect(layer_db, autocommit=True) as app,
-        psycopg.connect(layer_db, autocommit=True) as agent,
-    ):
-        agent.execute("SELECT cow.use_session('s', 'op')")
-        agent.execute("UPDATE customers SET name = 'Ada L.' WHERE id = 1")
-        agent.execute("INSERT INTO customers (email, name) VALUES ('n@x', 'N')")
-        app.execute("ALTER TABLE customers ADD COLUMN phone text DEFAULT 'none'")
-        # The session's rows get the new column's value as the plain table's rows did (its default).
-        assert agent.execute("SELECT name, phone FROM customers WHERE id = 1").fetchone() == (
-            "Ada L.",
-            "none",
-        )
-        assert agent.execute("SELECT phone FROM customers WHERE email = 'n@x'").fetchone() == ("none",)
-        assert agent.execute(
-            "INSERT INTO customers (email, name) VALUES ('p@x', 'P') RETURNING phone"
-        ).fetchone() == ("none",)
-        app.execute("ALTER TABLE customers RENAME COLUMN name TO full_name")
-        assert agent.execute("SELECT full_name FROM customers WHERE id = 1").fetchone() == ("Ada L.",)
-        app.execute("ALTER TABLE customers DROP COLUMN score")
-        app.execute("ALTER TABLE customers ALTER COLUMN tier TYPE varchar(10)")
-        row = agent.execute("SELECT * FROM customers WHERE id = 1").fetchone()
-        assert row == (1, "ada@example.com", "Ada L.", "pro", "none")
-        agent.execute("UPDATE customers SET phone = '555' WHERE id = 2")
-        assert app.execute("SELECT count(*) FROM public.customers").fetchone() == (3,)
-        assert agent.execute("SELECT count(*) FROM customers").fetchone() == (5,)
-        log = agent.execute("SELECT row_data FROM cow.session_changes('s') ORDER BY seq").fetchall()
-        assert log[0][0] == {
-            "id": 1,
-            "email": "ada@example.com",
-            "full_name": "Ada L.",
-            "tier": "pro",
-            "phone": "none",
-        }
-        # The DDL is no conflict: commit applies the session's rows (40001 before the snapshots followed it).
-        agent.execute("SELECT cow.use_session(NULL)")
-        agent.execute("SELECT cow.commit_session('s')")
-        rows = app.execute("SELECT id, full_name, phone FROM public.customers ORDER BY id").fetchall()
-        assert rows[0] == (1, "Ada L.", "none") and rows[1][2] == "555" and len(rows) == 5
+@pytest.fixture
+def app(layer_db: str) -> Iterator[psycopg.Connection[Any]]:
+    """The application's connection (no session): it runs the migrations."""
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        yield conn
 
 
-def test_columns_added_while_a_session_holds_changes_get_their_values(layer_db: str) -> None:
+@pytest.fixture
+def agent(layer_db: str) -> Iterator[psycopg.Connection[Any]]:
+    """A connection that joins the test's session."""
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        yield conn
+
+
+def test_add_rename_drop_retype_columns_with_a_pending_session(
+    app: psycopg.Connection[Any], agent: psycopg.Connection[Any]
+) -> None:
+    agent.execute("SELECT cow.use_session('s', 'op')")
+    agent.execute("UPDATE customers SET name = 'Ada L.' WHERE id = 1")
+    agent.execute("INSERT INTO customers (email, name) VALUES ('n@x', 'N')")
+    app.execute("ALTER TABLE customers ADD COLUMN phone text DEFAULT 'none'")
+    # The session's rows get the new column's value as the plain table's rows did (its default).
+    assert agent.execute("SELECT name, phone FROM customers WHERE id = 1").fetchone() == (
+        "Ada L.",
+        "none",
+    )
+    assert agent.execute("SELECT phone FROM customers WHERE email = 'n@x'").fetchone() == ("none",)
+    assert agent.execute(
+        "INSERT INTO customers (email, name) VALUES ('p@x', 'P') RETURNING phone"
+    ).fetchone() == ("none",)
+    app.execute("ALTER TABLE customers RENAME COLUMN name TO full_name")
+    assert agent.execute("SELECT full_name FROM customers WHERE id = 1").fetchone() == ("Ada L.",)
+    app.execute("ALTER TABLE customers DROP COLUMN score")
+    app.execute("ALTER TABLE customers ALTER COLUMN tier TYPE varchar(10)")
+    row = agent.execute("SELECT * FROM customers WHERE id = 1").fetchone()
+    assert row == (1, "ada@example.com", "Ada L.", "pro", "none")
+    agent.execute("UPDATE customers SET phone = '555' WHERE id = 2")
+    assert app.execute("SELECT count(*) FROM public.customers").fetchone() == (3,)
+    assert agent.execute("SELECT count(*) FROM customers").fetchone() == (5,)
+    log = agent.execute("SELECT row_data FROM cow.session_changes('s') ORDER BY seq").fetchall()
+    assert log[0][0] == {
+        "id": 1,
+        "email": "ada@example.com",
+        "full_name": "Ada L.",
+        "tier": "pro",
+        "phone": "none",
+    }
+    # The DDL is no conflict: commit applies the session's rows (40001 before the snapshots followed it).
+    agent.execute("SELECT cow.use_session(NULL)")
+    agent.execute("SELECT cow.commit_session('s')")
+    rows = app.execute("SELECT id, full_name, phone FROM public.customers ORDER BY id").fetchall()
+    assert rows[0] == (1, "Ada L.", "none") and rows[1][2] == "555" and len(rows) == 5
+
+
+def test_columns_added_while_a_session_holds_changes_get_their_values(
+    app: psycopg.Connection[Any], agent: psycopg.Connection[Any]
+) -> None:
     """NOT NULL DEFAULT, identity and generated columns added by a migration: the session's versions of base
     rows take the base row's value, its own rows the expression, as on a plain table; commit then works,
     and a real conflict (a base row changed after the session wrote it) is still one."""
-    with (
-        psycopg.connect(layer_db, autocommit=True) as app,
-        psycopg.connect(layer_db, autocommit=True) as agent,
-    ):
-        app.execute("CREATE TABLE ddl_t (id int PRIMARY KEY, v int NOT NULL)")
-        app.execute("INSERT INTO ddl_t VALUES (1, 1), (2, 2), (3, 3)")
-        agent.execute("SELECT cow.use_session('d', 'op')")
-        agent.execute("UPDATE ddl_t SET v = 10 WHERE id = 1")
-        agent.execute("UPDATE ddl_t SET v = 30 WHERE id = 3")
-        agent.execute("DELETE FROM ddl_t WHERE id = 2")
-        agent.execute("INSERT INTO ddl_t VALUES (4, 4)")
-        app.execute("UPDATE ddl_t SET v = 33 WHERE id = 3")  # a conflict with the session's write
-        app.execute(
-            "ALTER TABLE ddl_t ADD COLUMN z int NOT NULL DEFAULT 5, "
-            "ADD COLUMN n int GENERATED BY DEFAULT AS IDENTITY, "
-            "ADD COLUMN g int GENERATED ALWAYS AS (v * 2) STORED"
-        )
-        base = dict(app.execute("SELECT id, n FROM public.ddl_t").fetchall())
-        rows = agent.execute("SELECT id, v, z, n, g FROM ddl_t ORDER BY id").fetchall()
-        assert rows[0] == (1, 10, 5, base[1], 20) and rows[1] == (3, 30, 5, base[3], 60)
-        assert rows[2][:3] == (4, 4, 5) and rows[2][4] == 8 and rows[2][3] not in base.values()
-        agent.execute("SELECT cow.use_session(NULL)")
-        with pytest.raises(psycopg.errors.SerializationFailure, match=r"\(id\)=\(3\)"):
-            agent.execute("SELECT cow.commit_session('d')")
-        agent.execute("SELECT cow.commit_session('d', on_conflict => 'overwrite')")
-        assert app.execute("SELECT id, v, z, g FROM public.ddl_t ORDER BY id").fetchall() == [
-            (1, 10, 5, 20),
-            (3, 30, 5, 60),
-            (4, 4, 5, 8),
-        ]
+    app.execute("CREATE TABLE ddl_t (id int PRIMARY KEY, v int NOT NULL)")
+    app.execute("INSERT INTO ddl_t VALUES (1, 1), (2, 2), (3, 3)")
+    agent.execute("SELECT cow.use_session('d', 'op')")
+    agent.execute("UPDATE ddl_t SET v = 10 WHERE id = 1")
+    agent.execute("UPDATE ddl_t SET v = 30 WHERE id = 3")
+    agent.execute("DELETE FROM ddl_t WHERE id = 2")
+    agent.execute("INSERT INTO ddl_t VALUES (4, 4)")
+    app.execute("UPDATE ddl_t SET v = 33 WHERE id = 3")  # a conflict with the session's write
+    app.execute(
+        "ALTER TABLE ddl_t ADD COLUMN z int NOT NULL DEFAULT 5, "
+        "ADD COLUMN n int GENERATED BY DEFAULT AS IDENTITY, "
+        "ADD COLUMN g int GENERATED ALWAYS AS (v * 2) STORED"
+    )
+    base = dict(app.execute("SELECT id, n FROM public.ddl_t").fetchall())
+    rows = agent.execute("SELECT id, v, z, n, g FROM ddl_t ORDER BY id").fetchall()
+    assert rows[0] == (1, 10, 5, base[1], 20) and rows[1] == (3, 30, 5, base[3], 60)
+    assert rows[2][:3] == (4, 4, 5) and rows[2][4] == 8 and rows[2][3] not in base.values()
+    agent.execute("SELECT cow.use_session(NULL)")
+    with pytest.raises(psycopg.errors.SerializationFailure, match=r"\(id\)=\(3\)"):
+        agent.execute("SELECT cow.commit_session('d')")
+    agent.execute("SELECT cow.commit_session('d', on_conflict => 'overwrite')")
+    assert app.execute("SELECT id, v, z, g FROM public.ddl_t ORDER BY id").fetchall() == [
+        (1, 10, 5, 20),
+        (3, 30, 5, 60),
+        (4, 4, 5, 8),
+    ]
 
 
-def test_create_and_drop_table_in_an_enabled_schema(layer_db: str) -> None:
-    with (
-        psycopg.connect(layer_db, autocommit=True) as app,
-        psycopg.connect(layer_db, autocommit=True) as agent,
-    ):
-        app.execute(
-            "CREATE TABLE tags (id serial PRIMARY KEY, order_id int REFERENCES orders ON DELETE SET NULL,"
-            " t text)"
-        )
-        assert ("tags",) in app.execute("SELECT table_name FROM cow.tables").fetchall()
-        agent.execute("SELECT cow.use_session('s')")
-        agent.execute("INSERT INTO tags (order_id, t) VALUES (1, 'x')")
-        agent.execute("DELETE FROM orders WHERE id = 1")  # ON DELETE SET NULL within the session
-        assert agent.execute("SELECT order_id, t FROM tags").fetchall() == [(None, "x")]
-        assert app.execute("SELECT count(*) FROM public.tags").fetchone() == (0,)
-        # No primary key, and json has no equality (a keyless row cannot be compared): notice, guard only.
-        app.execute("CREATE TABLE loose (v json)")
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            agent.execute("INSERT INTO loose VALUES ('1')")
-        app.execute("CREATE TABLE events (v int)")  # no primary key: enabled as a keyless table
-        agent.execute("INSERT INTO events VALUES (1), (1)")
-        assert agent.execute("SELECT v FROM events").fetchall() == [(1,), (1,)]
-        assert app.execute("SELECT count(*) FROM public.events").fetchone() == (0,)
-        app.execute("DROP TABLE events")  # the session's rows of it go with it
-        app.execute("DROP TABLE tags")
-        assert ("tags",) not in app.execute("SELECT table_name FROM cow.tables").fetchall()
-        changes = app.execute(
-            "SELECT count(*) FROM pg_class WHERE relnamespace = 'cow_changes'::regnamespace AND relkind = 'r'"
-        ).fetchone()
-        assert changes == app.execute("SELECT count(*) FROM cow.tables").fetchone() == (3,)  # and nopk
-        assert app.execute("SELECT to_regclass('cow_overlay_public.tags')").fetchone() == (None,)
-        assert agent.execute("SELECT count(*) FROM orders").fetchone() == (3,)
+def test_create_and_drop_table_in_an_enabled_schema(
+    app: psycopg.Connection[Any], agent: psycopg.Connection[Any]
+) -> None:
+    app.execute(
+        "CREATE TABLE tags (id serial PRIMARY KEY, order_id int REFERENCES orders ON DELETE SET NULL, t text)"
+    )
+    assert ("tags",) in app.execute("SELECT table_name FROM cow.tables").fetchall()
+    agent.execute("SELECT cow.use_session('s')")
+    agent.execute("INSERT INTO tags (order_id, t) VALUES (1, 'x')")
+    agent.execute("DELETE FROM orders WHERE id = 1")  # ON DELETE SET NULL within the session
+    assert agent.execute("SELECT order_id, t FROM tags").fetchall() == [(None, "x")]
+    assert app.execute("SELECT count(*) FROM public.tags").fetchone() == (0,)
+    # No primary key, and json has no equality (a keyless row cannot be compared): notice, guard only.
+    app.execute("CREATE TABLE loose (v json)")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        agent.execute("INSERT INTO loose VALUES ('1')")
+    app.execute("CREATE TABLE events (v int)")  # no primary key: enabled as a keyless table
+    agent.execute("INSERT INTO events VALUES (1), (1)")
+    assert agent.execute("SELECT v FROM events").fetchall() == [(1,), (1,)]
+    assert app.execute("SELECT count(*) FROM public.events").fetchone() == (0,)
+    app.execute("DROP TABLE events")  # the session's rows of it go with it
+    app.execute("DROP TABLE tags")
+    assert ("tags",) not in app.execute("SELECT table_name FROM cow.tables").fetchall()
+    changes = app.execute(
+        "SELECT count(*) FROM pg_class WHERE relnamespace = 'cow_changes'::regnamespace AND relkind = 'r'"
+    ).fetchone()
+    assert changes == app.execute("SELECT count(*) FROM cow.tables").fetchone() == (3,)  # and nopk
+    assert app.execute("SELECT to_regclass('cow_overlay_public.tags')").fetchone() == (None,)
+    assert agent.execute("SELECT count(*) FROM orders").fetchone() == (3,)
 
 
-def test_rename_table_and_app_view_changes(layer_db: str) -> None:
-    with (
-        psycopg.connect(layer_db, autocommit=True) as app,
-        psycopg.connect(layer_db, autocommit=True) as agent,
-    ):
-        agent.execute("SELECT cow.use_session('s')")
-        agent.execute("UPDATE orders SET qty = 9 WHERE id = 1")
-        app.execute("ALTER TABLE orders RENAME TO purchases")
-        assert agent.execute("SELECT qty FROM purchases WHERE id = 1").fetchone() == (9,)
-        app.execute("CREATE VIEW big AS SELECT id, qty FROM purchases WHERE qty > 5")
-        assert agent.execute("SELECT * FROM big").fetchall() == [(1, 9)]
-        assert app.execute("SELECT * FROM big").fetchall() == []
-        assert agent.execute("SELECT orders FROM order_totals WHERE customer_id = 1").fetchone() == (2,)
+def test_rename_table_and_app_view_changes(
+    app: psycopg.Connection[Any], agent: psycopg.Connection[Any]
+) -> None:
+    agent.execute("SELECT cow.use_session('s')")
+    agent.execute("UPDATE orders SET qty = 9 WHERE id = 1")
+    app.execute("ALTER TABLE orders RENAME TO purchases")
+    assert agent.execute("SELECT qty FROM purchases WHERE id = 1").fetchone() == (9,)
+    app.execute("CREATE VIEW big AS SELECT id, qty FROM purchases WHERE qty > 5")
+    assert agent.execute("SELECT * FROM big").fetchall() == [(1, 9)]
+    assert app.execute("SELECT * FROM big").fetchall() == []
+    assert agent.execute("SELECT orders FROM order_totals WHERE customer_id = 1").fetchone() == (2,)
 
 
 def test_migration_inside_a_transaction_rolls_back_cleanly(layer_db: str) -> None:
@@ -143,38 +151,35 @@ def test_migration_inside_a_transaction_rolls_back_cleanly(layer_db: str) -> Non
         assert len(agent.execute("SELECT * FROM customers WHERE id = 3").fetchone() or ()) == 5
 
 
-def test_a_column_added_to_a_keyless_table_keeps_the_sessions_removals(layer_db: str) -> None:
+def test_a_column_added_to_a_keyless_table_keeps_the_sessions_removals(
+    app: psycopg.Connection[Any], agent: psycopg.Connection[Any]
+) -> None:
     """A keyless table's session rows (and the tombstones that hide base rows, matched by whole value) take
     an added column's default, as the base rows do: the removed row stays removed, and commit applies."""
-    with (
-        psycopg.connect(layer_db, autocommit=True) as app,
-        psycopg.connect(layer_db, autocommit=True) as agent,
-    ):
-        app.execute("CREATE TABLE ddl_log (a int, b text)")
-        app.execute("INSERT INTO ddl_log VALUES (1, 'x'), (1, 'x'), (2, 'y')")
-        agent.execute("SELECT cow.use_session('k', 'op')")
-        agent.execute("DELETE FROM ddl_log WHERE a = 2")
-        agent.execute("INSERT INTO ddl_log VALUES (3, 'z')")
-        app.execute("ALTER TABLE ddl_log ADD COLUMN c int NOT NULL DEFAULT 7")
-        expected = [(1, "x", 7), (1, "x", 7), (3, "z", 7)]
-        assert agent.execute("SELECT * FROM ddl_log ORDER BY a").fetchall() == expected
-        agent.execute("SELECT cow.use_session(NULL)")
-        agent.execute("SELECT cow.commit_session('k')")
-        assert app.execute("SELECT * FROM public.ddl_log ORDER BY a").fetchall() == expected
+    app.execute("CREATE TABLE ddl_log (a int, b text)")
+    app.execute("INSERT INTO ddl_log VALUES (1, 'x'), (1, 'x'), (2, 'y')")
+    agent.execute("SELECT cow.use_session('k', 'op')")
+    agent.execute("DELETE FROM ddl_log WHERE a = 2")
+    agent.execute("INSERT INTO ddl_log VALUES (3, 'z')")
+    app.execute("ALTER TABLE ddl_log ADD COLUMN c int NOT NULL DEFAULT 7")
+    expected = [(1, "x", 7), (1, "x", 7), (3, "z", 7)]
+    assert agent.execute("SELECT * FROM ddl_log ORDER BY a").fetchall() == expected
+    agent.execute("SELECT cow.use_session(NULL)")
+    agent.execute("SELECT cow.commit_session('k')")
+    assert app.execute("SELECT * FROM public.ddl_log ORDER BY a").fetchall() == expected
 
 
-def test_app_ddl_on_enabled_tables_raises_no_notices_of_the_layer(layer_db: str) -> None:
+def test_app_ddl_on_enabled_tables_raises_no_notices_of_the_layer(app: psycopg.Connection[Any]) -> None:
     """A migration tool shows every NOTICE: the layer's own DDL (IF NOT EXISTS, CASCADE) must stay quiet, its
     notes (a table left plain, and why) must not."""
     seen: list[str] = []
-    with psycopg.connect(layer_db, autocommit=True) as conn:
-        conn.add_notice_handler(lambda d: seen.append(d.message_primary or ""))
-        conn.execute("CREATE INDEX customers_name ON customers (name)")
-        conn.execute("ALTER TABLE customers ADD COLUMN nickname text")
-        conn.execute("ALTER TABLE orders ALTER COLUMN note TYPE varchar(200)")
-        conn.execute("CREATE TABLE tags (id int PRIMARY KEY, label text)")
-        conn.execute("DROP INDEX customers_name")
-        conn.execute("DROP TABLE tags")
-        assert seen == []
-        conn.execute("CREATE TABLE raw_json (doc json)")  # no key, no equality: left plain, with a note
-        assert len(seen) == 1 and seen[0].startswith("cowproxy: ") and "raw_json" in seen[0]
+    app.add_notice_handler(lambda d: seen.append(d.message_primary or ""))
+    app.execute("CREATE INDEX customers_name ON customers (name)")
+    app.execute("ALTER TABLE customers ADD COLUMN nickname text")
+    app.execute("ALTER TABLE orders ALTER COLUMN note TYPE varchar(200)")
+    app.execute("CREATE TABLE tags (id int PRIMARY KEY, label text)")
+    app.execute("DROP INDEX customers_name")
+    app.execute("DROP TABLE tags")
+    assert seen == []
+    app.execute("CREATE TABLE raw_json (doc json)")  # no key, no equality: left plain, with a note
+    assert len(seen) == 1 and seen[0].startswith("cowproxy: ") and "raw_json" in seen[0]
