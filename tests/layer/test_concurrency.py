@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -71,6 +72,16 @@ def wait_until_blocked(dsn: str, conn: psycopg.Connection[Any]) -> None:
     raise AssertionError("the second writer never waited")
 
 
+Writers = tuple[psycopg.Connection[Any], psycopg.Connection[Any]]
+
+
+@pytest.fixture
+def writers(layer_db: str) -> Iterator[Writers]:
+    """Two connections in session s1."""
+    with session(layer_db, "s1") as first, session(layer_db, "s1") as second:
+        yield first, second
+
+
 def race(
     dsn: str, first: psycopg.Connection[Any], second: psycopg.Connection[Any], sqls: tuple[str, str]
 ) -> Any:
@@ -84,69 +95,67 @@ def race(
 
 
 @pytest.mark.parametrize("versioned", [False, True], ids=["base row", "session version"])
-def test_the_second_writer_of_a_row_waits_then_gets_40001(layer_db: str, versioned: bool) -> None:
-    first, second = session(layer_db, "s1"), session(layer_db, "s1")
-    with first, second:
-        if versioned:  # the session already holds a version of the row
-            first.execute("UPDATE customers SET score = 100 WHERE id = 2")
-            first.commit()
-        statements = (
-            "UPDATE customers SET score = score + 10 WHERE id = 2",
-            "UPDATE customers SET score = score + 1 WHERE id = 2",
-        )
-        assert race(layer_db, first, second, statements) == ("error", "40001", None)
-        # nothing lost: the first writer's change stands, and the retry works on it
-        second.execute("UPDATE customers SET score = score + 1 WHERE id = 2")
-        second.commit()
-        start = 100 if versioned else 0
-        assert first.execute("SELECT score FROM customers WHERE id = 2").fetchone() == (start + 11,)
-
-
-def test_a_row_changed_after_the_statement_read_it_gets_40001(layer_db: str) -> None:
-    """The first writer commits while the second's statement runs, before its trigger sees the row: no wait,
-    but the row it read is gone."""
-    first, second = session(layer_db, "s1"), session(layer_db, "s1")
-    with first, second:
+def test_the_second_writer_of_a_row_waits_then_gets_40001(
+    layer_db: str, versioned: bool, writers: Writers
+) -> None:
+    first, second = writers
+    if versioned:  # the session already holds a version of the row
         first.execute("UPDATE customers SET score = 100 WHERE id = 2")
         first.commit()
-        first.execute("UPDATE customers SET score = score + 10 WHERE id = 2")
-        slow = Background(
-            second, "UPDATE customers SET score = score + 1 WHERE id = 2 AND pg_sleep(0.5) IS NOT NULL"
-        )
-        with psycopg.connect(layer_db, autocommit=True) as watcher:  # until its statement has read the row
-            for _ in range(300):
-                row = watcher.execute(
-                    "SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (second.info.backend_pid,)
-                ).fetchone()
-                if row is not None and row[0] == "PgSleep":
-                    break
-                time.sleep(0.01)
-        first.commit()
-        assert slow.outcome() == ("error", "40001", None)
-        assert first.execute("SELECT score FROM customers WHERE id = 2").fetchone() == (110,)
+    statements = (
+        "UPDATE customers SET score = score + 10 WHERE id = 2",
+        "UPDATE customers SET score = score + 1 WHERE id = 2",
+    )
+    assert race(layer_db, first, second, statements) == ("error", "40001", None)
+    # nothing lost: the first writer's change stands, and the retry works on it
+    second.execute("UPDATE customers SET score = score + 1 WHERE id = 2")
+    second.commit()
+    start = 100 if versioned else 0
+    assert first.execute("SELECT score FROM customers WHERE id = 2").fetchone() == (start + 11,)
 
 
-def test_a_delete_of_a_row_another_transaction_updated_gets_40001(layer_db: str) -> None:
-    first, second = session(layer_db, "s1"), session(layer_db, "s1")
-    with first, second:
-        statements = (
-            "UPDATE customers SET name = 'Bobby' WHERE id = 2",
-            "DELETE FROM customers WHERE id = 2",
-        )
-        assert race(layer_db, first, second, statements) == ("error", "40001", None)
-        assert first.execute("SELECT name FROM customers WHERE id = 2").fetchone() == ("Bobby",)
+def test_a_row_changed_after_the_statement_read_it_gets_40001(layer_db: str, writers: Writers) -> None:
+    """The first writer commits while the second's statement runs, before its trigger sees the row: no wait,
+    but the row it read is gone."""
+    first, second = writers
+    first.execute("UPDATE customers SET score = 100 WHERE id = 2")
+    first.commit()
+    first.execute("UPDATE customers SET score = score + 10 WHERE id = 2")
+    slow = Background(
+        second, "UPDATE customers SET score = score + 1 WHERE id = 2 AND pg_sleep(0.5) IS NOT NULL"
+    )
+    with psycopg.connect(layer_db, autocommit=True) as watcher:  # until its statement has read the row
+        for _ in range(300):
+            row = watcher.execute(
+                "SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (second.info.backend_pid,)
+            ).fetchone()
+            if row is not None and row[0] == "PgSleep":
+                break
+            time.sleep(0.01)
+    first.commit()
+    assert slow.outcome() == ("error", "40001", None)
+    assert first.execute("SELECT score FROM customers WHERE id = 2").fetchone() == (110,)
 
 
-def test_writers_of_different_rows_of_one_session_do_not_wait(layer_db: str) -> None:
-    first, second = session(layer_db, "s1"), session(layer_db, "s1")
-    with first, second:
-        first.execute("UPDATE customers SET score = 5 WHERE id = 3")
-        second.execute("SET lock_timeout = '2s'")  # a wait would fail the test, not hang it
-        second.execute("UPDATE customers SET score = 7 WHERE id = 2")
-        first.commit()
-        second.commit()
-        rows = first.execute("SELECT id, score FROM customers WHERE id IN (2, 3) ORDER BY id").fetchall()
-        assert rows == [(2, 7), (3, 5)]
+def test_a_delete_of_a_row_another_transaction_updated_gets_40001(layer_db: str, writers: Writers) -> None:
+    first, second = writers
+    statements = (
+        "UPDATE customers SET name = 'Bobby' WHERE id = 2",
+        "DELETE FROM customers WHERE id = 2",
+    )
+    assert race(layer_db, first, second, statements) == ("error", "40001", None)
+    assert first.execute("SELECT name FROM customers WHERE id = 2").fetchone() == ("Bobby",)
+
+
+def test_writers_of_different_rows_of_one_session_do_not_wait(writers: Writers) -> None:
+    first, second = writers
+    first.execute("UPDATE customers SET score = 5 WHERE id = 3")
+    second.execute("SET lock_timeout = '2s'")  # a wait would fail the test, not hang it
+    second.execute("UPDATE customers SET score = 7 WHERE id = 2")
+    first.commit()
+    second.commit()
+    rows = first.execute("SELECT id, score FROM customers WHERE id IN (2, 3) ORDER BY id").fetchall()
+    assert rows == [(2, 7), (3, 5)]
 
 
 def test_concurrent_inserts_of_one_key_fail_with_23505(layer_db: str, plain_db: str) -> None:
@@ -162,14 +171,15 @@ def test_concurrent_inserts_of_one_key_fail_with_23505(layer_db: str, plain_db: 
     assert outcomes[0][:2] == ("error", "23505") and str(outcomes[0][2]).endswith("_cur")
 
 
-def test_a_key_update_onto_a_key_another_transaction_inserted_fails_with_23505(layer_db: str) -> None:
-    first, second = session(layer_db, "s1"), session(layer_db, "s1")
-    with first, second:
-        statements = (
-            "INSERT INTO customers (id, email, name) VALUES (50, 'new@example.com', 'New')",
-            "UPDATE customers SET id = 50 WHERE id = 3",
-        )
-        assert race(layer_db, first, second, statements) == ("error", "23505", "customers_pkey")
+def test_a_key_update_onto_a_key_another_transaction_inserted_fails_with_23505(
+    layer_db: str, writers: Writers
+) -> None:
+    first, second = writers
+    statements = (
+        "INSERT INTO customers (id, email, name) VALUES (50, 'new@example.com', 'New')",
+        "UPDATE customers SET id = 50 WHERE id = 3",
+    )
+    assert race(layer_db, first, second, statements) == ("error", "23505", "customers_pkey")
 
 
 def test_other_sessions_and_untagged_writers_do_not_wait(layer_db: str) -> None:
