@@ -17,6 +17,7 @@ import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
@@ -140,3 +141,15 @@ def layer_db(create_database: Callable[..., str], layer_template: str) -> str:
 def plain_db(create_database: Callable[..., str], plain_template: str) -> str:
     """DSN of a fresh database with the sample schema and rows, no layer."""
     return create_database(template=plain_template)
+
+
+def commit_conflicts(conn: psycopg.Connection[Any], session: str, session_write: str, base_write: str) -> str:
+    """``session_write`` in ``session``, then ``base_write`` on the same row outside it: commit must fail with
+    40001. Returns the error message."""
+    conn.execute("SELECT cow.use_session(%s)", (session,))
+    conn.execute(session_write)
+    conn.execute("SELECT cow.use_session(NULL)")
+    conn.execute(base_write)
+    with pytest.raises(psycopg.errors.SerializationFailure) as failure:
+        conn.execute("SELECT cow.commit_session(%s)", (session,))
+    return str(failure.value)

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from proxy.cli import main
+from tests.layer.conftest import commit_conflicts
 from tests.layer.test_semantics import Pair, base_rows, session_pair
 
 SCHEMA = """
@@ -184,12 +185,8 @@ def test_diff_and_commit_apply_it(pair: Pair, layer_db: str) -> None:
 def test_commit_conflict_is_40001(layer_db: str) -> None:
     with psycopg.connect(layer_db, autocommit=True) as conn:
         conn.execute(SCHEMA)
-        conn.execute("SELECT cow.use_session('c')")
-        conn.execute("UPDATE taggings SET weight = 10 WHERE item_id = 2 AND tag_code = 'red'")
-        conn.execute("SELECT cow.use_session(NULL)")
-        conn.execute("UPDATE taggings SET weight = 11 WHERE item_id = 2 AND tag_code = 'red'")
-        with pytest.raises(psycopg.errors.SerializationFailure, match=r"of table public.taggings"):
-            commit_sql(conn, "c")
+        update = "UPDATE taggings SET weight = {} WHERE item_id = 2 AND tag_code = 'red'"
+        assert "of table public.taggings" in commit_conflicts(conn, "c", update.format(10), update.format(11))
         assert conn.execute("SELECT weight FROM taggings WHERE item_id = 2").fetchone() == (11,)
         conn.execute("SELECT cow.commit_session('c', NULL, 'overwrite')")
         assert conn.execute("SELECT weight FROM taggings WHERE item_id = 2").fetchone() == (10,)
