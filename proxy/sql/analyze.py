@@ -113,6 +113,7 @@ _SIEVE = re.compile(
 _GROUP = re.compile(r"(?<![\w$])group(?![\w$])")
 _JOIN = re.compile(r"(?<![\w$])join(?![\w$])")
 _COUNT = re.compile(r"(?<![\w$])count(?![\w$])")
+_WHERE = re.compile(r"(?<![\w$])where(?![\w$])")
 
 
 def _sieve_hit(lowered: str) -> bool:
@@ -135,6 +136,8 @@ def _fast_path(text: str, catalog: Catalog, in_session: bool) -> Analysis | None
         return None  # joins of several CoW tables become LATERAL subqueries (docs/rewrites.md)
     if in_session and catalog.has_cow_tables and "count" in lowered and _COUNT.search(lowered):
         return None  # count(*) of a CoW table is split into counts of its base and changes tables
+    if in_session and catalog.has_cow_tables and "$" in lowered and _WHERE.search(lowered):
+        return None  # key reads with parameters read the base and changes tables (docs/rewrites.md)
     if (
         in_session
         and catalog.has_cow_tables
@@ -253,6 +256,7 @@ class _Inspection:
         self.group_by = False  # a SELECT grouping rows of a CoW table in its FROM
         self.lateral = False  # a SELECT joining CoW tables, with WHERE or LIMIT
         self.counts = False  # a SELECT of count(*) over one CoW table
+        self.key_reads = False  # a top-level SELECT of one CoW table with WHERE
         self.ctes: set[str] = set()  # CTE names (any level): they may shadow a CoW table's name
         # The result depends on catalog details a stale catalog may get wrong. Not for plain reads and
         # writes of known tables: those cost no catalog check.
@@ -386,6 +390,13 @@ class _Inspection:
             return counted and len(items) == 1 and self._cow(items[0].get("RangeVar"))
 
         return _any_select(node, counts)
+
+    def reads_one_table(self, stmt: dict[str, Any]) -> bool:
+        """A top-level ``SELECT … FROM t WHERE …`` of one CoW table: the rewriter decides whether it is a
+        key read."""
+        select = (stmt.get("ExplainStmt", {}).get("query") or stmt).get("SelectStmt") or {}
+        items = select.get("fromClause") or []
+        return "whereClause" in select and len(items) == 1 and self._cow(items[0].get("RangeVar"))
 
     def _generated_update(self, node: dict[str, Any]) -> None:
         """PostgreSQL's 428C9 for ``UPDATE t SET g = …`` of a generated or GENERATED ALWAYS identity column.
@@ -619,6 +630,8 @@ def _analyze_parsed(text: str, catalog: Catalog, in_session: bool, version: int)
         kinds.append(_kind(name, "intoClause" in fields))
     inspection = _Inspection(catalog, in_session)
     inspection.walk(stmts)
+    if inspection.watch and any(inspection.reads_one_table(raw["stmt"]) for raw in stmts):
+        inspection.may_rewrite = inspection.key_reads = True
     kind = kinds[0] if len(kinds) == 1 else "multi"
     base = Analysis(
         kind=kind,
@@ -641,6 +654,7 @@ def _analyze_parsed(text: str, catalog: Catalog, in_session: bool, version: int)
             group_by=inspection.group_by,
             lateral=inspection.lateral,
             counts=inspection.counts,
+            key_reads=inspection.key_reads,
             ctes=frozenset(inspection.ctes),
         )
         outcome = rewriter.rewrite(pglast.parse_sql(text), text)

@@ -517,6 +517,111 @@ def test_a_keyless_table_is_not_split() -> None:
     assert analyze(f"SELECT count(*) FROM {name}", catalog=catalog).rewritten is None
 
 
+def _key_read(spec: tuple[str, int, str, str], versions: str, outer: str) -> str:
+    """The proxy's key read of public.<table> (spec: table, number of its changes table, columns, key): the
+    session's versions under ``versions``, the client's statement ``outer`` with ``{t}`` for the FROM item."""
+    table, n, columns, key = spec
+    cte = (
+        f"WITH _cow_versions AS MATERIALIZED (SELECT {columns}, _cow_deleted FROM cow_changes.t{n} "
+        "WHERE _cow_session = pg_catalog.current_setting('cow.session_id', true) AND _cow_current "
+        f"AND {versions}) "
+    )
+    key_row = key if "," not in key else f"({key})"
+    merged = (
+        f"(SELECT {columns} FROM public.{table} WHERE {key_row} NOT IN (SELECT {key} FROM _cow_versions) "
+        f"UNION ALL SELECT {columns} FROM _cow_versions WHERE NOT _cow_deleted)"
+    )
+    return cte + outer.format(t=merged)
+
+
+_PROJECTS = ("projects", 1, "id, name, budget", "id")
+_LABELS = ("labels", 5, "project_id, name, color, pos", "project_id, name")
+
+
+@pytest.mark.parametrize(
+    ("sql", "rewritten"),
+    [
+        (
+            "SELECT * FROM projects WHERE id = $1",
+            _key_read(_PROJECTS, "id = $1", "SELECT * FROM {t} AS projects WHERE id = $1"),
+        ),
+        (  # Prisma: schema-qualified names, LIMIT and OFFSET parameters
+            'SELECT "public"."projects"."name" FROM "public"."projects" WHERE ("public"."projects"."id" = $1 '
+            "AND 1=1) LIMIT $2 OFFSET $3",
+            _key_read(
+                _PROJECTS,
+                "id = $1",
+                "SELECT projects.name FROM {t} AS projects WHERE (projects.id = $1 AND 1 = 1) "
+                "LIMIT $2 OFFSET $3",
+            ),
+        ),
+        (  # bounds on either side, reversed operands, other conditions stay outside only
+            "SELECT p.name FROM projects p WHERE $1 < p.id AND p.id <= $2 + 10 AND p.budget > 0 "
+            "ORDER BY p.id",
+            _key_read(
+                _PROJECTS,
+                "$1 < id AND id <= $2 + 10",
+                "SELECT p.name FROM {t} AS p WHERE $1 < p.id AND p.id <= $2 + 10 AND p.budget > 0 "
+                "ORDER BY p.id",
+            ),
+        ),
+        (
+            "SELECT id FROM projects WHERE id IN ($1, 7) OR false",  # an OR at the top: not a conjunct
+            None,
+        ),
+        (
+            "SELECT max(budget) FROM projects WHERE id = ANY($1) AND id BETWEEN 1 AND 100",
+            _key_read(
+                _PROJECTS,
+                "id = ANY ($1) AND id BETWEEN 1 AND 100",
+                "SELECT max(budget) FROM {t} AS projects WHERE id = ANY ($1) AND id BETWEEN 1 AND 100",
+            ),
+        ),
+        (  # a composite key: conditions on its columns
+            "SELECT color FROM labels WHERE project_id = $1",
+            _key_read(_LABELS, "project_id = $1", "SELECT color FROM {t} AS labels WHERE project_id = $1"),
+        ),
+        (
+            "EXPLAIN SELECT * FROM projects WHERE id = $1",
+            "EXPLAIN " + _key_read(_PROJECTS, "id = $1", "SELECT * FROM {t} AS projects WHERE id = $1"),
+        ),
+        # left to the view
+        ("SELECT * FROM projects WHERE id = 3", None),  # no parameter: a text per key
+        ("SELECT * FROM projects WHERE id > $1", None),  # not bounded
+        ("SELECT * FROM projects WHERE id > $1 AND budget < $2", None),
+        ("SELECT * FROM projects WHERE name = $1", None),  # a unique column, not the layer's key
+        ("SELECT * FROM projects WHERE id = $1 FOR UPDATE", None),
+        ("SELECT projects FROM projects WHERE id = $1", None),  # a whole row
+        ("SELECT row_to_json(p.*) FROM projects p WHERE p.id = $1", None),
+        ("SELECT xmin, * FROM projects WHERE id = $1", None),  # a system column
+        ("SELECT * FROM projects WHERE id = $1 AND budget > (SELECT 1)", None),  # a subquery
+        ("SELECT * FROM projects WHERE id = (SELECT $1::int)", None),
+        ("SELECT * FROM projects WHERE id = random() + $1", None),  # volatile
+        ("SELECT * FROM projects WHERE id = budget + $1", None),  # a column on both sides
+        ("SELECT budget, count(*) FROM projects WHERE id = $1 GROUP BY budget", None),
+        ("SELECT DISTINCT budget FROM projects WHERE id = $1", None),
+        ("SELECT * FROM ONLY projects WHERE id = $1", None),
+        ("SELECT * FROM projects p (a, b) WHERE a = $1", None),  # column aliases
+        ("SELECT * FROM projects, comments WHERE projects.id = $1", None),
+        ("WITH x AS (SELECT 1) SELECT * FROM projects WHERE id = $1", None),
+        ("SELECT * FROM projects WHERE id = $1 UNION ALL SELECT * FROM projects WHERE id = $2", None),
+        ("SELECT * FROM members WHERE id = $1", None),  # row security
+        ("SELECT 1 FROM (SELECT * FROM projects WHERE id = $1) s", None),  # not at the top
+    ],
+)
+def test_key_reads_read_the_base_and_changes_tables(sql: str, rewritten: str | None) -> None:
+    assert analyze(sql).rewritten == (rewritten and RawStream()(pglast.parse_sql(rewritten)))
+    assert analyze(sql, in_session=False).rewritten is None
+
+
+def test_a_key_read_of_an_unhashed_key_type_is_left_to_the_view() -> None:
+    spec = dict(catalogs.SAMPLE)
+    pk, columns, unique, refs = spec[("public", "projects")]
+    spec[("public", "projects")] = (pk, [("id", "inet", False), *columns[1:]], unique, refs)
+    catalog = Catalog.from_rows(catalogs.rows(spec))
+    assert analyze("SELECT * FROM projects WHERE id = $1", catalog=catalog).rewritten is None
+
+
 @pytest.mark.parametrize(
     ("sql", "where", "offset", "limit"),
     [
