@@ -36,6 +36,13 @@ SELECT t.table_schema::text, t.table_name::text, t.overlay_schema::text,
     -- is far the larger. Rounded so that an ANALYZE seldom changes the catalog (and its parse cache entries).
     'rows', CASE WHEN c.reltuples < 0 THEN -1
                  ELSE round(c.reltuples::numeric, 1 - length(c.reltuples::numeric::bigint::text)) END,
+    -- The same of its changes table (all sessions' versions): whether a session's versions of a key range
+    -- could outgrow a hash table in memory (_key_read).
+    'changes_rows', (SELECT CASE WHEN cc.reltuples < 0 THEN -1 ELSE round(cc.reltuples::numeric,
+                                   1 - length(cc.reltuples::numeric::bigint::text)) END
+                     FROM cow.registry g JOIN pg_catalog.pg_class cc
+                       ON cc.oid = to_regclass(format('cow_changes.%I', g.changes_table))
+                     WHERE g.relid = c.oid),
     'columns', (
       SELECT coalesce(json_agg(json_build_object(
                'name', a.attname, 'type', format_type(a.atttypid, NULL),
@@ -181,6 +188,7 @@ class CowTable:
     changes_table: str | None = None  # its changes table, in schema cow_changes
     row_security: bool = False
     rows: float = -1  # pg_class.reltuples of the base table when the catalog was read; -1: unknown
+    changes_rows: float = -1  # the same of its changes table
 
     @property
     def qualified(self) -> str:
@@ -277,6 +285,7 @@ class Catalog:
                     changes_table=info.get("changes"),
                     row_security=bool(info.get("row_security")),
                     rows=float(info.get("rows", -1)),
+                    changes_rows=float(-1 if info.get("changes_rows") is None else info["changes_rows"]),
                 )
             except (ValueError, KeyError, TypeError) as exc:
                 raise CatalogError(f"malformed CoW catalog row {row!r}: {exc}") from exc

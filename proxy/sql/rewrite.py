@@ -607,6 +607,11 @@ _HASHED_KEY_TYPES = frozenset(
     }
 )  # fmt: skip
 _VERSIONS = "_cow_versions"  # the CTE of a key read: the session's versions of the keys read
+# A key read hides the base rows the session has versions of with a hashed NOT IN, which PostgreSQL builds
+# only when its estimate of those versions fits the hash memory (work_mem x hash_mem_multiplier: 8 MB by
+# default, ~260k bigint keys); else it would compare each base row with each version. Up to this many rows
+# in the changes table (all sessions) that cannot happen with work_mem >= 2 MB; beyond, an anti join.
+KEY_READ_HASHED_ROWS = 100_000
 _BOUNDS = {"=": "both", "<": "upper", "<=": "upper", ">": "lower", ">=": "lower"}
 _FLIPPED = {"=": "=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 
@@ -666,13 +671,23 @@ def _key_read(node: Any, catalog: Catalog, ctes: frozenset[str]) -> bool:
         return False
     cols = ", ".join(_q(c.name) for c in table.columns)
     key = ", ".join(_q(k) for k in table.key)
-    key_row = key if len(table.key) == 1 else f"({key})"
+    if table.changes_rows <= KEY_READ_HASHED_ROWS:  # -1: never analyzed, the planner counts pages
+        # NOT IN of a NULL would hide every row; the layer keeps keys NOT NULL, this holds if one slipped in
+        not_null = " AND ".join(f"{_q(k)} IS NOT NULL" for k in table.key)
+        key_row = key if len(table.key) == 1 else f"({key})"
+        hidden = f"{key_row} NOT IN (SELECT {key} FROM {_VERSIONS} WHERE {not_null})"
+    else:
+        # An estimate beyond the hash memory would make NOT IN compare every base row with every version
+        hidden = (
+            f"NOT EXISTS (SELECT FROM {_VERSIONS} AS _cow_v WHERE "
+            + " AND ".join(f"_cow_v.{_q(k)} = _cow_b.{_q(k)}" for k in table.key)
+            + ")"
+        )
     changes = f"{CHANGES_SCHEMA}.{_q(str(table.changes_table))}"
     new = _parse(
         f"WITH {_VERSIONS} AS MATERIALIZED (SELECT {cols}, _cow_deleted FROM {changes}"
         f" WHERE _cow_session = {_SESSION} AND _cow_current)"
-        f" SELECT FROM (SELECT {cols} FROM {_q(table.schema)}.{_q(table.name)}"
-        f" WHERE {key_row} NOT IN (SELECT {key} FROM {_VERSIONS})"
+        f" SELECT FROM (SELECT {cols} FROM {_q(table.schema)}.{_q(table.name)} AS _cow_b WHERE {hidden}"
         f" UNION ALL SELECT {cols} FROM {_VERSIONS} WHERE NOT _cow_deleted) AS {_q(name)}"
     )
     versions = new.withClause.ctes[0].ctequery

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.sql import CATALOG_QUERY, Analyzer, Catalog
+from proxy.sql.rewrite import KEY_READ_HASHED_ROWS
 from tests.proxy.conftest import RunningProxy, outcome
 
 pytestmark = pytest.mark.timeout(120)
@@ -111,19 +112,39 @@ QUERIES: list[tuple[str, tuple[Any, ...], bool | None]] = [
 ]
 
 
-def rewritten(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...]) -> bool:
-    """Whether the statement ran as a key read: the plan reads the CTE of the session's versions."""
+def plan(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...]) -> str:
     row = conn.execute("EXPLAIN (FORMAT JSON) " + sql, params).fetchone()
     assert row is not None
-    return '"CTE Name": "_cow_versions"' in json.dumps(row[0])
+    return json.dumps(row[0])
 
 
-@pytest.mark.parametrize("prepare", [False, True], ids=["unnamed", "prepared"])
+def rewritten(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...]) -> bool:
+    """Whether the statement ran as a key read: the plan reads the CTE of the session's versions."""
+    return '"CTE Name": "_cow_versions"' in plan(conn, sql, params)
+
+
+@pytest.mark.parametrize(
+    ("prepare", "large"),
+    [(False, False), (True, False), (False, True)],
+    ids=["unnamed", "prepared", "large-changes-table"],
+)
 def test_key_reads_in_a_session_as_on_the_plain_tables(
-    proxy: RunningProxy, databases: tuple[str, str], prepare: bool
+    proxy: RunningProxy, databases: tuple[str, str], prepare: bool, large: bool
 ) -> None:
+    """``large``: the catalog gives the changes tables more rows than KEY_READ_HASHED_ROWS (pg_class edited
+    by hand), so the base rows are hidden with an anti join instead of a hashed NOT IN."""
     layer_db, plain = databases
     session_dsn = proxy.dsn(layer_db, options="-c%20cow.session_id%3Dkeys")
+    if large:
+        with psycopg.connect(layer_db, autocommit=True) as admin:
+            for (changes,) in admin.execute("SELECT changes_table FROM cow.registry").fetchall():
+                # autovacuum's ANALYZE would set the real count again
+                admin.execute(f"ALTER TABLE cow_changes.{changes} SET (autovacuum_enabled = false)")
+            admin.execute(
+                "UPDATE pg_class SET reltuples = %s WHERE relnamespace = 'cow_changes'::regnamespace "
+                "AND relkind = 'r'",
+                (KEY_READ_HASHED_ROWS * 2,),
+            )
     with (
         psycopg.connect(session_dsn, autocommit=True, prepare_threshold=0 if prepare else None) as conn,
         psycopg.connect(plain, autocommit=True) as ref,
@@ -131,6 +152,9 @@ def test_key_reads_in_a_session_as_on_the_plain_tables(
         for sql in WRITES:
             conn.execute(sql)
             ref.execute(sql)
+        hashed = plan(conn, "SELECT * FROM k_items WHERE id BETWEEN %s AND %s", (1, 2000))
+        assert ("hashed SubPlan" in hashed) is not large, hashed
+        assert ('"Join Type": "Anti"' in hashed or '"Join Type": "Right Anti"' in hashed) is large, hashed
         for sql, params, taken in QUERIES:
             expected = outcome(ref, sql, params)
             assert expected[0] == "ok" or taken is None, (sql, expected)
@@ -165,6 +189,13 @@ def test_a_prepared_key_read_follows_the_connections_session(databases: tuple[st
         conn.execute("UPDATE k_items SET name = 'in a' WHERE id = 10")
         conn.execute("SELECT cow.use_session('b')")
         conn.execute("DELETE FROM k_items WHERE id = 11")
+        conn.execute("SELECT cow.use_session(NULL)")
+        changes = catalog.tables[("public", "k_items")].changes_table
+        assert changes is not None
+        conn.execute(f"ANALYZE cow_changes.{changes}")
+        analyzed = Catalog.from_rows(conn.execute(CATALOG_QUERY).fetchall()).tables[("public", "k_items")]
+        assert analyzed.changes_rows == 2  # the catalog reads the changes table's row estimate
+        conn.execute("SELECT cow.use_session('b')")
         conn.execute(f"PREPARE kr AS {sent}")
         read = "EXECUTE kr(10, 11)"
         for _ in range(6):  # past the plan cache's five custom plans: the generic plan reads the GUC too
