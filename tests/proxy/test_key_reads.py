@@ -9,9 +9,11 @@ psycopg's unnamed and named prepared statements, and checked to have taken the r
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
+import asyncpg
 import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -174,6 +176,43 @@ def test_key_reads_in_a_session_as_on_the_plain_tables(
         assert [d.name for d in cur.description] == ["id", "grp", "name", "qty"]
     with psycopg.connect(layer_db) as direct:  # the session's writes stayed in the session
         assert direct.execute("SELECT count(*) FROM k_items WHERE id > 5000").fetchone() == (0,)
+
+
+def test_asyncpg_sees_the_plain_tables_parameter_and_column_types(
+    proxy: RunningProxy, databases: tuple[str, str]
+) -> None:
+    """asyncpg describes a statement before running it: the rewritten key read must describe like the
+    plain table's (parameter types inferred from the key, the table's columns and types)."""
+    layer_db, plain = databases
+    sql = "SELECT * FROM k_items WHERE id = ANY($1) AND name <> $2 ORDER BY id"
+
+    async def describe(dsn: str) -> tuple[Any, ...]:
+        conn = await asyncpg.connect(dsn)
+        try:
+            stmt = await conn.prepare(sql)
+            rows = await stmt.fetch([77, 91, 100], "")
+            return (
+                [t.name for t in stmt.get_parameters()],
+                [(a.name, a.type.name) for a in stmt.get_attributes()],
+                [tuple(r) for r in rows],
+            )
+        finally:
+            await conn.close()
+
+    async def main() -> None:
+        session = proxy.dsn(layer_db, options="-c%20cow.session_id%3Dtypes")
+        with psycopg.connect(session, autocommit=True) as conn:
+            conn.execute("DELETE FROM k_items WHERE id = 91")
+            conn.execute("UPDATE k_items SET name = 'seen' WHERE id = 77")
+            assert rewritten(conn, sql.replace("$1", "%s").replace("$2", "%s"), ([1], ""))
+        with psycopg.connect(plain, autocommit=True) as ref:
+            ref.execute("DELETE FROM k_items WHERE id = 91")
+            ref.execute("UPDATE k_items SET name = 'seen' WHERE id = 77")
+        got, expected = await describe(session), await describe(plain)
+        assert got == expected
+        assert expected[0] == ["int8[]", "text"] and expected[2][0] == (77, 7, "seen", None)
+
+    asyncio.run(asyncio.wait_for(main(), 60))
 
 
 def test_a_prepared_key_read_follows_the_connections_session(databases: tuple[str, str]) -> None:
