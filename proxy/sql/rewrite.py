@@ -9,7 +9,7 @@ the client's expressions, literals and ``$n`` parameters are spliced in as AST n
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -754,17 +754,9 @@ def _only_own_columns(node: Any, name: str, table: CowTable, *, qualified: bool)
     stars = {("*",), (name, "*")} | (
         {(s, name, "*") for s in (table.schema, table.overlay_schema)} if qualified else set()
     )
-    own = True
 
-    class Check(Visitor):
-        def visit_SubLink(self, _: Any, sub: Any) -> Any:
-            nonlocal own
-            own = False
-            return Skip
-
-        def visit_ColumnRef(self, _: Any, ref: Any) -> None:
-            nonlocal own
-            own = own and _plain_condition(ref, name, table, qualified=qualified)
+    def foreign(ref: Any) -> bool:
+        return not _plain_condition(ref, name, table, qualified=qualified)
 
     for target in node.targetList:
         ref = target.val
@@ -772,14 +764,11 @@ def _only_own_columns(node: Any, name: str, table: CowTable, *, qualified: bool)
             "*" if isinstance(f, ast.A_Star) else getattr(f, "sval", None)
             for f in getattr(ref, "fields", None) or ()
         )
-        if not (isinstance(ref, ast.ColumnRef) and fields in stars):
-            Check()(target)
-    for part in (node.whereClause, node.sortClause):
-        if part:
-            Check()(part)
-    for part in (node.limitCount, node.limitOffset):
-        own = own and _plain_condition(part)
-    return own
+        if not (isinstance(ref, ast.ColumnRef) and fields in stars) and _subquery_or_column(target, foreign):
+            return False
+    if any(part and _subquery_or_column(part, foreign) for part in (node.whereClause, node.sortClause)):
+        return False
+    return _plain_condition(node.limitCount) and _plain_condition(node.limitOffset)
 
 
 class _Shorten(Visitor):
@@ -937,6 +926,12 @@ def _qualifier(node: Any) -> str | None:
 def _reads_relations(node: Any, names: set[str]) -> bool:
     """Whether ``node`` may read a column of the FROM items ``names`` (unqualified columns and subqueries
     count: conservative)."""
+    return _subquery_or_column(node, lambda ref: _qualifier(ref) in names or len(ref.fields or ()) < 2)
+
+
+def _subquery_or_column(node: Any, test: Callable[[Any], bool]) -> bool:
+    """Whether ``node`` (or a list of nodes) holds a subquery, or a column reference for which ``test``
+    holds."""
     found = False
 
     class Refs(Visitor):
@@ -947,10 +942,10 @@ def _reads_relations(node: Any, names: set[str]) -> bool:
 
         def visit_ColumnRef(self, _: Any, ref: Any) -> None:
             nonlocal found
-            found = found or _qualifier(ref) in names or len(ref.fields or ()) < 2
+            found = found or test(ref)
 
     if isinstance(node, (list, tuple)):
-        return any(_reads_relations(item, names) for item in node)
+        return any(_subquery_or_column(item, test) for item in node)
     Refs()(node)
     return found
 

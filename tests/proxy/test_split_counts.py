@@ -18,36 +18,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.proxy.conftest import RunningProxy, outcome
+from tests.proxy.k_items import GROUPS, IDS, TABLES, WRITES, k_items_writes, side_by_side
 
 pytestmark = pytest.mark.timeout(120)
 
-SCHEMA = """
-CREATE TABLE k_items (id bigint PRIMARY KEY, grp int, name text NOT NULL, qty int);
+SCHEMA = (
+    TABLES
+    + """
 CREATE INDEX ON k_items (grp);
-CREATE TABLE k_coded (code text NOT NULL, n int);
-CREATE UNIQUE INDEX k_coded_code ON k_coded (code);
-CREATE TABLE k_bag (v int, w text);
-INSERT INTO k_items SELECT g, g % 10, 'item ' || g, CASE WHEN g % 7 = 0 THEN NULL ELSE g % 100 END
-  FROM generate_series(1, 5000) g;
-INSERT INTO k_coded SELECT 'c' || g, g FROM generate_series(1, 300) g;
-INSERT INTO k_bag SELECT g % 5, 'w' || (g % 3) FROM generate_series(1, 60) g;
 ANALYZE k_items, k_coded, k_bag;
 """
-WRITES = [
-    "UPDATE k_items SET grp = 3 WHERE id % 50 = 0",  # rows move into grp 3 and out of their own
-    "UPDATE k_items SET qty = NULL, name = 'renamed ' || id WHERE id BETWEEN 100 AND 140",
-    "DELETE FROM k_items WHERE id % 91 = 0",
-    "UPDATE k_items SET id = id + 10000 WHERE id BETWEEN 4000 AND 4010",  # primary-key updates
-    "INSERT INTO k_items SELECT g, 3, 'new ' || g, 1 FROM generate_series(6000, 6020) g",
-    "DELETE FROM k_items WHERE id = 6005",  # inserted, then deleted in the session
-    "DELETE FROM k_items WHERE id = 77",
-    "INSERT INTO k_items VALUES (77, 3, 'back again', 5)",  # deleted, then inserted again
-    "UPDATE k_coded SET n = n + 1000 WHERE n % 4 = 0",
-    "UPDATE k_coded SET code = code || 'x' WHERE n < 20",  # key updates of a table keyed by unique index
-    "DELETE FROM k_coded WHERE n BETWEEN 200 AND 209",
-    "INSERT INTO k_bag VALUES (1, 'w1'), (9, 'w9')",
-    "DELETE FROM k_bag WHERE v = 2",
-]
+)
 PRISMA = (
     'SELECT COUNT(*) FROM (SELECT "public"."k_items"."id" FROM "public"."k_items" '
     'WHERE ("public"."k_items"."grp" = %s AND 1=1) OFFSET %s) AS "sub"'
@@ -100,15 +81,8 @@ def anti_join(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...] |
 def test_counts_in_a_session_as_on_the_plain_tables(
     proxy: RunningProxy, databases: tuple[str, str], prepare: bool
 ) -> None:
-    layer_db, plain = databases
-    session_dsn = proxy.dsn(layer_db, options="-c%20cow.session_id%3Dcounts")
-    with (
-        psycopg.connect(session_dsn, autocommit=True, prepare_threshold=0 if prepare else None) as conn,
-        psycopg.connect(plain, autocommit=True) as ref,
-    ):
-        for sql in WRITES:
-            conn.execute(sql)
-            ref.execute(sql)
+    layer_db, _ = databases
+    with side_by_side(proxy, databases, "counts", WRITES, prepare=prepare) as (conn, ref):
         for sql, params, split in QUERIES:
             expected = outcome(ref, sql, params)
             assert expected[0] == "ok" or split is None, sql
@@ -125,7 +99,7 @@ def test_counts_in_a_session_as_on_the_plain_tables(
 
 # -- property: any mix of writes, any condition of the supported kinds: the plain table's count ------------
 
-COLUMNS = {"grp": st.integers(0, 12), "qty": st.integers(0, 99), "id": st.integers(1, 5050)}
+COLUMNS = {"grp": GROUPS, "qty": st.integers(0, 99), "id": IDS}
 # (SQL with %s, parameters) of one condition on k_items
 Condition = tuple[str, tuple[Any, ...]]
 
@@ -157,40 +131,17 @@ def conditions(draw: st.DrawFn, depth: int = 0) -> Condition:
     return f"({left}) {kind.upper()} ({right})", lp + rp
 
 
-WRITE = st.one_of(
-    st.builds(
-        lambda i, g: ("UPDATE k_items SET grp = %s WHERE id = %s", (g, i)), COLUMNS["id"], COLUMNS["grp"]
-    ),
-    st.builds(lambda i: ("UPDATE k_items SET qty = NULL WHERE id %% 97 = %s", (i % 97,)), COLUMNS["id"]),
-    st.builds(lambda i: ("DELETE FROM k_items WHERE id BETWEEN %s AND %s + 20", (i, i)), COLUMNS["id"]),
-    st.builds(lambda i: ("UPDATE k_items SET id = id + 20000 WHERE id = %s", (i,)), COLUMNS["id"]),
-    st.builds(
-        lambda i, g: (
-            "INSERT INTO k_items VALUES (%s, %s, 'new ' || %s, 1) ON CONFLICT DO NOTHING",
-            (i, g, i),
-        ),
-        st.integers(6000, 6100),
-        COLUMNS["grp"],
-    ),
-)
-
-
 def test_split_counts_equal_the_plain_table_for_any_writes_and_condition(
     proxy: RunningProxy, databases: tuple[str, str]
 ) -> None:
-    layer_db, plain = databases
     sessions = iter(range(10**6))
 
     @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-    @given(writes=st.lists(WRITE, max_size=8), where=st.lists(conditions(), min_size=1, max_size=4))
+    @given(
+        writes=st.lists(k_items_writes(IDS), max_size=8), where=st.lists(conditions(), min_size=1, max_size=4)
+    )
     def check(writes: list[tuple[str, tuple[Any, ...]]], where: list[Condition]) -> None:
-        session = f"prop{next(sessions)}"
-        with (
-            psycopg.connect(proxy.dsn(layer_db, options=f"-c%20cow.session_id%3D{session}")) as conn,
-            psycopg.connect(plain) as ref,
-        ):
-            for sql, params in writes:
-                assert conn.execute(sql, params).rowcount == ref.execute(sql, params).rowcount, sql
+        with side_by_side(proxy, databases, f"prop{next(sessions)}", writes, rollback=True) as (conn, ref):
             for condition, params in where:
                 for sql in (
                     f"SELECT count(*) FROM k_items WHERE {condition}",
@@ -198,6 +149,5 @@ def test_split_counts_equal_the_plain_table_for_any_writes_and_condition(
                     f"SELECT count(*) FROM (SELECT k_items.id FROM k_items WHERE {condition} OFFSET 3) AS s",
                 ):
                     assert outcome(conn, sql, params) == outcome(ref, sql, params), (sql, params, writes)
-            ref.rollback()  # the plain side starts each example from the same rows; the session is new
 
     check()
