@@ -36,6 +36,10 @@ CATALOG_VERSION_STATEMENT = "__cowproxy_catalog_version"
 
 SQLSTATE_TOO_LARGE = "54000"
 SQLSTATE_REFUSED = "42501"
+# Errors a rewritten statement gets when the tables it names changed since the catalog was read (app DDL on
+# another connection): columns missing (42703) or added (42601: a UNION of unequal column lists), a table
+# gone (42P01), a column's type changed (42804), a prepared statement's result changed (0A000).
+_STALE_CATALOG_STATES = frozenset({"42601", "42703", "42P01", "42804", "0A000"})
 
 
 class Kind(enum.IntEnum):
@@ -96,6 +100,7 @@ class Entry:
     on_done: Callable[[bool], None] | None = None  # injected: called with ok when answered
     started: float = 0.0
     copy_epoch: int = 0  # the client's CopyDone/CopyFail count when it was sent (see Relay._copy_started)
+    rewritten: bool = False  # a Query or Parse sent with the analysis' SQL instead of the client's
 
 
 class Hooks(Protocol):
@@ -190,6 +195,7 @@ class Relay:
         self.catalog_loading = False
         self.catalog_version: str | None = None  # CATALOG_VERSION_QUERY when the catalog was read
         self._catalog_checked = False  # the catalog was found current for the statement being prepared
+        self._catalog_suspect = False  # a rewritten statement failed as a stale catalog would make it fail
         self.catalog_checks = 0  # version queries sent for catalog-dependent statements
         self.catalog_loads = 0
         self.holding = False
@@ -338,11 +344,12 @@ class Relay:
         verdict = self.analysis.analyze(sql, self.catalog, tags.tagged)
         if (
             tags.tagged
-            and verdict.catalog_dependent
+            and (verdict.catalog_dependent or (self._catalog_suspect and verdict.rewritten is not None))
             and not self._catalog_checked
             and self._can_check_catalog()
         ):
             # App DDL on another connection may have changed the CoW tables: check before relying on them.
+            self._catalog_suspect = False
             self._check_catalog(trigger)
             self.held.appendleft(event)
             return None
@@ -402,11 +409,15 @@ class Relay:
         self.hooks.statement(verdict.kind, tags.tagged)
         for table, kind in verdict.writes:
             self.hooks.write(table, kind)
-        entry = Entry(Kind.QUERY, tag_map=verdict.tag_map, started=time.perf_counter())
-        self._push(entry)
-        if verdict.rewritten is not None and tags.tagged:
+        sent = verdict.rewritten if tags.tagged else None
+        self._push(
+            Entry(
+                Kind.QUERY, tag_map=verdict.tag_map, started=time.perf_counter(), rewritten=sent is not None
+            )
+        )
+        if sent is not None:
             self.hooks.rewrite()
-            self.to_server.append(p.encode_query(verdict.rewritten))
+            self.to_server.append(p.encode_query(sent))
         else:
             self.to_server.append(frame.raw)
 
@@ -418,12 +429,13 @@ class Relay:
         tags, verdict = prepared
         comment = self._comment_tags(parse.sql)
         self.statements[parse.name] = Statement(comment if isinstance(comment, Tags) else None, verdict)
-        if verdict.rewritten is not None and tags.tagged:
+        sent = verdict.rewritten if tags.tagged else None
+        if sent is not None:
             self.hooks.rewrite()
-            raw = p.encode_parse(parse.name, verdict.rewritten, parse.param_types)
+            raw = p.encode_parse(parse.name, sent, parse.param_types)
         else:
             raw = frame.raw
-        self._extended(Entry(Kind.PARSE), raw)
+        self._extended(Entry(Kind.PARSE, rewritten=sent is not None), raw)
 
     def _client_bind(self, frame: p.Frame) -> None:
         bind = p.decode_bind_names(frame.body)
@@ -874,6 +886,8 @@ class Relay:
         head = self.pending[0] if self.pending else None
         out = raw
         callbacks: list[Callable[[bool], None]] = []
+        if head is not None and head.rewritten and fields.sqlstate in _STALE_CATALOG_STATES:
+            self._catalog_suspect = True  # check the catalog before the next rewritten statement
         if head is not None and head.injected:
             self._injection_error = fields
             out = raw if head.forward_error else b""

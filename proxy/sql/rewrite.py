@@ -631,7 +631,7 @@ def _key_read(node: Any, catalog: Catalog, ctes: frozenset[str]) -> bool:
     table, at the top of a statement, reads the base and changes tables directly (docs/rewrites.md, "Key
     reads"): ``t`` becomes
 
-        (SELECT cols FROM base AS _cow_b
+        (SELECT _cow_b.* FROM base AS _cow_b
          WHERE key NOT IN (SELECT key FROM _cow_versions WHERE key IS NOT NULL)
          UNION ALL SELECT cols FROM _cow_versions WHERE NOT _cow_deleted) AS t
 
@@ -686,10 +686,13 @@ def _key_read(node: Any, catalog: Catalog, ctes: frozenset[str]) -> bool:
             + ")"
         )
     changes = f"{CHANGES_SCHEMA}.{_q(str(table.changes_table))}"
+    # The base branch's columns are the table's own (*): if app DDL on another connection changed them
+    # since the catalog was read, the statement fails (the branches differ) instead of silently reading
+    # the old columns, and the relay checks the catalog before its next rewritten statement.
     new = _parse(
         f"WITH {_VERSIONS} AS MATERIALIZED (SELECT {cols}, _cow_deleted FROM {changes}"
         f" WHERE _cow_session = {_SESSION} AND _cow_current)"
-        f" SELECT FROM (SELECT {cols} FROM {_q(table.schema)}.{_q(table.name)} AS _cow_b WHERE {hidden}"
+        f" SELECT FROM (SELECT _cow_b.* FROM {_q(table.schema)}.{_q(table.name)} AS _cow_b WHERE {hidden}"
         f" UNION ALL SELECT {cols} FROM {_VERSIONS} WHERE NOT _cow_deleted) AS {_q(name)}"
     )
     versions = new.withClause.ctes[0].ctequery

@@ -195,6 +195,36 @@ def test_asyncpg_sees_the_plain_tables_parameter_and_column_types(
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
+@pytest.mark.parametrize(
+    ("ddl", "columns"),
+    [
+        ("ALTER TABLE k_items ADD COLUMN extra text DEFAULT 'x'", ["id", "grp", "name", "qty", "extra"]),
+        ("ALTER TABLE k_items DROP COLUMN qty", ["id", "grp", "name"]),
+    ],
+    ids=["column-added", "column-dropped"],
+)
+def test_app_ddl_elsewhere_costs_one_failed_key_read_not_a_wrong_one(
+    proxy: RunningProxy, databases: tuple[str, str], ddl: str, columns: list[str]
+) -> None:
+    """The key read names the table's columns as the catalog had them. After the application changes the
+    columns on another connection, the next key read fails (its branches differ: never the old columns
+    silently), and the relay checks the catalog before the one after, which reads the new columns."""
+    layer_db, _ = databases
+    sql = "SELECT * FROM k_items WHERE id = %s"
+    with psycopg.connect(proxy.dsn(layer_db, options="-c%20cow.session_id%3Dddl"), autocommit=True) as conn:
+        conn.execute("UPDATE k_items SET name = 'in session' WHERE id = 5")
+        assert conn.execute(sql, (5,)).fetchone() == (5, 5, "in session", 5)
+        with psycopg.connect(layer_db, autocommit=True) as app:
+            app.execute(ddl)
+        first = outcome(conn, sql, (5,))
+        assert first[0] == "error" and first[1] in ("42601", "42703"), first
+        cur = conn.execute(sql, (5,))
+        assert cur.description is not None and [d.name for d in cur.description] == columns
+        row = cur.fetchone()
+        assert row is not None and row[:3] == (5, 5, "in session")
+        assert rewritten(conn, sql, (5,))
+
+
 def test_a_prepared_key_read_follows_the_connections_session(databases: tuple[str, str]) -> None:
     """The rewritten statement names no session: prepared once, it reads session a, then b, then the base
     tables when the connection has left the session (the proxy keeps named statements across sessions)."""

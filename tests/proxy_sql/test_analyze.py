@@ -529,7 +529,7 @@ def _key_read(spec: tuple[str, int, str, str], versions: str, outer: str) -> str
     key_row = key if "," not in key else f"({key})"
     not_null = " AND ".join(f"{k} IS NOT NULL" for k in key.split(", "))
     merged = (
-        f"(SELECT {columns} FROM public.{table} AS _cow_b WHERE {key_row} NOT IN "
+        f"(SELECT _cow_b.* FROM public.{table} AS _cow_b WHERE {key_row} NOT IN "
         f"(SELECT {key} FROM _cow_versions WHERE {not_null}) "
         f"UNION ALL SELECT {columns} FROM _cow_versions WHERE NOT _cow_deleted)"
     )
