@@ -32,6 +32,8 @@ SCHEMA = (
     + """
 CREATE TABLE k_pair (a int, b text, v int, PRIMARY KEY (a, b));
 CREATE TABLE k_addr (ip inet PRIMARY KEY, host text);
+CREATE TABLE "K Mixed" ("Id" bigint PRIMARY KEY, "Val" text, "select" int);
+INSERT INTO "K Mixed" SELECT g, 'v' || g, g FROM generate_series(1, 50) g;
 INSERT INTO k_pair SELECT g % 20, 'b' || g, g FROM generate_series(1, 400) g;
 INSERT INTO k_addr SELECT ('10.0.0.' || g)::inet, 'h' || g FROM generate_series(1, 50) g;
 ANALYZE k_items, k_coded, k_pair, k_addr, k_bag;
@@ -43,6 +45,7 @@ WRITES = [
     "UPDATE k_pair SET b = b || 'y' WHERE a = 4 AND v < 100",
     "INSERT INTO k_pair VALUES (3, 'zz', 0)",
     "UPDATE k_addr SET host = 'moved' WHERE ip = '10.0.0.7'",
+    'UPDATE "K Mixed" SET "Val" = \'changed\', "select" = -1 WHERE "Id" = 3',
 ]
 PRISMA = (
     'SELECT "public"."k_items"."id", "public"."k_items"."name" FROM "public"."k_items" '
@@ -85,6 +88,9 @@ QUERIES: list[tuple[str, tuple[Any, ...], bool | None]] = [
     ("SELECT * FROM k_pair WHERE a = %s AND b LIKE %s ORDER BY b", (4, "b%"), True),
     ("SELECT * FROM k_pair WHERE b = %s", ("b24y",), True),  # its second column
     ("SELECT * FROM k_items WHERE id = %s AND qty > %s", (None, 1), None),  # a one-time false filter
+    # quoted names: mixed case, a space, a keyword
+    ('SELECT "Val", "select" FROM "K Mixed" WHERE "Id" IN (%s, %s) ORDER BY "Id"', (3, 4), True),
+    ('SELECT m.* FROM public."K Mixed" m WHERE m."Id" = %s', (3,), True),
     # left to the view
     ("SELECT * FROM k_items WHERE id >= %s ORDER BY id LIMIT 3", (4995,), False),  # not bounded
     ("SELECT * FROM k_items WHERE id = %s OR id = %s ORDER BY id", (50, 51), False),
