@@ -660,8 +660,8 @@ def _key_read(node: Any, catalog: Catalog, ctes: frozenset[str]) -> bool:
         return False
     name = _range_name(item)
     qualified = item.alias is None
-    if not _only_own_columns(node, name, table, qualified=qualified):
-        return False
+    if name.startswith("_cow_") or not _only_own_columns(node, name, table, qualified=qualified):
+        return False  # (an alias among the rewrite's own names)
     conditions = [
         c
         for c in (_key_condition(e, name, table, qualified=qualified) for e in _conjuncts(node.whereClause))

@@ -609,6 +609,7 @@ _LABELS = ("labels", 5, "project_id, name, color, pos", "project_id, name")
         ("SELECT * FROM projects WHERE id = $1 UNION ALL SELECT * FROM projects WHERE id = $2", None),
         ("SELECT * FROM members WHERE id = $1", None),  # row security
         ("SELECT 1 FROM (SELECT * FROM projects WHERE id = $1) s", None),  # not at the top
+        ("SELECT * FROM projects _cow_versions WHERE _cow_versions.id = $1", None),  # the rewrite's names
     ],
 )
 def test_key_reads_read_the_base_and_changes_tables(sql: str, rewritten: str | None) -> None:
