@@ -110,10 +110,11 @@ _SIEVE = re.compile(
     r"|delete|into)(?![\w$])|u&|;"
 )
 
-_GROUP = re.compile(r"(?<![\w$])group(?![\w$])")
-_JOIN = re.compile(r"(?<![\w$])join(?![\w$])")
-_COUNT = re.compile(r"(?<![\w$])count(?![\w$])")
-_WHERE = re.compile(r"(?<![\w$])where(?![\w$])")
+# In a session, words that may call for a rewrite of a SELECT of CoW tables (docs/rewrites.md): GROUP BY a
+# primary key (its other columns added), joins (LATERAL), count(*) (split), WHERE with a $n (key reads).
+_SESSION_WORDS = tuple(
+    (word, re.compile(rf"(?<![\w$]){word}(?![\w$])")) for word in ("group", "join", "count", "where")
+)
 
 
 def _sieve_hit(lowered: str) -> bool:
@@ -130,22 +131,16 @@ def _fast_path(text: str, catalog: Catalog, in_session: bool) -> Analysis | None
     lowered = (text[:-1] if text.endswith(";") else text).lower()
     if _sieve_hit(lowered):
         return None
-    if in_session and catalog.has_cow_tables and "group" in lowered and _GROUP.search(lowered):
-        return None  # GROUP BY a CoW table's primary key may need its other columns (docs/rewrites.md)
-    if in_session and catalog.has_cow_tables and "join" in lowered and _JOIN.search(lowered):
-        return None  # joins of several CoW tables become LATERAL subqueries (docs/rewrites.md)
-    if in_session and catalog.has_cow_tables and "count" in lowered and _COUNT.search(lowered):
-        return None  # count(*) of a CoW table is split into counts of its base and changes tables
-    if in_session and catalog.has_cow_tables and "$" in lowered and _WHERE.search(lowered):
-        return None  # key reads with parameters read the base and changes tables (docs/rewrites.md)
-    if (
-        in_session
-        and catalog.has_cow_tables
-        and any(schema in lowered for schema in catalog.lowered_schemas)
-        and catalog.schema_pattern is not None
-        and catalog.schema_pattern.search(lowered) is not None
-    ):
-        return None
+    if in_session and catalog.has_cow_tables:
+        for word, pattern in _SESSION_WORDS:
+            if word in lowered and (word != "where" or "$" in lowered) and pattern.search(lowered):
+                return None
+        if (
+            any(schema in lowered for schema in catalog.lowered_schemas)
+            and catalog.schema_pattern is not None
+            and catalog.schema_pattern.search(lowered) is not None
+        ):
+            return None  # a schema-qualified CoW name is pointed at the overlay
     return Analysis(kind=kind)
 
 

@@ -30,7 +30,7 @@ SELECT t.table_schema::text, t.table_name::text, t.overlay_schema::text,
     -- table without one), its changes table and whether row security applies to it: what a rewrite that
     -- reads the base and changes tables itself needs (_SplitCounts).
     'key', to_json(t.pk_columns),
-    'changes', (SELECT g.changes_table FROM cow.registry g WHERE g.relid = c.oid),
+    'changes', r.changes_table,
     'row_security', c.relrowsecurity,
     -- The planner's row estimate (-1: never analyzed), to one significant digit: which of two joined tables
     -- is far the larger. Rounded so that an ANALYZE seldom changes the catalog (and its parse cache entries).
@@ -40,9 +40,8 @@ SELECT t.table_schema::text, t.table_name::text, t.overlay_schema::text,
     -- could outgrow a hash table in memory (_key_read).
     'changes_rows', (SELECT CASE WHEN cc.reltuples < 0 THEN -1 ELSE round(cc.reltuples::numeric,
                                    1 - length(cc.reltuples::numeric::bigint::text)) END
-                     FROM cow.registry g JOIN pg_catalog.pg_class cc
-                       ON cc.oid = to_regclass(format('cow_changes.%I', g.changes_table))
-                     WHERE g.relid = c.oid),
+                     FROM pg_catalog.pg_class cc
+                     WHERE cc.oid = to_regclass(format('cow_changes.%I', r.changes_table))),
     'columns', (
       SELECT coalesce(json_agg(json_build_object(
                'name', a.attname, 'type', format_type(a.atttypid, NULL),
@@ -109,6 +108,7 @@ SELECT t.table_schema::text, t.table_name::text, t.overlay_schema::text,
 FROM cow.tables t
 JOIN pg_catalog.pg_namespace n ON n.nspname = t.table_schema
 JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = t.table_name
+LEFT JOIN cow.registry r ON r.relid = c.oid
 ORDER BY t.table_schema = 'public' DESC, t.table_schema, t.table_name"""
 
 
