@@ -300,12 +300,20 @@ def variants(cfg: Config, op: Op | None = None) -> tuple[str, ...]:
     return (*VARIANTS, *proxy, *extra, *(f"{x}{w}" for x in cfg.shapes for w in ("", NO_SESSION)))
 
 
-def sent_sql(cfg: Config, variant: str, sql: str) -> str | None:
-    """What variant runs for statement ``sql``: the proxy variant its rewrite (None if it has none)."""
+def sent_sql(cfg: Config, variant: str, sql: str, name: str | None = None) -> str | None:
+    """What variant runs for statement ``sql`` (of op ``name``, else the first op of that statement, a
+    prepared one): the proxy variant its rewrite (None if it has none)."""
     if variant != "proxy":
         return sql
     rewritten = dict(cfg.proxied)
-    return next((rewritten[op.name] for op in OPS if op.sql == sql and op.name in rewritten), None)
+    return next(
+        (
+            rewritten[op.name]
+            for op in OPS
+            if op.sql == sql and op.name in rewritten and name in (None, op.name)
+        ),
+        None,
+    )
 
 
 def selected_ops(cfg: Config) -> tuple[Op, ...]:
@@ -504,7 +512,7 @@ async def measure(dsn: str, cfg: Config, plan: Plan) -> dict[tuple[str, str], Re
     try:
         stmts = {
             op.name: {
-                v: await statement(conns[(v, op.mode)], op, sent_sql(cfg, v, op.sql) or op.sql)
+                v: await statement(conns[(v, op.mode)], op, sent_sql(cfg, v, op.sql, op.name) or op.sql)
                 for v in variants(cfg, op)
             }
             for op in ops
@@ -691,7 +699,11 @@ async def main_async(cfg: Config) -> None:
             finally:
                 await conn.close()
             analyzer = Analyzer()
-            rewritten = {op.name: analyzer.analyze(op.sql, catalog, True).rewritten for op in OPS}
+            # Prepared once (all modes but "unprepared"), as asyncpg does: the text of a named statement.
+            rewritten = {
+                op.name: analyzer.analyze(op.sql, catalog, True, prepared=op.mode != "unprepared").rewritten
+                for op in OPS
+            }
             cfg = dataclasses.replace(
                 cfg, proxied=tuple((name, sql) for name, sql in rewritten.items() if sql is not None)
             )

@@ -170,7 +170,8 @@ class Analysis:
         verdict = self.analyze(prefix, catalog, True)
         return not verdict.tampers and verdict.error is None and verdict.rewritten is None
 
-    def analyze(self, sql: str, catalog: Any, in_session: bool) -> Verdict:
+    def analyze(self, sql: str, catalog: Any, in_session: bool, *, prepared: bool = False) -> Verdict:
+        """``prepared``: the text of a named prepared statement (its plan may be cached)."""
         if not in_session:
             kind = quick_kind(sql)
             verdict = self._untagged.get(kind)
@@ -182,7 +183,7 @@ class Analysis:
         if catalog is None:
             catalog = self.module.Catalog.empty()
         try:
-            result = self._analyzer.analyze(sql, catalog, in_session)
+            result = self._analyzer.analyze(sql, catalog, in_session, prepared=prepared)
         except ProxyError as exc:
             return Verdict("other", (), False, None, None, (exc.sqlstate, str(exc)), False)
         error = result.error

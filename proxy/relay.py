@@ -327,8 +327,11 @@ class Relay:
         except TagError as exc:
             return exc
 
-    def _prepare(self, sql: str, trigger: bytes, event: p.ClientEvent) -> tuple[Tags, Verdict] | None:
-        """Decide the tags for a statement text; inject them when needed.
+    def _prepare(
+        self, sql: str, trigger: bytes, event: p.ClientEvent, *, named: bool = False
+    ) -> tuple[Tags, Verdict] | None:
+        """Decide the tags for a statement text (``named``: of a named prepared statement); inject them when
+        needed.
 
         Returns None when the event was held (it is replayed later) or refused.
         """
@@ -341,7 +344,7 @@ class Relay:
         if need and not self._inject(tags, trigger):
             self.held.appendleft(event)
             return None
-        verdict = self.analysis.analyze(sql, self.catalog, tags.tagged)
+        verdict = self.analysis.analyze(sql, self.catalog, tags.tagged, prepared=named)
         if (
             tags.tagged
             and (verdict.catalog_dependent or (self._catalog_suspect and verdict.rewritten is not None))
@@ -423,7 +426,7 @@ class Relay:
 
     def _client_parse(self, frame: p.Frame) -> None:
         parse = p.decode_parse(frame.body)
-        prepared = self._prepare(parse.sql, b"P", frame)
+        prepared = self._prepare(parse.sql, b"P", frame, named=bool(parse.name))
         if prepared is None:
             return
         tags, verdict = prepared

@@ -586,21 +586,31 @@ class Analyzer:
         self.server_version_num = server_version_num
         self.hits = 0
         self.misses = 0
-        self._cache: OrderedDict[tuple[str, bool, int, int], tuple[Analysis, Analysis]] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, bool, int, int, bool], tuple[Analysis, Analysis]] = OrderedDict()
 
     def analyze(
-        self, sql: str, catalog: Catalog, in_session: bool, server_version_num: int | None = None
+        self,
+        sql: str,
+        catalog: Catalog,
+        in_session: bool,
+        server_version_num: int | None = None,
+        *,
+        prepared: bool = False,
     ) -> Analysis:
+        """``prepared``: ``sql`` is the text of a named prepared statement, whose plan PostgreSQL may cache
+        (a key read then takes the form whose plan it does cache: ``rewrite._key_read``)."""
         version = server_version_num or self.server_version_num or catalog.server_version_num
         text = strip_edge_comments(sql)
-        key = (text, in_session, catalog.ident, version)
+        key = (text, in_session, catalog.ident, version, prepared)
         cached = self._cache.get(key)
         if cached is not None:
             self._cache.move_to_end(key)
             self.hits += 1
             return cached[1]
         self.misses += 1
-        result = _fast_path(text, catalog, in_session) or _analyze_parsed(text, catalog, in_session, version)
+        result = _fast_path(text, catalog, in_session) or _analyze_parsed(
+            text, catalog, in_session, version, prepared
+        )
         if len(text) > MAX_CACHED_CHARS:
             return result  # bulk statements rarely repeat; 4096 of them could hold gigabytes
         self._cache[key] = (result, replace(result, cache_hit=True))
@@ -609,7 +619,7 @@ class Analyzer:
         return result
 
 
-def _analyze_parsed(text: str, catalog: Catalog, in_session: bool, version: int) -> Analysis:
+def _analyze_parsed(text: str, catalog: Catalog, in_session: bool, version: int, prepared: bool) -> Analysis:
     try:
         tree = json.loads(parse_sql_json(text))
     except (ParseError, UnicodeError, ValueError):
@@ -651,6 +661,7 @@ def _analyze_parsed(text: str, catalog: Catalog, in_session: bool, version: int)
             counts=inspection.counts,
             key_reads=inspection.key_reads,
             ctes=frozenset(inspection.ctes),
+            cached_plan=prepared,
         )
         outcome = rewriter.rewrite(pglast.parse_sql(text), text)
     except RewriteError as exc:

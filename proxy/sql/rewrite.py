@@ -624,9 +624,11 @@ class _KeyCondition:
     column: str
     bound: str  # both | lower | upper
     has_param: bool
+    source: Any  # the client's conjunct
+    ranged: bool  # a range (BETWEEN, < <= > >=) rather than a set of values
 
 
-def _key_read(node: Any, catalog: Catalog, ctes: frozenset[str]) -> bool:
+def _key_read(node: Any, catalog: Catalog, ctes: frozenset[str], *, cached_plan: bool = False) -> bool:
     """``SELECT … FROM t WHERE <key = $1 | key IN (…) | key BETWEEN $1 AND $2 | …> [AND …]`` on a keyed CoW
     table, at the top of a statement, reads the base and changes tables directly (docs/rewrites.md, "Key
     reads"): ``t`` becomes
@@ -643,7 +645,14 @@ def _key_read(node: Any, catalog: Catalog, ctes: frozenset[str]) -> bool:
     where PostgreSQL pushes it into both branches. Taken only with a ``$n`` parameter among the key
     conditions (a text the proxy parses once: a client that writes literals into each statement would pay
     a parse per statement), a bounded key set, one FROM item and only the table's own columns (no whole-row
-    references, subqueries, GROUP BY or locking clause); anything else reads the view."""
+    references, subqueries, GROUP BY or locking clause); anything else reads the view.
+
+    With ``cached_plan`` (the text of a named prepared statement) the key ranges with a parameter restrict
+    the base branch directly, each ``$n`` written ``(SELECT $n)``, instead of from the outer WHERE: the
+    planner then estimates the range the same way for every value, its custom plans cost what the generic
+    plan costs, and PostgreSQL caches the generic plan after the fifth execution instead of planning every
+    range anew (the plain table keeps custom plans: its generic estimate of a range is worse than the 100
+    rows a custom plan sees)."""
     if not _bare_select(node) or node.whereClause is None or not isinstance(node.fromClause[0], ast.RangeVar):
         return False
     item = node.fromClause[0]
@@ -697,6 +706,15 @@ def _key_read(node: Any, catalog: Catalog, ctes: frozenset[str]) -> bool:
     )
     versions = new.withClause.ctes[0].ctequery
     versions.whereClause = _all(versions.whereClause, *(c.expr for c in conditions))
+    if cached_plan:
+        opaque = [c for c in conditions if c.ranged and c.has_param]
+        if opaque:
+            base = new.fromClause[0].subquery.larg
+            base.whereClause = _all(
+                *(_OpaqueParams()(copy.deepcopy(c.expr)) for c in opaque), base.whereClause
+            )
+            rest = [e for e in _conjuncts(node.whereClause) if not any(e is c.source for c in opaque)]
+            node.whereClause = rest[0] if len(rest) == 1 else _all(*rest) if rest else None
     node.withClause = new.withClause
     node.fromClause = new.fromClause
     _Shorten()(node)  # schema.t.c names the subquery's columns as t.c
@@ -740,7 +758,8 @@ def _key_condition(expr: Any, name: str, table: CowTable, *, qualified: bool) ->
         new.rexpr = bare
     else:
         new.lexpr = bare
-    return _KeyCondition(new, column, bound, bool(params))
+    ranged = kind in (A_Expr_Kind.AEXPR_BETWEEN, A_Expr_Kind.AEXPR_BETWEEN_SYM) or op != "="
+    return _KeyCondition(new, column, bound, bool(params), expr, ranged)
 
 
 def _key_column(node: Any, name: str, table: CowTable, *, qualified: bool) -> str | None:
@@ -772,6 +791,14 @@ def _only_own_columns(node: Any, name: str, table: CowTable, *, qualified: bool)
     if any(part and _subquery_or_column(part, foreign) for part in (node.whereClause, node.sortClause)):
         return False
     return _plain_condition(node.limitCount) and _plain_condition(node.limitOffset)
+
+
+class _OpaqueParams(Visitor):
+    """Each ``$n`` written ``(SELECT $n)``: the same value, which the planner does not see when it plans
+    (an initplan's output), in custom plans as in the generic one."""
+
+    def visit_ParamRef(self, _: Any, ref: Any) -> Any:
+        return _parse(f"SELECT (SELECT ${ref.number})").targetList[0].val
 
 
 class _Shorten(Visitor):
@@ -1017,6 +1044,7 @@ class Rewriter:
         counts: bool = True,
         key_reads: bool = True,
         ctes: frozenset[str] | None = None,
+        cached_plan: bool = False,
     ) -> None:
         """``qualified`` / ``on_conflicts``: what a cheaper walk already found (schema-qualified CoW names;
         ON CONFLICT inserts into CoW tables, nested included), so that big statements skip full visits."""
@@ -1029,6 +1057,7 @@ class Rewriter:
         self.counts = counts  # a SELECT counts the rows of a CoW table (the walk found one)
         self.key_reads = key_reads  # a top-level SELECT of one CoW table with WHERE (the walk found one)
         self.ctes = ctes  # the statement's CTE names, when the walk collected them
+        self.cached_plan = cached_plan  # the text of a named prepared statement (key reads: _key_read)
 
     # -- entry -------------------------------------------------------------------------------------
 
@@ -1134,7 +1163,9 @@ class Rewriter:
         if self.key_reads:
             # last too (same reason); a count split above no longer has the table as its FROM item
             select = node.query if isinstance(node, ast.ExplainStmt) else node  # EXPLAIN shows what runs
-            changed = _key_read(select, self.catalog, self._ctes(node)) or changed
+            changed = (
+                _key_read(select, self.catalog, self._ctes(node), cached_plan=self.cached_plan) or changed
+            )
         return node, changed, tag_map
 
     def _ctes(self, node: Any) -> frozenset[str]:

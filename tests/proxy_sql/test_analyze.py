@@ -19,8 +19,10 @@ from .catalogs import SAMPLE, rows, sample_catalog
 CATALOG = sample_catalog()
 
 
-def analyze(sql: str, in_session: bool = True, catalog: Catalog = CATALOG) -> Analysis:
-    return Analyzer().analyze(sql, catalog, in_session)
+def analyze(
+    sql: str, in_session: bool = True, catalog: Catalog = CATALOG, prepared: bool = False
+) -> Analysis:
+    return Analyzer().analyze(sql, catalog, in_session, prepared=prepared)
 
 
 @pytest.mark.parametrize(
@@ -517,9 +519,10 @@ def test_a_keyless_table_is_not_split() -> None:
     assert analyze(f"SELECT count(*) FROM {name}", catalog=catalog).rewritten is None
 
 
-def _key_read(spec: tuple[str, int, str, str], versions: str, outer: str) -> str:
+def _key_read(spec: tuple[str, int, str, str], versions: str, outer: str, base: str = "") -> str:
     """The proxy's key read of public.<table> (spec: table, number of its changes table, columns, key): the
-    session's versions under ``versions``, the client's statement ``outer`` with ``{t}`` for the FROM item."""
+    session's versions under ``versions``, the client's statement ``outer`` with ``{t}`` for the FROM item,
+    ``base`` the conditions the base branch holds itself (those of a named statement's key range)."""
     table, n, columns, key = spec
     cte = (
         f"WITH _cow_versions AS MATERIALIZED (SELECT {columns}, _cow_deleted FROM cow_changes.t{n} "
@@ -528,8 +531,9 @@ def _key_read(spec: tuple[str, int, str, str], versions: str, outer: str) -> str
     )
     key_row = key if "," not in key else f"({key})"
     not_null = " AND ".join(f"{k} IS NOT NULL" for k in key.split(", "))
+    base = f"{base} AND " if base else ""
     merged = (
-        f"(SELECT _cow_b.* FROM public.{table} AS _cow_b WHERE {key_row} NOT IN "
+        f"(SELECT _cow_b.* FROM public.{table} AS _cow_b WHERE {base}{key_row} NOT IN "
         f"(SELECT {key} FROM _cow_versions WHERE {not_null}) "
         f"UNION ALL SELECT {columns} FROM _cow_versions WHERE NOT _cow_deleted)"
     )
@@ -615,6 +619,51 @@ _LABELS = ("labels", 5, "project_id, name, color, pos", "project_id, name")
 def test_key_reads_read_the_base_and_changes_tables(sql: str, rewritten: str | None) -> None:
     assert analyze(sql).rewritten == (rewritten and RawStream()(pglast.parse_sql(rewritten)))
     assert analyze(sql, in_session=False).rewritten is None
+
+
+@pytest.mark.parametrize(
+    ("sql", "rewritten"),
+    [
+        (  # a range: its bounds' parameters hidden from the planner in the base branch, not outside
+            "SELECT * FROM projects WHERE id BETWEEN $1 AND $1 + 99",
+            _key_read(
+                _PROJECTS,
+                "id BETWEEN $1 AND $1 + 99",
+                "SELECT * FROM {t} AS projects",
+                "id BETWEEN (SELECT $1) AND (SELECT $1) + 99",
+            ),
+        ),
+        (  # other conditions, constant bounds and key values stay outside
+            "SELECT p.name FROM projects p WHERE $1 < p.id AND p.id <= $2 + 10 AND p.budget > $3 "
+            "AND p.id < 500 AND p.id <> 7 ORDER BY p.id LIMIT $4",
+            _key_read(
+                _PROJECTS,
+                "$1 < id AND id <= $2 + 10 AND id < 500",
+                "SELECT p.name FROM {t} AS p WHERE p.budget > $3 AND p.id < 500 AND p.id <> 7 "
+                "ORDER BY p.id LIMIT $4",
+                "(SELECT $1) < id AND id <= (SELECT $2) + 10",
+            ),
+        ),
+        (  # a set of keys: the planner's estimate does not depend on the values
+            "SELECT * FROM projects WHERE id = $1",
+            _key_read(_PROJECTS, "id = $1", "SELECT * FROM {t} AS projects WHERE id = $1"),
+        ),
+        (
+            "SELECT color FROM labels WHERE project_id = $1 AND name >= $2 AND name < $3",
+            _key_read(
+                _LABELS,
+                "project_id = $1 AND name >= $2 AND name < $3",
+                "SELECT color FROM {t} AS labels WHERE project_id = $1",
+                "name >= (SELECT $2) AND name < (SELECT $3)",
+            ),
+        ),
+    ],
+)
+def test_a_named_statement_reads_a_key_range_with_a_cacheable_plan(sql: str, rewritten: str) -> None:
+    """A named prepared statement's plan may be cached: PostgreSQL caches it once its custom plans cost no
+    less than the generic plan, which holds when the planner cannot see the range's bounds in either."""
+    assert analyze(sql, prepared=True).rewritten == RawStream()(pglast.parse_sql(rewritten))
+    assert analyze(sql, prepared=True, in_session=False).rewritten is None
 
 
 def test_a_key_read_of_a_large_changes_table_hides_base_rows_with_an_anti_join() -> None:
