@@ -259,15 +259,17 @@ def test_a_named_key_range_reaches_a_cached_plan(proxy: RunningProxy, databases:
         assert ref.execute(plans, ("SELECT * FROM k_big%",)).fetchall() == [(0, 10)]
 
 
-def test_a_prepared_key_read_follows_the_connections_session(databases: tuple[str, str]) -> None:
+@pytest.mark.parametrize("named", [False, True], ids=["unnamed-form", "named-form"])
+def test_a_prepared_key_read_follows_the_connections_session(databases: tuple[str, str], named: bool) -> None:
     """The rewritten statement names no session: prepared once, it reads session a, then b, then the base
-    tables when the connection has left the session (the proxy keeps named statements across sessions)."""
+    tables when the connection has left the session (the proxy keeps named statements across sessions),
+    with the generic plan cached from the sixth execution on."""
     layer_db, _ = databases
     sql = "SELECT name FROM k_items WHERE id BETWEEN $1 AND $2 ORDER BY id"
     with psycopg.connect(layer_db, autocommit=True) as conn:
         catalog = Catalog.from_rows(conn.execute(CATALOG_QUERY).fetchall())
-        sent = Analyzer().analyze(sql, catalog, True).rewritten
-        assert sent is not None and "_cow_versions" in sent
+        sent = Analyzer().analyze(sql, catalog, True, prepared=named).rewritten
+        assert sent is not None and "_cow_versions" in sent and ("(SELECT $1)" in sent) is named
         conn.execute("SELECT cow.use_session('a')")
         conn.execute("UPDATE k_items SET name = 'in a' WHERE id = 10")
         conn.execute("SELECT cow.use_session('b')")
@@ -287,6 +289,8 @@ def test_a_prepared_key_read_follows_the_connections_session(databases: tuple[st
         assert conn.execute(read).fetchall() == [("in a",), ("item 11",)]
         conn.execute("SELECT cow.use_session(NULL)")
         assert conn.execute(read).fetchall() == [("item 10",), ("item 11",)]
+        plans = conn.execute("SELECT generic_plans FROM pg_prepared_statements WHERE name = 'kr'").fetchone()
+        assert plans is not None and (plans[0] == 3 or not named), plans
 
 
 # -- property: any mix of writes, any bounded key condition and any other condition: the plain table ------
