@@ -503,6 +503,10 @@ class ServerScanner:
     message and calls ``handle(kind, body)``, which returns the bytes to emit instead (the original
     ``raw`` to keep it, ``b""`` to drop it). Runs of PASS messages are emitted as slices of the input,
     so an ordinary chunk goes out as the very same bytes object.
+
+    ``runs``: kinds whose decision holds for a whole run of messages of that kind (the caller's state
+    does not change within it): after one such message is classified PASS, the rest of its run in the
+    chunk is stepped over without ``classify`` or ``on_pass`` (a result's DataRows: ~3x less Python each).
     """
 
     def __init__(
@@ -510,10 +514,12 @@ class ServerScanner:
         classify: Callable[[int, int], int],
         handle: Callable[[int, bytes, bytes], bytes],
         on_pass: Callable[[int], None] | None = None,
+        runs: bytes = b"",
     ) -> None:
         self.classify = classify
         self.handle = handle
         self.on_pass = on_pass
+        self.runs = frozenset(runs)
         self._partial = bytearray()  # an incomplete header, or an incomplete BODY message
         self._want = 0  # total bytes (header + body) of the BODY message in _partial; 0 = header only
         self._pass_left = 0  # bytes of a PASS message still to relay
@@ -583,6 +589,12 @@ class ServerScanner:
                 if self.on_pass is not None:
                     self.on_pass(kind)
                 end = pos + length + 1
+                if kind in self.runs:
+                    while end + 5 <= n and data[end] == kind:
+                        (length,) = _INT32.unpack_from(data, end + 1)
+                        if length < 4:
+                            raise ProtocolError(f"server sent invalid length {length}")
+                        end += length + 1
                 if end > n:
                     self._pass_left = end - n
                     pos = n

@@ -204,7 +204,8 @@ class Relay:
         self._injection_error: p.ErrorFields | None = None
         self._fresh = False  # an injection just completed for the held statement
         self.closing = False
-        self.scanner = p.ServerScanner(self._classify, self._handle, self._on_pass)
+        # A DataRow's or CopyData's decision hangs on the head of the queue, which no message of a run moves.
+        self.scanner = p.ServerScanner(self._classify, self._handle, self._on_pass, runs=b"Dd")
         self._batch_started = 0.0
         self._query_entry = Entry(Kind.QUERY)  # reused by fast_query when nothing is in flight
 

@@ -133,15 +133,19 @@ def test_client_reader_rejects_bad_lengths() -> None:
         list(reader.events())
 
 
-def _scanner(kept: list[tuple[int, bytes]], drop: int | None = None) -> p.ServerScanner:
+def _scanner(
+    kept: list[tuple[int, bytes]], drop: int | None = None, runs: bytes = b"", seen: list[int] | None = None
+) -> p.ServerScanner:
     def classify(kind: int, length: int) -> int:
+        if seen is not None:
+            seen.append(kind)
         return p.BODY if kind in (ord("Z"), drop) else p.PASS
 
     def handle(kind: int, body: bytes, raw: bytes) -> bytes:
         kept.append((kind, body))
         return b"" if kind == drop else raw
 
-    return p.ServerScanner(classify, handle)
+    return p.ServerScanner(classify, handle, runs=runs)
 
 
 SERVER = (
@@ -173,12 +177,41 @@ messages = st.lists(
 )
 
 
+def test_server_scanner_steps_over_a_run_without_classifying_each_message() -> None:
+    """A run of DataRows is classified once per chunk it starts in; a run split across chunks once per
+    chunk, and a message of the run split in two is passed on whole."""
+    row = p.message(b"D", b"\x00\x01\x00\x00\x00\x03abc")
+    stream = (
+        p.message(b"T", b"\x00\x00") + row * 5 + p.encode_command_complete("SELECT 5") + p.encode_ready("I")
+    )
+    seen: list[int] = []
+    kept: list[tuple[int, bytes]] = []
+    out = _scanner(kept, runs=b"D", seen=seen).feed(stream)
+    assert len(out) == 1 and out[0] is stream and seen == list(b"TDCZ") and kept == [(ord("Z"), b"I")]
+    seen.clear()
+    scanner = _scanner(kept, runs=b"D", seen=seen)
+    cut = 7 + 2 * len(row) + 7  # in the middle of the third row's body
+    assert b"".join(scanner.feed(stream[:cut]) + scanner.feed(stream[cut:])) == stream
+    assert seen == list(b"TDDCZ")
+    with pytest.raises(ProtocolError):  # a bad length inside a run is still caught
+        _scanner(kept, runs=b"D").feed(row + b"D\x00\x00\x00\x02" + row)
+
+
 @settings(max_examples=150, deadline=None)
-@given(messages, st.integers(min_value=1, max_value=400), st.sampled_from([None, ord("D"), ord("N")]))
-def test_fuzz_server_scanner_roundtrip(msgs: list[tuple[int, bytes]], step: int, drop: int | None) -> None:
+@given(
+    messages,
+    st.integers(min_value=1, max_value=400),
+    st.sampled_from([None, ord("D"), ord("N")]),
+    st.sampled_from([b"", b"D", b"DT"]),
+)
+def test_fuzz_server_scanner_roundtrip(
+    msgs: list[tuple[int, bytes]], step: int, drop: int | None, runs: bytes
+) -> None:
+    if drop is not None and drop in runs:
+        runs = b""  # a kind whose decision is BODY is never a run (the caller's contract)
     stream = b"".join(p.message(bytes([k]), b) for k, b in msgs)
     kept: list[tuple[int, bytes]] = []
-    scanner = _scanner(kept, drop)
+    scanner = _scanner(kept, drop, runs)
     out = b"".join(b"".join(scanner.feed(stream[i : i + step])) for i in range(0, len(stream), step))
     assert out == b"".join(p.message(bytes([k]), b) for k, b in msgs if k != drop)
     assert kept == [(k, b) for k, b in msgs if k in (ord("Z"), drop)]
