@@ -15,6 +15,9 @@ reference) and ``public.items`` (the layer installed on ``public``). Variants, o
                  rewrites, such as the split ``count(*)`` and the LATERAL key joins of docs/rewrites.md),
                  without the proxy's own round trip (bench/proxy.py measures that); only for the
                  operations the proxy rewrites (the others it sends as written: the session's figures).
+                 Prepared ops run the form of a named statement; "unprepared" ones the unnamed form sent
+                 unnamed, an upper bound: the proxy runs an unnamed rewritten read as a named statement of
+                 its own (docs/proxy.md), which pgbench -M extended through the proxy measures.
 - ``stale``      (``--stale-session``, reads only) the overlay view in session ``bench-stale``, built like
                  ``bench`` but with each of its rows rewritten once after the last VACUUM: its pages are not
                  all-visible and ``<t>_cur`` still holds the entries of the retired versions, as in a session

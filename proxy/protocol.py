@@ -192,6 +192,15 @@ def decode_bind_names(body: bytes) -> Bind:
     return Bind(portal, statement)
 
 
+def rename_bind_statement(body: bytes, statement: str) -> bytes:
+    """The Bind message of ``body`` with its statement name replaced (portal and parameters as they were)."""
+    portal_end = body.find(b"\0")
+    statement_end = body.find(b"\0", portal_end + 1) if portal_end >= 0 else -1
+    if statement_end < 0:
+        raise ProtocolError("unterminated string in message")
+    return message(b"B", body[: portal_end + 1] + statement.encode() + body[statement_end:])
+
+
 def decode_close(body: bytes) -> Close:
     if not body or body[0:1] not in (b"S", b"P"):
         raise ProtocolError("malformed Close/Describe")

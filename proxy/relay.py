@@ -14,6 +14,7 @@ block, an implicit transaction rolled back, skipping to Sync) is exactly what th
 from __future__ import annotations
 
 import enum
+import re
 import struct
 import time
 from collections import deque
@@ -33,6 +34,12 @@ USE_SESSION_SQL = "SELECT cow.use_session($1, $2)"
 INJECT_STATEMENT = "__cowproxy_inject"
 CATALOG_STATEMENT = "__cowproxy_catalog"
 CATALOG_VERSION_STATEMENT = "__cowproxy_catalog_version"
+# Named statements the proxy prepares for a client's unnamed ones (see Relay._promote): their prefix, and how
+# many one server connection gets (names are never reused; evicted ones stay until the connection ends).
+PROMOTED_PREFIX = "__cowproxy_unnamed_"
+MAX_PROMOTED = 64
+# Statements that may deallocate prepared statements, the proxy's with the client's (DEALLOCATE, DISCARD ALL).
+_DEALLOCATES = re.compile(rb"deallocate|discard", re.I)
 
 SQLSTATE_TOO_LARGE = "54000"
 SQLSTATE_REFUSED = "42501"
@@ -101,6 +108,7 @@ class Entry:
     started: float = 0.0
     copy_epoch: int = 0  # the client's CopyDone/CopyFail count when it was sent (see Relay._copy_started)
     rewritten: bool = False  # a Query or Parse sent with the analysis' SQL instead of the client's
+    promoted: str | None = None  # a Bind or Describe sent to this proxy-owned statement (Relay._promote)
 
 
 class Hooks(Protocol):
@@ -198,6 +206,11 @@ class Relay:
         self._catalog_suspect = False  # a rewritten statement failed as a stale catalog would make it fail
         self.catalog_checks = 0  # version queries sent for catalog-dependent statements
         self.catalog_loads = 0
+        # Unnamed statements run as proxy-owned named ones (_promote): (SQL sent, parameter types) -> name,
+        # once the server has prepared it; the name the client's unnamed statement stands for; names made.
+        self.promoted: dict[tuple[str, tuple[int, ...]], str] = {}
+        self.unnamed_alias: str | None = None
+        self.promotions = 0
         self.holding = False
         self.held: deque[p.ClientEvent] = deque()
         self._hold_until_idle = False
@@ -289,10 +302,19 @@ class Relay:
             self._batch_started = 0.0
             self.to_server.append(frame.raw)
         elif kind == b"D":
-            self._extended(Entry(Kind.DESCRIBE), frame.raw)
+            alias = self.unnamed_alias
+            if alias is not None and frame.body == b"S\0":  # Describe of the unnamed statement
+                self._extended(
+                    Entry(Kind.DESCRIBE, promoted=alias, rewritten=True),
+                    p.message(b"D", b"S" + alias.encode() + b"\0"),
+                )
+            else:
+                self._extended(Entry(Kind.DESCRIBE), frame.raw)
         elif kind == b"C":
             close = p.decode_close(frame.body)
             (self.statements if close.kind == "S" else self.portals).pop(close.name, None)
+            if close.kind == "S" and not close.name:
+                self.unnamed_alias = None
             self._extended(Entry(Kind.CLOSE), frame.raw)
         elif kind == b"F":
             # A FunctionCall (the large-object API) runs with the connection's tags like any statement.
@@ -409,6 +431,7 @@ class Relay:
         prepared = self._prepare(query.sql, b"Q", frame)
         if prepared is None:
             return
+        self._forget_unnamed(frame.body)
         tags, verdict = prepared
         self.hooks.statement(verdict.kind, tags.tagged)
         for table, kind in verdict.writes:
@@ -427,13 +450,22 @@ class Relay:
 
     def _client_parse(self, frame: p.Frame) -> None:
         parse = p.decode_parse(frame.body)
-        prepared = self._prepare(parse.sql, b"P", frame, named=bool(parse.name))
+        # An unnamed read may run as a named statement (_promote): analysed as one.
+        prepared = self._prepare(parse.sql, b"P", frame, named=bool(parse.name) or self._can_promote())
         if prepared is None:
             return
         tags, verdict = prepared
         comment = self._comment_tags(parse.sql)
         self.statements[parse.name] = Statement(comment if isinstance(comment, Tags) else None, verdict)
         sent = verdict.rewritten if tags.tagged else None
+        self._forget_unnamed(frame.body, unnamed=not parse.name)
+        if (
+            sent is not None
+            and not parse.name
+            and verdict.kind == "select"
+            and self._promote(sent, parse.param_types)
+        ):
+            return
         if sent is not None:
             self.hooks.rewrite()
             raw = p.encode_parse(parse.name, sent, parse.param_types)
@@ -453,7 +485,63 @@ class Relay:
             self.portals[bind.portal] = statement
             if statement.tags is not None:
                 self.txn_tags = tags
-        self._extended(Entry(Kind.BIND), frame.raw)
+        alias = self.unnamed_alias
+        if alias is not None and not bind.statement:
+            self._extended(
+                Entry(Kind.BIND, promoted=alias, rewritten=True), p.rename_bind_statement(frame.body, alias)
+            )
+        else:
+            self._extended(Entry(Kind.BIND), frame.raw)
+
+    # ------------------------------------------------------------------------------------------------
+    # Unnamed statements as named ones
+
+    def _can_promote(self) -> bool:
+        return self.promotions < MAX_PROMOTED or bool(self.promoted)
+
+    def _promote(self, sql: str, param_types: tuple[int, ...]) -> bool:
+        """Run the client's unnamed statement (a rewritten read, ``sql``) as a named one the proxy owns.
+
+        A client that sends each statement unnamed (node-postgres, psycopg before its fifth execution)
+        makes the server parse and plan the rewrite every time; as a named statement its plan is cached
+        like a prepared one's. The first time, the Parse goes out under a new name; once the server has
+        prepared it, the client's Parse of the same text is answered by an empty unnamed statement
+        (ParseComplete in its place, and the server's unnamed statement dropped as the client expects),
+        and its Bind and Describe of the unnamed statement name the proxy's (``unnamed_alias``).
+        Returns False when the statement goes out as usual (no names left)."""
+        key = (sql, param_types)
+        name = self.promoted.get(key)
+        if name is not None:
+            self.hooks.rewrite()
+            self.unnamed_alias = name
+            self._extended(Entry(Kind.PARSE, rewritten=True), p.encode_parse("", ""))
+            return True
+        if self.promotions >= MAX_PROMOTED:
+            return False
+        self.promotions += 1
+        name = f"{PROMOTED_PREFIX}{self.promotions}"
+
+        def prepared(ok: bool) -> None:
+            if ok:
+                self.promoted[key] = name
+
+        self.hooks.rewrite()
+        # Until the server has prepared it the alias stands: a failed Parse leaves no unnamed statement,
+        # and a Bind of it must fail as it would (26000), not bind an older one.
+        self.unnamed_alias = name
+        self._extended(
+            Entry(Kind.PARSE, rewritten=True, on_done=prepared), p.encode_parse(name, sql, param_types)
+        )
+        return True
+
+    def _forget_unnamed(self, body: bytes, unnamed: bool = True) -> None:
+        """A Parse (``unnamed``: of the unnamed statement) or a simple Query (which drops the unnamed
+        statement): the alias ends; a text that may deallocate statements (DEALLOCATE, DISCARD ALL) drops
+        the proxy's too."""
+        if unnamed:
+            self.unnamed_alias = None
+        if self.promoted and _DEALLOCATES.search(body):
+            self.promoted.clear()
 
     def _client_execute(self, frame: p.Frame) -> None:
         execute = p.decode_execute(frame.body)
@@ -473,6 +561,7 @@ class Relay:
             self._push(Entry(Kind.QUERY, replace_error=error, started=time.perf_counter()))
             self.to_server.append(p.encode_query(REFUSED_SQL))
         else:
+            self.unnamed_alias = None  # the failing Parse drops the server's unnamed statement
             self._extended(Entry(Kind.PARSE, replace_error=error), p.encode_parse("", REFUSED_SQL))
 
     def _oversized(self, event: p.Oversized) -> None:
@@ -700,6 +789,8 @@ class Relay:
             except UnicodeDecodeError:
                 return False
         self.hooks.statement(query_kind(data), False)
+        if self.unnamed_alias is not None or self.promoted:
+            self._forget_unnamed(data)  # a simple Query drops the unnamed statement
         if pending:
             pending.append(Entry(Kind.QUERY, started=perf_counter(), copy_epoch=self.copy_ends))
         else:
@@ -756,6 +847,9 @@ class Relay:
         is analysed now as ``_client_parse`` would have then: untagged, no comment tags (C takes no Parse
         with a comment opener)."""
         self.status = status
+        # The client may have deallocated statements there: the proxy's are forgotten (their names unused).
+        self.promoted.clear()
+        self.unnamed_alias = None
         now = perf_counter()
         self.pending.extend(Entry(_FAST_KINDS[kind], started=now, copy_epoch=self.copy_ends) for kind in owed)
         self.mid_batch = mid_batch
@@ -831,7 +925,7 @@ class Relay:
             return p.BODY
         if self.pending:
             head = self.pending[0]
-            if head.injected or (kind == _C and head.tag_map is not None):
+            if head.injected or head.on_done is not None or (kind == _C and head.tag_map is not None):
                 return p.BODY
         return p.PASS
 
@@ -881,6 +975,8 @@ class Relay:
         kinds = _TERMINATOR.get(kind)
         if kinds is not None and head.kind in kinds:
             self.pending.popleft()
+            if head.on_done is not None:
+                head.on_done(True)
         return raw
 
     def _error(self, body: bytes, raw: bytes) -> bytes:
@@ -892,6 +988,10 @@ class Relay:
         callbacks: list[Callable[[bool], None]] = []
         if head is not None and head.rewritten and fields.sqlstate in _STALE_CATALOG_STATES:
             self._catalog_suspect = True  # check the catalog before the next rewritten statement
+        if head is not None and head.promoted is not None:
+            # The proxy's statement failed (a plan gone stale after app DDL: 0A000, 42601, ...): parse a new
+            # one the next time rather than fail for good; the old name stays unused.
+            self.promoted = {k: v for k, v in self.promoted.items() if v != head.promoted}
         if head is not None and head.injected:
             self._injection_error = fields
             out = raw if head.forward_error else b""

@@ -448,6 +448,7 @@ class ClientConnection(asyncio.Protocol):
             or relay.skip_until_sync
             or relay.closing
             or relay.applied.tentative
+            or relay.unnamed_alias is not None  # the client's unnamed statement is the proxy's named one
             or relay.applied.tags != UNTAGGED
             or relay.txn_tags.tagged
             or not relay.scanner.idle

@@ -783,3 +783,37 @@ def test_statements_prepared_in_python_carry_over_to_the_fast_relay(
     assert {"a@x", "b@x"} <= base
     assert "t@x" not in base
     assert [row[2] for row in changes(layer_db, "cx")] == ["t@x"]
+
+
+def test_an_unnamed_key_read_bound_again_after_its_session_ended(proxy: RunningProxy, layer_db: str) -> None:
+    """In a session the client's unnamed key read runs as the proxy's named statement (docs/proxy.md). When
+    the route is removed and the client binds its unnamed statement again without a new Parse, that
+    statement still answers (outside the session now): the connection stays on the Python relay, which
+    knows what the unnamed statement stands for, until the client parses another one."""
+    database = dbname(layer_db)
+    read = p.encode_bind("", "", ("1",)) + p.encode_execute("") + p.SYNC
+    admin_request(proxy.admin_url, "POST", "/routes", {"database": database, "session": "ru"})
+    c = RawClient(proxy.host, proxy.port, database)
+    try:
+        c.sock.sendall(p.encode_query("UPDATE customers SET name = 'Ada in ru' WHERE id = 1"))
+        c.read_until(b"Z")
+        for _ in range(2):  # the second Parse is answered by an empty unnamed statement
+            c.sock.sendall(p.encode_parse("", "SELECT name FROM customers WHERE id = $1") + read)
+            rows = [body for kind, body in c.read_until(b"Z") if kind == b"D"]
+            assert [p.decode_data_row(r) for r in rows] == [("Ada in ru",)]
+        admin_request(proxy.admin_url, "DELETE", f"/routes/{database}")
+        c.sock.sendall(p.encode_parse("other", "SELECT 2") + p.SYNC)  # untagged now, and leaves "" alone
+        assert [kind for kind, _ in c.read_until(b"Z")] == [b"1", b"Z"]
+        for _ in range(2):  # (the C relay would bind the empty unnamed statement)
+            c.sock.sendall(read)
+            rows = [body for kind, body in c.read_until(b"Z") if kind == b"D"]
+            assert [p.decode_data_row(r) for r in rows] == [("Ada",)]  # the base row: no session now
+        assert relays(proxy) == {"python": 1}
+        c.sock.sendall(
+            p.encode_parse("", "SELECT 1") + p.encode_bind("", "", ()) + p.encode_execute("") + p.SYNC
+        )
+        kinds = [kind for kind, _ in c.read_until(b"Z")]
+        assert kinds == [b"1", b"2", b"D", b"C", b"Z"], kinds
+        assert on_fast(proxy)
+    finally:
+        c.sock.close()

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from proxy.relay import PROMOTED_PREFIX
 from proxy.sql import CATALOG_QUERY, Analyzer, Catalog
 from proxy.sql.rewrite import KEY_READ_HASHED_ROWS
 from tests.proxy.conftest import RunningProxy, outcome
@@ -231,17 +232,60 @@ def test_app_ddl_elsewhere_costs_one_failed_key_read_not_a_wrong_one(
         assert rewritten(conn, sql, (5,))
 
 
-def test_a_named_key_range_reaches_a_cached_plan(proxy: RunningProxy, databases: tuple[str, str]) -> None:
-    """A named statement's key range hides its bounds from the planner in the base branch, so PostgreSQL
-    caches its generic plan after five custom ones, where the plain table plans every range anew: on 200k
-    rows its generic estimate of a range (0.5 %: 1,000 rows) costs more than the custom plans' 100."""
-    layer_db, plain = databases
+BIG_WRITES = ["UPDATE k_big SET v = -1 WHERE id % 100 = 3", "DELETE FROM k_big WHERE id % 100 = 4"]
+
+
+def big_table(databases: tuple[str, str]) -> None:
+    """k_big (200k rows) in both databases: large enough that the plain table keeps custom plans for a
+    100-row range."""
     for dsn in databases:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("CREATE TABLE k_big (id bigint PRIMARY KEY, v int)")
             conn.execute("INSERT INTO k_big SELECT g, g % 7 FROM generate_series(1, 200000) g")
             conn.execute("ANALYZE k_big")
-    writes = ["UPDATE k_big SET v = -1 WHERE id % 100 = 3", "DELETE FROM k_big WHERE id % 100 = 4"]
+
+
+def test_unnamed_key_reads_run_as_the_proxys_named_statement(
+    proxy: RunningProxy, databases: tuple[str, str]
+) -> None:
+    """asyncpg without a statement cache sends every statement unnamed (Parse and Describe, then Bind and
+    Execute). The proxy prepares the rewritten read once under a name of its own and answers the next
+    Parses of that text with an empty unnamed statement, so the server plans it like a prepared one (a
+    cached generic plan from the sixth execution); the client sees the plain table's rows and types. After
+    DEALLOCATE ALL the proxy prepares it anew."""
+    layer_db, plain = databases
+    big_table(databases)
+    sql = "SELECT * FROM k_big WHERE id BETWEEN $1 AND $1 + 99"
+    plans = "SELECT name, generic_plans, custom_plans FROM pg_prepared_statements ORDER BY name"
+
+    async def main() -> None:
+        session = proxy.dsn(layer_db, options="-c%20cow.session_id%3Dunnamed")
+        conn = await asyncpg.connect(session, statement_cache_size=0)
+        ref = await asyncpg.connect(plain, statement_cache_size=0)
+        try:
+            for write, done in zip(BIG_WRITES, ("UPDATE 2000", "DELETE 2000"), strict=True):
+                assert await conn.execute(write) == await ref.execute(write) == done
+            for low in range(1, 100000, 10000):  # ten reads
+                got = sorted(tuple(r) for r in await conn.fetch(sql, low))
+                assert got == sorted(tuple(r) for r in await ref.fetch(sql, low)) and len(got) == 99, low
+            assert [tuple(r) for r in await conn.fetch(plans)] == [(f"{PROMOTED_PREFIX}1", 5, 5)]
+            assert await ref.fetch(plans) == []  # each unnamed statement planned anew
+            await conn.execute("DEALLOCATE ALL")
+            assert len(await conn.fetch(sql, 5)) == 99
+            assert [tuple(r) for r in await conn.fetch(plans)] == [(f"{PROMOTED_PREFIX}2", 0, 1)]
+        finally:
+            await conn.close()
+            await ref.close()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_named_key_range_reaches_a_cached_plan(proxy: RunningProxy, databases: tuple[str, str]) -> None:
+    """A named statement's key range hides its bounds from the planner in the base branch, so PostgreSQL
+    caches its generic plan after five custom ones, where the plain table plans every range anew: on 200k
+    rows its generic estimate of a range (0.5 %: 1,000 rows) costs more than the custom plans' 100."""
+    layer_db, plain = databases
+    big_table(databases)
     sql = "SELECT * FROM k_big WHERE id BETWEEN %s AND %s + 99"
     plans = "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement LIKE %s"
     with (
@@ -250,7 +294,7 @@ def test_a_named_key_range_reaches_a_cached_plan(proxy: RunningProxy, databases:
         ) as conn,
         psycopg.connect(plain, prepare_threshold=0) as ref,
     ):
-        for write in writes:
+        for write in BIG_WRITES:
             assert conn.execute(write).rowcount == ref.execute(write).rowcount == 2000
         for low in range(1, 30000, 3000):  # ten executions (of one statement: psycopg sends int2 values)
             got = sorted(conn.execute(sql, (low, low)).fetchall())  # base rows first, then the session's

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from proxy import protocol as p
 from proxy.analysis import Analysis, query_kind, quick_kind
-from proxy.relay import INJECT_STATEMENT, REFUSED_SQL, Relay
+from proxy.relay import INJECT_STATEMENT, PROMOTED_PREFIX, REFUSED_SQL, Relay
 from proxy.tags import UNTAGGED, Tags
+from tests.proxy_sql import catalogs
 
 
 class NoCatalog(Analysis):
@@ -236,3 +237,81 @@ def test_query_kind_matches_quick_kind_with_and_without_its_prefix_table() -> No
     for _ in range(2):  # the second round answers from the prefix table
         for text in texts:
             assert query_kind(p.encode_query(text)) == quick_kind(text), text
+
+
+def promoting_relay() -> Relay:
+    """A relay in session S1 (joined already) with the sample catalog: ``projects`` reads by key rewrite."""
+    r = relay(route=Tags("S1"))
+    r.applied.tags = Tags("S1")
+    r.catalog = catalogs.sample_catalog()
+    return r
+
+
+KEY_READ = "SELECT * FROM projects WHERE id = $1"
+
+
+def test_an_unnamed_key_read_runs_as_a_named_statement_of_the_proxy() -> None:
+    r = promoting_relay()
+    sent = r.analysis.analyze(KEY_READ, r.catalog, True, prepared=True).rewritten
+    assert sent is not None and "_cow_versions" in sent
+    name = f"{PROMOTED_PREFIX}1"
+    bind = p.encode_bind("", "", ("7",))
+    renamed = p.encode_bind("", name, ("7",))
+    executed = (p.message(b"1"), p.message(b"2"), *OK_SELECT, p.encode_ready("I"))
+    # First time: the Parse goes out under the proxy's name, the Bind names it; the replies are the client's.
+    first = (p.encode_parse("", KEY_READ), bind, p.encode_execute(), p.SYNC)
+    assert send(r, *first) == b"".join((p.encode_parse(name, sent), renamed, p.encode_execute(), p.SYNC))
+    assert reply(r, *executed) == b"".join(executed)
+    assert r.promoted == {(sent, ()): name}
+    # Next time: an empty unnamed statement answers the Parse; Bind and Describe name the proxy's statement.
+    again = (p.encode_parse("", KEY_READ), p.message(b"D", b"S\0"), bind, p.encode_execute(), p.SYNC)
+    assert send(r, *again) == b"".join(
+        (
+            p.encode_parse("", ""),
+            p.message(b"D", b"S" + name.encode() + b"\0"),
+            renamed,
+            p.encode_execute(),
+            p.SYNC,
+        )
+    )
+    assert reply(r, *executed) == b"".join(executed)
+    # Another unnamed statement ends the alias: its Bind goes to the unnamed statement again.
+    other = (p.encode_parse("", "SELECT 1"), bind, p.encode_execute(), p.SYNC)
+    assert send(r, *other) == b"".join(other)
+    assert reply(r, *executed) == b"".join(executed)
+    # DEALLOCATE ALL drops the proxy's statements with the client's: the next read prepares a new one.
+    deallocate = p.encode_query("DEALLOCATE ALL")
+    assert send(r, deallocate) == deallocate
+    assert reply(r, p.encode_command_complete("DEALLOCATE ALL"), p.encode_ready("I"))
+    assert not r.promoted and r.unnamed_alias is None
+    name2 = f"{PROMOTED_PREFIX}2"
+    assert send(r, *first) == b"".join(
+        (p.encode_parse(name2, sent), p.encode_bind("", name2, ("7",)), p.encode_execute(), p.SYNC)
+    )
+
+
+def test_a_failed_promoted_statement_is_prepared_anew_and_a_failed_parse_binds_nothing_older() -> None:
+    r = promoting_relay()
+    sent = r.analysis.analyze(KEY_READ, r.catalog, True, prepared=True).rewritten
+    assert sent is not None
+    name = f"{PROMOTED_PREFIX}1"
+    parse = p.encode_parse("", KEY_READ)
+    send(r, parse, p.SYNC)
+    reply(r, p.message(b"1"), p.encode_ready("I"))
+    assert r.promoted == {(sent, ()): name}
+    # The plan went stale (app DDL): the Bind fails; the statement is forgotten and the catalog suspect.
+    assert send(r, parse, p.encode_bind("", "", ("7",)), p.SYNC).startswith(p.encode_parse("", ""))
+    stale = p.encode_error("0A000", "cached plan must not change result type")
+    assert reply(r, p.message(b"1"), stale, p.encode_ready("I")) == p.message(b"1") + stale + p.encode_ready(
+        "I"
+    )
+    assert not r.promoted and r._catalog_suspect
+    # A Parse under a new name that fails: the Bind after the Sync still names it (26000 from the server),
+    # never the unnamed statement that was there before.
+    r._catalog_suspect = False
+    name2 = f"{PROMOTED_PREFIX}2"
+    assert send(r, parse, p.SYNC) == p.encode_parse(name2, sent) + p.SYNC
+    syntax = p.encode_error("42601", "each UNION query must have the same number of columns")
+    reply(r, syntax, p.encode_ready("I"))
+    assert not r.promoted and r.unnamed_alias == name2
+    assert send(r, p.encode_bind("", "", ("7",)), p.SYNC) == p.encode_bind("", name2, ("7",)) + p.SYNC
