@@ -209,6 +209,8 @@ class Relay:
         # Unnamed statements run as proxy-owned named ones (_promote): (SQL sent, parameter types) -> name,
         # once the server has prepared it; the name the client's unnamed statement stands for; names made.
         self.promoted: dict[tuple[str, tuple[int, ...]], str] = {}
+        self._promoting: set[tuple[str, tuple[int, ...]]] = set()  # Parse sent, not answered yet
+        self._deallocations = 0  # texts that may have deallocated them, so far
         self.unnamed_alias: str | None = None
         self.promotions = 0
         self.holding = False
@@ -508,7 +510,8 @@ class Relay:
         prepared it, the client's Parse of the same text is answered by an empty unnamed statement
         (ParseComplete in its place, and the server's unnamed statement dropped as the client expects),
         and its Bind and Describe of the unnamed statement name the proxy's (``unnamed_alias``).
-        Returns False when the statement goes out as usual (no names left)."""
+        Returns False when the statement goes out as usual: no names left, or the same text's Parse still
+        unanswered (pipelined: it may yet fail, and a name per repetition would use up the names)."""
         key = (sql, param_types)
         name = self.promoted.get(key)
         if name is not None:
@@ -516,13 +519,16 @@ class Relay:
             self.unnamed_alias = name
             self._extended(Entry(Kind.PARSE, rewritten=True), p.encode_parse("", ""))
             return True
-        if self.promotions >= MAX_PROMOTED:
+        if self.promotions >= MAX_PROMOTED or key in self._promoting:
             return False
         self.promotions += 1
         name = f"{PROMOTED_PREFIX}{self.promotions}"
+        self._promoting.add(key)
+        deallocations = self._deallocations
 
         def prepared(ok: bool) -> None:
-            if ok:
+            self._promoting.discard(key)
+            if ok and deallocations == self._deallocations:  # (a DEALLOCATE pipelined after it)
                 self.promoted[key] = name
 
         self.hooks.rewrite()
@@ -540,8 +546,9 @@ class Relay:
         the proxy's too."""
         if unnamed:
             self.unnamed_alias = None
-        if self.promoted and _DEALLOCATES.search(body):
+        if (self.promoted or self._promoting) and _DEALLOCATES.search(body):
             self.promoted.clear()
+            self._deallocations += 1
 
     def _client_execute(self, frame: p.Frame) -> None:
         execute = p.decode_execute(frame.body)
@@ -789,7 +796,7 @@ class Relay:
             except UnicodeDecodeError:
                 return False
         self.hooks.statement(query_kind(data), False)
-        if self.unnamed_alias is not None or self.promoted:
+        if self.unnamed_alias is not None or self.promoted or self._promoting:
             self._forget_unnamed(data)  # a simple Query drops the unnamed statement
         if pending:
             pending.append(Entry(Kind.QUERY, started=perf_counter(), copy_epoch=self.copy_ends))

@@ -315,3 +315,31 @@ def test_a_failed_promoted_statement_is_prepared_anew_and_a_failed_parse_binds_n
     reply(r, syntax, p.encode_ready("I"))
     assert not r.promoted and r.unnamed_alias == name2
     assert send(r, p.encode_bind("", "", ("7",)), p.SYNC) == p.encode_bind("", name2, ("7",)) + p.SYNC
+
+
+def test_pipelined_repetitions_wait_for_the_first_promotion_and_a_deallocate_voids_it() -> None:
+    r = promoting_relay()
+    sent = r.analysis.analyze(KEY_READ, r.catalog, True, prepared=True).rewritten
+    assert sent is not None
+    name = f"{PROMOTED_PREFIX}1"
+    parse, bind = p.encode_parse("", KEY_READ), p.encode_bind("", "", ("7",))
+    # The same text twice before the server answers: the second goes out unnamed (no second name).
+    upstream = send(r, parse, bind, p.encode_execute(), p.SYNC, parse, bind, p.encode_execute(), p.SYNC)
+    assert upstream == b"".join(
+        (
+            p.encode_parse(name, sent),
+            p.encode_bind("", name, ("7",)),
+            p.encode_execute(),
+            p.SYNC,
+            p.encode_parse("", sent),
+            bind,
+            p.encode_execute(),
+            p.SYNC,
+        )
+    )
+    # A DEALLOCATE ALL sent before the first ParseComplete arrives: that statement is gone, not recorded.
+    send(r, p.encode_query("DEALLOCATE ALL"))
+    executed = (p.message(b"1"), p.message(b"2"), *OK_SELECT, p.encode_ready("I"))
+    reply(r, *executed, *executed, p.encode_command_complete("DEALLOCATE ALL"), p.encode_ready("I"))
+    assert not r.promoted and r.promotions == 1
+    assert send(r, parse, p.SYNC) == p.encode_parse(f"{PROMOTED_PREFIX}2", sent) + p.SYNC
