@@ -280,6 +280,24 @@ def test_unnamed_key_reads_run_as_the_proxys_named_statement(
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
+def test_pipelined_unnamed_key_reads_as_on_the_plain_tables(
+    proxy: RunningProxy, databases: tuple[str, str]
+) -> None:
+    """psycopg's pipeline mode sends many unnamed key reads before the first reply: the repetitions sent
+    before the proxy's Parse of that text is answered go out unnamed; later ones reuse its statement."""
+    sql = "SELECT * FROM k_items WHERE id BETWEEN %s AND %s + 9 ORDER BY id"
+    with side_by_side(proxy, databases, "pipelined", K_WRITES) as (conn, ref):
+        for round_ in range(2):
+            with conn.pipeline():
+                cursors = [conn.execute(sql, (low, low)) for low in range(40, 140, 10)]
+            for cur, low in zip(cursors, range(40, 140, 10), strict=True):
+                assert cur.fetchall() == ref.execute(sql, (low, low)).fetchall(), (round_, low)
+        promoted = conn.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE %s", (PROMOTED_PREFIX + "%",)
+        ).fetchone()
+        assert promoted == (1,)
+
+
 def test_a_named_key_range_reaches_a_cached_plan(proxy: RunningProxy, databases: tuple[str, str]) -> None:
     """A named statement's key range hides its bounds from the planner in the base branch, so PostgreSQL
     caches its generic plan after five custom ones, where the plain table plans every range anew: on 200k
