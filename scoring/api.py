@@ -13,7 +13,7 @@ from typing import Any
 import asyncpg
 
 from .config import ScoringConfig, make_config
-from .core import score_writes
+from .core import best_alternative, score_writes
 from .errors import ScoringError
 from .extract import SessionInfo, check_layer, fetch_metadata, fetch_writes, session_info
 from .model import Metadata, Write
@@ -80,35 +80,52 @@ def check_pair(
         raise ScoringError(f"--gt {gt!r} is an agent session and --agent {agent!r} a ground truth: swapped?")
 
 
+GroundTruths = str | Sequence[str]
+
+
+def ground_truths(gt: GroundTruths) -> tuple[str, ...]:
+    """One ground-truth id or several alternatives, as a tuple without repetitions (order kept)."""
+    gts = (gt,) if isinstance(gt, str) else tuple(dict.fromkeys(gt))
+    if not gts:
+        raise ScoringError("no ground-truth session given")
+    return gts
+
+
 async def score_sessions_async(
     connection_or_dsn: asyncpg.Connection | str,
-    gt: str,
+    gt: GroundTruths,
     agent: str,
     *,
     config: ScoringConfig | str | None = None,
     **options: Any,
 ) -> ScoringResult:
-    """Score session ``agent`` against ground-truth session ``gt``; options as for ``score_writes``."""
+    """Score session ``agent`` against ground-truth session ``gt`` — or against each of several alternative
+    ground truths, keeping the best by ``overall`` —; options as for ``score_writes``."""
     cfg = make_config(config, **options)
-    check_pair(gt, agent)
+    gts = ground_truths(gt)
+    for g in gts:
+        check_pair(g, agent)
     if isinstance(connection_or_dsn, str):
         conn = await connect(connection_or_dsn)
         try:
-            return await _score_one(_Source(conn), gt, agent, cfg)
+            return await _score_one(_Source(conn), gts, agent, cfg)
         finally:
             await conn.close()
-    return await _score_one(_Source(connection_or_dsn), gt, agent, cfg)
+    return await _score_one(_Source(connection_or_dsn), gts, agent, cfg)
 
 
-async def _score_one(source: _Source, gt: str, agent: str, cfg: ScoringConfig) -> ScoringResult:
+async def _score_one(source: _Source, gts: Sequence[str], agent: str, cfg: ScoringConfig) -> ScoringResult:
     meta = await source.metadata()
-    gt_info, gt_writes = await source.session(gt)
     ag_info, ag_writes = await source.session(agent)
-    check_pair(gt, agent, gt_info, ag_info)
-    return score_writes(gt_writes, ag_writes, meta, config=cfg, gt=gt, agent=agent, info=ag_info.as_info())
+    loaded = []
+    for gt in gts:
+        gt_info, gt_writes = await source.session(gt)
+        check_pair(gt, agent, gt_info, ag_info)
+        loaded.append((gt, gt_writes))
+    return _score_job(loaded, ag_writes, meta=meta, cfg=cfg, agent=agent, info=ag_info.as_info())
 
 
-def score_sessions(dsn: str, gt: str, agent: str, **options: Any) -> ScoringResult:
+def score_sessions(dsn: str, gt: GroundTruths, agent: str, **options: Any) -> ScoringResult:
     """Blocking variant of ``score_sessions_async`` (takes a DSN; from async code use the async variant)."""
     if not isinstance(dsn, str):
         raise TypeError("score_sessions takes a DSN; pass an asyncpg connection to score_sessions_async")
@@ -116,31 +133,35 @@ def score_sessions(dsn: str, gt: str, agent: str, **options: Any) -> ScoringResu
 
 
 def _score_job(
-    gt_writes: list[Write],
+    gts: Sequence[tuple[str, list[Write]]],
     ag_writes: list[Write],
     *,
     meta: Metadata,
     cfg: ScoringConfig,
-    gt: str,
     agent: str,
     info: dict[str, Any],
 ) -> ScoringResult:
-    return score_writes(gt_writes, ag_writes, meta, config=cfg, gt=gt, agent=agent, info=info)
+    return best_alternative(
+        [score_writes(w, ag_writes, meta, config=cfg, gt=gt, agent=agent, info=info) for gt, w in gts]
+    )
 
 
 async def score_pairs_async(
     dsn: str,
-    pairs: Sequence[tuple[str, str]],
+    pairs: Sequence[tuple[GroundTruths, str]],
     *,
     config: ScoringConfig | None = None,
     jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[ScoringResult]:
-    """Score many (gt, agent) pairs: sessions are read once each over a few connections, and the matching
-    runs in ``jobs`` worker processes. Results come back in the order of ``pairs``."""
+    """Score many (gt, agent) pairs — ``gt`` one id or several alternatives —: sessions are read once each
+    over a few connections, and the matching runs in ``jobs`` worker processes. Results come back in the
+    order of ``pairs``."""
     cfg = config or ScoringConfig()
-    for gt, agent in pairs:
-        check_pair(gt, agent)
+    wanted = [(ground_truths(gt), agent) for gt, agent in pairs]
+    for gts, agent in wanted:
+        for gt in gts:
+            check_pair(gt, agent)
     if not pairs:
         return []
     jobs = max(1, jobs or min(len(pairs), os.cpu_count() or 1))
@@ -151,11 +172,14 @@ async def score_pairs_async(
         # One connection reads sequentially: reading is cheap next to matching, and it keeps the load
         # on the database small while the workers match.
         loaded = []
-        for gt, agent in pairs:
-            gt_info, gt_w = await source.session(gt)
+        for gts, agent in wanted:
             ag_info, ag_w = await source.session(agent)
-            check_pair(gt, agent, gt_info, ag_info)
-            loaded.append((gt, agent, gt_w, ag_w, ag_info.as_info()))
+            gt_list = []
+            for gt in gts:
+                gt_info, gt_w = await source.session(gt)
+                check_pair(gt, agent, gt_info, ag_info)
+                gt_list.append((gt, gt_w))
+            loaded.append((gt_list, agent, ag_w, ag_info.as_info()))
     finally:
         await conn.close()
     loop = asyncio.get_running_loop()
@@ -164,9 +188,9 @@ async def score_pairs_async(
     try:
         futures = [
             loop.run_in_executor(
-                executor, partial(_score_job, gt_w, ag_w, meta=meta, cfg=cfg, gt=gt, agent=agent, info=info)
+                executor, partial(_score_job, gt_list, ag_w, meta=meta, cfg=cfg, agent=agent, info=info)
             )
-            for gt, agent, gt_w, ag_w, info in loaded
+            for gt_list, agent, ag_w, info in loaded
         ]
         for fut in asyncio.as_completed(futures):
             await fut

@@ -30,9 +30,17 @@ def register(sub: Any, session_sub: Any) -> None:
         help="PostgreSQL connection string (default: $COW_DSN, then $DATABASE_URL)",
     )
     which = p.add_argument_group("what to score (one of)")
-    which.add_argument("--gt", help="ground-truth session id")
+    which.add_argument(
+        "--gt",
+        action="append",
+        help="ground-truth session id; repeat it for alternative ground truths (the best by overall counts)",
+    )
     which.add_argument("--agent", help="agent session id")
-    which.add_argument("--all", action="store_true", help="every agent session against its gt_session")
+    which.add_argument(
+        "--all",
+        action="store_true",
+        help="every agent session against its gt_session (and the ground truths sharing its label)",
+    )
     which.add_argument("--pairs", metavar="FILE", help="CSV of pairs: columns gt,agent (header optional)")
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
     p.add_argument(
@@ -90,23 +98,23 @@ def run_score(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _pairs(args: argparse.Namespace) -> list[tuple[str, str]]:
+async def _pairs(args: argparse.Namespace) -> list[tuple[str | tuple[str, ...], str]]:
     chosen = sum(bool(x) for x in (args.all, args.pairs, args.gt or args.agent))
     if chosen != 1:
         raise ScoringError("say what to score: --gt GT --agent A, or --all, or --pairs FILE")
     if args.pairs:
-        return read_pairs(args.pairs)
+        return list(read_pairs(args.pairs))
     if not args.all:
         if not args.gt or not args.agent:
             raise ScoringError("give both --gt and --agent")
-        return [(args.gt, args.agent)]
+        return [(tuple(args.gt), args.agent)]
     from .api import connect
     from .extract import agent_sessions, check_layer
 
     conn = await connect(args.dsn)
     try:
         await check_layer(conn)
-        return await agent_sessions(conn)
+        return list(await agent_sessions(conn))
     finally:
         await conn.close()
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import networkx as nx
@@ -23,6 +24,7 @@ from .config import ScoringConfig, make_config
 from .match import Matching, Row, Side, Version, _TableScorer, match_sessions, reduce_writes
 from .model import Key, Metadata, Write, complete_metadata, freeze
 from .result import (
+    Alternative,
     Counts,
     FieldDiff,
     OperationUtility,
@@ -104,6 +106,29 @@ def score_writes(
         tables=_tables(matching, gt_side, ag_side),
         rows=_explain(matching) if explain else (),
         info=dict(info or {}),
+    )
+
+
+def best_alternative(results: Sequence[ScoringResult]) -> ScoringResult:
+    """The result against the best ground truth by ``overall`` (the first one on ties), carrying every
+    alternative's overall score."""
+    if not results:
+        raise ValueError("no ground truth to score against")
+    best = max(results, key=lambda r: r.overall)  # max keeps the first of equal values
+    alternatives = tuple(Alternative(r.gt, r.overall) for r in results)
+    return replace(best, alternatives=alternatives) if len(results) > 1 else best
+
+
+def score_alternatives(
+    gt_writes: Mapping[str, Sequence[Write]],
+    agent_writes: Sequence[Write],
+    metadata: Metadata | None = None,
+    **options: Any,
+) -> ScoringResult:
+    """Score the agent against each ground truth of ``gt_writes`` (session id -> writes, several valid end
+    states of one task) and keep the best by ``overall``; options as for ``score_writes``."""
+    return best_alternative(
+        [score_writes(writes, agent_writes, metadata, gt=gt, **options) for gt, writes in gt_writes.items()]
     )
 
 

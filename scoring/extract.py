@@ -92,13 +92,23 @@ async def session_info(conn: asyncpg.Connection, session: str) -> SessionInfo:
     )
 
 
-async def agent_sessions(conn: asyncpg.Connection) -> list[tuple[str, str]]:
-    """(gt, agent) for every agent session that names the ground truth it answers."""
+async def agent_sessions(conn: asyncpg.Connection) -> list[tuple[tuple[str, ...], str]]:
+    """(ground truths, agent) for every agent session that names the ground truth it answers. The ground
+    truths are that session first, then the other open ground-truth sessions with the same label (the
+    alternative valid end states of one task)."""
     rows = await conn.fetch(
-        "SELECT gt_session, session_id FROM cow.sessions "
-        "WHERE kind = 'agent' AND gt_session IS NOT NULL ORDER BY gt_session, created_at, session_id"
+        """
+        SELECT a.session_id, a.gt_session,
+               ARRAY(SELECT o.session_id FROM cow.sessions o
+                     WHERE o.kind = 'ground_truth' AND o.status = 'open' AND g.label IS NOT NULL
+                       AND o.label = g.label AND o.session_id <> a.gt_session
+                     ORDER BY o.created_at, o.session_id) AS others
+        FROM cow.sessions a LEFT JOIN cow.sessions g ON g.session_id = a.gt_session
+        WHERE a.kind = 'agent' AND a.gt_session IS NOT NULL
+        ORDER BY a.gt_session, a.created_at, a.session_id
+        """
     )
-    return [(r["gt_session"], r["session_id"]) for r in rows]
+    return [((r["gt_session"], *r["others"]), r["session_id"]) for r in rows]
 
 
 _CATEGORY_BY_NAME = {

@@ -30,6 +30,7 @@ CSV_COLUMNS = (
     "extra",
     "gt_ops",
     "agent_ops",
+    "alternatives",
 )
 
 
@@ -61,10 +62,23 @@ def flat(result: ScoringResult) -> dict[str, Any]:
         "extra": c.extra,
         "gt_ops": c.gt_ops,
         "agent_ops": c.agent_ops,
+        "alternatives": alternatives_text(result),
     }
     for name, value in result.scores.items():
         out[f"score_{name}"] = value
     return out
+
+
+def alternatives_text(result: ScoringResult) -> str:
+    """``A=0.500;B=1.000``: every ground truth the agent was scored against, with its overall score."""
+    return ";".join(f"{a.session}={a.overall:.3f}" for a in result.alternative_list())
+
+
+def _alternatives_line(result: ScoringResult) -> str | None:
+    if len(result.alternative_list()) < 2:
+        return None
+    others = ", ".join(f"{a.session} {a.overall:.3f}" for a in result.alternative_list())
+    return f"  matched alternative {result.gt} (best of {len(result.alternative_list())}: {others})"
 
 
 def render_jsonl(results: Sequence[ScoringResult]) -> str:
@@ -102,6 +116,9 @@ def render_table(results: Sequence[ScoringResult], rows: bool = True) -> str:
         head = f"{r.agent} vs ground truth {r.gt}"
         extras = ", ".join(f"{k} {v}" for k, v in r.info.items() if v and k in ("label", "model"))
         out.append(head + (f"  ({extras})" if extras else ""))
+        alt = _alternatives_line(r)
+        if alt:
+            out.append(alt)
         out.append(
             f"  overall {r.overall:.3f}   struct {r.struct_score:.3f}   content {r.content_score:.3f}   "
             f"efficiency {r.efficiency:.3f}"
@@ -233,6 +250,9 @@ def render_html(results: Sequence[ScoringResult]) -> str:
         info = ", ".join(f"{esc(k)}: {esc(str(v))}" for k, v in r.info.items() if v)
         if info:
             body.append(f"<p>{info}</p>")
+        alt = _alternatives_line(r)
+        if alt:
+            body.append(f'<p class="alternatives">{esc(alt.strip())}</p>')
         body.append(
             "<table><tr>" + "".join(f"<th>{k}</th>" for k in r.scores) + "<th>struct</th><th>content</th>"
             "<th>efficiency</th></tr><tr>"

@@ -30,6 +30,14 @@ class OperationUtility:
 
 
 @dataclass(frozen=True)
+class Alternative:
+    """One ground-truth session an agent was scored against, and the overall score it gave."""
+
+    session: str
+    overall: float
+
+
+@dataclass(frozen=True)
 class TableScore:
     table: str
     gt_rows: int
@@ -117,12 +125,25 @@ class ScoringResult:
     tables: tuple[TableScore, ...] = ()
     rows: tuple[RowExplanation, ...] = ()
     info: Mapping[str, Any] = field(default_factory=dict)  # labels from cow.sessions (model, label, ...)
+    # The ground truths the agent was scored against (one unless the task has alternatives); ``gt`` is the
+    # one chosen, the best by ``overall``. Empty when scored against ``gt`` alone.
+    alternatives: tuple[Alternative, ...] = ()
+
+    @property
+    def ground_truth(self) -> str:
+        """The ground-truth session chosen (``gt``)."""
+        return self.gt
+
+    def alternative_list(self) -> tuple[Alternative, ...]:
+        return self.alternatives or (Alternative(self.gt, self.overall),)
 
     def to_json(self, include_rows: bool = False) -> dict[str, Any]:
         """The object of DESIGN.md §2 (plus ``gt``, ``agent``, ``tables``; ``rows`` on request)."""
         out: dict[str, Any] = {
             "gt": self.gt,
             "agent": self.agent,
+            "ground_truth": self.gt,
+            "alternatives": [{"session": a.session, "overall": a.overall} for a in self.alternative_list()],
             "struct_score": self.struct_score,
             "content_score": self.content_score,
             "overall": self.overall,
