@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -19,7 +18,8 @@ from pglast.parser import ParseError, parse_plpgsql_json, parse_sql_json
 
 from proxy.errors import RewriteError
 from proxy.sql.catalog import Catalog
-from proxy.sql.rewrite import Rewriter
+from proxy.sql.jsontree import JsonNode, svals
+from proxy.sql.rewrites import DETECTORS, RELATION, STATEMENT, Rewriter
 from proxy.sql.tags import strip_edge_comments
 
 KINDS = ("select", "insert", "update", "delete", "merge", "copy", "ddl", "utility", "transaction", "other")
@@ -168,8 +168,9 @@ _SIMPLE_KINDS = {
     "CopyStmt": "copy",
     "TransactionStmt": "transaction",
 }
-# Statements the rewriter must see inside a session when they touch a CoW table (or may: DDL).
-_REWRITE_NODES = {
+# Statements whose outcome in a session depends on catalog details a stale catalog may get wrong (the rules
+# that rewrite or refuse them read the table's columns, keys or references).
+_CATALOG_DEPENDENT = {
     "TruncateStmt",
     "MergeStmt",
     "CopyStmt",
@@ -228,10 +229,6 @@ def _guarded_setting(name: str) -> bool:
     return name.startswith("cow.") or name in _GUARDED
 
 
-def _svals(items: Any) -> list[str]:
-    return [str(i["String"]["sval"]) for i in items or () if isinstance(i, dict) and "String" in i]
-
-
 class _Inspection:
     """Writes, tamper signs and whether a rewrite may apply, from one walk over the JSON parse tree.
 
@@ -245,13 +242,7 @@ class _Inspection:
         self.watch = in_session and catalog.has_cow_tables
         self.writes: list[tuple[str, str]] = []
         self.tampers = False
-        self.may_rewrite = False
-        self.qualified = False  # a schema-qualified CoW relation somewhere
-        self.on_conflicts = 0  # INSERT ... ON CONFLICT into CoW tables, nested ones included
-        self.group_by = False  # a SELECT grouping rows of a CoW table in its FROM
-        self.lateral = False  # a SELECT joining CoW tables, with WHERE or LIMIT
-        self.counts = False  # a SELECT of count(*) over one CoW table
-        self.key_reads = False  # a top-level SELECT of one CoW table with WHERE
+        self.found: dict[str, int] = {}  # per rewrite rule, how many nodes its detection said yes to
         self.ctes: set[str] = set()  # CTE names (any level): they may shadow a CoW table's name
         # The result depends on catalog details a stale catalog may get wrong. Not for plain reads and
         # writes of known tables: those cost no catalog check.
@@ -260,7 +251,7 @@ class _Inspection:
         self.error: tuple[str, str, str] | None = None  # (sqlstate, message, detail)
         self.in_do = False  # inside the body of a DO block
 
-    def _cow(self, relation: Any) -> bool:
+    def cow(self, relation: object) -> bool:
         return (
             isinstance(relation, dict)
             and self.catalog.lookup(relation.get("schemaname"), relation.get("relname")) is not None
@@ -285,8 +276,8 @@ class _Inspection:
             if not isinstance(obj, dict):
                 continue
             if self.watch and isinstance(obj.get("relname"), str) and obj.get("schemaname"):
-                if self._cow(obj):
-                    self.may_rewrite = self.qualified = True
+                if self.cow(obj):
+                    self.detect(RELATION, obj)
                 elif obj["schemaname"] in self.catalog.schemas:
                     self.catalog_dependent = True  # perhaps a table enabled since the catalog was read
             for key, value in obj.items():
@@ -296,29 +287,27 @@ class _Inspection:
                     continue  # the handler asked not to descend
                 stack.append(value)
 
-    def visit(self, name: str, node: dict[str, Any]) -> bool:
+    def detect(self, name: str, node: JsonNode) -> None:
+        """Asks the rewrite rules that watch ``name`` whether they may change the statement."""
+        for rule in DETECTORS.get(name, ()):
+            if (rule.count_all or rule.name not in self.found) and rule.detect(self, node):
+                self.found[rule.name] = self.found.get(rule.name, 0) + 1
+
+    def visit(self, name: str, node: JsonNode) -> bool:
+        if self.watch and name in DETECTORS:
+            self.detect(name, node)
         if self.in_session and (
-            name in _REWRITE_NODES or (name == "InsertStmt" and "onConflictClause" in node)
+            name in _CATALOG_DEPENDENT or (name == "InsertStmt" and "onConflictClause" in node)
         ):
             self.catalog_dependent = True
         if name == "InsertStmt":
             self._write(node.get("relation"), "insert")
-            if self.watch and "onConflictClause" in node and self._cow(node.get("relation")):
-                self.may_rewrite = True
-                self.on_conflicts += 1
         elif name == "UpdateStmt":
             self._write(node.get("relation"), "update")
             if self.watch and self.error is None and not self.in_do:
                 self._generated_update(node)
         elif name == "CommonTableExpr":
             self.ctes.add(str(node.get("ctename")))
-        elif name == "SelectStmt":
-            if self.watch and not self.group_by and self._groups_cow_rows(node):
-                self.may_rewrite = self.group_by = True
-            if self.watch and not self.lateral and self._joins_cow_tables(node):
-                self.may_rewrite = self.lateral = True
-            if self.watch and not self.counts and self._counts_cow_rows(node):
-                self.may_rewrite = self.counts = True
         elif name == "DeleteStmt":
             self._write(node.get("relation"), "delete")
         elif name == "MergeStmt":
@@ -342,56 +331,9 @@ class _Inspection:
             # SET CONSTRAINTS <names>: the rewrite adds the layer's constraint triggers of those names
             if self.in_session and node.get("constraints"):
                 self.catalog_dependent = True  # a constraint made deferrable since the catalog was read
-                self.may_rewrite = self.watch
         elif name in _SETTINGS_ELSEWHERE:
             return False  # a definition, or settings for later sessions: nothing changes now
-        if self.watch and name in _REWRITE_NODES:
-            self.may_rewrite = True
         return True
-
-    def _groups_cow_rows(self, node: dict[str, Any]) -> bool:
-        """A GROUP BY over a CoW table in this SELECT or its set-operation members."""
-        return _any_select(
-            node,
-            lambda s: (
-                bool(s.get("groupClause")) and any(self._cow(r) for r in _from_relations(s.get("fromClause")))
-            ),
-        )
-
-    def _joins_cow_tables(self, node: dict[str, Any]) -> bool:
-        """A SELECT (or set-operation member) joining CoW tables with WHERE or LIMIT: the rewriter decides."""
-        return _any_select(
-            node,
-            lambda s: (
-                bool(s.get("whereClause") or s.get("limitCount"))
-                and sum(self._cow(r) for r in _from_relations(s.get("fromClause"))) >= 2
-            ),
-        )
-
-    def _counts_cow_rows(self, node: dict[str, Any]) -> bool:
-        """A SELECT (or set-operation member) of count(*) alone over one CoW table: the rewriter decides
-        whether to split it."""
-
-        def counts(select: dict[str, Any]) -> bool:
-            targets: list[Any] = select.get("targetList") or []
-            items: list[Any] = select.get("fromClause") or []
-            if len(targets) != 1 or len(items) != 1:
-                return False
-            call = targets[0].get("ResTarget", {}).get("val", {}).get("FuncCall", {})
-            inner = items[0].get("RangeSubselect", {}).get("subquery", {}).get("SelectStmt", {})
-            if inner:  # SQLAlchemy's count of a query: FROM (SELECT ... FROM t WHERE ...) alias
-                items = inner.get("fromClause") or []
-            counted = bool(call.get("agg_star")) or len(call.get("args") or ()) == 1
-            return counted and len(items) == 1 and self._cow(items[0].get("RangeVar"))
-
-        return _any_select(node, counts)
-
-    def reads_one_table(self, stmt: dict[str, Any]) -> bool:
-        """A top-level ``SELECT … FROM t WHERE …`` of one CoW table: the rewriter decides whether it is a
-        key read."""
-        select = (stmt.get("ExplainStmt", {}).get("query") or stmt).get("SelectStmt") or {}
-        items = select.get("fromClause") or []
-        return "whereClause" in select and len(items) == 1 and self._cow(items[0].get("RangeVar"))
 
     def _generated_update(self, node: dict[str, Any]) -> None:
         """PostgreSQL's 428C9 for ``UPDATE t SET g = …`` of a generated or GENERATED ALWAYS identity column.
@@ -512,7 +454,7 @@ class _Inspection:
         return True
 
     def _func_call(self, node: dict[str, Any]) -> None:
-        names = [n.lower() for n in _svals(node.get("funcname"))]
+        names = [n.lower() for n in svals(node.get("funcname"))]
         if not names:
             return
         if names[-1] == "use_session" and names[:-1] in ([], ["cow"]):
@@ -526,34 +468,6 @@ class _Inspection:
             # a guarded name, or one computed at run time that might be
             if not isinstance(value, str) or _guarded_setting(value):
                 self.tampers = True
-
-
-def _any_select(node: dict[str, Any], test: Callable[[dict[str, Any]], bool]) -> bool:
-    """Whether ``test`` holds for a JSON SelectStmt or one of its set-operation members (``larg``/``rarg``
-    hold bare SelectStmt fields, so the walk does not visit them as nodes)."""
-    stack: list[Any] = [node]
-    while stack:
-        select = stack.pop()
-        if isinstance(select, dict):
-            if test(select):
-                return True
-            stack.extend((select.get("larg"), select.get("rarg")))
-    return False
-
-
-def _from_relations(items: Any) -> list[Any]:
-    """The RangeVars of a JSON FROM list, through joins (subqueries have their own SelectStmt)."""
-    out: list[Any] = []
-    stack = list(items or ())
-    while stack:
-        item = stack.pop()
-        if not isinstance(item, dict):
-            continue
-        if "RangeVar" in item:
-            out.append(item["RangeVar"])
-        elif "JoinExpr" in item:
-            stack.extend((item["JoinExpr"].get("larg"), item["JoinExpr"].get("rarg")))
-    return out
 
 
 def _is_default(value: Any) -> bool:
@@ -598,7 +512,7 @@ class Analyzer:
         prepared: bool = False,
     ) -> Analysis:
         """``prepared``: ``sql`` is the text of a named prepared statement, whose plan PostgreSQL may cache
-        (a key read then takes the form whose plan it does cache: ``rewrite._key_read``)."""
+        (a key read then takes the form whose plan it does cache: ``rewrites.key_reads``)."""
         version = server_version_num or self.server_version_num or catalog.server_version_num
         text = strip_edge_comments(sql)
         key = (text, in_session, catalog.ident, version, prepared)
@@ -635,8 +549,9 @@ def _analyze_parsed(text: str, catalog: Catalog, in_session: bool, version: int,
         kinds.append(_kind(name, "intoClause" in fields))
     inspection = _Inspection(catalog, in_session)
     inspection.walk(stmts)
-    if inspection.watch and any(inspection.reads_one_table(raw["stmt"]) for raw in stmts):
-        inspection.may_rewrite = inspection.key_reads = True
+    if inspection.watch:
+        for raw in stmts:
+            inspection.detect(STATEMENT, raw["stmt"])
     kind = kinds[0] if len(kinds) == 1 else "multi"
     base = Analysis(
         kind=kind,
@@ -647,21 +562,12 @@ def _analyze_parsed(text: str, catalog: Catalog, in_session: bool, version: int,
     if inspection.error is not None:
         sqlstate, message, detail = inspection.error
         return replace(base, error=(sqlstate, message), error_detail=detail)
-    if not inspection.may_rewrite:
+    if not inspection.found:
         return base
     # Only now the full parse into pglast nodes, which the rewriter edits and deparses.
     try:
         rewriter = Rewriter(
-            catalog,
-            version,
-            inspection.qualified,
-            inspection.on_conflicts,
-            group_by=inspection.group_by,
-            lateral=inspection.lateral,
-            counts=inspection.counts,
-            key_reads=inspection.key_reads,
-            ctes=frozenset(inspection.ctes),
-            cached_plan=prepared,
+            catalog, version, inspection.found, ctes=frozenset(inspection.ctes), cached_plan=prepared
         )
         outcome = rewriter.rewrite(pglast.parse_sql(text), text)
     except RewriteError as exc:

@@ -1,0 +1,219 @@
+"""Key joins of several CoW tables become LATERAL subqueries, so each view is probed by index instead of
+read whole (docs/rewrites.md, "Key joins of CoW tables")."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pglast import ast
+from pglast.enums import (
+    A_Expr_Kind,
+    JoinType,
+)
+from pglast.visitors import Skip, Visitor
+
+from proxy.sql.catalog import Catalog, CowTable
+from proxy.sql.jsontree import JsonNode, any_select, from_relations
+from proxy.sql.rewrites.base import Context, Rule, Scan, Step
+from proxy.sql.rewrites.nodes import (
+    QUALIFIED_NAME_KINDS,
+    conjuncts,
+    first_range,
+    operator_of,
+    parse,
+    qualifier,
+    range_name,
+    reads_relations,
+)
+from proxy.sql.rewrites.tables import (
+    cow_range,
+    row_keys,
+)
+
+
+def _join_tree_ranges(from_clause: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    """The RangeVars and the JoinExprs of a FROM list, through unaliased joins."""
+    ranges: list[Any] = []
+    joins: list[Any] = []
+    stack = list(from_clause)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, ast.JoinExpr):
+            joins.append(item)
+            if item.alias is None:
+                stack.extend((item.rarg, item.larg))
+        elif isinstance(item, ast.RangeVar):
+            ranges.append(item)
+    return ranges, joins
+
+
+# Joins of at least this many CoW tables in one FROM get their key joins as LATERAL subqueries when the first
+# relation is restricted; two tables when it is pinned to a few rows by a key, or when the joined table is at
+# least LATERAL_SIZE_RATIO times as large: then even every row of the first relation probing the joined view
+# by index costs less than a hash join reading the joined view whole (a probe of a view is three index
+# probes, ~5 us, against ~0.1 us per row hashed; bench/joins.py).
+LATERAL_MIN_TABLES = 3
+
+
+LATERAL_SIZE_RATIO = 50
+
+
+_TRUE = parse("SELECT 1 FROM a JOIN b ON true").fromClause[0].quals
+
+
+_RESTRICTING = frozenset(
+    (A_Expr_Kind.AEXPR_OP, A_Expr_Kind.AEXPR_OP_ANY, A_Expr_Kind.AEXPR_IN, A_Expr_Kind.AEXPR_BETWEEN)
+)
+
+
+def _own_column(node: Any, name: str, table: CowTable) -> str | None:
+    """The column of ``table`` (FROM item ``name``) that ``node`` is, if it is ``name.column``."""
+    if not isinstance(node, ast.ColumnRef):
+        return None
+    fields = tuple(node.fields or ())
+    if len(fields) != 2 or not all(isinstance(f, ast.String) for f in fields) or fields[0].sval != name:
+        return None
+    return fields[1].sval if table.column(fields[1].sval) is not None else None
+
+
+class _LateralJoins(Visitor):
+    """Key joins to CoW tables become ``JOIN LATERAL (SELECT * FROM t WHERE <on> OFFSET 0) t ON true``.
+
+    PostgreSQL keeps no statistics for the columns of a UNION ALL view, so it estimates a join on a view's
+    key with its default of 200 distinct values (10 rows joined to a 1M-row view: 50k rows), and the error
+    multiplies with every further join until the plan reads whole tables: 4 tables joined for 10 rows took
+    over 10 s instead of 0.8 ms (bench/joins.py). Inside the subquery the equality restricts the view, so
+    each of its leaves is estimated from its own table's statistics and probed by index; OFFSET 0 keeps
+    PostgreSQL from pulling the subquery back up into a join. Only SELECTs that join at least three CoW
+    tables from a restricted first relation, or two from a first relation pinned by its key or dwarfed by the
+    other table, are changed (a probe per outer row would be slower than the hash join of a query over whole
+    tables), and only joins
+    on an indexed column or a whole key of the joined table. USING, NATURAL, RIGHT/FULL, aliased joins,
+    column aliases and FOR UPDATE are left as written (docs/rewrites.md).
+    """
+
+    def __init__(self, catalog: Catalog, ctes: frozenset[str]) -> None:
+        self.catalog = catalog
+        self.ctes = ctes
+        self.changed = False
+
+    def visit_SelectStmt(self, _: Any, node: Any) -> None:
+        if node.lockingClause or not node.fromClause or len(node.fromClause) != 1:
+            return
+        ranges, joins = _join_tree_ranges(node.fromClause)
+        tables = sum(cow_range(self.catalog, self.ctes, r) is not None for r in ranges)
+        if tables < 2:
+            return
+        driver = self._driver(node, ranges)
+        if driver == "pinned" or (
+            driver == "restricted" and (tables >= LATERAL_MIN_TABLES or self._dwarfed(node, ranges))
+        ):
+            for join in joins:
+                self._lateral(join)
+
+    def _dwarfed(self, node: Any, ranges: Sequence[Any]) -> bool:
+        """Whether the first relation is a CoW table that every other CoW table of the join outsizes by
+        LATERAL_SIZE_RATIO (row estimates from the catalog; an unanalyzed table does not count)."""
+        first = first_range(node)
+        driver = cow_range(self.catalog, self.ctes, first) if first is not None else None
+        if driver is None or driver.rows < 0:
+            return False
+        others = [cow_range(self.catalog, self.ctes, r) for r in ranges if r is not first]
+        return all(t is None or t.rows >= LATERAL_SIZE_RATIO * max(driver.rows, 1.0) for t in others)
+
+    def _driver(self, node: Any, ranges: Sequence[Any]) -> str:
+        """How the first relation of the join tree is restricted: "pinned" (equality or IN on a whole key:
+        a few rows), "restricted" (a WHERE condition compares one of its columns with values, or a LIMIT
+        with no ORDER BY beyond it), else "open".
+
+        Each joined row costs a probe per join, as on the plain tables; a filter on a later relation would
+        make every row of the first one probe (a query counting rows by a condition on the last table of a
+        chain went from 0.25 s to 2.5 s that way), so those are left as written.
+        """
+        driver = first_range(node)
+        if driver is None:
+            return "open"
+        names = {range_name(r) for r in ranges}
+        name = range_name(driver)
+        restricted = node.limitCount is not None and all(
+            qualifier(sort.node) == name for sort in node.sortClause or ()
+        )
+        pinned: set[str] = set()
+        for conjunct in conjuncts(node.whereClause):
+            if not isinstance(conjunct, ast.A_Expr) or conjunct.kind not in _RESTRICTING:
+                continue
+            sides: list[Any] = [conjunct.lexpr, conjunct.rexpr]
+            for column, values in (sides, sides[::-1]):
+                if qualifier(column) == name and not reads_relations(values, names):
+                    restricted = True
+                    if conjunct.kind != A_Expr_Kind.AEXPR_BETWEEN and operator_of(conjunct) == "=":
+                        pinned.add(column.fields[-1].sval)
+        table = cow_range(self.catalog, self.ctes, driver)
+        if table is not None and any(set(key) <= pinned for key in row_keys(table)):
+            return "pinned"
+        return "restricted" if restricted else "open"
+
+    def _lateral(self, join: Any) -> None:
+        rarg = join.rarg
+        if (
+            join.jointype not in (JoinType.JOIN_INNER, JoinType.JOIN_LEFT)
+            or join.isNatural
+            or join.usingClause
+            or join.quals is None
+            or not isinstance(rarg, ast.RangeVar)
+            or (rarg.alias is not None and rarg.alias.colnames)
+            or (rarg.alias is None and rarg.schemaname)  # columns may be named schema.table.column
+        ):
+            return
+        table = cow_range(self.catalog, self.ctes, rarg)
+        if table is None:
+            return
+        name = range_name(rarg)
+        quals = join.quals
+        keyed: set[str] = set()
+        for conjunct in conjuncts(quals):
+            if not (
+                isinstance(conjunct, ast.A_Expr)
+                and conjunct.kind == A_Expr_Kind.AEXPR_OP
+                and operator_of(conjunct) == "="
+            ):
+                continue
+            for mine, other in ((conjunct.lexpr, conjunct.rexpr), (conjunct.rexpr, conjunct.lexpr)):
+                column = _own_column(mine, name, table)
+                if column is not None and not reads_relations(other, {name}):
+                    keyed.add(column)
+        if not keyed & table.indexed and not any(set(key) <= keyed for key in row_keys(table)):
+            return
+        sub = parse("SELECT * FROM x OFFSET 0")
+        sub.fromClause = (rarg,)
+        sub.whereClause = quals
+        join.rarg = ast.RangeSubselect(lateral=True, subquery=sub, alias=ast.Alias(aliasname=name))
+        join.quals = _TRUE
+        self.changed = True
+
+    def visit_CreateFunctionStmt(self, _: Any, node: Any) -> Any:
+        return Skip
+
+
+def detect(scan: Scan, node: JsonNode) -> bool:
+    """A SELECT (or set-operation member) joining CoW tables with WHERE or LIMIT: the rule decides."""
+    return any_select(
+        node,
+        lambda s: (
+            bool(s.get("whereClause") or s.get("limitCount"))
+            and sum(scan.cow(r) for r in from_relations(s.get("fromClause"))) >= 2
+        ),
+    )
+
+
+def apply(ctx: Context, node: ast.Node) -> Step | None:
+    if not isinstance(node, QUALIFIED_NAME_KINDS):
+        return None
+    joins = _LateralJoins(ctx.catalog, ctx.ctes(node))
+    joins(node)
+    return Step(node) if joins.changed else None
+
+
+# after group_by, which only knows the columns of plain FROM items
+RULE = Rule("lateral", frozenset({"SelectStmt"}), detect, apply)

@@ -1,0 +1,266 @@
+"""Typed helpers over pglast's AST nodes that several rules share: quoting, templates, conditions.
+
+Templates are parsed SQL whose only variable parts are identifiers from the catalog (``quote``); the
+client's expressions are spliced in as nodes."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+from typing import Any
+
+import pglast
+from pglast import ast
+from pglast.enums import (
+    BoolExprType,
+    SetOperation,
+)
+from pglast.visitors import Skip, Visitor
+
+from proxy.sql.catalog import CowTable
+
+
+def quote(name: str) -> str:
+    """A quoted identifier (names come from the catalog, never from client values)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def parse(sql: str) -> Any:
+    return pglast.parse_sql(sql)[0].stmt
+
+
+@lru_cache(maxsize=256)
+def type_name(type_name: str) -> Any:
+    # Shared between trees: nothing edits TypeName nodes after they are spliced in.
+    return parse(f"SELECT CAST(NULL AS {type_name})").targetList[0].val.typeName
+
+
+def and_(left: Any, right: Any) -> ast.BoolExpr:
+    return ast.BoolExpr(boolop=BoolExprType.AND_EXPR, args=(left, right))
+
+
+def all_of(*conditions: Any) -> ast.BoolExpr:
+    """The conditions' top-level AND terms under one AND (as the parser builds ``a AND b AND c``)."""
+    terms = tuple(term for condition in conditions for term in conjuncts(condition))
+    return ast.BoolExpr(boolop=BoolExprType.AND_EXPR, args=terms)
+
+
+def command_of(node: Any) -> str | None:
+    """The command word of the CommandComplete tag a statement produces (for tag_map clashes)."""
+    if isinstance(node, ast.SelectStmt):
+        return "SELECT"
+    if isinstance(node, ast.InsertStmt):
+        return "INSERT"
+    if isinstance(node, ast.UpdateStmt):
+        return "UPDATE"
+    if isinstance(node, ast.DeleteStmt):
+        return "DELETE"
+    if isinstance(node, ast.MergeStmt):
+        return "MERGE"
+    return None
+
+
+# Statements whose schema-qualified CoW names are pointed at the overlay (DDL keeps the base tables).
+QUALIFIED_NAME_KINDS = (
+    ast.SelectStmt,
+    ast.InsertStmt,
+    ast.UpdateStmt,
+    ast.DeleteStmt,
+    ast.MergeStmt,
+    ast.CopyStmt,
+    ast.ExplainStmt,
+    ast.PrepareStmt,
+    ast.DeclareCursorStmt,
+)
+
+
+# Built-in functions that are immutable or stable: a count split into three parts evaluates its WHERE on each
+# part, so a volatile function (random(), nextval()) could answer differently for the same row.
+STABLE_FUNCTIONS = frozenset(
+    {
+        "abs", "age", "array_length", "btrim", "cardinality", "ceil", "ceiling", "char_length",
+        "character_length", "concat", "concat_ws", "current_setting", "date_part",
+        "date_trunc", "extract", "floor", "initcap", "jsonb_extract_path_text",
+        "json_extract_path_text", "jsonb_typeof", "left", "length", "lower", "ltrim", "now",
+        "octet_length", "position", "replace", "right", "round", "rtrim", "split_part", "starts_with",
+        "strpos", "substr", "substring", "timezone", "to_char", "to_date", "to_timestamp", "trim", "trunc",
+        "upper",
+    }
+)  # fmt: skip
+
+
+# Expression nodes a split count's WHERE may hold (no subqueries, no aggregates, no whole-row references).
+PLAIN_EXPRESSION_NODES = (
+    ast.A_Const,
+    ast.A_Expr,
+    ast.A_ArrayExpr,
+    ast.A_Indices,
+    ast.A_Indirection,
+    ast.BoolExpr,
+    ast.BooleanTest,
+    ast.CaseExpr,
+    ast.CaseWhen,
+    ast.CoalesceExpr,
+    ast.CollateClause,
+    ast.MinMaxExpr,
+    ast.NullTest,
+    ast.ParamRef,
+    ast.RowExpr,
+    ast.SQLValueFunction,
+    ast.TypeCast,
+    ast.TypeName,
+    ast.String,
+    ast.Integer,
+    ast.Float,
+    ast.Boolean,
+    ast.BitString,
+)
+
+
+class Shorten(Visitor):
+    """``schema.table.column`` written ``table.column``, where the table became a subquery of that name."""
+
+    def visit_ColumnRef(self, _: Any, node: Any) -> None:
+        if len(node.fields or ()) == 3:
+            node.fields = tuple(node.fields[1:])
+
+
+def unqualified(where: Any) -> Any:
+    """A copy of ``where`` with ``schema.table.column`` written ``table.column`` (each part names the table
+    by its name, as an alias)."""
+    where = copy.deepcopy(where)
+    Shorten()(where)
+    return where
+
+
+def bare_select(node: Any) -> bool:
+    """A SELECT with targets and one FROM item, and only WHERE, ORDER BY, LIMIT and OFFSET besides: no set
+    operation, WITH, INTO, DISTINCT, GROUP BY, HAVING, window or locking clause."""
+    return (
+        isinstance(node, ast.SelectStmt)
+        and node.op == SetOperation.SETOP_NONE
+        and not (node.withClause or node.intoClause or node.distinctClause or node.groupClause)
+        and not (node.havingClause or node.windowClause or node.lockingClause)
+        and bool(node.targetList)
+        and len(node.fromClause or ()) == 1
+    )
+
+
+def function_name(call: Any) -> tuple[str | None, ...]:
+    return tuple(getattr(n, "sval", None) for n in call.funcname or ())
+
+
+def plain_condition(
+    where: Any, name: str = "", table: CowTable | None = None, *, qualified: bool = False
+) -> bool:
+    """Whether an expression reads only the FROM item's own columns (``c``, ``name.c``, and with
+    ``qualified`` ``schema.name.c``; none without ``table``), constants, parameters and stable built-in
+    functions: the same answer for a row wherever it is evaluated."""
+    plain = True
+
+    def own(fields: list[str | None]) -> bool:
+        if table is None or fields[-1] is None or table.column(fields[-1]) is None:
+            return False
+        if len(fields) == 3:
+            return qualified and fields[1] == name and fields[0] in (table.schema, table.overlay_schema)
+        return len(fields) == 1 or (len(fields) == 2 and fields[0] == name)
+
+    class Check(Visitor):
+        def visit(self, _: Any, node: Any) -> Any:
+            nonlocal plain
+            if isinstance(node, ast.ColumnRef):
+                plain = plain and own([getattr(f, "sval", None) for f in node.fields or ()])
+                return Skip
+            if isinstance(node, ast.FuncCall):
+                names = function_name(node)
+                plain = plain and (
+                    names[-1] in STABLE_FUNCTIONS
+                    and names[:-1] in ((), ("pg_catalog",))
+                    and not (node.agg_star or node.agg_distinct or node.agg_order or node.agg_filter)
+                    and node.over is None
+                )
+                return Skip if not plain else None
+            if not isinstance(node, PLAIN_EXPRESSION_NODES):
+                plain = False
+            return Skip if not plain else None
+
+    if where is not None:
+        Check()(where)
+    return plain
+
+
+def first_range(node: Any) -> Any:
+    """The RangeVar a SELECT's FROM tree starts with (through unaliased joins), else None."""
+    first = node.fromClause[0]
+    while isinstance(first, ast.JoinExpr):
+        if first.alias is not None:
+            return None
+        first = first.larg
+    return first if isinstance(first, ast.RangeVar) else None
+
+
+def conjuncts(expr: Any) -> Sequence[Any]:
+    """The top-level AND terms of a condition (none for a missing one)."""
+    if expr is None:
+        return ()
+    if isinstance(expr, ast.BoolExpr) and expr.boolop == BoolExprType.AND_EXPR:
+        return expr.args or ()
+    return (expr,)
+
+
+def operator_of(expr: Any) -> str | None:
+    """The operator of an A_Expr (``=`` also for ``IN`` and ``= ANY``), when it is an unqualified one."""
+    names = [getattr(n, "sval", None) for n in expr.name or ()]
+    return names[0] if len(names) == 1 else None
+
+
+def range_name(node: Any) -> str:
+    """The name a FROM item's columns are qualified with (its alias, else its table name)."""
+    return str(node.alias.aliasname if node.alias is not None else node.relname)
+
+
+def qualifier(node: Any) -> str | None:
+    """``t`` for a column reference ``t.c`` (``s.t.c`` too), else None."""
+    if not isinstance(node, ast.ColumnRef):
+        return None
+    fields = [getattr(f, "sval", None) for f in node.fields or ()]
+    return fields[-2] if len(fields) >= 2 and None not in fields else None
+
+
+def reads_relations(node: Any, names: set[str]) -> bool:
+    """Whether ``node`` may read a column of the FROM items ``names`` (unqualified columns and subqueries
+    count: conservative)."""
+    return subquery_or_column(node, lambda ref: qualifier(ref) in names or len(ref.fields or ()) < 2)
+
+
+def subquery_or_column(node: Any, test: Callable[[Any], bool]) -> bool:
+    """Whether ``node`` (or a list of nodes) holds a subquery, or a column reference for which ``test``
+    holds."""
+    found = False
+
+    class Refs(Visitor):
+        def visit_SubLink(self, _: Any, sub: Any) -> Any:
+            nonlocal found
+            found = True
+            return Skip
+
+        def visit_ColumnRef(self, _: Any, ref: Any) -> None:
+            nonlocal found
+            found = found or test(ref)
+
+    if isinstance(node, (list, tuple)):
+        return any(subquery_or_column(item, test) for item in node)
+    Refs()(node)
+    return found
+
+
+def cte_names(node: Any) -> frozenset[str]:
+    names: set[str] = set()
+
+    class Ctes(Visitor):
+        def visit_CommonTableExpr(self, _: Any, cte: Any) -> None:
+            names.add(cte.ctename)
+
+    Ctes()(node)
+    return frozenset(names)

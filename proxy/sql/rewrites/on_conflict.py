@@ -1,0 +1,452 @@
+"""``INSERT … ON CONFLICT`` into a CoW table: rewritten into statements on the overlay view that insert
+the rows that collide with nothing and update the others, with PostgreSQL's row counts, RETURNING order
+and SQLSTATEs (docs/rewrites.md, "INSERT … ON CONFLICT"). Also under EXPLAIN and PREPARE and in a WITH
+(the get-or-create idiom); elsewhere inside another statement it is refused."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pglast import ast
+from pglast.enums import (
+    OnConflictAction,
+)
+from pglast.visitors import Visitor
+
+from proxy.errors import RewriteError
+from proxy.sql.catalog import CowTable, UniqueKey
+from proxy.sql.jsontree import JsonNode
+from proxy.sql.rewrites.base import Context, Rule, Scan, Step
+from proxy.sql.rewrites.nodes import (
+    and_,
+    parse,
+    quote,
+    type_name,
+)
+from proxy.sql.rewrites.tables import (
+    MERGE_ON_VIEWS,
+    overlay,
+    unsupported,
+)
+
+
+def _match(left: str, right: str, key: UniqueKey) -> str:
+    """SQL for 'rows left and right collide on key' (NULLs collide only under NULLS NOT DISTINCT)."""
+    op = "IS NOT DISTINCT FROM" if key.nulls_not_distinct else "="
+    return " AND ".join(f"{left}.{quote(c)} {op} {right}.{quote(c)}" for c in key.columns)
+
+
+def _expand_stars(targets: Sequence[Any], alias: str, columns: Sequence[str]) -> tuple[Any, ...]:
+    """A RETURNING list with ``*`` / ``alias.*`` spelled out as the table's columns."""
+    out: list[Any] = []
+    for target in targets:
+        fields: tuple[Any, ...] = tuple(getattr(target.val, "fields", None) or ())
+        star = isinstance(target.val, ast.ColumnRef) and bool(fields) and isinstance(fields[-1], ast.A_Star)
+        if star and (len(fields) == 1 or (len(fields) == 2 and getattr(fields[0], "sval", None) == alias)):
+            out.extend(
+                ast.ResTarget(val=ast.ColumnRef(fields=(ast.String(sval=alias), ast.String(sval=c))))
+                for c in columns
+            )
+        else:
+            out.append(target)
+    return tuple(out)
+
+
+class _Upserts:
+    """The ON CONFLICT rewrites of one statement."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.catalog = ctx.catalog
+        self.version = ctx.version
+        self._cow = ctx.cow
+
+    def wrapped(self, node: Any) -> int:
+        """Rewrites an ON CONFLICT insert under EXPLAIN or PREPARE in place; returns how many (0 or 1).
+
+        EXPLAIN reports no row count, so any form serves; a prepared statement's tag comes with EXECUTE,
+        where no tag fix can follow it, so only DO NOTHING (whose own tag is right) is allowed there."""
+        if not isinstance(node, ast.ExplainStmt | ast.PrepareStmt):
+            return 0
+        query: Any = node.query
+        table = self._cow(query.relation) if isinstance(query, ast.InsertStmt) else None
+        if table is None or query.onConflictClause is None:
+            return 0
+        prepare = isinstance(node, ast.PrepareStmt)
+        if prepare and query.onConflictClause.action == OnConflictAction.ONCONFLICT_UPDATE:
+            raise unsupported("PREPARE of INSERT ... ON CONFLICT DO UPDATE (the protocol's Parse works)")
+        new, _ = self._on_conflict(query, table, nested=prepare)
+        node.query = new
+        return 1
+
+    def hoist_ctes(self, node: Any) -> int:
+        """Rewrites ON CONFLICT inserts in the statement's WITH (the get-or-create idiom); data-modifying
+        CTEs must be top-level, so the helpers are hoisted next to the CTE. Returns how many."""
+        with_clause = getattr(node, "withClause", None)
+        if with_clause is None:
+            return 0
+        count = 0
+        ctes: list[Any] = []
+        for cte in with_clause.ctes:
+            query = cte.ctequery
+            table = self._cow(query.relation) if isinstance(query, ast.InsertStmt) else None
+            if table is not None and query.onConflictClause is not None:
+                count += 1
+                final, _ = self._on_conflict(query, table, suffix=f"_{count}", nested=True)
+                ctes.extend(final.withClause.ctes)
+                if final.withClause.recursive:
+                    with_clause.recursive = True
+                final.withClause = None
+                cte.ctequery = final
+            ctes.append(cte)
+        if count:
+            with_clause.ctes = tuple(ctes)
+        return count
+
+    def refuse_nested(self, node: Any) -> None:
+        rewriter = self
+
+        class Nested(Visitor):
+            def visit_InsertStmt(self, ancestors: Any, insert: Any) -> None:
+                if insert is node or insert.onConflictClause is None:
+                    return
+                table = rewriter._cow(insert.relation)
+                if table is not None:
+                    raise unsupported(f"INSERT ... ON CONFLICT on {table.qualified} inside another statement")
+
+        Nested()(node)
+
+    def _on_conflict(
+        self, stmt: Any, table: CowTable, suffix: str = "", nested: bool = False
+    ) -> tuple[Any, tuple[str, str] | None]:
+        """The statement replacing ``stmt``; its WITH holds the helper CTEs (named with ``suffix``)."""
+        rows, inp, upd, ins = (
+            f"{n}{suffix}" for n in ("cow_rows", "cow_input", "cow_updated", "cow_inserted")
+        )
+        clause = stmt.onConflictClause
+        alias = stmt.relation.alias.aliasname if stmt.relation.alias is not None else table.name
+        columns, rows_select = self._conflict_input(stmt, table)
+        keys = self._arbiters(clause, table, columns)
+        view = overlay(table)
+        qalias = quote(alias)
+        collisions = " AND ".join(
+            f"NOT EXISTS (SELECT 1 FROM {view} AS cow_t WHERE {_match('cow_t', 'excluded', k)})" for k in keys
+        )
+        column_list = ", ".join(quote(c) for c in columns)
+        picked = ", ".join(f"excluded.{quote(c)}" for c in columns)
+        returning = stmt.returningClause
+
+        if clause.action == OnConflictAction.ONCONFLICT_NOTHING:
+            if len(keys) <= 1:
+                # A row colliding with an earlier input row is skipped, as PostgreSQL does (it sees the rows
+                # the same command inserted); with one key, the first of equal rows is the one inserted.
+                earlier = " AND ".join(
+                    f"NOT EXISTS (SELECT 1 FROM {rows} AS cow_e WHERE {_match('cow_e', 'excluded', k)} "
+                    "AND cow_e.cow_ord < excluded.cow_ord)"
+                    for k in keys
+                )
+                where = " AND ".join(w for w in (collisions, earlier) if w) or "true"
+                sql = (
+                    f"WITH {rows} AS (SELECT 1) INSERT INTO {view} AS {qalias} ({column_list}) "
+                    f"SELECT {picked} FROM {rows} AS excluded WHERE {where} ORDER BY excluded.cow_ord"
+                )
+            else:
+                # Several arbiters: a row skipped for one key must not block a later row on another, so
+                # walk the rows in order, keeping the positions actually inserted (quadratic, only here).
+                clash = " OR ".join(f"({_match('cow_e', 'excluded', k)})" for k in keys)
+                walk = f"cow_walk{suffix}"
+                sql = (
+                    f"WITH RECURSIVE {rows} AS (SELECT 1), "
+                    f"{walk} (cow_ord, cow_picked) AS (SELECT CAST(0 AS bigint), CAST(ARRAY[] AS bigint[]) "
+                    "UNION ALL SELECT CAST(excluded.cow_ord AS bigint), "
+                    f"CASE WHEN {collisions} AND NOT EXISTS (SELECT 1 "
+                    f"FROM {rows} AS cow_e WHERE cow_e.cow_ord = ANY (cow_w.cow_picked) AND ({clash})) "
+                    "THEN cow_w.cow_picked || CAST(excluded.cow_ord AS bigint) ELSE cow_w.cow_picked END "
+                    f"FROM {walk} AS cow_w JOIN {rows} AS excluded ON excluded.cow_ord = cow_w.cow_ord + 1) "
+                    f"INSERT INTO {view} AS {qalias} ({column_list}) SELECT {picked} "
+                    f"FROM {rows} AS excluded, "
+                    f"(SELECT cow_picked FROM {walk} ORDER BY cow_ord DESC LIMIT 1) AS cow_final "
+                    "WHERE excluded.cow_ord = ANY (cow_final.cow_picked) ORDER BY excluded.cow_ord"
+                )
+            new = parse(sql)
+            new.withClause.ctes[0].ctequery = rows_select
+            new.returningClause = returning
+            new.override = stmt.override
+            self._prepend_ctes(new, stmt)
+            return new, None
+
+        key = keys[0]
+        # Two input rows on the same key: PostgreSQL raises 21000 (the row would be affected twice); a
+        # scalar subquery returning more than one row raises the same SQLSTATE.
+        twice = (
+            f"(SELECT 1 FROM {rows} AS cow_a JOIN {rows} AS cow_b ON "
+            f"{_match('cow_a', 'cow_b', key)} AND cow_a.cow_ord <> cow_b.cow_ord)"
+        )
+        update = (
+            f"UPDATE {view} AS {qalias} SET cow_placeholder = 1 FROM {inp} AS excluded "
+            f"WHERE {_match(qalias, 'excluded', key)}"
+        )
+        insert = (
+            f"INSERT INTO {view} AS {qalias} ({column_list}) SELECT {picked} FROM {inp} AS excluded "
+            f"WHERE {collisions} ORDER BY excluded.cow_ord"
+        )
+        head = (
+            f"WITH {rows} AS (SELECT 1), "
+            f"{inp} AS (SELECT * FROM {rows} WHERE {twice} IS NULL), "
+            f"{upd} AS ({update} RETURNING 1)"
+        )
+        if returning is None and self.version >= MERGE_ON_VIEWS and not nested:
+            # PostgreSQL 17 runs MERGE on the view: one statement whose count is inserted + updated rows.
+            # MATERIALIZED: inlined into MERGE, the scalar subquery trips a planner bug in PostgreSQL 18
+            # ("wrong varnullingrels", XX000).
+            new = parse(
+                f"WITH {rows} AS (SELECT 1), "
+                f"{inp} AS MATERIALIZED (SELECT * FROM {rows} WHERE {twice} IS NULL) "
+                f"MERGE INTO {view} AS {qalias} USING {inp} AS excluded "
+                f"ON {_match(qalias, 'excluded', key)} "
+                "WHEN MATCHED THEN UPDATE SET cow_placeholder = 1 "
+                f"WHEN NOT MATCHED THEN INSERT ({column_list}) VALUES ({picked})"
+            )
+            new.withClause.ctes[0].ctequery = rows_select
+            matched, not_matched = new.mergeWhenClauses
+            matched.targetList = clause.targetList
+            matched.condition = clause.whereClause
+            not_matched.override = stmt.override
+            self._prepend_ctes(new, stmt)
+            return new, ("MERGE", "INSERT 0")
+        if returning is None:
+            # Without RETURNING the INSERT is the statement, so no rows reach the client; its tag counts
+            # the inserted rows only (see docs/rewrites.md).
+            new = parse(f"{head} {insert}")
+            insert_node = new
+            update_node = new.withClause.ctes[2].ctequery
+            update_node.returningClause = None
+            tag_map = None
+        else:
+            # Both parts return whole rows with the input position, so the client's RETURNING list is
+            # evaluated once over them in input order, as PostgreSQL returns them (inserted rows find
+            # their position through the conflict key they were inserted with).
+            new = parse(
+                f"{head}, {ins} AS ({insert} RETURNING {qalias}.*) "
+                f"SELECT 1 FROM (SELECT * FROM {upd} UNION ALL SELECT cow_i.cow_ord, cow_r.* "
+                f"FROM {ins} AS cow_r LEFT JOIN {inp} AS cow_i ON {_match('cow_r', 'cow_i', key)}) "
+                f"AS {qalias} ORDER BY {qalias}.cow_ord"
+            )
+            insert_node = new.withClause.ctes[3].ctequery
+            update_node = new.withClause.ctes[2].ctequery
+            update_node.returningClause = parse(
+                f"UPDATE x SET y = 1 RETURNING excluded.cow_ord, {qalias}.*"
+            ).returningClause
+            # pglast 8 wraps RETURNING in a ReturningClause (PostgreSQL 18), earlier versions give the list
+            exprs = getattr(returning, "exprs", returning)
+            new.targetList = _expand_stars(exprs, alias, [c.name for c in table.columns])
+            tag_map = ("SELECT", "INSERT 0")
+        new.withClause.ctes[0].ctequery = rows_select
+        insert_node.override = stmt.override
+        # SET and WHERE keep the client's names: with the input aliased EXCLUDED, a bare column name is
+        # ambiguous exactly where PostgreSQL's ON CONFLICT finds it ambiguous (42702).
+        update_node.targetList = clause.targetList
+        if clause.whereClause is not None:
+            update_node.whereClause = and_(update_node.whereClause, clause.whereClause)
+        self._prepend_ctes(new, stmt)
+        return new, tag_map
+
+    @staticmethod
+    def _prepend_ctes(new: Any, stmt: Any) -> None:
+        if stmt.withClause is not None:
+            new.withClause.ctes = tuple(stmt.withClause.ctes) + tuple(new.withClause.ctes)
+            new.withClause.recursive = bool(stmt.withClause.recursive or new.withClause.recursive)
+
+    def _conflict_input(self, stmt: Any, table: CowTable) -> tuple[list[str], Any]:
+        """The INSERT's columns, and a SELECT of its rows as (cow_ord, columns...) typed like the table."""
+        if stmt.cols:
+            if any(rt.indirection for rt in stmt.cols):
+                raise unsupported("INSERT ... ON CONFLICT into subfields or array elements")
+            columns = [rt.name for rt in stmt.cols]
+        else:
+            columns = [c.name for c in table.columns]
+        source = stmt.selectStmt
+        if source is None:
+            raise unsupported("INSERT ... DEFAULT VALUES ON CONFLICT")
+        plain_values = (
+            source.valuesLists is not None
+            and source.sortClause is None
+            and source.limitCount is None
+            and source.limitOffset is None
+            and source.withClause is None
+        )
+        if plain_values:
+            rows = [list(r) for r in source.valuesLists]
+            width = len(rows[0])
+            if width > len(columns):
+                raise RewriteError("INSERT has more expressions than target columns", "42601")
+            if not stmt.cols:
+                columns = columns[:width]
+            elif width > len(columns):
+                raise RewriteError("INSERT has more expressions than target columns", "42601")
+            elif width < len(columns):
+                raise RewriteError("INSERT has more target columns than expressions", "42601")
+            # A column that is DEFAULT in every row is left to the view's default; elsewhere DEFAULT
+            # becomes the column's default expression, evaluated per row as PostgreSQL does (conflicting
+            # rows included).
+            keep = [j for j in range(width) if not all(isinstance(r[j], ast.SetToDefault) for r in rows)]
+            keep = keep or list(
+                range(width)
+            )  # all DEFAULT: spell the defaults out rather than list no column
+            for j in keep:
+                if any(isinstance(r[j], ast.SetToDefault) for r in rows):
+                    default = self._default_expr(table, columns[j])
+                    for r in rows:
+                        if isinstance(r[j], ast.SetToDefault):
+                            r[j] = default
+            columns = [columns[j] for j in keep]
+            # EXCLUDED.col of a column the INSERT does not give is that column's default
+            for name in self._excluded_extra(stmt.onConflictClause, table, columns):
+                default = self._default_expr(table, name)
+                for r in rows:
+                    r.append(default)
+                keep.append(len(rows[0]) - 1)
+                columns.append(name)
+            types = self._column_types(table, columns)
+            lists = tuple(
+                (
+                    ast.A_Const(val=ast.Integer(ival=i + 1)),
+                    *(
+                        ast.TypeCast(arg=r[j], typeName=type_name(t))
+                        for j, t in zip(keep, types, strict=True)
+                    ),
+                )
+                for i, r in enumerate(rows)
+            )
+            names = ", ".join(["cow_ord", *(quote(c) for c in columns)])
+            select = parse(f"SELECT * FROM (VALUES (1)) AS cow_v ({names})")
+            select.fromClause[0].subquery.valuesLists = lists
+            return columns, select
+        if self._excluded_extra(stmt.onConflictClause, table, columns):
+            raise unsupported("EXCLUDED of a column an INSERT ... SELECT does not give")
+        types = self._column_types(table, columns)
+        casts = ", ".join(
+            f"CAST(cow_s.{quote(c)} AS {t}) AS {quote(c)}" for c, t in zip(columns, types, strict=True)
+        )
+        select = parse(
+            f"SELECT row_number() OVER () AS cow_ord, {casts} FROM (SELECT 1) AS cow_s "
+            f"({', '.join(quote(c) for c in columns)})"
+        )
+        select.fromClause[0].subquery = source
+        return columns, select
+
+    @staticmethod
+    def _default_expr(table: CowTable, name: str) -> Any:
+        column = table.column(name)
+        if column is None:
+            raise RewriteError(f'column "{name}" of relation "{table.name}" does not exist', "42703")
+        if column.identity_always or column.generated:
+            raise unsupported(
+                f"DEFAULT or EXCLUDED for {table.name}.{name} (generated) in INSERT ... ON CONFLICT"
+            )
+        # catalog SQL from pg_get_expr, not client text
+        return parse(f"SELECT {column.default or 'NULL'}").targetList[0].val
+
+    @staticmethod
+    def _excluded_extra(clause: Any, table: CowTable, columns: list[str]) -> list[str]:
+        """Columns of the table that the DO UPDATE reads from EXCLUDED but the INSERT does not give."""
+        if clause is None or clause.action != OnConflictAction.ONCONFLICT_UPDATE:
+            return []
+        found: list[str] = []
+
+        class Refs(Visitor):
+            def visit_ColumnRef(self, _: Any, node: Any) -> None:
+                fields: tuple[Any, ...] = tuple(node.fields or ())
+                if len(fields) != 2 or not all(isinstance(f, ast.String) for f in fields):
+                    return
+                name = str(fields[1].sval)
+                if (
+                    fields[0].sval == "excluded"
+                    and name not in columns
+                    and name not in found
+                    and table.column(name) is not None
+                ):
+                    found.append(name)
+
+        refs = Refs()
+        if clause.targetList:
+            refs(clause.targetList)
+        if clause.whereClause is not None:
+            refs(clause.whereClause)
+        return found
+
+    @staticmethod
+    def _column_types(table: CowTable, columns: list[str]) -> list[str]:
+        types = []
+        for name in columns:
+            column = table.column(name)
+            if column is None:
+                raise RewriteError(f'column "{name}" of relation "{table.name}" does not exist', "42703")
+            types.append(column.type)
+        return types
+
+    @staticmethod
+    def _arbiters(clause: Any, table: CowTable, columns: list[str]) -> list[UniqueKey]:
+        infer = clause.infer
+        if infer is None and clause.action == OnConflictAction.ONCONFLICT_UPDATE:
+            raise RewriteError(
+                "ON CONFLICT DO UPDATE requires inference specification or constraint name", "42601"
+            )
+        if infer is None:  # DO NOTHING without a target: every unique index arbitrates
+            keys = [k for k in table.unique if k.inferable and all(c in columns for c in k.columns)]
+            if any(not k.inferable for k in table.unique):
+                raise unsupported(
+                    "ON CONFLICT DO NOTHING without a target on a table with partial or expression "
+                    "unique indexes"
+                )
+            return keys
+        if infer.conname:
+            found = [k for k in table.unique if k.is_constraint and k.name == infer.conname]
+            if not found:
+                raise RewriteError(
+                    f'constraint "{infer.conname}" for table "{table.name}" does not exist', "42704"
+                )
+            keys = found
+        else:
+            if infer.whereClause is not None:
+                raise unsupported("ON CONFLICT with a partial-index predicate")
+            names = []
+            for elem in infer.indexElems or ():
+                if elem.expr is not None or elem.collation or elem.opclass or elem.name is None:
+                    raise unsupported("ON CONFLICT on an expression, collation or operator class")
+                names.append(elem.name)
+            keys = [k for k in table.unique if k.inferable and set(k.columns) == set(names)][:1]
+            if not keys:
+                raise RewriteError(
+                    "there is no unique or exclusion constraint matching the ON CONFLICT specification",
+                    "42P10",
+                )
+        for key in keys:
+            if not key.inferable:
+                raise unsupported("ON CONFLICT on a partial or expression unique index")
+            missing = [c for c in key.columns if c not in columns]
+            if missing:
+                raise unsupported(
+                    f"ON CONFLICT whose conflict column {missing[0]} is not given by the INSERT"
+                )
+        return keys
+
+
+def detect(scan: Scan, node: JsonNode) -> bool:
+    return "onConflictClause" in node and scan.cow(node.get("relation"))
+
+
+def apply(ctx: Context, node: ast.Node) -> Step | None:
+    upserts = _Upserts(ctx)
+    hoisted = upserts.hoist_ctes(node) + upserts.wrapped(node)
+    table = ctx.cow(node.relation) if isinstance(node, ast.InsertStmt) and node.onConflictClause else None
+    found = ctx.count(RULE.name)
+    if found is None or found > hoisted + (table is not None):
+        upserts.refuse_nested(node)
+    if table is not None:
+        new, tag_map = upserts._on_conflict(node, table)
+        return Step(new, tag_map)
+    return Step(node) if hoisted else None
+
+
+RULE = Rule("on_conflict", frozenset({"InsertStmt"}), detect, apply, count_all=True)
