@@ -2,7 +2,8 @@
 
 The server comes from ``COW_TEST_DSN`` when set (a DSN whose user may create databases), else from the
 pip-installed embedded PostgreSQL, else from a testcontainers PostgreSQL where Docker runs. Tests never share
-a database: ``create_database`` clones a fresh one (optionally from a template) and drops it afterwards.
+a database: ``create_database`` clones a fresh one (optionally from a template); at the end of the run the
+clones are dropped, unless the server itself is thrown away.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class PgServer:
     user: str
     version: int  # server_version_num // 10000
     bindir: str | None  # where psql/pgbench/pg_dump matching the server live, when known
+    disposable: bool = False  # thrown away after the run (embedded, container): nothing to clean up
 
     def dsn_for(self, database: str) -> str:
         parts = urlsplit(self.dsn)
@@ -45,7 +47,7 @@ class PgServer:
         return found
 
 
-def _describe(dsn: str, bindir: str | None) -> PgServer:
+def _describe(dsn: str, bindir: str | None, disposable: bool = False) -> PgServer:
     with psycopg.connect(dsn, autocommit=True) as conn:
         version = int(conn.execute("SHOW server_version_num").fetchone()[0]) // 10000  # type: ignore[index]
     parts = urlsplit(dsn)
@@ -56,6 +58,7 @@ def _describe(dsn: str, bindir: str | None) -> PgServer:
         user=parts.username or "postgres",
         version=version,
         bindir=bindir,
+        disposable=disposable,
     )
 
 
@@ -83,10 +86,10 @@ def pg_server() -> Iterator[PgServer]:
         from testcontainers.postgres import PostgresContainer  # type: ignore[import-untyped]
 
         with PostgresContainer("postgres:18", driver=None) as container:
-            yield _describe(container.get_connection_url(), bindir=None)
+            yield _describe(container.get_connection_url(), bindir=None, disposable=True)
         return
     with embedded_postgres() as server:
-        yield _describe(server.dsn(), bindir=str(server.bindir))
+        yield _describe(server.dsn(), bindir=str(server.bindir), disposable=True)
 
 
 _counter = itertools.count()
@@ -110,10 +113,24 @@ def create_database(pg_server: PgServer) -> Iterator[Callable[..., str]]:
         return pg_server.dsn_for(name)
 
     yield create
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        for name in created:
-            with contextlib.suppress(psycopg.Error):
-                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    if not pg_server.disposable:
+        _drop_databases(pg_server.dsn, created)
+
+
+def _drop_databases(dsn: str, names: list[str]) -> None:
+    """Drop the run's databases from several connections at once.
+
+    Each DROP DATABASE waits for a checkpoint; concurrent drops share one (on a loaded PostgreSQL 15, 800
+    drops one by one took ~25 min, 16 at a time a tenth of that).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    def drop(name: str) -> None:
+        with contextlib.suppress(psycopg.Error), psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        list(pool.map(drop, names))
 
 
 def install_layer_at(dsn: str) -> None:
