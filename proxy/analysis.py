@@ -1,34 +1,24 @@
-"""The relay's view of the SQL analysis in ``proxy.sql`` (built separately; see docs/interfaces.md).
-
-``proxy.sql`` is imported at run time and wrapped here, so that the relay depends on a small typed surface
-and keeps working (tags from startup and routes, no comment tags, no rewrites) if that package is absent.
+"""The relay's front to the SQL analysis of ``proxy.sql``: one analyzer (and its cache) per proxy process,
+the untagged shortcut (a statement's kind from its first keyword), and the catalog and comment tags as the
+relay needs them. The relay gets ``proxy.sql.Analysis`` results as they are.
 """
 
 from __future__ import annotations
 
-import importlib
 import re
-from dataclasses import dataclass
-from typing import Any
 
 from proxy.errors import ProxyError
-from proxy.tags import Tags, check_id
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What the relay needs to know about one statement text."""
-
-    kind: str
-    writes: tuple[tuple[str, str], ...]
-    tampers: bool
-    rewritten: str | None
-    tag_map: tuple[str, str] | None
-    error: tuple[str, str] | None  # (sqlstate, message): answer this instead of running the statement
-    cache_hit: bool
-    catalog_dependent: bool = False  # check that the catalog is current first (docs/proxy.md)
-    error_detail: str | None = None
-
+from proxy.sql import (
+    CATALOG_QUERY,
+    CATALOG_VERSION_QUERY,
+    Analysis,
+    Analyzer,
+    Catalog,
+    apply_tag_map,
+    read_comment_tags,
+    split_trailing_reset,
+)
+from proxy.tags import Tags
 
 # Untagged statements need no rewrite and no tamper check: only their kind, for the metrics. A full parse
 # of every distinct statement text (pgbench's literals make each one distinct) would be the proxy's main cost,
@@ -97,72 +87,44 @@ def query_kind(message: bytes) -> str:
     return kind
 
 
-def _load() -> Any:
-    try:
-        return importlib.import_module("proxy.sql")
-    except ImportError:
-        return None
-
-
-class Analysis:
+class ProxyAnalyzer:
     """Holds the analyzer (with its cache) for a whole proxy process."""
 
+    catalog_query: str | None = CATALOG_QUERY  # None: the relay loads no catalog (unit tests)
+    catalog_version_query: str | None = CATALOG_VERSION_QUERY
+
     def __init__(self, cache_size: int = 4096) -> None:
-        self.module = _load()
-        self.available = self.module is not None and hasattr(self.module, "Analyzer")
-        self._analyzer: Any = self.module.Analyzer(cache_size=cache_size) if self.available else None
-        self._untagged: dict[str, Verdict] = {}
-        self.catalog_query: str | None = (
-            getattr(self.module, "CATALOG_QUERY", None) if self.available else None
-        )
-        self.catalog_version_query: str | None = (
-            getattr(self.module, "CATALOG_VERSION_QUERY", None) if self.available else None
-        )
+        self._analyzer = Analyzer(cache_size=cache_size)
+        self._untagged: dict[str, Analysis] = {}
 
-    def empty_catalog(self) -> Any:
-        if not self.available:
-            return None
-        return self.module.Catalog.empty()
+    @staticmethod
+    def empty_catalog() -> Catalog:
+        return Catalog.empty()
 
-    def catalog_from_rows(self, rows: list[tuple[str | None, ...]]) -> Any:
-        if not self.available:
-            return None
+    @staticmethod
+    def catalog_from_rows(rows: list[tuple[str | None, ...]]) -> Catalog:
         try:
-            return self.module.Catalog.from_rows(rows)
+            return Catalog.from_rows(rows)
         except (ProxyError, ValueError, IndexError):
-            return self.module.Catalog.empty()
+            return Catalog.empty()
 
-    def map_tag(self, tag: str, tag_map: tuple[str, str]) -> str:
+    @staticmethod
+    def map_tag(tag: str, tag_map: tuple[str, str]) -> str:
         """The CommandComplete tag the client sees for a rewritten statement."""
-        apply = getattr(self.module, "apply_tag_map", None)
-        if apply is not None:
-            return str(apply(tag, tag_map))
-        old, new = tag_map
-        return new + tag[len(old) :] if tag.startswith(old) else tag
+        return apply_tag_map(tag, tag_map)
 
-    def comment_tags(self, sql: str) -> Tags | None:
+    @staticmethod
+    def comment_tags(sql: str) -> Tags | None:
         """Tags from the statement's sqlcommenter comment; raises TagError for malformed ids."""
-        if self.module is None or not hasattr(self.module, "read_comment_tags"):
-            return None
-        found = self.module.read_comment_tags(sql)
-        if found is None or (found.session is None and found.operation is None):
-            return None
-        session = found.session
-        operation = found.operation
-        if session is not None:
-            check_id(session, "session id")
-        if operation is not None:
-            check_id(operation, "operation id")
-        return Tags(session, operation)
+        return read_comment_tags(sql)
 
-    def is_pool_reset(self, sql: str, catalog: Any) -> bool:
+    def is_pool_reset(self, sql: str, catalog: Catalog | None) -> bool:
         """``sql`` ends with RESET ALL / DISCARD ALL and nothing before it tampers or needs a rewrite.
 
         Pools send this when they take a connection back (asyncpg: ``…; RESET ALL``). It may run: the
         relay re-applies the tags before the next statement, and nothing runs untagged in between.
         """
-        split = getattr(self.module, "split_trailing_reset", None) if self.available else None
-        prefix = split(sql) if split is not None else None
+        prefix = split_trailing_reset(sql)
         if prefix is None:
             return False
         if not prefix.strip():
@@ -170,31 +132,17 @@ class Analysis:
         verdict = self.analyze(prefix, catalog, True)
         return not verdict.tampers and verdict.error is None and verdict.rewritten is None
 
-    def analyze(self, sql: str, catalog: Any, in_session: bool, *, prepared: bool = False) -> Verdict:
+    def analyze(
+        self, sql: str, catalog: Catalog | None, in_session: bool, *, prepared: bool = False
+    ) -> Analysis:
         """``prepared``: the text of a named prepared statement (its plan may be cached)."""
         if not in_session:
             kind = quick_kind(sql)
             verdict = self._untagged.get(kind)
             if verdict is None:
-                verdict = self._untagged[kind] = Verdict(kind, (), False, None, None, None, True)
+                verdict = self._untagged[kind] = Analysis(kind, cache_hit=True)
             return verdict
-        if not self.available:
-            return Verdict("other", (), False, None, None, None, False)
-        if catalog is None:
-            catalog = self.module.Catalog.empty()
         try:
-            result = self._analyzer.analyze(sql, catalog, in_session, prepared=prepared)
+            return self._analyzer.analyze(sql, catalog or Catalog.empty(), in_session, prepared=prepared)
         except ProxyError as exc:
-            return Verdict("other", (), False, None, None, (exc.sqlstate, str(exc)), False)
-        error = result.error
-        return Verdict(
-            kind=str(result.kind),
-            writes=tuple((str(t), str(k)) for t, k in result.writes),
-            tampers=bool(result.tampers),
-            rewritten=result.rewritten if in_session else None,
-            tag_map=tuple(result.tag_map) if result.tag_map else None,
-            error=(str(error[0]), str(error[1])) if error else None,
-            cache_hit=bool(result.cache_hit),
-            catalog_dependent=bool(getattr(result, "catalog_dependent", False)),
-            error_detail=getattr(result, "error_detail", None),
-        )
+            return Analysis("other", error=(exc.sqlstate, str(exc)))

@@ -24,8 +24,9 @@ from time import perf_counter
 from typing import Any, Protocol
 
 from proxy import protocol as p
-from proxy.analysis import Analysis, Verdict, query_kind
+from proxy.analysis import ProxyAnalyzer, query_kind
 from proxy.errors import ProtocolError, TagError
+from proxy.sql import Analysis
 from proxy.tags import UNTAGGED, Tags
 
 # A statement that fails to parse: sent in place of a refused one (its error is replaced by ours).
@@ -153,7 +154,7 @@ class NoHooks:
 @dataclass
 class Statement:
     tags: Tags | None  # comment tags of its text
-    verdict: Verdict
+    verdict: Analysis
 
 
 @dataclass
@@ -176,7 +177,7 @@ class Relay:
 
     def __init__(
         self,
-        analysis: Analysis,
+        analysis: ProxyAnalyzer,
         default_tags: Tags,
         route: Callable[[], Tags | None],
         hooks: Hooks | None = None,
@@ -354,7 +355,7 @@ class Relay:
 
     def _prepare(
         self, sql: str, trigger: bytes, event: p.ClientEvent, *, named: bool = False
-    ) -> tuple[Tags, Verdict] | None:
+    ) -> tuple[Tags, Analysis] | None:
         """Decide the tags for a statement text (``named``: of a named prepared statement); inject them when
         needed.
 
@@ -407,17 +408,13 @@ class Relay:
                 detail = (("D", verdict.error_detail),) if verdict.error_detail else ()
                 self._refuse(trigger, p.encode_error(verdict.error[0], verdict.error[1], extra=detail))
                 return None
-        if self.applied.tentative and (
-            verdict.kind in ("transaction", "other", "multi") or not self.analysis.available
-        ):
+        if self.applied.tentative and verdict.kind in ("transaction", "other", "multi"):
             # COMMIT/ROLLBACK (TO SAVEPOINT) decide whether a set_config done in this block survives.
             self.applied.tags = None
         return tags, verdict
 
     def _wants_catalog(self) -> bool:
-        return (
-            self.analysis.available and self.analysis.catalog_query is not None and not self.catalog_loading
-        )
+        return self.analysis.catalog_query is not None and not self.catalog_loading
 
     def _can_check_catalog(self) -> bool:
         # Not in a failed transaction block: the check would fail, and so will the statement.

@@ -24,7 +24,7 @@ from collections.abc import Coroutine, Iterator
 from typing import Any, cast
 
 from proxy import protocol as p
-from proxy.analysis import Analysis
+from proxy.analysis import ProxyAnalyzer
 from proxy.config import ProxyConfig
 from proxy.errors import ProtocolError, ProxyError, TagError
 from proxy.fastrelay import UNAVAILABLE as FAST_RELAY_UNAVAILABLE
@@ -785,7 +785,7 @@ class ProxyServer:
     def __init__(self, config: ProxyConfig, metrics: Metrics | None = None) -> None:
         self.config = config
         self.metrics = metrics or Metrics()
-        self.analysis = Analysis(cache_size=config.parse_cache_size)
+        self.analysis = ProxyAnalyzer(cache_size=config.parse_cache_size)
         self.connections: dict[int, ClientConnection] = {}
         self.routes: dict[str, Tags] = {}
         self.cancel_keys: dict[tuple[int, bytes], ClientConnection] = {}

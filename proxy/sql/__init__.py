@@ -22,7 +22,7 @@ from proxy.sql.catalog import (
     ReferencingKey,
     UniqueKey,
 )
-from proxy.sql.tags import ID_PATTERN, CommentTags, read_comment_tags, strip_edge_comments
+from proxy.tags import ID_PATTERN, Tags, read_comment_tags, strip_edge_comments
 
 __all__ = [
     "CATALOG_QUERY",
@@ -34,9 +34,9 @@ __all__ = [
     "Catalog",
     "CatalogError",
     "Column",
-    "CommentTags",
     "CowTable",
     "ReferencingKey",
+    "Tags",
     "UniqueKey",
     "apply_tag_map",
     "read_comment_tags",

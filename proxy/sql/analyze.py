@@ -20,7 +20,7 @@ from proxy.errors import RewriteError
 from proxy.sql.catalog import Catalog
 from proxy.sql.jsontree import JsonNode, svals
 from proxy.sql.rewrites import DETECTORS, RELATION, STATEMENT, Rewriter
-from proxy.sql.tags import strip_edge_comments
+from proxy.tags import strip_edge_comments
 
 KINDS = ("select", "insert", "update", "delete", "merge", "copy", "ddl", "utility", "transaction", "other")
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from proxy import protocol as p
-from proxy.analysis import Analysis, query_kind, quick_kind
+from proxy.analysis import ProxyAnalyzer, query_kind, quick_kind
 from proxy.relay import INJECT_STATEMENT, PROMOTED_PREFIX, REFUSED_SQL, Relay
 from proxy.tags import UNTAGGED, Tags
 from tests.proxy_sql import catalogs
 
 
-class NoCatalog(Analysis):
+class NoCatalog(ProxyAnalyzer):
     """The real analysis, without the catalog query (these tests play the server by hand)."""
 
     def __init__(self) -> None:

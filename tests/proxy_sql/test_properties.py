@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.errors import ProxyError
-from proxy.sql import KINDS, Analysis, Analyzer, CommentTags, read_comment_tags, strip_edge_comments
+from proxy.sql import KINDS, Analysis, Analyzer, Tags, read_comment_tags, strip_edge_comments
 
 from .catalogs import sample_catalog
 
@@ -203,5 +203,5 @@ def test_comment_tags_round_trip(
     order.shuffle(pairs)
     comment = "/*" + ",".join(pairs) + "*/"
     sql = f"{comment} SELECT 1" if leading else f"SELECT 1 {comment}"
-    assert read_comment_tags(sql) == CommentTags(session, operation)
+    assert read_comment_tags(sql) == Tags(session, operation)
     assert strip_edge_comments(sql) == "SELECT 1"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.errors import TagError
-from proxy.sql import CommentTags, read_comment_tags, strip_edge_comments
+from proxy.sql import Tags, read_comment_tags, strip_edge_comments
 
 TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -13,22 +13,22 @@ TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 @pytest.mark.parametrize(
     ("sql", "expected"),
     [
-        ("/*cow_session='S1',cow_operation='O1'*/ SELECT 1", CommentTags("S1", "O1")),
-        ("SELECT 1 /*cow_session='S1',cow_operation='O1'*/", CommentTags("S1", "O1")),
-        ("SELECT 1 /*cow_operation='O1',cow_session='S1'*/;", CommentTags("S1", "O1")),
-        ("  /* cow_session = 'S1' , app='x%20y' */\nSELECT 1", CommentTags("S1", None)),
-        ("SELECT 1 /*cow_session='a%3Ab.c-d_e',cow_operation='op%2D7'*/", CommentTags("a:b.c-d_e", "op-7")),
+        ("/*cow_session='S1',cow_operation='O1'*/ SELECT 1", Tags("S1", "O1")),
+        ("SELECT 1 /*cow_session='S1',cow_operation='O1'*/", Tags("S1", "O1")),
+        ("SELECT 1 /*cow_operation='O1',cow_session='S1'*/;", Tags("S1", "O1")),
+        ("  /* cow_session = 'S1' , app='x%20y' */\nSELECT 1", Tags("S1", None)),
+        ("SELECT 1 /*cow_session='a%3Ab.c-d_e',cow_operation='op%2D7'*/", Tags("a:b.c-d_e", "op-7")),
         (
             f"SELECT 1 /*cow_session='S',traceparent='{TRACE}'*/",
-            CommentTags("S", "4bf92f3577b34da6a3ce929d0e0e4736"),
+            Tags("S", "4bf92f3577b34da6a3ce929d0e0e4736"),
         ),
-        (f"SELECT 1 /*traceparent='{TRACE}',cow_operation='O'*/", CommentTags(None, "O")),
-        (f"SELECT 1 /*traceparent='{TRACE}'*/", CommentTags(None, "4bf92f3577b34da6a3ce929d0e0e4736")),
+        (f"SELECT 1 /*traceparent='{TRACE}',cow_operation='O'*/", Tags(None, "O")),
+        (f"SELECT 1 /*traceparent='{TRACE}'*/", Tags(None, "4bf92f3577b34da6a3ce929d0e0e4736")),
         # trailing wins key by key over leading
-        ("/*cow_session='A',cow_operation='X'*/ SELECT 1 /*cow_session='B'*/", CommentTags("B", "X")),
+        ("/*cow_session='A',cow_operation='X'*/ SELECT 1 /*cow_session='B'*/", Tags("B", "X")),
     ],
 )
-def test_tags_are_read(sql: str, expected: CommentTags) -> None:
+def test_tags_are_read(sql: str, expected: Tags) -> None:
     assert read_comment_tags(sql) == expected
 
 
@@ -68,11 +68,11 @@ def test_bad_ids_raise_tag_error(sql: str) -> None:
 
 
 def test_longest_valid_id() -> None:
-    assert read_comment_tags("SELECT 1 /*cow_session='" + "a" * 128 + "'*/") == CommentTags("a" * 128, None)
+    assert read_comment_tags("SELECT 1 /*cow_session='" + "a" * 128 + "'*/") == Tags("a" * 128, None)
 
 
 def test_escaped_quote_in_other_key_does_not_break_parsing() -> None:
-    assert read_comment_tags(r"SELECT 1 /*route='it\'s',cow_session='S'*/") == CommentTags("S", None)
+    assert read_comment_tags(r"SELECT 1 /*route='it\'s',cow_session='S'*/") == Tags("S", None)
 
 
 @pytest.mark.parametrize(
