@@ -19,7 +19,7 @@ from pglast.parser import ParseError, parse_plpgsql_json, parse_sql_json
 from proxy.errors import RewriteError
 from proxy.sql.catalog import Catalog
 from proxy.sql.jsontree import JsonNode, svals
-from proxy.sql.rewrites import DETECTORS, RELATION, STATEMENT, Rewriter
+from proxy.sql.rewrites import DETECTORS, RELATION, STATEMENT, Rewriter, app_path
 from proxy.tags import strip_edge_comments
 
 KINDS = ("select", "insert", "update", "delete", "merge", "copy", "ddl", "utility", "transaction", "other")
@@ -208,6 +208,12 @@ def statement_kind(node: Any) -> str:
 _ASSIGNMENT_TARGET = re.compile(r"^\s*[^:=]*?(?::=|=)")
 # GUCs whose change takes a connection out of its session or around the overlay.
 _GUARDED = {"role", "session_authorization", "search_path"}
+# Of those, the role may change on a tagged connection when the proxy sees the change (a statement of the
+# client's, not SQL inside a DO block or function): the layer's binding and the privileges of the changes
+# tables hold for every role, and a role the login user may assume is what the application runs as outside
+# a session too (PostgREST's SET LOCAL ROLE per request; docs/layer.md, "Tenancy in a session"). A change
+# of search_path the proxy sees is rewritten (rewrites/app_path.py).
+_ROLE = "role"
 _DO_BODY = re.compile(
     r"(?<![\w$])(?:cow\s*\.|set_config|search_path|role|session\s+authorization|reset|discard|use_session)",
     re.I,
@@ -250,6 +256,7 @@ class _Inspection:
         self.catalog_dependent = False
         self.error: tuple[str, str, str] | None = None  # (sqlstate, message, detail)
         self.in_do = False  # inside the body of a DO block
+        self.path_sets = 0  # SET/RESET search_path statements rewritten by rewrites/app_path.py
 
     def cow(self, relation: object) -> bool:
         return (
@@ -318,7 +325,11 @@ class _Inspection:
         elif name == "CopyStmt" and node.get("is_from"):
             self._write(node.get("relation"), "copy")
         elif name == "VariableSetStmt":
-            if node.get("kind") == "VAR_RESET_ALL" or _guarded_setting(str(node.get("name", ""))):
+            if self.watch and not self.in_do and app_path.sets_path(node):
+                self.path_sets += 1
+            elif not self.in_do and str(node.get("name", "")).lower() == _ROLE:
+                pass
+            elif node.get("kind") == "VAR_RESET_ALL" or _guarded_setting(str(node.get("name", ""))):
                 self.tampers = True
         elif name == "DiscardStmt":
             if node.get("target") == "DISCARD_ALL":
@@ -459,6 +470,8 @@ class _Inspection:
             return
         if names[-1] == "use_session" and names[:-1] in ([], ["cow"]):
             self.tampers = True
+        elif self.watch and not self.in_do and app_path.set_config_of_path(node):
+            pass  # rewritten (rewrites/app_path.py)
         elif names[-1] == "set_config" and names[:-1] in ([], ["pg_catalog"]):
             args = node.get("args") or [{}]
             first = args[0]
@@ -466,7 +479,9 @@ class _Inspection:
                 first = first["TypeCast"].get("arg", {})
             value = first.get("A_Const", {}).get("sval", {}).get("sval")
             # a guarded name, or one computed at run time that might be
-            if not isinstance(value, str) or _guarded_setting(value):
+            if not isinstance(value, str) or (
+                _guarded_setting(value) and (value.lower() != _ROLE or self.in_do)
+            ):
                 self.tampers = True
 
 
@@ -556,7 +571,8 @@ def _analyze_parsed(text: str, catalog: Catalog, in_session: bool, version: int,
     base = Analysis(
         kind=kind,
         writes=tuple(inspection.writes),
-        tampers=inspection.tampers,
+        # a SET of search_path is rewritten only as a statement of its own (its tag becomes SET)
+        tampers=inspection.tampers or (inspection.path_sets > 0 and len(stmts) > 1),
         catalog_dependent=inspection.catalog_dependent,
     )
     if inspection.error is not None:

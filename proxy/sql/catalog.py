@@ -224,9 +224,15 @@ class Catalog:
     ident: int = field(default_factory=lambda: next(_idents), compare=False)
     server_version_num: int = 0  # from the catalog rows; 0 when unknown
     schemas: frozenset[str] = field(init=False, compare=False, repr=False)
+    # Unqualified table name -> its CoW table, None when several enabled schemas have a table of that name.
+    unqualified: Mapping[str, CowTable | None] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "schemas", frozenset(schema for schema, _ in self.tables))
+        names: dict[str, CowTable | None] = {}
+        for (_, table_name), table in self.tables.items():
+            names[table_name] = None if table_name in names else table
+        object.__setattr__(self, "unqualified", names)
 
     @classmethod
     def empty(cls) -> Catalog:
@@ -299,17 +305,16 @@ class Catalog:
     def lookup(self, schema: str | None, name: str | None) -> CowTable | None:
         """The CoW table a (possibly unqualified) name denotes inside a session.
 
-        Unqualified names resolve through the session's search_path, overlay schemas first; we take the
-        first CoW table of that name in catalog order (``public`` first).
+        Unqualified names resolve through the session's search_path, overlay schemas first. The catalog
+        does not know that path (the application may switch it: a schema per tenant), so an unqualified
+        name that several enabled schemas have is not resolved here (None): such a statement is sent as
+        written and PostgreSQL resolves it to the right overlay view, never to another schema's table.
         """
         if name is None:
             return None
         if schema is not None:
             return self.tables.get((schema, name))
-        for (_, table_name), table in self.tables.items():
-            if table_name == name:
-                return table
-        return None
+        return self.unqualified.get(name)
 
     def table(self, schema: str | None, name: str | None) -> CowTable | None:
         if schema is None or name is None:

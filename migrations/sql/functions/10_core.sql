@@ -41,33 +41,17 @@ LANGUAGE sql IMMUTABLE AS $$
     FROM unnest(entries) WITH ORDINALITY AS t(e, ord)
 $$;
 
--- The search_path without overlay schemas, then (when joining) with each enabled schema's overlay right before it.
+-- The search_path without overlay schemas, then (when joining) the overlay path of it (cow._overlay_path in
+-- 12_app_path.sql: each enabled schema's overlay right before it; a path without an enabled schema gets none).
 CREATE OR REPLACE FUNCTION cow._session_path(p_join boolean) RETURNS text
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    entries text[] := cow._path_entries(current_setting('search_path'));
-    result text[] := '{}';
-    e text;
-    ov text;
-    placed boolean := false;
+    app text := current_setting('search_path');
 BEGIN
-    FOREACH e IN ARRAY entries LOOP
-        CONTINUE WHEN e IN (SELECT overlay_schema FROM cow.schemas);
-        IF p_join THEN
-            SELECT overlay_schema INTO ov FROM cow.schemas
-            WHERE schema_name = CASE WHEN e = '$user' THEN current_user ELSE e END;
-            IF ov IS NOT NULL AND NOT ov = ANY (result) THEN
-                result := result || ov;
-                placed := true;
-            END IF;
-        END IF;
-        result := result || e;
-    END LOOP;
-    IF p_join AND NOT placed THEN
-        -- No enabled schema on the path: put every overlay first so that unqualified names still resolve.
-        result := ARRAY(SELECT overlay_schema FROM cow.schemas ORDER BY schema_name) || result;
+    IF cardinality(cow._app_path_entries(app)) <> cardinality(cow._path_entries(app)) THEN
+        app := cow._path_text(cow._app_path_entries(app));  -- (else as the application wrote it)
     END IF;
-    RETURN cow._path_text(result);
+    RETURN CASE WHEN p_join THEN cow._overlay_path(app) ELSE app END;
 END $$;
 
 CREATE OR REPLACE FUNCTION cow.use_session(session text, operation text DEFAULT NULL) RETURNS text
@@ -79,6 +63,8 @@ BEGIN
     PERFORM cow._check_id(operation, 'operation');
     PERFORM set_config('cow.session_id', coalesce(session, ''), false);
     PERFORM set_config('cow.operation_id', CASE WHEN session IS NULL THEN '' ELSE coalesce(operation, '') END, false);
+    -- The application's own path, which introspection presents (12_app_path.sql).
+    PERFORM set_config('cow.app_search_path', CASE WHEN session IS NULL THEN '' ELSE cow._session_path(false) END, false);
     PERFORM set_config('search_path', cow._session_path(session IS NOT NULL), false);
     RETURN session;
 END $$;

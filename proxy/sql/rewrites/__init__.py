@@ -23,6 +23,7 @@ from pglast.stream import RawStream
 
 from proxy.sql.catalog import Catalog
 from proxy.sql.rewrites import (
+    app_path,
     copy_to,
     counts,
     ddl,
@@ -45,6 +46,7 @@ from proxy.sql.rewrites.tables import unsupported
 # qualify (the columns they add for public.t are pointed at the overlay with the rest); counts and
 # key_reads after qualify (their parts name the base tables, which qualify would point at the overlay).
 RULES: tuple[Rule, ...] = (
+    app_path.RULE,  # finishes a SET of search_path (no other rule changes one)
     ddl.RULE,
     on_conflict.RULE,
     merge.RULE,

@@ -1,0 +1,68 @@
+-- cowproxy copy-on-write layer: the application's own search_path inside a session.
+-- A repeatable file (docs/layer.md, "Migrations").
+--
+-- In a session the physical search_path is the overlay path: each enabled schema's overlay schema right before
+-- it, so unqualified names of copy-on-write tables resolve to their overlay views. The application's own
+-- (logical) path is kept in the GUC cow.app_search_path, which is what introspection presents. When the
+-- application sets its path in a session (through the proxy: SET/RESET search_path, set_config), the proxy
+-- runs the application's own statement and then cow._adopt_app_path, so PostgreSQL normalises the path as it
+-- would outside a session.
+
+-- The overlay path of path p: overlay schemas named in p are dropped, then each enabled schema gets its
+-- overlay right before it ("$user" stands for the schema named like current_user). A schema that is not
+-- enabled gets none: its tables are read as they are, and the guard refuses writes to them.
+CREATE OR REPLACE FUNCTION cow._overlay_path(p text) RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    result text[] := '{}';
+    e text;
+    ov text;
+BEGIN
+    FOREACH e IN ARRAY cow._app_path_entries(p) LOOP
+        SELECT overlay_schema INTO ov FROM cow.schemas
+        WHERE schema_name = CASE WHEN e = '$user' THEN current_user::text ELSE e END;
+        IF ov IS NOT NULL AND NOT ov = ANY (result) THEN
+            result := result || ov;
+        END IF;
+        result := result || e;
+    END LOOP;
+    RETURN cow._path_text(result);
+END $$;
+
+-- The entries of path p without overlay schemas.
+CREATE OR REPLACE FUNCTION cow._app_path_entries(p text) RETURNS text[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(e ORDER BY ord), '{}')
+    FROM unnest(cow._path_entries(p)) WITH ORDINALITY AS t(e, ord)
+    WHERE NOT EXISTS (SELECT 1 FROM cow.schemas s WHERE s.overlay_schema = t.e)
+$$;
+
+-- After the application set search_path (the value in force now is its own path): in a session, keep that
+-- path in cow.app_search_path and put the overlay path in force, both with the scope of the application's
+-- statement (p_local: SET LOCAL, set_config(..., true); both revert together at the end of the transaction,
+-- and a rollback undoes both). Outside a session nothing changes. Returns the application's path as
+-- PostgreSQL shows it.
+CREATE OR REPLACE FUNCTION cow._adopt_app_path(p_local boolean) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    app text := current_setting('search_path');
+BEGIN
+    IF coalesce(current_setting('cow.session_id', true), '') = '' THEN
+        RETURN app;
+    END IF;
+    IF cardinality(cow._app_path_entries(app)) <> cardinality(cow._path_entries(app)) THEN
+        app := cow._path_text(cow._app_path_entries(app));  -- (the application named an overlay schema)
+    END IF;
+    PERFORM set_config('cow.app_search_path', app, coalesce(p_local, false));
+    PERFORM set_config('search_path', cow._overlay_path(app), coalesce(p_local, false));
+    RETURN app;
+END $$;
+
+-- set_config('search_path', p, p_local) of the application in a session (the proxy sends this instead):
+-- returns what set_config returns, the application's path.
+CREATE OR REPLACE FUNCTION cow.set_app_path(p text, p_local boolean) RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_catalog.set_config('search_path', p, coalesce(p_local, false));
+    RETURN cow._adopt_app_path(p_local);
+END $$;

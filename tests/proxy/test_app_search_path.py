@@ -1,0 +1,206 @@
+"""The application's own search_path on a tagged connection: a schema per tenant in a session.
+
+The application switches ``search_path`` (``SET``, ``SET LOCAL``, ``RESET``, ``set_config``, ``-c
+search_path`` at startup); in a session each enabled schema's overlay goes right before it, the application's
+path is kept in ``cow.app_search_path``, and every tenant's writes land in the session under that tenant's
+table — never in a base table, never in another tenant's table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import asyncpg
+import psycopg
+import pytest
+
+from migrations import install_layer
+from tests.proxy.conftest import RunningProxy
+
+BOTH_RELAYS = True
+
+SCHEMA = """
+CREATE TABLE public.tenants (id int PRIMARY KEY, schema_name text NOT NULL UNIQUE);
+INSERT INTO public.tenants VALUES (1, 'tenant_a'), (2, 'tenant_b');
+CREATE SCHEMA tenant_a;
+CREATE SCHEMA tenant_b;
+CREATE SCHEMA "Tenant C";
+CREATE SCHEMA tenant_plain;
+CREATE TABLE tenant_a.docs (id serial PRIMARY KEY, body text NOT NULL);
+CREATE TABLE tenant_b.docs (id serial PRIMARY KEY, body text NOT NULL);
+CREATE TABLE "Tenant C".docs (id serial PRIMARY KEY, body text NOT NULL);
+CREATE TABLE tenant_plain.docs (id serial PRIMARY KEY, body text NOT NULL);
+INSERT INTO tenant_a.docs (body) VALUES ('a1'), ('a2');
+INSERT INTO tenant_b.docs (body) VALUES ('b1');
+INSERT INTO "Tenant C".docs (body) VALUES ('c1');
+INSERT INTO tenant_plain.docs (body) VALUES ('p1');
+"""
+ENABLED = ("public", "tenant_a", "tenant_b", "Tenant C")
+
+
+@pytest.fixture
+def tenants_db(create_database: Callable[..., str]) -> str:
+    dsn = create_database()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+
+    async def install() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await install_layer(conn, ENABLED)
+        finally:
+            await conn.close()
+
+    asyncio.run(install())
+    return dsn
+
+
+def base(db: str, schema: str) -> list[str]:
+    with psycopg.connect(db, autocommit=True) as conn:
+        return [r[0] for r in conn.execute(f'SELECT body FROM "{schema}".docs ORDER BY id')]
+
+
+def session_writes(db: str, session: str) -> list[tuple[str, str, str]]:
+    """(schema, table, body or "deleted <key>") per write of ``session``, read directly."""
+    with psycopg.connect(db, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT table_schema, table_name, CASE WHEN deleted THEN 'deleted ' || (pk->>'id')"
+            " ELSE row_data->>'body' END FROM cow.session_changes(%s) ORDER BY seq",
+            (session,),
+        ).fetchall()
+    return [(str(a), str(b), str(c)) for a, b, c in rows]
+
+
+def paths(conn: psycopg.Connection[Any]) -> tuple[str, str]:
+    """(the application's path as the layer keeps it, the physical path)."""
+    row = conn.execute(
+        "SELECT current_setting('cow.app_search_path', true), current_setting('search_path')"
+    ).fetchone()
+    assert row is not None
+    return str(row[0]), str(row[1])
+
+
+def bodies(conn: psycopg.Connection[Any]) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT body FROM docs ORDER BY id")]
+
+
+@pytest.mark.parametrize("prepare", [False, True], ids=["simple", "extended"])
+def test_set_search_path_switches_tenant_in_the_session(
+    proxy: RunningProxy, tenants_db: str, prepare: bool
+) -> None:
+    with psycopg.connect(proxy.dsn(tenants_db, application_name="cow:s1"), autocommit=True) as conn:
+        cur = conn.execute("SET search_path = tenant_a, public", prepare=prepare)
+        assert cur.statusmessage == "SET"
+        assert paths(conn) == (
+            "tenant_a, public",
+            "cow_overlay_tenant_a, tenant_a, cow_overlay_public, public",
+        )
+        conn.execute("INSERT INTO docs (body) VALUES ('a3')", prepare=prepare)
+        assert bodies(conn) == ["a1", "a2", "a3"]
+        conn.execute("SET search_path TO tenant_b, public", prepare=prepare)
+        conn.execute("INSERT INTO docs (body) VALUES ('b2')", prepare=prepare)
+        conn.execute("UPDATE docs SET body = 'b1!' WHERE body = 'b1'", prepare=prepare)
+        assert bodies(conn) == ["b1!", "b2"]
+        conn.execute('SET search_path = "Tenant C", public', prepare=prepare)
+        assert paths(conn) == (
+            '"Tenant C", public',
+            '"cow_overlay_Tenant C", "Tenant C", cow_overlay_public, public',
+        )
+        conn.execute("DELETE FROM docs", prepare=prepare)
+        assert bodies(conn) == []
+        # the shared table in public is the session's view too
+        assert conn.execute("SELECT count(*) FROM tenants").fetchone() == (2,)
+        conn.execute("SET search_path = tenant_a, public", prepare=prepare)
+        assert bodies(conn) == ["a1", "a2", "a3"]
+    assert base(tenants_db, "tenant_a") == ["a1", "a2"]
+    assert base(tenants_db, "tenant_b") == ["b1"]
+    assert base(tenants_db, "Tenant C") == ["c1"]
+    assert session_writes(tenants_db, "s1") == [
+        ("tenant_a", "docs", "a3"),
+        ("tenant_b", "docs", "b2"),
+        ("tenant_b", "docs", "b1!"),
+        ("Tenant C", "docs", "deleted 1"),
+    ]
+
+
+def test_set_local_and_rollback_revert_both_paths(proxy: RunningProxy, tenants_db: str) -> None:
+    with psycopg.connect(proxy.dsn(tenants_db, application_name="cow:s2"), autocommit=True) as conn:
+        conn.execute("SET search_path = tenant_a, public")
+        with conn.transaction():
+            conn.execute("SET LOCAL search_path = tenant_b")
+            assert paths(conn) == ("tenant_b", "cow_overlay_tenant_b, tenant_b")
+            conn.execute("INSERT INTO docs (body) VALUES ('local b')")
+        assert paths(conn)[0] == "tenant_a, public"
+        with pytest.raises(psycopg.errors.DivisionByZero), conn.transaction():
+            conn.execute("SET search_path = tenant_b")
+            conn.execute("SELECT 1 / 0")
+        assert paths(conn)[0] == "tenant_a, public"
+        assert bodies(conn) == ["a1", "a2"]
+        # set_config returns what it returns outside a session: the application's path
+        row = conn.execute("SELECT set_config('search_path', 'tenant_b,public', false)").fetchone()
+        assert row == ("tenant_b,public",)
+        assert paths(conn) == (
+            "tenant_b,public",
+            "cow_overlay_tenant_b, tenant_b, cow_overlay_public, public",
+        )
+        assert bodies(conn) == ["b1", "local b"]
+        # RESET goes back to the connection's own default
+        assert conn.execute("RESET search_path").statusmessage == "RESET"
+        assert paths(conn) == ('"$user", public', '"$user", cow_overlay_public, public')
+    assert base(tenants_db, "tenant_b") == ["b1"]
+    assert session_writes(tenants_db, "s2") == [("tenant_b", "docs", "local b")]
+
+
+def test_search_path_at_startup_is_the_session_path(proxy: RunningProxy, tenants_db: str) -> None:
+    """Rails' ``schema_search_path`` (``SET search_path`` at connect) and ``-c search_path`` at startup."""
+    options = "-c%20search_path%3Dtenant_b,public%20-c%20cow.session_id%3Ds3"
+    with psycopg.connect(proxy.dsn(tenants_db, options=options), autocommit=True) as conn:
+        assert paths(conn) == (
+            "tenant_b,public",
+            "cow_overlay_tenant_b, tenant_b, cow_overlay_public, public",
+        )
+        conn.execute("INSERT INTO docs (body) VALUES ('b at startup')")
+        assert bodies(conn) == ["b1", "b at startup"]
+        conn.execute("RESET search_path")
+        assert paths(conn)[0] == "tenant_b,public"
+    assert session_writes(tenants_db, "s3") == [("tenant_b", "docs", "b at startup")]
+
+
+def test_a_schema_without_the_layer_reads_base_rows(proxy: RunningProxy, tenants_db: str) -> None:
+    with psycopg.connect(proxy.dsn(tenants_db, application_name="cow:s4"), autocommit=True) as conn:
+        conn.execute("SET search_path = tenant_plain, public")
+        assert paths(conn) == ("tenant_plain, public", "tenant_plain, cow_overlay_public, public")
+        assert bodies(conn) == ["p1"]
+
+
+def test_other_path_changes_stay_refused(proxy: RunningProxy, tenants_db: str) -> None:
+    with psycopg.connect(proxy.dsn(tenants_db, application_name="cow:s5"), autocommit=True) as conn:
+        for sql in (
+            "SET search_path = tenant_a; SELECT 1",  # not a statement of its own
+            "SELECT set_config(lower('SEARCH_PATH'), 'tenant_a', false)",  # a computed name
+            "DO $$BEGIN SET search_path = tenant_a; END$$",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(sql)
+        assert paths(conn)[0] == '"$user", public'
+
+
+def test_asyncpg_switches_tenants(proxy: RunningProxy, tenants_db: str) -> None:
+    async def run() -> list[Any]:
+        conn = await asyncpg.connect(proxy.dsn(tenants_db, application_name="cow:s6"))
+        try:
+            await conn.execute("SET search_path TO tenant_a")
+            await conn.execute("INSERT INTO docs (body) VALUES ($1)", "a via asyncpg")
+            await conn.execute("SET search_path TO tenant_b")
+            await conn.execute("INSERT INTO docs (body) VALUES ($1)", "b via asyncpg")
+            return [r["body"] for r in await conn.fetch("SELECT body FROM docs ORDER BY id")]
+        finally:
+            await conn.close()
+
+    assert asyncio.run(run()) == ["b1", "b via asyncpg"]
+    assert session_writes(tenants_db, "s6") == [
+        ("tenant_a", "docs", "a via asyncpg"),
+        ("tenant_b", "docs", "b via asyncpg"),
+    ]

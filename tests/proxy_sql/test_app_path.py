@@ -1,0 +1,99 @@
+"""The analysis of the application's search_path changes on a tagged connection (proxy/sql/rewrites/app_path.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from proxy.sql import Analyzer, Catalog
+
+# One CoW table: the rule runs in a session of a database with the layer.
+CATALOG = Catalog.from_rows(
+    [
+        (
+            "public",
+            "docs",
+            "cow_overlay_public",
+            json.dumps(
+                {
+                    "pk": ["id"],
+                    "key": ["id"],
+                    "columns": [{"name": "id", "type": "integer", "generated": False, "identity": False}],
+                    "unique": [],
+                    "referenced_by": [],
+                }
+            ),
+            "180000",
+        )
+    ]
+)
+
+REWRITES = [
+    (
+        "SET search_path = tenant_1, public",
+        "DO $$BEGIN SET search_path TO 'tenant_1', 'public'; PERFORM cow._adopt_app_path(false); END$$",
+        ("DO", "SET"),
+    ),
+    (
+        'SET LOCAL search_path TO "Tenant 2"',
+        "DO $$BEGIN SET LOCAL search_path TO 'Tenant 2'; PERFORM cow._adopt_app_path(true); END$$",
+        ("DO", "SET"),
+    ),
+    (
+        "SET SCHEMA 'public'",
+        "DO $$BEGIN SET search_path TO 'public'; PERFORM cow._adopt_app_path(false); END$$",
+        ("DO", "SET"),
+    ),
+    (
+        "SET search_path TO DEFAULT",
+        "DO $$BEGIN SET search_path TO DEFAULT; PERFORM cow._adopt_app_path(false); END$$",
+        ("DO", "SET"),
+    ),
+    (
+        "RESET search_path",
+        "DO $$BEGIN RESET search_path; PERFORM cow._adopt_app_path(false); END$$",
+        ("DO", "RESET"),
+    ),
+    (  # the dollar quote never meets the statement's own text
+        "SET search_path = '$$'",
+        "DO $_$BEGIN SET search_path TO '$$'; PERFORM cow._adopt_app_path(false); END$_$",
+        ("DO", "SET"),
+    ),
+    (
+        "SELECT set_config('search_path', 'a,b', false)",
+        "SELECT cow.set_app_path('a,b', FALSE) AS set_config",
+        None,
+    ),
+    (
+        "SELECT pg_catalog.set_config('SEARCH_PATH'::text, $1, true) AS p, 1",
+        "SELECT cow.set_app_path($1, TRUE) AS p, 1",
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize(("sql", "sent", "tag_map"), REWRITES)
+def test_path_changes_are_rewritten_in_a_session(
+    sql: str, sent: str, tag_map: tuple[str, str] | None
+) -> None:
+    result = Analyzer().analyze(sql, CATALOG, True)
+    assert not result.tampers
+    assert result.rewritten == sent
+    assert result.tag_map == tag_map
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SET search_path = a; SELECT 1",
+        "SELECT 1; RESET search_path",
+        "SELECT set_config(lower('SEARCH_PATH'), 'a', false)",
+        "SELECT set_config(setting_name => 'search_path', new_value => 'a', is_local => false)",
+        "DO $$ BEGIN SET search_path = a; END $$",
+        "DO $$ BEGIN PERFORM set_config('search_path', 'a', false); END $$",
+        "DO $$ BEGIN SET ROLE app; END $$",
+    ],
+)
+def test_path_changes_the_proxy_cannot_follow_are_tampering(sql: str) -> None:
+    assert Analyzer().analyze(sql, CATALOG, True).tampers
