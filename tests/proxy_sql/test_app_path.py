@@ -1,4 +1,4 @@
-"""The analysis of the application's search_path changes on a tagged connection (proxy/sql/rewrites/app_path.py)."""
+"""The analysis of the application's search_path changes on a tagged connection (rewrites/app_path.py)."""
 
 from __future__ import annotations
 
