@@ -24,13 +24,15 @@ from tests.conftest import install_layer_at
 GOLDEN = Path(__file__).parent / "generated"
 
 # Every shape a generator branches on: a primary key, UNIQUE (NULLS NOT DISTINCT, partial, deferrable), an
-# exclusion constraint, CHECK, NOT NULL, defaults, identity and generated columns, foreign keys with each
+# exclusion constraint (deferrable too), CHECK, NOT NULL, defaults, identity and generated columns, foreign keys with each
 # action (deferrable too, self-referencing too), and a keyless table with a foreign key.
 SCHEMA = """
 CREATE TABLE parent (
     id int PRIMARY KEY,
     code text NOT NULL UNIQUE NULLS NOT DISTINCT,
-    name text DEFAULT 'x' CHECK (name <> '')
+    name text DEFAULT 'x' CHECK (name <> ''),
+    span int4range,
+    EXCLUDE USING gist (span WITH &&) DEFERRABLE INITIALLY DEFERRED
 );
 CREATE TABLE child (
     id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -39,6 +41,7 @@ CREATE TABLE child (
     kept_id int REFERENCES parent (id) ON DELETE RESTRICT,
     later_id int REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED,
     up int REFERENCES child (id),
+    fallback_id int DEFAULT 1 REFERENCES parent (id) ON DELETE SET DEFAULT ON UPDATE SET NULL,
     qty int NOT NULL DEFAULT 1 CHECK (qty > 0),
     twice int GENERATED ALWAYS AS (qty * 2) STORED,
     slot text,

@@ -32,13 +32,13 @@ BEGIN
     _o := cow._write_operation();
 
     _seen := NULL;
-    UPDATE cow_changes.t1 x SET _cow_current = false WHERE x._cow_session = _s AND x._cow_current AND x.id = OLD.id AND ((NOT x._cow_deleted AND x.id IS NOT DISTINCT FROM OLD.id AND x.parent_id IS NOT DISTINCT FROM OLD.parent_id AND x.parent_code IS NOT DISTINCT FROM OLD.parent_code AND x.kept_id IS NOT DISTINCT FROM OLD.kept_id AND x.later_id IS NOT DISTINCT FROM OLD.later_id AND x.up IS NOT DISTINCT FROM OLD.up AND x.qty IS NOT DISTINCT FROM OLD.qty AND x.twice IS NOT DISTINCT FROM OLD.twice AND x.slot IS NOT DISTINCT FROM OLD.slot AND x.during IS NOT DISTINCT FROM OLD.during) OR pg_catalog.pg_xact_status(cow._xid8(x.xmin)) IS DISTINCT FROM 'committed')
+    UPDATE cow_changes.t1 x SET _cow_current = false WHERE x._cow_session = _s AND x._cow_current AND x.id = OLD.id AND ((NOT x._cow_deleted AND x.id IS NOT DISTINCT FROM OLD.id AND x.parent_id IS NOT DISTINCT FROM OLD.parent_id AND x.parent_code IS NOT DISTINCT FROM OLD.parent_code AND x.kept_id IS NOT DISTINCT FROM OLD.kept_id AND x.later_id IS NOT DISTINCT FROM OLD.later_id AND x.up IS NOT DISTINCT FROM OLD.up AND x.fallback_id IS NOT DISTINCT FROM OLD.fallback_id AND x.qty IS NOT DISTINCT FROM OLD.qty AND x.twice IS NOT DISTINCT FROM OLD.twice AND x.slot IS NOT DISTINCT FROM OLD.slot AND x.during IS NOT DISTINCT FROM OLD.during) OR pg_catalog.pg_xact_status(cow._xid8(x.xmin)) IS DISTINCT FROM 'committed')
         RETURNING x._cow_base, true, x._cow_fk, x._cow_seq, x._cow_origin INTO _base, _seen, _pfk, _pseq, _porig;
     IF _seen IS NULL THEN
         _base := pg_catalog.to_jsonb(OLD);
     END IF;
-    INSERT INTO cow_changes.t1 (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, _cow_origin, id, parent_id, parent_code, kept_id, later_id, up, qty, twice, slot, during)
-    VALUES (_s, _o, true, _base, 0, CASE WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object('id', OLD.id) ELSE _porig END, OLD.id, OLD.parent_id, OLD.parent_code, OLD.kept_id, OLD.later_id, OLD.up, OLD.qty, OLD.twice, OLD.slot, OLD.during)
+    INSERT INTO cow_changes.t1 (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, _cow_origin, id, parent_id, parent_code, kept_id, later_id, up, fallback_id, qty, twice, slot, during)
+    VALUES (_s, _o, true, _base, 0, CASE WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object('id', OLD.id) ELSE _porig END, OLD.id, OLD.parent_id, OLD.parent_code, OLD.kept_id, OLD.later_id, OLD.up, OLD.fallback_id, OLD.qty, OLD.twice, OLD.slot, OLD.during)
     ON CONFLICT (_cow_session, id) WHERE _cow_current DO NOTHING;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '40001', MESSAGE = 'could not serialize access due to concurrent update', DETAIL = format('Another transaction of session %s changed the row of "child" with key (id)=(%s) after this statement read it.', _s, concat_ws(', ', coalesce(OLD.id::text, 'null'))), SCHEMA = 'public', TABLE = 'child';
@@ -102,7 +102,7 @@ BEGIN
     IF _k = 2 THEN
     SELECT c._cow_seq, format('Key (%s)=(%s) is not present in table "%s".', 'later_id', concat_ws(', ', coalesce(c.later_id::text, 'null')), 'parent')
     INTO _seq, _det FROM cow_changes.t1 c WHERE c._cow_session = _s AND c.id = NEW.id AND c._cow_seq = _v
-        AND c._cow_current AND NOT c._cow_deleted AND c.later_id IS NOT NULL AND NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.id = c.later_id) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = c.later_id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0))) AND (c._cow_fk & 2) <> 0
+        AND c._cow_current AND NOT c._cow_deleted AND c.later_id IS NOT NULL AND NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.id = c.later_id) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = c.later_id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0))) AND (c._cow_fk & 4) <> 0
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'child_later_id_fkey'; _bmsg := 'insert or update on table "child" violates foreign key constraint "child_later_id_fkey"'; _bcode := '23503'; _btab := NULL; _bsch := NULL;
@@ -146,30 +146,37 @@ BEGIN
     END IF;
     _mark := split_part(_marks, ',', -1)::bigint;
     PERFORM set_config('cow._mark_t1', regexp_replace(_marks, ',?[^,]*$', ''), true);
+    SELECT c._cow_seq, format('Key (%s)=(%s) is not present in table "%s".', 'fallback_id', concat_ws(', ', coalesce(c.fallback_id::text, 'null')), 'parent')
+    INTO _seq, _det FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_seq > _mark
+        AND c._cow_current AND NOT c._cow_deleted AND c.fallback_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM cow_overlay_public.parent z WHERE z.id = c.fallback_id) AND (c._cow_fk & 1) <> 0
+    ORDER BY c._cow_seq LIMIT 1;
+    IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
+        _best := _seq; _bdet := _det; _bcon := 'child_fallback_id_fkey'; _bmsg := 'insert or update on table "child" violates foreign key constraint "child_fallback_id_fkey"'; _bcode := '23503'; _btab := NULL; _bsch := NULL;
+    END IF;
     SELECT c._cow_seq, format('Key (%s)=(%s) is not present in table "%s".', 'kept_id', concat_ws(', ', coalesce(c.kept_id::text, 'null')), 'parent')
     INTO _seq, _det FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_seq > _mark
-        AND c._cow_current AND NOT c._cow_deleted AND c.kept_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM cow_overlay_public.parent z WHERE z.id = c.kept_id) AND (c._cow_fk & 1) <> 0
+        AND c._cow_current AND NOT c._cow_deleted AND c.kept_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM cow_overlay_public.parent z WHERE z.id = c.kept_id) AND (c._cow_fk & 2) <> 0
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'child_kept_id_fkey'; _bmsg := 'insert or update on table "child" violates foreign key constraint "child_kept_id_fkey"'; _bcode := '23503'; _btab := NULL; _bsch := NULL;
     END IF;
     SELECT c._cow_seq, format('Key (%s)=(%s) is not present in table "%s".', 'parent_code', concat_ws(', ', coalesce(c.parent_code::text, 'null')), 'parent')
     INTO _seq, _det FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_seq > _mark
-        AND c._cow_current AND NOT c._cow_deleted AND c.parent_code IS NOT NULL AND NOT EXISTS (SELECT 1 FROM cow_overlay_public.parent z WHERE z.code = c.parent_code) AND (c._cow_fk & 4) <> 0
+        AND c._cow_current AND NOT c._cow_deleted AND c.parent_code IS NOT NULL AND NOT EXISTS (SELECT 1 FROM cow_overlay_public.parent z WHERE z.code = c.parent_code) AND (c._cow_fk & 8) <> 0
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'child_parent_code_fkey'; _bmsg := 'insert or update on table "child" violates foreign key constraint "child_parent_code_fkey"'; _bcode := '23503'; _btab := NULL; _bsch := NULL;
     END IF;
     SELECT c._cow_seq, format('Key (%s)=(%s) is not present in table "%s".', 'parent_id', concat_ws(', ', coalesce(c.parent_id::text, 'null')), 'parent')
     INTO _seq, _det FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_seq > _mark
-        AND c._cow_current AND NOT c._cow_deleted AND c.parent_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM cow_overlay_public.parent z WHERE z.id = c.parent_id) AND (c._cow_fk & 8) <> 0
+        AND c._cow_current AND NOT c._cow_deleted AND c.parent_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM cow_overlay_public.parent z WHERE z.id = c.parent_id) AND (c._cow_fk & 16) <> 0
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'child_parent_id_fkey'; _bmsg := 'insert or update on table "child" violates foreign key constraint "child_parent_id_fkey"'; _bcode := '23503'; _btab := NULL; _bsch := NULL;
     END IF;
     SELECT c._cow_seq, format('Key (%s)=(%s) is not present in table "%s".', 'up', concat_ws(', ', coalesce(c.up::text, 'null')), 'child')
     INTO _seq, _det FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_seq > _mark
-        AND c._cow_current AND NOT c._cow_deleted AND c.up IS NOT NULL AND NOT EXISTS (SELECT 1 FROM cow_overlay_public.child z WHERE z.id = c.up) AND NOT (c.id = c.up) AND (c._cow_fk & 16) <> 0
+        AND c._cow_current AND NOT c._cow_deleted AND c.up IS NOT NULL AND NOT EXISTS (SELECT 1 FROM cow_overlay_public.child z WHERE z.id = c.up) AND NOT (c.id = c.up) AND (c._cow_fk & 32) <> 0
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'child_up_fkey'; _bmsg := 'insert or update on table "child" violates foreign key constraint "child_up_fkey"'; _bcode := '23503'; _btab := NULL; _bsch := NULL;
@@ -201,7 +208,7 @@ BEGIN
     IF pg_catalog.strpos(_g, ',2,') > 0 THEN
     SELECT c._cow_seq, format('Key (%s)=(%s) is not present in table "%s".', 'later_id', concat_ws(', ', coalesce(c.later_id::text, 'null')), 'parent')
     INTO _seq, _det FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_seq > _mark
-        AND c._cow_current AND NOT c._cow_deleted AND c.later_id IS NOT NULL AND NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.id = c.later_id) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = c.later_id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0))) AND (c._cow_fk & 2) <> 0
+        AND c._cow_current AND NOT c._cow_deleted AND c.later_id IS NOT NULL AND NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.id = c.later_id) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = c.later_id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0))) AND (c._cow_fk & 4) <> 0
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'child_later_id_fkey'; _bmsg := 'insert or update on table "child" violates foreign key constraint "child_later_id_fkey"'; _bcode := '23503'; _btab := NULL; _bsch := NULL;
@@ -243,16 +250,16 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '428C9', MESSAGE = 'cannot insert a non-DEFAULT value into column "id"', DETAIL = 'Column "id" is an identity column defined as GENERATED ALWAYS.', HINT = 'Use OVERRIDING SYSTEM VALUE to override.';
     END IF;
     _g := pg_catalog.set_config('cow._d_t1_1', '', true);
-    IF pg_catalog.current_setting('cow._d_t1_8', true) IS DISTINCT FROM 'on' THEN
+    IF pg_catalog.current_setting('cow._d_t1_9', true) IS DISTINCT FROM 'on' THEN
         RAISE EXCEPTION USING ERRCODE = '428C9', MESSAGE = 'cannot insert a non-DEFAULT value into column "twice"', DETAIL = 'Column "twice" is a generated column.';
     END IF;
-    _g := pg_catalog.set_config('cow._d_t1_8', '', true);
+    _g := pg_catalog.set_config('cow._d_t1_9', '', true);
     IF _s IS NULL THEN
-        INSERT INTO public.child AS y (id, parent_id, parent_code, kept_id, later_id, up, qty, slot, during) OVERRIDING SYSTEM VALUE VALUES (NEW.id, NEW.parent_id, NEW.parent_code, NEW.kept_id, NEW.later_id, NEW.up, NEW.qty, NEW.slot, NEW.during) RETURNING y.* INTO NEW;
+        INSERT INTO public.child AS y (id, parent_id, parent_code, kept_id, later_id, up, fallback_id, qty, slot, during) OVERRIDING SYSTEM VALUE VALUES (NEW.id, NEW.parent_id, NEW.parent_code, NEW.kept_id, NEW.later_id, NEW.up, NEW.fallback_id, NEW.qty, NEW.slot, NEW.during) RETURNING y.* INTO NEW;
         RETURN NEW;
     END IF;
     _o := cow._write_operation();
-    SELECT ((qty * 2)) INTO NEW.twice FROM (SELECT NEW.id AS id, NEW.parent_id AS parent_id, NEW.parent_code AS parent_code, NEW.kept_id AS kept_id, NEW.later_id AS later_id, NEW.up AS up, NEW.qty AS qty, NEW.slot AS slot, NEW.during AS during) AS _x;
+    SELECT ((qty * 2)) INTO NEW.twice FROM (SELECT NEW.id AS id, NEW.parent_id AS parent_id, NEW.parent_code AS parent_code, NEW.kept_id AS kept_id, NEW.later_id AS later_id, NEW.up AS up, NEW.fallback_id AS fallback_id, NEW.qty AS qty, NEW.slot AS slot, NEW.during AS during) AS _x;
     IF NEW.id IS NULL OR NEW.qty IS NULL THEN
         IF NEW.id IS NULL THEN
             RAISE EXCEPTION USING ERRCODE = '23502', MESSAGE = 'null value in column "id" of relation "child" violates not-null constraint', SCHEMA = 'public', TABLE = 'child', COLUMN = 'id';
@@ -261,7 +268,7 @@ BEGIN
             RAISE EXCEPTION USING ERRCODE = '23502', MESSAGE = 'null value in column "qty" of relation "child" violates not-null constraint', SCHEMA = 'public', TABLE = 'child', COLUMN = 'qty';
         END IF;
     END IF;
-    SELECT CASE WHEN ((qty > 0)) IS FALSE THEN 'child_qty_check' END INTO _bad FROM (SELECT NEW.id AS id, NEW.parent_id AS parent_id, NEW.parent_code AS parent_code, NEW.kept_id AS kept_id, NEW.later_id AS later_id, NEW.up AS up, NEW.qty AS qty, NEW.twice AS twice, NEW.slot AS slot, NEW.during AS during) AS _x;
+    SELECT CASE WHEN ((qty > 0)) IS FALSE THEN 'child_qty_check' END INTO _bad FROM (SELECT NEW.id AS id, NEW.parent_id AS parent_id, NEW.parent_code AS parent_code, NEW.kept_id AS kept_id, NEW.later_id AS later_id, NEW.up AS up, NEW.fallback_id AS fallback_id, NEW.qty AS qty, NEW.twice AS twice, NEW.slot AS slot, NEW.during AS during) AS _x;
     IF _bad IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = '23514', MESSAGE = format('new row for relation "%s" violates check constraint "%s"', 'child', _bad), SCHEMA = 'public', TABLE = 'child', CONSTRAINT = _bad;
     END IF;
@@ -269,14 +276,14 @@ BEGIN
     IF _pdel IS FALSE OR (_pdel IS NULL AND EXISTS (SELECT 1 FROM public.child z WHERE z.id = NEW.id)) THEN
         RAISE EXCEPTION USING ERRCODE = '23505', MESSAGE = 'duplicate key value violates unique constraint "child_pkey"', DETAIL = format('Key (%s)=(%s) already exists.', 'id', concat_ws(', ', coalesce(NEW.id::text, 'null'))), SCHEMA = 'public', TABLE = 'child', CONSTRAINT = 'child_pkey';
     END IF;
-    SELECT true AS p, (during) AS k1 INTO _cow_k1 FROM (SELECT NEW.id AS id, NEW.parent_id AS parent_id, NEW.parent_code AS parent_code, NEW.kept_id AS kept_id, NEW.later_id AS later_id, NEW.up AS up, NEW.qty AS qty, NEW.twice AS twice, NEW.slot AS slot, NEW.during AS during) AS _x;
+    SELECT true AS p, (during) AS k1 INTO _cow_k1 FROM (SELECT NEW.id AS id, NEW.parent_id AS parent_id, NEW.parent_code AS parent_code, NEW.kept_id AS kept_id, NEW.later_id AS later_id, NEW.up AS up, NEW.fallback_id AS fallback_id, NEW.qty AS qty, NEW.twice AS twice, NEW.slot AS slot, NEW.during AS during) AS _x;
     IF _cow_k1.p IS TRUE AND _cow_k1.k1 IS NOT NULL THEN
         SELECT _y.d INTO _cow_c FROM (SELECT concat_ws(', ', coalesce(((during))::text, 'null')) AS d FROM public.child b WHERE (during) OPERATOR(pg_catalog.&&) _cow_k1.k1 AND NOT EXISTS (SELECT 1 FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_current AND c.id = b.id OFFSET 0) UNION ALL SELECT concat_ws(', ', coalesce(((during))::text, 'null')) AS d FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_current AND NOT c._cow_deleted AND (during) OPERATOR(pg_catalog.&&) _cow_k1.k1) AS _y LIMIT 1;
         IF FOUND THEN
             RAISE EXCEPTION USING ERRCODE = '23P01', MESSAGE = 'conflicting key value violates exclusion constraint "child_during_excl"', DETAIL = format('Key (%s)=(%s) conflicts with existing key (%s)=(%s).', 'during', concat_ws(', ', coalesce(_cow_k1.k1::text, 'null')), 'during', _cow_c.d), SCHEMA = 'public', TABLE = 'child', CONSTRAINT = 'child_during_excl';
         END IF;
     END IF;
-    SELECT ((qty > 100)) AS p, (qty) AS k1 INTO _cow_k2 FROM (SELECT NEW.id AS id, NEW.parent_id AS parent_id, NEW.parent_code AS parent_code, NEW.kept_id AS kept_id, NEW.later_id AS later_id, NEW.up AS up, NEW.qty AS qty, NEW.twice AS twice, NEW.slot AS slot, NEW.during AS during) AS _x;
+    SELECT ((qty > 100)) AS p, (qty) AS k1 INTO _cow_k2 FROM (SELECT NEW.id AS id, NEW.parent_id AS parent_id, NEW.parent_code AS parent_code, NEW.kept_id AS kept_id, NEW.later_id AS later_id, NEW.up AS up, NEW.fallback_id AS fallback_id, NEW.qty AS qty, NEW.twice AS twice, NEW.slot AS slot, NEW.during AS during) AS _x;
     IF _cow_k2.p IS TRUE AND _cow_k2.k1 IS NOT NULL THEN
         IF EXISTS (SELECT 1 FROM public.child b WHERE ((qty > 100)) AND (qty) OPERATOR(pg_catalog.=) _cow_k2.k1 AND NOT EXISTS (SELECT 1 FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_current AND c.id = b.id OFFSET 0)) OR EXISTS (SELECT 1 FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_current AND NOT c._cow_deleted AND ((qty > 100)) AND (qty) OPERATOR(pg_catalog.=) _cow_k2.k1) THEN
             RAISE EXCEPTION USING ERRCODE = '23505', MESSAGE = 'duplicate key value violates unique constraint "child_slot_big"', DETAIL = format('Key (%s)=(%s) already exists.', 'qty', concat_ws(', ', coalesce(_cow_k2.k1::text, 'null'))), SCHEMA = 'public', TABLE = 'child', CONSTRAINT = 'child_slot_big';
@@ -288,8 +295,8 @@ BEGIN
     UPDATE cow_changes.t1 x SET _cow_current = false WHERE x._cow_session = _s AND x._cow_current AND x.id = NEW.id
         RETURNING x._cow_base, true, x._cow_fk, x._cow_seq, x._cow_origin INTO _base, _seen, _pfk, _pseq, _porig;
     END IF;
-    INSERT INTO cow_changes.t1 (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, _cow_origin, id, parent_id, parent_code, kept_id, later_id, up, qty, twice, slot, during)
-    VALUES (_s, _o, false, _base, (0 | 1 | 2 | 4 | 8 | 16) | CASE WHEN _pseq > coalesce(nullif(pg_catalog.split_part(pg_catalog.current_setting('cow._mark_t1', true), ',', 1), '')::bigint, 9223372036854775807) THEN coalesce(_pfk, 0) ELSE 0 END, NULL, NEW.id, NEW.parent_id, NEW.parent_code, NEW.kept_id, NEW.later_id, NEW.up, NEW.qty, NEW.twice, NEW.slot, NEW.during);
+    INSERT INTO cow_changes.t1 (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, _cow_origin, id, parent_id, parent_code, kept_id, later_id, up, fallback_id, qty, twice, slot, during)
+    VALUES (_s, _o, false, _base, (0 | 1 | 2 | 4 | 8 | 16 | 32) | CASE WHEN _pseq > coalesce(nullif(pg_catalog.split_part(pg_catalog.current_setting('cow._mark_t1', true), ',', 1), '')::bigint, 9223372036854775807) THEN coalesce(_pfk, 0) ELSE 0 END, NULL, NEW.id, NEW.parent_id, NEW.parent_code, NEW.kept_id, NEW.later_id, NEW.up, NEW.fallback_id, NEW.qty, NEW.twice, NEW.slot, NEW.during);
     RETURN NEW;
 END $function$
 
@@ -334,16 +341,16 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '428C9', MESSAGE = 'column "id" can only be updated to DEFAULT', DETAIL = 'Column "id" is an identity column defined as GENERATED ALWAYS.';
     END IF;
     _g := pg_catalog.set_config('cow._d_t1_1', '', true);
-    IF NEW.twice IS DISTINCT FROM OLD.twice AND pg_catalog.current_setting('cow._d_t1_8', true) IS DISTINCT FROM 'on' THEN
+    IF NEW.twice IS DISTINCT FROM OLD.twice AND pg_catalog.current_setting('cow._d_t1_9', true) IS DISTINCT FROM 'on' THEN
         RAISE EXCEPTION USING ERRCODE = '428C9', MESSAGE = 'column "twice" can only be updated to DEFAULT', DETAIL = 'Column "twice" is a generated column.';
     END IF;
-    _g := pg_catalog.set_config('cow._d_t1_8', '', true);
+    _g := pg_catalog.set_config('cow._d_t1_9', '', true);
     IF _s IS NULL THEN
-        UPDATE public.child AS y SET (parent_id, parent_code, kept_id, later_id, up, qty, slot, during) = ROW(NEW.parent_id, NEW.parent_code, NEW.kept_id, NEW.later_id, NEW.up, NEW.qty, NEW.slot, NEW.during) WHERE y.id = OLD.id RETURNING y.* INTO NEW;
+        UPDATE public.child AS y SET (parent_id, parent_code, kept_id, later_id, up, fallback_id, qty, slot, during) = ROW(NEW.parent_id, NEW.parent_code, NEW.kept_id, NEW.later_id, NEW.up, NEW.fallback_id, NEW.qty, NEW.slot, NEW.during) WHERE y.id = OLD.id RETURNING y.* INTO NEW;
         RETURN NEW;
     END IF;
     _o := cow._write_operation();
-    SELECT ((qty * 2)) INTO NEW.twice FROM (SELECT NEW.id AS id, NEW.parent_id AS parent_id, NEW.parent_code AS parent_code, NEW.kept_id AS kept_id, NEW.later_id AS later_id, NEW.up AS up, NEW.qty AS qty, NEW.slot AS slot, NEW.during AS during) AS _x;
+    SELECT ((qty * 2)) INTO NEW.twice FROM (SELECT NEW.id AS id, NEW.parent_id AS parent_id, NEW.parent_code AS parent_code, NEW.kept_id AS kept_id, NEW.later_id AS later_id, NEW.up AS up, NEW.fallback_id AS fallback_id, NEW.qty AS qty, NEW.slot AS slot, NEW.during AS during) AS _x;
     IF NEW.id IS NULL OR NEW.qty IS NULL THEN
         IF NEW.id IS NULL THEN
             RAISE EXCEPTION USING ERRCODE = '23502', MESSAGE = 'null value in column "id" of relation "child" violates not-null constraint', SCHEMA = 'public', TABLE = 'child', COLUMN = 'id';
@@ -352,7 +359,7 @@ BEGIN
             RAISE EXCEPTION USING ERRCODE = '23502', MESSAGE = 'null value in column "qty" of relation "child" violates not-null constraint', SCHEMA = 'public', TABLE = 'child', COLUMN = 'qty';
         END IF;
     END IF;
-    SELECT CASE WHEN ((qty > 0)) IS FALSE THEN 'child_qty_check' END INTO _bad FROM (SELECT NEW.id AS id, NEW.parent_id AS parent_id, NEW.parent_code AS parent_code, NEW.kept_id AS kept_id, NEW.later_id AS later_id, NEW.up AS up, NEW.qty AS qty, NEW.twice AS twice, NEW.slot AS slot, NEW.during AS during) AS _x;
+    SELECT CASE WHEN ((qty > 0)) IS FALSE THEN 'child_qty_check' END INTO _bad FROM (SELECT NEW.id AS id, NEW.parent_id AS parent_id, NEW.parent_code AS parent_code, NEW.kept_id AS kept_id, NEW.later_id AS later_id, NEW.up AS up, NEW.fallback_id AS fallback_id, NEW.qty AS qty, NEW.twice AS twice, NEW.slot AS slot, NEW.during AS during) AS _x;
     IF _bad IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = '23514', MESSAGE = format('new row for relation "%s" violates check constraint "%s"', 'child', _bad), SCHEMA = 'public', TABLE = 'child', CONSTRAINT = _bad;
     END IF;
@@ -362,7 +369,7 @@ BEGIN
         END IF;
     END IF;
     IF (NEW.during IS DISTINCT FROM OLD.during) THEN
-    SELECT true AS p, (during) AS k1 INTO _cow_k1 FROM (SELECT NEW.id AS id, NEW.parent_id AS parent_id, NEW.parent_code AS parent_code, NEW.kept_id AS kept_id, NEW.later_id AS later_id, NEW.up AS up, NEW.qty AS qty, NEW.twice AS twice, NEW.slot AS slot, NEW.during AS during) AS _x;
+    SELECT true AS p, (during) AS k1 INTO _cow_k1 FROM (SELECT NEW.id AS id, NEW.parent_id AS parent_id, NEW.parent_code AS parent_code, NEW.kept_id AS kept_id, NEW.later_id AS later_id, NEW.up AS up, NEW.fallback_id AS fallback_id, NEW.qty AS qty, NEW.twice AS twice, NEW.slot AS slot, NEW.during AS during) AS _x;
     IF _cow_k1.p IS TRUE AND _cow_k1.k1 IS NOT NULL THEN
         SELECT _y.d INTO _cow_c FROM (SELECT concat_ws(', ', coalesce(((during))::text, 'null')) AS d FROM public.child b WHERE (during) OPERATOR(pg_catalog.&&) _cow_k1.k1 AND NOT EXISTS (SELECT 1 FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_current AND c.id = b.id OFFSET 0) AND NOT (b.id = OLD.id) UNION ALL SELECT concat_ws(', ', coalesce(((during))::text, 'null')) AS d FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_current AND NOT c._cow_deleted AND (during) OPERATOR(pg_catalog.&&) _cow_k1.k1 AND NOT (c.id = OLD.id)) AS _y LIMIT 1;
         IF FOUND THEN
@@ -371,7 +378,7 @@ BEGIN
     END IF;
     END IF;
     IF (NEW.qty IS DISTINCT FROM OLD.qty) THEN
-    SELECT ((qty > 100)) AS p, (qty) AS k1 INTO _cow_k2 FROM (SELECT NEW.id AS id, NEW.parent_id AS parent_id, NEW.parent_code AS parent_code, NEW.kept_id AS kept_id, NEW.later_id AS later_id, NEW.up AS up, NEW.qty AS qty, NEW.twice AS twice, NEW.slot AS slot, NEW.during AS during) AS _x;
+    SELECT ((qty > 100)) AS p, (qty) AS k1 INTO _cow_k2 FROM (SELECT NEW.id AS id, NEW.parent_id AS parent_id, NEW.parent_code AS parent_code, NEW.kept_id AS kept_id, NEW.later_id AS later_id, NEW.up AS up, NEW.fallback_id AS fallback_id, NEW.qty AS qty, NEW.twice AS twice, NEW.slot AS slot, NEW.during AS during) AS _x;
     IF _cow_k2.p IS TRUE AND _cow_k2.k1 IS NOT NULL THEN
         IF EXISTS (SELECT 1 FROM public.child b WHERE ((qty > 100)) AND (qty) OPERATOR(pg_catalog.=) _cow_k2.k1 AND NOT EXISTS (SELECT 1 FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_current AND c.id = b.id OFFSET 0) AND NOT (b.id = OLD.id)) OR EXISTS (SELECT 1 FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_current AND NOT c._cow_deleted AND ((qty > 100)) AND (qty) OPERATOR(pg_catalog.=) _cow_k2.k1 AND NOT (c.id = OLD.id)) THEN
             RAISE EXCEPTION USING ERRCODE = '23505', MESSAGE = 'duplicate key value violates unique constraint "child_slot_big"', DETAIL = format('Key (%s)=(%s) already exists.', 'qty', concat_ws(', ', coalesce(_cow_k2.k1::text, 'null'))), SCHEMA = 'public', TABLE = 'child', CONSTRAINT = 'child_slot_big';
@@ -386,13 +393,13 @@ BEGIN
     IF (NEW.id IS DISTINCT FROM OLD.id) THEN
 
     _seen := NULL;
-    UPDATE cow_changes.t1 x SET _cow_current = false WHERE x._cow_session = _s AND x._cow_current AND x.id = OLD.id AND ((NOT x._cow_deleted AND x.id IS NOT DISTINCT FROM OLD.id AND x.parent_id IS NOT DISTINCT FROM OLD.parent_id AND x.parent_code IS NOT DISTINCT FROM OLD.parent_code AND x.kept_id IS NOT DISTINCT FROM OLD.kept_id AND x.later_id IS NOT DISTINCT FROM OLD.later_id AND x.up IS NOT DISTINCT FROM OLD.up AND x.qty IS NOT DISTINCT FROM OLD.qty AND x.twice IS NOT DISTINCT FROM OLD.twice AND x.slot IS NOT DISTINCT FROM OLD.slot AND x.during IS NOT DISTINCT FROM OLD.during) OR pg_catalog.pg_xact_status(cow._xid8(x.xmin)) IS DISTINCT FROM 'committed')
+    UPDATE cow_changes.t1 x SET _cow_current = false WHERE x._cow_session = _s AND x._cow_current AND x.id = OLD.id AND ((NOT x._cow_deleted AND x.id IS NOT DISTINCT FROM OLD.id AND x.parent_id IS NOT DISTINCT FROM OLD.parent_id AND x.parent_code IS NOT DISTINCT FROM OLD.parent_code AND x.kept_id IS NOT DISTINCT FROM OLD.kept_id AND x.later_id IS NOT DISTINCT FROM OLD.later_id AND x.up IS NOT DISTINCT FROM OLD.up AND x.fallback_id IS NOT DISTINCT FROM OLD.fallback_id AND x.qty IS NOT DISTINCT FROM OLD.qty AND x.twice IS NOT DISTINCT FROM OLD.twice AND x.slot IS NOT DISTINCT FROM OLD.slot AND x.during IS NOT DISTINCT FROM OLD.during) OR pg_catalog.pg_xact_status(cow._xid8(x.xmin)) IS DISTINCT FROM 'committed')
         RETURNING x._cow_base, true, x._cow_fk, x._cow_seq, x._cow_origin INTO _base, _seen, _pfk, _pseq, _porig;
     IF _seen IS NULL THEN
         _base := pg_catalog.to_jsonb(OLD);
     END IF;
-    INSERT INTO cow_changes.t1 (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, _cow_origin, id, parent_id, parent_code, kept_id, later_id, up, qty, twice, slot, during)
-    VALUES (_s, _o, true, _base, 0, CASE WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object('id', OLD.id) ELSE _porig END, OLD.id, OLD.parent_id, OLD.parent_code, OLD.kept_id, OLD.later_id, OLD.up, OLD.qty, OLD.twice, OLD.slot, OLD.during)
+    INSERT INTO cow_changes.t1 (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, _cow_origin, id, parent_id, parent_code, kept_id, later_id, up, fallback_id, qty, twice, slot, during)
+    VALUES (_s, _o, true, _base, 0, CASE WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object('id', OLD.id) ELSE _porig END, OLD.id, OLD.parent_id, OLD.parent_code, OLD.kept_id, OLD.later_id, OLD.up, OLD.fallback_id, OLD.qty, OLD.twice, OLD.slot, OLD.during)
     ON CONFLICT (_cow_session, id) WHERE _cow_current DO NOTHING;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '40001', MESSAGE = 'could not serialize access due to concurrent update', DETAIL = format('Another transaction of session %s changed the row of "child" with key (id)=(%s) after this statement read it.', _s, concat_ws(', ', coalesce(OLD.id::text, 'null'))), SCHEMA = 'public', TABLE = 'child';
@@ -401,7 +408,7 @@ BEGIN
     END IF;
 
     _seen := NULL;
-    UPDATE cow_changes.t1 x SET _cow_current = false WHERE x._cow_session = _s AND x._cow_current AND x.id = NEW.id AND ((NEW.id IS DISTINCT FROM OLD.id) OR ((NOT x._cow_deleted AND x.id IS NOT DISTINCT FROM OLD.id AND x.parent_id IS NOT DISTINCT FROM OLD.parent_id AND x.parent_code IS NOT DISTINCT FROM OLD.parent_code AND x.kept_id IS NOT DISTINCT FROM OLD.kept_id AND x.later_id IS NOT DISTINCT FROM OLD.later_id AND x.up IS NOT DISTINCT FROM OLD.up AND x.qty IS NOT DISTINCT FROM OLD.qty AND x.twice IS NOT DISTINCT FROM OLD.twice AND x.slot IS NOT DISTINCT FROM OLD.slot AND x.during IS NOT DISTINCT FROM OLD.during) OR pg_catalog.pg_xact_status(cow._xid8(x.xmin)) IS DISTINCT FROM 'committed'))
+    UPDATE cow_changes.t1 x SET _cow_current = false WHERE x._cow_session = _s AND x._cow_current AND x.id = NEW.id AND ((NEW.id IS DISTINCT FROM OLD.id) OR ((NOT x._cow_deleted AND x.id IS NOT DISTINCT FROM OLD.id AND x.parent_id IS NOT DISTINCT FROM OLD.parent_id AND x.parent_code IS NOT DISTINCT FROM OLD.parent_code AND x.kept_id IS NOT DISTINCT FROM OLD.kept_id AND x.later_id IS NOT DISTINCT FROM OLD.later_id AND x.up IS NOT DISTINCT FROM OLD.up AND x.fallback_id IS NOT DISTINCT FROM OLD.fallback_id AND x.qty IS NOT DISTINCT FROM OLD.qty AND x.twice IS NOT DISTINCT FROM OLD.twice AND x.slot IS NOT DISTINCT FROM OLD.slot AND x.during IS NOT DISTINCT FROM OLD.during) OR pg_catalog.pg_xact_status(cow._xid8(x.xmin)) IS DISTINCT FROM 'committed'))
         RETURNING x._cow_base, true, x._cow_fk, x._cow_seq, x._cow_origin INTO _base, _seen, _pfk, _pseq, _porig;
     IF _seen IS NULL THEN
         IF NOT (NEW.id IS DISTINCT FROM OLD.id) THEN
@@ -410,8 +417,8 @@ BEGIN
             _base := (SELECT pg_catalog.to_jsonb(y.*) FROM public.child y WHERE y.id = NEW.id);
         END IF;
     END IF;
-    INSERT INTO cow_changes.t1 (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, _cow_origin, id, parent_id, parent_code, kept_id, later_id, up, qty, twice, slot, during)
-    VALUES (_s, _o, false, _base, (0 | CASE WHEN (NEW.kept_id IS DISTINCT FROM OLD.kept_id) THEN 1 ELSE 0 END | CASE WHEN (NEW.later_id IS DISTINCT FROM OLD.later_id) THEN 2 ELSE 0 END | CASE WHEN (NEW.parent_code IS DISTINCT FROM OLD.parent_code) THEN 4 ELSE 0 END | CASE WHEN (NEW.parent_id IS DISTINCT FROM OLD.parent_id) THEN 8 ELSE 0 END | CASE WHEN (NEW.up IS DISTINCT FROM OLD.up) THEN 16 ELSE 0 END | (coalesce(_pfk, 0) & (0 | 2)) | CASE WHEN (NEW.id IS DISTINCT FROM OLD.id) THEN 0 | 2 ELSE 0 END) | CASE WHEN _pseq > coalesce(nullif(pg_catalog.split_part(pg_catalog.current_setting('cow._mark_t1', true), ',', 1), '')::bigint, 9223372036854775807) THEN coalesce(_pfk, 0) ELSE 0 END, CASE WHEN (NEW.id IS DISTINCT FROM OLD.id) THEN _morig WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object('id', NEW.id) ELSE _porig END, NEW.id, NEW.parent_id, NEW.parent_code, NEW.kept_id, NEW.later_id, NEW.up, NEW.qty, NEW.twice, NEW.slot, NEW.during)
+    INSERT INTO cow_changes.t1 (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, _cow_origin, id, parent_id, parent_code, kept_id, later_id, up, fallback_id, qty, twice, slot, during)
+    VALUES (_s, _o, false, _base, (0 | CASE WHEN (NEW.fallback_id IS DISTINCT FROM OLD.fallback_id) THEN 1 ELSE 0 END | CASE WHEN (NEW.kept_id IS DISTINCT FROM OLD.kept_id) THEN 2 ELSE 0 END | CASE WHEN (NEW.later_id IS DISTINCT FROM OLD.later_id) THEN 4 ELSE 0 END | CASE WHEN (NEW.parent_code IS DISTINCT FROM OLD.parent_code) THEN 8 ELSE 0 END | CASE WHEN (NEW.parent_id IS DISTINCT FROM OLD.parent_id) THEN 16 ELSE 0 END | CASE WHEN (NEW.up IS DISTINCT FROM OLD.up) THEN 32 ELSE 0 END | (coalesce(_pfk, 0) & (0 | 4)) | CASE WHEN (NEW.id IS DISTINCT FROM OLD.id) THEN 0 | 4 ELSE 0 END) | CASE WHEN _pseq > coalesce(nullif(pg_catalog.split_part(pg_catalog.current_setting('cow._mark_t1', true), ',', 1), '')::bigint, 9223372036854775807) THEN coalesce(_pfk, 0) ELSE 0 END, CASE WHEN (NEW.id IS DISTINCT FROM OLD.id) THEN _morig WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object('id', NEW.id) ELSE _porig END, NEW.id, NEW.parent_id, NEW.parent_code, NEW.kept_id, NEW.later_id, NEW.up, NEW.fallback_id, NEW.qty, NEW.twice, NEW.slot, NEW.during)
     ON CONFLICT (_cow_session, id) WHERE _cow_current DO NOTHING;
     IF NOT FOUND THEN
         IF (NEW.id IS DISTINCT FROM OLD.id) THEN
@@ -612,17 +619,18 @@ BEGIN
     END IF;
 
     _seen := NULL;
-    UPDATE cow_changes.t3 x SET _cow_current = false WHERE x._cow_session = _s AND x._cow_current AND x.id = OLD.id AND ((NOT x._cow_deleted AND x.id IS NOT DISTINCT FROM OLD.id AND x.code IS NOT DISTINCT FROM OLD.code AND x.name IS NOT DISTINCT FROM OLD.name) OR pg_catalog.pg_xact_status(cow._xid8(x.xmin)) IS DISTINCT FROM 'committed')
+    UPDATE cow_changes.t3 x SET _cow_current = false WHERE x._cow_session = _s AND x._cow_current AND x.id = OLD.id AND ((NOT x._cow_deleted AND x.id IS NOT DISTINCT FROM OLD.id AND x.code IS NOT DISTINCT FROM OLD.code AND x.name IS NOT DISTINCT FROM OLD.name AND x.span IS NOT DISTINCT FROM OLD.span) OR pg_catalog.pg_xact_status(cow._xid8(x.xmin)) IS DISTINCT FROM 'committed')
         RETURNING x._cow_base, true, x._cow_fk, x._cow_seq, x._cow_origin INTO _base, _seen, _pfk, _pseq, _porig;
     IF _seen IS NULL THEN
         _base := pg_catalog.to_jsonb(OLD);
     END IF;
-    INSERT INTO cow_changes.t3 (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, _cow_origin, id, code, name)
-    VALUES (_s, _o, true, _base, 0, CASE WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object('id', OLD.id) ELSE _porig END, OLD.id, OLD.code, OLD.name)
+    INSERT INTO cow_changes.t3 (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, _cow_origin, id, code, name, span)
+    VALUES (_s, _o, true, _base, 0, CASE WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object('id', OLD.id) ELSE _porig END, OLD.id, OLD.code, OLD.name, OLD.span)
     ON CONFLICT (_cow_session, id) WHERE _cow_current DO NOTHING;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '40001', MESSAGE = 'could not serialize access due to concurrent update', DETAIL = format('Another transaction of session %s changed the row of "parent" with key (id)=(%s) after this statement read it.', _s, concat_ws(', ', coalesce(OLD.id::text, 'null'))), SCHEMA = 'public', TABLE = 'parent';
     END IF;
+    UPDATE cow_overlay_public.child z SET fallback_id = DEFAULT WHERE z.fallback_id = OLD.id;
     UPDATE cow_overlay_public.child z SET parent_code = NULL WHERE z.parent_code = OLD.code;
     DELETE FROM cow_overlay_public.child z WHERE z.parent_id = OLD.id;
     DELETE FROM cow_overlay_public.events z WHERE z.parent_id = OLD.id;
@@ -673,6 +681,26 @@ BEGIN
     FOR _i IN 0 .. TG_NARGS - 1 LOOP
         _k := TG_ARGV[_i]::int;
     IF _k = 1 THEN
+    _seq := NULL;
+    FOR _r IN SELECT * FROM cow_changes.t3 c WHERE c._cow_session = _s AND c.id = NEW.id AND c._cow_seq = _v AND c._cow_current AND NOT c._cow_deleted ORDER BY c._cow_seq LOOP
+        SELECT true AS p, (span) AS k1 INTO _cow_k FROM (SELECT _r.id AS id, _r.code AS code, _r.name AS name, _r.span AS span) AS _x;
+        IF _cow_k.p IS TRUE AND _cow_k.k1 IS NOT NULL THEN
+            SELECT _y.d INTO _cow_c FROM (SELECT concat_ws(', ', coalesce(((span))::text, 'null')) AS d FROM public.parent b WHERE (span) OPERATOR(pg_catalog.&&) _cow_k.k1 AND NOT (b.id = _r.id)
+                AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 c WHERE c._cow_session = _s AND c._cow_current AND c.id = b.id OFFSET 0)
+                UNION ALL SELECT concat_ws(', ', coalesce(((span))::text, 'null')) AS d FROM cow_changes.t3 c WHERE c._cow_session = _s AND c._cow_current AND NOT c._cow_deleted
+                AND (span) OPERATOR(pg_catalog.&&) _cow_k.k1 AND NOT (c.id = _r.id)) AS _y LIMIT 1;
+            IF FOUND THEN
+                _seq := _r._cow_seq;
+                _det := format('Key (%s)=(%s) conflicts with existing key (%s)=(%s).', 'span', concat_ws(', ', coalesce(_cow_k.k1::text, 'null')), 'span', _cow_c.d);
+                EXIT;
+            END IF;
+        END IF;
+    END LOOP;
+    IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
+        _best := _seq; _bdet := _det; _bcon := 'parent_span_excl'; _bmsg := 'conflicting key value violates exclusion constraint "parent_span_excl"'; _bcode := '23P01'; _btab := NULL; _bsch := NULL;
+    END IF;
+    END IF;
+    IF _k = 2 THEN
     SELECT c._cow_seq, format('Key (%s)=(%s) is still referenced from table "%s".', 'id', concat_ws(', ', coalesce(c.id::text, 'null')), 'child')
     INTO _seq, _det FROM cow_changes.t3 c WHERE c._cow_session = _s AND c.id = NEW.id AND c._cow_seq = _v
         AND c._cow_current AND c._cow_deleted AND c.id IS NOT NULL
@@ -754,6 +782,26 @@ BEGIN
             PERFORM pg_catalog.set_config('cow._dq_t3', '', true);
         END IF;
     IF pg_catalog.strpos(_g, ',1,') > 0 THEN
+    _seq := NULL;
+    FOR _r IN SELECT * FROM cow_changes.t3 c WHERE c._cow_session = _s AND c._cow_seq > _mark AND c._cow_current AND NOT c._cow_deleted ORDER BY c._cow_seq LOOP
+        SELECT true AS p, (span) AS k1 INTO _cow_k FROM (SELECT _r.id AS id, _r.code AS code, _r.name AS name, _r.span AS span) AS _x;
+        IF _cow_k.p IS TRUE AND _cow_k.k1 IS NOT NULL THEN
+            SELECT _y.d INTO _cow_c FROM (SELECT concat_ws(', ', coalesce(((span))::text, 'null')) AS d FROM public.parent b WHERE (span) OPERATOR(pg_catalog.&&) _cow_k.k1 AND NOT (b.id = _r.id)
+                AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 c WHERE c._cow_session = _s AND c._cow_current AND c.id = b.id OFFSET 0)
+                UNION ALL SELECT concat_ws(', ', coalesce(((span))::text, 'null')) AS d FROM cow_changes.t3 c WHERE c._cow_session = _s AND c._cow_current AND NOT c._cow_deleted
+                AND (span) OPERATOR(pg_catalog.&&) _cow_k.k1 AND NOT (c.id = _r.id)) AS _y LIMIT 1;
+            IF FOUND THEN
+                _seq := _r._cow_seq;
+                _det := format('Key (%s)=(%s) conflicts with existing key (%s)=(%s).', 'span', concat_ws(', ', coalesce(_cow_k.k1::text, 'null')), 'span', _cow_c.d);
+                EXIT;
+            END IF;
+        END IF;
+    END LOOP;
+    IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
+        _best := _seq; _bdet := _det; _bcon := 'parent_span_excl'; _bmsg := 'conflicting key value violates exclusion constraint "parent_span_excl"'; _bcode := '23P01'; _btab := NULL; _bsch := NULL;
+    END IF;
+    END IF;
+    IF pg_catalog.strpos(_g, ',2,') > 0 THEN
     SELECT c._cow_seq, format('Key (%s)=(%s) is still referenced from table "%s".', 'id', concat_ws(', ', coalesce(c.id::text, 'null')), 'child')
     INTO _seq, _det FROM cow_changes.t3 c WHERE c._cow_session = _s AND c._cow_seq > _mark
         AND c._cow_current AND c._cow_deleted AND c.id IS NOT NULL
@@ -794,7 +842,7 @@ BEGIN
         PERFORM cow._write_session();
     END IF;
     IF _s IS NULL THEN
-        INSERT INTO public.parent AS y (id, code, name)  VALUES (NEW.id, NEW.code, NEW.name) RETURNING y.* INTO NEW;
+        INSERT INTO public.parent AS y (id, code, name, span)  VALUES (NEW.id, NEW.code, NEW.name, NEW.span) RETURNING y.* INTO NEW;
         RETURN NEW;
     END IF;
     _o := cow._write_operation();
@@ -806,7 +854,7 @@ BEGIN
             RAISE EXCEPTION USING ERRCODE = '23502', MESSAGE = 'null value in column "code" of relation "parent" violates not-null constraint', SCHEMA = 'public', TABLE = 'parent', COLUMN = 'code';
         END IF;
     END IF;
-    SELECT CASE WHEN ((name <> ''::text)) IS FALSE THEN 'parent_name_check' END INTO _bad FROM (SELECT NEW.id AS id, NEW.code AS code, NEW.name AS name) AS _x;
+    SELECT CASE WHEN ((name <> ''::text)) IS FALSE THEN 'parent_name_check' END INTO _bad FROM (SELECT NEW.id AS id, NEW.code AS code, NEW.name AS name, NEW.span AS span) AS _x;
     IF _bad IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = '23514', MESSAGE = format('new row for relation "%s" violates check constraint "%s"', 'parent', _bad), SCHEMA = 'public', TABLE = 'parent', CONSTRAINT = _bad;
     END IF;
@@ -823,8 +871,8 @@ BEGIN
     UPDATE cow_changes.t3 x SET _cow_current = false WHERE x._cow_session = _s AND x._cow_current AND x.id = NEW.id
         RETURNING x._cow_base, true, x._cow_fk, x._cow_seq, x._cow_origin INTO _base, _seen, _pfk, _pseq, _porig;
     END IF;
-    INSERT INTO cow_changes.t3 (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, _cow_origin, id, code, name)
-    VALUES (_s, _o, false, _base, 0, NULL, NEW.id, NEW.code, NEW.name);
+    INSERT INTO cow_changes.t3 (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, _cow_origin, id, code, name, span)
+    VALUES (_s, _o, false, _base, 0, NULL, NEW.id, NEW.code, NEW.name, NEW.span);
     RETURN NEW;
 END $function$
 
@@ -863,7 +911,7 @@ BEGIN
         PERFORM cow._write_session();
     END IF;
     IF _s IS NULL THEN
-        UPDATE public.parent AS y SET (id, code, name) = ROW(NEW.id, NEW.code, NEW.name) WHERE y.id = OLD.id RETURNING y.* INTO NEW;
+        UPDATE public.parent AS y SET (id, code, name, span) = ROW(NEW.id, NEW.code, NEW.name, NEW.span) WHERE y.id = OLD.id RETURNING y.* INTO NEW;
         RETURN NEW;
     END IF;
     _o := cow._write_operation();
@@ -875,7 +923,7 @@ BEGIN
             RAISE EXCEPTION USING ERRCODE = '23502', MESSAGE = 'null value in column "code" of relation "parent" violates not-null constraint', SCHEMA = 'public', TABLE = 'parent', COLUMN = 'code';
         END IF;
     END IF;
-    SELECT CASE WHEN ((name <> ''::text)) IS FALSE THEN 'parent_name_check' END INTO _bad FROM (SELECT NEW.id AS id, NEW.code AS code, NEW.name AS name) AS _x;
+    SELECT CASE WHEN ((name <> ''::text)) IS FALSE THEN 'parent_name_check' END INTO _bad FROM (SELECT NEW.id AS id, NEW.code AS code, NEW.name AS name, NEW.span AS span) AS _x;
     IF _bad IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = '23514', MESSAGE = format('new row for relation "%s" violates check constraint "%s"', 'parent', _bad), SCHEMA = 'public', TABLE = 'parent', CONSTRAINT = _bad;
     END IF;
@@ -912,13 +960,13 @@ BEGIN
     IF (NEW.id IS DISTINCT FROM OLD.id) THEN
 
     _seen := NULL;
-    UPDATE cow_changes.t3 x SET _cow_current = false WHERE x._cow_session = _s AND x._cow_current AND x.id = OLD.id AND ((NOT x._cow_deleted AND x.id IS NOT DISTINCT FROM OLD.id AND x.code IS NOT DISTINCT FROM OLD.code AND x.name IS NOT DISTINCT FROM OLD.name) OR pg_catalog.pg_xact_status(cow._xid8(x.xmin)) IS DISTINCT FROM 'committed')
+    UPDATE cow_changes.t3 x SET _cow_current = false WHERE x._cow_session = _s AND x._cow_current AND x.id = OLD.id AND ((NOT x._cow_deleted AND x.id IS NOT DISTINCT FROM OLD.id AND x.code IS NOT DISTINCT FROM OLD.code AND x.name IS NOT DISTINCT FROM OLD.name AND x.span IS NOT DISTINCT FROM OLD.span) OR pg_catalog.pg_xact_status(cow._xid8(x.xmin)) IS DISTINCT FROM 'committed')
         RETURNING x._cow_base, true, x._cow_fk, x._cow_seq, x._cow_origin INTO _base, _seen, _pfk, _pseq, _porig;
     IF _seen IS NULL THEN
         _base := pg_catalog.to_jsonb(OLD);
     END IF;
-    INSERT INTO cow_changes.t3 (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, _cow_origin, id, code, name)
-    VALUES (_s, _o, true, _base, 0, CASE WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object('id', OLD.id) ELSE _porig END, OLD.id, OLD.code, OLD.name)
+    INSERT INTO cow_changes.t3 (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, _cow_origin, id, code, name, span)
+    VALUES (_s, _o, true, _base, 0, CASE WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object('id', OLD.id) ELSE _porig END, OLD.id, OLD.code, OLD.name, OLD.span)
     ON CONFLICT (_cow_session, id) WHERE _cow_current DO NOTHING;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '40001', MESSAGE = 'could not serialize access due to concurrent update', DETAIL = format('Another transaction of session %s changed the row of "parent" with key (id)=(%s) after this statement read it.', _s, concat_ws(', ', coalesce(OLD.id::text, 'null'))), SCHEMA = 'public', TABLE = 'parent';
@@ -927,7 +975,7 @@ BEGIN
     END IF;
 
     _seen := NULL;
-    UPDATE cow_changes.t3 x SET _cow_current = false WHERE x._cow_session = _s AND x._cow_current AND x.id = NEW.id AND ((NEW.id IS DISTINCT FROM OLD.id) OR ((NOT x._cow_deleted AND x.id IS NOT DISTINCT FROM OLD.id AND x.code IS NOT DISTINCT FROM OLD.code AND x.name IS NOT DISTINCT FROM OLD.name) OR pg_catalog.pg_xact_status(cow._xid8(x.xmin)) IS DISTINCT FROM 'committed'))
+    UPDATE cow_changes.t3 x SET _cow_current = false WHERE x._cow_session = _s AND x._cow_current AND x.id = NEW.id AND ((NEW.id IS DISTINCT FROM OLD.id) OR ((NOT x._cow_deleted AND x.id IS NOT DISTINCT FROM OLD.id AND x.code IS NOT DISTINCT FROM OLD.code AND x.name IS NOT DISTINCT FROM OLD.name AND x.span IS NOT DISTINCT FROM OLD.span) OR pg_catalog.pg_xact_status(cow._xid8(x.xmin)) IS DISTINCT FROM 'committed'))
         RETURNING x._cow_base, true, x._cow_fk, x._cow_seq, x._cow_origin INTO _base, _seen, _pfk, _pseq, _porig;
     IF _seen IS NULL THEN
         IF NOT (NEW.id IS DISTINCT FROM OLD.id) THEN
@@ -936,8 +984,8 @@ BEGIN
             _base := (SELECT pg_catalog.to_jsonb(y.*) FROM public.parent y WHERE y.id = NEW.id);
         END IF;
     END IF;
-    INSERT INTO cow_changes.t3 (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, _cow_origin, id, code, name)
-    VALUES (_s, _o, false, _base, 0, CASE WHEN (NEW.id IS DISTINCT FROM OLD.id) THEN _morig WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object('id', NEW.id) ELSE _porig END, NEW.id, NEW.code, NEW.name)
+    INSERT INTO cow_changes.t3 (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, _cow_origin, id, code, name, span)
+    VALUES (_s, _o, false, _base, 0, CASE WHEN (NEW.id IS DISTINCT FROM OLD.id) THEN _morig WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object('id', NEW.id) ELSE _porig END, NEW.id, NEW.code, NEW.name, NEW.span)
     ON CONFLICT (_cow_session, id) WHERE _cow_current DO NOTHING;
     IF NOT FOUND THEN
         IF (NEW.id IS DISTINCT FROM OLD.id) THEN
@@ -947,19 +995,25 @@ BEGIN
         END IF;
     END IF;
     IF (NEW.id IS DISTINCT FROM OLD.id) THEN
+        UPDATE cow_overlay_public.child z SET fallback_id = NULL WHERE z.fallback_id = OLD.id;
+    END IF;
+    IF (NEW.id IS DISTINCT FROM OLD.id) THEN
         UPDATE cow_overlay_public.child z SET parent_id = NEW.id WHERE z.parent_id = OLD.id;
     END IF;
     RETURN NEW;
 END $function$
 
 -- trigger cow_changes.t1 child_later_id_fkey
-CREATE CONSTRAINT TRIGGER child_later_id_fkey AFTER INSERT ON cow_changes.t1 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (((new._cow_fk & 2) <> 0)) EXECUTE FUNCTION cow_changes.t1_dfr('2')
+CREATE CONSTRAINT TRIGGER child_later_id_fkey AFTER INSERT ON cow_changes.t1 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (((new._cow_fk & 4) <> 0)) EXECUTE FUNCTION cow_changes.t1_dfr('2')
 
 -- trigger cow_changes.t1 child_slot_key
 CREATE CONSTRAINT TRIGGER child_slot_key AFTER INSERT ON cow_changes.t1 DEFERRABLE INITIALLY IMMEDIATE FOR EACH ROW WHEN ((NOT new._cow_deleted)) EXECUTE FUNCTION cow_changes.t1_dfr('1')
 
 -- trigger cow_changes.t3 child_later_id_fkey
-CREATE CONSTRAINT TRIGGER child_later_id_fkey AFTER INSERT ON cow_changes.t3 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (new._cow_deleted) EXECUTE FUNCTION cow_changes.t3_dfr('1')
+CREATE CONSTRAINT TRIGGER child_later_id_fkey AFTER INSERT ON cow_changes.t3 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (new._cow_deleted) EXECUTE FUNCTION cow_changes.t3_dfr('2')
+
+-- trigger cow_changes.t3 parent_span_excl
+CREATE CONSTRAINT TRIGGER parent_span_excl AFTER INSERT ON cow_changes.t3 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN ((NOT new._cow_deleted)) EXECUTE FUNCTION cow_changes.t3_dfr('1')
 
 -- trigger cow_overlay_public.child cow_delete
 CREATE TRIGGER cow_delete INSTEAD OF DELETE ON cow_overlay_public.child FOR EACH ROW EXECUTE FUNCTION cow_changes.t1_del()
@@ -1013,6 +1067,7 @@ SELECT u.id,
     u.kept_id,
     u.later_id,
     u.up,
+    u.fallback_id,
     u.qty,
     u.twice,
     u.slot,
@@ -1024,6 +1079,7 @@ SELECT u.id,
             b.kept_id,
             b.later_id,
             b.up,
+            b.fallback_id,
             b.qty,
             b.twice,
             b.slot,
@@ -1040,6 +1096,7 @@ SELECT u.id,
             c.kept_id,
             c.later_id,
             c.up,
+            c.fallback_id,
             c.qty,
             c.twice,
             c.slot,
@@ -1091,11 +1148,13 @@ UNION ALL
 -- view cow_overlay_public.parent
 SELECT u.id,
     u.code,
-    u.name
+    u.name,
+    u.span
    FROM ( SELECT 1 AS _cow_k,
             b.id,
             b.code,
             b.name,
+            b.span,
             COALESCE(current_setting('cow.session_id'::text, true), ''::text) AS _cow_s,
             NULL::boolean AS _cow_cur,
             NULL::boolean AS _cow_del
@@ -1105,6 +1164,7 @@ SELECT u.id,
             c.id,
             c.code,
             c.name,
+            c.span,
             c._cow_session,
             c._cow_current,
             c._cow_deleted
