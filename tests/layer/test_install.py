@@ -280,7 +280,7 @@ def test_an_upgrade_from_each_older_version_ends_like_a_fresh_install(
         conn.execute("UPDATE customers SET score = 7 WHERE id = 1")
     before = layer_objects(old)
     result = run(old, install_layer)
-    assert result.applied == (5, 6)
+    assert result.applied == tuple(m.version for m in layer.migrations() if m.version > 4)
     assert result.reapplied == tuple(r.name for r in repeatables())
     after = layer_objects(old)
     assert after != before

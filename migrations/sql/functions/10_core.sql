@@ -197,6 +197,37 @@ END $$;
 -- Code generation helpers
 -- ---------------------------------------------------------------------------------------------------------
 
+-- A template with named slots, as the generators write their SQL: `{{name}}` is the slot's value as it is
+-- (generated code), `{{name|I}}` the value quoted as an identifier (quote_ident, as format's %I), `{{name|L}}`
+-- as a literal (quote_nullable, as format's %L: NULL stays NULL). A slot `slots` has no value for is an error,
+-- not an empty string. Only the template is scanned: a value's own text is never read for slots.
+CREATE OR REPLACE FUNCTION cow._fill(template text, slots jsonb) RETURNS text
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    parts text[] := string_to_array(template, '{{');
+    filled text := parts[1];
+    part text;
+    stop int;
+    slot text[];
+    value text;
+BEGIN
+    FOREACH part IN ARRAY parts[2:] LOOP
+        stop := strpos(part, '}}');
+        slot := regexp_match(left(part, stop - 1), '^([a-z_][a-z0-9_]*)(?:\|([IL]))?$');
+        IF stop = 0 OR slot IS NULL THEN
+            RAISE EXCEPTION 'cow._fill: a malformed slot in the template at {{%', left(part, 40);
+        END IF;
+        IF NOT slots ? slot[1] THEN
+            RAISE EXCEPTION 'cow._fill: no value for slot {{%}}', slot[1];
+        END IF;
+        value := slots ->> slot[1];
+        filled := filled || CASE slot[2] WHEN 'I' THEN quote_ident(value) WHEN 'L' THEN quote_nullable(value)
+                                         ELSE coalesce(value, '') END
+                         || substr(part, stop + 2);
+    END LOOP;
+    RETURN filled;
+END $$;
+
 -- "a.x = b.x AND a.y = b.y" over cols.
 CREATE OR REPLACE FUNCTION cow._eq(cols text[], l text, r text, l_cols text[] DEFAULT NULL) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$

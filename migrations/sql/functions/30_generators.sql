@@ -270,9 +270,7 @@ END $gen$;
 -- 40001 (as the plain table does in REPEATABLE READ; a retry reads the new version), or the table's 23505 for
 -- a key an UPDATE moves to. Versions of the writer's own transaction (a cascade that wrote the row earlier in
 -- the same statement) are in progress, so they are retired as before.
--- (The signatures of earlier versions go: a call that fits two overloads is ambiguous.)
-DROP FUNCTION IF EXISTS cow._rec_code(text, text, text[], text[], text, boolean, text, text, text);
-DROP FUNCTION IF EXISTS cow._rec_code(text, text, text[], text[], text, boolean, text, text, text, text);
+-- (The signatures of earlier versions are dropped by migration 0010: a call that fits two overloads is ambiguous.)
 CREATE OR REPLACE FUNCTION cow._rec_code(ch text, b text, names text[], pk text[], var text, deleted boolean,
                                          fkmask text DEFAULT '0', mark_guc text DEFAULT NULL,
                                          origin text DEFAULT NULL, snap text DEFAULT NULL,
@@ -326,7 +324,6 @@ $$;
 -- writer's own: the statement's snapshot cannot have missed it). Columns compare with IS NOT DISTINCT FROM, or
 -- as text where their type has no equality (json, point, ...): text forms of every column cost ~115 us more per
 -- UPDATE of a row with a 22 kB jsonb document (jsonb_out), equality ~17 us.
-DROP FUNCTION IF EXISTS cow._unchanged_since(text[], text);
 -- (plpgsql: cow._kl_type_ok comes with 35_keyless.sql, after this file.)
 CREATE OR REPLACE FUNCTION cow._unchanged_since(rel oid, names text[], var text) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
@@ -354,7 +351,8 @@ END $$;
 -- - in IMMEDIATE mode it fires at the end of the changes table's INSERT, inside the INSTEAD OF trigger
 --   (depth > 1), which is per row: it only flags the constraint (GUC `cow._dq_<changes table>`), and the
 --   view's AFTER STATEMENT trigger checks the statement's versions, as PostgreSQL does at statement end.
--- The code of one check: `%VF%` stands for the versions to check (one, or those since the statement's mark).
+-- The code of one check takes the versions to check as a condition on `c` (one, or those since the
+-- statement's mark).
 
 -- "(EXISTS (...) OR EXISTS (...))": some row of the session `_s`'s view of table p_rel satisfies p_cond (which
 -- names that row `z`): its current, not deleted versions, or base rows it holds no version of (a per-row probe
@@ -379,11 +377,11 @@ $$;
 
 -- One check as a branch of the generated functions: the constraint trigger's (p_stmt false: `_k` is the
 -- check's number) or the statement trigger's (p_stmt true: the check was flagged in `_g`).
-CREATE OR REPLACE FUNCTION cow._defer_branch(p_k int, p_check text, p_vf text, p_stmt boolean) RETURNS text
+CREATE OR REPLACE FUNCTION cow._defer_branch(p_k int, p_check text, p_stmt boolean) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT format(E'    IF %s THEN\n%s    END IF;\n',
                   CASE WHEN p_stmt THEN format('pg_catalog.strpos(_g, '',%s,'') > 0', p_k) ELSE format('_k = %s', p_k) END,
-                  replace(p_check, '%VF%', p_vf))
+                  p_check)
 $$;
 
 -- Add check p_k to constraint trigger p_name (one per constraint name and mode: a self-referencing FOREIGN
@@ -403,10 +401,12 @@ BEGIN
 END $$;
 
 -- The check of a deferrable UNIQUE or exclusion constraint (index p_idx of table p_rel) over the versions
--- `%VF%`: a current version whose key another row of the session's view (base rows it holds no version of,
--- plus its current versions) already has. Sets _seq/_det and, for the first violation, _best and the error.
-CREATE OR REPLACE FUNCTION cow._defer_unique_code(p_rel oid, p_idx oid, b text, ch text, pk text[]) RETURNS text
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $gen$
+-- p_versions (a condition on the changes table's row `c`: the one version a constraint trigger fired for, or
+-- the statement's since its mark): a current version whose key another row of the session's view (base rows
+-- it holds no version of, plus its current versions) already has. Sets _seq/_det and, for the first
+-- violation, _best and the error.
+CREATE OR REPLACE FUNCTION cow._defer_unique_code(p_rel oid, p_idx oid, b text, ch text, pk text[], p_versions text)
+RETURNS text LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $gen$
 DECLARE
     con record;
     x record;
@@ -418,22 +418,29 @@ BEGIN
            i.indisunique AND NOT i.indisexclusion AND i.indpred IS NULL AND i.indexprs IS NULL AS plain
     INTO STRICT con FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid WHERE i.indexrelid = p_idx;
     IF con.plain THEN
-        cond := CASE WHEN con.nnd
-                     THEN (SELECT string_agg(format('z.%I IS NOT DISTINCT FROM c.%I', c, c), ' AND ') FROM unnest(con.cols) AS c)
-                     ELSE cow._eq(con.cols, 'z', 'c') END;
-        RETURN format(
-            E'    SELECT c._cow_seq, format(''Key (%%s)=(%%s) already exists.'', %1$L, %2$s) INTO _seq, _det\n'
-             '    FROM %3$s c WHERE c._cow_session = _s AND %%VF%% AND c._cow_current AND NOT c._cow_deleted%4$s\n'
-             '        AND (EXISTS (SELECT 1 FROM %3$s z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND %5$s AND NOT (%6$s))\n'
-             '             OR EXISTS (SELECT 1 FROM %7$s z WHERE %5$s AND NOT (%6$s) AND NOT EXISTS (SELECT 1 FROM %3$s y WHERE y._cow_session = _s AND y._cow_current AND %8$s OFFSET 0)))\n'
-             '    ORDER BY c._cow_seq LIMIT 1;\n'
-             '    IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN\n'
-             '        _best := _seq; _bdet := _det; _bcon := %9$L; _bmsg := %10$L; _bcode := ''23505''; _btab := NULL; _bsch := NULL;\n'
-             '    END IF;\n',
-            cow._collist(con.cols), cow._keytext(con.cols, 'c'), ch,
-            CASE WHEN con.nnd THEN '' ELSE ' AND ' || cow._notnull(con.cols, 'c') END,
-            cond, cow._eq(pk, 'z', 'c'), b, cow._eq(pk, 'y', 'z'), con.name,
-            format('duplicate key value violates unique constraint "%s"', con.name));
+        RETURN cow._fill($t$    SELECT c._cow_seq, format('Key (%s)=(%s) already exists.', {{columns|L}}, {{key}}) INTO _seq, _det
+    FROM {{changes}} c WHERE c._cow_session = _s AND {{versions}} AND c._cow_current AND NOT c._cow_deleted{{not_null}}
+        AND (EXISTS (SELECT 1 FROM {{changes}} z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND {{collides}} AND NOT ({{same_row}}))
+             OR EXISTS (SELECT 1 FROM {{base}} z WHERE {{collides}} AND NOT ({{same_row}}) AND NOT EXISTS (SELECT 1 FROM {{changes}} y WHERE y._cow_session = _s AND y._cow_current AND {{has_version}} OFFSET 0)))
+    ORDER BY c._cow_seq LIMIT 1;
+    IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
+        _best := _seq; _bdet := _det; _bcon := {{constraint|L}}; _bmsg := {{message|L}}; _bcode := '23505'; _btab := NULL; _bsch := NULL;
+    END IF;
+$t$, jsonb_build_object(
+            'columns', cow._collist(con.cols),
+            'key', cow._keytext(con.cols, 'c'),
+            'changes', ch,
+            'versions', p_versions,
+            'not_null', CASE WHEN con.nnd THEN '' ELSE ' AND ' || cow._notnull(con.cols, 'c') END,
+            'collides', CASE WHEN con.nnd
+                             THEN (SELECT string_agg(format('z.%I IS NOT DISTINCT FROM c.%I', c, c), ' AND ')
+                                   FROM unnest(con.cols) AS c)
+                             ELSE cow._eq(con.cols, 'z', 'c') END,
+            'same_row', cow._eq(pk, 'z', 'c'),
+            'base', b,
+            'has_version', cow._eq(pk, 'y', 'z'),
+            'constraint', con.name,
+            'message', format('duplicate key value violates unique constraint "%s"', con.name)));
     END IF;
     -- An exclusion constraint (or UNIQUE WITHOUT OVERLAPS): version by version, the keys evaluated on the
     -- version (`_r`) as cow._xcheck_code does on NEW, the version's own key left out.
@@ -444,36 +451,46 @@ BEGIN
     IF x.pred IS NOT NULL THEN
         cond := format('(%s) AND ', x.pred) || cond;
     END IF;
-    RETURN format(
-        E'    _seq := NULL;\n'
-         '    FOR _r IN SELECT * FROM %1$s c WHERE c._cow_session = _s AND %%VF%% AND c._cow_current AND NOT c._cow_deleted ORDER BY c._cow_seq LOOP\n'
-         '        SELECT %2$s AS p, %3$s INTO _cow_k FROM (%4$s) AS _x;\n'
-         '        IF _cow_k.p IS TRUE%5$s THEN\n'
-         '            SELECT _y.d INTO _cow_c FROM (SELECT %6$s AS d FROM %7$s b WHERE %8$s AND NOT (%9$s)\n'
-         '                AND NOT EXISTS (SELECT 1 FROM %1$s c WHERE c._cow_session = _s AND c._cow_current AND %10$s OFFSET 0)\n'
-         '                UNION ALL SELECT %6$s AS d FROM %1$s c WHERE c._cow_session = _s AND c._cow_current AND NOT c._cow_deleted\n'
-         '                AND %8$s AND NOT (%11$s)) AS _y LIMIT 1;\n'
-         '            IF FOUND THEN\n'
-         '                _seq := _r._cow_seq;\n'
-         '                _det := format(''Key (%%s)=(%%s) conflicts with existing key (%%s)=(%%s).'', %12$L, concat_ws('', '', %13$s), %12$L, _cow_c.d);\n'
-         '                EXIT;\n'
-         '            END IF;\n'
-         '        END IF;\n'
-         '    END LOOP;\n'
-         '    IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN\n'
-         '        _best := _seq; _bdet := _det; _bcon := %14$L; _bmsg := %15$L; _bcode := ''23P01''; _btab := NULL; _bsch := NULL;\n'
-         '    END IF;\n',
-        ch, coalesce('(' || x.pred || ')', 'true'),
-        (SELECT string_agg(format('%s AS k%s', x.keys[k], k), ', ' ORDER BY k) FROM generate_series(1, n) AS k),
-        cow._rowsrc((SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_attribute a
-                     WHERE a.attrelid = p_rel AND a.attnum > 0 AND NOT a.attisdropped), '_r'),
-        (SELECT string_agg(format(' AND _cow_k.k%s IS NOT NULL', k), '' ORDER BY k) FROM generate_series(1, n) AS k),
-        format('concat_ws('', '', %s)', (SELECT string_agg(format('coalesce((%s)::text, ''null'')', x.keys[k]), ', ' ORDER BY k)
-                                         FROM generate_series(1, n) AS k)),
-        b, cond, cow._eq(pk, 'b', '_r'), cow._eq(pk, 'c', 'b'), cow._eq(pk, 'c', '_r'),
-        x.display,
-        (SELECT string_agg(format('coalesce(_cow_k.k%s::text, ''null'')', k), ', ' ORDER BY k) FROM generate_series(1, n) AS k),
-        x.name, format('conflicting key value violates exclusion constraint "%s"', x.name));
+    RETURN cow._fill($t$    _seq := NULL;
+    FOR _r IN SELECT * FROM {{changes}} c WHERE c._cow_session = _s AND {{versions}} AND c._cow_current AND NOT c._cow_deleted ORDER BY c._cow_seq LOOP
+        SELECT {{predicate}} AS p, {{keys}} INTO _cow_k FROM ({{row}}) AS _x;
+        IF _cow_k.p IS TRUE{{keys_not_null}} THEN
+            SELECT _y.d INTO _cow_c FROM (SELECT {{shown_keys}} AS d FROM {{base}} b WHERE {{conflicts}} AND NOT ({{base_is_row}})
+                AND NOT EXISTS (SELECT 1 FROM {{changes}} c WHERE c._cow_session = _s AND c._cow_current AND {{base_has_version}} OFFSET 0)
+                UNION ALL SELECT {{shown_keys}} AS d FROM {{changes}} c WHERE c._cow_session = _s AND c._cow_current AND NOT c._cow_deleted
+                AND {{conflicts}} AND NOT ({{version_is_row}})) AS _y LIMIT 1;
+            IF FOUND THEN
+                _seq := _r._cow_seq;
+                _det := format('Key (%s)=(%s) conflicts with existing key (%s)=(%s).', {{display|L}}, concat_ws(', ', {{row_keys}}), {{display|L}}, _cow_c.d);
+                EXIT;
+            END IF;
+        END IF;
+    END LOOP;
+    IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
+        _best := _seq; _bdet := _det; _bcon := {{constraint|L}}; _bmsg := {{message|L}}; _bcode := '23P01'; _btab := NULL; _bsch := NULL;
+    END IF;
+$t$, jsonb_build_object(
+        'changes', ch,
+        'versions', p_versions,
+        'predicate', coalesce('(' || x.pred || ')', 'true'),
+        'keys', (SELECT string_agg(format('%s AS k%s', x.keys[k], k), ', ' ORDER BY k) FROM generate_series(1, n) AS k),
+        'row', cow._rowsrc((SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_attribute a
+                            WHERE a.attrelid = p_rel AND a.attnum > 0 AND NOT a.attisdropped), '_r'),
+        'keys_not_null', (SELECT string_agg(format(' AND _cow_k.k%s IS NOT NULL', k), '' ORDER BY k)
+                          FROM generate_series(1, n) AS k),
+        'shown_keys', format('concat_ws('', '', %s)',
+                             (SELECT string_agg(format('coalesce((%s)::text, ''null'')', x.keys[k]), ', ' ORDER BY k)
+                              FROM generate_series(1, n) AS k)),
+        'base', b,
+        'conflicts', cond,
+        'base_is_row', cow._eq(pk, 'b', '_r'),
+        'base_has_version', cow._eq(pk, 'c', 'b'),
+        'version_is_row', cow._eq(pk, 'c', '_r'),
+        'display', x.display,
+        'row_keys', (SELECT string_agg(format('coalesce(_cow_k.k%s::text, ''null'')', k), ', ' ORDER BY k)
+                     FROM generate_series(1, n) AS k),
+        'constraint', x.name,
+        'message', format('conflicting key value violates exclusion constraint "%s"', x.name)));
 END $gen$;
 
 -- (Re)create the constraint triggers of registry entry p_id's changes table from the generator's map, and
@@ -629,6 +646,199 @@ END $gen$;
 --   version (a tombstone) only when that lookup found one;
 -- - an UPDATE runs the UNIQUE and referenced-key (RESTRICT/NO ACTION) queries only when those columns change.
 
+-- ---------------------------------------------------------------------------------------------------------
+-- FOREIGN KEY checks at the end of a statement (keyed and keyless tables alike)
+-- ---------------------------------------------------------------------------------------------------------
+-- A check reads the versions p_versions selects (a condition on the changes table's row `c`): those the
+-- statement wrote since its mark (`c._cow_seq > _mark`, the statement trigger), or the one version a constraint
+-- trigger fired for (cow._defer_branch).
+
+-- The check of FOREIGN KEY p_conname of table p_tab, as the child (23503): a version (of those p_versions
+-- selects) whose key p_cols is not in the session's view of the parent (p_missing: a condition on `c`). Sets
+-- _seq/_det and, for the first violation, _best and the error.
+CREATE OR REPLACE FUNCTION cow._fk_child_check(p_ch text, p_tab text, p_conname text, p_cols text[], p_parent text,
+                                               p_missing text, p_versions text) RETURNS text
+LANGUAGE sql IMMUTABLE RETURN cow._fill($t$    SELECT c._cow_seq, format('Key (%s)=(%s) is not present in table "%s".', {{columns|L}}, {{key}}, {{parent|L}})
+    INTO _seq, _det FROM {{changes}} c WHERE c._cow_session = _s AND {{versions}}
+        AND c._cow_current AND NOT c._cow_deleted AND {{missing}}
+    ORDER BY c._cow_seq LIMIT 1;
+    IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
+        _best := _seq; _bdet := _det; _bcon := {{constraint|L}}; _bmsg := {{message|L}}; _bcode := '23503'; _btab := NULL; _bsch := NULL;
+    END IF;
+$t$, jsonb_build_object(
+    'columns', cow._collist(p_cols),
+    'key', cow._keytext(p_cols, 'c'),
+    'parent', p_parent,
+    'changes', p_ch,
+    'versions', p_versions,
+    'missing', p_missing,
+    'constraint', p_conname,
+    'message', format('insert or update on table "%s" violates foreign key constraint "%s"', p_tab, p_conname)));
+
+-- The check of NO ACTION FOREIGN KEY p_conname from table p_child, this table as the parent (23503): a
+-- tombstone (of those p_versions selects) whose referenced key p_refcols is gone from the session's view of
+-- this table (p_gone) and still referenced from the child (p_referenced). Message p_message.
+CREATE OR REPLACE FUNCTION cow._fk_parent_check(p_ch text, p_conname text, p_message text, p_refcols text[],
+                                                p_child_schema text, p_child text, p_gone text, p_referenced text,
+                                                p_versions text) RETURNS text
+LANGUAGE sql IMMUTABLE RETURN cow._fill($t$    SELECT c._cow_seq, format('Key (%s)=(%s) is still referenced from table "%s".', {{columns|L}}, {{key}}, {{child|L}})
+    INTO _seq, _det FROM {{changes}} c WHERE c._cow_session = _s AND {{versions}}
+        AND c._cow_current AND c._cow_deleted AND {{not_null}}
+        AND NOT {{still_there}}
+        AND {{referenced}}
+    ORDER BY c._cow_seq LIMIT 1;
+    IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
+        _best := _seq; _bdet := _det; _bcon := {{constraint|L}}; _bmsg := {{message|L}}; _bcode := '23503'; _btab := {{child|L}}; _bsch := {{child_schema|L}};
+    END IF;
+$t$, jsonb_build_object(
+    'columns', cow._collist(p_refcols),
+    'key', cow._keytext(p_refcols, 'c'),
+    'child', p_child,
+    'child_schema', p_child_schema,
+    'changes', p_ch,
+    'versions', p_versions,
+    'not_null', cow._notnull(p_refcols, 'c'),
+    'still_there', p_gone,
+    'referenced', p_referenced,
+    'constraint', p_conname,
+    'message', p_message));
+
+-- FOREIGN KEYs of table p_rel as the child (23503), keyed or keyless: the parent must be in the session's
+-- view of the parent. Checked at the end of the statement like PostgreSQL's RI triggers (so a later row's
+-- NOT NULL, CHECK or UNIQUE error wins over an earlier row's missing parent): `fk_checks` goes in the
+-- statement trigger (cow._fk_statement_triggers); a deferrable one is checked by a constraint trigger on the
+-- changes table instead (at COMMIT when deferred): check number dn + 1 on in `dq` (the one version
+-- p_row_version selects) and `dq_stmt`, trigger `dtrg` (cow._defer_trigger), its bit in `dbits` (it stays on
+-- the row's later versions, so an update that leaves the key alone still carries the check). Each key has a
+-- bit in `_cow_fk` (`fk_all`: all of them, `fk_changed`: those whose columns an UPDATE changed); `fk_n` keys.
+CREATE OR REPLACE FUNCTION cow._fk_child_checks(p_rel oid, p_ch text, p_tab text, p_row_version text,
+                                                INOUT dn int, INOUT dq text, INOUT dq_stmt text, INOUT dtrg jsonb,
+                                                OUT fk_checks text, OUT fk_all text, OUT fk_changed text,
+                                                OUT dbits text, OUT fk_n int)
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $gen$
+DECLARE
+    con record;
+    missing text;
+    bit text;
+BEGIN
+    fk_checks := '';
+    fk_all := '0';
+    fk_changed := '0';
+    dbits := '0';
+    fk_n := 0;
+    FOR con IN SELECT c.conname, cow._attnames(c.conrelid, c.conkey) AS cols, c.confrelid,
+                      cow._attnames(c.confrelid, c.confkey) AS refcols, pr.relname AS parent,
+                      c.condeferrable, c.condeferred
+               FROM pg_constraint c JOIN pg_class pr ON pr.oid = c.confrelid
+               WHERE c.conrelid = p_rel AND c.contype = 'f' ORDER BY c.conname LOOP
+        IF con.condeferrable THEN
+            -- (Checked at COMMIT too: the parent looked up by index in the session's view, cow._sexists.)
+            missing := format('%s AND NOT %s', cow._notnull(con.cols, 'c'),
+                              cow._sexists(con.confrelid, cow._eq2(con.refcols, 'z', con.cols, 'c')));
+        ELSE
+            missing := format('%s AND NOT EXISTS (SELECT 1 FROM %s z WHERE %s)', cow._notnull(con.cols, 'c'),
+                              cow._session_rel(con.confrelid), cow._eq2(con.refcols, 'z', con.cols, 'c'));
+        END IF;
+        IF con.confrelid = p_rel THEN
+            -- A row may reference itself.
+            missing := missing || format(' AND NOT (%s)', cow._eq2(con.refcols, 'c', con.cols, 'c'));
+        END IF;
+        bit := (1 << least(fk_n, 30))::text;
+        fk_all := fk_all || format(' | %s', bit);
+        fk_changed := fk_changed || format(' | CASE WHEN %s THEN %s ELSE 0 END', cow._changed(con.cols), bit);
+        missing := missing || format(' AND (c._cow_fk & %s) <> 0', bit);
+        IF con.condeferrable THEN
+            dbits := dbits || format(' | %s', bit);
+            dn := dn + 1;
+            dq := dq || cow._defer_branch(dn, cow._fk_child_check(p_ch, p_tab, con.conname, con.cols, con.parent,
+                                                                   missing, p_row_version), false);
+            dq_stmt := dq_stmt || cow._defer_branch(dn, cow._fk_child_check(p_ch, p_tab, con.conname, con.cols,
+                                                                             con.parent, missing, 'c._cow_seq > _mark'), true);
+            dtrg := cow._defer_trigger(dtrg, con.conname, con.condeferred, format('(NEW._cow_fk & %s) <> 0', bit), dn);
+        ELSE
+            fk_checks := fk_checks || cow._fk_child_check(p_ch, p_tab, con.conname, con.cols, con.parent, missing,
+                                                          'c._cow_seq > _mark');
+        END IF;
+        fk_n := fk_n + 1;
+    END LOOP;
+END $gen$;
+
+-- The statement-level FOREIGN KEY triggers of table p_id's overlay view, keyed or keyless: `cow_fk_mark`
+-- (BEFORE STATEMENT: pushes the current write sequence value onto the GUC `cow._mark_<t>`) and `cow_fk_check`
+-- (AFTER STATEMENT: runs p_checks over this session's versions written since, and p_deferred, the deferrable
+-- constraints flagged inside the statement, cow._defer_branch), raising the first violation. p_vars: the
+-- variables those checks use beyond the common ones. Without checks the triggers go.
+CREATE OR REPLACE FUNCTION cow._fk_statement_triggers(p_id int, p_checks text, p_deferred text, p_vars text)
+RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
+DECLARE
+    r cow.registry%ROWTYPE;
+    v text;
+    mark text;
+    check_fn text;
+BEGIN
+    SELECT * INTO STRICT r FROM cow.registry WHERE id = p_id;
+    v := format('%I.%I', r.overlay_schema, r.table_name);
+    IF p_checks = '' AND p_deferred = '' THEN
+        EXECUTE format('DROP TRIGGER IF EXISTS cow_fk_mark ON %s', v);
+        EXECUTE format('DROP TRIGGER IF EXISTS cow_fk_check ON %s', v);
+        RETURN;
+    END IF;
+    mark := format('cow_changes.%I', r.changes_table || '_mark');
+    check_fn := format('cow_changes.%I', r.changes_table || '_fkcheck');
+    EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql AS $body$
+BEGIN
+    IF nullif(current_setting('cow.session_id', true), '') IS NOT NULL THEN
+        PERFORM set_config({{mark|L}}, concat_ws(',', nullif(current_setting({{mark|L}}, true), ''),
+            (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM cow.write_seq)::text), true);
+    END IF;
+    RETURN NULL;
+END $body$$t$, jsonb_build_object('fn', mark, 'mark', 'cow._mark_' || r.changes_table));
+    EXECUTE format('CREATE OR REPLACE TRIGGER cow_fk_mark BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()', v, mark);
+    EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql AS $body$
+DECLARE
+    _s text := nullif(current_setting('cow.session_id', true), '');
+    _marks text := current_setting({{mark|L}}, true);
+    _mark bigint;
+    _seq bigint;
+    _det text;
+    _best bigint;
+    _bdet text;
+    _bcon text;
+    _bmsg text;
+    _bcode text := '23503';
+    _btab text;
+    _bsch text;
+    _g text;
+{{vars}}BEGIN
+    IF _s IS NULL OR coalesce(_marks, '') = '' THEN
+        RETURN NULL;
+    END IF;
+    _mark := split_part(_marks, ',', -1)::bigint;
+    PERFORM set_config({{mark|L}}, regexp_replace(_marks, ',?[^,]*$', ''), true);
+{{checks}}{{deferred}}    IF _best IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = _bcode, MESSAGE = _bmsg,
+            DETAIL = _bdet, SCHEMA = coalesce(_bsch, {{schema|L}}), TABLE = coalesce(_btab, {{table|L}}), CONSTRAINT = _bcon;
+    END IF;
+    RETURN NULL;
+END $body$$t$, jsonb_build_object(
+        'fn', check_fn,
+        'mark', 'cow._mark_' || r.changes_table,
+        'vars', p_vars,
+        'checks', p_checks,
+        -- Deferrable constraints whose trigger fired inside this statement (IMMEDIATE mode): checked here, at
+        -- the end of the statement, like PostgreSQL; the outermost statement clears the flags.
+        'deferred', CASE WHEN p_deferred = '' THEN '' ELSE cow._fill($t$    _g := pg_catalog.current_setting({{flags|L}}, true);
+    IF coalesce(_g, '') <> '' THEN
+        IF regexp_replace(_marks, ',?[^,]*$', '') = '' THEN
+            PERFORM pg_catalog.set_config({{flags|L}}, '', true);
+        END IF;
+{{checks}}    END IF;
+$t$, jsonb_build_object('flags', 'cow._dq_' || r.changes_table, 'checks', p_deferred)) END,
+        'schema', r.table_schema,
+        'table', r.table_name));
+    EXECUTE format('CREATE OR REPLACE TRIGGER cow_fk_check AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()', v, check_fn);
+END $gen$;
+
 -- The INSTEAD OF triggers of registry entry p_id: the UNIQUE loop also emits the checks of partial and expression
 -- UNIQUE indexes and exclusion constraints (cow._xcheck_code, 20_unique_checks.sql), and the changes table gets
 -- their lookup indexes; deferrable constraints are left to the constraint triggers
@@ -667,6 +877,8 @@ DECLARE
     msg text;
     det text;
     cond text;
+    gone text;
+    referenced text;
     fn text;
     decl text := E'DECLARE\n    _s text := nullif(pg_catalog.current_setting(''cow.session_id'', true), '''');\n    _o text;\n    _g text;\n    _base jsonb;\n    _seen boolean;\n    _bad text;\n    _pfk int;\n    _pseq bigint;\n    _porig jsonb;\n    _morig jsonb;\n    _pdel boolean;\n';
     fk_all text := '0';     -- every FOREIGN KEY bit (an INSERT checks them all)
@@ -689,7 +901,6 @@ DECLARE
     dq_stmt text := '';
     dn int := 0;
     dbits text := '0';    -- the bits of the deferrable FOREIGN KEYs (carried to later versions of a row)
-    dcheck text;
     dtrg jsonb := '{}';   -- trigger name -> {deferred, when [], args []}
     dname text;
     vf_row text;          -- the version a constraint trigger fires for: found by key in <t>_cur, then its seq
@@ -738,10 +949,9 @@ BEGIN
                WHERE x.indrelid = rel AND (x.indisunique OR x.indisexclusion)
                ORDER BY x.indexrelid LOOP
         IF con.deferrable THEN
-            dcheck := cow._defer_unique_code(rel, con.idx, b, ch, pk);
             dn := dn + 1;
-            dq := dq || cow._defer_branch(dn, dcheck, vf_row, false);
-            dq_stmt := dq_stmt || cow._defer_branch(dn, dcheck, 'c._cow_seq > _mark', true);
+            dq := dq || cow._defer_branch(dn, cow._defer_unique_code(rel, con.idx, b, ch, pk, vf_row), false);
+            dq_stmt := dq_stmt || cow._defer_branch(dn, cow._defer_unique_code(rel, con.idx, b, ch, pk, 'c._cow_seq > _mark'), true);
             dtrg := cow._defer_trigger(dtrg, con.name, con.deferred, 'NOT NEW._cow_deleted', dn);
             CONTINUE;
         END IF;
@@ -793,55 +1003,9 @@ BEGIN
             cow._raise('23505', format('duplicate key value violates unique constraint "%s"', con.name), keytxt,
                        sch, tab, con.name));
     END LOOP;
-    -- FOREIGN KEY, this table as the child (23503): the parent must be in the session's view of the parent.
-    -- Checked at the end of the statement like PostgreSQL's RI triggers (so a later row's NOT NULL, CHECK or
-    -- UNIQUE error wins over an earlier row's missing parent): a BEFORE STATEMENT trigger pushes the current
-    -- write sequence value, the AFTER STATEMENT trigger checks this session's rows written since.
-    FOR con IN SELECT c.conname, cow._attnames(c.conrelid, c.conkey) AS cols, c.confrelid,
-                      cow._attnames(c.confrelid, c.confkey) AS refcols, pr.relname AS parent,
-                      c.condeferrable, c.condeferred
-               FROM pg_constraint c JOIN pg_class pr ON pr.oid = c.confrelid
-               WHERE c.conrelid = rel AND c.contype = 'f' ORDER BY c.conname LOOP
-        target := cow._session_rel(con.confrelid);
-        IF con.condeferrable THEN
-            -- (Checked at COMMIT too: the parent looked up by index in the session's view, cow._sexists.)
-            cond := format('%s AND NOT %s', cow._notnull(con.cols, 'c'),
-                           cow._sexists(con.confrelid, cow._eq2(con.refcols, 'z', con.cols, 'c')));
-        ELSE
-            cond := format('%s AND NOT EXISTS (SELECT 1 FROM %s z WHERE %s)', cow._notnull(con.cols, 'c'), target,
-                           cow._eq2(con.refcols, 'z', con.cols, 'c'));
-        END IF;
-        IF con.confrelid = rel THEN
-            -- A row may reference itself.
-            cond := cond || format(' AND NOT (%s)', cow._eq2(con.refcols, 'c', con.cols, 'c'));
-        END IF;
-        fk_all := fk_all || format(' | %s', 1 << least(fk_n, 30));
-        fk_changed := fk_changed || format(' | CASE WHEN %s THEN %s ELSE 0 END', cow._changed(con.cols), 1 << least(fk_n, 30));
-        cond := cond || format(' AND (c._cow_fk & %s) <> 0', 1 << least(fk_n, 30));
-        dcheck := format(E'    SELECT c._cow_seq, format(''Key (%%s)=(%%s) is not present in table "%%s".'', %L, %s, %L)\n'
-                         '    INTO _seq, _det FROM %s c WHERE c._cow_session = _s AND %%VF%%\n'
-                         '        AND c._cow_current AND NOT c._cow_deleted AND %s\n'
-                         '    ORDER BY c._cow_seq LIMIT 1;\n'
-                         '    IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN\n'
-                         '        _best := _seq; _bdet := _det; _bcon := %L; _bmsg := %L; _bcode := ''23503''; _btab := NULL; _bsch := NULL;\n'
-                         '    END IF;\n',
-                         cow._collist(con.cols), cow._keytext(con.cols, 'c'), con.parent, ch, cond, con.conname,
-                         format('insert or update on table "%s" violates foreign key constraint "%s"',
-                                tab, con.conname));
-        IF con.condeferrable THEN
-            -- Checked by a constraint trigger on the changes table (at COMMIT when deferred); the bit stays on
-            -- the row's later versions, so an update that leaves the key alone still carries the check.
-            dbits := dbits || format(' | %s', 1 << least(fk_n, 30));
-            dn := dn + 1;
-            dq := dq || cow._defer_branch(dn, dcheck, vf_row, false);
-            dq_stmt := dq_stmt || cow._defer_branch(dn, dcheck, 'c._cow_seq > _mark', true);
-            dtrg := cow._defer_trigger(dtrg, con.conname, con.condeferred,
-                                       format('(NEW._cow_fk & %s) <> 0', 1 << least(fk_n, 30)), dn);
-        ELSE
-            fk_ins := fk_ins || replace(dcheck, '%VF%', 'c._cow_seq > _mark');
-        END IF;
-        fk_n := fk_n + 1;
-    END LOOP;
+    -- FOREIGN KEY, this table as the child (23503).
+    SELECT * INTO dn, dq, dq_stmt, dtrg, fk_ins, fk_all, fk_changed, dbits, fk_n
+    FROM cow._fk_child_checks(rel, ch, tab, vf_row, dn, dq, dq_stmt, dtrg);
     -- FOREIGN KEY, this table as the parent: ON DELETE / ON UPDATE actions within the session.
     FOR con IN SELECT c.conname, c.conrelid, cow._attnames(c.conrelid, c.conkey) AS cols,
                       cow._attnames(c.confrelid, c.confkey) AS refcols, c.confdeltype, c.confupdtype,
@@ -867,31 +1031,23 @@ BEGIN
         -- self-referencing tree works): the statement's tombstones whose key is gone from the session's view
         -- must not be referenced. RESTRICT is checked at once.
         IF (con.confdeltype = 'a' OR con.confupdtype = 'a') AND con.child_cow THEN
-            dcheck := format(E'    SELECT c._cow_seq, format(''Key (%%s)=(%%s) is still referenced from table "%%s".'', %L, %s, %L)\n'
-                             '    INTO _seq, _det FROM %s c WHERE c._cow_session = _s AND %%VF%%\n'
-                             '        AND c._cow_current AND c._cow_deleted AND %s\n'
-                             '        AND NOT %s\n'
-                             '        AND %s\n'
-                             '    ORDER BY c._cow_seq LIMIT 1;\n'
-                             '    IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN\n'
-                             '        _best := _seq; _bdet := _det; _bcon := %L; _bmsg := %L; _bcode := ''23503''; _btab := %L; _bsch := %L;\n'
-                             '    END IF;\n',
-                             cow._collist(con.refcols), cow._keytext(con.refcols, 'c'), con.child, ch,
-                             cow._notnull(con.refcols, 'c'),
-                             CASE WHEN con.condeferrable THEN cow._sexists(rel, cow._eq(con.refcols, 'z', 'c'))
-                                  ELSE format('EXISTS (SELECT 1 FROM %s z WHERE %s)', v, cow._eq(con.refcols, 'z', 'c')) END,
-                             CASE WHEN con.condeferrable THEN cow._sexists(con.conrelid, cow._eq2(con.cols, 'z', con.refcols, 'c'))
-                                  ELSE format('EXISTS (SELECT 1 FROM %s k WHERE %s)', target, cow._eq2(con.cols, 'k', con.refcols, 'c')) END,
-                             con.conname, msg, con.child, con.child_schema);
+            gone := CASE WHEN con.condeferrable THEN cow._sexists(rel, cow._eq(con.refcols, 'z', 'c'))
+                         ELSE format('EXISTS (SELECT 1 FROM %s z WHERE %s)', v, cow._eq(con.refcols, 'z', 'c')) END;
+            referenced := CASE WHEN con.condeferrable THEN cow._sexists(con.conrelid, cow._eq2(con.cols, 'z', con.refcols, 'c'))
+                               ELSE format('EXISTS (SELECT 1 FROM %s k WHERE %s)', target, cow._eq2(con.cols, 'k', con.refcols, 'c')) END;
             IF con.condeferrable THEN
                 -- The tombstones of deleted (or moved) referenced keys, checked when the trigger fires. (A
                 -- referenced key that is not the primary key and changes in place is still checked at once.)
                 dn := dn + 1;
-                dq := dq || cow._defer_branch(dn, dcheck, vf_row, false);
-                dq_stmt := dq_stmt || cow._defer_branch(dn, dcheck, 'c._cow_seq > _mark', true);
+                dq := dq || cow._defer_branch(dn, cow._fk_parent_check(ch, con.conname, msg, con.refcols, con.child_schema,
+                                                                       con.child, gone, referenced, vf_row), false);
+                dq_stmt := dq_stmt || cow._defer_branch(dn, cow._fk_parent_check(ch, con.conname, msg, con.refcols,
+                                                                                 con.child_schema, con.child, gone, referenced,
+                                                                                 'c._cow_seq > _mark'), true);
                 dtrg := cow._defer_trigger(dtrg, con.conname, con.condeferred, 'NEW._cow_deleted', dn);
             ELSE
-                fk_ins := fk_ins || replace(dcheck, '%VF%', 'c._cow_seq > _mark');
+                fk_ins := fk_ins || cow._fk_parent_check(ch, con.conname, msg, con.refcols, con.child_schema, con.child,
+                                                         gone, referenced, 'c._cow_seq > _mark');
             END IF;
         END IF;
         -- A child table outside the layer cannot change in a session: any action is a refusal there.
@@ -1002,43 +1158,6 @@ BEGIN
     EXECUTE format('CREATE OR REPLACE TRIGGER cow_delete INSTEAD OF DELETE ON %s FOR EACH ROW EXECUTE FUNCTION %s()', v, fn);
     -- Statement-level FOREIGN KEY checks (see above).
     PERFORM cow._defer_triggers(p_id, dtrg, dq);
-    IF fk_ins = '' AND dq_stmt = '' THEN
-        EXECUTE format('DROP TRIGGER IF EXISTS cow_fk_mark ON %s', v);
-        EXECUTE format('DROP TRIGGER IF EXISTS cow_fk_check ON %s', v);
-    ELSE
-        fn := format('cow_changes.%I', r.changes_table || '_mark');
-        EXECUTE format(E'CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql '
-                       'AS $body$\nBEGIN\n'
-                       '    IF nullif(current_setting(''cow.session_id'', true), '''') IS NOT NULL THEN\n'
-                       '        PERFORM set_config(%2$L, concat_ws('','', nullif(current_setting(%2$L, true), ''''),\n'
-                       '            (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM cow.write_seq)::text), true);\n'
-                       '    END IF;\n    RETURN NULL;\nEND $body$', fn, 'cow._mark_' || r.changes_table);
-        EXECUTE format('CREATE OR REPLACE TRIGGER cow_fk_mark BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()', v, fn);
-        fn := format('cow_changes.%I', r.changes_table || '_fkcheck');
-        EXECUTE format(E'CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql '
-                       'AS $body$\n'
-                       'DECLARE\n    _s text := nullif(current_setting(''cow.session_id'', true), '''');\n'
-                       '    _marks text := current_setting(%2$L, true);\n    _mark bigint;\n    _seq bigint;\n'
-                       '    _det text;\n    _best bigint;\n    _bdet text;\n    _bcon text;\n    _bmsg text;\n'
-                       '    _bcode text := ''23503'';\n    _btab text;\n    _bsch text;\n    _g text;\n    _r record;\n    _cow_k record;\n    _cow_c record;\nBEGIN\n'
-                       '    IF _s IS NULL OR coalesce(_marks, '''') = '''' THEN\n        RETURN NULL;\n    END IF;\n'
-                       '    _mark := split_part(_marks, '','', -1)::bigint;\n'
-                       '    PERFORM set_config(%2$L, regexp_replace(_marks, '',?[^,]*$'', ''''), true);\n%3$s%6$s'
-                       '    IF _best IS NOT NULL THEN\n'
-                       '        RAISE EXCEPTION USING ERRCODE = _bcode, MESSAGE = _bmsg,\n'
-                       '            DETAIL = _bdet, SCHEMA = coalesce(_bsch, %5$L), TABLE = coalesce(_btab, %4$L), CONSTRAINT = _bcon;\n'
-                       '    END IF;\n    RETURN NULL;\nEND $body$', fn, 'cow._mark_' || r.changes_table, fk_ins, tab, sch,
-                       CASE WHEN dq_stmt = '' THEN '' ELSE format(
-                           -- Deferrable constraints whose trigger fired inside this statement (IMMEDIATE mode):
-                           -- checked here, at the end of the statement, like PostgreSQL; the outermost
-                           -- statement clears the flags.
-                           E'    _g := pg_catalog.current_setting(%L, true);\n'
-                            '    IF coalesce(_g, '''') <> '''' THEN\n'
-                            '        IF regexp_replace(_marks, '',?[^,]*$'', '''') = '''' THEN\n'
-                            '            PERFORM pg_catalog.set_config(%L, '''', true);\n'
-                            '        END IF;\n%s    END IF;\n',
-                           'cow._dq_' || r.changes_table, 'cow._dq_' || r.changes_table, dq_stmt) END);
-        EXECUTE format('CREATE OR REPLACE TRIGGER cow_fk_check AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()', v, fn);
-    END IF;
+    PERFORM cow._fk_statement_triggers(p_id, fk_ins, dq_stmt, E'    _r record;\n    _cow_k record;\n    _cow_c record;\n');
     UPDATE cow.registry SET signature = cow._signature(rel) WHERE id = p_id;
 END $gen$;

@@ -211,8 +211,6 @@ DECLARE
     gen_code text;
     nn_code text;
     chk_code text;
-    con record;
-    cond text;
     fn text;
     fk_all text := '0';
     fk_changed text := '0';
@@ -223,9 +221,7 @@ DECLARE
     dq text := '';
     dq_stmt text := '';
     dn int := 0;
-    dcheck text;
     dtrg jsonb := '{}';
-    mark_guc text;
     decl text := E'DECLARE\n    _s text := nullif(pg_catalog.current_setting(''cow.session_id'', true), '''');\n    _o text;\n    _g text;\n    _bad text;\n    _ret bigint;\n    _pfk int;\n';
     reg_code text := E'    IF _s IS NOT NULL AND pg_catalog.current_setting(''cow._open'', true) IS DISTINCT FROM cow._open_stamp(_s) THEN\n'
                       '        PERFORM cow._write_session();\n'
@@ -236,7 +232,6 @@ BEGIN
     rel := r.relid;
     sch := r.table_schema;
     tab := r.table_name;
-    mark_guc := 'cow._mark_' || r.changes_table;
     ch := format('cow_changes.%I', r.changes_table);
     b := format('%I.%I', sch, tab);
     v := format('%I.%I', r.overlay_schema, tab);
@@ -248,46 +243,10 @@ BEGIN
     FROM pg_attribute a WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped;
     SELECT * INTO dflt_ins, dflt_upd, gen_code, nn_code, chk_code
     FROM cow._row_checks(rel, r.changes_table, names, ncols, sch, tab);
-    -- FOREIGN KEY, this table as the child (23503), as in cow._build_triggers: the parent must be in the
-    -- session's view of the parent at the end of the statement (a keyless table is never a parent: that
-    -- takes a unique index).
-    FOR con IN SELECT c.conname, cow._attnames(c.conrelid, c.conkey) AS cols, c.confrelid,
-                      cow._attnames(c.confrelid, c.confkey) AS refcols, pr.relname AS parent,
-                      c.condeferrable, c.condeferred
-               FROM pg_constraint c JOIN pg_class pr ON pr.oid = c.confrelid
-               WHERE c.conrelid = rel AND c.contype = 'f' ORDER BY c.conname LOOP
-        IF con.condeferrable THEN
-            cond := format('%s AND NOT %s', cow._notnull(con.cols, 'c'),
-                           cow._sexists(con.confrelid, cow._eq2(con.refcols, 'z', con.cols, 'c')));
-        ELSE
-            cond := format('%s AND NOT EXISTS (SELECT 1 FROM %s z WHERE %s)', cow._notnull(con.cols, 'c'),
-                           cow._session_rel(con.confrelid), cow._eq2(con.refcols, 'z', con.cols, 'c'));
-        END IF;
-        fk_all := fk_all || format(' | %s', 1 << least(fk_n, 30));
-        fk_changed := fk_changed || format(' | CASE WHEN %s THEN %s ELSE 0 END', cow._changed(con.cols), 1 << least(fk_n, 30));
-        cond := cond || format(' AND (c._cow_fk & %s) <> 0', 1 << least(fk_n, 30));
-        dcheck := format(E'    SELECT c._cow_seq, format(''Key (%%s)=(%%s) is not present in table "%%s".'', %L, %s, %L)\n'
-                         '    INTO _seq, _det FROM %s c WHERE c._cow_session = _s AND %%VF%%\n'
-                         '        AND c._cow_current AND NOT c._cow_deleted AND %s\n'
-                         '    ORDER BY c._cow_seq LIMIT 1;\n'
-                         '    IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN\n'
-                         '        _best := _seq; _bdet := _det; _bcon := %L; _bmsg := %L; _bcode := ''23503''; _btab := NULL; _bsch := NULL;\n'
-                         '    END IF;\n',
-                         cow._collist(con.cols), cow._keytext(con.cols, 'c'), con.parent, ch, cond, con.conname,
-                         format('insert or update on table "%s" violates foreign key constraint "%s"',
-                                tab, con.conname));
-        IF con.condeferrable THEN
-            dbits := dbits || format(' | %s', 1 << least(fk_n, 30));
-            dn := dn + 1;
-            dq := dq || cow._defer_branch(dn, dcheck, 'c._cow_seq = _v', false);
-            dq_stmt := dq_stmt || cow._defer_branch(dn, dcheck, 'c._cow_seq > _mark', true);
-            dtrg := cow._defer_trigger(dtrg, con.conname, con.condeferred,
-                                       format('(NEW._cow_fk & %s) <> 0', 1 << least(fk_n, 30)), dn);
-        ELSE
-            fk_ins := fk_ins || replace(dcheck, '%VF%', 'c._cow_seq > _mark');
-        END IF;
-        fk_n := fk_n + 1;
-    END LOOP;
+    -- FOREIGN KEY, this table as the child (23503), as for keyed tables (a keyless table is never a parent:
+    -- that takes a unique index).
+    SELECT * INTO dn, dq, dq_stmt, dtrg, fk_ins, fk_all, fk_changed, dbits, fk_n
+    FROM cow._fk_child_checks(rel, ch, tab, 'c._cow_seq = _v', dn, dq, dq_stmt, dtrg);
 
     -- INSERT: one added row value.
     fn := format('cow_changes.%I', r.changes_table || '_ins');
@@ -340,43 +299,9 @@ BEGIN
                    '    _o := cow._write_operation();\n%s    RETURN OLD;\nEND $body$',
                    fn, decl, reg_code, b, b, cow._kl_value(names, 'OLD', b), rm);
     EXECUTE format('CREATE OR REPLACE TRIGGER cow_delete INSTEAD OF DELETE ON %s FOR EACH ROW EXECUTE FUNCTION %s()', v, fn);
-    -- Statement-level FOREIGN KEY checks, as cow._build_triggers makes them.
+    -- Statement-level FOREIGN KEY checks, as for keyed tables.
     PERFORM cow._defer_triggers(p_id, dtrg, dq);
-    IF fk_ins = '' AND dq_stmt = '' THEN
-        EXECUTE format('DROP TRIGGER IF EXISTS cow_fk_mark ON %s', v);
-        EXECUTE format('DROP TRIGGER IF EXISTS cow_fk_check ON %s', v);
-    ELSE
-        fn := format('cow_changes.%I', r.changes_table || '_mark');
-        EXECUTE format(E'CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql '
-                       'AS $body$\nBEGIN\n'
-                       '    IF nullif(current_setting(''cow.session_id'', true), '''') IS NOT NULL THEN\n'
-                       '        PERFORM set_config(%2$L, concat_ws('','', nullif(current_setting(%2$L, true), ''''),\n'
-                       '            (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM cow.write_seq)::text), true);\n'
-                       '    END IF;\n    RETURN NULL;\nEND $body$', fn, mark_guc);
-        EXECUTE format('CREATE OR REPLACE TRIGGER cow_fk_mark BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()', v, fn);
-        fn := format('cow_changes.%I', r.changes_table || '_fkcheck');
-        EXECUTE format(E'CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql '
-                       'AS $body$\n'
-                       'DECLARE\n    _s text := nullif(current_setting(''cow.session_id'', true), '''');\n'
-                       '    _marks text := current_setting(%2$L, true);\n    _mark bigint;\n    _seq bigint;\n'
-                       '    _det text;\n    _best bigint;\n    _bdet text;\n    _bcon text;\n    _bmsg text;\n'
-                       '    _bcode text := ''23503'';\n    _btab text;\n    _bsch text;\n    _g text;\nBEGIN\n'
-                       '    IF _s IS NULL OR coalesce(_marks, '''') = '''' THEN\n        RETURN NULL;\n    END IF;\n'
-                       '    _mark := split_part(_marks, '','', -1)::bigint;\n'
-                       '    PERFORM set_config(%2$L, regexp_replace(_marks, '',?[^,]*$'', ''''), true);\n%3$s%6$s'
-                       '    IF _best IS NOT NULL THEN\n'
-                       '        RAISE EXCEPTION USING ERRCODE = _bcode, MESSAGE = _bmsg,\n'
-                       '            DETAIL = _bdet, SCHEMA = coalesce(_bsch, %5$L), TABLE = coalesce(_btab, %4$L), CONSTRAINT = _bcon;\n'
-                       '    END IF;\n    RETURN NULL;\nEND $body$', fn, mark_guc, fk_ins, tab, sch,
-                       CASE WHEN dq_stmt = '' THEN '' ELSE format(
-                           E'    _g := pg_catalog.current_setting(%L, true);\n'
-                            '    IF coalesce(_g, '''') <> '''' THEN\n'
-                            '        IF regexp_replace(_marks, '',?[^,]*$'', '''') = '''' THEN\n'
-                            '            PERFORM pg_catalog.set_config(%L, '''', true);\n'
-                            '        END IF;\n%s    END IF;\n',
-                           'cow._dq_' || r.changes_table, 'cow._dq_' || r.changes_table, dq_stmt) END);
-        EXECUTE format('CREATE OR REPLACE TRIGGER cow_fk_check AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()', v, fn);
-    END IF;
+    PERFORM cow._fk_statement_triggers(p_id, fk_ins, dq_stmt, '');
     UPDATE cow.registry SET signature = cow._signature(rel) WHERE id = p_id;
 END $gen$;
 
