@@ -225,17 +225,23 @@ BEGIN
     -- _cow_s is that constant): it puts the changes leaf's _cow_session in an equivalence class with a
     -- constant, so <t>_cur (_cow_session, pk) counts as ordered by the primary key and a Merge Append needs
     -- no sort of the session's rows (PostgreSQL 15 costs that sort by the whole changes table's row count).
-    EXECUTE format(
-        'CREATE VIEW %1$s AS SELECT %2$s FROM ('
-        'SELECT 1 AS _cow_k, %3$s, coalesce(%7$s, '''') AS _cow_s, NULL::boolean AS _cow_cur, '
-        'NULL::boolean AS _cow_del FROM %4$s b '
-        'UNION ALL SELECT 2, %5$s, c._cow_session, c._cow_current, c._cow_deleted FROM %6$s c) u '
-        'WHERE u._cow_s = coalesce(%7$s, '''') AND CASE u._cow_k WHEN 1 THEN true '
-        'ELSE %7$s <> '''' AND u._cow_cur AND NOT u._cow_del END '
-        'AND NOT EXISTS (SELECT 1 FROM %6$s x WHERE u._cow_k = 1 '
-        'AND x._cow_session = %7$s AND x._cow_current AND %8$s)',
-        v, cow._collist(names, 'u.'), cow._collist(names, 'b.'), b, cow._collist(names, 'c.'), ch, sess,
-        cow._eq(pk, 'x', 'u'));
+    EXECUTE cow._fill($t$CREATE VIEW {{view}} AS SELECT {{columns}} FROM (
+    SELECT 1 AS _cow_k, {{base_columns}}, coalesce({{session}}, '') AS _cow_s, NULL::boolean AS _cow_cur,
+           NULL::boolean AS _cow_del FROM {{base}} b
+    UNION ALL SELECT 2, {{changes_columns}}, c._cow_session, c._cow_current, c._cow_deleted FROM {{changes}} c) u
+WHERE u._cow_s = coalesce({{session}}, '') AND CASE u._cow_k WHEN 1 THEN true
+      ELSE {{session}} <> '' AND u._cow_cur AND NOT u._cow_del END
+  AND NOT EXISTS (SELECT 1 FROM {{changes}} x WHERE u._cow_k = 1
+                  AND x._cow_session = {{session}} AND x._cow_current AND {{has_version}})$t$,
+        jsonb_build_object(
+            'view', v,
+            'columns', cow._collist(names, 'u.'),
+            'base_columns', cow._collist(names, 'b.'),
+            'base', b,
+            'changes_columns', cow._collist(names, 'c.'),
+            'changes', ch,
+            'session', sess,
+            'has_version', cow._eq(pk, 'x', 'u')));
     PERFORM cow._view_defaults(rel, v, b, r.changes_table);
 
     UPDATE cow.registry SET table_schema = sch, table_name = tab, pk_columns = pk, col_attnums = nums,
@@ -839,6 +845,151 @@ $t$, jsonb_build_object('flags', 'cow._dq_' || r.changes_table, 'checks', p_defe
     EXECUTE format('CREATE OR REPLACE TRIGGER cow_fk_check AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()', v, check_fn);
 END $gen$;
 
+-- ---------------------------------------------------------------------------------------------------------
+-- The INSTEAD OF triggers, one generator per generated object, over the table's context
+-- ---------------------------------------------------------------------------------------------------------
+-- cow.trigger_context (migration 0010) is what cow._build_triggers and cow._kl_build_triggers collect for one
+-- table (names, the per-row checks, the FOREIGN KEY bits and actions); each generator below writes one
+-- trigger function from it, with named template slots (cow._fill), and creates the trigger that calls it.
+
+-- INSERT (keyed and keyless): the base table without a session, else the checks, then the new version.
+CREATE OR REPLACE FUNCTION cow._gen_insert(c cow.trigger_context) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
+DECLARE
+    fn text := format('cow_changes.%I', c.changes_table || '_ins');
+    rec text;
+    ins int;
+BEGIN
+    IF c.keyless THEN
+        -- One added row value.
+        rec := cow._fill($t$    INSERT INTO {{changes}} (_cow_session, _cow_op, _cow_deleted, _cow_fk, {{columns}}) VALUES (_s, _o, false, {{fk_bits}}, {{values}});
+$t$, jsonb_build_object('changes', c.ch, 'columns', cow._collist(c.names),
+                        'fk_bits', CASE WHEN c.fk_n = 0 THEN '0' ELSE c.fk_all END,
+                        'values', cow._collist(c.names, 'NEW.')));
+    ELSE
+        -- (With the primary-key probe, a key the session holds no version of passed the check only if the base
+        -- table has no row with it either: no base snapshot, and commit's conflict check sees a row inserted
+        -- into the base meanwhile.)
+        rec := cow._rec_code(c.ch, c.b, c.names, c.pk, 'NEW', false, c.fk_all, c.mark_guc, 'NULL',
+                             CASE WHEN c.pk_probe THEN 'NULL' END);
+        IF c.pk_probe THEN
+            -- (_rec_code: retire the current version, then insert the new one; the retire only after a tombstone.)
+            ins := strpos(rec, E'\n    INSERT INTO ');
+            rec := format(E'    IF _pdel IS NOT NULL THEN\n%s    END IF;\n%s', substr(rec, 1, ins), substr(rec, ins + 1));
+        END IF;
+    END IF;
+    EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql AS $body$
+{{declare}}BEGIN
+{{registry_check}}{{defaults}}    IF _s IS NULL THEN
+        INSERT INTO {{base}} AS y ({{columns}}) {{overriding}} VALUES ({{values}}) RETURNING y.* INTO NEW;
+        RETURN NEW;
+    END IF;
+    _o := cow._write_operation();
+{{generated}}{{not_null}}{{checks}}{{unique}}{{record}}    RETURN NEW;
+END $body$$t$, jsonb_build_object(
+        'fn', fn,
+        'declare', c.decl,
+        'registry_check', c.reg_code,
+        'defaults', c.dflt_ins,
+        'base', c.b,
+        'columns', cow._collist(c.ncols),
+        'overriding', CASE WHEN c.has_always THEN 'OVERRIDING SYSTEM VALUE' ELSE '' END,
+        'values', cow._collist(c.ncols, 'NEW.'),
+        'generated', c.gen_code,
+        'not_null', c.nn_code,
+        'checks', c.chk_code,
+        'unique', c.uq_ins,
+        'record', rec));
+    EXECUTE format('CREATE OR REPLACE TRIGGER cow_insert INSTEAD OF INSERT ON %s FOR EACH ROW EXECUTE FUNCTION %s()', c.v, fn);
+END $gen$;
+
+-- UPDATE of a keyed table: a primary-key change is a delete of the old key and a write of the new one.
+CREATE OR REPLACE FUNCTION cow._gen_update(c cow.trigger_context) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
+DECLARE
+    fn text := format('cow_changes.%I', c.changes_table || '_upd');
+    moved text := cow._changed(c.pk);
+BEGIN
+    EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql AS $body$
+{{declare}}BEGIN
+{{registry_check}}{{defaults}}    IF _s IS NULL THEN
+        UPDATE {{base}} AS y SET ({{columns}}) = ROW({{values}}) WHERE {{same_key}} RETURNING y.* INTO NEW;
+        RETURN NEW;
+    END IF;
+    _o := cow._write_operation();
+{{generated}}{{not_null}}{{checks}}{{unique}}{{parent_checks}}    IF {{key_moved}} THEN
+{{retire_old_key}}    END IF;
+{{record}}{{parent_actions}}    RETURN NEW;
+END $body$$t$, jsonb_build_object(
+        'fn', fn,
+        'declare', c.decl,
+        'registry_check', c.reg_code,
+        'defaults', c.dflt_upd,
+        'base', c.b,
+        'columns', cow._collist(c.setcols),
+        'values', cow._collist(c.setcols, 'NEW.'),
+        'same_key', cow._eq(c.pk, 'y', 'OLD'),
+        'generated', c.gen_code,
+        'not_null', c.nn_code,
+        'checks', c.chk_code,
+        'unique', c.uq_upd,
+        'parent_checks', c.par_upd_check,
+        'key_moved', moved,
+        -- A primary-key move remembers the base key it started from (commit applies it as an UPDATE).
+        'retire_old_key',
+            cow._rec_code(c.ch, c.b, c.names, c.pk, 'OLD', true, snap => 'true',
+                          stale => cow._unchanged_since(c.rel, c.names, 'OLD'), conflict => c.stale_raise)
+            || format(E'    _morig := CASE WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object(%s) ELSE _porig END;\n',
+                      cow._jsonargs(c.pk, 'OLD')),
+        'record',
+            cow._rec_code(c.ch, c.b, c.names, c.pk, 'NEW', false,
+                          CASE WHEN c.dbits = '0' THEN c.fk_changed
+                               -- (Deferrable FOREIGN KEYs: still to check when an earlier version was, and all
+                               -- of them after a primary-key move.)
+                               ELSE format('%s | (coalesce(_pfk, 0) & (%s)) | CASE WHEN %s THEN %s ELSE 0 END',
+                                           c.fk_changed, c.dbits, moved, c.dbits) END,
+                          c.mark_guc,
+                          format('CASE WHEN %s THEN _morig WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object(%s) ELSE _porig END',
+                                 moved, cow._jsonargs(c.pk, 'NEW')),
+                          'NOT ' || moved,
+                          -- (A key move writes a new key: its current version can only be a tombstone.)
+                          format('(%s OR %s)', moved, cow._unchanged_since(c.rel, c.names, 'OLD')),
+                          format(E'IF %s THEN\n            %s\n        ELSE\n            %s\n        END IF;',
+                                 moved, c.dup_raise, c.stale_raise)),
+        'parent_actions', c.par_upd_act));
+    EXECUTE format('CREATE OR REPLACE TRIGGER cow_update INSTEAD OF UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION %s()', c.v, fn);
+END $gen$;
+
+-- DELETE of a keyed table: a tombstone of the key.
+CREATE OR REPLACE FUNCTION cow._gen_delete(c cow.trigger_context) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
+DECLARE
+    fn text := format('cow_changes.%I', c.changes_table || '_del');
+BEGIN
+    EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql AS $body$
+{{declare}}BEGIN
+{{registry_check}}    IF _s IS NULL THEN
+        DELETE FROM {{base}} AS y WHERE {{same_key}};
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+        RETURN OLD;
+    END IF;
+    _o := cow._write_operation();
+{{parent_checks}}{{record}}{{parent_actions}}    RETURN OLD;
+END $body$$t$, jsonb_build_object(
+        'fn', fn,
+        'declare', c.decl,
+        'registry_check', c.reg_code,
+        'base', c.b,
+        'same_key', cow._eq(c.pk, 'y', 'OLD'),
+        'parent_checks', c.par_del_check,
+        'record', cow._rec_code(c.ch, c.b, c.names, c.pk, 'OLD', true, snap => 'true',
+                                stale => cow._unchanged_since(c.rel, c.names, 'OLD'), conflict => c.stale_raise),
+        'parent_actions', c.par_del_act));
+    EXECUTE format('CREATE OR REPLACE TRIGGER cow_delete INSTEAD OF DELETE ON %s FOR EACH ROW EXECUTE FUNCTION %s()', c.v, fn);
+END $gen$;
+
 -- The INSTEAD OF triggers of registry entry p_id: the UNIQUE loop also emits the checks of partial and expression
 -- UNIQUE indexes and exclusion constraints (cow._xcheck_code, 20_unique_checks.sql), and the changes table gets
 -- their lookup indexes; deferrable constraints are left to the constraint triggers
@@ -890,10 +1041,8 @@ DECLARE
     xn int := 0;          -- checks generated by cow._xcheck_code
     pk_probe boolean := false;  -- the INSERT's primary-key check looked up the key's current version (_pdel)
     keyidx oid;           -- the key index (cow._key_index)
-    rec text;
     keyname text;         -- the key index's name (a PRIMARY KEY's is its constraint's)
-    dup_raise text;       -- a concurrent transaction of the session wrote the key first (cow._rec_code)
-    stale_raise text;
+    ctx cow.trigger_context;  -- what the generators of each object read (cow._gen_insert & co.)
     -- Deferrable constraints (cow._defer_* below): checks of one row version (`dq`, run by the constraint
     -- triggers on the changes table when they fire) and of the statement's versions (`dq_stmt`, run by the
     -- statement trigger when a constraint trigger fired inside the statement, i.e. in IMMEDIATE mode).
@@ -1082,10 +1231,6 @@ BEGIN
         END IF;
     END LOOP;
 
-    -- INSERT
-    -- (With the primary-key probe, a key the session holds no version of passed the check only if the base
-    -- table has no row with it either: no base snapshot, and commit's conflict check sees a row inserted
-    -- into the base meanwhile.)
     -- (A table without FOREIGN KEYs: every version's bits are 0, nothing to carry from the previous one.)
     IF fk_n = 0 THEN
         mark_guc := NULL;
@@ -1093,69 +1238,47 @@ BEGIN
     -- What an UPDATE or DELETE does when another transaction of the session wrote the key's current version
     -- meanwhile (cow._rec_code): a key it moves to is the table's 23505, a changed row 40001.
     SELECT ic.relname INTO keyname FROM pg_class ic WHERE ic.oid = keyidx;
-    dup_raise := cow._raise('23505', format('duplicate key value violates unique constraint "%s"', keyname),
-                            format('format(''Key (%%s)=(%%s) already exists.'', %L, %s)', cow._collist(pk),
-                                   cow._keytext(pk, 'NEW')), sch, tab, keyname);
-    stale_raise := cow._raise('40001', 'could not serialize access due to concurrent update',
-                              format('format(%L, _s, %s)',
-                                     format('Another transaction of session %%s changed the row of "%s" with key '
-                                            '(%s)=(%%s) after this statement read it.', tab, cow._collist(pk)),
-                                     cow._keytext(pk, 'OLD')), sch, tab);
-    rec := cow._rec_code(ch, b, names, pk, 'NEW', false, fk_all, mark_guc, 'NULL', CASE WHEN pk_probe THEN 'NULL' END);
-    IF pk_probe THEN
-        -- (_rec_code: retire the current version, then insert the new one; the retire only after a tombstone.)
-        rec := format(E'    IF _pdel IS NOT NULL THEN\n%s    END IF;\n%s',
-                      substr(rec, 1, strpos(rec, E'\n    INSERT INTO ')), substr(rec, strpos(rec, E'\n    INSERT INTO ') + 1));
-    END IF;
-    fn := format('cow_changes.%I', r.changes_table || '_ins');
-    EXECUTE format(E'CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql '
-                   'AS $body$\n%sBEGIN\n%s%s'
-                   '    IF _s IS NULL THEN\n        INSERT INTO %s AS y (%s) %s VALUES (%s) RETURNING y.* INTO NEW;\n        RETURN NEW;\n    END IF;\n'
-                   '    _o := cow._write_operation();\n%s%s%s%s%s%s    RETURN NEW;\nEND $body$',
-                   fn, decl, reg_code, dflt_ins, b, cow._collist(ncols), CASE WHEN has_always THEN 'OVERRIDING SYSTEM VALUE' ELSE '' END,
-                   cow._collist(ncols, 'NEW.'), gen_code, nn_code, chk_code, uq_ins, '',
-                   rec);
-    EXECUTE format('CREATE OR REPLACE TRIGGER cow_insert INSTEAD OF INSERT ON %s FOR EACH ROW EXECUTE FUNCTION %s()', v, fn);
-    -- UPDATE: a primary-key change is a delete of the old key and a write of the new one.
-    fn := format('cow_changes.%I', r.changes_table || '_upd');
-    EXECUTE format(E'CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql '
-                   'AS $body$\n%sBEGIN\n%s%s'
-                   '    IF _s IS NULL THEN\n        UPDATE %s AS y SET (%s) = ROW(%s) WHERE %s RETURNING y.* INTO NEW;\n        RETURN NEW;\n    END IF;\n'
-                   '    _o := cow._write_operation();\n%s%s%s%s%s%s'
-                   '    IF %s THEN\n%s    END IF;\n%s%s    RETURN NEW;\nEND $body$',
-                   fn, decl, reg_code, dflt_upd, b, cow._collist(setcols), cow._collist(setcols, 'NEW.'), cow._eq(pk, 'y', 'OLD'),
-                   gen_code, nn_code, chk_code, uq_upd, '', par_upd_check,
-                   cow._changed(pk),
-                   -- A primary-key move remembers the base key it started from (commit applies it as an UPDATE).
-                   cow._rec_code(ch, b, names, pk, 'OLD', true, snap => 'true', stale => cow._unchanged_since(rel, names, 'OLD'),
-                                 conflict => stale_raise) || format(
-                       E'    _morig := CASE WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object(%s) ELSE _porig END;\n',
-                       cow._jsonargs(pk, 'OLD')),
-                   cow._rec_code(ch, b, names, pk, 'NEW', false,
-                                 CASE WHEN dbits = '0' THEN fk_changed
-                                      -- (Deferrable FOREIGN KEYs: still to check when an earlier version
-                                      -- was, and all of them after a primary-key move.)
-                                      ELSE format('%s | (coalesce(_pfk, 0) & (%s)) | CASE WHEN %s THEN %s ELSE 0 END',
-                                                  fk_changed, dbits, cow._changed(pk), dbits) END, mark_guc,
-                                 format('CASE WHEN %s THEN _morig WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object(%s) ELSE _porig END',
-                                        cow._changed(pk),
-                                        cow._jsonargs(pk, 'NEW')),
-                                 'NOT ' || cow._changed(pk),
-                                 -- (A key move writes a new key: its current version can only be a tombstone.)
-                                 format('(%s OR %s)', cow._changed(pk), cow._unchanged_since(rel, names, 'OLD')),
-                                 format(E'IF %s THEN\n            %s\n        ELSE\n            %s\n        END IF;',
-                                        cow._changed(pk), dup_raise, stale_raise)), par_upd_act);
-    EXECUTE format('CREATE OR REPLACE TRIGGER cow_update INSTEAD OF UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION %s()', v, fn);
-    -- DELETE
-    fn := format('cow_changes.%I', r.changes_table || '_del');
-    EXECUTE format(E'CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql '
-                   'AS $body$\n%sBEGIN\n%s'
-                   '    IF _s IS NULL THEN\n        DELETE FROM %s AS y WHERE %s;\n        IF NOT FOUND THEN\n            RETURN NULL;\n        END IF;\n        RETURN OLD;\n    END IF;\n'
-                   '    _o := cow._write_operation();\n%s%s%s    RETURN OLD;\nEND $body$',
-                   fn, decl, reg_code, b, cow._eq(pk, 'y', 'OLD'), par_del_check,
-                   cow._rec_code(ch, b, names, pk, 'OLD', true, snap => 'true', stale => cow._unchanged_since(rel, names, 'OLD'),
-                                 conflict => stale_raise), par_del_act);
-    EXECUTE format('CREATE OR REPLACE TRIGGER cow_delete INSTEAD OF DELETE ON %s FOR EACH ROW EXECUTE FUNCTION %s()', v, fn);
+    ctx.dup_raise := cow._raise('23505', format('duplicate key value violates unique constraint "%s"', keyname),
+                              format('format(''Key (%%s)=(%%s) already exists.'', %L, %s)', cow._collist(pk),
+                                     cow._keytext(pk, 'NEW')), sch, tab, keyname);
+    ctx.stale_raise := cow._raise('40001', 'could not serialize access due to concurrent update',
+                                format('format(%L, _s, %s)',
+                                       format('Another transaction of session %%s changed the row of "%s" with key '
+                                              '(%s)=(%%s) after this statement read it.', tab, cow._collist(pk)),
+                                       cow._keytext(pk, 'OLD')), sch, tab);
+    ctx.changes_table := r.changes_table;
+    ctx.rel := rel;
+    ctx.keyless := false;
+    ctx.ch := ch;
+    ctx.v := v;
+    ctx.b := b;
+    ctx.names := names;
+    ctx.ncols := ncols;
+    ctx.setcols := setcols;
+    ctx.pk := pk;
+    ctx.has_always := has_always;
+    ctx.decl := decl;
+    ctx.reg_code := reg_code;
+    ctx.dflt_ins := dflt_ins;
+    ctx.dflt_upd := dflt_upd;
+    ctx.gen_code := gen_code;
+    ctx.nn_code := nn_code;
+    ctx.chk_code := chk_code;
+    ctx.uq_ins := uq_ins;
+    ctx.uq_upd := uq_upd;
+    ctx.par_del_check := par_del_check;
+    ctx.par_upd_check := par_upd_check;
+    ctx.par_del_act := par_del_act;
+    ctx.par_upd_act := par_upd_act;
+    ctx.fk_all := fk_all;
+    ctx.fk_changed := fk_changed;
+    ctx.dbits := dbits;
+    ctx.fk_n := fk_n;
+    ctx.mark_guc := mark_guc;
+    ctx.pk_probe := pk_probe;
+    PERFORM cow._gen_insert(ctx);
+    PERFORM cow._gen_update(ctx);
+    PERFORM cow._gen_delete(ctx);
     -- Statement-level FOREIGN KEY checks (see above).
     PERFORM cow._defer_triggers(p_id, dtrg, dq);
     PERFORM cow._fk_statement_triggers(p_id, fk_ins, dq_stmt, E'    _r record;\n    _cow_k record;\n    _cow_c record;\n');

@@ -155,7 +155,6 @@ DECLARE
     names text[];
     types text[];
     nums int[];
-    tomb text;
     sess text := $$pg_catalog.current_setting('cow.session_id', true)$$;
 BEGIN
     SELECT * INTO STRICT r FROM cow.registry WHERE id = p_id;
@@ -168,23 +167,115 @@ BEGIN
     SELECT c.names, c.types, c.nums INTO names, types, nums FROM cow._base_columns(rel) c;
     PERFORM cow._changes_table(r, names, types, nums);
     v := format('%I.%I', r.overlay_schema, tab);
-    tomb := format('FROM %s x WHERE x._cow_session = %s AND x._cow_current AND x._cow_deleted', ch, sess);
-    EXECUTE format(
-        'CREATE VIEW %1$s AS SELECT %2$s FROM %3$s _cow_b '
-        'WHERE (SELECT NOT EXISTS (SELECT 1 %4$s)) OR NOT (_cow_b IN (SELECT %5$s %4$s)) '
-        'UNION ALL SELECT %6$s FROM (SELECT t._cow_v, t._cow_n, count(*) AS _cow_have '
-        'FROM (SELECT %5$s AS _cow_v, count(*) AS _cow_n %4$s GROUP BY 1) t '
-        'JOIN %3$s _cow_b ON _cow_b = t._cow_v%7$s GROUP BY t._cow_v, t._cow_n) k '
-        'CROSS JOIN LATERAL pg_catalog.generate_series(1, k._cow_have - k._cow_n) '
-        'UNION ALL SELECT %8$s FROM %9$s c WHERE c._cow_session = %10$s AND c._cow_current AND NOT c._cow_deleted',
-        v, cow._collist(names, '_cow_b.'), b, tomb, cow._kl_value(names, 'x', b),
-        (SELECT string_agg(format('(k._cow_v).%I', n2), ', ' ORDER BY j) FROM unnest(names) WITH ORDINALITY AS u(n2, j)),
-        coalesce(' AND ' || cow._kl_nn_eq(rel, '_cow_b', '(t._cow_v)'), ''),
-        cow._collist(names, 'c.'), ch, sess);
+    EXECUTE cow._fill($t$CREATE VIEW {{view}} AS SELECT {{base_columns}} FROM {{base}} _cow_b
+WHERE (SELECT NOT EXISTS (SELECT 1 {{tombstones}})) OR NOT (_cow_b IN (SELECT {{tombstone_value}} {{tombstones}}))
+UNION ALL SELECT {{survivor_columns}} FROM (SELECT t._cow_v, t._cow_n, count(*) AS _cow_have
+    FROM (SELECT {{tombstone_value}} AS _cow_v, count(*) AS _cow_n {{tombstones}} GROUP BY 1) t
+    JOIN {{base}} _cow_b ON _cow_b = t._cow_v{{not_null_equal}} GROUP BY t._cow_v, t._cow_n) k
+    CROSS JOIN LATERAL pg_catalog.generate_series(1, k._cow_have - k._cow_n)
+UNION ALL SELECT {{changes_columns}} FROM {{changes}} c WHERE c._cow_session = {{session}} AND c._cow_current AND NOT c._cow_deleted$t$,
+        jsonb_build_object(
+            'view', v,
+            'base_columns', cow._collist(names, '_cow_b.'),
+            'base', b,
+            'tombstones', format('FROM %s x WHERE x._cow_session = %s AND x._cow_current AND x._cow_deleted', ch, sess),
+            'tombstone_value', cow._kl_value(names, 'x', b),
+            'survivor_columns', (SELECT string_agg(format('(k._cow_v).%I', n2), ', ' ORDER BY j)
+                                 FROM unnest(names) WITH ORDINALITY AS u(n2, j)),
+            'not_null_equal', coalesce(' AND ' || cow._kl_nn_eq(rel, '_cow_b', '(t._cow_v)'), ''),
+            'changes_columns', cow._collist(names, 'c.'),
+            'changes', ch,
+            'session', sess));
     PERFORM cow._view_defaults(rel, v, b, r.changes_table);
     UPDATE cow.registry SET table_schema = sch, table_name = tab, pk_columns = '{}', col_attnums = nums,
                             col_names = names, col_types = types
     WHERE id = p_id;
+END $gen$;
+
+-- The removal of one instance of OLD from keyless table `c`: the session's latest added instance of the value
+-- stops being current (_ret: its _cow_seq; a log entry links to it), else a tombstone of one base instance
+-- (_cow_base: the value, for diff). _pfk: the retired instance's FOREIGN KEY bits (its deferred checks go
+-- with NEW).
+CREATE OR REPLACE FUNCTION cow._kl_removal(c cow.trigger_context) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN cow._fill($t$    _ret := NULL;
+    _pfk := NULL;
+    UPDATE {{changes}} x SET _cow_current = false WHERE x._cow_current AND x.ctid = (SELECT y.ctid FROM {{changes}} y
+        WHERE y._cow_session = _s AND y._cow_current AND NOT y._cow_deleted AND {{value}} = {{old_value}}{{not_null_equal}} ORDER BY y._cow_seq DESC LIMIT 1)
+        RETURNING x._cow_seq, x._cow_fk INTO _ret, _pfk;
+    INSERT INTO {{changes}} (_cow_session, _cow_op, _cow_deleted, _cow_current, _cow_base, _cow_origin, {{columns}})
+    VALUES (_s, _o, true, _ret IS NULL, CASE WHEN _ret IS NULL THEN pg_catalog.to_jsonb(OLD) END,
+            CASE WHEN _ret IS NOT NULL THEN pg_catalog.jsonb_build_object('retires', _ret) END, {{old_values}});
+$t$, jsonb_build_object(
+    'changes', c.ch,
+    'value', cow._kl_value(c.names, 'y', c.b),
+    'old_value', cow._kl_value(c.names, 'OLD', c.b),
+    'not_null_equal', coalesce(' AND ' || cow._kl_nn_eq(c.rel, 'y', 'OLD'), ''),
+    'columns', cow._collist(c.names),
+    'old_values', cow._collist(c.names, 'OLD.')));
+
+-- UPDATE of a keyless table: without a session the overlay view writes the base table like the keyed ones, one
+-- instance of the row value; in a session, the removal of OLD and an added NEW.
+CREATE OR REPLACE FUNCTION cow._kl_gen_update(c cow.trigger_context) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
+DECLARE
+    fn text := format('cow_changes.%I', c.changes_table || '_upd');
+BEGIN
+    EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql AS $body$
+{{declare}}BEGIN
+{{registry_check}}{{defaults}}    IF _s IS NULL THEN
+        UPDATE {{base}} AS y SET ({{set_columns}}) = ROW({{set_values}}) WHERE (y.tableoid, y.ctid) = (SELECT _cow_z.tableoid, _cow_z.ctid FROM {{base}} _cow_z WHERE _cow_z = {{old_value}} LIMIT 1) RETURNING y.* INTO NEW;
+        RETURN NEW;
+    END IF;
+    _o := cow._write_operation();
+{{generated}}{{not_null}}{{checks}}{{removal}}    INSERT INTO {{changes}} (_cow_session, _cow_op, _cow_deleted, _cow_fk, {{columns}}) VALUES (_s, _o, false, {{fk_bits}}, {{values}});
+    RETURN NEW;
+END $body$$t$, jsonb_build_object(
+        'fn', fn,
+        'declare', c.decl,
+        'registry_check', c.reg_code,
+        'defaults', c.dflt_upd,
+        'base', c.b,
+        'set_columns', cow._collist(c.setcols),
+        'set_values', cow._collist(c.setcols, 'NEW.'),
+        'old_value', cow._kl_value(c.names, 'OLD', c.b),
+        'generated', c.gen_code,
+        'not_null', c.nn_code,
+        'checks', c.chk_code,
+        'removal', cow._kl_removal(c),
+        'changes', c.ch,
+        'columns', cow._collist(c.names),
+        'fk_bits', CASE WHEN c.fk_n = 0 THEN '0' WHEN c.dbits = '0' THEN c.fk_changed
+                        ELSE format('%s | (coalesce(_pfk, 0) & (%s))', c.fk_changed, c.dbits) END,
+        'values', cow._collist(c.names, 'NEW.')));
+    EXECUTE format('CREATE OR REPLACE TRIGGER cow_update INSTEAD OF UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION %s()', c.v, fn);
+END $gen$;
+
+-- DELETE of a keyless table: one instance of the row value, in the base table or in the session.
+CREATE OR REPLACE FUNCTION cow._kl_gen_delete(c cow.trigger_context) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
+DECLARE
+    fn text := format('cow_changes.%I', c.changes_table || '_del');
+BEGIN
+    EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql AS $body$
+{{declare}}BEGIN
+{{registry_check}}    IF _s IS NULL THEN
+        DELETE FROM {{base}} AS y WHERE (y.tableoid, y.ctid) = (SELECT _cow_z.tableoid, _cow_z.ctid FROM {{base}} _cow_z WHERE _cow_z = {{old_value}} LIMIT 1);
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+        RETURN OLD;
+    END IF;
+    _o := cow._write_operation();
+{{removal}}    RETURN OLD;
+END $body$$t$, jsonb_build_object(
+        'fn', fn,
+        'declare', c.decl,
+        'registry_check', c.reg_code,
+        'base', c.b,
+        'old_value', cow._kl_value(c.names, 'OLD', c.b),
+        'removal', cow._kl_removal(c)));
+    EXECUTE format('CREATE OR REPLACE TRIGGER cow_delete INSTEAD OF DELETE ON %s FOR EACH ROW EXECUTE FUNCTION %s()', c.v, fn);
 END $gen$;
 
 -- The INSTEAD OF triggers of keyless registry entry p_id: an INSERT records an added row value after the
@@ -211,11 +302,10 @@ DECLARE
     gen_code text;
     nn_code text;
     chk_code text;
-    fn text;
+    ctx cow.trigger_context;  -- what the generators of each object read (cow._gen_insert & co.)
     fk_all text := '0';
     fk_changed text := '0';
     dbits text := '0';
-    rm text;
     fk_n int := 0;
     fk_ins text := '';
     dq text := '';
@@ -248,57 +338,33 @@ BEGIN
     SELECT * INTO dn, dq, dq_stmt, dtrg, fk_ins, fk_all, fk_changed, dbits, fk_n
     FROM cow._fk_child_checks(rel, ch, tab, 'c._cow_seq = _v', dn, dq, dq_stmt, dtrg);
 
-    -- INSERT: one added row value.
-    fn := format('cow_changes.%I', r.changes_table || '_ins');
-    EXECUTE format(E'CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql '
-                   'AS $body$\n%sBEGIN\n%s%s'
-                   '    IF _s IS NULL THEN\n        INSERT INTO %s AS y (%s) %s VALUES (%s) RETURNING y.* INTO NEW;\n        RETURN NEW;\n    END IF;\n'
-                   '    _o := cow._write_operation();\n%s%s%s'
-                   '    INSERT INTO %s (_cow_session, _cow_op, _cow_deleted, _cow_fk, %s) VALUES (_s, _o, false, %s, %s);\n'
-                   '    RETURN NEW;\nEND $body$',
-                   fn, decl, reg_code, dflt_ins, b, cow._collist(ncols), CASE WHEN has_always THEN 'OVERRIDING SYSTEM VALUE' ELSE '' END,
-                   cow._collist(ncols, 'NEW.'), gen_code, nn_code, chk_code,
-                   ch, cow._collist(names), CASE WHEN fk_n = 0 THEN '0' ELSE fk_all END, cow._collist(names, 'NEW.'));
-    EXECUTE format('CREATE OR REPLACE TRIGGER cow_insert INSTEAD OF INSERT ON %s FOR EACH ROW EXECUTE FUNCTION %s()', v, fn);
-    -- The removal of one instance of OLD: the session's latest added instance of the value stops being current
-    -- (_ret: its _cow_seq; a log entry links to it), else a tombstone of one base instance (_cow_base: the
-    -- value, for diff). _pfk: the retired instance's FOREIGN KEY bits (its deferred checks go with NEW).
-    rm := format(E'    _ret := NULL;\n    _pfk := NULL;\n'
-                  '    UPDATE %1$s x SET _cow_current = false WHERE x._cow_current AND x.ctid = (SELECT y.ctid FROM %1$s y\n'
-                  '        WHERE y._cow_session = _s AND y._cow_current AND NOT y._cow_deleted AND %2$s = %3$s%4$s ORDER BY y._cow_seq DESC LIMIT 1)\n'
-                  '        RETURNING x._cow_seq, x._cow_fk INTO _ret, _pfk;\n'
-                  '    INSERT INTO %1$s (_cow_session, _cow_op, _cow_deleted, _cow_current, _cow_base, _cow_origin, %5$s)\n'
-                  '    VALUES (_s, _o, true, _ret IS NULL, CASE WHEN _ret IS NULL THEN pg_catalog.to_jsonb(OLD) END,\n'
-                  '            CASE WHEN _ret IS NOT NULL THEN pg_catalog.jsonb_build_object(''retires'', _ret) END, %6$s);\n',
-                  ch, cow._kl_value(names, 'y', b), cow._kl_value(names, 'OLD', b),
-                  coalesce(' AND ' || cow._kl_nn_eq(rel, 'y', 'OLD'), ''), cow._collist(names), cow._collist(names, 'OLD.'));
-    -- UPDATE: without a session the overlay view writes the base table like the keyed ones, one instance of
-    -- the row value.
-    fn := format('cow_changes.%I', r.changes_table || '_upd');
-    EXECUTE format(E'CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql '
-                   'AS $body$\n%sBEGIN\n%s%s'
-                   '    IF _s IS NULL THEN\n'
-                   '        UPDATE %s AS y SET (%s) = ROW(%s) WHERE (y.tableoid, y.ctid) = (SELECT _cow_z.tableoid, _cow_z.ctid FROM %s _cow_z WHERE _cow_z = %s LIMIT 1) RETURNING y.* INTO NEW;\n'
-                   '        RETURN NEW;\n    END IF;\n'
-                   '    _o := cow._write_operation();\n%s%s%s%s'
-                   '    INSERT INTO %s (_cow_session, _cow_op, _cow_deleted, _cow_fk, %s) VALUES (_s, _o, false, %s, %s);\n'
-                   '    RETURN NEW;\nEND $body$',
-                   fn, decl, reg_code, dflt_upd, b, cow._collist(setcols), cow._collist(setcols, 'NEW.'), b, cow._kl_value(names, 'OLD', b),
-                   gen_code, nn_code, chk_code, rm,
-                   ch, cow._collist(names),
-                   CASE WHEN fk_n = 0 THEN '0' WHEN dbits = '0' THEN fk_changed
-                        ELSE format('%s | (coalesce(_pfk, 0) & (%s))', fk_changed, dbits) END,
-                   cow._collist(names, 'NEW.'));
-    EXECUTE format('CREATE OR REPLACE TRIGGER cow_update INSTEAD OF UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION %s()', v, fn);
-    fn := format('cow_changes.%I', r.changes_table || '_del');
-    EXECUTE format(E'CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql '
-                   'AS $body$\n%sBEGIN\n%s'
-                   '    IF _s IS NULL THEN\n'
-                   '        DELETE FROM %s AS y WHERE (y.tableoid, y.ctid) = (SELECT _cow_z.tableoid, _cow_z.ctid FROM %s _cow_z WHERE _cow_z = %s LIMIT 1);\n'
-                   '        IF NOT FOUND THEN\n            RETURN NULL;\n        END IF;\n        RETURN OLD;\n    END IF;\n'
-                   '    _o := cow._write_operation();\n%s    RETURN OLD;\nEND $body$',
-                   fn, decl, reg_code, b, b, cow._kl_value(names, 'OLD', b), rm);
-    EXECUTE format('CREATE OR REPLACE TRIGGER cow_delete INSTEAD OF DELETE ON %s FOR EACH ROW EXECUTE FUNCTION %s()', v, fn);
+    ctx.changes_table := r.changes_table;
+    ctx.rel := rel;
+    ctx.keyless := true;
+    ctx.ch := ch;
+    ctx.v := v;
+    ctx.b := b;
+    ctx.names := names;
+    ctx.ncols := ncols;
+    ctx.setcols := setcols;
+    ctx.pk := '{}';
+    ctx.has_always := has_always;
+    ctx.decl := decl;
+    ctx.reg_code := reg_code;
+    ctx.dflt_ins := dflt_ins;
+    ctx.dflt_upd := dflt_upd;
+    ctx.gen_code := gen_code;
+    ctx.nn_code := nn_code;
+    ctx.chk_code := chk_code;
+    ctx.uq_ins := '';
+    ctx.uq_upd := '';
+    ctx.fk_all := fk_all;
+    ctx.fk_changed := fk_changed;
+    ctx.dbits := dbits;
+    ctx.fk_n := fk_n;
+    PERFORM cow._gen_insert(ctx);
+    PERFORM cow._kl_gen_update(ctx);
+    PERFORM cow._kl_gen_delete(ctx);
     -- Statement-level FOREIGN KEY checks, as for keyed tables.
     PERFORM cow._defer_triggers(p_id, dtrg, dq);
     PERFORM cow._fk_statement_triggers(p_id, fk_ins, dq_stmt, '');
