@@ -24,8 +24,8 @@ from tests.conftest import install_layer_at
 GOLDEN = Path(__file__).parent / "generated"
 
 # Every shape a generator branches on: a primary key, UNIQUE (NULLS NOT DISTINCT, partial, deferrable), an
-# exclusion constraint (deferrable too), CHECK, NOT NULL, defaults, identity and generated columns, foreign keys with each
-# action (deferrable too, self-referencing too), and a keyless table with a foreign key.
+# exclusion constraint (deferrable too), CHECK, NOT NULL, defaults, identity and generated columns, foreign
+# keys with each action (deferrable too, self-referencing too), and a keyless table with a foreign key.
 SCHEMA = """
 CREATE TABLE parent (
     id int PRIMARY KEY,
