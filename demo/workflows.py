@@ -302,6 +302,112 @@ def in_progress_ownership_audit(s: Snapshot) -> Plan:
     return _plan(s, lambda i: i["state"] == "In Progress", edit, NewLabel("active-sprint-v2", "#2563eb"))
 
 
+def stale_backlog_cancel(s: Snapshot) -> Plan:
+    def edit(e: _Edit) -> None:
+        e.add_label("stale")
+        e.state("Cancelled")
+
+    return _plan(
+        s,
+        lambda i: (
+            i["state"] == "Backlog"
+            and _unassigned(i)
+            and i["priority"] in ("low", "medium")
+            and not s.has_label(i, "security")
+        ),
+        edit,
+    )
+
+
+def _assign_by_label(
+    s: Snapshot, owners: tuple[tuple[str, str], ...], default: str, *, raise_to_high: bool
+) -> Plan:
+    """Backlog items with no assignee go to the owner of their first matching label (else ``default``)."""
+
+    def edit(e: _Edit) -> None:
+        owner = next((who for label, who in owners if s.has_label(e.item, label)), default)
+        e.assign(owner)
+        if raise_to_high and e.item["priority"] in LOW_TO_MEDIUM:
+            e.priority("high")
+
+    return _plan(s, lambda i: i["state"] == "Backlog" and _unassigned(i), edit)
+
+
+def assign_backlog_by_specialty(s: Snapshot) -> Plan:
+    return _assign_by_label(s, (("security", "dave"), ("bug", "bob")), "carol", raise_to_high=True)
+
+
+def assign_backlog_by_role(s: Snapshot) -> Plan:
+    return _assign_by_label(s, (("bug", "alice"), ("security", "carol")), "bob", raise_to_high=False)
+
+
+def infra_sprint_kickoff(s: Snapshot) -> Plan:
+    return _sprint(s, NewLabel("infra-sprint-v2", "#0284c7"), ("infra",), "dave")
+
+
+def bug_triage_round_2(s: Snapshot) -> Plan:
+    def edit(e: _Edit) -> None:
+        e.add_label("*new*")
+        e.add_label("blocker")
+        if e.item["priority"] in LOW_TO_MEDIUM:
+            e.priority("high")
+        if _unassigned(e.item):
+            e.assign("frank")
+
+    label = NewLabel("bug-sprint-v2", "#dc2626")
+    return _plan(s, lambda i: s.has_label(i, "bug") and i["state"] in OPEN, edit, label)
+
+
+def performance_backlog_push(s: Snapshot) -> Plan:
+    def edit(e: _Edit) -> None:
+        e.add_label("*new*")
+        if e.item["priority"] in LOW_TO_MEDIUM:
+            e.priority("high")
+        if _unassigned(e.item):
+            e.assign("carol")
+        if e.item["state"] == "Backlog":
+            e.state("Todo")
+
+    label = NewLabel("perf-sprint-v2", "#7c3aed")
+    return _plan(
+        s, lambda i: s.has_label(i, "performance") and i["state"] in ("Backlog", "Todo"), edit, label
+    )
+
+
+def bug_fix_sprint(s: Snapshot) -> Plan:
+    return _sprint(s, NewLabel("bug-fix-sprint-v2", "#b91c1c"), ("bug",), "bob")
+
+
+def security_hardening_sprint(s: Snapshot) -> Plan:
+    def edit(e: _Edit) -> None:
+        e.add_label("*new*")
+        e.add_label("blocker")
+        e.priority("urgent")
+        if e.item["state"] == "Backlog":
+            e.state("Todo")
+        if _unassigned(e.item):
+            e.assign("dave")
+
+    label = NewLabel("security-sprint-v2", "#991b1b")
+    return _plan(s, lambda i: s.has_label(i, "security") and i["state"] in OPEN, edit, label)
+
+
+def backlog_ownership_assignment(s: Snapshot) -> Plan:
+    def edit(e: _Edit) -> None:
+        e.add_label("*new*")
+        if e.item["priority"] in ("high", "urgent"):
+            e.assign("eve")
+        elif e.item["priority"] == "medium":
+            e.assign("frank")
+        else:
+            e.priority("medium")
+            e.assign("frank")
+        e.state("Todo")
+
+    label = NewLabel("needs-owner", "#d97706")
+    return _plan(s, lambda i: i["state"] == "Backlog" and _unassigned(i), edit, label)
+
+
 WORKFLOWS: tuple[Workflow, ...] = (
     Workflow(
         1,
@@ -352,6 +458,27 @@ WORKFLOWS: tuple[Workflow, ...] = (
         triage_unassigned_backlog,
     ),
     Workflow(
+        6,
+        "stale-backlog-cancel",
+        "Stale Backlog Cancel",
+        "PE",
+        "In Platform Engineering (PE), every issue in Backlog with no assignee, priority low or medium"
+        " and without the label security gets the label stale (keep its other labels) and moves to"
+        " Cancelled.",
+        stale_backlog_cancel,
+    ),
+    Workflow(
+        7,
+        "assign-backlog-by-specialty",
+        "Assign Backlog by Specialty",
+        "PE",
+        "Assign the unassigned backlog of Platform Engineering (PE) by specialty: every issue in Backlog"
+        " with no assignee goes to dave if it is labelled security, otherwise to bob if it is labelled"
+        " bug, otherwise to carol. Each issue you assign with priority none, low or medium becomes"
+        " priority high.",
+        assign_backlog_by_specialty,
+    ),
+    Workflow(
         8,
         "deprioritize-stale-medium-backlog",
         "Deprioritize Stale Medium Backlog",
@@ -371,6 +498,16 @@ WORKFLOWS: tuple[Workflow, ...] = (
         escalate_high_to_urgent,
     ),
     Workflow(
+        10,
+        "assign-backlog-by-role",
+        "Assign Backlog by Role",
+        "PSP",
+        "Assign the unassigned backlog of Paper Streets Press (PSP) by role: every issue in Backlog with"
+        " no assignee goes to alice if it is labelled bug, otherwise to carol if it is labelled security,"
+        " otherwise to bob.",
+        assign_backlog_by_role,
+    ),
+    Workflow(
         11,
         "q3-feature-prep",
         "Q3 Feature Prep",
@@ -380,6 +517,28 @@ WORKFLOWS: tuple[Workflow, ...] = (
         " labels); those in Backlog move to Todo; unassigned ones go to eve; priority none, low or medium"
         " becomes high.",
         q3_feature_prep,
+    ),
+    Workflow(
+        12,
+        "infra-sprint-kickoff",
+        "Infra Sprint Kickoff",
+        "PE",
+        "Kick off the infrastructure sprint in Platform Engineering (PE): create the label"
+        " infra-sprint-v2 with color #0284c7. Every issue labelled infra that is not Done or Cancelled"
+        " gets that label (keep its other labels); those in Backlog move to Todo; unassigned ones go to"
+        " dave; priority none, low or medium becomes high.",
+        infra_sprint_kickoff,
+    ),
+    Workflow(
+        13,
+        "bug-triage-round-2",
+        "Bug Triage Round 2",
+        "GS",
+        "Second bug triage in Growth and Subscriptions (GS): create the label bug-sprint-v2 with color"
+        " #dc2626. Every issue labelled bug that is not Done or Cancelled gets that label and the label"
+        " blocker if it does not have it (keep its other labels); priority none, low or medium becomes"
+        " high; unassigned ones go to frank.",
+        bug_triage_round_2,
     ),
     Workflow(
         14,
@@ -412,6 +571,50 @@ WORKFLOWS: tuple[Workflow, ...] = (
         " other labels); those in Backlog move to Todo; unassigned ones go to alice; priority none, low or"
         " medium becomes high.",
         editorial_sprint,
+    ),
+    Workflow(
+        17,
+        "performance-backlog-push",
+        "Performance Backlog Push",
+        "PE",
+        "Push the performance work in Platform Engineering (PE): create the label perf-sprint-v2 with"
+        " color #7c3aed. Every issue labelled performance that is in Backlog or Todo gets that label (keep"
+        " its other labels); priority none, low or medium becomes high; unassigned ones go to carol; those"
+        " in Backlog move to Todo.",
+        performance_backlog_push,
+    ),
+    Workflow(
+        18,
+        "bug-fix-sprint",
+        "Bug Fix Sprint",
+        "PSP",
+        "Bug fix sprint in Paper Streets Press (PSP): create the label bug-fix-sprint-v2 with color"
+        " #b91c1c. Every issue labelled bug that is not Done or Cancelled gets that label (keep its other"
+        " labels); priority none, low or medium becomes high; those in Backlog move to Todo; unassigned"
+        " ones go to bob.",
+        bug_fix_sprint,
+    ),
+    Workflow(
+        19,
+        "security-hardening-sprint",
+        "Security Hardening Sprint",
+        "PE",
+        "Security hardening in Platform Engineering (PE): create the label security-sprint-v2 with color"
+        " #991b1b. Every issue labelled security that is not Done or Cancelled gets that label and the"
+        " label blocker if it does not have it (keep its other labels); its priority becomes urgent; those"
+        " in Backlog move to Todo; unassigned ones go to dave.",
+        security_hardening_sprint,
+    ),
+    Workflow(
+        20,
+        "backlog-ownership-assignment",
+        "Backlog Ownership Assignment",
+        "GS",
+        "Give the backlog of Growth and Subscriptions (GS) owners: create the label needs-owner with"
+        " color #d97706. Every issue in Backlog with no assignee gets that label (keep its other labels)"
+        " and moves to Todo; it goes to eve if its priority is high or urgent, to frank if it is medium;"
+        " if it is none or low, its priority becomes medium and it goes to frank.",
+        backlog_ownership_assignment,
     ),
 )
 

@@ -12,9 +12,19 @@ from .config import ScoringConfig, load_config
 from .core import operation_order, score_writes
 from .errors import ScoringError
 from .model import ColumnMeta, ForeignKey, Metadata, TableMeta, Write
-from .result import Counts, OperationUtility, RowExplanation, ScoringResult, TableScore, register_score
+from .result import (
+    Alternative,
+    Counts,
+    OperationUtility,
+    RowExplanation,
+    ScoringResult,
+    TableScore,
+    register_score,
+)
+from .rewards import Reward, RewardScorer, SyncRewardScorer, rollout
 
 __all__ = [
+    "Alternative",
     "ColumnMeta",
     "Comparator",
     "Counts",
@@ -22,11 +32,14 @@ __all__ = [
     "ForeignKey",
     "Metadata",
     "OperationUtility",
+    "Reward",
+    "RewardScorer",
     "RowContext",
     "RowExplanation",
     "ScoringConfig",
     "ScoringError",
     "ScoringResult",
+    "SyncRewardScorer",
     "TableMeta",
     "TableScore",
     "Write",
@@ -34,6 +47,7 @@ __all__ = [
     "operation_order",
     "register_comparator",
     "register_score",
+    "rollout",
     "score_pairs_async",
     "score_sessions",
     "score_sessions_async",

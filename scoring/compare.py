@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from difflib import SequenceMatcher
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import ScoringError
@@ -95,7 +96,14 @@ def text_ratio(gt: Any, agent: Any, ctx: FieldContext | None = None, /) -> float
     a, b = str(gt), str(agent)
     if a == b:
         return 1.0
-    # autojunk off: it would treat frequent characters of long texts as noise and under-score them.
+    return _sequence_ratio(a, b)
+
+
+@lru_cache(maxsize=65536)
+def _sequence_ratio(a: str, b: str) -> float:
+    # Cached: the same pair of values recurs across rows (states, labels, templated texts), and matching
+    # compares every remaining row with every other. autojunk off: it would treat frequent characters of
+    # long texts as noise and under-score them.
     return SequenceMatcher(None, a, b, autojunk=False).ratio()
 
 

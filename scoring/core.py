@@ -59,7 +59,7 @@ def score_writes(
     meta = complete_metadata(metadata, [*gt_writes, *agent_writes])
     gt_side = reduce_writes(gt_writes, meta, cfg)
     ag_side = reduce_writes(agent_writes, meta, cfg)
-    matching = match_sessions(gt_side, ag_side, meta, cfg)
+    matching = match_sessions(gt_side, ag_side, meta, cfg, prune=not explain)
 
     pairs = [p for tm in matching.tables.values() for p in tm.pairs]
     n_gt = sum(len(rows) for rows in gt_side.values())

@@ -15,12 +15,22 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import networkx as nx
 import numpy as np
 
-from .compare import UNMAPPED, Comparator, FieldContext, RowContext, RowFunction, Unmapped, exact
+from .compare import (
+    UNMAPPED,
+    Comparator,
+    FieldContext,
+    RowContext,
+    RowFunction,
+    Unmapped,
+    exact,
+    text_ratio,
+)
 from .config import ScoringConfig
 from .errors import ScoringError
 from .model import OTHER, ColumnMeta, Key, Metadata, TableMeta, Write, freeze, key_of
@@ -217,6 +227,32 @@ class _TableScorer:
             return 1.0, ()
         return sum(v for _, v in items) / len(items), items
 
+    def bounds(
+        self, gt_rows: Sequence[Mapping[str, Any] | None], agent_rows: Sequence[Mapping[str, Any] | None]
+    ) -> np.ndarray:
+        """Upper bounds of ``compare``'s similarity for every (gt, agent) pair, computed column-wise:
+        ``exact`` fields by value codes, text fields by their lengths (``_text_bound``),
+        other comparators 1. A None row (a deletion, compared by its image) or a row function bounds 1."""
+        shape = (len(gt_rows), len(agent_rows))
+        if self.row_fn is not None or not self.fields:
+            return np.ones(shape)
+        total = np.zeros(shape)
+        for name, comp, _ctx in self.fields:
+            g_vals = [r.get(name) if r is not None else None for r in gt_rows]
+            a_vals = [r.get(name) if r is not None else None for r in agent_rows]
+            if comp is exact:
+                total += _exact_bound(g_vals, a_vals)
+            elif comp is text_ratio:
+                total += _text_bound(g_vals, a_vals)
+            else:
+                total += 1.0
+        out: np.ndarray = total / len(self.fields)
+        g_none = np.array([r is None for r in gt_rows])
+        a_none = np.array([r is None for r in agent_rows])
+        out[g_none, :] = 1.0
+        out[:, a_none] = 1.0
+        return out
+
     def similarity(self, gt: Row, agent_row: Mapping[str, Any] | None, agent_deleted: bool) -> float:
         return self.compare_rows(gt, agent_row, agent_deleted)[0]
 
@@ -235,6 +271,50 @@ class _TableScorer:
                 return self.compare(gt.image, agent_image)
             return 1.0, ()
         return self.compare(gt.row, agent_row)
+
+
+def _code_key(value: Any) -> Any:
+    """A key equal for any two values ``exact`` calls equal (1 and 1.0; never True and 1)."""
+    if isinstance(value, Unmapped):
+        return ("unmapped", id(value))  # ``exact`` never equals an unmapped agent value
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, (int, float, Decimal)):
+        try:
+            return ("number", float(value))
+        except (OverflowError, ValueError):
+            return ("number", str(value))
+    return (type(value).__name__, freeze(value))
+
+
+def _exact_bound(g_vals: Sequence[Any], a_vals: Sequence[Any]) -> np.ndarray | float:
+    codes: dict[Any, int] = {}
+    try:
+        g = np.array([codes.setdefault(_code_key(v), len(codes)) for v in g_vals])
+        a = np.array([codes.setdefault(_code_key(v), len(codes)) for v in a_vals])
+    except TypeError:  # an unhashable value: no bound from this column
+        return 1.0
+    equal: np.ndarray = (g[:, None] == a[None, :]).astype(float)
+    return equal
+
+
+def _text_bound(g_vals: Sequence[Any], a_vals: Sequence[Any]) -> np.ndarray:
+    """difflib's ratio is 2·M/T (M matched characters, T both lengths): M ≤ the shorter length, and two
+    different texts of one length miss at least one character."""
+    g_txt = [None if v is None else str(v) for v in g_vals]
+    a_txt = [None if v is None else str(v) for v in a_vals]
+    codes: dict[str | None, int] = {}
+    g_code = np.array([codes.setdefault(t, len(codes)) for t in g_txt])
+    a_code = np.array([codes.setdefault(t, len(codes)) for t in a_txt])
+    lg = np.array([-1 if t is None else len(t) for t in g_txt], dtype=float)[:, None]
+    la = np.array([-1 if t is None else len(t) for t in a_txt], dtype=float)[None, :]
+    matched = np.minimum(lg, la) - (lg == la)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(lg + la > 0, 2.0 * matched / (lg + la), 0.0)
+    equal = g_code[:, None] == a_code[None, :]  # the same text (or both None): 1
+    one_none = (lg < 0) ^ (la < 0)
+    out: np.ndarray = np.where(equal, 1.0, np.where(one_none, 0.0, np.clip(ratio, 0.0, 1.0)))
+    return out
 
 
 def _unit(value: Any, table: str) -> float:
@@ -264,7 +344,11 @@ def table_order(metadata: Metadata, tables: Iterable[str]) -> list[str]:
     return order
 
 
-def match_sessions(gt: Side, agent: Side, metadata: Metadata, config: ScoringConfig) -> Matching:
+def match_sessions(
+    gt: Side, agent: Side, metadata: Metadata, config: ScoringConfig, *, prune: bool = False
+) -> Matching:
+    """Pair the two sessions' rows. ``prune``: skip comparing rows whose similarity bound is below
+    ``min_similarity`` (the same pairs; only the "best candidate" reasons of unpaired rows may differ)."""
     mapping = IdMapping(metadata, agent)
     tables = table_order(metadata, set(gt) | set(agent))
     parents: dict[str, set[str]] = {
@@ -290,6 +374,7 @@ def match_sessions(gt: Side, agent: Side, metadata: Metadata, config: ScoringCon
                 config=config,
                 mapping=mapping,
                 kids=(kids[0].get(t, {}), kids[1].get(t, {})),
+                prune=prune,
             )
             new_pairs = {p.agent.key: p.gt.key for p in result.pairs}
             if new_pairs != mapping.pairs.get(t, {}):
@@ -312,6 +397,7 @@ def _match_table(
     config: ScoringConfig,
     mapping: IdMapping,
     kids: tuple[Mapping[Key, int], Mapping[Key, int]] = ({}, {}),
+    prune: bool = False,
 ) -> tuple[TableMatch, dict[Key, Key]]:
     meta = metadata.tables[table]
     names: set[str] = set()
@@ -367,6 +453,7 @@ def _match_table(
             config=config,
             reasons=reasons,
             kids=kids,
+            prune=prune,
         ):
             g, a = g_rem[gi], a_rem[ai]
             pairs.append(Pair(g, a, sim, fields, "similarity"))
@@ -447,6 +534,7 @@ def _assign(
     config: ScoringConfig,
     reasons: dict[tuple[str, Key], str],
     kids: tuple[Mapping[Key, int], Mapping[Key, int]] = ({}, {}),
+    prune: bool = False,
 ) -> list[tuple[int, int, float, tuple[tuple[str, float], ...]]]:
     """Optimal assignment of the remaining rows; identical rows first when the matrix would be huge."""
     out: list[tuple[int, int, float, tuple[tuple[str, float], ...]]] = []
@@ -481,11 +569,18 @@ def _assign(
     for gis, ais, candidates in blocks:
         weights = np.zeros((len(gis), len(ais)))
         cache: dict[tuple[int, int], tuple[float, tuple[tuple[str, float], ...]]] = {}
-        cells = (
+        cells: Iterable[tuple[int, int]] = (
             candidates
             if candidates is not None
             else ((x, y) for x in range(len(gis)) for y in range(len(ais)))
         )
+        if prune and candidates is None:
+            bounds = scorer.bounds(
+                [None if g_rem[i].deleted else g_rem[i].row for i in gis],
+                [None if a_rem[j].deleted else translated[a_rem[j].key] for j in ais],
+            )
+            # Only the pairs that can reach min_similarity: the others' weight would be 0 anyway.
+            cells = [(int(x), int(y)) for x, y in np.argwhere(bounds >= config.min_similarity - 1e-9)]
         for x, y in cells:
             g, a = g_rem[gis[x]], a_rem[ais[y]]
             if g.deleted != a.deleted:
