@@ -200,6 +200,7 @@ BEGIN
             UPDATE cow.registry SET signature = signature WHERE id = x.id;
         END LOOP;
     END IF;
+    PERFORM cow._rls_sync();  -- tables with row-level security (38_rls.sql)
     FOR note IN SELECT * FROM cow._build_twins() LOOP
         RETURN NEXT note;
     END LOOP;
