@@ -27,6 +27,10 @@ reference) and ``public.items`` (the layer installed on ``public``). Variants, o
                  same table, built next to the layer's view (see ``SHAPES``), in session ``bench`` and
                  without a session: an A/B against the layer's shape in one run.
 
+``--rls`` puts row-level security (a tenant-style policy on a setting that every row passes) on both tables
+and runs every variant as a non-superuser role: ``session`` is then the RLS-aware overlay view against the
+plain table with the same policy.
+
 Operations (prepared statements through asyncpg, as a client would): PK point select, 100-row range, a
 keyset page (``id >= $1 ORDER BY id LIMIT 100``), the last 20 rows (``ORDER BY id DESC LIMIT 20``), 10 rows
 of a small table ``picks`` joined to items on the primary key and 1 joined on the indexed column ``grp``
@@ -167,6 +171,26 @@ INSERT INTO {schema}.picks (id, item_id, grp)
 SELECT g, (g * 7919) % $1::bigint + 1, g % 1000 FROM generate_series(1, $2::bigint) AS g
 """
 
+# --rls: both tables get row-level security with a tenant-style policy on a setting, which every row passes
+# here (bench.tenant = 'all'), and every variant runs as this role (superusers bypass policies): the
+# session's figures are then those of the RLS-aware overlay view (migrations/sql/functions/38_rls.sql),
+# against the plain table with the same policy.
+RLS_ROLE = "cowbench_rls"
+RLS_DDL = """
+ALTER TABLE {schema}.items ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant ON {schema}.items USING (current_setting('bench.tenant', true) = 'all' OR grp % 2 = 1);
+GRANT USAGE ON SCHEMA {schema} TO cowbench_rls;
+GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.items TO cowbench_rls;
+GRANT SELECT ON {schema}.picks TO cowbench_rls;
+"""
+RLS_ROLE_DDL = """
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'cowbench_rls') THEN
+        CREATE ROLE cowbench_rls;
+    END IF;
+END $$
+"""
+
 SELECT_POINT = "SELECT * FROM items WHERE id = $1"
 SELECT_RANGE = "SELECT * FROM items WHERE id BETWEEN $1 AND $1 + 99"
 SELECT_COUNT = "SELECT count(*) FROM items"
@@ -197,6 +221,7 @@ class Config:
     only: str | None  # regular expression: measure only the operations whose name it finds
     stale: bool  # add the read-only variant "stale"
     shapes: tuple[str, ...]  # candidate view shapes to read through (SHAPES)
+    rls: bool = False  # row-level security on both tables, every variant as a non-superuser role (RLS_DDL)
     # (op name, the statement as the proxy rewrites it) for the ops it rewrites, from the catalog
     proxied: tuple[tuple[str, str], ...] = ()
 
@@ -250,6 +275,11 @@ def parse_args(argv: list[str] | None = None) -> Config:
         help=f"comma-separated candidate view shapes to compare, reads only ({', '.join(SHAPES)})",
     )
     p.add_argument(
+        "--rls",
+        action="store_true",
+        help="row-level security on both tables (a policy on a setting), variants as a non-superuser role",
+    )
+    p.add_argument(
         "--stale-session",
         action="store_true",
         help="also read in a session whose changes are not vacuumed (variant 'stale', reads only)",
@@ -287,6 +317,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         only=a.only,
         stale=a.stale_session,
         shapes=shapes,
+        rls=a.rls,
     )
 
 
@@ -367,6 +398,10 @@ async def build(dsn: str, cfg: Config, plan: Plan) -> None:
         for schema in ("public", "plain"):
             await conn.execute(EXTRA_DDL.format(schema=schema))
             await conn.execute(FILL_PICKS.format(schema=schema), cfg.rows, picks(cfg))
+        if cfg.rls:
+            await conn.execute(RLS_ROLE_DDL)
+            for schema in ("public", "plain"):
+                await conn.execute(RLS_DDL.format(schema=schema))
         for table in ("public.items", "plain.items", "public.picks", "plain.picks"):
             await conn.execute(f"VACUUM ANALYZE {table}")
         common.log(f"filled 2 x {cfg.rows} rows in {time.perf_counter() - t0:.1f} s")
@@ -424,7 +459,7 @@ WHERE g.table_schema = 'public' AND g.table_name = 'items'
 SESSION_ROWS = "SELECT count(DISTINCT (table_name, pk)) FROM cow.session_changes($1)"
 
 
-async def connect(dsn: str, variant: str, mode: str) -> asyncpg.Connection:
+async def connect(dsn: str, variant: str, mode: str, rls: bool = False) -> asyncpg.Connection:
     settings = {
         "jit": "on" if mode == "jit" else "off",
         "plan_cache_mode": "force_generic_plan" if mode == "generic" else "auto",
@@ -451,6 +486,8 @@ async def connect(dsn: str, variant: str, mode: str) -> asyncpg.Connection:
             await conn.execute("SET enable_hashjoin = off; SET enable_mergejoin = off")
         else:
             await conn.execute(f"SET search_path = {shape_schema(shape)}, public")
+    if rls:
+        await conn.execute(f"SET bench.tenant = 'all'; SET ROLE {RLS_ROLE}")
     return conn
 
 
@@ -511,7 +548,7 @@ class Result:
 async def measure(dsn: str, cfg: Config, plan: Plan) -> dict[tuple[str, str], Result]:
     rng = random.Random(cfg.seed)
     ops = selected_ops(cfg)
-    conns = {(v, op.mode): await connect(dsn, v, op.mode) for op in ops for v in variants(cfg, op)}
+    conns = {(v, op.mode): await connect(dsn, v, op.mode, cfg.rls) for op in ops for v in variants(cfg, op)}
     try:
         stmts = {
             op.name: {
@@ -563,7 +600,7 @@ async def explain(dsn: str, cfg: Config) -> list[str]:
             sent = sent_sql(cfg, v, sql)
             if sent is None:
                 continue
-            conn = await connect(dsn, v, mode)
+            conn = await connect(dsn, v, mode, cfg.rls)
             try:
                 await conn.execute(f"PREPARE p{types} AS {sent}")
                 async with conn.transaction():
@@ -667,7 +704,7 @@ async def plan_costs(dsn: str, cfg: Config) -> list[str]:
             sent = sent_sql(cfg, v, sql)
             if sent is None:
                 continue
-            conn = await connect(dsn, v, "generic")
+            conn = await connect(dsn, v, "generic", cfg.rls)
             try:
                 threshold = float(await conn.fetchval("SELECT current_setting('jit_above_cost')"))
                 await conn.execute(f"PREPARE p{types} AS {sent}")
