@@ -74,11 +74,15 @@ def session_writes(db: str, session: str) -> list[tuple[str, str, str]]:
 
 
 def paths(conn: psycopg.Connection[Any]) -> tuple[str, str]:
-    """(the application's path as the layer keeps it, the physical path)."""
+    """(the application's path as the layer keeps it, the physical path). ``current_setting('search_path')``
+    and ``SHOW`` answer with the application's path in a session; ``pg_settings`` has the physical one."""
     row = conn.execute(
-        "SELECT current_setting('cow.app_search_path', true), current_setting('search_path')"
+        "SELECT current_setting('cow.app_search_path', true),"
+        " (SELECT setting FROM pg_catalog.pg_settings WHERE name = 'search_path')"
     ).fetchone()
     assert row is not None
+    # and what the application is shown is its own path (docs/rewrites.md, "Introspection")
+    assert conn.execute("SHOW search_path").fetchone() == (row[0],)
     return str(row[0]), str(row[1])
 
 
