@@ -185,6 +185,8 @@ def test_other_path_changes_stay_refused(proxy: RunningProxy, tenants_db: str) -
             "SET search_path = tenant_a; SELECT 1",  # not a statement of its own
             "SELECT set_config(lower('SEARCH_PATH'), 'tenant_a', false)",  # a computed name
             "DO $$BEGIN SET search_path = tenant_a; END$$",
+            "SET search_path = cow_changes, public",  # the layer's schemas stay out of reach
+            "SELECT set_config('search_path', 'cow', false)",
         ):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(sql)

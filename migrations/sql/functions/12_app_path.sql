@@ -50,6 +50,11 @@ BEGIN
     IF coalesce(current_setting('cow.session_id', true), '') = '' THEN
         RETURN app;
     END IF;
+    -- The layer's own schemas stay out of reach: unqualified names would resolve to its tables.
+    IF EXISTS (SELECT 1 FROM unnest(cow._path_entries(app)) AS e WHERE e IN ('cow', 'cow_changes')) THEN
+        RAISE EXCEPTION 'cowproxy: search_path % names a schema of the copy-on-write layer: refused in a session', app
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
     IF cardinality(cow._app_path_entries(app)) <> cardinality(cow._path_entries(app)) THEN
         app := cow._path_text(cow._app_path_entries(app));  -- (the application named an overlay schema)
     END IF;
