@@ -41,6 +41,10 @@ class BudgetExhausted(DemoError):
     """The agent used up its operations."""
 
 
+class MalformedReply(DemoError):
+    """A model endpoint's reply that is not a chat completion (a failed step of the agent)."""
+
+
 def _words(text: str) -> list[str]:
     # camelCase and kebab-case split into words; a crude plural strip so "labels" finds "label".
     text = re.sub(r"([a-z])([A-Z])", r"\1 \2", text).lower()
@@ -58,7 +62,22 @@ def _op_text(op: Operation) -> str:
     )
 
 
-def describe(op: Operation) -> dict[str, Any]:
+# The paper's fix of the tool surface: the prompts say "issue", the application "work item". With the fix,
+# discover reads "issue" as "work item" and the operations on work items say that they are issues too.
+SYNONYMS = {"issue": ("work", "item")}
+ALSO_KNOWN_AS = "also called issues (an issue is a work item)"
+
+
+def _fixed_words(words: list[str]) -> list[str]:
+    out: list[str] = []
+    for w in words:
+        out.extend(SYNONYMS.get(w, (w,)))
+    return out
+
+
+def describe(op: Operation, fixed: bool = False) -> dict[str, Any]:
+    if fixed and op.tag == "work items":
+        return {**describe(op), "description": f"{op.description} Work items are {ALSO_KNOWN_AS}."}
     return {
         "operation_id": op.operation_id,
         "method": op.method,
@@ -88,6 +107,7 @@ class Tools:
     limit: int = OPERATION_LIMIT
     calls: list[ToolCall] = field(default_factory=list)
     checkpoint: Callable[[], None] | None = None  # the harness's Ctrl-C check, before every call
+    fixed_vocabulary: bool = False  # the fixed tool surface: "issue" also finds work-item operations
 
     def _spend(self) -> None:
         if self.checkpoint is not None:
@@ -98,7 +118,8 @@ class Tools:
     def discover(self, query: str, top: int = 5) -> list[dict[str, Any]]:
         """Operations ranked by how many query words they share with their name, summary and description."""
         self._spend()
-        wanted = Counter(_words(query))
+        words = _words(query)
+        wanted = Counter(_fixed_words(words) if self.fixed_vocabulary else words)
         ranked: list[tuple[float, int, Operation]] = []
         for position, op in enumerate(OPERATIONS):
             have = set(_words(_op_text(op)))
@@ -106,7 +127,7 @@ class Tools:
             if score:
                 ranked.append((-score, position, op))
         ranked.sort(key=lambda t: (t[0], t[1]))
-        found = [describe(op) for _, _, op in ranked[:top]]
+        found = [describe(op, self.fixed_vocabulary) for _, _, op in ranked[:top]]
         self.calls.append(ToolCall("discover", query, bool(found)))
         return found
 
@@ -119,6 +140,12 @@ class Tools:
             raise
         self.calls.append(ToolCall("execute", operation_id, True))
         return result
+
+    def failed_step(self, what: str) -> None:
+        """A step of the agent that did not reach the application (e.g. a malformed model reply): it
+        counts against the operation limit like any tool call."""
+        self._spend()
+        self.calls.append(ToolCall("model", what, False))
 
     @property
     def writes(self) -> int:
@@ -232,12 +259,13 @@ class VocabularyAgent:
     QUERIES = ("issues", "list issues", "update issue state", "issue tracker")
 
     def run(self, workflow: Workflow, tools: Tools) -> AgentResult:
-        # It keeps only results that talk about issues; the API calls them work items, so none qualify.
+        # It keeps only results that talk about issues. The API calls them work items, so none qualify —
+        # unless the tool surface is fixed, and then it does the work like a good agent.
         relevant = []
         for query in self.QUERIES:
             relevant += [r for r in tools.discover(query) if "issue" in json.dumps(r).lower()]
-        if relevant:  # pragma: no cover - the OpenAPI document never says "issue"
-            raise DemoError("the vocabulary agent found issue operations: the demo's premise is broken")
+        if relevant:
+            return CorrectAgent().run(workflow, tools)
         label = _label_only(workflow)
         if label is None:
             return AgentResult(False, "gave up: no operation for issues")
@@ -341,22 +369,29 @@ class OpenAIChatAgent:
         )
         try:
             with urllib.request.urlopen(request, timeout=self.config.timeout) as response:
-                body: dict[str, Any] = json.loads(response.read())
+                raw = response.read()
         except urllib.error.HTTPError as exc:
             with exc:
                 detail = " ".join(exc.read().decode(errors="replace").split())[:300]
             raise DemoError(f"the model endpoint answered HTTP {exc.code}: {detail}") from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             raise DemoError(f"the model endpoint {self.config.base_url} failed: {exc}") from None
-        if not body.get("choices"):
-            raise DemoError("the model endpoint returned no choices")
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            raise MalformedReply("the reply is not JSON") from None
+        if not isinstance(body, dict):
+            raise MalformedReply("the reply is not a JSON object")
         return body
 
-    def _tool(self, tools: Tools, name: str, raw_arguments: str) -> Any:
-        try:
-            args = json.loads(raw_arguments or "{}")
-        except ValueError:
-            return {"error": "arguments are not valid JSON"}
+    def _tool(self, tools: Tools, name: str, raw_arguments: Any) -> Any:
+        if isinstance(raw_arguments, dict):  # Ollama's native API sends an object, not a JSON string
+            args: Any = raw_arguments
+        else:
+            try:
+                args = json.loads(raw_arguments or "{}") if isinstance(raw_arguments, str) else raw_arguments
+            except ValueError:
+                return {"error": "arguments are not valid JSON"}
         if not isinstance(args, dict):
             return {"error": "arguments must be a JSON object"}
         try:
@@ -377,28 +412,70 @@ class OpenAIChatAgent:
             {"role": "system", "content": SYSTEM_PROMPT.format(limit=tools.limit)},
             {"role": "user", "content": workflow.prompt},
         ]
-        while True:
-            reply = self._complete(messages)["choices"][0]["message"]
-            calls = reply.get("tool_calls") or []
-            messages.append(
-                {
-                    "role": "assistant",
-                    "content": reply.get("content"),
-                    **({"tool_calls": calls} if calls else {}),
-                }
-            )
-            if not calls:
-                return AgentResult(True, str(reply.get("content") or "").strip()[:200])
-            for call in calls:
-                function = call.get("function", {})
+        try:
+            while True:
                 try:
-                    result = self._tool(tools, function.get("name", ""), function.get("arguments", "{}"))
-                except BudgetExhausted as exc:
-                    return AgentResult(False, str(exc))
+                    reply = _message(self._complete(messages))
+                except MalformedReply as exc:
+                    # A failed step: it costs an operation, and the model is told and asked again.
+                    tools.failed_step(f"malformed reply: {exc}")
+                    messages.append({"role": "user", "content": f"Your last reply could not be used: {exc}."})
+                    continue
+                calls = _tool_calls(reply)
                 messages.append(
                     {
-                        "role": "tool",
-                        "tool_call_id": call.get("id", ""),
-                        "content": json.dumps(result)[:20000],
+                        "role": "assistant",
+                        "content": reply.get("content") if isinstance(reply.get("content"), str) else None,
+                        **({"tool_calls": [c.echo() for c in calls]} if calls else {}),
                     }
                 )
+                if not calls:
+                    return AgentResult(True, str(reply.get("content") or "").strip()[:200])
+                for call in calls:  # parallel tool calls run in order, each answered by its id
+                    result = call.problem and {"error": call.problem}
+                    if result is None:
+                        result = self._tool(tools, call.name, call.arguments)
+                    messages.append(
+                        {"role": "tool", "tool_call_id": call.call_id, "content": json.dumps(result)[:20000]}
+                    )
+        except BudgetExhausted as exc:
+            return AgentResult(False, str(exc))
+
+
+@dataclass(frozen=True)
+class _Call:
+    call_id: str
+    name: str
+    arguments: Any  # a JSON string (OpenAI, vLLM, llama.cpp, Ollama's /v1) or an object (Ollama's /api)
+    problem: str | None = None  # why the call cannot run
+
+    def echo(self) -> dict[str, Any]:
+        """The call as it goes back to the endpoint in the conversation (arguments as a JSON string)."""
+        args = self.arguments if isinstance(self.arguments, str) else json.dumps(self.arguments)
+        return {"id": self.call_id, "type": "function", "function": {"name": self.name, "arguments": args}}
+
+
+def _message(body: dict[str, Any]) -> dict[str, Any]:
+    """The assistant message of a chat completion, or MalformedReply."""
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise MalformedReply("the reply has no choices")
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        raise MalformedReply("the reply's first choice has no message")
+    return message
+
+
+def _tool_calls(message: dict[str, Any]) -> list[_Call]:
+    raw = message.get("tool_calls") or []
+    if not isinstance(raw, list):
+        raw = [raw]
+    calls = []
+    for n, call in enumerate(raw):
+        function = call.get("function") if isinstance(call, dict) else None
+        call_id = str(call.get("id") or f"call_{n}") if isinstance(call, dict) else f"call_{n}"
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            calls.append(_Call(call_id, "", "{}", "the tool call has no function name"))
+            continue
+        calls.append(_Call(call_id, function["name"], function.get("arguments", "{}")))
+    return calls

@@ -22,7 +22,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
@@ -65,6 +65,7 @@ class DemoResult:
     metrics: tuple[str, ...]
     report_path: str
     proxy_notes: tuple[str, ...] = ()  # e.g. the subprocess failed and the proxy ran in-process
+    fixed_scores: tuple[SessionScore, ...] = ()  # the re-run with the fixed tool surface
 
 
 class Progress:
@@ -398,240 +399,78 @@ def run(cfg: DemoConfig) -> DemoResult:
             raise
 
 
+@dataclass
+class _Run:
+    """What the demo's steps share while it runs."""
+
+    cfg: DemoConfig
+    interrupts: Interrupts
+    out: TextIO
+    progress: Progress
+    stack: contextlib.ExitStack
+    workdir: Path
+    resources: dict[str, Any]
+    run_id: str = ""
+    db_dsn: str = ""
+    overlay: str = "public"
+    checksum_before: str = ""
+    tagging: ProxyTagging | DirectTagging | None = None
+    fallback: str | None = None
+    sessions: list[str] = field(default_factory=list)
+    gt_rows: dict[str, int] = field(default_factory=dict)
+
+    def gt(self, wf: Workflow) -> str:
+        return f"gt-{wf.slug}-{self.run_id}"
+
+    @property
+    def tags(self) -> ProxyTagging | DirectTagging:
+        assert self.tagging is not None, "the tagging step runs before the sessions"
+        return self.tagging
+
+
+@dataclass(frozen=True)
+class _AgentRun:
+    agent: agents.Agent
+    workflow: Workflow
+    session: str
+    outcome: agents.AgentResult
+    calls: tuple[agents.ToolCall, ...]
+    fixed: bool
+
+
 def _run_demo(cfg: DemoConfig, interrupts: Interrupts) -> DemoResult:
-    chosen = []
-    for slug in cfg.workflows:
-        if slug not in workflows.BY_SLUG:
-            raise DemoError(f"unknown workflow {slug!r}; known: {', '.join(workflows.BY_SLUG)}")
-        chosen.append(workflows.BY_SLUG[slug])
+    chosen = _chosen_workflows(cfg)
     agent_list = _make_agents(cfg)
     for path in (cfg.report_path, cfg.json_path):
         if path is not None and not path.resolve().parent.is_dir():
             raise DemoError(f"cannot write {path}: {path.resolve().parent} is not a directory")
     out = cfg.out or sys.stdout
-    progress = Progress(out, 9, interrupts.checkpoint)
+    progress = Progress(out, 12, interrupts.checkpoint)
     with contextlib.ExitStack() as stack:
         workdir = Path(tempfile.mkdtemp(prefix="cowproxy-demo-"))
-        # What was started, so that a caller (the tests) can check that it is all gone afterwards.
-        resources: dict[str, Any] = {"workdir": str(workdir)}
         stack.callback(_rmtree, workdir)
-
-        # 1. PostgreSQL
-        if cfg.server_dsn:
-            progress(f"using the PostgreSQL server at {_redact(cfg.server_dsn)}")
-            server_dsn = cfg.server_dsn
-        else:
-            progress("starting an embedded PostgreSQL (initdb + pg_ctl, a temporary data directory)")
-            from migrations.embedded import embedded_postgres
-
-            server = stack.enter_context(embedded_postgres())
-            resources["datadir"] = str(server.datadir)
-            server_dsn = server.dsn("postgres")
-        version = _run(_admin(server_dsn, ("SHOW server_version", ())))[0][0][0]
-        progress.detail(f"PostgreSQL {version} at {_redact(server_dsn)}")
-
-        # 2. the sample application's database
-        database = f"cowproxy_demo_{os.getpid()}_{secrets.token_hex(3)}"
-        _run(_admin(server_dsn, (f'CREATE DATABASE "{database}"', ())))
-        stack.callback(_drop_database, server_dsn, database)
-        db_dsn = _with_database(server_dsn, database)
-        counts = _run(setup_database(db_dsn))
-        progress(
-            f"created the sample application's database {database}: {counts.projects} projects,"
-            f" {counts.members} members, {counts.states} states, {counts.labels} labels,"
-            f" {counts.work_items} work items"
-        )
-
-        # 3. the CoW layer
-        tables = _run(_install_layer(db_dsn))
-        overlay = str(tables[0]["overlay_schema"]) if tables else "public"
-        progress(f"installed the CoW layer: {len(tables)} tables in schema public, overlay schema {overlay}")
-        checksum_before = _base_checksum(db_dsn)
-
-        # 4-5. the proxy and the application
-        tagging: ProxyTagging | DirectTagging
-        fallback: str | None = None
-        parts = urlsplit(db_dsn)
-        upstream = (parts.hostname or "127.0.0.1", parts.port or 5432)
-        if cfg.use_proxy:
-            try:
-                tagging = ProxyTagging(upstream, database, db_dsn, workdir)
-            except DemoError as exc:
-                fallback = f"the proxy could not start ({exc})"
-                progress(f"{fallback}; tagging with startup options instead (the layer's own tag source)")
-                tagging = DirectTagging(db_dsn, overlay)
-            else:
-                for note in tagging.notes:
-                    progress.detail(note)
-                how = "cowproxy serve" if tagging.process else "the proxy (in-process)"
-                progress(
-                    f"started {how} on {tagging.listen[0]}:{tagging.listen[1]} (upstream"
-                    f" {upstream[0]}:{upstream[1]}, metrics :{tagging.metrics_addr[1]}, admin"
-                    f" :{tagging.admin_addr[1]})"
-                )
-        else:
-            fallback = "--no-proxy"
-            progress("no proxy (--no-proxy): the application is tagged with startup options")
-            tagging = DirectTagging(db_dsn, overlay)
-        stack.callback(tagging.close)
-        resources["app_url"] = tagging.app_url
-        if isinstance(tagging, ProxyTagging):
-            pid = tagging.process.pid if tagging.process is not None else tagging.stopped_pid
-            if pid is not None:
-                resources["proxy_pid"] = pid
-            resources["proxy_listen"] = list(tagging.listen)
-        app_db_url = getattr(tagging, "database_url", db_dsn)
-        progress(f"started the sample application at {tagging.app_url} (DATABASE_URL={_redact(app_db_url)})")
-        progress.detail(f"OpenAPI document: {tagging.app_url}/openapi.json")
-
-        # 6. ground truth
-        progress(f"recording {len(chosen)} ground-truth session(s) through the application's API")
-        sessions: list[str] = []
-        gt_rows: dict[str, int] = {}
-        run_id = secrets.token_hex(2)
-        for wf in chosen:
-            gt = f"gt-{wf.slug}-{run_id}"
-            _register(db_dsn, gt, "ground_truth", workflow=wf, model=None, gt=None)
-            sessions.append(gt)
-            tagging.enter(gt)
-            try:
-                calls = workflows.record_ground_truth(HttpApi(tagging.app_url), wf)
-            finally:
-                tagging.leave()
-            gt_rows[wf.slug] = _session_rows(db_dsn, gt)
-            progress.detail(f"{wf.title:<36} {calls:3d} write calls  {gt_rows[wf.slug]:3d} rows  ({gt})")
-
-        # 7. agents
-        progress(
-            f"running {len(agent_list)} agent(s) × {len(chosen)} workflow(s), tools discover/execute,"
-            f" limit {agents.OPERATION_LIMIT} operations"
-        )
-        runs: list[tuple[agents.Agent, Workflow, str, agents.AgentResult, int]] = []
-        for agent in agent_list:
-            for wf in chosen:
-                # Session ids are [A-Za-z0-9._:-]{1,128}; model names may hold anything ("org/model v2").
-                session = re.sub(r"[^A-Za-z0-9._:-]", "-", f"{agent.name}-{wf.slug}-{run_id}")[-128:]
-                _register(
-                    db_dsn, session, "agent", workflow=wf, model=agent.model, gt=f"gt-{wf.slug}-{run_id}"
-                )
-                sessions.append(session)
-                tagging.enter(session)
-                tools = agents.Tools(HttpApi(tagging.app_url), checkpoint=interrupts.checkpoint)
-                try:
-                    outcome = agent.run(wf, tools)
-                except agents.BudgetExhausted as exc:
-                    outcome = agents.AgentResult(False, str(exc))
-                finally:
-                    tagging.leave()
-                runs.append((agent, wf, session, outcome, len(tools.calls)))
-                progress.detail(
-                    f"{agent.name:<14} {wf.slug:<36} {len(tools.calls):3d} tool calls"
-                    f"  {'done' if outcome.completed else 'incomplete'}: {outcome.message}"
-                )
-
-        # 8. scoring
-        progress("scoring every agent session against its ground truth (cow.session_changes)")
-        scores: list[SessionScore] = []
-        details: list[tuple[str, str]] = []
-        for agent, wf, session, outcome, ncalls in runs:
-            gt = f"gt-{wf.slug}-{run_id}"
-            r = _score(db_dsn, gt, session)
-            scores.append(
-                SessionScore(
-                    agent=agent.name,
-                    model=agent.model,
-                    workflow=wf.slug,
-                    gt_session=gt,
-                    session=session,
-                    completed=outcome.completed,
-                    tool_calls=ncalls,
-                    overall=float(r.overall),
-                    struct=float(r.struct_score),
-                    content=float(r.content_score),
-                    precision=float(r.precision),
-                    recall=float(r.recall),
-                    f1=float(r.f1),
-                    matched=int(r.counts.matched),
-                    missing=int(r.counts.missing),
-                    extra=int(r.counts.extra),
-                    gt_rows=gt_rows[wf.slug],
-                    message=outcome.message,
-                )
-            )
-            details.append((f"{agent.name} on {wf.slug}", _detail_html(r)))
-        summaries = report.summarize(scores)
-        print("\nPer agent (mean over workflows; like the paper's Table 5):", file=out)
-        print(report.agent_table(summaries), file=out)
-        print("\nLowest-scoring sessions per agent (like the paper's Table 6):", file=out)
-        print(report.lowest_table(report.lowest(scores)), file=out)
-        print(file=out, flush=True)
-
-        untouched = _base_checksum(db_dsn) == checksum_before
-        notes = [
-            f"tagging: {tagging.name}" + (f" ({fallback})" if fallback else ""),
-            f"workflows: {', '.join(w.slug for w in chosen)}",
-            f"base tables untouched by the sessions: {'yes' if untouched else 'NO'}",
-        ]
-        if not untouched:
-            raise DemoError("the base tables changed while sessions ran: a session wrote outside its overlay")
-        progress.detail(f"base tables unchanged after {len(sessions)} sessions: yes (checksummed)")
-        report_path = cfg.report_path.resolve()
-        report_path.write_text(report.html_report(scores, notes, details))
-        progress.detail(f"HTML report: {report_path}")
-
-        metrics: list[str] = []
-        with contextlib.suppress(OSError):
-            metrics = tagging.metrics()
-        if metrics:
-            progress.detail("a few of the proxy's Prometheus metrics:")
-            for line in _pick_metrics(metrics):
-                progress.detail(f"  {line}")
-        elif isinstance(tagging, DirectTagging):
-            progress.detail("no proxy metrics: the proxy did not run")
-
-        # 9. discard / commit
-        committed = f"gt-{chosen[0].slug}-{run_id}" if cfg.commit else None
-        if cfg.keep:
-            progress.say("--keep: leaving everything running; press Ctrl-C to stop and clean up")
-            progress.detail(f"application: {tagging.app_url}   database: {_redact(db_dsn)}")
-            if isinstance(tagging, ProxyTagging):
-                progress.detail(
-                    f"proxy: {_redact(tagging.database_url)}   metrics: http://127.0.0.1:{tagging.metrics_addr[1]}"
-                    f"/metrics   admin: 127.0.0.1:{tagging.admin_addr[1]}"
-                )
-            progress.detail(f"sessions: {', '.join(sessions)}")
-            while not interrupts.count:  # Ctrl-C ends the wait, then the demo finishes normally
-                time.sleep(0.2)
-            interrupts.count = 0
-        _finish_sessions(db_dsn, [s for s in sessions if s != committed], committed)
-        changed = None if committed is None else _base_checksum(db_dsn) != checksum_before
-        registry = _run(
-            _admin(
-                db_dsn,
-                (
-                    "SELECT session_id, kind, label, model, gt_session, status FROM cow.sessions"
-                    " WHERE session_id = ANY($1::text[]) ORDER BY created_at, session_id",
-                    (sessions,),
-                ),
-            )
-        )[0]
-        if committed:
-            progress(f"committed {committed} into the base tables; discarded the other {len(sessions) - 1}")
-            progress.detail(f"base tables changed by the commit: {'yes' if changed else 'NO'}")
-        else:
-            progress(f"discarded all {len(sessions)} sessions (use --commit to commit one)")
-        result = DemoResult(
-            scores=tuple(scores),
-            gt_rows=gt_rows,
-            tagging=tagging.name,
-            base_untouched=untouched,
-            committed=committed,
-            metrics=tuple(metrics),
-            report_path=str(report_path),
-            base_changed_by_commit=changed,
-            registry=tuple(dict(r) for r in registry),
-            fallback=fallback,
-            proxy_notes=tuple(getattr(tagging, "notes", ())),
+        # What was started, so that a caller (the tests) can check that it is all gone afterwards.
+        run = _Run(cfg, interrupts, out, progress, stack, workdir, {"workdir": str(workdir)})
+        run.run_id = secrets.token_hex(2)
+        server_dsn = _start_postgres(run)
+        _create_database(run, server_dsn)
+        _start_tagging(run)
+        _record_ground_truths(run, chosen)
+        runs = _run_agents(run, agent_list, chosen, fixed=False)
+        scores, results = _score_runs(run, runs)
+        _print_tables(run, scores)
+        fixed_scores, fixed_results = _fix_loop(run, agent_list, chosen, runs, scores)
+        untouched = _check_base(run)
+        report_path = _write_report(run, chosen, scores + fixed_scores, {**results, **fixed_results})
+        metrics = _show_metrics(run)
+        result = _finish(
+            run,
+            chosen,
+            scores=scores,
+            fixed_scores=fixed_scores,
+            untouched=untouched,
+            report_path=report_path,
+            metrics=metrics,
         )
     progress.say("stopped the application, the proxy and PostgreSQL; removed the temporary files")
     for note in result.proxy_notes:
@@ -641,12 +480,353 @@ def _run_demo(cfg: DemoConfig, interrupts: Interrupts) -> DemoResult:
             f"NOTE: sessions were tagged with startup options, not through the proxy: {result.fallback}"
         )
     if cfg.json_path is not None:
-        cfg.json_path.write_text(json.dumps({**_as_json(result), "resources": resources}, indent=2))
+        cfg.json_path.write_text(json.dumps({**_as_json(result), "resources": run.resources}, indent=2))
     return result
 
 
+def _chosen_workflows(cfg: DemoConfig) -> list[Workflow]:
+    chosen = []
+    for slug in cfg.workflows:
+        if slug not in workflows.BY_SLUG:
+            raise DemoError(f"unknown workflow {slug!r}; known: {', '.join(workflows.BY_SLUG)}")
+        chosen.append(workflows.BY_SLUG[slug])
+    return chosen
+
+
+def _start_postgres(run: _Run) -> str:
+    """Step 1: the server (given, or an embedded PostgreSQL); its maintenance DSN."""
+    if run.cfg.server_dsn:
+        run.progress(f"using the PostgreSQL server at {_redact(run.cfg.server_dsn)}")
+        server_dsn = run.cfg.server_dsn
+    else:
+        run.progress("starting an embedded PostgreSQL (initdb + pg_ctl, a temporary data directory)")
+        from migrations.embedded import embedded_postgres
+
+        server = run.stack.enter_context(embedded_postgres())
+        run.resources["datadir"] = str(server.datadir)
+        server_dsn = server.dsn("postgres")
+    version = _run(_admin(server_dsn, ("SHOW server_version", ())))[0][0][0]
+    run.progress.detail(f"PostgreSQL {version} at {_redact(server_dsn)}")
+    return server_dsn
+
+
+def _create_database(run: _Run, server_dsn: str) -> None:
+    """Steps 2-3: the sample application's database, seeded, with the CoW layer on schema public."""
+    database = f"cowproxy_demo_{os.getpid()}_{secrets.token_hex(3)}"
+    _run(_admin(server_dsn, (f'CREATE DATABASE "{database}"', ())))
+    run.stack.callback(_drop_database, server_dsn, database)
+    run.db_dsn = _with_database(server_dsn, database)
+    counts = _run(setup_database(run.db_dsn))
+    run.progress(
+        f"created the sample application's database {database}: {counts.projects} projects,"
+        f" {counts.members} members, {counts.states} states, {counts.labels} labels,"
+        f" {counts.work_items} work items"
+    )
+    tables = _run(_install_layer(run.db_dsn))
+    run.overlay = str(tables[0]["overlay_schema"]) if tables else "public"
+    run.progress(
+        f"installed the CoW layer: {len(tables)} tables in schema public, overlay schema {run.overlay}"
+    )
+    run.checksum_before = _base_checksum(run.db_dsn)
+
+
+def _start_tagging(run: _Run) -> None:
+    """Steps 4-5: the proxy (or startup-option tagging) and the application behind it."""
+    parts = urlsplit(run.db_dsn)
+    database = (parts.path or "/").lstrip("/")
+    upstream = (parts.hostname or "127.0.0.1", parts.port or 5432)
+    progress = run.progress
+    tagging: ProxyTagging | DirectTagging
+    if run.cfg.use_proxy:
+        try:
+            tagging = ProxyTagging(upstream, database, run.db_dsn, run.workdir)
+        except DemoError as exc:
+            run.fallback = f"the proxy could not start ({exc})"
+            progress(f"{run.fallback}; tagging with startup options instead (the layer's own tag source)")
+            tagging = DirectTagging(run.db_dsn, run.overlay)
+        else:
+            for note in tagging.notes:
+                progress.detail(note)
+            how = "cowproxy serve" if tagging.process else "the proxy (in-process)"
+            progress(
+                f"started {how} on {tagging.listen[0]}:{tagging.listen[1]} (upstream"
+                f" {upstream[0]}:{upstream[1]}, metrics :{tagging.metrics_addr[1]}, admin"
+                f" :{tagging.admin_addr[1]})"
+            )
+    else:
+        run.fallback = "--no-proxy"
+        progress("no proxy (--no-proxy): the application is tagged with startup options")
+        tagging = DirectTagging(run.db_dsn, run.overlay)
+    run.tagging = tagging
+    run.stack.callback(tagging.close)
+    run.resources["app_url"] = tagging.app_url
+    if isinstance(tagging, ProxyTagging):
+        pid = tagging.process.pid if tagging.process is not None else tagging.stopped_pid
+        if pid is not None:
+            run.resources["proxy_pid"] = pid
+        run.resources["proxy_listen"] = list(tagging.listen)
+    app_db_url = getattr(tagging, "database_url", run.db_dsn)
+    progress(f"started the sample application at {tagging.app_url} (DATABASE_URL={_redact(app_db_url)})")
+    progress.detail(f"OpenAPI document: {tagging.app_url}/openapi.json")
+
+
+def _record_ground_truths(run: _Run, chosen: Sequence[Workflow]) -> None:
+    """Step 6: one ground-truth session per workflow, its writes derived from the data through the API."""
+    run.progress(f"recording {len(chosen)} ground-truth session(s) through the application's API")
+    for wf in chosen:
+        gt = run.gt(wf)
+        _register(run.db_dsn, gt, "ground_truth", workflow=wf, model=None, gt=None)
+        run.sessions.append(gt)
+        run.tags.enter(gt)
+        try:
+            calls = workflows.record_ground_truth(HttpApi(run.tags.app_url), wf)
+        finally:
+            run.tags.leave()
+        run.gt_rows[wf.slug] = _session_rows(run.db_dsn, gt)
+        run.progress.detail(f"{wf.title:<36} {calls:3d} write calls  {run.gt_rows[wf.slug]:3d} rows  ({gt})")
+
+
+def _run_agents(
+    run: _Run, agent_list: Sequence[agents.Agent], chosen: Sequence[Workflow], *, fixed: bool
+) -> list[_AgentRun]:
+    """Step 7 (and 9 with ``fixed``): every agent on every workflow, one session each."""
+    surface = "the fixed tool surface" if fixed else "tools discover/execute"
+    run.progress(
+        f"running {len(agent_list)} agent(s) × {len(chosen)} workflow(s), {surface},"
+        f" limit {agents.OPERATION_LIMIT} operations"
+    )
+    runs: list[_AgentRun] = []
+    for agent in agent_list:
+        for wf in chosen:
+            # Session ids are [A-Za-z0-9._:-]{1,128}; model names may hold anything ("org/model v2").
+            name = f"{agent.name}-{wf.slug}-{run.run_id}" + ("-fixed" if fixed else "")
+            session = re.sub(r"[^A-Za-z0-9._:-]", "-", name)[-128:]
+            _register(run.db_dsn, session, "agent", workflow=wf, model=agent.model, gt=run.gt(wf))
+            run.sessions.append(session)
+            run.tags.enter(session)
+            tools = agents.Tools(
+                HttpApi(run.tags.app_url), checkpoint=run.interrupts.checkpoint, fixed_vocabulary=fixed
+            )
+            try:
+                outcome = agent.run(wf, tools)
+            except agents.BudgetExhausted as exc:
+                outcome = agents.AgentResult(False, str(exc))
+            except DemoError as exc:  # e.g. a model endpoint's malformed reply: a failed run, not the demo's
+                outcome = agents.AgentResult(False, f"failed: {exc}")
+            finally:
+                run.tags.leave()
+            runs.append(_AgentRun(agent, wf, session, outcome, tuple(tools.calls), fixed))
+            run.progress.detail(
+                f"{agent.name:<14} {wf.slug:<36} {len(tools.calls):3d} tool calls"
+                f"  {'done' if outcome.completed else 'incomplete'}: {outcome.message}"
+            )
+    return runs
+
+
+def _call_counts(calls: Sequence[agents.ToolCall]) -> tuple[int, int, int]:
+    """(discover, read, write) calls of a run."""
+    from demo.openapi import BY_ID
+
+    discover = sum(1 for c in calls if c.tool == "discover")
+    writes = sum(1 for c in calls if c.tool == "execute" and c.argument in BY_ID and BY_ID[c.argument].writes)
+    return discover, len(calls) - discover - writes, writes
+
+
+def _score_runs(run: _Run, runs: Sequence[_AgentRun]) -> tuple[list[SessionScore], dict[str, Any]]:
+    """Step 8: every agent session against its ground truth (cow.session_changes)."""
+    what = "the re-run" if runs and runs[0].fixed else "every agent session"
+    run.progress(f"scoring {what} against its ground truth (cow.session_changes)")
+    scores: list[SessionScore] = []
+    results: dict[str, Any] = {}
+    for r in runs:
+        result = _score(run.db_dsn, run.gt(r.workflow), r.session)
+        results[r.session] = result
+        discover, reads, writes = _call_counts(r.calls)
+        scores.append(
+            SessionScore(
+                agent=r.agent.name,
+                model=r.agent.model,
+                workflow=r.workflow.slug,
+                gt_session=run.gt(r.workflow),
+                session=r.session,
+                completed=r.outcome.completed,
+                tool_calls=len(r.calls),
+                overall=float(result.overall),
+                struct=float(result.struct_score),
+                content=float(result.content_score),
+                precision=float(result.precision),
+                recall=float(result.recall),
+                f1=float(result.f1),
+                matched=int(result.counts.matched),
+                missing=int(result.counts.missing),
+                extra=int(result.counts.extra),
+                gt_rows=run.gt_rows[r.workflow.slug],
+                message=r.outcome.message,
+                fixed=r.fixed,
+                discover_calls=discover,
+                read_calls=reads,
+                write_calls=writes,
+            )
+        )
+    return scores, results
+
+
+def _print_tables(run: _Run, scores: Sequence[SessionScore]) -> None:
+    out = run.out
+    print("\nPer agent (mean over workflows; like the paper's Table 5):", file=out)
+    print(report.agent_table(report.summarize(scores)), file=out)
+    print("\nLowest-scoring sessions per agent (like the paper's Table 6):", file=out)
+    print(report.lowest_table(report.lowest(scores)), file=out)
+    print(file=out, flush=True)
+
+
+def _fix_loop(
+    run: _Run,
+    agent_list: Sequence[agents.Agent],
+    chosen: Sequence[Workflow],
+    runs: Sequence[_AgentRun],
+    scores: Sequence[SessionScore],
+) -> tuple[list[SessionScore], dict[str, Any]]:
+    """Steps 9-10, the paper's score → diagnose → fix loop: show why the failing agents failed (their
+    searches for "issue" found no operation), fix the tool surface ("issue" also finds work-item
+    operations) and re-run the agents that left sessions incomplete; print the before/after table."""
+    failing = [a for a in agent_list if any(s.agent == a.name and not s.completed for s in scores)]
+    if not failing:
+        run.progress("diagnosis: every agent completed every workflow; no tool-surface fix to try")
+        return [], {}
+    run.progress("diagnosis: what the agents with incomplete sessions searched for")
+    for agent in failing:
+        mine = [r for r in runs if r.agent.name == agent.name and not r.outcome.completed]
+        searched = [c for r in mine for c in r.calls if c.tool == "discover"]
+        issue = [c for c in searched if "issue" in c.argument.lower()]
+        run.progress.detail(
+            f"{agent.name}: {len(mine)} incomplete session(s), {len(searched)} discover call(s),"
+            f' {len(issue)} of them for "issue" (the application says "work item")'
+        )
+        for query in dict.fromkeys(c.argument for c in issue[:20]):
+            run.progress.detail(f"  discover({query!r})")
+    run.progress.detail('the fix: discover reads "issue" as "work item"; work-item operations say so')
+    fixed_runs = _run_agents(run, failing, chosen, fixed=True)
+    fixed_scores, fixed_results = _score_runs(run, fixed_runs)
+    print("\nBefore and after fixing the tool surface (like the paper's Table 1):", file=run.out)
+    print(report.fix_table(report.before_after(scores, fixed_scores)), file=run.out)
+    print(file=run.out, flush=True)
+    return fixed_scores, fixed_results
+
+
+def _check_base(run: _Run) -> bool:
+    untouched = _base_checksum(run.db_dsn) == run.checksum_before
+    if not untouched:
+        raise DemoError("the base tables changed while sessions ran: a session wrote outside its overlay")
+    run.progress.detail(f"base tables unchanged after {len(run.sessions)} sessions: yes (checksummed)")
+    return untouched
+
+
+def _write_report(
+    run: _Run, chosen: Sequence[Workflow], scores: Sequence[SessionScore], results: dict[str, Any]
+) -> Path:
+    notes = [
+        f"tagging: {run.tags.name}" + (f" ({run.fallback})" if run.fallback else ""),
+        f"workflows: {', '.join(w.slug for w in chosen)}",
+        "base tables untouched by the sessions: yes",
+    ]
+    details = [
+        (
+            f"{s.agent} on {s.workflow}" + (" (fixed tools)" if s.fixed else ""),
+            _detail_html(results[s.session]),
+        )
+        for s in scores
+    ]
+    report_path = run.cfg.report_path.resolve()
+    report_path.write_text(report.html_report(scores, notes, details, results))
+    run.progress.detail(f"HTML report: {report_path}")
+    return report_path
+
+
+def _show_metrics(run: _Run) -> list[str]:
+    metrics: list[str] = []
+    with contextlib.suppress(OSError):
+        metrics = run.tags.metrics()
+    if metrics:
+        run.progress.detail("a few of the proxy's Prometheus metrics:")
+        for line in _pick_metrics(metrics):
+            run.progress.detail(f"  {line}")
+    elif isinstance(run.tags, DirectTagging):
+        run.progress.detail("no proxy metrics: the proxy did not run")
+    return metrics
+
+
+def _keep_running(run: _Run) -> None:
+    progress, tagging = run.progress, run.tags
+    progress.say("--keep: leaving everything running; press Ctrl-C to stop and clean up")
+    progress.detail(f"application: {tagging.app_url}   database: {_redact(run.db_dsn)}")
+    if isinstance(tagging, ProxyTagging):
+        progress.detail(
+            f"proxy: {_redact(tagging.database_url)}   metrics: http://127.0.0.1:{tagging.metrics_addr[1]}"
+            f"/metrics   admin: 127.0.0.1:{tagging.admin_addr[1]}"
+        )
+    progress.detail(f"sessions: {', '.join(run.sessions)}")
+    while not run.interrupts.count:  # Ctrl-C ends the wait, then the demo finishes normally
+        time.sleep(0.2)
+    run.interrupts.count = 0
+
+
+def _finish(
+    run: _Run,
+    chosen: Sequence[Workflow],
+    *,
+    scores: Sequence[SessionScore],
+    fixed_scores: Sequence[SessionScore],
+    untouched: bool,
+    report_path: Path,
+    metrics: list[str],
+) -> DemoResult:
+    """Step 11: discard every session (or commit the first ground truth), read the registry back."""
+    committed = run.gt(chosen[0]) if run.cfg.commit else None
+    if run.cfg.keep:
+        _keep_running(run)
+    _finish_sessions(run.db_dsn, [s for s in run.sessions if s != committed], committed)
+    changed = None if committed is None else _base_checksum(run.db_dsn) != run.checksum_before
+    registry = _run(
+        _admin(
+            run.db_dsn,
+            (
+                "SELECT session_id, kind, label, model, gt_session, status FROM cow.sessions"
+                " WHERE session_id = ANY($1::text[]) ORDER BY created_at, session_id",
+                (run.sessions,),
+            ),
+        )
+    )[0]
+    if committed:
+        run.progress(
+            f"committed {committed} into the base tables; discarded the other {len(run.sessions) - 1}"
+        )
+        run.progress.detail(f"base tables changed by the commit: {'yes' if changed else 'NO'}")
+    else:
+        run.progress(f"discarded all {len(run.sessions)} sessions (use --commit to commit one)")
+    return DemoResult(
+        scores=tuple(scores),
+        gt_rows=run.gt_rows,
+        tagging=run.tags.name,
+        base_untouched=untouched,
+        committed=committed,
+        metrics=tuple(metrics),
+        report_path=str(report_path),
+        base_changed_by_commit=changed,
+        registry=tuple(dict(r) for r in registry),
+        fallback=run.fallback,
+        proxy_notes=tuple(getattr(run.tags, "notes", ())),
+        fixed_scores=tuple(fixed_scores),
+    )
+
+
 def _as_json(result: DemoResult) -> dict[str, Any]:
-    return {**asdict(result), "scores": [asdict(s) for s in result.scores]}
+    return {
+        **asdict(result),
+        "scores": [asdict(s) for s in result.scores],
+        "fixed_scores": [asdict(s) for s in result.fixed_scores],
+        "before_after": [asdict(r) for r in report.before_after(result.scores, result.fixed_scores)],
+    }
 
 
 def _detail_html(result: Any) -> str:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from statistics import mean
+from typing import Any
+
+from demo.charts import Series, grouped_bars
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,10 @@ class SessionScore:
     extra: int
     gt_rows: int
     message: str = ""
+    fixed: bool = False  # run with the fixed tool surface ("issue" also finds work-item operations)
+    discover_calls: int = 0
+    read_calls: int = 0  # execute calls of operations that only read
+    write_calls: int = 0
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,58 @@ def lowest(scores: Sequence[SessionScore], per_agent: int = 3) -> list[SessionSc
         )
         out += mine[:per_agent]
     return out
+
+
+@dataclass(frozen=True)
+class FixRow:
+    """One line of the before/after table (the paper's Table 1)."""
+
+    agent: str
+    model: str
+    before: float
+    after: float
+    completed_before: str
+    completed_after: str
+    rerun: bool
+
+
+def before_after(before: Sequence[SessionScore], after: Sequence[SessionScore]) -> list[FixRow]:
+    """Mean overall per agent before and after the fix; an agent not re-run keeps its score."""
+    rows: list[FixRow] = []
+    fixed = {s.agent: s for s in summarize(after)}
+    for b in summarize(before):
+        a = fixed.get(b.agent)
+        done = f"{b.completed}/{b.sessions}"
+        rows.append(
+            FixRow(
+                agent=b.agent,
+                model=b.model,
+                before=b.overall,
+                after=a.overall if a else b.overall,
+                completed_before=done,
+                completed_after=f"{a.completed}/{a.sessions}" if a else done,
+                rerun=a is not None,
+            )
+        )
+    return rows
+
+
+def fix_table(rows: Sequence[FixRow]) -> str:
+    return _table(
+        ["agent", "model", "before", "after", "change", "completed before", "completed after"],
+        [
+            [
+                r.agent,
+                r.model,
+                f"{r.before:.2f}",
+                f"{r.after:.2f}",
+                f"{r.after - r.before:+.2f}" if r.rerun else "(not re-run)",
+                r.completed_before,
+                r.completed_after,
+            ]
+            for r in rows
+        ],
+    )
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -125,10 +184,76 @@ def _html_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def charts(scores: Sequence[SessionScore], results: Mapping[str, Any] | None = None) -> str:
+    """The report's inline SVG charts: per-agent scores, before/after the fix, per-operation utilities
+    of the lowest sessions (``results``: session -> ScoringResult), tool calls per session."""
+    from scoring.render import svg_utilities
+
+    before = [s for s in scores if not s.fixed]
+    after = [s for s in scores if s.fixed]
+    summaries = summarize(before)
+    names = [s.agent for s in summaries]
+    parts = [
+        grouped_bars(
+            "Per agent: overall, precision, recall (mean over workflows)",
+            names,
+            [
+                Series("overall", "#1d4ed8", tuple(s.overall for s in summaries)),
+                Series("precision", "#059669", tuple(s.precision for s in summaries)),
+                Series("recall", "#d97706", tuple(s.recall for s in summaries)),
+            ],
+        )
+    ]
+    if after:
+        rows = before_after(before, after)
+        parts.append(
+            grouped_bars(
+                "Before and after fixing the tool surface (overall)",
+                [r.agent for r in rows],
+                [
+                    Series("before", "#9ca3af", tuple(r.before for r in rows)),
+                    Series("after", "#16a34a", tuple(r.after for r in rows)),
+                ],
+            )
+        )
+    for s in lowest(before, per_agent=1):
+        result = (results or {}).get(s.session)
+        if result is not None:
+            parts.append(
+                f"<h3>Per-operation utilities: {html.escape(s.agent)} on {html.escape(s.workflow)}"
+                f" (overall {s.overall:.2f})</h3>"
+                '<p class="legend">bars: u_struct (green gains, red losses); dots: u_content</p>'
+                + svg_utilities(result)
+            )
+    calls = [[s for s in before if s.agent == name] for name in names]
+    parts.append(
+        grouped_bars(
+            "Tool calls per session (mean): discover, reads, writes",
+            names,
+            [
+                Series("discover", "#7c3aed", tuple(mean(x.discover_calls for x in c) for c in calls)),
+                Series("read calls", "#0891b2", tuple(mean(x.read_calls for x in c) for c in calls)),
+                Series("write calls", "#dc2626", tuple(mean(x.write_calls for x in c) for c in calls)),
+            ],
+            top=1.0,
+            stacked=True,
+            value_format="{:.1f}",
+        )
+    )
+    return "\n".join(f'<div class="chart-box">{p}</div>' for p in parts)
+
+
 def html_report(
-    scores: Sequence[SessionScore], notes: Sequence[str], session_details: Sequence[tuple[str, str]] = ()
+    scores: Sequence[SessionScore],
+    notes: Sequence[str],
+    session_details: Sequence[tuple[str, str]] = (),
+    results: Mapping[str, Any] | None = None,
 ) -> str:
-    """A self-contained HTML page; ``session_details`` are (title, HTML fragment) pairs from the scorer."""
+    """A self-contained HTML page; ``session_details`` are (title, HTML fragment) pairs from the scorer;
+    ``scores`` may hold the re-run with the fixed tool surface (``fixed``)."""
+    all_scores = scores
+    fixed_rows = before_after([s for s in scores if not s.fixed], [s for s in scores if s.fixed])
+    scores = [s for s in all_scores if not s.fixed]
     summaries = summarize(scores)
     fmt = "{:.2f}".format
     agents = _html_table(
@@ -149,6 +274,7 @@ def html_report(
             "workflow",
             "session",
             "ground truth",
+            "tools",
             "completed",
             "tool calls",
             "overall",
@@ -167,6 +293,7 @@ def html_report(
                 s.workflow,
                 s.session,
                 s.gt_session,
+                "fixed" if s.fixed else "original",
                 "yes" if s.completed else "no",
                 str(s.tool_calls),
                 *(fmt(v) for v in (s.overall, s.struct, s.content, s.precision, s.recall, s.f1)),
@@ -174,7 +301,22 @@ def html_report(
                 str(s.missing),
                 str(s.extra),
             ]
-            for s in scores
+            for s in all_scores
+        ],
+    )
+    fix = _html_table(
+        ["agent", "model", "before", "after", "change", "completed before", "completed after"],
+        [
+            [
+                r.agent,
+                r.model,
+                fmt(r.before),
+                fmt(r.after),
+                f"{r.after - r.before:+.2f}" if r.rerun else "(not re-run)",
+                r.completed_before,
+                r.completed_after,
+            ]
+            for r in fixed_rows
         ],
     )
     worst = _html_table(
@@ -198,11 +340,15 @@ th, td {{ border: 1px solid #ccc; padding: .25rem .5rem; text-align: left; }}
 td {{ font-variant-numeric: tabular-nums; }}
 th {{ background: #f3f4f6; }}
 details {{ margin: .5rem 0; }}
+.chart-box {{ margin: 1rem 0; }}
+.legend {{ font-size: 85%; color: #555; }}
 </style></head><body>
 <h1>cowproxy demo report</h1>
 <ul>{note_items}</ul>
 <h2>Agents (like the paper's Table 5)</h2>{agents}
 <h2>Lowest-scoring sessions (like the paper's Table 6)</h2>{worst}
+<h2>Before and after fixing the tool surface (like the paper's Table 1)</h2>{fix}
+<h2>Charts</h2>{charts(all_scores, results)}
 <h2>Every session</h2>{sessions}
 {"<h2>Row-level detail</h2>" + details if details else ""}
 </body></html>

@@ -183,7 +183,7 @@ def render_table(results: Sequence[ScoringResult], rows: bool = True) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def _svg_utilities(result: ScoringResult) -> str:
+def svg_utilities(result: ScoringResult) -> str:
     """Per-operation utilities as an inline SVG bar chart (u_struct bars, u_content dots)."""
     ops = result.operations
     if not ops:
@@ -270,7 +270,7 @@ def render_html(results: Sequence[ScoringResult]) -> str:
             '<p class="legend">bars: u_struct (green gains, red losses); '
             "dots: u_content (0 bottom, 1 top)</p>"
         )
-        body.append(_svg_utilities(r))
+        body.append(svg_utilities(r))
         body.append(
             '<h3>Tables</h3><table><tr><th class="l">table</th><th>gt rows</th><th>agent rows</th>'
             "<th>matched</th><th>missing</th><th>extra</th><th>struct</th><th>content</th></tr>"

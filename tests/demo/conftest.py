@@ -44,6 +44,7 @@ class FakeModel:
     auth: list[str | None] = field(default_factory=list)
     status: int = 200
     url: str = ""
+    raw: bool = False  # replies are whole response bodies (a dict, or a str sent as is), not messages
 
 
 def tool_call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -65,9 +66,11 @@ def fake_model() -> Iterator[Callable[..., FakeModel]]:
     servers: list[ThreadingHTTPServer] = []
 
     def start(
-        replies: list[dict[str, Any]] | Callable[[dict[str, Any]], dict[str, Any]], status: int = 200
+        replies: list[dict[str, Any]] | Callable[[dict[str, Any]], dict[str, Any]],
+        status: int = 200,
+        raw: bool = False,
     ) -> FakeModel:
-        model = FakeModel(replies=replies, status=status)
+        model = FakeModel(replies=replies, status=status, raw=raw)
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
@@ -87,10 +90,13 @@ def fake_model() -> Iterator[Callable[..., FakeModel]]:
                         message = model.replies(body)
                     else:
                         message = model.replies[min(len(model.requests), len(model.replies)) - 1]
-                    payload = json.dumps(
-                        {"id": "x", "object": "chat.completion", "model": body["model"],
-                         "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
-                    ).encode()  # fmt: skip
+                    if model.raw:
+                        payload = (message if isinstance(message, str) else json.dumps(message)).encode()
+                    else:
+                        payload = json.dumps(
+                            {"id": "x", "object": "chat.completion", "model": body["model"],
+                             "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+                        ).encode()  # fmt: skip
                     self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))

@@ -43,6 +43,7 @@ import sys
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from statistics import mean
 from typing import Any
 
 import pytest
@@ -142,12 +143,27 @@ def test_demo_through_the_proxy_scores_the_agents_as_derived(
     assert "proxy_pid" in result["resources"]
     assert "started cowproxy serve on" in output
     assert result["base_untouched"] is True
-    assert "[9/9] discarded all 18 sessions" in output
+    assert "[12/12] discarded all 21 sessions" in output
+    # The fix loop: the vocabulary agent's searches for "issue" are shown, it is re-run with the fixed tool
+    # surface and does the ideal writes; the others completed everything and are not re-run.
+    assert "vocabulary: 3 incomplete session(s)" in output and "discover('issues')" in output
+    assert "Before and after fixing the tool surface (like the paper's Table 1)" in output
+    assert {(s["agent"], s["overall"], s["completed"]) for s in result["fixed_scores"]} == {
+        ("vocabulary", 1.0, True)
+    }
+    fix = {r["agent"]: r for r in result["before_after"]}
+    assert fix["vocabulary"]["before"] == pytest.approx(
+        mean(EXPECTED["vocabulary"][w][0] for w in EXPECTED["vocabulary"])
+    )
+    assert (fix["vocabulary"]["after"], fix["vocabulary"]["rerun"]) == (1.0, True)
+    assert (fix["correct"]["after"], fix["correct"]["rerun"]) == (1.0, False)
+    html = Path(result["report_path"]).read_text()
+    assert html.count("<svg") >= 5 and "Before and after fixing the tool surface" in html
     # Every session was registered with its kind, workflow label, model and ground truth, then discarded.
     registry = {r["session_id"]: r for r in result["registry"]}
-    assert len(registry) == 3 + 5 * 3
+    assert len(registry) == 3 + 5 * 3 + 3
     assert {r["status"] for r in registry.values()} == {"discarded"}
-    for s in result["scores"]:
+    for s in result["scores"] + result["fixed_scores"]:
         row = registry[s["session"]]
         assert (row["kind"], row["label"], row["gt_session"]) == ("agent", s["workflow"], s["gt_session"])
         assert row["model"] == (s["model"] if s["agent"] != "model:fake-model" else "fake-model")
