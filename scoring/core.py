@@ -205,98 +205,16 @@ def _utilities(
     config: ScoringConfig,
     n_gt: int,
 ) -> tuple[OperationUtility, ...]:
-    # Final partners of each ground-truth row: by key (the agent key translating to it) and by similarity.
-    key_partner: dict[tuple[str, Key], Key] = {}
-    sim_partner: dict[tuple[str, Key], Key] = {}
-    gt_of_key: dict[tuple[str, Key], Key] = {}
-    gt_of_sim: dict[tuple[str, Key], Key] = {}
-    for table, keys in matching.mapped_keys.items():
-        for akey, mk in keys.items():
-            if mk in gt.get(table, {}) and (table, mk) not in key_partner:
-                key_partner[(table, mk)] = akey
-                gt_of_key[(table, akey)] = mk
-    for table, tm in matching.tables.items():
-        for p in tm.pairs:
-            if p.how == "similarity":
-                sim_partner[(table, p.gt.key)] = p.agent.key
-                gt_of_sim[(table, p.agent.key)] = p.gt.key
-    scorers: dict[str, _TableScorer] = {}
-
-    def scorer(table: str) -> _TableScorer:
-        if table not in scorers:
-            names: set[str] = set()
-            for r in (*gt.get(table, {}).values(), *agent.get(table, {}).values()):
-                names.update((r.row or r.image or {}).keys())
-            scorers[table] = _TableScorer(metadata.tables[table], config, matching.mapping, names)
-        return scorers[table]
-
-    present: dict[tuple[str, Key], Version] = {}
-    matched_by: dict[tuple[str, Key], Key | None] = {}
-    sim_cache: dict[tuple[str, Key, int], bool] = {}
-
-    def key_valid(table: str, akey: Key) -> bool:
-        gkey = gt_of_key.get((table, akey))
-        v = present.get((table, akey))
-        return gkey is not None and v is not None and v.deleted == gt[table][gkey].deleted
-
-    def sim_valid(table: str, gkey: Key, akey: Key, v: Version) -> bool:
-        final = agent[table][akey]
-        if v.seq == final.seq:
-            return True  # the final version is the one the matching paired
-        cached = sim_cache.get((table, akey, v.seq))
-        if cached is None:
-            g = gt[table][gkey]
-            row = matching.mapping.translate(metadata.tables[table], v.row) if v.row is not None else None
-            image = matching.mapping.translate(metadata.tables[table], final.image) if final.image else None
-            sim = scorer(table).compare_rows(g, row, v.deleted, image)[0]
-            cached = v.deleted == g.deleted and sim >= config.min_similarity
-            sim_cache[(table, akey, v.seq)] = cached
-        return cached
-
-    def evaluate(table: str, gkey: Key) -> Key | None:
-        ka = key_partner.get((table, gkey))
-        if ka is not None and key_valid(table, ka):
-            return ka
-        sa = sim_partner.get((table, gkey))
-        if sa is not None:
-            v = present.get((table, sa))
-            if v is not None and not key_valid(table, sa) and sim_valid(table, gkey, sa, v):
-                return sa
-        return None
-
-    by_op: dict[str, list[tuple[str, Key, Version]]] = defaultdict(list)
-    for table, rows in agent.items():
-        for akey, r in rows.items():
-            for v in r.versions:
-                by_op[v.operation_id].append((table, akey, v))
-    last_writer: dict[str, list[Row]] = defaultdict(list)
-    for rows in agent.values():
-        for r in rows.values():
-            last_writer[r.operation_id].append(r)
-    similarity_of: dict[tuple[str, Key], float] = {}
-    for table, tm in matching.tables.items():
-        for p in tm.pairs:
-            similarity_of[(table, p.agent.key)] = p.similarity
-
-    matched = 0
+    """u_struct and u_content of each operation, in ``order`` (module docstring)."""
+    prefix = _Prefix(gt=gt, agent=agent, matching=matching, metadata=metadata, config=config)
+    by_op = _versions_by_operation(agent)
+    last_writer = _last_writers(agent)
+    similarity_of = {(t, p.agent.key): p.similarity for t, tm in matching.tables.items() for p in tm.pairs}
     before = 0.0 if n_gt else 1.0
     out: list[OperationUtility] = []
     for op in order:
-        touched: set[tuple[str, Key]] = set()
-        for table, akey, v in by_op.get(op, ()):
-            cur = present.get((table, akey))
-            if cur is None or v.seq > cur.seq:
-                present[(table, akey)] = v
-            for partner in (gt_of_key.get((table, akey)), gt_of_sim.get((table, akey))):
-                if partner is not None:
-                    touched.add((table, partner))
-        for table, gkey in touched:
-            old = matched_by.get((table, gkey))
-            new = evaluate(table, gkey)
-            matched_by[(table, gkey)] = new
-            matched += (new is not None) - (old is not None)
-        extra = len(present) - matched
-        after = _ratio(matched, n_gt + extra, n_gt == 0 and not present)
+        prefix.apply(by_op.get(op, ()))
+        after = _ratio(prefix.matched, n_gt + prefix.extra, n_gt == 0 and not prefix.present)
         sims = [
             similarity_of[(r.table, r.key)]
             for r in last_writer.get(op, ())
@@ -313,6 +231,117 @@ def _utilities(
         )
         before = after
     return tuple(out)
+
+
+def _versions_by_operation(agent: Side) -> dict[str, list[tuple[str, Key, Version]]]:
+    """Every version of every agent row, grouped by the operation that wrote it."""
+    by_op: dict[str, list[tuple[str, Key, Version]]] = defaultdict(list)
+    for table, rows in agent.items():
+        for akey, r in rows.items():
+            for v in r.versions:
+                by_op[v.operation_id].append((table, akey, v))
+    return by_op
+
+
+def _last_writers(agent: Side) -> dict[str, list[Row]]:
+    """The agent's final rows, grouped by the operation that wrote each last."""
+    last_writer: dict[str, list[Row]] = defaultdict(list)
+    for rows in agent.values():
+        for r in rows.values():
+            last_writer[r.operation_id].append(r)
+    return last_writer
+
+
+class _Prefix:
+    """The state after a prefix of the agent's operations, scored against the final matching: which
+    ground-truth rows are matched (by their key partner, or by their similarity partner in a version still
+    above ``min_similarity``) and how many agent rows are present."""
+
+    def __init__(
+        self, *, gt: Side, agent: Side, matching: Matching, metadata: Metadata, config: ScoringConfig
+    ) -> None:
+        self.gt, self.agent, self.matching, self.metadata, self.config = gt, agent, matching, metadata, config
+        # Final partners of each ground-truth row: by key (the agent key translating to it) and by similarity.
+        self.key_partner: dict[tuple[str, Key], Key] = {}
+        self.sim_partner: dict[tuple[str, Key], Key] = {}
+        self.gt_of_key: dict[tuple[str, Key], Key] = {}
+        self.gt_of_sim: dict[tuple[str, Key], Key] = {}
+        for table, keys in matching.mapped_keys.items():
+            for akey, mk in keys.items():
+                if mk in gt.get(table, {}) and (table, mk) not in self.key_partner:
+                    self.key_partner[(table, mk)] = akey
+                    self.gt_of_key[(table, akey)] = mk
+        for table, tm in matching.tables.items():
+            for p in tm.pairs:
+                if p.how == "similarity":
+                    self.sim_partner[(table, p.gt.key)] = p.agent.key
+                    self.gt_of_sim[(table, p.agent.key)] = p.gt.key
+        self.present: dict[tuple[str, Key], Version] = {}
+        self.matched_by: dict[tuple[str, Key], Key | None] = {}
+        self.matched = 0
+        self._scorers: dict[str, _TableScorer] = {}
+        self._sim_cache: dict[tuple[str, Key, int], bool] = {}
+
+    @property
+    def extra(self) -> int:
+        return len(self.present) - self.matched
+
+    def apply(self, versions: Sequence[tuple[str, Key, Version]]) -> None:
+        """Add one operation's writes, then re-evaluate the ground-truth rows they can affect."""
+        touched: set[tuple[str, Key]] = set()
+        for table, akey, v in versions:
+            cur = self.present.get((table, akey))
+            if cur is None or v.seq > cur.seq:
+                self.present[(table, akey)] = v
+            for partner in (self.gt_of_key.get((table, akey)), self.gt_of_sim.get((table, akey))):
+                if partner is not None:
+                    touched.add((table, partner))
+        for table, gkey in touched:
+            old = self.matched_by.get((table, gkey))
+            new = self._evaluate(table, gkey)
+            self.matched_by[(table, gkey)] = new
+            self.matched += (new is not None) - (old is not None)
+
+    def _scorer(self, table: str) -> _TableScorer:
+        if table not in self._scorers:
+            names: set[str] = set()
+            for r in (*self.gt.get(table, {}).values(), *self.agent.get(table, {}).values()):
+                names.update((r.row or r.image or {}).keys())
+            meta = self.metadata.tables[table]
+            self._scorers[table] = _TableScorer(meta, self.config, self.matching.mapping, names)
+        return self._scorers[table]
+
+    def _key_valid(self, table: str, akey: Key) -> bool:
+        gkey = self.gt_of_key.get((table, akey))
+        v = self.present.get((table, akey))
+        return gkey is not None and v is not None and v.deleted == self.gt[table][gkey].deleted
+
+    def _sim_valid(self, table: str, gkey: Key, akey: Key, v: Version) -> bool:
+        final = self.agent[table][akey]
+        if v.seq == final.seq:
+            return True  # the final version is the one the matching paired
+        cached = self._sim_cache.get((table, akey, v.seq))
+        if cached is None:
+            g = self.gt[table][gkey]
+            meta, mapping = self.metadata.tables[table], self.matching.mapping
+            row = mapping.translate(meta, v.row) if v.row is not None else None
+            image = mapping.translate(meta, final.image) if final.image else None
+            sim = self._scorer(table).compare_rows(g, row, v.deleted, image)[0]
+            cached = v.deleted == g.deleted and sim >= self.config.min_similarity
+            self._sim_cache[(table, akey, v.seq)] = cached
+        return cached
+
+    def _evaluate(self, table: str, gkey: Key) -> Key | None:
+        """The agent row matching ground-truth row ``gkey`` in this prefix, if any."""
+        ka = self.key_partner.get((table, gkey))
+        if ka is not None and self._key_valid(table, ka):
+            return ka
+        sa = self.sim_partner.get((table, gkey))
+        if sa is not None:
+            v = self.present.get((table, sa))
+            if v is not None and not self._key_valid(table, sa) and self._sim_valid(table, gkey, sa, v):
+                return sa
+        return None
 
 
 def _tables(matching: Matching, gt: Side, agent: Side) -> tuple[TableScore, ...]:

@@ -255,7 +255,7 @@ def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
     try:
         for line in proc.stdout:
             lines.append(line)
-            if "[7/9]" in line:
+            if "[7/12]" in line:
                 os.killpg(proc.pid, signal.SIGINT)
                 break
         rest, err = proc.communicate(timeout=60)
@@ -264,7 +264,7 @@ def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     output = "".join(lines) + rest
-    assert "[7/9]" in output, output + err
+    assert "[7/12]" in output, output + err
     assert proc.returncode == 130, output + err
     assert err.strip().splitlines()[-1] == "cowproxy: interrupted"
     assert "Traceback" not in err
