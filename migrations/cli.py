@@ -6,8 +6,9 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import asyncpg
 
@@ -122,16 +123,42 @@ def _print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, sort_keys=False, default=str))
 
 
+class _Progress:
+    """Install's progress: a bar redrawn on stderr when it is a terminal; else nothing until the summary."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.total = 0
+        self.started = time.monotonic()
+
+    def __call__(self, done: int, total: int) -> None:
+        self.total = total
+        if not self.tty or total == 0:
+            return
+        width = 30
+        filled = width * done // total
+        bar = "#" * filled + "." * (width - filled)
+        self.stream.write(f"\renabling tables [{bar}] {done}/{total}")
+        if done == total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+    def summary(self) -> str:
+        return f"{self.total} tables enabled or regenerated in {time.monotonic() - self.started:.1f} s"
+
+
 def cmd_install(args: argparse.Namespace) -> int:
     schemas = args.schema or ["public"]
-    result = _with_conn(args, lambda c: install_layer(c, schemas, args.exclude))
+    progress = _Progress(sys.stderr)
+    result = _with_conn(args, lambda c: install_layer(c, schemas, args.exclude, progress=progress))
     for note in result.notes:
         print(f"warning: {note}", file=sys.stderr)
     if result.applied:
         print(f"cowproxy layer installed (migrations {', '.join(str(v) for v in result.applied)} applied)")
     else:
         print("cowproxy layer up to date")
-    print(f"CoW enabled on schema(s): {', '.join(schemas)}")
+    print(f"CoW enabled on schema(s): {', '.join(schemas)} ({progress.summary()})")
     return 0
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 
@@ -98,10 +98,37 @@ async def _resolve_excludes(
     return per_schema
 
 
+# Tables enabled per transaction: each table's view, changes table, indexes and triggers hold locks until
+# commit, and PostgreSQL's lock table has max_locks_per_transaction x (max_connections +
+# max_prepared_transactions) slots for all backends (64 x 100 by default): one transaction for 830 tables ran
+# out of shared memory. ~15 locks per table; a quarter of max_locks_per_transaction tables per batch.
+LOCKS_PER_TABLE = 15
+GUARDS_PER_BATCH = 10  # a guard is one trigger: one lock on its table
+ProgressCallback = Callable[[int, int], None]
+
+
+async def batch_size(conn: asyncpg.Connection) -> int:
+    """Tables per install transaction for this server's lock table."""
+    locks = int(await conn.fetchval("SELECT current_setting('max_locks_per_transaction')::int"))
+    connections = int(await conn.fetchval("SELECT current_setting('max_connections')::int"))
+    # a twentieth of the shared lock table, and never more than 100 tables (a batch is one commit's work)
+    return max(1, min(100, locks * connections // 20 // LOCKS_PER_TABLE))
+
+
 async def install_layer(
-    conn: asyncpg.Connection, schemas: Sequence[str] = ("public",), exclude: Iterable[str] = ()
+    conn: asyncpg.Connection,
+    schemas: Sequence[str] = ("public",),
+    exclude: Iterable[str] = (),
+    *,
+    progress: ProgressCallback | None = None,
+    batch: int | None = None,
 ) -> InstallResult:
-    """Apply pending migrations and enable CoW on every table of ``schemas`` (idempotent)."""
+    """Apply pending migrations and enable CoW on every table of ``schemas`` (idempotent, resumable).
+
+    The migrations, function files and schema records commit first; then the tables are enabled in batches of
+    ``batch`` (default: ``batch_size``), one transaction each, so that a schema of thousands of tables fits
+    PostgreSQL's lock table. Each table is enabled whole in its batch (never half), and an interrupted install
+    goes on where it stopped when run again. ``progress(done, total)`` is called after each batch."""
     schemas = list(dict.fromkeys(schemas)) or ["public"]
     exclude = list(exclude)
     applied: list[int] = []
@@ -151,13 +178,15 @@ async def install_layer(
                     raise LayerError(f"schema {schema!r} does not exist")
             excludes = await _resolve_excludes(conn, schemas, exclude)
             for schema in schemas:
-                rows = await conn.fetch(
-                    "SELECT * FROM cow.enable_schema($1, $2::text[])", schema, excludes[schema]
-                )
-                notes.extend(r[0] for r in rows)
-            if done and (applied or reapplied):
-                # An upgrade: regenerate every per-table object with the new generator code.
-                notes.extend(r[0] for r in await conn.fetch("SELECT * FROM cow.refresh(true)"))
+                await conn.execute("SELECT cow._add_schema($1, $2::text[])", schema, excludes[schema])
+        # An upgrade regenerates every per-table object with the new generator code (cow.refresh(true) did it
+        # in one transaction).
+        force = bool(done and (applied or reapplied))
+        notes.extend(await _enable_tables(conn, force, batch or await batch_size(conn), progress))
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
+            # What the batches do not: tables dropped or re-keyed, index mirrors, overlay twins of app views.
+            notes.extend(r[0] for r in await conn.fetch("SELECT * FROM cow.refresh()"))
     except asyncpg.InsufficientPrivilegeError as exc:
         raise PermissionDeniedError(
             f"install needs a superuser (event triggers, app table triggers): {exc}"
@@ -165,6 +194,32 @@ async def install_layer(
     except asyncpg.PostgresError as exc:
         raise LayerError(f"install failed: {exc}") from exc
     return InstallResult(tuple(applied), tuple(dict.fromkeys(notes)), tuple(reapplied))
+
+
+async def _enable_tables(
+    conn: asyncpg.Connection, force: bool, batch: int, progress: ProgressCallback | None
+) -> list[str]:
+    """Guard every table first (a trigger each, so ``GUARDS_PER_BATCH`` times ``batch`` per transaction), then
+    enable (or, with ``force``, regenerate) the pending tables, ``batch`` per transaction."""
+    unguarded = [r[0] for r in await conn.fetch("SELECT * FROM cow._unguarded_tables()")]
+    step = batch * GUARDS_PER_BATCH
+    for start in range(0, len(unguarded), step):
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
+            await conn.execute("SELECT cow._guard_tables($1::oid[])", unguarded[start : start + step])
+    pending = [r[0] for r in await conn.fetch("SELECT * FROM cow._pending_tables($1)", force)]
+    notes: list[str] = []
+    if progress is not None:
+        progress(0, len(pending))
+    for start in range(0, len(pending), batch):
+        chunk = pending[start : start + batch]
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
+            rows = await conn.fetch("SELECT * FROM cow._refresh_tables($1::oid[], $2)", chunk, force)
+            notes.extend(r[0] for r in rows)
+        if progress is not None:
+            progress(start + len(chunk), len(pending))
+    return notes
 
 
 async def uninstall_layer(conn: asyncpg.Connection, discard_sessions: bool = False) -> None:

@@ -117,6 +117,7 @@ DECLARE
     x record;
     note text;
     rebuilt boolean := p_force;
+    built int[] := '{}';
     prev text := current_setting('cow.in_layer', true);
 BEGIN
     PERFORM set_config('cow.in_layer', 'on', true);
@@ -175,11 +176,21 @@ BEGIN
             ELSE
                 PERFORM cow._build_view(x.id);
             END IF;
-            rebuilt := true;
+            built := built || x.id;
         END IF;
     END LOOP;
-    IF rebuilt THEN
-        FOR x IN SELECT g.id, g.pk_columns FROM cow.registry g ORDER BY g.id LOOP
+    -- The triggers of the tables whose view was built and of their foreign-key neighbours (whose triggers read
+    -- their keys and actions); of every table after a drop, a change of key or with p_force. Rebuilding every
+    -- table's triggers for each app DDL statement cost ~40 ms per enabled table.
+    IF rebuilt OR built <> '{}' THEN
+        FOR x IN SELECT g.id, g.pk_columns FROM cow.registry g
+                 WHERE rebuilt OR g.id = ANY (built)
+                    OR g.relid IN (SELECT k.confrelid FROM pg_constraint k JOIN cow.registry b ON b.relid = k.conrelid
+                                   WHERE k.contype = 'f' AND b.id = ANY (built)
+                                   UNION
+                                   SELECT k.conrelid FROM pg_constraint k JOIN cow.registry b ON b.relid = k.confrelid
+                                   WHERE k.contype = 'f' AND b.id = ANY (built))
+                 ORDER BY g.id LOOP
             IF x.pk_columns = '{}' THEN
                 PERFORM cow._kl_build_triggers(x.id);
             ELSE
@@ -190,15 +201,7 @@ BEGIN
         -- The mirrors of base indexes (cow._build_lookup_indexes) after CREATE or DROP INDEX of a non-unique
         -- index, which leaves the signature alone: it is Django's index of every foreign key, and a new
         -- signature would rebuild every table's triggers (~40 ms per table) for each such index.
-        FOR x IN SELECT g.id FROM cow.registry g
-                 WHERE (SELECT count(*) FROM pg_index i WHERE i.indrelid = g.relid AND cow._mirrored(i))
-                       <> (SELECT count(*) FROM pg_class c
-                           WHERE c.relnamespace = 'cow_changes'::regnamespace AND c.relkind = 'i'
-                             AND c.relname LIKE g.changes_table || '\_xq%') LOOP
-            PERFORM cow._build_lookup_indexes(x.id);
-            -- A new row version changes the catalog version: proxies re-read the indexes they plan with.
-            UPDATE cow.registry SET signature = signature WHERE id = x.id;
-        END LOOP;
+        PERFORM cow._sync_lookup_indexes(NULL);
     END IF;
     PERFORM cow._rls_sync();  -- tables with row-level security (38_rls.sql)
     FOR note IN SELECT * FROM cow._build_twins() LOOP
@@ -207,7 +210,8 @@ BEGIN
     PERFORM set_config('cow.in_layer', coalesce(prev, ''), true);
 END $gen$;
 
-CREATE OR REPLACE FUNCTION cow.enable_schema(p_schema text, p_exclude text[] DEFAULT '{}') RETURNS SETOF text
+-- Validate and record an enabled schema (install then enables its tables in batches: cow._refresh_tables).
+CREATE OR REPLACE FUNCTION cow._add_schema(p_schema text, p_exclude text[] DEFAULT '{}') RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
 DECLARE
     t text;
@@ -228,7 +232,113 @@ BEGIN
     VALUES (p_schema, cow._overlay_name(p_schema), coalesce(p_exclude, '{}'))
     ON CONFLICT (schema_name) DO UPDATE
         SET excluded = ARRAY(SELECT DISTINCT e FROM unnest(s.excluded || EXCLUDED.excluded) AS e ORDER BY e);
+END $gen$;
+
+CREATE OR REPLACE FUNCTION cow.enable_schema(p_schema text, p_exclude text[] DEFAULT '{}') RETURNS SETOF text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
+BEGIN
+    PERFORM cow._add_schema(p_schema, p_exclude);
     RETURN QUERY SELECT * FROM cow.refresh();
+END $gen$;
+
+-- The tables of enabled schemas that cow._refresh_tables would change: not registered yet, without their guard
+-- (partitions), or whose overlay view is stale or missing (all registered ones with p_force). In name order.
+CREATE OR REPLACE FUNCTION cow._pending_tables(p_force boolean DEFAULT false) RETURNS SETOF oid
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    JOIN cow.schemas s ON s.schema_name = n.nspname
+    LEFT JOIN cow.registry g ON g.relid = c.oid
+    WHERE c.relkind IN ('r', 'p') AND NOT c.relname = ANY (s.excluded)
+      AND CASE WHEN c.relispartition
+               THEN NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid AND t.tgname = 'cow_guard')
+               ELSE g.id IS NULL OR p_force OR g.signature IS DISTINCT FROM cow._signature(c.oid)
+                    OR to_regclass(format('%I.%I', g.overlay_schema, c.relname)) IS NULL END
+    ORDER BY n.nspname, c.relname
+$$;
+
+-- The tables of enabled schemas without their guard (install guards every table before enabling any, so that a
+-- session started while an install is under way is refused writes to the tables not enabled yet).
+CREATE OR REPLACE FUNCTION cow._unguarded_tables() RETURNS SETOF oid
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    JOIN cow.schemas s ON s.schema_name = n.nspname
+    WHERE c.relkind IN ('r', 'p') AND NOT c.relname = ANY (s.excluded)
+      AND NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid AND t.tgname = 'cow_guard' AND t.tgqual IS NOT NULL)
+    ORDER BY n.nspname, c.relname
+$$;
+
+CREATE OR REPLACE FUNCTION cow._guard_tables(p_rels oid[]) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET client_min_messages = warning AS $$
+DECLARE
+    r oid;
+    prev text := current_setting('cow.in_layer', true);
+BEGIN
+    PERFORM set_config('cow.in_layer', 'on', true);
+    FOREACH r IN ARRAY p_rels LOOP
+        PERFORM cow._add_guard(r);
+    END LOOP;
+    PERFORM set_config('cow.in_layer', coalesce(prev, ''), true);
+END $$;
+
+-- cow.refresh for some tables only (install's batches, app DDL on one table): registers and guards them, builds
+-- the overlay views that are stale or missing (all with p_force), and the triggers of these tables and of the
+-- enabled tables a foreign key links them to (the generated triggers read their neighbours' keys and
+-- actions). Each table is enabled whole within the caller's transaction. Returns notes.
+CREATE OR REPLACE FUNCTION cow._refresh_tables(p_rels oid[], p_force boolean DEFAULT false) RETURNS SETOF text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET client_min_messages = warning AS $gen$
+DECLARE
+    x record;
+    note text;
+    built int[] := '{}';
+    prev text := current_setting('cow.in_layer', true);
+BEGIN
+    PERFORM set_config('cow.in_layer', 'on', true);
+    FOR x IN SELECT s.overlay_schema FROM cow.schemas s LOOP
+        EXECUTE format('CREATE SCHEMA IF NOT EXISTS %I', x.overlay_schema);
+        EXECUTE format('GRANT USAGE ON SCHEMA %I TO PUBLIC', x.overlay_schema);
+    END LOOP;
+    FOR x IN SELECT c.oid, c.relispartition FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             JOIN cow.schemas s ON s.schema_name = n.nspname
+             WHERE c.oid = ANY (p_rels) AND c.relkind IN ('r', 'p') AND NOT c.relname = ANY (s.excluded)
+             ORDER BY n.nspname, c.relname LOOP
+        IF x.relispartition THEN
+            PERFORM cow._add_guard(x.oid);
+        ELSE
+            note := cow._register(x.oid);
+            IF note IS NOT NULL THEN
+                RETURN NEXT note;
+            END IF;
+        END IF;
+    END LOOP;
+    FOR x IN SELECT g.id, g.relid, g.signature, g.overlay_schema, g.table_name FROM cow.registry g
+             WHERE g.relid = ANY (p_rels) ORDER BY g.id LOOP
+        IF p_force OR x.signature IS DISTINCT FROM cow._signature(x.relid)
+           OR to_regclass(format('%I.%I', x.overlay_schema, (SELECT relname FROM pg_class WHERE oid = x.relid))) IS NULL THEN
+            IF cow._pk_columns(x.relid) IS NULL THEN
+                PERFORM cow._kl_build_view(x.id);
+            ELSE
+                PERFORM cow._build_view(x.id);
+            END IF;
+            built := built || x.id;
+        END IF;
+    END LOOP;
+    IF built <> '{}' THEN
+        FOR x IN SELECT g.id, g.pk_columns FROM cow.registry g
+                 WHERE g.id = ANY (built)
+                    OR g.relid IN (SELECT k.confrelid FROM pg_constraint k JOIN cow.registry b ON b.relid = k.conrelid
+                                   WHERE k.contype = 'f' AND b.id = ANY (built)
+                                   UNION
+                                   SELECT k.conrelid FROM pg_constraint k JOIN cow.registry b ON b.relid = k.confrelid
+                                   WHERE k.contype = 'f' AND b.id = ANY (built))
+                 ORDER BY g.id LOOP
+            IF x.pk_columns = '{}' THEN
+                PERFORM cow._kl_build_triggers(x.id);
+            ELSE
+                PERFORM cow._build_triggers(x.id);
+            END IF;
+        END LOOP;
+    END IF;
+    PERFORM set_config('cow.in_layer', coalesce(prev, ''), true);
 END $gen$;
 
 -- Enable one table (its schema becomes enabled; the schema's other tables are enabled too).
@@ -270,3 +380,47 @@ BEGIN
     DROP SCHEMA IF EXISTS cow_changes CASCADE;
     GET DIAGNOSTICS n = ROW_COUNT;
 END $$;
+
+-- The mirrors of base indexes (cow._build_lookup_indexes) of the registry rows p_ids (all when NULL) whose
+-- count differs from the base table's mirrored indexes. Each count is an index lookup of pg_index (scanning
+-- pg_class by name for every table made install and app DDL quadratic in the number of tables).
+CREATE OR REPLACE FUNCTION cow._sync_lookup_indexes(p_ids int[]) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
+DECLARE
+    x record;
+BEGIN
+    FOR x IN SELECT g.id FROM cow.registry g
+             WHERE (p_ids IS NULL OR g.id = ANY (p_ids))
+               AND (SELECT count(*) FROM pg_index i WHERE i.indrelid = g.relid AND cow._mirrored(i))
+                   <> (SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+                       WHERE i.indrelid = to_regclass(format('cow_changes.%I', g.changes_table))
+                         AND c.relname LIKE g.changes_table || '\_xq%') LOOP
+        PERFORM cow._build_lookup_indexes(x.id);
+        -- A new row version changes the catalog version: proxies re-read the indexes they plan with.
+        UPDATE cow.registry SET signature = signature WHERE id = x.id;
+    END LOOP;
+END $gen$;
+
+-- App DDL on some tables only (ALTER TABLE, CREATE INDEX, CREATE TABLE: the event trigger passes the tables
+-- its commands name): what cow.refresh does for them, or a full cow.refresh when one of them left the enabled
+-- schemas, changed its key or is not a plain table. Layer work independent of the number of enabled tables.
+CREATE OR REPLACE FUNCTION cow._refresh_for_ddl(p_rels oid[]) RETURNS SETOF text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET client_min_messages = warning AS $gen$
+DECLARE
+    prev text := current_setting('cow.in_layer', true);
+BEGIN
+    IF EXISTS (SELECT 1 FROM cow.registry g WHERE g.relid = ANY (p_rels)
+               AND (NOT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                                JOIN cow.schemas s ON s.schema_name = n.nspname
+                                WHERE c.oid = g.relid AND NOT c.relname = ANY (s.excluded))
+                    OR (g.pk_columns <> '{}') IS DISTINCT FROM (cow._key_index(g.relid) IS NOT NULL)
+                    OR (g.pk_columns <> '{}' AND g.pk_columns IS DISTINCT FROM cow._pk_columns(g.relid)))) THEN
+        RETURN QUERY SELECT * FROM cow.refresh();
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM cow._refresh_tables(p_rels);
+    PERFORM set_config('cow.in_layer', 'on', true);
+    PERFORM cow._sync_lookup_indexes(ARRAY(SELECT g.id FROM cow.registry g WHERE g.relid = ANY (p_rels)));
+    RETURN QUERY SELECT * FROM cow._build_twins();
+    PERFORM set_config('cow.in_layer', coalesce(prev, ''), true);
+END $gen$;

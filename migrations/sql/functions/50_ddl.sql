@@ -3,10 +3,21 @@
 -- and `install` re-applies it whenever its text changes, after the numbered files and before cow.refresh(true).
 
 -- Event triggers: app DDL goes through; the overlay follows.
+-- Whether SQL text p_sql names relation p_name as a word (unquoted in any case, or quoted): a cheap test that
+-- may say yes for a name in a string or comment (then a view is dropped and rebuilt for nothing).
+CREATE OR REPLACE FUNCTION cow._named_in(p_sql text, p_name text) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT strpos(lower(p_sql), lower(p_name)) > 0
+       AND p_sql ~* ('(^|[^[:alnum:]_$])' || regexp_replace(p_name, '([^[:alnum:]_])', '\\\1', 'g')
+                     || '($|[^[:alnum:]_$])')
+$$;
+
 CREATE OR REPLACE FUNCTION cow._ddl_start() RETURNS event_trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET client_min_messages = warning AS $gen$
 DECLARE
     x record;
+    named boolean := false;
+    dropped oid[] := '{}';
 BEGIN
     IF current_setting('cow.in_layer', true) = 'on' THEN
         RETURN;
@@ -17,10 +28,24 @@ BEGIN
                   'DROP DOMAIN', 'DROP SEQUENCE', 'DROP FUNCTION', 'DROP VIEW', 'ALTER VIEW',
                   'DROP MATERIALIZED VIEW', 'DROP COLLATION', 'DROP OWNED') THEN
         PERFORM set_config('cow.in_layer', 'on', true);
+        -- ALTER TABLE and DROP TABLE change only tables their text names: drop only the views of those (each
+        -- app DDL statement rebuilt every enabled table's view). A statement that names none (DDL run by a
+        -- function) drops them all, as every other tag does.
+        FOR x IN SELECT n.nspname, c.relname, g.relid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                 LEFT JOIN cow.registry g ON g.overlay_schema = n.nspname AND g.table_name = c.relname
+                 WHERE n.nspname IN (SELECT overlay_schema FROM cow.schemas) AND c.relkind = 'v'
+                   AND tg_tag IN ('ALTER TABLE', 'DROP TABLE') AND cow._named_in(current_query(), c.relname) LOOP
+            EXECUTE format('DROP VIEW IF EXISTS %I.%I CASCADE', x.nspname, x.relname);
+            named := true;
+            dropped := dropped || x.relid;
+        END LOOP;
         FOR x IN SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                 WHERE n.nspname IN (SELECT overlay_schema FROM cow.schemas) AND c.relkind = 'v' LOOP
+                 WHERE n.nspname IN (SELECT overlay_schema FROM cow.schemas) AND c.relkind = 'v' AND NOT named LOOP
             EXECUTE format('DROP VIEW IF EXISTS %I.%I CASCADE', x.nspname, x.relname);
         END LOOP;
+        -- For ddl_command_end: the tables whose views are gone (NULL: all of them).
+        PERFORM set_config('cow._ddl_dropped', CASE WHEN named THEN array_to_string(dropped, ',') ELSE 'all' END,
+                           true);
         PERFORM set_config('cow.in_layer', '', true);
     END IF;
 END $gen$;
@@ -29,6 +54,9 @@ CREATE OR REPLACE FUNCTION cow._ddl_end() RETURNS event_trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
 DECLARE
     note text;
+    rels oid[];
+    targeted boolean;
+    dropped text;
 BEGIN
     IF current_setting('cow.in_layer', true) = 'on' THEN
         RETURN;
@@ -39,9 +67,30 @@ BEGIN
                   'ALTER VIEW', 'DROP VIEW', 'CREATE MATERIALIZED VIEW', 'DROP MATERIALIZED VIEW', 'GRANT',
                   'REVOKE', 'DROP COLLATION', 'DROP OWNED', 'ALTER DEFAULT PRIVILEGES', 'COMMENT',
                   'CREATE POLICY', 'ALTER POLICY', 'DROP POLICY') THEN
-        FOR note IN SELECT * FROM cow.refresh() LOOP
-            RAISE NOTICE 'cowproxy: %', note;
-        END LOOP;
+        -- The tables the commands name (an index's table; sequences a serial column made are no change):
+        -- only those are brought in step when every command names one (cow._refresh_for_ddl).
+        dropped := coalesce(current_setting('cow._ddl_dropped', true), '');
+        PERFORM set_config('cow._ddl_dropped', '', true);
+        IF tg_tag IN ('ALTER TABLE', 'CREATE TABLE', 'CREATE INDEX', 'ALTER INDEX', 'COMMENT') AND dropped <> 'all' THEN
+            SELECT array_agg(DISTINCT t.oid) FILTER (WHERE c.relkind <> 'S'),
+                   bool_and(d.classid = 'pg_class'::regclass AND c.relkind IN ('r', 'i', 'S')
+                            AND (c.relkind = 'S' OR (t.relkind = 'r' AND NOT t.relispartition)))
+              INTO rels, targeted
+            FROM pg_event_trigger_ddl_commands() d
+            LEFT JOIN pg_class c ON d.classid = 'pg_class'::regclass AND c.oid = d.objid
+            LEFT JOIN pg_index i ON i.indexrelid = c.oid
+            LEFT JOIN pg_class t ON t.oid = coalesce(i.indrelid, c.oid);
+            rels := coalesce(rels, '{}') || coalesce(string_to_array(nullif(dropped, ''), ',')::oid[], '{}');
+        END IF;
+        IF coalesce(targeted, false) THEN
+            FOR note IN SELECT * FROM cow._refresh_for_ddl(rels) LOOP
+                RAISE NOTICE 'cowproxy: %', note;
+            END LOOP;
+        ELSE
+            FOR note IN SELECT * FROM cow.refresh() LOOP
+                RAISE NOTICE 'cowproxy: %', note;
+            END LOOP;
+        END IF;
     END IF;
 END $gen$;
 
