@@ -338,6 +338,7 @@ BEGIN
             END IF;
         END LOOP;
     END IF;
+    PERFORM cow._rls_sync();  -- tables with row-level security (38_rls.sql)
     PERFORM set_config('cow.in_layer', coalesce(prev, ''), true);
 END $gen$;
 
