@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from proxy import protocol as p
 from proxy.analysis import ProxyAnalyzer, query_kind
+from proxy.catalogs import CatalogStore, private_store
 from proxy.errors import ProtocolError, TagError
 from proxy.sql import Analysis
 from proxy.tags import UNTAGGED, Tags
@@ -182,8 +183,11 @@ class Relay:
         route: Callable[[], Tags | None],
         hooks: Hooks | None = None,
         max_message: int = p.PG_MAX_MESSAGE,
+        *,
+        catalogs: CatalogStore | None = None,
     ) -> None:
         self.analysis = analysis
+        self.catalogs = catalogs or private_store()  # the catalog read by other connections (same database)
         self.startup_tags = default_tags
         self.route = route
         self.hooks: Hooks = hooks or NoHooks()
@@ -626,18 +630,55 @@ class Relay:
         )
         self._injected(p.encode_execute(INJECT_STATEMENT), Kind.EXECUTE, forward, on_done=applied)
         self._injected(p.encode_close("P", INJECT_STATEMENT), Kind.CLOSE, forward)
-        if want_catalog:
+        on_done = finished
+        if want_catalog and self.analysis.catalog_version_query is not None:
+            # The version first: when another connection has read the catalog at that version, it is
+            # taken as is (no catalog query); otherwise a second round trip reads it (_catalog_versioned).
+            self._injected(p.encode_close("S", INJECT_STATEMENT), Kind.CLOSE, forward)
+            self.catalog_loading = True
+            version: list[tuple[str | None, ...]] = []
+            close_last = self._queue_query(
+                CATALOG_VERSION_STATEMENT, self.analysis.catalog_version_query, forward, capture=version
+            )
+
+            def on_done(ok: bool) -> None:
+                self._catalog_versioned(ok, version, standalone, finished)
+
+        elif want_catalog:
             self._injected(p.encode_close("S", INJECT_STATEMENT), Kind.CLOSE, forward)
             close_last = self._queue_catalog_load(forward)
         else:
             close_last = p.encode_close("S", INJECT_STATEMENT)
-        if standalone:
-            self._injected(close_last, Kind.CLOSE, forward)
-            self._injected(p.SYNC, Kind.SYNC, forward, on_done=finished)
-        else:
-            self._injected(close_last, Kind.CLOSE, forward, on_done=finished)
-            self.to_server.append(p.FLUSH)
+        self._finish_injection(close_last, standalone, on_done)
         return False
+
+    def _finish_injection(self, close_last: bytes, standalone: bool, on_done: Callable[[bool], None]) -> None:
+        """End an injected batch: ``close_last``, then Sync at a safe point, or Flush inside a batch."""
+        if standalone:
+            self._injected(close_last, Kind.CLOSE, False)
+            self._injected(p.SYNC, Kind.SYNC, False, on_done=on_done)
+        else:
+            self._injected(close_last, Kind.CLOSE, True, on_done=on_done)
+            self.to_server.append(p.FLUSH)
+
+    def _catalog_versioned(
+        self,
+        ok: bool,
+        version: list[tuple[str | None, ...]],
+        standalone: bool,
+        finished: Callable[[bool], None],
+    ) -> None:
+        """The first catalog version of the connection is in: take the shared catalog, or read it."""
+        current = version[0][0] if ok and version else None
+        shared = self.catalogs.get(current) if ok else None
+        if shared is not None or not ok:
+            self.catalog_loading = False
+            self.catalog = shared if shared is not None else self.analysis.empty_catalog()
+            self.catalog_version = current
+            self._catalog_checked = ok
+            finished(ok)
+            return
+        self._finish_injection(self._queue_catalog_load(not standalone), standalone, finished)
 
     def _queue_query(
         self,
@@ -671,6 +712,8 @@ class Relay:
             self.catalog = self.analysis.catalog_from_rows(rows) if ok else self.analysis.empty_catalog()
             self.catalog_version = version[0][0] if ok and version else None
             self._catalog_checked = ok
+            if ok:
+                self.catalogs.put(self.catalog_version, self.catalog)
 
         if version_query is not None:
             close = self._queue_query(CATALOG_VERSION_STATEMENT, version_query, forward, capture=version)
@@ -710,6 +753,11 @@ class Relay:
         def checked(ok: bool) -> None:
             current = version[0][0] if ok and version else None
             if not ok or current == self.catalog_version:
+                released(ok)
+                return
+            shared = self.catalogs.get(current)
+            if shared is not None:  # another connection has read it at this version
+                self.catalog, self.catalog_version = shared, current
                 released(ok)
                 return
             # Changed: a second round trip reads the catalog (still holding the client).

@@ -25,6 +25,7 @@ from typing import Any, cast
 
 from proxy import protocol as p
 from proxy.analysis import ProxyAnalyzer
+from proxy.catalogs import SharedCatalogs
 from proxy.config import ProxyConfig
 from proxy.errors import ProtocolError, ProxyError, TagError
 from proxy.fastrelay import UNAVAILABLE as FAST_RELAY_UNAVAILABLE
@@ -406,6 +407,7 @@ class ClientConnection(asyncio.Protocol):
             lambda: server.routes.get(database),
             LoggingHooks(server.metrics, self.id),
             self.config.max_message_size,
+            catalogs=server.catalogs.store(database, self.user),
         )
         self.state = State.READY
         if rest:
@@ -786,6 +788,7 @@ class ProxyServer:
         self.config = config
         self.metrics = metrics or Metrics()
         self.analysis = ProxyAnalyzer(cache_size=config.parse_cache_size)
+        self.catalogs = SharedCatalogs()  # one CoW catalog per database (and user), for every connection
         self.connections: dict[int, ClientConnection] = {}
         self.routes: dict[str, Tags] = {}
         self.cancel_keys: dict[tuple[int, bytes], ClientConnection] = {}

@@ -138,3 +138,28 @@ def test_extended_protocol_and_transaction_blocks(proxy: RunningProxy, layer_db:
             cur = conn.execute("SELECT count(*), min(tag) FROM items")
         assert cur.fetchone() == (2, "q")
         assert direct.execute("SELECT count(*) FROM items").fetchone() == (0,)
+
+
+def test_connections_of_one_database_share_its_catalog(proxy: RunningProxy, layer_db: str) -> None:
+    # The first connection reads the catalog; the next ones read only its version and take the same object
+    # (so the analysis cache, keyed by the catalog, is shared too). After app DDL the first connection that
+    # checks reads it again; the others find that reading at the new version.
+    with tagged(proxy, layer_db) as one, tagged(proxy, layer_db) as two, tagged(proxy, layer_db) as three:
+        assert sorted(relay_counters(proxy)) == [(0, 0), (0, 0), (0, 1)]
+        assert len(proxy.run(lambda: {id(c.relay.catalog) for c in proxy.server.connections.values()})) == 1
+        with psycopg.connect(layer_db, autocommit=True) as direct:
+            direct.execute("CREATE TABLE later (id int PRIMARY KEY)")
+            direct.execute("INSERT INTO later VALUES (1)")
+        for conn in (one, two, three):
+            conn.execute("INSERT INTO later VALUES (2) ON CONFLICT DO NOTHING")
+            assert conn.execute("SELECT id FROM later ORDER BY id").fetchall() == [(1,), (2,)]
+        assert sorted(relay_counters(proxy)) == [(1, 0), (1, 0), (1, 2)]  # the first read both
+        assert proxy.run(lambda: (proxy.server.catalogs.loads, proxy.server.catalogs.hits)) == (2, 4)
+        assert direct_count(layer_db) == 1
+
+
+def direct_count(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as direct:
+        row = direct.execute("SELECT count(*) FROM later").fetchone()
+        assert row is not None
+        return int(row[0])

@@ -1,0 +1,248 @@
+"""N concurrent sessions through cowproxy against the same sessions without it, interleaved in one run.
+
+    .venv/bin/python bench/sessions.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
+        [--seconds 5] [--rounds 2] [--sessions 1,8,64] [--scale 10] [--workloads=-S,tpcb]
+        [--modes prepared,extended,simple] [--baseline CHECKOUT] [--proxy-args "--workers 2"]
+
+Without --dsn an embedded PostgreSQL is started. The layer is installed on `pgbench -i` tables. For each
+workload (`-S` or TPC-B, a pgbench query mode) and each N, N pgbench processes run at once (`-c 1` each),
+against every target in turn, round by round (so load from other jobs hits all alike):
+
+- `session/direct`: each process in its own session without the proxy: `PGOPTIONS` sets `cow.session_id`
+  and the overlay `search_path` (what `cow.use_session` sets) directly on PostgreSQL;
+- `session/proxy`: each in its own session through cowproxy (startup tag `-c cow.session_id=...`);
+- `plain/direct`: the plain tables, no session, no proxy (the reference for the layer's own cost);
+- `plain/proxy`: untagged through cowproxy (the reference for the proxy's own cost);
+- with --baseline CHECKOUT, `session/cp-base`: the sessions through cowproxy from another checkout.
+
+Session ids differ per target and process, so each session's changes grow alike over the rounds.
+Prints per workload and N: the sum of the processes' TPS (median over rounds), the ratio of
+`session/proxy` to `session/direct` (goal: >= 0.9) and of `plain/proxy` to `plain/direct`, the latency the
+proxy adds per statement (from the median TPS, one process: N / tps per transaction, divided by the
+statements of a transaction) in a session and untagged, and the proxy process's CPU per transaction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+# bench/proxy.py's server, proxy and process helpers (loaded by path: the name is the package's).
+_spec = importlib.util.spec_from_file_location("bench_proxy", Path(__file__).with_name("proxy.py"))
+assert _spec is not None and _spec.loader is not None
+bp = importlib.util.module_from_spec(_spec)
+sys.modules["bench_proxy"] = bp  # (its dataclasses look their module up)
+_spec.loader.exec_module(bp)
+
+# Statements per transaction, for the added latency per statement (BEGIN and END count, in every mode).
+_STATEMENTS = {"-S": 1, "tpcb": 7}
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    host: str
+    port: int
+    pid: int | None
+    tagged: bool  # each process in its own session
+
+
+@dataclass(frozen=True)
+class Run:
+    tps: float
+    transactions: int
+    cpu_s: float | None
+
+
+@dataclass(frozen=True)
+class Bench:
+    tool: str  # pgbench
+    user: str
+    database: str
+    seconds: int
+    path: str  # the overlay search_path (sessions without the proxy)
+
+
+def run_sessions(bench: Bench, target: Target, n: int, flags: list[str]) -> Run:
+    """``n`` pgbench processes at once (one connection each); TPS summed."""
+    tool, path = bench.tool, bench.path
+    procs = []
+    before = bp.cpu_seconds(target.pid) if target.pid else None
+    for i in range(n):
+        env = dict(os.environ)
+        if target.tagged:
+            options = f"-c cow.session_id=bench_{target.name.replace('/', '_')}_{i}"
+            if target.pid is None:  # no proxy: what cow.use_session sets, set directly
+                options += f" -c search_path={path.replace(' ', '')}"
+            env["PGOPTIONS"] = options
+        cmd = [tool, "-n", "-T", str(bench.seconds), "-c", "1", "-j", "1", "-h", target.host]
+        procs.append(
+            subprocess.Popen(
+                [*cmd, "-p", str(target.port), "-U", bench.user, *flags, bench.database],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    tps = 0.0
+    transactions = 0
+    failures = []
+    for proc in procs:
+        out, err = proc.communicate()
+        found = re.search(r"tps = ([\d.]+)", out)
+        done = re.search(r"actually processed: (\d+)", out)
+        if proc.returncode != 0 or found is None or done is None:
+            failures.append(err.strip() or out.strip())
+            continue
+        tps += float(found.group(1))
+        transactions += int(done.group(1))
+    after = bp.cpu_seconds(target.pid) if target.pid else None
+    if failures:
+        raise SystemExit(f"pgbench failed ({target.name}): {failures[0]}")
+    return Run(tps, transactions, after[0] - before[0] if after and before else None)
+
+
+@contextlib.contextmanager
+def proxies(
+    upstream: str, baseline: str | None, extra: tuple[str, ...]
+) -> Iterator[tuple[bp.Target, bp.Target | None]]:
+    with contextlib.ExitStack() as stack:
+        mine = stack.enter_context(bp.cowproxy(upstream, "tcp", extra=extra))
+        base = None
+        if baseline:
+            base = stack.enter_context(
+                bp.cowproxy(upstream, "tcp", Path(baseline).resolve(), "cp-base", extra=extra)
+            )
+        yield mine, base
+
+
+def overlay_path(dsn: str) -> str:
+    """The search_path cow.use_session sets (what a session without the proxy puts in PGOPTIONS)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT cow.use_session('bench_path')")
+        row = conn.execute("SHOW search_path").fetchone()
+        assert row is not None
+        return str(row[0])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--dsn", help="PostgreSQL (superuser) to benchmark against; default: embedded")
+    parser.add_argument("--seconds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--sessions", default="1,8,64", help="N: concurrent sessions (comma-separated)")
+    parser.add_argument("--scale", type=int, default=10)
+    parser.add_argument("--workloads", default="-S,tpcb", help="-S, tpcb or both")
+    parser.add_argument("--modes", default="prepared,extended,simple", help="pgbench -M query modes")
+    parser.add_argument("--baseline", help="another checkout of cowproxy: one more target, session/cp-base")
+    parser.add_argument("--proxy-args", default="", help="more arguments for cowproxy serve (both)")
+    parser.add_argument("--no-plain", action="store_true", help="leave out plain/direct and plain/proxy")
+    args = parser.parse_args()
+    counts = [int(n) for n in args.sessions.split(",")]
+    modes = args.modes.split(",")
+    with bp.server(args.dsn, None) as (dsn, host, port, bindir, _sockets):
+        tool = os.path.join(bindir, "pgbench") if bindir else (shutil.which("pgbench") or "pgbench")
+        user = urlsplit(dsn).username or "postgres"
+        database = "cowproxy_bench_sessions"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {database}")
+            conn.execute(f"CREATE DATABASE {database}")
+        db_dsn = urlsplit(dsn)._replace(path="/" + database).geturl()
+        subprocess.run(
+            [tool, "-i", "-q", "-s", str(args.scale), "-h", host, "-p", str(port), "-U", user, database],
+            check=True,
+            capture_output=True,
+        )
+        subprocess.run(
+            [sys.executable, "-m", "proxy.cli", "install", "--dsn", db_dsn],
+            check=True,
+            capture_output=True,
+            cwd=ROOT,
+        )
+        path = overlay_path(db_dsn)
+        extra = tuple(args.proxy_args.split())
+        with proxies(f"{host}:{port}", args.baseline, extra) as (mine, base):
+            targets = [
+                Target("session/direct", host, port, None, True),
+                Target("session/proxy", mine.host, mine.port, mine.pid, True),
+            ]
+            if base is not None:
+                targets.append(Target("session/cp-base", base.host, base.port, base.pid, True))
+            if not args.no_plain:
+                targets.append(Target("plain/direct", host, port, None, False))
+                targets.append(Target("plain/proxy", mine.host, mine.port, mine.pid, False))
+            workloads = [
+                (name, mode, n, [*flags, "-M", mode])
+                for mode in modes
+                for name, flags in (("-S", ["-S"]), ("tpcb", []))
+                if name in args.workloads.split(",")
+                for n in counts
+            ]
+            results: dict[tuple[str, str, int, str], list[Run]] = {}
+            for round_no in range(args.rounds):
+                for name, mode, n, flags in workloads:
+                    for target in targets:
+                        run = run_sessions(Bench(tool, user, database, args.seconds, path), target, n, flags)
+                        results.setdefault((name, mode, n, target.name), []).append(run)
+                        print(
+                            f"round {round_no + 1} {name:4} {mode:8} N={n:<3} {target.name:16} "
+                            f"tps {run.tps:9.1f}",
+                            flush=True,
+                        )
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+
+    def median_tps(key: tuple[str, str, int, str]) -> float:
+        return statistics.median(r.tps for r in results[key])
+
+    print()
+    names = [t.name for t in targets]
+    header = "".join(f"{n:>16}" for n in names)
+    print(f"{'workload':20}{header}  sess ratio  plain ratio  +µs/stmt sess  +µs/stmt plain  cpu/txn sess")
+    for name, mode, n, _flags in workloads:
+        tps = {t: median_tps((name, mode, n, t)) for t in names}
+        row = "".join(f"{tps[t]:16.1f}" for t in names)
+        stmts = _STATEMENTS[name]
+
+        sess = tps["session/proxy"] / tps["session/direct"]
+        plain = f"{tps['plain/proxy'] / tps['plain/direct']:.2f}" if "plain/proxy" in tps else "-"
+        cpus = [
+            r.cpu_s / r.transactions * 1e6
+            for r in results[(name, mode, n, "session/proxy")]
+            if r.cpu_s is not None and r.transactions
+        ]
+        cpu = f"{statistics.median(cpus):.0f} µs" if cpus else "-"
+        print(
+            f"{name + ' ' + mode + ' N=' + str(n):20}{row}  {sess:10.2f}  {plain:>11}  "
+            f"{added(tps, 'session/proxy', 'session/direct', n, stmts):>13}  "
+            f"{added(tps, 'plain/proxy', 'plain/direct', n, stmts):>14}  "
+            f"{cpu:>12}"
+        )
+
+
+def added(tps: dict[str, float], proxy: str, direct: str, n: int, statements: int) -> str:
+    """Latency the proxy adds per statement (µs), from the median throughputs of ``n`` processes."""
+    if proxy not in tps or direct not in tps:
+        return "-"
+    return f"{n * 1e6 * (1 / tps[proxy] - 1 / tps[direct]) / statements:.0f}"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""The CoW catalog shared by the connections of one proxy process.
+
+Each tagged connection needs the catalog of its database (``proxy.sql.CATALOG_QUERY``: every enabled table's
+columns, keys and references). Read per connection, a database of 830 tables cost every new connection the
+query and its decoding, and every connection its own analysis cache entries (the analyzer's cache is keyed
+by the catalog object). Here one catalog is kept per (database, user) with the version it was read at
+(``CATALOG_VERSION_QUERY``): a connection that reads the same version takes the catalog already read, so a
+connection's start costs one small version query, and after app DDL only the first connection that sees
+the new version reads the catalog again. The user is part of the key because what the catalog query sees
+may depend on privileges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class SharedCatalogs:
+    """The latest catalog read per (database, user), with its version (older versions are dropped: a
+    connection still holding one keeps its object)."""
+
+    _latest: dict[tuple[str, str], tuple[str, Any]] = field(default_factory=dict)
+    loads: int = 0  # catalogs read (put) so far
+    hits: int = 0  # connections that took one already read
+
+    def store(self, database: str, user: str) -> CatalogStore:
+        return CatalogStore(self, (database, user))
+
+    def get(self, key: tuple[str, str], version: str) -> Any | None:
+        found = self._latest.get(key)
+        if found is None or found[0] != version:
+            return None
+        self.hits += 1
+        return found[1]
+
+    def put(self, key: tuple[str, str], version: str, catalog: Any) -> None:
+        self.loads += 1
+        self._latest[key] = (version, catalog)
+
+
+@dataclass(frozen=True)
+class CatalogStore:
+    """One connection's view of ``SharedCatalogs``: its (database, user)."""
+
+    shared: SharedCatalogs
+    key: tuple[str, str]
+
+    def get(self, version: str | None) -> Any | None:
+        return None if version is None else self.shared.get(self.key, version)
+
+    def put(self, version: str | None, catalog: Any) -> None:
+        if version is not None:
+            self.shared.put(self.key, version, catalog)
+
+
+def private_store() -> CatalogStore:
+    """A store shared with nobody (a relay made without one: unit tests)."""
+    return SharedCatalogs().store("", "")
