@@ -32,7 +32,7 @@
 /* What proxy/fastrelay.py expects (API_VERSION there): bump both when the module's functions or the tuples
  * they take or return change, so that a stale build (an editable install not rebuilt after a pull) is
  * reported and left unused instead of failing at the first call. */
-#define API_VERSION 2
+#define API_VERSION 3
 #define BUF_CAP (64 * 1024 + 5) /* a whole Query of up to 64 KiB with its header; larger ones go to Python */
 #define MAX_INFLIGHT 128        /* pipelined queries in flight before the client stops being read */
 #define QCAP 1024               /* replies owed (Relay.pending); a full queue hands the connection back */
@@ -42,6 +42,9 @@
 #define MAX_BUCKETS 32
 #define MAX_ERROR_CLASSES 128
 #define EBUF 256 /* the part of an ErrorResponse body searched for its SQLSTATE */
+#define MAX_WRITE_SLOTS 256 /* (table, kind) pairs counted for tagged connections' writes */
+#define STMT_WRITES 4       /* writes of one statement counted here (Python binds one with more) */
+#define MAX_DECISIONS 1024  /* cached decisions per connection */
 
 enum { CLIENT = 0, SERVER = 1 };
 
@@ -55,6 +58,8 @@ typedef struct stmt {
     int kind;
     int pyonly; /* Python must bind it (comment tags, or a kind C does not count) */
     long idx;   /* >= 0: Python's object; -1: text below */
+    unsigned char nslots; /* its writes (tagged connections): indexes into Engine.writes */
+    unsigned short slots[STMT_WRITES];
     size_t len;
     unsigned char text[];
 } stmt_t;
@@ -69,6 +74,22 @@ typedef struct {
     named_t *v;
     int n, cap;
 } table_t;
+
+/* A decision Python made for one statement text of a tagged connection (Relay.decisions): forward it as is,
+ * counted as kind with these writes. Keyed by the message type ('Q' or 'P') and the text. */
+typedef struct {
+    uint64_t hash;
+    unsigned char *key; /* NULL: an empty slot */
+    size_t len;
+    int kind;
+    unsigned char nslots;
+    unsigned short slots[STMT_WRITES];
+} decision_t;
+
+typedef struct {
+    decision_t *v;
+    size_t cap; /* a power of two, at least twice the entries */
+} dtable_t;
 
 /* What a forwarded client message will be answered with (Relay.pending; the kind letters of Kind). */
 typedef struct {
@@ -101,6 +122,9 @@ struct conn {
     int skip;            /* Relay.skip_until_sync */
     double batch_started;
     table_t stmts, portals;
+    int tagged;      /* in a session (startup tags): only texts with a decision are taken */
+    dtable_t dec;    /* Relay.decisions, given at adoption */
+    unsigned long taken; /* client messages taken since adoption */
     /* client side */
     unsigned char *cin; /* bytes read from the client, not forwarded (a partial or untaken message) */
     size_t cin_len;
@@ -132,6 +156,7 @@ typedef struct handback {
     char kinds[QCAP + 1];
     int mid_batch, skip;
     table_t stmts, portals;
+    unsigned long taken;
     struct handback *next;
 } handback_t;
 
@@ -158,6 +183,9 @@ typedef struct {
     int nwords, nkinds, kind_utility, kind_other;
     /* counters, merged into the metrics at scrape time */
     unsigned long long statements[MAX_KINDS];
+    unsigned long long statements_tagged[MAX_KINDS];
+    unsigned long long writes[MAX_WRITE_SLOTS];
+    unsigned long long decision_hits; /* tagged texts taken by a decision (Python's analysis cache hits) */
     unsigned long long bytes_up, bytes_down;
     char error_class[MAX_ERROR_CLASSES][2];
     unsigned long long error_count[MAX_ERROR_CLASSES];
@@ -301,6 +329,37 @@ static int has_comment_opener(const unsigned char *s, size_t n) {
     return 0;
 }
 
+static uint64_t fnv1a(unsigned char type, const unsigned char *s, size_t n) {
+    uint64_t h = 1469598103934665603ULL;
+    h = (h ^ type) * 1099511628211ULL;
+    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 1099511628211ULL;
+    return h;
+}
+
+static decision_t *decision_find(dtable_t *t, unsigned char type, const unsigned char *text, size_t len) {
+    if (t->cap == 0) return NULL;
+    uint64_t h = fnv1a(type, text, len);
+    for (size_t i = h & (t->cap - 1);; i = (i + 1) & (t->cap - 1)) {
+        decision_t *d = &t->v[i];
+        if (d->key == NULL) return NULL;
+        if (d->hash == h && d->len == len + 1 && d->key[0] == type && memcmp(d->key + 1, text, len) == 0)
+            return d;
+    }
+}
+
+static void dtable_free(dtable_t *t) {
+    for (size_t i = 0; i < t->cap; i++) free(t->v[i].key);
+    free(t->v);
+    t->v = NULL;
+    t->cap = 0;
+}
+
+/* A statement of a tagged connection counted (its kind and writes), as Relay's hooks count it. */
+static void count_tagged(Engine *e, int kind, unsigned char nslots, const unsigned short *slots) {
+    e->statements_tagged[kind]++;
+    for (int i = 0; i < nslots; i++) e->writes[slots[i]]++;
+}
+
 static void stmt_unref(stmt_t *s) {
     if (s != NULL && --s->refs == 0) free(s);
 }
@@ -362,6 +421,7 @@ static stmt_t *stmt_new(int kind, int pyonly, long idx, const unsigned char *tex
     s->kind = kind;
     s->pyonly = pyonly;
     s->idx = idx;
+    s->nslots = 0;
     s->len = len;
     if (len) memcpy(s->text, text, len);
     return s;
@@ -416,6 +476,7 @@ static void update_masks(Engine *e, conn_t *c) {
 }
 
 static void free_conn(conn_t *c) {
+    dtable_free(&c->dec);
     table_free(&c->stmts);
     table_free(&c->portals);
     free(c->cin);
@@ -453,6 +514,7 @@ static handback_t *make_handback(Engine *e, conn_t *c, const char *reason, int e
         h->skip = c->skip;
         h->stmts = c->stmts; /* moved: Python rebuilds Relay.statements/portals from them */
         h->portals = c->portals;
+        h->taken = c->taken;
         memset(&c->stmts, 0, sizeof(c->stmts));
         memset(&c->portals, 0, sizeof(c->portals));
         if (c->cin_len) {
@@ -578,8 +640,15 @@ static int take_extended(Engine *e, conn_t *c, const unsigned char *m, size_t to
         const unsigned char *text = b + p1;
         size_t len = (size_t)(p2 - p1 - 1);
         if (has_comment_opener(text, len)) return 0; /* a comment may carry tags */
-        stmt_t *st = stmt_new(text_kind(e, text, len), 0, -1, text, len);
+        decision_t *d = NULL;
+        if (c->tagged && (d = decision_find(&c->dec, 'P', text, len)) == NULL) return 0; /* Python decides */
+        stmt_t *st = stmt_new(d ? d->kind : text_kind(e, text, len), 0, -1, text, len);
         if (st == NULL) return 0;
+        if (d != NULL) {
+            e->decision_hits++;
+            st->nslots = d->nslots;
+            memcpy(st->slots, d->slots, sizeof(st->slots));
+        }
         if (table_set(&c->stmts, b, (size_t)p1 - 1, st) < 0) {
             free(st);
             return 0;
@@ -597,7 +666,8 @@ static int take_extended(Engine *e, conn_t *c, const unsigned char *m, size_t to
         named_t *portal = table_find(&c->portals, b, (size_t)p1 - 1);
         if (portal != NULL) {
             if (portal->s->pyonly) return 0;
-            e->statements[portal->s->kind]++;
+            if (c->tagged) count_tagged(e, portal->s->kind, portal->s->nslots, portal->s->slots);
+            else e->statements[portal->s->kind]++;
         }
         break;
     }
@@ -643,9 +713,19 @@ static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_
                 stop_client(c, type);
                 break;
             }
-            int kind = text_kind(e, buf + pos + 5, (size_t)total - 6);
-            e->statements[kind]++;
+            if (c->tagged) {
+                decision_t *d = decision_find(&c->dec, 'Q', buf + pos + 5, (size_t)total - 6);
+                if (d == NULL) { /* Python decides */
+                    stop_client(c, type);
+                    break;
+                }
+                e->decision_hits++;
+                count_tagged(e, d->kind, d->nslots, d->slots);
+            } else {
+                e->statements[text_kind(e, buf + pos + 5, (size_t)total - 6)]++;
+            }
             push(c, 'Q', now());
+            c->taken++;
             pos += (size_t)total;
         } else if (type == 'd' && c->copy_in) {
             pos += 5; /* stream the body: a large CopyData is not buffered whole */
@@ -659,6 +739,7 @@ static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_
                 stop_client(c, type);
                 break;
             }
+            c->taken++;
             pos += (size_t)total;
         } else {
             stop_client(c, type);
@@ -976,8 +1057,8 @@ static PyObject *handback_tuple(handback_t *h) {
         Py_XDECREF(portals);
         return NULL;
     }
-    return Py_BuildValue("(LsisiiNsiiNN)", h->id, h->reason, h->err, status, h->inflight, h->untaken, data,
-                         h->kinds, h->mid_batch, h->skip, stmts, portals);
+    return Py_BuildValue("(LsisiiNsiiNNk)", h->id, h->reason, h->err, status, h->inflight, h->untaken, data,
+                         h->kinds, h->mid_batch, h->skip, stmts, portals, h->taken);
 }
 
 static void free_handback(handback_t *h) {
@@ -987,16 +1068,100 @@ static void free_handback(handback_t *h) {
     free(h);
 }
 
-/* Python's statements (or portals) at adoption: [(name, idx, kind, pyonly)]. */
+/* Write slots given by Python (a sequence of ints < MAX_WRITE_SLOTS, at most STMT_WRITES). */
+static int load_slots(PyObject *items, unsigned char *n, unsigned short *slots) {
+    PyObject *seq = PySequence_Fast(items, "expected a sequence of write slots");
+    if (seq == NULL) return -1;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    if (count > STMT_WRITES) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "too many write slots");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (v < 0 || v >= MAX_WRITE_SLOTS) {
+            Py_DECREF(seq);
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "bad write slot");
+            return -1;
+        }
+        slots[i] = (unsigned short)v;
+    }
+    *n = (unsigned char)count;
+    Py_DECREF(seq);
+    return 0;
+}
+
+/* Relay.decisions at adoption: [(type + text, kind, slots)]. */
+static int decisions_load(Engine *e, dtable_t *t, PyObject *items) {
+    PyObject *seq = PySequence_Fast(items, "expected a sequence of (key, kind, slots)");
+    if (seq == NULL) return -1;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    if (count > MAX_DECISIONS) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "too many decisions for the fast relay");
+        return -1;
+    }
+    size_t cap = 16;
+    while (cap < 2 * (size_t)count) cap *= 2;
+    t->v = calloc(cap, sizeof(decision_t));
+    if (t->v == NULL) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    t->cap = cap;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const char *key;
+        Py_ssize_t len;
+        int kind;
+        PyObject *slots;
+        decision_t d = {0};
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "y#iO", &key, &len, &kind, &slots) ||
+            load_slots(slots, &d.nslots, d.slots) < 0) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        if (len < 1 || (key[0] != 'Q' && key[0] != 'P') || kind < 0 || kind >= e->nkinds) {
+            Py_DECREF(seq);
+            PyErr_SetString(PyExc_ValueError, "bad decision");
+            return -1;
+        }
+        d.hash = fnv1a((unsigned char)key[0], (const unsigned char *)key + 1, (size_t)len - 1);
+        d.len = (size_t)len;
+        d.kind = kind;
+        if (decision_find(t, (unsigned char)key[0], (const unsigned char *)key + 1, (size_t)len - 1) != NULL)
+            continue;
+        d.key = malloc((size_t)len);
+        if (d.key == NULL) {
+            Py_DECREF(seq);
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(d.key, key, (size_t)len);
+        size_t j = d.hash & (cap - 1);
+        while (t->v[j].key != NULL) j = (j + 1) & (cap - 1);
+        t->v[j] = d;
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
+/* Python's statements (or portals) at adoption: [(name, idx, kind, pyonly, write slots)]. */
 static int table_load(Engine *e, table_t *t, PyObject *items) {
-    PyObject *seq = PySequence_Fast(items, "expected a sequence of (name, idx, kind, pyonly)");
+    PyObject *seq = PySequence_Fast(items, "expected a sequence of (name, idx, kind, pyonly, slots)");
     if (seq == NULL) return -1;
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
         const char *name;
         Py_ssize_t len;
         long idx;
         int kind, pyonly;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "y#lip", &name, &len, &idx, &kind, &pyonly)) {
+        PyObject *slots;
+        unsigned char nslots = 0;
+        unsigned short slot[STMT_WRITES];
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "y#lipO", &name, &len, &idx, &kind, &pyonly,
+                              &slots) ||
+            load_slots(slots, &nslots, slot) < 0) {
             Py_DECREF(seq);
             return -1;
         }
@@ -1006,6 +1171,10 @@ static int table_load(Engine *e, table_t *t, PyObject *items) {
             return -1;
         }
         stmt_t *st = stmt_new(kind, pyonly, idx, NULL, 0);
+        if (st != NULL) {
+            st->nslots = nslots;
+            memcpy(st->slots, slot, sizeof(slot));
+        }
         if (st == NULL || table_set(t, (const unsigned char *)name, (size_t)len, st) < 0) {
             free(st);
             Py_DECREF(seq);
@@ -1169,13 +1338,18 @@ static PyObject *engine_adopt(Engine *e, PyObject *args) {
     long long id;
     int cfd, sfd;
     unsigned long long max_message;
-    PyObject *stmts = NULL, *portals = NULL;
-    if (!PyArg_ParseTuple(args, "LiiK|OO", &id, &cfd, &sfd, &max_message, &stmts, &portals)) return NULL;
+    PyObject *stmts = NULL, *portals = NULL, *decisions = NULL;
+    int tagged = 0;
+    if (!PyArg_ParseTuple(args, "LiiK|OOpO", &id, &cfd, &sfd, &max_message, &stmts, &portals, &tagged,
+                          &decisions))
+        return NULL;
     CHECK_STARTED(e);
     conn_t *c = calloc(1, sizeof(*c));
     if (c == NULL) return PyErr_NoMemory();
+    c->tagged = tagged;
     if ((stmts != NULL && table_load(e, &c->stmts, stmts) < 0) ||
-        (portals != NULL && table_load(e, &c->portals, portals) < 0)) {
+        (portals != NULL && table_load(e, &c->portals, portals) < 0) ||
+        (decisions != NULL && decisions_load(e, &c->dec, decisions) < 0)) {
         free_conn(c);
         return NULL;
     }
@@ -1296,9 +1470,13 @@ static PyObject *engine_states(Engine *e, PyObject *unused) {
 static PyObject *engine_stats(Engine *e, PyObject *unused) {
     CHECK_STARTED(e);
     unsigned long long statements[MAX_KINDS], latency[MAX_BUCKETS + 1], errors[MAX_ERROR_CLASSES];
+    unsigned long long tagged[MAX_KINDS], writes[MAX_WRITE_SLOTS];
     char classes[MAX_ERROR_CLASSES][2];
     pthread_mutex_lock(&e->mu);
     memcpy(statements, e->statements, sizeof(statements));
+    memcpy(tagged, e->statements_tagged, sizeof(tagged));
+    memcpy(writes, e->writes, sizeof(writes));
+    unsigned long long hits = e->decision_hits;
     memcpy(latency, e->latency, sizeof(latency));
     memcpy(errors, e->error_count, sizeof(errors));
     memcpy(classes, e->error_class, sizeof(classes));
@@ -1308,8 +1486,11 @@ static PyObject *engine_stats(Engine *e, PyObject *unused) {
     long nconns = e->nconns;
     pthread_mutex_unlock(&e->mu);
     PyObject *st = PyList_New(e->nkinds), *lat = PyList_New(e->nbounds + 1), *err = PyDict_New();
-    if (st == NULL || lat == NULL || err == NULL) goto fail;
+    PyObject *tg = PyList_New(e->nkinds), *wr = PyList_New(MAX_WRITE_SLOTS);
+    if (st == NULL || lat == NULL || err == NULL || tg == NULL || wr == NULL) goto fail;
     for (int i = 0; i < e->nkinds; i++) PyList_SET_ITEM(st, i, PyLong_FromUnsignedLongLong(statements[i]));
+    for (int i = 0; i < e->nkinds; i++) PyList_SET_ITEM(tg, i, PyLong_FromUnsignedLongLong(tagged[i]));
+    for (int i = 0; i < MAX_WRITE_SLOTS; i++) PyList_SET_ITEM(wr, i, PyLong_FromUnsignedLongLong(writes[i]));
     for (int i = 0; i <= e->nbounds; i++) PyList_SET_ITEM(lat, i, PyLong_FromUnsignedLongLong(latency[i]));
     for (int i = 0; i < nclasses; i++) {
         PyObject *k = PyUnicode_DecodeLatin1(classes[i], 2, NULL);
@@ -1319,8 +1500,10 @@ static PyObject *engine_stats(Engine *e, PyObject *unused) {
         Py_XDECREF(v);
         if (bad) goto fail;
     }
-    return Py_BuildValue("(NKKNNdl)", st, up, down, err, lat, lsum, nconns);
+    return Py_BuildValue("(NKKNNdlNNK)", st, up, down, err, lat, lsum, nconns, tg, wr, hits);
 fail:
+    Py_XDECREF(tg);
+    Py_XDECREF(wr);
     Py_XDECREF(st);
     Py_XDECREF(lat);
     Py_XDECREF(err);
@@ -1353,15 +1536,16 @@ static PyObject *engine_close(Engine *e, PyObject *unused) {
 static PyMethodDef engine_methods[] = {
     {"fileno", (PyCFunction)engine_fileno, METH_NOARGS, "The eventfd that becomes readable when hand-backs wait."},
     {"adopt", (PyCFunction)engine_adopt, METH_VARARGS,
-     "adopt(conn_id, client_fd, server_fd, max_message, statements=(), portals=())"},
+     "adopt(conn_id, client_fd, server_fd, max_message, statements=(), portals=(), tagged=False, decisions=())"},
     {"recall", (PyCFunction)engine_recall, METH_VARARGS, "recall(conn_id) -> hand-back tuple or None"},
     {"release", (PyCFunction)engine_release, METH_VARARGS, "release(conn_id) -> bool: take it out at once"},
     {"take_handbacks", (PyCFunction)engine_take_handbacks, METH_NOARGS,
      "[(conn_id, reason, errno, status, inflight, untaken_type, unforwarded_client_bytes, owed kinds, mid_batch, "
-     "skip_until_sync, statements, portals)]"},
+     "skip_until_sync, statements, portals, messages taken)]"},
     {"states", (PyCFunction)engine_states, METH_NOARGS, "{conn_id: (status, replies owed + open batch)}"},
     {"stats", (PyCFunction)engine_stats, METH_NOARGS,
-     "(statements by kind, bytes up, bytes down, {sqlstate class: n}, latency counts, latency sum, conns)"},
+     "(statements by kind, bytes up, bytes down, {sqlstate class: n}, latency counts, latency sum, conns, "
+     "tagged statements by kind, writes by slot, decision hits)"},
     {"kind", (PyCFunction)engine_kind, METH_O, "kind index of a Query message (as query_kind)"},
     {"accepts", (PyCFunction)engine_accepts, METH_O, "whether a whole Query message would be relayed in C"},
     {"close", (PyCFunction)engine_close, METH_NOARGS, "stop the thread (connections are dropped)"},

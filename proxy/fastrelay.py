@@ -16,7 +16,7 @@ from proxy.metrics import LATENCY_BUCKETS
 if TYPE_CHECKING:
     from proxy._fastrelay import Engine
 
-API_VERSION = 2  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
+API_VERSION = 3  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
 
 try:
     from proxy import _fastrelay
@@ -41,10 +41,15 @@ AVAILABLE = _fastrelay is not None
 Named = tuple[bytes, int, bytes | None]
 # (conn_id, reason, errno, transaction status, Query/Sync replies in flight, type of the client message C did
 # not take or -1, client bytes read and not forwarded, kinds of the replies owed (Relay.pending, as Kind
-# letters: Q S P B D E C), mid_batch, skip_until_sync, statements, portals)
-Handback = tuple[int, str, int, str, int, int, bytes, str, int, int, list[Named], list[Named]]
-# What Python knows at adoption: (name, index, kind index, only Python may bind it)
-Known = tuple[bytes, int, int, bool]
+# letters: Q S P B D E C), mid_batch, skip_until_sync, statements, portals, client messages C took)
+Handback = tuple[int, str, int, str, int, int, bytes, str, int, int, list[Named], list[Named], int]
+# What Python knows at adoption: (name, index, kind index, only Python may bind it, write slots)
+Known = tuple[bytes, int, int, bool, tuple[int, ...]]
+# A statement text of a tagged connection that C forwards as is: (message type + text, kind index, write
+# slots) — Relay.decisions.
+Decision = tuple[bytes, int, tuple[int, ...]]
+MAX_WRITE_SLOTS = 256
+STMT_WRITES = 4
 MAX_QUERY = _fastrelay.MAX_QUERY if _fastrelay is not None else 0
 
 
@@ -53,6 +58,8 @@ class FastCounts:
     """What the C relay counted (since start), in the shapes of ``Metrics``."""
 
     statements: dict[tuple[str, bool], int]
+    writes: dict[tuple[str, str], int]  # of tagged connections, by (table, kind)
+    decision_hits: int  # tagged texts C took by a cached decision (analysis cache hits)
     bytes_up: int
     bytes_down: int
     errors: dict[str, int]
@@ -71,6 +78,21 @@ class FastRelay:
         self.engine: Engine = _fastrelay.Engine(
             words, len(self.kinds), index["utility"], index["other"], LATENCY_BUCKETS
         )
+        self.write_slots: dict[tuple[str, str], int] = {}  # (table, kind) -> C's counter of its writes
+
+    def slots(self, writes: tuple[tuple[str, str], ...]) -> tuple[int, ...] | None:
+        """C's write counters for a statement's writes; None: too many (Python must count them)."""
+        if len(writes) > STMT_WRITES:
+            return None
+        found = []
+        for key in writes:
+            slot = self.write_slots.get(key)
+            if slot is None:
+                if len(self.write_slots) >= MAX_WRITE_SLOTS:
+                    return None
+                slot = self.write_slots[key] = len(self.write_slots)
+            found.append(slot)
+        return tuple(found)
 
     def fileno(self) -> int:
         return self.engine.fileno()
@@ -84,8 +106,19 @@ class FastRelay:
         *,
         statements: list[Known] | None = None,
         portals: list[Known] | None = None,
+        tagged: bool = False,
+        decisions: list[Decision] | None = None,
     ) -> None:
-        self.engine.adopt(conn_id, client_fd, server_fd, max_message, statements or [], portals or [])
+        self.engine.adopt(
+            conn_id,
+            client_fd,
+            server_fd,
+            max_message,
+            statements or [],
+            portals or [],
+            tagged,
+            decisions or [],
+        )
 
     def kind_index(self, kind: str) -> int | None:
         """The C relay's index of a statement kind (None: one it does not count)."""
@@ -110,9 +143,13 @@ class FastRelay:
         return self.kinds[self.engine.kind(message)]
 
     def counts(self) -> FastCounts:
-        statements, up, down, errors, latency, latency_sum, conns = self.engine.stats()
+        statements, up, down, errors, latency, latency_sum, conns, tagged, writes, hits = self.engine.stats()
+        counted = {(kind, False): n for kind, n in zip(self.kinds, statements, strict=True) if n}
+        counted.update({(kind, True): n for kind, n in zip(self.kinds, tagged, strict=True) if n})
         return FastCounts(
-            {(kind, False): n for kind, n in zip(self.kinds, statements, strict=True) if n},
+            counted,
+            {key: writes[slot] for key, slot in self.write_slots.items() if writes[slot]},
+            hits,
             up,
             down,
             errors,

@@ -86,7 +86,12 @@ class _Collector(Collector):
         error_counts = dict(m.errors)
         latency_counts = list(m.latency_counts)
         latency_sum, bytes_up, bytes_down = m.latency_sum, m.bytes_up, m.bytes_down
+        write_counts = dict(m.writes)
+        cache_hits = m.cache_hits
         if fast is not None:
+            for key, n in fast.writes.items():
+                write_counts[key] = write_counts.get(key, 0) + n
+            cache_hits += fast.decision_hits
             for kind_key, n in fast.statements.items():
                 statement_counts[kind_key] = statement_counts.get(kind_key, 0) + n
             for cls, n in fast.errors.items():
@@ -125,7 +130,7 @@ class _Collector(Collector):
             "Writing statements of tagged connections, by table and kind",
             labels=["table", "kind"],
         )
-        for (table, kind), n in sorted(m.writes.items()):
+        for (table, kind), n in sorted(write_counts.items()):
             writes.add_metric([table, kind], n)
         yield writes
         rewrites = CounterMetricFamily("cowproxy_rewrites", "Statements rewritten for copy-on-write tables")
@@ -146,7 +151,7 @@ class _Collector(Collector):
             "SQL analysis cache lookups (tagged statements)",
             labels=["result"],
         )
-        cache.add_metric(["hit"], m.cache_hits)
+        cache.add_metric(["hit"], cache_hits)
         cache.add_metric(["miss"], m.cache_misses)
         yield cache
         switches = CounterMetricFamily(

@@ -40,6 +40,8 @@ CATALOG_VERSION_STATEMENT = "__cowproxy_catalog_version"
 # many one server connection gets (names are never reused; evicted ones stay until the connection ends).
 PROMOTED_PREFIX = "__cowproxy_unnamed_"
 MAX_PROMOTED = 64
+# Statement texts of a tagged connection the C relay may forward as is (Relay.decisions), per connection.
+MAX_DECISIONS = 1024
 # Statements that may deallocate prepared statements, the proxy's with the client's (DEALLOCATE, DISCARD ALL).
 _DEALLOCATES = re.compile(rb"deallocate|discard", re.I)
 
@@ -152,6 +154,11 @@ class NoHooks:
         pass
 
 
+Writes = tuple[tuple[str, str], ...]
+# A statement or portal as the C relay gets it: (name, index, kind index, Python only, write slots).
+Known = tuple[bytes, int, int, bool, tuple[int, ...]]
+
+
 @dataclass
 class Statement:
     tags: Tags | None  # comment tags of its text
@@ -218,6 +225,10 @@ class Relay:
         self._deallocations = 0  # texts that may have deallocated them, so far
         self.unnamed_alias: str | None = None
         self.promotions = 0
+        # Texts (message type + UTF-8) of this tagged connection that go out as they are, with their kind and
+        # writes: what the C relay may take without asking (export_decisions). Made against ``catalog``.
+        self.decisions: dict[bytes, Verdict] = {}
+        self._decisions_catalog: Any = None
         self.holding = False
         self.held: deque[p.ClientEvent] = deque()
         self._hold_until_idle = False
@@ -440,6 +451,8 @@ class Relay:
         for table, kind in verdict.writes:
             self.hooks.write(table, kind)
         sent = verdict.rewritten if tags.tagged else None
+        if tags.tagged and sent is None:
+            self._decide(b"Q", query.sql, verdict)
         self._push(
             Entry(
                 Kind.QUERY, tag_map=verdict.tag_map, started=time.perf_counter(), rewritten=sent is not None
@@ -454,10 +467,16 @@ class Relay:
     def _client_parse(self, frame: p.Frame) -> None:
         parse = p.decode_parse(frame.body)
         # An unnamed read may run as a named statement (_promote): analysed as one.
-        prepared = self._prepare(parse.sql, b"P", frame, named=bool(parse.name) or self._can_promote())
+        named = bool(parse.name) or self._can_promote()
+        prepared = self._prepare(parse.sql, b"P", frame, named=named)
         if prepared is None:
             return
         tags, verdict = prepared
+        if tags.tagged and verdict.rewritten is None:
+            # (Also not rewritten as the other form of prepared statement: C takes any Parse of the text.)
+            other = self.analysis.analyze(parse.sql, self.catalog, True, prepared=not named)
+            if other.rewritten is None:
+                self._decide(b"P", parse.sql, verdict)
         comment = self._comment_tags(parse.sql)
         self.statements[parse.name] = Statement(comment if isinstance(comment, Tags) else None, verdict)
         sent = verdict.rewritten if tags.tagged else None
@@ -484,10 +503,10 @@ class Relay:
             self.held.appendleft(frame)
             return
         self._fresh = False
+        if (statement is not None and statement.tags is not None) or self._at_transaction_start():
+            self.txn_tags = tags  # (as _prepare does: a Bind may start a transaction)
         if statement is not None:
             self.portals[bind.portal] = statement
-            if statement.tags is not None:
-                self.txn_tags = tags
         alias = self.unnamed_alias
         if alias is not None and not bind.statement:
             self._extended(
@@ -495,6 +514,44 @@ class Relay:
             )
         else:
             self._extended(Entry(Kind.BIND), frame.raw)
+
+    def _decide(self, kind: bytes, sql: str, verdict: Verdict) -> None:
+        """Remember that this text of a tagged connection went out as it is (for the C relay)."""
+        if (
+            verdict.tampers
+            or verdict.error is not None
+            or verdict.catalog_dependent
+            or verdict.tag_map is not None
+            or "/*" in sql  # (C takes no text with a comment opener: it may carry tags)
+        ):
+            return
+        if self._decisions_catalog is not self.catalog:
+            self.decisions.clear()
+            self._decisions_catalog = self.catalog
+        if len(self.decisions) < MAX_DECISIONS:
+            self.decisions[kind + sql.encode()] = verdict
+
+    def at_rest(self) -> bool:
+        """May the C relay carry on from here: nothing in flight, held or mid-batch, the tags in force
+        those the next transaction needs (and known for good: not set inside a block that may roll back),
+        no statement of the client's standing for one of the proxy's, the catalog not being read."""
+        applied = self.applied
+        return (
+            self.status == "I"
+            and not self.pending
+            and not self.holding
+            and not self.held
+            and not self.mid_batch
+            and not self.skip_until_sync
+            and not self.closing
+            and not applied.tentative
+            and self.unnamed_alias is None
+            and not self.catalog_loading
+            and self.scanner.idle
+            and applied.tags is not None
+            and applied.tags == self.txn_tags
+            and applied.tags == self.default_tags()
+        )
 
     # ------------------------------------------------------------------------------------------------
     # Unnamed statements as named ones
@@ -860,25 +917,48 @@ class Relay:
     # The fast relay (proxy._fastrelay) carries on from this state and hands it back
 
     def export_statements(
-        self, kind_index: Callable[[str], int | None]
-    ) -> tuple[list[tuple[bytes, int, int, bool]], list[tuple[bytes, int, int, bool]], list[Statement]]:
+        self, kind_index: Callable[[str], int | None], slots: Callable[[Writes], tuple[int, ...] | None]
+    ) -> tuple[list[Known], list[Known], list[Statement]]:
         """``statements`` and ``portals`` for the C relay: (name, index into the returned list, kind index,
-        Python only). Python only: bound with comment tags (a session switch), or a kind C does not count."""
+        Python only, write slots). Python only: bound with comment tags (a session switch), a kind C does not
+        count, or (in a session) a command tag to map or writes C cannot count."""
         objects: list[Statement] = []
         index: dict[int, int] = {}
+        tagged = self.txn_tags.tagged
 
-        def known(table: dict[str, Statement]) -> list[tuple[bytes, int, int, bool]]:
+        def known(table: dict[str, Statement]) -> list[Known]:
             rows = []
             for name, statement in table.items():
                 i = index.get(id(statement))
                 if i is None:
                     i = index[id(statement)] = len(objects)
                     objects.append(statement)
-                kind = kind_index(statement.verdict.kind)
-                rows.append((name.encode(), i, kind or 0, statement.tags is not None or kind is None))
+                verdict = statement.verdict
+                kind = kind_index(verdict.kind)
+                found = slots(verdict.writes)
+                pyonly = (
+                    statement.tags is not None
+                    or kind is None
+                    or (tagged and (verdict.tag_map is not None or found is None))
+                )
+                rows.append((name.encode(), i, kind or 0, pyonly, found or ()))
             return rows
 
         return known(self.statements), known(self.portals), objects
+
+    def export_decisions(
+        self, kind_index: Callable[[str], int | None], slots: Callable[[Writes], tuple[int, ...] | None]
+    ) -> list[tuple[bytes, int, tuple[int, ...]]]:
+        """``decisions`` for the C relay: (type + text, kind index, write slots), those it can count."""
+        if self._decisions_catalog is not self.catalog:
+            self.decisions.clear()
+        rows = []
+        for key, verdict in self.decisions.items():
+            kind = kind_index(verdict.kind)
+            found = slots(verdict.writes)
+            if kind is not None and found is not None:
+                rows.append((key, kind, found))
+        return rows
 
     def resume_from_fast(
         self,
@@ -899,6 +979,7 @@ class Relay:
         is analysed now as ``_client_parse`` would have then: untagged, no comment tags (C takes no Parse
         with a comment opener)."""
         self.status = status
+        tagged = self.txn_tags.tagged
         # The client may have deallocated statements there: the proxy's are forgotten (their names unused).
         self.promoted.clear()
         self.unnamed_alias = None
@@ -916,7 +997,8 @@ class Relay:
             assert text is not None
             statement = made.get(text)
             if statement is None:
-                verdict = self.analysis.analyze(text.decode(), self.catalog, False)
+                # Tagged: a text C took by its decision, whose verdict was not a rewrite in either form.
+                verdict = self.analysis.analyze(text.decode(), self.catalog, tagged, prepared=True)
                 statement = made[text] = Statement(None, verdict)
             return statement
 

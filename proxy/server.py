@@ -32,12 +32,13 @@ from proxy.fastrelay import UNAVAILABLE as FAST_RELAY_UNAVAILABLE
 from proxy.fastrelay import FastCounts, FastRelay, Handback
 from proxy.metrics import ConnectionHooks, Metrics
 from proxy.relay import Relay, Statement
-from proxy.tags import UNTAGGED, Tags, check_id, read_startup_tags
+from proxy.tags import Tags, check_id, read_startup_tags
 
 log = logging.getLogger("cowproxy")
 _Q = ord("Q")
 # Client messages the C relay takes (what it hands back for, Python relays, and C may take again after).
 _FAST_TYPES = frozenset(b"QPBDECSH")
+_SHORT_STINT = 4  # client messages: less than a statement's Parse/Bind/Execute/Sync
 _ids = itertools.count(1)
 
 
@@ -142,6 +143,9 @@ class ClientConnection(asyncio.Protocol):
         self.fast = False
         self.fast_ok = server.fast is not None
         self._fast_statements: list[Statement] = []  # Relay.statements/portals given to the C relay
+        self._fast_tagged = False  # on the C relay in a session
+        self._short_stints = 0  # hand-backs in a row after fewer than _SHORT_STINT messages (in a session)
+        self._fast_wait = 0  # replies to handle in Python before trying the C relay again
 
     # ---- client transport callbacks
 
@@ -434,27 +438,18 @@ class ClientConnection(asyncio.Protocol):
         """Hand both sockets to the C relay if Python's relay state is one it can carry on from."""
         fast = self.server.fast
         relay = self.relay
-        if fast is None or self.tls or self.upstream_tls or self.tags.tagged:
+        if fast is None or self.tls or self.upstream_tls:
             self.fast_ok = False  # for good: client TLS ends here, upstream TLS is Python's
+            return
+        if self._fast_wait:  # (a session's statements that C kept handing back: see from_fast)
+            self._fast_wait -= 1
             return
         if (
             self.fast
             or self.state is not _READY
             or self.draining
             or relay is None
-            or relay.status != "I"
-            or relay.pending
-            or relay.holding
-            or relay.held
-            or relay.mid_batch
-            or relay.skip_until_sync
-            or relay.closing
-            or relay.applied.tentative
-            or relay.unnamed_alias is not None  # the client's unnamed statement is the proxy's named one
-            or relay.applied.tags != UNTAGGED
-            or relay.txn_tags.tagged
-            or not relay.scanner.idle
-            or self.server.routes.get(self.database) is not None
+            or not relay.at_rest()
             or not self.reader.at_boundary
             or self._pause_reasons
             or self._upstream_paused
@@ -475,7 +470,10 @@ class ClientConnection(asyncio.Protocol):
         if client_sock is None or upstream_sock is None:
             self.fast_ok = False
             return
-        statements, portals, self._fast_statements = relay.export_statements(fast.kind_index)
+        # In a session (startup tags or the database's route) C takes only the texts Python has decided on.
+        tagged = relay.txn_tags.tagged
+        statements, portals, self._fast_statements = relay.export_statements(fast.kind_index, fast.slots)
+        decisions = relay.export_decisions(fast.kind_index, fast.slots) if tagged else []
         client.pause_reading()
         upstream.pause_reading()
         try:
@@ -486,6 +484,8 @@ class ClientConnection(asyncio.Protocol):
                 self.max_message_size,
                 statements=statements,
                 portals=portals,
+                tagged=tagged,
+                decisions=decisions,
             )
         except (OSError, ValueError) as exc:
             log_event(logging.WARNING, "fast_relay_adopt_failed", conn=self.id, error=exc)
@@ -494,13 +494,33 @@ class ClientConnection(asyncio.Protocol):
             upstream.resume_reading()
             return
         self.fast = True
+        self._fast_tagged = tagged
 
     def from_fast(self, handback: Handback) -> None:
         """The C relay gave the connection back: resume in Python from the state it reports."""
-        _, reason, err, status, _inflight, untaken, data, owed, mid_batch, skip, statements, portals = (
-            handback
-        )
+        (
+            _,
+            reason,
+            err,
+            status,
+            _inflight,
+            untaken,
+            data,
+            owed,
+            mid_batch,
+            skip,
+            statements,
+            portals,
+            taken,
+        ) = handback
         self.fast = False
+        if self._fast_tagged and untaken != -1:
+            # A session whose statements C must keep handing back (texts Python has not seen: pgbench -M
+            # simple's literals, a rewritten read) would bounce between the relays statement by statement:
+            # after three short stays on C in a row, stay in Python for 8, 16, ... 1024 replies.
+            self._short_stints = self._short_stints + 1 if taken < _SHORT_STINT else 0
+            if self._short_stints >= 3:
+                self._fast_wait = min(2**self._short_stints, 1024)
         objects, self._fast_statements = self._fast_statements, []
         relay = self.relay
         if relay is None or self.state is not _READY:
@@ -914,6 +934,10 @@ class ProxyServer:
     def unroute(self, database: str) -> bool:
         found = self.routes.pop(database, None) is not None
         log_event(logging.INFO, "unroute", database=database, found=found)
+        # Routed connections on the C relay (in the session) come back for their next transaction too.
+        for conn in list(self.connections.values()):
+            if found and conn.database == database:
+                self.recall(conn)
         return found
 
     def forward_cancel(self, request: p.CancelRequest) -> None:

@@ -125,7 +125,8 @@ def test_route_takes_effect_from_the_next_transaction(proxy: RunningProxy, layer
         insert(conn, "same-txn@x")  # the transaction started untagged: it stays so
         conn.execute("COMMIT")
         insert(conn, "routed@x")
-        assert relays(proxy) == {"python": 1}
+        assert on_fast(proxy)  # in the session now, on the C relay too (tests/proxy/test_fast_sessions.py)
+        insert(conn, "routed2@x")
         admin_request(proxy.admin_url, "DELETE", f"/routes/{database}")
         insert(conn, "unrouted@x")
         assert on_fast(proxy)
@@ -133,7 +134,7 @@ def test_route_takes_effect_from_the_next_transaction(proxy: RunningProxy, layer
     base = set(base_customers(layer_db))
     assert {"before@x", "same-txn@x", "unrouted@x", "fast-again@x"} <= base
     assert "routed@x" not in base
-    assert [row[2] for row in changes(layer_db, "r1")] == ["routed@x"]
+    assert [row[2] for row in changes(layer_db, "r1")] == ["routed@x", "routed2@x"]
 
 
 def test_an_idle_connection_is_recalled_at_once(proxy: RunningProxy, layer_db: str) -> None:
@@ -685,9 +686,13 @@ _KINDS = ["query"] * 6 + ["nul", "latin1", "parse"] + ["named", "keep", "again",
 _MESSAGES = st.lists(st.tuples(st.sampled_from(_KINDS), _TEXTS), min_size=1, max_size=8)
 
 
-def _exchange(proxy: RunningProxy, database: str, messages: list[bytes], pipelined: bool) -> list[Any]:
-    """Send the messages (each waits for its reply unless pipelined); the replies, as decoded values."""
-    c = RawClient(proxy.host, proxy.port, database)
+def _exchange(
+    proxy: RunningProxy, database: str, messages: list[bytes], pipelined: bool, session: str | None = None
+) -> list[Any]:
+    """Send the messages (each waits for its reply unless pipelined); the replies, as decoded values.
+    ``session``: the connection's startup tag."""
+    params = {"options": f"-c cow.session_id={session}"} if session else {}
+    c = RawClient(proxy.host, proxy.port, database, **params)
     c.sock.settimeout(10)
     out: list[Any] = []
     try:

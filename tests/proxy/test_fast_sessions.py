@@ -1,0 +1,216 @@
+"""Tagged connections on the C relay: Python decides once per statement text (forward it as is, or not),
+C applies the decisions it was given; what needs Python (a new text, a rewrite, a refusal, a comment that
+may carry tags) hands the connection back (docs/proxy.md, "Sessions on the fast relay")."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proxy import protocol as p
+from proxy.admin import admin_request
+from proxy.fastrelay import AVAILABLE, UNAVAILABLE
+from tests.conftest import PgServer, install_layer_at
+from tests.proxy.conftest import RunningProxy, run_proxy
+from tests.proxy.test_adversity import RawClient, dbname, wait_for
+from tests.proxy.test_fast_relay import _exchange, _message, fast_counted, on_fast, relays, scrape
+from tests.proxy.test_tagging import base_customers, changes
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(not AVAILABLE, reason=f"{UNAVAILABLE}"),
+]
+
+
+def tagged_counted(proxy: RunningProxy, kind: str) -> int:
+    return fast_counted(proxy).get((kind, True), 0)
+
+
+def test_repeated_texts_of_a_session_run_on_the_fast_relay(proxy: RunningProxy, layer_db: str) -> None:
+    c = RawClient(proxy.host, proxy.port, dbname(layer_db), options="-c cow.session_id=fs1")
+    # (One text, run again and again: the email is made by the server, customers.email is unique.)
+    insert = "INSERT INTO customers (email, name) VALUES ('fs1-' || md5(random()::text), 'x')"
+    read = "SELECT email FROM customers WHERE email LIKE 'fs1%'"
+    assert c.query(insert)[-1] == (b"Z", b"I")  # joins the session, reads the catalog (Python)
+    assert on_fast(proxy)  # at rest in its session
+    assert c.query(read)[-2][0] == b"C"  # a new text: handed back, decided, forwarded by Python
+    assert on_fast(proxy)
+    before = (tagged_counted(proxy, "select"), tagged_counted(proxy, "insert"))
+    for _ in range(3):
+        assert c.query(insert)[-1] == (b"Z", b"I")
+    assert len([b for k, b in c.query(read) if k == b"D"]) == 4
+    assert relays(proxy) == {"fast": 1}
+    assert (tagged_counted(proxy, "select"), tagged_counted(proxy, "insert")) == (
+        before[0] + 1,
+        before[1] + 3,
+    )
+    # The extended protocol: a Parse of a decided text, its Bind and Execute.
+    c.sock.sendall(
+        p.encode_parse("ins", "INSERT INTO customers (email, name) VALUES ($1, 'x')")
+        + p.encode_bind("", "ins", ("fs1b@x",))
+        + p.encode_execute("")
+        + p.SYNC
+    )
+    assert c.read_until(b"Z")[-1] == (b"Z", b"I")
+    assert on_fast(proxy)
+    c.sock.sendall(p.encode_bind("", "ins", ("fs1c@x",)) + p.encode_execute("") + p.SYNC)
+    assert c.read_until(b"Z")[-1] == (b"Z", b"I")
+    assert relays(proxy) == {"fast": 1}
+    # A refusal still comes from Python: the connection is handed back for the new text.
+    replies = c.query("SET search_path TO public")
+    assert replies[0][0] == b"E" and b"42501" in replies[0][1]
+    assert c.query(insert)[-1] == (b"Z", b"I")
+    c.sock.close()
+    assert not [e for e in base_customers(layer_db) if e.startswith("fs1")]
+    emails = [row[2] for row in changes(layer_db, "fs1")]
+    assert [e if e.endswith("@x") else "fs1-" for e in emails] == ["fs1-"] * 4 + ["fs1b@x", "fs1c@x", "fs1-"]
+
+
+def test_a_comment_tag_hands_a_session_back(proxy: RunningProxy, layer_db: str) -> None:
+    c = RawClient(proxy.host, proxy.port, dbname(layer_db), options="-c cow.session_id=fs2")
+    insert = "INSERT INTO customers (email, name) VALUES ('{}' || md5(random()::text), 'x')"
+    c.query(insert.format("a@fs2"))
+    assert on_fast(proxy)
+    c.query(insert.format("a@fs2"))  # decided
+    assert on_fast(proxy)
+    c.query("/*cow_session='fs2b'*/ " + insert.format("b@fs2"))  # another session, for this statement
+    c.query(insert.format("a@fs2"))  # back in its own
+    assert on_fast(proxy)
+    c.query(insert.format("a@fs2"))
+    c.sock.close()
+    assert [row[2][:5] for row in changes(layer_db, "fs2")] == ["a@fs2"] * 4
+    assert [row[2][:5] for row in changes(layer_db, "fs2b")] == ["b@fs2"]
+    assert not [e for e in base_customers(layer_db) if "@fs2" in e]
+
+
+def test_a_routed_connection_runs_in_its_session_on_the_fast_relay(
+    proxy: RunningProxy, layer_db: str
+) -> None:
+    database = dbname(layer_db)
+    admin_request(proxy.admin_url, "POST", "/routes", {"database": database, "session": "fs3"})
+    with psycopg.connect(proxy.dsn(layer_db), autocommit=True) as conn:
+        insert = "INSERT INTO customers (email, name) VALUES (%s, 'x')"
+        conn.execute(insert, ("a@fs3",), prepare=True)
+        assert on_fast(proxy)
+        conn.execute(insert, ("b@fs3",), prepare=True)
+        assert relays(proxy) == {"fast": 1}
+        # Unrouted: it comes back and its next transaction is untagged.
+        admin_request(proxy.admin_url, "DELETE", f"/routes/{database}")
+        conn.execute(insert, ("c@fs3",), prepare=True)
+        assert on_fast(proxy)
+        conn.execute(insert, ("d@fs3",), prepare=True)
+    assert [row[2] for row in changes(layer_db, "fs3")] == ["a@fs3", "b@fs3"]
+    assert {"c@fs3", "d@fs3"} <= set(base_customers(layer_db))
+
+
+@pytest.mark.parametrize("mode", ["prepared", "extended", "simple"])
+def test_pgbench_in_sessions(
+    proxy: RunningProxy, pg_server: PgServer, create_database: Any, mode: str
+) -> None:
+    """TPC-B in two sessions: every statement counted once (by either relay), the writes in the sessions'
+    changes, the base tables untouched; with -M prepared most of them on the C relay."""
+    pgbench = pg_server.tool("pgbench")
+    dsn = create_database()
+    init = subprocess.run(
+        [pgbench, "-i", "-s", "1", "-q", dsn], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert init.returncode == 0, init.stderr
+    install_layer_at(dsn)
+    before, fast_before = scrape(proxy), tagged_counted(proxy, "update")
+    runs = [
+        subprocess.Popen(
+            [pgbench, "-M", mode, "-c", "1", "-t", "50", "-n", proxy.dsn(dsn)],
+            env={"PGOPTIONS": f"-c cow.session_id=bench{i}", "PATH": "/usr/bin:/bin"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    for run in runs:
+        _, err = run.communicate(timeout=90)
+        assert run.returncode == 0, err
+    after = scrape(proxy)
+
+    def delta(name: str) -> float:
+        return after.get(name, 0) - before.get(name, 0)
+
+    assert delta('cowproxy_statements_total{kind="update",tagged="true"}') == 300
+    assert delta('cowproxy_statements_total{kind="insert",tagged="true"}') == 100
+    assert delta('cowproxy_writes_total{kind="insert",table="public.pgbench_history"}') == 100
+    if mode == "prepared":
+        assert tagged_counted(proxy, "update") - fast_before >= 250
+    with psycopg.connect(dsn, autocommit=True) as direct:
+        assert direct.execute("SELECT count(*) FROM pgbench_history").fetchone() == (0,)
+        for i in range(2):
+            (n,) = direct.execute(
+                "SELECT count(*) FROM cow.session_changes(%s) WHERE table_name = 'pgbench_history'",
+                (f"bench{i}",),
+            ).fetchone() or (None,)
+            assert n == 50
+
+
+# ---- the C relay against the Python relay in sessions, with tag switches, message stream by stream
+
+
+@pytest.fixture(scope="module")
+def session_pair(pg_server: PgServer, create_database: Any) -> Any:
+    dsn = create_database()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 20) g")
+    install_layer_at(dsn)
+    with run_proxy(pg_server, fast_relay=True) as fast, run_proxy(pg_server, fast_relay=False) as slow:
+        yield dsn, fast, slow
+
+
+# {o}: another session of this run (a comment tag switches to it for one statement or transaction).
+_SESSION_TEXTS = st.sampled_from(
+    [
+        "SELECT v FROM t WHERE id = 3",
+        "SELECT count(*) FROM t",
+        "SELECT id, v FROM t ORDER BY id LIMIT 3",
+        "UPDATE t SET v = v || '!' WHERE id = 1",
+        "DELETE FROM t WHERE id = 2",
+        "INSERT INTO t VALUES (100, 'x')",
+        "INSERT INTO t VALUES (101, 'y') ON CONFLICT (id) DO UPDATE SET v = 'z'",
+        "BEGIN",
+        "COMMIT",
+        "ROLLBACK",
+        "SELECT 1/0",
+        "SET search_path TO public",
+        "/*cow_session='{o}'*/ UPDATE t SET v = 'o' WHERE id = 4",
+        "/*cow_session='{o}'*/ SELECT v FROM t WHERE id = 4",
+        "/*cow_session='{o}'*/ BEGIN",
+    ]
+)
+_SESSION_KINDS = ["query", "query", "parse", "named", "keep", "again", "errmid"]
+_SESSION_STREAMS = st.lists(
+    st.tuples(st.sampled_from(_SESSION_KINDS), _SESSION_TEXTS), min_size=1, max_size=6
+)
+_runs = iter(range(1_000_000))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stream=_SESSION_STREAMS, pipelined=st.booleans())
+def test_fast_relay_matches_the_python_relay_in_sessions(
+    session_pair: Any, stream: list[tuple[str, str]], pipelined: bool
+) -> None:
+    """Each stream runs twice on one connection (so its texts are decided, then taken by C's decisions),
+    then reads the table: the replies of the C relay's proxy equal the Python relay's."""
+    dsn, fast, slow = session_pair
+    database = dbname(dsn)
+    run = next(_runs)
+    replies = []
+    for proxy, side in ((slow, "s"), (fast, "f")):
+        other = f"o{run}{side}"
+        messages = [_message(kind, text.replace("{o}", other)) for kind, text in stream] * 2
+        messages.append(p.encode_query("SELECT id, v FROM t ORDER BY id"))
+        replies.append(_exchange(proxy, database, messages, pipelined, session=f"h{run}{side}"))
+    assert replies[1] == replies[0]
+    assert wait_for(lambda: not fast.server.connections and not slow.server.connections)
