@@ -207,6 +207,9 @@ def test_fast_relay_matches_the_python_relay_in_sessions(
     database = dbname(dsn)
     run = next(_runs)
     replies = []
+    engine = fast.server.fast
+    assert engine is not None
+    hits = engine.counts().decision_hits
     for proxy, side in ((slow, "s"), (fast, "f")):
         other = f"o{run}{side}"
         messages = [_message(kind, text.replace("{o}", other)) for kind, text in stream] * 2
@@ -214,3 +217,13 @@ def test_fast_relay_matches_the_python_relay_in_sessions(
         replies.append(_exchange(proxy, database, messages, pipelined, session=f"h{run}{side}"))
     assert replies[1] == replies[0]
     assert wait_for(lambda: not fast.server.connections and not slow.server.connections)
+    _decided.append(engine.counts().decision_hits - hits)
+
+
+_decided: list[int] = []  # decisions C took, per example of the comparison above
+
+
+def test_the_comparison_ran_decisions_on_the_fast_relay() -> None:
+    if not _decided:
+        pytest.skip("the comparison did not run in this session")
+    assert sum(_decided) > 0, _decided
