@@ -130,7 +130,7 @@ class AdminApi:
             try:
                 data = json.loads(body or b"{}")
                 database, session = str(data["database"]), str(data["session"])
-                self.proxy.route(database, session)
+                await self.proxy.set_route(database, session)
             except (ValueError, KeyError, TypeError):
                 return 400, "application/json", _json({"error": 'expected {"database": D, "session": S}'})
             except ProxyError as exc:
@@ -138,7 +138,10 @@ class AdminApi:
             return 200, "application/json", _json({"database": database, "session": session})
         if path.startswith("/routes/") and method == "DELETE":
             database = urllib.parse.unquote(path[len("/routes/") :])
-            found = self.proxy.unroute(database)
+            try:
+                found = await self.proxy.remove_route(database)
+            except ProxyError as exc:
+                return 503, "application/json", _json({"error": str(exc)})
             return (
                 (200 if found else 404),
                 "application/json",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import logging
@@ -53,6 +54,16 @@ def register(sub: Any, session_sub: Any) -> None:
         "--fast-relay",
         action=argparse.BooleanOptionalAction,
         help="relay untagged connections on a C thread when the extension is built (default on)",
+    )
+    serve.add_argument(
+        "--state-dsn",
+        help="database where routes are shared by every worker and replica (cow.proxy_routes; default: "
+        "routes kept in this process)",
+    )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        help="processes sharing the listen port (SO_REUSEPORT); worker i has metrics and admin on PORT + i",
     )
     serve.set_defaults(func=_serve)
 
@@ -140,6 +151,8 @@ def _serve(args: argparse.Namespace) -> int:
         "drain_timeout": args.drain_timeout,
         "log_format": args.log_format,
         "fast_relay": args.fast_relay,
+        "workers": args.workers,
+        "state_dsn": args.state_dsn,
     }
     config = build_config(flags, args.config)
     setup_logging(config.log_format, config.log_level)
@@ -149,8 +162,59 @@ def _serve(args: argparse.Namespace) -> int:
         runner: Any = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
         runner = asyncio.run
+    if config.workers > 1:
+        return _serve_workers(config, runner)
     runner(run_proxy(config))
     return 0
+
+
+def _serve_workers(config: Any, runner: Any) -> int:
+    """Fork ``config.workers`` processes, each a whole proxy on the same listen port (the kernel spreads
+    connections over them) with its metrics and admin API on PORT + its index; forward SIGTERM/SIGINT to
+    them and wait. A worker that fails stops the others."""
+    from dataclasses import replace
+
+    def shifted(address: Any, i: int) -> Any:
+        return None if address is None else replace(address, port=address.port + i)
+
+    children: list[int] = []
+    for i in range(config.workers):
+        pid = os.fork()
+        if pid == 0:  # the worker: its own event loop, C relay thread and counters
+            code = 0
+            try:
+                runner(
+                    run_proxy(
+                        replace(config, metrics=shifted(config.metrics, i), admin=shifted(config.admin, i))
+                    )
+                )
+            except ProxyError as exc:
+                print(f"cowproxy: worker {i}: {exc}", file=sys.stderr)
+                code = 1
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+                code = 1
+            os._exit(code)
+        children.append(pid)
+
+    def forward(sig: int, _frame: Any) -> None:
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, sig)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    failed = False
+    left = set(children)
+    while left:
+        pid, status = os.wait()
+        left.discard(pid)
+        if os.waitstatus_to_exitcode(status) != 0 and not failed:
+            failed = True
+            forward(signal.SIGTERM, None)
+    return 1 if failed else 0
 
 
 async def run_proxy(

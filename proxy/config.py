@@ -70,6 +70,8 @@ class ProxyConfig:
     log_format: str = "logfmt"  # logfmt | json
     log_level: str = "info"
     fast_relay: bool = True  # untagged connections on the C relay thread, when proxy._fastrelay is built
+    workers: int = 1  # processes sharing the listen port (SO_REUSEPORT); metrics on consecutive ports
+    state_dsn: str | None = None  # where routes are shared by workers and replicas (cow.proxy_routes)
 
 
 _ADDRESSES = {"upstream", "listen", "metrics", "admin"}
@@ -115,6 +117,9 @@ def build_config(flags: dict[str, Any], file: str | None = None) -> ProxyConfig:
     for name in ("tls_cert", "tls_key", "upstream_tls_ca", "upstream_tls_cert", "upstream_tls_key"):
         if values.get(name) is not None:
             _check_readable(name, values[name])
+    _check_workers(values)
+    if values.get("state_dsn") is not None and not isinstance(values["state_dsn"], str):
+        raise ConfigError("state_dsn: expected a connection string")
     for name in ("max_message_size", "parse_cache_size"):
         if name in values and (not isinstance(values[name], int) or values[name] < 1):
             raise ConfigError(f"{name} must be a positive integer")
@@ -124,6 +129,29 @@ def build_config(flags: dict[str, Any], file: str | None = None) -> ProxyConfig:
         if name in values and (not isinstance(values[name], int | float) or values[name] < 0):
             raise ConfigError(f"{name} must be a non-negative number of seconds")
     return ProxyConfig(**values)
+
+
+def _check_workers(values: dict[str, Any]) -> None:
+    workers = values.get("workers", 1)
+    if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= 64:
+        raise ConfigError("workers must be an integer from 1 to 64")
+    if workers == 1:
+        return
+    listen = values.get("listen", Address("127.0.0.1", 6432))
+    if listen.unix_path is not None or listen.port == 0:
+        # The kernel spreads connections over the processes of one TCP port only (SO_REUSEPORT).
+        raise ConfigError("workers > 1 needs a TCP listen address with a fixed port")
+    metrics = values.get("metrics")
+    if metrics is not None and metrics.port == 0:
+        raise ConfigError("workers > 1 needs a fixed metrics port (worker i serves it on PORT + i)")
+    admin = values.get("admin")
+    if admin is not None and admin.port == 0:
+        raise ConfigError("workers > 1 needs a fixed admin port (worker i serves it on PORT + i)")
+    if metrics is not None and admin is not None and abs(metrics.port - admin.port) < workers:
+        raise ConfigError(f"workers = {workers}: the metrics ports and the admin ports (PORT + i) overlap")
+    if admin is not None and not values.get("state_dsn"):
+        # A route made through one worker's admin API would be obeyed by that worker only.
+        raise ConfigError("workers > 1 with an admin API needs state_dsn (routes shared in the database)")
 
 
 def _check_upstream_tls(values: dict[str, Any]) -> None:

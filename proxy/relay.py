@@ -227,7 +227,7 @@ class Relay:
         self.promotions = 0
         # Texts (message type + UTF-8) of this tagged connection that go out as they are, with their kind and
         # writes: what the C relay may take without asking (export_decisions). Made against ``catalog``.
-        self.decisions: dict[bytes, Verdict] = {}
+        self.decisions: dict[bytes, Analysis] = {}
         self._decisions_catalog: Any = None
         self.holding = False
         self.held: deque[p.ClientEvent] = deque()
@@ -515,7 +515,7 @@ class Relay:
         else:
             self._extended(Entry(Kind.BIND), frame.raw)
 
-    def _decide(self, kind: bytes, sql: str, verdict: Verdict) -> None:
+    def _decide(self, kind: bytes, sql: str, verdict: Analysis) -> None:
         """Remember that this text of a tagged connection went out as it is (for the C relay)."""
         if (
             verdict.tampers

@@ -32,6 +32,7 @@ from proxy.fastrelay import UNAVAILABLE as FAST_RELAY_UNAVAILABLE
 from proxy.fastrelay import FastCounts, FastRelay, Handback
 from proxy.metrics import ConnectionHooks, Metrics
 from proxy.relay import Relay, Statement
+from proxy.shared import SharedRoutes
 from proxy.tags import Tags, check_id, read_startup_tags
 
 log = logging.getLogger("cowproxy")
@@ -825,6 +826,7 @@ class ProxyServer:
         self._idle_event: asyncio.Event | None = None
         self._tasks: set[asyncio.Future[None]] = set()
         self.fast: FastRelay | None = None  # started with the listener
+        self.shared_routes: SharedRoutes | None = None  # routes kept in the database (config.state_dsn)
         self.metrics.watch_connections(self._connection_states)
         self.metrics.watch_fast(self._fast_counts)
 
@@ -859,11 +861,25 @@ class ProxyServer:
                 os.chmod(listen.unix_path, 0o777)
             else:
                 self._server = await loop.create_server(
-                    lambda: ClientConnection(self), listen.host, listen.port, reuse_address=True, backlog=1024
+                    lambda: ClientConnection(self),
+                    listen.host,
+                    listen.port,
+                    reuse_address=True,
+                    reuse_port=self.config.workers > 1,  # the other workers listen on the same port
+                    backlog=1024,
                 )
         except OSError as exc:
             raise ProxyError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
         self._start_fast(loop)
+        if self.config.state_dsn is not None:
+            self.shared_routes = SharedRoutes(self.config.state_dsn, self._apply_routes)
+            try:
+                await self.shared_routes.start()
+            except ProxyError:
+                self.shared_routes = None
+                self._server.close()
+                self._stop_fast()
+                raise
         log_event(
             logging.INFO,
             "listening",
@@ -930,6 +946,31 @@ class ProxyServer:
         for conn in list(self.connections.values()):
             if conn.database == database:
                 self.recall(conn)
+
+    async def set_route(self, database: str, session: str) -> None:
+        """A route made through the admin API: in the state database when there is one (every worker and
+        replica applies it when notified), else in this process."""
+        check_id(session, "session id")
+        if not database:
+            raise TagError("a route needs a database name")
+        if self.shared_routes is None:
+            self.route(database, session)
+        else:
+            await self.shared_routes.put(database, session)
+
+    async def remove_route(self, database: str) -> bool:
+        if self.shared_routes is None:
+            return self.unroute(database)
+        return await self.shared_routes.remove(database)
+
+    def _apply_routes(self, routes: dict[str, str]) -> None:
+        """The state database's routes, (re)loaded: apply what changed."""
+        for database in [db for db in self.routes if db not in routes]:
+            self.unroute(database)
+        for database, session in routes.items():
+            current = self.routes.get(database)
+            if current is None or current.session != session:
+                self.route(database, session)
 
     def unroute(self, database: str) -> bool:
         found = self.routes.pop(database, None) is not None
@@ -1010,6 +1051,8 @@ class ProxyServer:
         for conn in list(self.connections.values()):
             conn.close("drain timeout", goodbye=True)
         self._stop_fast()
+        if self.shared_routes is not None:
+            await self.shared_routes.close()
         if self._server is not None:
             await self._server.wait_closed()
         path = self.config.listen.unix_path
