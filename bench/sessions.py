@@ -13,7 +13,9 @@ against every target in turn, round by round (so load from other jobs hits all a
 - `session/proxy`: each in its own session through cowproxy (startup tag `-c cow.session_id=...`);
 - `plain/direct`: the plain tables, no session, no proxy (the reference for the layer's own cost);
 - `plain/proxy`: untagged through cowproxy (the reference for the proxy's own cost);
-- with --baseline CHECKOUT, `session/cp-base`: the sessions through cowproxy from another checkout.
+- with --baseline CHECKOUT, `session/cp-base`: the sessions through cowproxy from another checkout;
+- with --workers N, `session/proxy-Nw`: the sessions through `cowproxy serve --workers N` (the proxy
+  process's CPU is not measured for it: its workers are children).
 
 Session ids differ per target and process, so each session's changes grow alike over the rounds.
 Prints per workload and N: the sum of the processes' TPS (median over rounds), the ratio of
@@ -57,8 +59,9 @@ class Target:
     name: str
     host: str
     port: int
-    pid: int | None
+    pid: int | None  # the proxy process whose CPU is measured
     tagged: bool  # each process in its own session
+    direct: bool = False  # no proxy
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,7 @@ def run_sessions(bench: Bench, target: Target, n: int, flags: list[str]) -> Run:
         env = dict(os.environ)
         if target.tagged:
             options = f"-c cow.session_id=bench_{target.name.replace('/', '_')}_{i}"
-            if target.pid is None:  # no proxy: what cow.use_session sets, set directly
+            if target.direct:  # no proxy: what cow.use_session sets, set directly
                 options += f" -c search_path={path.replace(' ', '')}"
             env["PGOPTIONS"] = options
         cmd = [tool, "-n", "-T", str(bench.seconds), "-c", "1", "-j", "1", "-h", target.host]
@@ -106,6 +109,10 @@ def run_sessions(bench: Bench, target: Target, n: int, flags: list[str]) -> Run:
         out, err = proc.communicate()
         found = re.search(r"tps = ([\d.]+)", out)
         done = re.search(r"actually processed: (\d+)", out)
+        if done is not None and int(done.group(1)) == 0:
+            # Starved for the whole run (64 processes on 2 loaded cores): it counts, as 0 tps.
+            print(f"note: a {target.name} process ran no transaction", file=sys.stderr)
+            continue
         if proc.returncode != 0 or found is None or done is None:
             failures.append(err.strip() or out.strip())
             continue
@@ -119,16 +126,21 @@ def run_sessions(bench: Bench, target: Target, n: int, flags: list[str]) -> Run:
 
 @contextlib.contextmanager
 def proxies(
-    upstream: str, baseline: str | None, extra: tuple[str, ...]
-) -> Iterator[tuple[bp.Target, bp.Target | None]]:
+    upstream: str, baseline: str | None, extra: tuple[str, ...], workers: int
+) -> Iterator[tuple[bp.Target, bp.Target | None, bp.Target | None]]:
     with contextlib.ExitStack() as stack:
         mine = stack.enter_context(bp.cowproxy(upstream, "tcp", extra=extra))
+        many = None
+        if workers > 1:
+            many = stack.enter_context(
+                bp.cowproxy(upstream, "tcp", extra=(*extra, "--workers", str(workers)), name="workers")
+            )
         base = None
         if baseline:
             base = stack.enter_context(
                 bp.cowproxy(upstream, "tcp", Path(baseline).resolve(), "cp-base", extra=extra)
             )
-        yield mine, base
+        yield mine, base, many
 
 
 def overlay_path(dsn: str) -> str:
@@ -154,6 +166,7 @@ def main() -> None:
     parser.add_argument("--baseline", help="another checkout of cowproxy: one more target, session/cp-base")
     parser.add_argument("--proxy-args", default="", help="more arguments for cowproxy serve (both)")
     parser.add_argument("--no-plain", action="store_true", help="leave out plain/direct and plain/proxy")
+    parser.add_argument("--workers", type=int, default=1, help="N > 1: one more target, session/proxy-Nw")
     args = parser.parse_args()
     counts = [int(n) for n in args.sessions.split(",")]
     modes = args.modes.split(",")
@@ -178,15 +191,18 @@ def main() -> None:
         )
         path = overlay_path(db_dsn)
         extra = tuple(args.proxy_args.split())
-        with proxies(f"{host}:{port}", args.baseline, extra) as (mine, base):
+        with proxies(f"{host}:{port}", args.baseline, extra, args.workers) as (mine, base, many):
             targets = [
-                Target("session/direct", host, port, None, True),
+                Target("session/direct", host, port, None, True, direct=True),
                 Target("session/proxy", mine.host, mine.port, mine.pid, True),
             ]
             if base is not None:
                 targets.append(Target("session/cp-base", base.host, base.port, base.pid, True))
+            if many is not None:
+                name = f"session/proxy-{args.workers}w"
+                targets.append(Target(name, many.host, many.port, None, True))
             if not args.no_plain:
-                targets.append(Target("plain/direct", host, port, None, False))
+                targets.append(Target("plain/direct", host, port, None, False, direct=True))
                 targets.append(Target("plain/proxy", mine.host, mine.port, mine.pid, False))
             workloads = [
                 (name, mode, n, [*flags, "-M", mode])

@@ -973,10 +973,11 @@ class Relay:
     ) -> None:
         """Carry on from the state the C relay hands back.
 
-        ``owed``: the replies still owed, in order, as Kind letters (only untagged messages are ever in
-        flight there; it hands back inside an extended batch, or with a COPY FROM STDIN running, at once).
-        The statements and portals: its tables, which started as ``export_statements``; one prepared there
-        is analysed now as ``_client_parse`` would have then: untagged, no comment tags (C takes no Parse
+        ``owed``: the replies still owed, in order, as Kind letters (only messages forwarded as they are
+        are ever in flight there; it hands back inside an extended batch, or with a COPY FROM STDIN running,
+        at once). The statements and portals: its tables, which started as ``export_statements``; one
+        prepared there is analysed now as ``_client_parse`` would have then, with the tags in force (in a
+        session C took only texts with a decision: not rewritten) and no comment tags (C takes no Parse
         with a comment opener)."""
         self.status = status
         tagged = self.txn_tags.tagged

@@ -62,7 +62,7 @@ def test_repeated_texts_of_a_session_run_on_the_fast_relay(proxy: RunningProxy, 
     assert c.read_until(b"Z")[-1] == (b"Z", b"I")
     assert relays(proxy) == {"fast": 1}
     # A refusal still comes from Python: the connection is handed back for the new text.
-    replies = c.query("SET search_path TO public")
+    replies = c.query("SET cow.session_id TO 'elsewhere'")
     assert replies[0][0] == b"E" and b"42501" in replies[0][1]
     assert c.query(insert)[-1] == (b"Z", b"I")
     c.sock.close()
@@ -183,6 +183,7 @@ _SESSION_TEXTS = st.sampled_from(
         "COMMIT",
         "ROLLBACK",
         "SELECT 1/0",
+        "SET cow.session_id TO 'elsewhere'",
         "SET search_path TO public",
         "/*cow_session='{o}'*/ UPDATE t SET v = 'o' WHERE id = 4",
         "/*cow_session='{o}'*/ SELECT v FROM t WHERE id = 4",
