@@ -343,3 +343,49 @@ def test_pipelined_repetitions_wait_for_the_first_promotion_and_a_deallocate_voi
     reply(r, *executed, *executed, p.encode_command_complete("DEALLOCATE ALL"), p.encode_ready("I"))
     assert not r.promoted and r.promotions == 1
     assert send(r, parse, p.SYNC) == p.encode_parse(f"{PROMOTED_PREFIX}2", sent) + p.SYNC
+
+
+def _join(r: Relay, query: bytes) -> None:
+    """Send a tagged connection's first statement and play the injection's replies (no catalog)."""
+    send(r, query)
+    reply(
+        r,
+        p.message(b"1"),
+        p.message(b"2"),
+        p.message(b"D", b"\x00\x01\x00\x00\x00\x00"),
+        p.encode_command_complete("SELECT 1"),
+        p.message(b"3"),
+        p.message(b"3"),
+        p.encode_ready("I"),
+    )
+    r.to_server.clear()
+    reply(r, p.encode_command_complete("INSERT 0 1"), p.encode_ready("I"))
+
+
+def test_at_rest_and_the_decisions_of_a_session() -> None:
+    """What the C relay may carry on from: at rest in the session's tags, with the texts that went out as
+    they are (and not a refused, rewritten or comment-tagged one)."""
+    r = relay(Tags("S1"))
+    assert not r.at_rest()  # the session not joined yet
+    insert = "INSERT INTO t VALUES (1)"
+    _join(r, p.encode_query(insert))
+    assert r.at_rest()
+    assert list(r.decisions) == [b"Q" + insert.encode()]
+    send(r, p.encode_query("BEGIN"))
+    assert not r.at_rest()  # in flight
+    reply(r, p.encode_command_complete("BEGIN"), p.encode_ready("T"))
+    assert not r.at_rest()  # in a transaction
+    send(r, p.encode_query("SET cow.session_id = 'x'"))  # refused
+    reply(r, p.encode_error("42601", "syntax error"), p.encode_ready("E"))
+    send(r, p.encode_query("ROLLBACK"))
+    reply(r, p.encode_command_complete("ROLLBACK"), p.encode_ready("I"))
+    assert r.at_rest()
+    send(r, p.encode_query("/*cow_session='S2'*/ SELECT 1"))
+    assert not r.at_rest()  # switching sessions
+    assert set(r.decisions) == {b"Q" + insert.encode(), b"QBEGIN", b"QROLLBACK"}
+    untagged = relay()
+    send(untagged, p.encode_query(insert))
+    reply(untagged, p.encode_command_complete("INSERT 0 1"), p.encode_ready("I"))
+    assert untagged.at_rest() and not untagged.decisions  # untagged: C needs no decisions
+    routed = relay(route=Tags("R"))
+    assert not routed.at_rest()  # the route's tags not in force yet
