@@ -259,6 +259,7 @@ class _Inspection:
         self.error: tuple[str, str, str] | None = None  # (sqlstate, message, detail)
         self.in_do = False  # inside the body of a DO block
         self.path_sets = 0  # SET/RESET search_path statements rewritten by rewrites/app_path.py
+        self.unlayered: tuple[str, str, str] | None = None  # a write to a schema without the layer
 
     def cow(self, relation: object) -> bool:
         return (
@@ -271,6 +272,8 @@ class _Inspection:
             return
         schema, rel = relation.get("schemaname"), str(relation["relname"])
         table = self.catalog.lookup(schema, rel)
+        if self.watch and self.unlayered is None and app_path.unlayered(self.catalog, schema):
+            self.unlayered = (str(schema), rel, kind)
         name = table.qualified if table is not None else (f"{schema}.{rel}" if schema else rel)
         if (name, kind) not in self.writes:
             self.writes.append((name, kind))
@@ -580,6 +583,8 @@ def _analyze_parsed(text: str, catalog: Catalog, in_session: bool, version: int,
     if inspection.error is not None:
         sqlstate, message, detail = inspection.error
         return replace(base, error=(sqlstate, message), error_detail=detail)
+    if inspection.unlayered is not None:
+        return replace(base, error=app_path.unlayered_refusal(*inspection.unlayered))
     if not inspection.found:
         return base
     # Only now the full parse into pglast nodes, which the rewriter edits and deparses.

@@ -97,3 +97,36 @@ def test_path_changes_are_rewritten_in_a_session(
 )
 def test_path_changes_the_proxy_cannot_follow_are_tampering(sql: str) -> None:
     assert Analyzer().analyze(sql, CATALOG, True).tampers
+
+
+@pytest.mark.parametrize(
+    ("sql", "message"),
+    [
+        (
+            "INSERT INTO tenant_x.docs VALUES (1)",
+            "INSERT on tenant_x.docs refused in a session: schema tenant_x",
+        ),
+        ("WITH a AS (DELETE FROM other.t RETURNING 1) SELECT * FROM a", "DELETE on other.t"),
+        ("UPDATE other.t SET x = 1", "cowproxy install --schema other"),
+        ("COPY other.t FROM STDIN", "COPY on other.t"),
+        ("TRUNCATE other.t", "TRUNCATE on other.t"),
+        ("INSERT INTO cow_changes.t1 (x) VALUES (1)", "a schema of the copy-on-write layer"),
+    ],
+)
+def test_writes_to_schemas_without_the_layer_are_refused(sql: str, message: str) -> None:
+    """In a session a write to a table of a schema without the layer would change it for real."""
+    result = Analyzer().analyze(sql, CATALOG, True)
+    assert result.error is not None and result.error[0] == "42501" and message in result.error[1]
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "INSERT INTO docs VALUES (1)",  # resolved through the session's path
+        "UPDATE public.docs SET id = 2",
+        "DELETE FROM pg_temp.t",  # a temporary table
+        "SELECT * FROM other.t",  # reads see the table as it is
+    ],
+)
+def test_other_writes_are_not_refused(sql: str) -> None:
+    assert Analyzer().analyze(sql, CATALOG, True).error is None

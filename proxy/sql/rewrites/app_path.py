@@ -25,6 +25,7 @@ from pglast import ast, enums
 from pglast.stream import RawStream
 from pglast.visitors import Visitor
 
+from proxy.sql.catalog import Catalog
 from proxy.sql.jsontree import JsonNode
 from proxy.sql.rewrites.base import Context, Rule, Scan, Step
 
@@ -114,6 +115,32 @@ class _SetConfigCalls(Visitor):
             args=tuple((node.args or ())[1:]),
             funcformat=enums.CoercionForm.COERCE_EXPLICIT_CALL,
         )
+
+
+def unlayered(catalog: Catalog, schema: object) -> bool:
+    """A schema-qualified write target in a schema without the layer (not a temporary table): in a session
+    its rows would change for real, so the analyzer refuses it (``unlayered_refusal``)."""
+    return (
+        isinstance(schema, str)
+        and schema not in catalog.schemas
+        and not schema.startswith("pg_temp")
+        and catalog.has_cow_tables
+    )
+
+
+def unlayered_refusal(schema: str, table: str, kind: str) -> tuple[str, str]:
+    """(SQLSTATE, message) for a write to ``schema.table`` in a session when the schema has no layer."""
+    if schema in ("cow", "cow_changes") or schema.startswith("cow_overlay_"):
+        return (
+            "42501",
+            f"cowproxy: {kind.upper()} on {schema}.{table} refused in a session: a schema of the "
+            "copy-on-write layer",
+        )
+    return (
+        "42501",
+        f"cowproxy: {kind.upper()} on {schema}.{table} refused in a session: schema {schema} has no "
+        f"copy-on-write layer (install it there with: cowproxy install --schema {schema})",
+    )
 
 
 def detect(scan: Scan, node: JsonNode) -> bool:
