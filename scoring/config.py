@@ -75,10 +75,14 @@ class ScoringConfig:
             raise ScoringError(f"numeric_tolerance must be >= 0, got {self.numeric_tolerance}")
 
     def table_ignored(self, table: str) -> bool:
+        if not self.ignore_tables:  # the common case, asked once per write
+            return False
         return table in self.ignore_tables or _short(table) in self.ignore_tables
 
     def column_ignored(self, table: str, column: str) -> bool:
         cols = self.ignore_columns
+        if not cols:
+            return False
         return column in cols or f"{table}.{column}" in cols or f"{_short(table)}.{column}" in cols
 
     def column_comparator(self, table: str, column: str) -> Comparator | None:

@@ -351,8 +351,8 @@ async def rollout(
             routed = True
         yield episode
         if routed:  # no more tagging before scoring: the episode's writes are final
-            routed = False
             await _blocking(_admin, route, "DELETE", "/routes/" + urllib.parse.quote(str(database), safe=""))
+            routed = False
         if episode.reward_value is None:
             await episode.score()
     finally:
