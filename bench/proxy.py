@@ -136,7 +136,7 @@ def cowproxy(
             *(
                 sys.executable,
                 "-m",
-                "proxy.cli",
+                "cowproxy",
                 "serve",
                 "--upstream",
                 upstream,

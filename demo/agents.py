@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Protocol
 from demo import workflows
 from demo.api import ApiError, HttpApi
 from demo.errors import DemoError
-from demo.openapi import OPERATIONS, Operation
+from demo.openapi import BY_ID, OPERATIONS, Operation
 from demo.workflows import Plan, Snapshot, Workflow
 
 OPERATION_LIMIT = 50
@@ -149,7 +149,6 @@ class Tools:
 
     @property
     def writes(self) -> int:
-        from demo.openapi import BY_ID
 
         return sum(1 for c in self.calls if c.tool == "execute" and c.ok and BY_ID[c.argument].writes)
 

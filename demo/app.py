@@ -24,6 +24,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import asyncpg
 
+import migrations
 from demo import openapi, seed
 from demo.errors import DemoError
 from demo.openapi import BY_ID, OPERATIONS, Operation
@@ -688,8 +689,6 @@ async def _setup(url: str, *, layer: bool) -> None:
     except HttpError:
         print("the tables exist already: not seeding again", flush=True)
     if layer:
-        import migrations
-
         conn = await asyncpg.connect(url)
         try:
             await migrations.install_layer(conn, schemas=("public",))

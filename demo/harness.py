@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
 import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,12 +32,16 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import asyncpg
 
-from demo import agents, report, seed, workflows
+import migrations
+import scoring
+from demo import agents, layer_ops, proxy_ops, report, seed, workflows
 from demo.api import HttpApi
 from demo.app import AppConfig, BackgroundApp, setup_database
 from demo.errors import DemoError
 from demo.report import SessionScore
 from demo.workflows import Workflow
+from migrations.embedded import embedded_postgres
+from scoring import api
 
 
 @dataclass(frozen=True)
@@ -123,7 +129,6 @@ async def _admin(dsn: str, *queries: tuple[str, Sequence[Any]]) -> list[list[asy
 
 
 async def _install_layer(dsn: str) -> list[asyncpg.Record]:
-    import migrations
 
     conn = await asyncpg.connect(dsn)
     try:
@@ -175,18 +180,14 @@ def _session_rows(dsn: str, session: str) -> int:
 
 
 def _score(dsn: str, gt: str, agent: str) -> Any:
-    import scoring
 
     fn = getattr(scoring, "score_sessions", None)
     if fn is None:  # the documented name (docs/interfaces.md); fall back to where it is defined
-        from scoring import api
-
         fn = api.score_sessions
     return fn(dsn, gt, agent)
 
 
 def _finish_sessions(dsn: str, sessions: Sequence[str], commit: str | None) -> None:
-    from demo import layer_ops
 
     layer_ops.finish(dsn, sessions, commit)
 
@@ -255,7 +256,6 @@ class ProxyTagging(Tagging):
     def __init__(
         self, upstream: tuple[str, int], database: str, database_url_template: str, workdir: Path
     ) -> None:
-        from demo import proxy_ops
 
         self.database = database
         self.listen = ("127.0.0.1", _free_port())
@@ -299,12 +299,10 @@ class ProxyTagging(Tagging):
             raise DemoError(f"{exc}" + (f" (proxy log: {tail})" if tail else "")) from None
 
     def enter(self, session: str) -> None:
-        from demo import proxy_ops
 
         proxy_ops.route(self.admin_addr, session, self.database)
 
     def leave(self) -> None:
-        from demo import proxy_ops
 
         proxy_ops.unroute(self.admin_addr, self.database)
 
@@ -830,7 +828,6 @@ def _as_json(result: DemoResult) -> dict[str, Any]:
 
 
 def _detail_html(result: Any) -> str:
-    import html
 
     rows = getattr(result, "rows", ())
     lines = []
@@ -878,7 +875,6 @@ def _drop_database(server_dsn: str, database: str) -> None:
 
 
 def _rmtree(path: Path) -> None:
-    import shutil
 
     shutil.rmtree(path, ignore_errors=True)
 

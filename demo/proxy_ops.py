@@ -6,10 +6,12 @@ Uses the proxy's documented surfaces only: the ``serve`` command line and the ad
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -18,6 +20,9 @@ from typing import Any
 from urllib.parse import quote
 
 from demo.errors import DemoError
+from proxy.commands import run_proxy
+from proxy.config import build_config
+from proxy.errors import ProxyError
 
 Address = tuple[str, int]
 
@@ -50,7 +55,7 @@ def start(
 ) -> subprocess.Popen[bytes]:
     """Start ``cowproxy serve`` and wait until its admin API answers; DemoError if it cannot start."""
     cmd = [
-        sys.executable, "-m", "proxy.cli", "serve",
+        sys.executable, "-m", "cowproxy", "serve",
         "--upstream", _addr(upstream), "--listen", _addr(listen),
         "--metrics", _addr(metrics), "--admin", _addr(admin),
     ]  # fmt: skip
@@ -87,12 +92,6 @@ class InProcessProxy:
     """The proxy's ``run_proxy`` on its own asyncio loop in a thread (when the subprocess cannot start)."""
 
     def __init__(self, upstream: Address, listen: Address, metrics: Address, admin: Address) -> None:
-        import asyncio
-        import threading
-
-        from proxy.commands import run_proxy
-        from proxy.config import build_config
-        from proxy.errors import ProxyError
 
         try:
             config = build_config(

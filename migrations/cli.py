@@ -12,6 +12,7 @@ from typing import Any, TextIO, TypeVar
 
 import asyncpg
 
+from cowproxy.cli import add_dsn, add_format, require_dsn
 from migrations.errors import LayerError
 from migrations.layer import install_layer, uninstall_layer
 from migrations.sessions import (
@@ -31,8 +32,6 @@ CONNECT_TIMEOUT = 10.0
 
 def register(sub: Any, session_sub: Any) -> None:
     """Add this package's sub-commands to the ``cowproxy`` parser."""
-    from proxy.cli import add_dsn, add_format
-
     p = sub.add_parser("install", help="install or upgrade the CoW layer and enable CoW on schemas")
     add_dsn(p)
     p.add_argument("--schema", action="append", default=[], metavar="S", help="app schema (default: public)")
@@ -96,8 +95,6 @@ def register(sub: Any, session_sub: Any) -> None:
 
 
 def _with_conn(args: argparse.Namespace, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
-    from proxy.cli import require_dsn
-
     dsn = require_dsn(args)
 
     async def run() -> T:

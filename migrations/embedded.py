@@ -67,7 +67,7 @@ def _ensure_run_user() -> tuple[int, int] | None:
     """Return (uid, gid) to run the server as, or None when we are not root."""
     if os.geteuid() != 0:
         return None
-    import pwd
+    import pwd  # noqa: PLC0415 - Unix only, on a path that runs only on Unix
 
     try:
         entry = pwd.getpwnam(_RUN_USER)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from cowproxy.errors import CowError
 
-class LayerError(Exception):
+
+class LayerError(CowError):
     """Root of the layer's errors; the CLI prints its message as one line and exits non-zero."""
 
 

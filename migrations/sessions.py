@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -11,11 +10,11 @@ from typing import Any
 
 import asyncpg
 
+from cowproxy.ids import valid_id
 from migrations.errors import LayerError, NotInstalledError, SessionError
 from migrations.layer import repeatables
 
 KINDS = ("ground_truth", "agent", "other")
-_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 @dataclass(frozen=True)
@@ -199,7 +198,7 @@ async def list_sessions(conn: asyncpg.Connection, status: str | None = None) -> 
 
 
 def _check_id(session_id: str) -> None:
-    if not _ID.fullmatch(session_id):
+    if not valid_id(session_id):
         raise SessionError(
             f"invalid session id {session_id[:140]!r}: ids are 1-128 characters of [A-Za-z0-9._:-]"
         )

@@ -12,16 +12,30 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
-from proxy.errors import ProxyError
+from cowproxy.cli import add_format
+from proxy.admin import AdminApi, MetricsEndpoint, admin_request
+from proxy.config import ProxyConfig, build_config
+from proxy.errors import AdminError, ProxyError
+from proxy.server import LogfmtFormatter, ProxyServer
+from proxy.tags import check_id
+
+_run_loop: Callable[..., Any] = asyncio.run
+try:
+    import uvloop
+
+    _run_loop = uvloop.run
+except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
+    pass
 
 DEFAULT_ADMIN = "127.0.0.1:9188"
 
 
 def register(sub: Any, session_sub: Any) -> None:
     """Add this package's sub-commands to the ``cowproxy`` parser."""
-    from proxy.cli import add_format
 
     serve = sub.add_parser("serve", help="run the wire-protocol proxy in front of PostgreSQL")
     serve.add_argument(
@@ -86,9 +100,6 @@ def register(sub: Any, session_sub: Any) -> None:
 
 
 def _route(args: argparse.Namespace) -> int:
-    from proxy.admin import admin_request
-    from proxy.tags import check_id
-
     check_id(args.session, "session id")
     result = admin_request(
         args.admin, "POST", "/routes", {"database": args.database, "session": args.session}, args.admin_token
@@ -101,11 +112,6 @@ def _route(args: argparse.Namespace) -> int:
 
 
 def _unroute(args: argparse.Namespace) -> int:
-    from urllib.parse import quote
-
-    from proxy.admin import admin_request
-    from proxy.errors import AdminError
-
     try:
         result = admin_request(
             args.admin, "DELETE", f"/routes/{quote(args.database, safe='')}", None, args.admin_token
@@ -122,8 +128,6 @@ def _unroute(args: argparse.Namespace) -> int:
 
 
 def setup_logging(fmt: str, level: str = "info") -> None:
-    from proxy.server import LogfmtFormatter
-
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(LogfmtFormatter(as_json=fmt == "json"))
     logger = logging.getLogger("cowproxy")
@@ -133,8 +137,6 @@ def setup_logging(fmt: str, level: str = "info") -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from proxy.config import build_config
-
     flags = {
         "upstream": args.upstream,
         "listen": args.listen,
@@ -218,12 +220,9 @@ def _serve_workers(config: Any, runner: Any) -> int:
 
 
 async def run_proxy(
-    config: Any, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None
+    config: ProxyConfig, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None
 ) -> None:
     """Run until SIGTERM/SIGINT (or ``stop``), then drain."""
-    from proxy.admin import AdminApi, MetricsEndpoint
-    from proxy.server import ProxyServer
-
     proxy = ProxyServer(config)
     await proxy.start()
     # Everything imported and built so far lives as long as the process: keep it out of the collector's

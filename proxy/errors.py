@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from cowproxy.errors import CowError
 
-class ProxyError(Exception):
+
+class ProxyError(CowError):
     """Root of the proxy's errors; the CLI prints its message as one line and exits non-zero."""
 
     sqlstate = "XX000"

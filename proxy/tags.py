@@ -15,10 +15,10 @@ import re
 from dataclasses import dataclass
 from urllib.parse import unquote
 
+from cowproxy.ids import ID_PATTERN
 from proxy.errors import TagError
 from proxy.protocol import StartupMessage
 
-ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 SESSION_GUC = "cow.session_id"
 OPERATION_GUC = "cow.operation_id"
 APP_NAME_PREFIX = "cow:"

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from cowproxy.cli import add_dsn, add_format, require_dsn
 
 from .errors import ScoringError
 
@@ -24,11 +25,7 @@ def register(sub: Any, session_sub: Any) -> None:
         help="score agent sessions against their ground-truth sessions",
         description="Compare an agent session's writes with a ground-truth session's (the paper's scoring).",
     )
-    p.add_argument(
-        "--dsn",
-        default=os.environ.get("COW_DSN") or os.environ.get("DATABASE_URL") or None,
-        help="PostgreSQL connection string (default: $COW_DSN, then $DATABASE_URL)",
-    )
+    add_dsn(p)
     which = p.add_argument_group("what to score (one of)")
     which.add_argument(
         "--gt",
@@ -42,7 +39,7 @@ def register(sub: Any, session_sub: Any) -> None:
         help="every agent session against its gt_session (and the ground truths sharing its label)",
     )
     which.add_argument("--pairs", metavar="FILE", help="CSV of pairs: columns gt,agent (header optional)")
-    p.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
+    add_format(p, FORMATS)
     p.add_argument(
         "--output", "-o", metavar="FILE", help="write to FILE instead of stdout (required for html)"
     )
@@ -56,12 +53,12 @@ def register(sub: Any, session_sub: Any) -> None:
 
 
 def run_score(args: argparse.Namespace) -> int:
-    from .api import score_pairs_async
-    from .config import make_config
-    from .render import render_csv, render_html, render_json, render_jsonl, render_table
+    # Only `cowproxy score` needs the scorer (numpy, scipy, networkx): other commands start without it.
+    from .api import score_pairs_async  # noqa: PLC0415
+    from .config import make_config  # noqa: PLC0415
+    from .render import render_csv, render_html, render_json, render_jsonl, render_table  # noqa: PLC0415
 
-    if not args.dsn:
-        raise ScoringError("no database given: pass --dsn or set COW_DSN or DATABASE_URL")
+    require_dsn(args)
     if args.format == "html" and not args.output:
         raise ScoringError("--format html writes one file: give --output FILE")
     if args.jobs is not None and args.jobs < 1:
@@ -108,8 +105,8 @@ async def _pairs(args: argparse.Namespace) -> list[tuple[str | tuple[str, ...], 
         if not args.gt or not args.agent:
             raise ScoringError("give both --gt and --agent")
         return [(tuple(args.gt), args.agent)]
-    from .api import connect
-    from .extract import agent_sessions, check_layer
+    from .api import connect  # noqa: PLC0415
+    from .extract import agent_sessions, check_layer  # noqa: PLC0415
 
     conn = await connect(args.dsn)
     try:

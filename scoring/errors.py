@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from cowproxy.errors import CowError
 
-class ScoringError(Exception):
+
+class ScoringError(CowError):
     """Root of the scorer's errors; the CLI prints its message as one line and exits non-zero."""

@@ -595,7 +595,7 @@ def _assign(
                 shared = min(kids[0].get(g.key, 0), kids[1].get(a.key, 0), 1000)
                 weights[x, y] = sim + 1e-9 + 1e-9 * shared
         # Imported here: scipy.optimize takes ~0.7 s to import, which every `cowproxy` command would pay.
-        from scipy.optimize import linear_sum_assignment
+        from scipy.optimize import linear_sum_assignment  # noqa: PLC0415
 
         rows_idx, cols_idx = linear_sum_assignment(weights, maximize=True)
         chosen_g: set[int] = set()

@@ -29,7 +29,7 @@ def test_server_version_is_supported(pg_server: PgServer) -> None:
 
 
 def test_cli_without_command_is_a_usage_error() -> None:
-    result = subprocess.run([sys.executable, "-m", "proxy.cli"], capture_output=True, text=True, check=False)
+    result = subprocess.run([sys.executable, "-m", "cowproxy"], capture_output=True, text=True, check=False)
     assert result.returncode == 2
     assert "usage: cowproxy" in result.stderr
     assert "Traceback" not in result.stderr
@@ -45,7 +45,7 @@ def test_cli_output_into_a_closed_pipe_is_not_a_traceback(layer_db: str) -> None
     reader = subprocess.Popen(["head", "-c", "10"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
     assert reader.stdin is not None
     writer = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "session", "diff", "pipe", "--format", "json", "--dsn", layer_db],
+        [sys.executable, "-m", "cowproxy", "session", "diff", "pipe", "--format", "json", "--dsn", layer_db],
         stdout=reader.stdin,
         stderr=subprocess.PIPE,
         text=True,

@@ -4,6 +4,7 @@ names on copy-on-write tables. Pure functions and objects, no I/O."""
 
 from __future__ import annotations
 
+from cowproxy.ids import ID_PATTERN
 from proxy.sql.analyze import (
     KINDS,
     Analysis,
@@ -22,7 +23,7 @@ from proxy.sql.catalog import (
     ReferencingKey,
     UniqueKey,
 )
-from proxy.tags import ID_PATTERN, Tags, read_comment_tags, strip_edge_comments
+from proxy.tags import Tags, read_comment_tags, strip_edge_comments
 
 __all__ = [
     "CATALOG_QUERY",

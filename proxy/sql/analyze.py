@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import pglast
+from pglast import ast, enums
 from pglast.parser import ParseError, parse_plpgsql_json, parse_sql_json
 
 from proxy.errors import RewriteError
@@ -629,7 +630,6 @@ def split_trailing_reset(sql: str) -> str | None:
 
 
 def _is_reset(node: Any) -> bool:
-    from pglast import ast, enums
 
     if isinstance(node, ast.VariableSetStmt):
         return bool(node.kind == enums.VariableSetKind.VAR_RESET_ALL)

@@ -48,7 +48,7 @@ from typing import Any
 
 import pytest
 
-from proxy.cli import main
+from cowproxy.main import main
 from tests.conftest import PgServer
 from tests.demo.conftest import FakeModel, tool_call
 
@@ -202,7 +202,7 @@ def test_cli_demo_on_embedded_postgres_commits_and_leaves_nothing_running(tmp_pa
     out = tmp_path / "demo.json"
     env = {k: v for k, v in os.environ.items() if k not in ("COW_DSN", "DATABASE_URL", "OPENAI_API_KEY")}
     proc = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "demo", "--workflow", "campaign-push", "--agent", "correct",
+        [sys.executable, "-m", "cowproxy", "demo", "--workflow", "campaign-push", "--agent", "correct",
          "--agent", "overreach", "--commit", "--json", str(out)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=200, check=False,
     )  # fmt: skip
@@ -234,7 +234,7 @@ def test_cli_demo_on_embedded_postgres_commits_and_leaves_nothing_running(tmp_pa
 )  # fmt: skip
 def test_cli_demo_rejects_bad_input_in_one_line(args: list[str], message: str) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "demo", "--quick", *args],
+        [sys.executable, "-m", "cowproxy", "demo", "--quick", *args],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert proc.returncode == 1
@@ -246,7 +246,7 @@ def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
     """Ctrl-C in the middle of the agents (SIGINT to the process group, as a terminal sends it)."""
     env = {k: v for k, v in os.environ.items() if k not in ("COW_DSN", "DATABASE_URL")}
     proc = subprocess.Popen(
-        [sys.executable, "-u", "-m", "proxy.cli", "demo", "--quick"],
+        [sys.executable, "-u", "-m", "cowproxy", "demo", "--quick"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
     )  # fmt: skip
@@ -283,7 +283,7 @@ def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
 def test_keep_leaves_the_application_running_until_ctrl_c(pg_server: PgServer, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("COW_DSN", "DATABASE_URL")}
     proc = subprocess.Popen(
-        [sys.executable, "-u", "-m", "proxy.cli", "demo", "--workflow", "campaign-push", "--agent", "correct",
+        [sys.executable, "-u", "-m", "cowproxy", "demo", "--workflow", "campaign-push", "--agent", "correct",
          "--keep", "--dsn", pg_server.dsn],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,

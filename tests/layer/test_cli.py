@@ -12,8 +12,8 @@ from collections.abc import Callable
 import psycopg
 import pytest
 
+from cowproxy.main import main
 from migrations import migrations, repeatables
-from proxy.cli import main
 from tests.layer.conftest import SAMPLE_DATA, SAMPLE_SCHEMA
 
 
@@ -162,7 +162,7 @@ def test_commit_conflict_and_unknown_operation(layer_db: str) -> None:
 
 def test_unreachable_and_missing_databases(layer_db: str) -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "status", "--dsn", "postgresql://postgres@127.0.0.1:1/x"],
+        [sys.executable, "-m", "cowproxy", "status", "--dsn", "postgresql://postgres@127.0.0.1:1/x"],
         capture_output=True,
         text=True,
         check=False,
@@ -172,7 +172,7 @@ def test_unreachable_and_missing_databases(layer_db: str) -> None:
     one_error_line(cli("session", "list", dsn=layer_db.rsplit("/", 1)[0] + "/no_such_db"), "does not exist")
     one_error_line(cli("status", dsn="mysql://x"), "bad --dsn")
     r = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "status"],
+        [sys.executable, "-m", "cowproxy", "status"],
         capture_output=True,
         text=True,
         check=False,

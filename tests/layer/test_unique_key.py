@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from proxy.cli import main
+from cowproxy.main import main
 from tests.layer.conftest import commit_conflicts
 from tests.layer.test_semantics import Pair, base_rows, session_pair
 

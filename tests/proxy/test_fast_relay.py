@@ -540,7 +540,7 @@ def test_sigterm_drains_fast_connections(pg_server: PgServer, empty_db: str, tmp
     # Port 0: the proxy binds a free port itself and logs it (a port picked here could be taken meanwhile).
     proc = subprocess.Popen(
         [
-            *(sys.executable, "-m", "proxy.cli", "serve"),
+            *(sys.executable, "-m", "cowproxy", "serve"),
             *("--upstream", f"{pg_server.host}:{pg_server.port}", "--listen", "127.0.0.1:0"),
             *("--drain-timeout", "10"),
         ],

@@ -31,7 +31,7 @@ def free_port() -> int:
 
 def cowproxy(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "proxy.cli", *args],
+        [sys.executable, "-m", "cowproxy", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -62,7 +62,7 @@ def served(pg_server: PgServer, tmp_path: Path) -> Iterator[Served]:
         [
             sys.executable,
             "-m",
-            "proxy.cli",
+            "cowproxy",
             "serve",
             "--config",
             str(config),

@@ -332,7 +332,7 @@ def test_client_certificate(tls_upstream: TlsUpstream) -> None:
 
 def cowproxy(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "serve", "--upstream", "127.0.0.1:1", *args],
+        [sys.executable, "-m", "cowproxy", "serve", "--upstream", "127.0.0.1:1", *args],
         capture_output=True,
         text=True,
         timeout=30,

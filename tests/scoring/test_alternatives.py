@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.cli import main
+from cowproxy.main import main
 from scoring import ScoringError, Write, score_sessions, score_writes
 from scoring.core import score_alternatives
 from tests.scoring import figure3 as f3

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.cli import main
+from cowproxy.main import main
 
 pytestmark = pytest.mark.timeout(120)
 
