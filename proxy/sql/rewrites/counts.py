@@ -13,7 +13,7 @@ from pglast.enums import (
     LimitOption,
     NullTestType,
 )
-from pglast.visitors import Skip, Visitor
+from pglast.visitors import Ancestor, Skip, Visitor
 
 from proxy.sql.catalog import Catalog, CowTable
 from proxy.sql.jsontree import JsonNode, any_select, child, children
@@ -55,7 +55,7 @@ class _Placeholders(Visitor):
     def __init__(self, values: dict[str, Any]) -> None:
         self.values = values
 
-    def visit_ColumnRef(self, _: Any, node: Any) -> Any:
+    def visit_ColumnRef(self, _: Ancestor, node: ast.ColumnRef) -> Any:
         fields = [getattr(f, "sval", None) for f in node.fields or ()]
         if len(fields) == 1 and fields[0] in self.values:
             value = self.values[fields[0]]
@@ -99,7 +99,7 @@ class _SplitCounts(Visitor):
         self.ctes = ctes
         self.changed = False
 
-    def visit_SelectStmt(self, _: Any, node: Any) -> Any:
+    def visit_SelectStmt(self, _: Ancestor, node: ast.SelectStmt) -> Any:
         count = self._counted(node)
         if count is None:
             return None
@@ -122,7 +122,7 @@ class _SplitCounts(Visitor):
             f" + (SELECT count(*) FROM {changes} AS {alias} WHERE {alias}._cow_session = {CURRENT_SESSION}"
             f" AND {alias}._cow_current AND NOT {alias}._cow_deleted)"
         )
-        column = quote(node.targetList[0].name or "count")
+        column = quote((node.targetList or ())[0].name or "count")
         if count.offset is None and count.limit is None:
             new = parse(f"SELECT {split} AS {column}")
             parts = new.targetList[0].val
@@ -211,10 +211,10 @@ class _SplitCounts(Visitor):
             )
         return _Count(table, item, where, offset, limit)
 
-    def _table(self, node: Any) -> CowTable | None:
+    def _table(self, node: ast.RangeVar) -> CowTable | None:
         return base_readable(self.catalog, self.ctes, node)
 
-    def visit_CreateFunctionStmt(self, _: Any, node: Any) -> Any:
+    def visit_CreateFunctionStmt(self, _: Ancestor, node: ast.CreateFunctionStmt) -> Any:
         return Skip
 
 

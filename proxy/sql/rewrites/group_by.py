@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pglast import ast
-from pglast.visitors import Skip, Visitor
+from pglast.visitors import Ancestor, Skip, Visitor
 
 from proxy.sql.catalog import Catalog, CowTable
 from proxy.sql.jsontree import JsonNode, any_select, from_relations
@@ -60,7 +60,7 @@ class _GroupByKeys(Visitor):
         self.ctes = ctes  # names a CTE may shadow a table with (any level: conservative)
         self.changed = False
 
-    def visit_SelectStmt(self, _: Any, node: Any) -> None:
+    def visit_SelectStmt(self, _: Ancestor, node: ast.SelectStmt) -> None:
         groups = tuple(node.groupClause or ())
         if not groups or any(isinstance(g, ast.GroupingSet) for g in groups):
             return
@@ -99,20 +99,22 @@ class _GroupByKeys(Visitor):
                 items.append(_FromItem(names, None))
         return items
 
-    def _range_var(self, node: Any) -> _FromItem:
+    def _range_var(self, node: ast.RangeVar) -> _FromItem:
+        relname = str(node.relname)  # the parser always sets it (as it does an alias's name)
         if node.alias is not None:
             table = None if node.alias.colnames else self._table(node)
-            return _FromItem(((node.alias.aliasname,),), table, (node.alias.aliasname,))
+            alias = str(node.alias.aliasname)
+            return _FromItem(((alias,),), table, (alias,))
         if node.schemaname:
-            qualifier = (node.schemaname, node.relname)
-            return _FromItem((qualifier, (node.relname,)), self._table(node), qualifier)
-        return _FromItem(((node.relname,),), self._table(node), (node.relname,))
+            qualifier = (node.schemaname, relname)
+            return _FromItem((qualifier, (relname,)), self._table(node), qualifier)
+        return _FromItem(((relname,),), self._table(node), (relname,))
 
-    def _table(self, node: Any) -> CowTable | None:
+    def _table(self, node: ast.RangeVar) -> CowTable | None:
         return cow_range(self.catalog, self.ctes, node)
 
     @staticmethod
-    def _resolve(group: Any, items: Sequence[_FromItem]) -> tuple[int, str] | None:
+    def _resolve(group: ast.Node, items: Sequence[_FromItem]) -> tuple[int, str] | None:
         """(index of the FROM item, column) a plain column reference denotes, when certain."""
         if not isinstance(group, ast.ColumnRef):
             return None
@@ -131,7 +133,7 @@ class _GroupByKeys(Visitor):
         table = items[found[0]].table
         return (found[0], column) if table is not None and table.column(column) else None
 
-    def visit_CreateFunctionStmt(self, _: Any, node: Any) -> Any:
+    def visit_CreateFunctionStmt(self, _: Ancestor, node: ast.CreateFunctionStmt) -> Any:
         return Skip
 
 

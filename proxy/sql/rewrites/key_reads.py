@@ -11,7 +11,7 @@ from pglast import ast
 from pglast.enums import (
     A_Expr_Kind,
 )
-from pglast.visitors import Visitor
+from pglast.visitors import Ancestor, Visitor
 
 from proxy.sql.catalog import Catalog, CowTable
 from proxy.sql.jsontree import JsonNode, child, children
@@ -166,7 +166,7 @@ def _key_read(node: Any, catalog: Catalog, ctes: frozenset[str], *, cached_plan:
     return True
 
 
-def _key_condition(expr: Any, name: str, table: CowTable, *, qualified: bool) -> _KeyCondition | None:
+def _key_condition(expr: ast.Node, name: str, table: CowTable, *, qualified: bool) -> _KeyCondition | None:
     """``expr`` as a restriction of one key column by expressions of no column (a copy naming the column
     bare, for the versions CTE), else None."""
     if not isinstance(expr, ast.A_Expr) or operator_of(expr) is None:
@@ -193,7 +193,7 @@ def _key_condition(expr: Any, name: str, table: CowTable, *, qualified: bool) ->
     params: list[Any] = []
 
     class Params(Visitor):
-        def visit_ParamRef(self, _: Any, ref: Any) -> None:
+        def visit_ParamRef(self, _: Ancestor, ref: ast.ParamRef) -> None:
             params.append(ref)
 
     Params()(values)
@@ -207,7 +207,7 @@ def _key_condition(expr: Any, name: str, table: CowTable, *, qualified: bool) ->
     return _KeyCondition(new, column, bound, bool(params), expr, ranged)
 
 
-def _key_column(node: Any, name: str, table: CowTable, *, qualified: bool) -> str | None:
+def _key_column(node: ast.Node | None, name: str, table: CowTable, *, qualified: bool) -> str | None:
     """The key column ``node`` names (``c``, ``t.c``, ``s.t.c``), else None."""
     if not isinstance(node, ast.ColumnRef) or not plain_condition(node, name, table, qualified=qualified):
         return None
@@ -242,7 +242,7 @@ class _OpaqueParams(Visitor):
     """Each ``$n`` written ``(SELECT $n)``: the same value, which the planner does not see when it plans
     (an initplan's output), in custom plans as in the generic one."""
 
-    def visit_ParamRef(self, _: Any, ref: Any) -> Any:
+    def visit_ParamRef(self, _: Ancestor, ref: ast.ParamRef) -> Any:
         return parse(f"SELECT (SELECT ${ref.number})").targetList[0].val
 
 
@@ -256,7 +256,7 @@ def detect(scan: Scan, stmt: JsonNode) -> bool:
 
 def apply(ctx: Context, node: ast.Node) -> Step | None:
     select = node.query if isinstance(node, ast.ExplainStmt) else node  # EXPLAIN shows what runs
-    if _key_read(select, ctx.catalog, ctx.ctes(node), cached_plan=ctx.cached_plan):
+    if select is not None and _key_read(select, ctx.catalog, ctx.ctes(node), cached_plan=ctx.cached_plan):
         return Step(node)
     return None
 

@@ -11,7 +11,7 @@ from pglast.enums import (
     A_Expr_Kind,
     JoinType,
 )
-from pglast.visitors import Skip, Visitor
+from pglast.visitors import Ancestor, Skip, Visitor
 
 from proxy.sql.catalog import Catalog, CowTable
 from proxy.sql.jsontree import JsonNode, any_select, from_relations
@@ -32,11 +32,11 @@ from proxy.sql.rewrites.tables import (
 )
 
 
-def _join_tree_ranges(from_clause: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+def _join_tree_ranges(from_clause: Sequence[ast.Node]) -> tuple[list[ast.RangeVar], list[ast.JoinExpr]]:
     """The RangeVars and the JoinExprs of a FROM list, through unaliased joins."""
     ranges: list[Any] = []
     joins: list[Any] = []
-    stack = list(from_clause)
+    stack: list[ast.Node | None] = list(from_clause)
     while stack:
         item = stack.pop()
         if isinstance(item, ast.JoinExpr):
@@ -67,7 +67,7 @@ _RESTRICTING = frozenset(
 )
 
 
-def _own_column(node: Any, name: str, table: CowTable) -> str | None:
+def _own_column(node: object, name: str, table: CowTable) -> str | None:
     """The column of ``table`` (FROM item ``name``) that ``node`` is, if it is ``name.column``."""
     if not isinstance(node, ast.ColumnRef):
         return None
@@ -98,7 +98,7 @@ class _LateralJoins(Visitor):
         self.ctes = ctes
         self.changed = False
 
-    def visit_SelectStmt(self, _: Any, node: Any) -> None:
+    def visit_SelectStmt(self, _: Ancestor, node: ast.SelectStmt) -> None:
         if node.lockingClause or not node.fromClause or len(node.fromClause) != 1:
             return
         ranges, joins = _join_tree_ranges(node.fromClause)
@@ -112,7 +112,7 @@ class _LateralJoins(Visitor):
             for join in joins:
                 self._lateral(join)
 
-    def _dwarfed(self, node: Any, ranges: Sequence[Any]) -> bool:
+    def _dwarfed(self, node: ast.SelectStmt, ranges: Sequence[ast.RangeVar]) -> bool:
         """Whether the first relation is a CoW table that every other CoW table of the join outsizes by
         LATERAL_SIZE_RATIO (row estimates from the catalog; an unanalyzed table does not count)."""
         first = first_range(node)
@@ -122,7 +122,7 @@ class _LateralJoins(Visitor):
         others = [cow_range(self.catalog, self.ctes, r) for r in ranges if r is not first]
         return all(t is None or t.rows >= LATERAL_SIZE_RATIO * max(driver.rows, 1.0) for t in others)
 
-    def _driver(self, node: Any, ranges: Sequence[Any]) -> str:
+    def _driver(self, node: ast.SelectStmt, ranges: Sequence[ast.RangeVar]) -> str:
         """How the first relation of the join tree is restricted: "pinned" (equality or IN on a whole key:
         a few rows), "restricted" (a WHERE condition compares one of its columns with values, or a LIMIT
         with no ORDER BY beyond it), else "open".
@@ -154,7 +154,7 @@ class _LateralJoins(Visitor):
             return "pinned"
         return "restricted" if restricted else "open"
 
-    def _lateral(self, join: Any) -> None:
+    def _lateral(self, join: ast.JoinExpr) -> None:
         rarg = join.rarg
         if (
             join.jointype not in (JoinType.JOIN_INNER, JoinType.JOIN_LEFT)
@@ -192,7 +192,7 @@ class _LateralJoins(Visitor):
         join.quals = _TRUE
         self.changed = True
 
-    def visit_CreateFunctionStmt(self, _: Any, node: Any) -> Any:
+    def visit_CreateFunctionStmt(self, _: Ancestor, node: ast.CreateFunctionStmt) -> Any:
         return Skip
 
 

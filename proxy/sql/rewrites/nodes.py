@@ -16,7 +16,7 @@ from pglast.enums import (
     BoolExprType,
     SetOperation,
 )
-from pglast.visitors import Skip, Visitor
+from pglast.visitors import Ancestor, Skip, Visitor
 
 from proxy.sql.catalog import CowTable
 
@@ -36,17 +36,17 @@ def type_name(type_name: str) -> Any:
     return parse(f"SELECT CAST(NULL AS {type_name})").targetList[0].val.typeName
 
 
-def and_(left: Any, right: Any) -> ast.BoolExpr:
+def and_(left: ast.Node, right: ast.Node) -> ast.BoolExpr:
     return ast.BoolExpr(boolop=BoolExprType.AND_EXPR, args=(left, right))
 
 
-def all_of(*conditions: Any) -> ast.BoolExpr:
+def all_of(*conditions: ast.Node | None) -> ast.BoolExpr:
     """The conditions' top-level AND terms under one AND (as the parser builds ``a AND b AND c``)."""
     terms = tuple(term for condition in conditions for term in conjuncts(condition))
     return ast.BoolExpr(boolop=BoolExprType.AND_EXPR, args=terms)
 
 
-def command_of(node: Any) -> str | None:
+def command_of(node: ast.Node) -> str | None:
     """The command word of the CommandComplete tag a statement produces (for tag_map clashes)."""
     if isinstance(node, ast.SelectStmt):
         return "SELECT"
@@ -121,12 +121,13 @@ PLAIN_EXPRESSION_NODES = (
 class Shorten(Visitor):
     """``schema.table.column`` written ``table.column``, where the table became a subquery of that name."""
 
-    def visit_ColumnRef(self, _: Any, node: Any) -> None:
-        if len(node.fields or ()) == 3:
-            node.fields = tuple(node.fields[1:])
+    def visit_ColumnRef(self, _: Ancestor, node: ast.ColumnRef) -> None:
+        fields = node.fields or ()
+        if len(fields) == 3:
+            node.fields = fields[1:]
 
 
-def unqualified(where: Any) -> Any:
+def unqualified(where: ast.Node) -> ast.Node:
     """A copy of ``where`` with ``schema.table.column`` written ``table.column`` (each part names the table
     by its name, as an alias)."""
     where = copy.deepcopy(where)
@@ -147,12 +148,12 @@ def bare_select(node: Any) -> bool:
     )
 
 
-def function_name(call: Any) -> tuple[str | None, ...]:
+def function_name(call: ast.FuncCall) -> tuple[str | None, ...]:
     return tuple(getattr(n, "sval", None) for n in call.funcname or ())
 
 
 def plain_condition(
-    where: Any, name: str = "", table: CowTable | None = None, *, qualified: bool = False
+    where: ast.Node | None, name: str = "", table: CowTable | None = None, *, qualified: bool = False
 ) -> bool:
     """Whether an expression reads only the FROM item's own columns (``c``, ``name.c``, and with
     ``qualified`` ``schema.name.c``; none without ``table``), constants, parameters and stable built-in
@@ -167,7 +168,7 @@ def plain_condition(
         return len(fields) == 1 or (len(fields) == 2 and fields[0] == name)
 
     class Check(Visitor):
-        def visit(self, _: Any, node: Any) -> Any:
+        def visit(self, _: Ancestor, node: ast.Node) -> Any:
             nonlocal plain
             if isinstance(node, ast.ColumnRef):
                 plain = plain and own([getattr(f, "sval", None) for f in node.fields or ()])
@@ -190,9 +191,10 @@ def plain_condition(
     return plain
 
 
-def first_range(node: Any) -> Any:
+def first_range(node: ast.SelectStmt) -> ast.RangeVar | None:
     """The RangeVar a SELECT's FROM tree starts with (through unaliased joins), else None."""
-    first = node.fromClause[0]
+    items = node.fromClause or ()
+    first = items[0] if items else None
     while isinstance(first, ast.JoinExpr):
         if first.alias is not None:
             return None
@@ -200,7 +202,7 @@ def first_range(node: Any) -> Any:
     return first if isinstance(first, ast.RangeVar) else None
 
 
-def conjuncts(expr: Any) -> Sequence[Any]:
+def conjuncts(expr: ast.Node | None) -> Sequence[Any]:
     """The top-level AND terms of a condition (none for a missing one)."""
     if expr is None:
         return ()
@@ -209,18 +211,18 @@ def conjuncts(expr: Any) -> Sequence[Any]:
     return (expr,)
 
 
-def operator_of(expr: Any) -> str | None:
+def operator_of(expr: ast.A_Expr) -> str | None:
     """The operator of an A_Expr (``=`` also for ``IN`` and ``= ANY``), when it is an unqualified one."""
     names = [getattr(n, "sval", None) for n in expr.name or ()]
     return names[0] if len(names) == 1 else None
 
 
-def range_name(node: Any) -> str:
+def range_name(node: ast.RangeVar) -> str:
     """The name a FROM item's columns are qualified with (its alias, else its table name)."""
     return str(node.alias.aliasname if node.alias is not None else node.relname)
 
 
-def qualifier(node: Any) -> str | None:
+def qualifier(node: ast.Node | None) -> str | None:
     """``t`` for a column reference ``t.c`` (``s.t.c`` too), else None."""
     if not isinstance(node, ast.ColumnRef):
         return None
@@ -240,12 +242,12 @@ def subquery_or_column(node: Any, test: Callable[[Any], bool]) -> bool:
     found = False
 
     class Refs(Visitor):
-        def visit_SubLink(self, _: Any, sub: Any) -> Any:
+        def visit_SubLink(self, _: Ancestor, sub: ast.SubLink) -> Any:
             nonlocal found
             found = True
             return Skip
 
-        def visit_ColumnRef(self, _: Any, ref: Any) -> None:
+        def visit_ColumnRef(self, _: Ancestor, ref: ast.ColumnRef) -> None:
             nonlocal found
             found = found or test(ref)
 
@@ -255,12 +257,12 @@ def subquery_or_column(node: Any, test: Callable[[Any], bool]) -> bool:
     return found
 
 
-def cte_names(node: Any) -> frozenset[str]:
+def cte_names(node: ast.Node) -> frozenset[str]:
     names: set[str] = set()
 
     class Ctes(Visitor):
-        def visit_CommonTableExpr(self, _: Any, cte: Any) -> None:
-            names.add(cte.ctename)
+        def visit_CommonTableExpr(self, _: Ancestor, cte: ast.CommonTableExpr) -> None:
+            names.add(str(cte.ctename))
 
     Ctes()(node)
     return frozenset(names)

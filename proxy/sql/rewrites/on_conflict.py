@@ -12,7 +12,7 @@ from pglast import ast
 from pglast.enums import (
     OnConflictAction,
 )
-from pglast.visitors import Visitor
+from pglast.visitors import Ancestor, Visitor
 
 from proxy.errors import RewriteError
 from proxy.sql.catalog import CowTable, UniqueKey
@@ -61,7 +61,7 @@ class _Upserts:
         self.version = ctx.version
         self._cow = ctx.cow
 
-    def wrapped(self, node: Any) -> int:
+    def wrapped(self, node: ast.Node) -> int:
         """Rewrites an ON CONFLICT insert under EXPLAIN or PREPARE in place; returns how many (0 or 1).
 
         EXPLAIN reports no row count, so any form serves; a prepared statement's tag comes with EXECUTE,
@@ -79,7 +79,7 @@ class _Upserts:
         node.query = new
         return 1
 
-    def hoist_ctes(self, node: Any) -> int:
+    def hoist_ctes(self, node: ast.Node) -> int:
         """Rewrites ON CONFLICT inserts in the statement's WITH (the get-or-create idiom); data-modifying
         CTEs must be top-level, so the helpers are hoisted next to the CTE. Returns how many."""
         with_clause = getattr(node, "withClause", None)
@@ -103,11 +103,11 @@ class _Upserts:
             with_clause.ctes = tuple(ctes)
         return count
 
-    def refuse_nested(self, node: Any) -> None:
+    def refuse_nested(self, node: ast.Node) -> None:
         rewriter = self
 
         class Nested(Visitor):
-            def visit_InsertStmt(self, ancestors: Any, insert: Any) -> None:
+            def visit_InsertStmt(self, ancestors: Ancestor, insert: ast.InsertStmt) -> None:
                 if insert is node or insert.onConflictClause is None:
                     return
                 table = rewriter._cow(insert.relation)
@@ -336,7 +336,7 @@ class _Upserts:
         return columns, select
 
     @staticmethod
-    def _default_expr(table: CowTable, name: str) -> Any:
+    def _default_expr(table: CowTable, name: str) -> ast.Node:
         column = table.column(name)
         if column is None:
             raise RewriteError(f'column "{name}" of relation "{table.name}" does not exist', "42703")
@@ -345,17 +345,20 @@ class _Upserts:
                 f"DEFAULT or EXCLUDED for {table.name}.{name} (generated) in INSERT ... ON CONFLICT"
             )
         # catalog SQL from pg_get_expr, not client text
-        return parse(f"SELECT {column.default or 'NULL'}").targetList[0].val
+        default: ast.Node = parse(f"SELECT {column.default or 'NULL'}").targetList[0].val
+        return default
 
     @staticmethod
-    def _excluded_extra(clause: Any, table: CowTable, columns: list[str]) -> list[str]:
+    def _excluded_extra(
+        clause: ast.OnConflictClause | None, table: CowTable, columns: list[str]
+    ) -> list[str]:
         """Columns of the table that the DO UPDATE reads from EXCLUDED but the INSERT does not give."""
         if clause is None or clause.action != OnConflictAction.ONCONFLICT_UPDATE:
             return []
         found: list[str] = []
 
         class Refs(Visitor):
-            def visit_ColumnRef(self, _: Any, node: Any) -> None:
+            def visit_ColumnRef(self, _: Ancestor, node: ast.ColumnRef) -> None:
                 fields: tuple[Any, ...] = tuple(node.fields or ())
                 if len(fields) != 2 or not all(isinstance(f, ast.String) for f in fields):
                     return
@@ -386,7 +389,7 @@ class _Upserts:
         return types
 
     @staticmethod
-    def _arbiters(clause: Any, table: CowTable, columns: list[str]) -> list[UniqueKey]:
+    def _arbiters(clause: ast.OnConflictClause, table: CowTable, columns: list[str]) -> list[UniqueKey]:
         infer = clause.infer
         if infer is None and clause.action == OnConflictAction.ONCONFLICT_UPDATE:
             raise RewriteError(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from pglast import ast
-from pglast.visitors import Skip, Visitor
+from pglast.visitors import Ancestor, Skip, Visitor
 
 from proxy.sql.catalog import Catalog
 from proxy.sql.jsontree import JsonNode
@@ -27,14 +27,14 @@ class _Qualify(Visitor):
         self.catalog = catalog
         self.changed = False
 
-    def visit_RangeVar(self, _: Any, node: Any) -> None:
+    def visit_RangeVar(self, _: Ancestor, node: ast.RangeVar) -> None:
         if node.schemaname:
             table = self.catalog.table(node.schemaname, node.relname)
             if table is not None:
                 node.schemaname = table.overlay_schema
                 self.changed = True
 
-    def visit_ColumnRef(self, _: Any, node: Any) -> None:
+    def visit_ColumnRef(self, _: Ancestor, node: ast.ColumnRef) -> None:
         fields = list(node.fields or ())
         if len(fields) < 3 or not all(isinstance(f, ast.String) for f in fields[-3:-1]):
             return
@@ -44,7 +44,7 @@ class _Qualify(Visitor):
             node.fields = tuple(fields)
             self.changed = True
 
-    def visit_CreateFunctionStmt(self, _: Any, node: Any) -> Any:
+    def visit_CreateFunctionStmt(self, _: Ancestor, node: ast.CreateFunctionStmt) -> Any:
         return Skip
 
 

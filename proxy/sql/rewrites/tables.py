@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from pglast import ast
 
 from proxy.errors import RewriteError
 from proxy.sql.catalog import Catalog, CowTable
@@ -27,14 +27,14 @@ def unsupported(message: str) -> RewriteError:
     return RewriteError(message + " inside a cowproxy session", "0A000")
 
 
-def cow_range(catalog: Catalog, ctes: frozenset[str], node: Any) -> CowTable | None:
+def cow_range(catalog: Catalog, ctes: frozenset[str], node: ast.RangeVar) -> CowTable | None:
     """The CoW table a FROM item's RangeVar names (not a CTE of that name, not another database's)."""
     if node.catalogname or (not node.schemaname and node.relname in ctes):
         return None
     return catalog.lookup(node.schemaname, node.relname)
 
 
-def base_readable(catalog: Catalog, ctes: frozenset[str], node: Any) -> CowTable | None:
+def base_readable(catalog: Catalog, ctes: frozenset[str], node: ast.RangeVar) -> CowTable | None:
     """The CoW table a RangeVar names, for a rewrite that reads its base and changes tables directly (after
     _Qualify): None when an unqualified name could denote several (the session's search_path picks one)."""
     tables = catalog.tables.values()
