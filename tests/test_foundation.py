@@ -7,8 +7,8 @@ import sys
 
 import psycopg
 
-from tests.conftest import PgServer
-from tests.layer.conftest import layer_db, layer_template
+from tests.fix_db import PgServer
+from tests.fix_layer import layer_db, layer_template
 
 __all__ = ["layer_db", "layer_template"]  # fixtures
 

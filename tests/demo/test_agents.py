@@ -9,7 +9,7 @@ import pytest
 from demo import agents, workflows
 from demo.api import HttpApi
 from demo.errors import DemoError
-from tests.demo.conftest import FakeModel, tool_call
+from tests.fix_demo import FakeModel, tool_call
 
 
 def test_discover_finds_work_item_operations_but_nothing_for_issue(app_api: HttpApi) -> None:

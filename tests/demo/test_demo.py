@@ -49,8 +49,8 @@ from typing import Any
 import pytest
 
 from cowproxy.main import main
-from tests.conftest import PgServer
-from tests.demo.conftest import FakeModel, tool_call
+from tests.fix_db import PgServer
+from tests.fix_demo import FakeModel, tool_call
 
 # agent -> workflow -> (overall, struct, content, precision, recall, f1)
 EXPECTED: dict[str, dict[str, tuple[float, ...]]] = {

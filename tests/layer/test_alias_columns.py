@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import psycopg
 
-from tests.layer.conftest import commit_conflicts
+from tests.fix_layer import commit_conflicts
 from tests.layer.test_semantics import session_pair
 
 DDL = """

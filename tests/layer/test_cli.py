@@ -14,7 +14,7 @@ import pytest
 
 from cowproxy.main import main
 from migrations import migrations, repeatables
-from tests.layer.conftest import SAMPLE_DATA, SAMPLE_SCHEMA
+from tests.fix_layer import SAMPLE_DATA, SAMPLE_SCHEMA
 
 
 def cli(*args: str, dsn: str | None = None) -> subprocess.CompletedProcess[str]:

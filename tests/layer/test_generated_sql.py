@@ -19,7 +19,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.conftest import install_layer_at
+from tests.fix_db import install_layer_at
 
 GOLDEN = Path(__file__).parent / "generated"
 

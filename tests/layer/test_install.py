@@ -17,8 +17,8 @@ import pytest
 from migrations import install_layer, layer, repeatables, uninstall_layer
 from migrations.errors import LayerError, NotInstalledError, PermissionDeniedError
 from migrations.layer import Repeatable
-from tests.conftest import PgServer
-from tests.layer.conftest import OLD_VERSIONS, SAMPLE_DATA, SAMPLE_SCHEMA, install_old_layer
+from tests.fix_db import PgServer
+from tests.fix_layer import OLD_VERSIONS, SAMPLE_DATA, SAMPLE_SCHEMA, install_old_layer
 
 T = TypeVar("T")
 

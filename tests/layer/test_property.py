@@ -31,7 +31,7 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, reject, settings
 from hypothesis import strategies as st
 
-from tests.conftest import install_layer_at
+from tests.fix_db import install_layer_at
 
 SCHEMA = """
 CREATE TABLE parent (

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.layer.conftest import SAMPLE_DATA
+from tests.fix_layer import SAMPLE_DATA
 
 Outcome = tuple[str, Any]
 

@@ -15,8 +15,8 @@ import psycopg
 import pytest
 
 from migrations.layer import migrations
-from tests.conftest import install_layer_at
-from tests.layer.conftest import old_migration_files
+from tests.fix_db import install_layer_at
+from tests.fix_layer import old_migration_files
 from tests.layer.test_semantics import Pair, base_rows, session_pair
 
 SCHEMA = """

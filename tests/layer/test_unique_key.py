@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from cowproxy.main import main
-from tests.layer.conftest import commit_conflicts
+from tests.fix_layer import commit_conflicts
 from tests.layer.test_semantics import Pair, base_rows, session_pair
 
 SCHEMA = """

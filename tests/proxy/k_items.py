@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 from hypothesis import strategies as st
 
-from tests.proxy.conftest import RunningProxy
+from tests.fix_proxy import RunningProxy
 
 TABLES = """
 CREATE TABLE k_items (id bigint PRIMARY KEY, grp int, name text NOT NULL, qty int);

@@ -16,8 +16,8 @@ import psycopg
 import pytest
 
 from proxy import protocol as p
-from tests.conftest import PgServer
-from tests.proxy.conftest import RunningProxy, backends, run_proxy
+from tests.fix_db import PgServer
+from tests.fix_proxy import RunningProxy, backends, run_proxy
 from tests.proxy.faults import faulty_relay
 
 BOTH_RELAYS = True  # untagged traffic: run on the C relay and on the Python relay

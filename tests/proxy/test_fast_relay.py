@@ -20,8 +20,8 @@ from proxy import protocol as p
 from proxy.admin import admin_request
 from proxy.analysis import query_kind
 from proxy.fastrelay import AVAILABLE, UNAVAILABLE, FastRelay
-from tests.conftest import PgServer
-from tests.proxy.conftest import RunningProxy, backends, run_proxy
+from tests.fix_db import PgServer
+from tests.fix_proxy import RunningProxy, backends, run_proxy
 from tests.proxy.test_adversity import RawClient, dbname, wait_for
 from tests.proxy.test_tagging import base_customers, changes, insert
 

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.proxy.conftest import RunningProxy, outcome
+from tests.fix_proxy import RunningProxy, outcome
 
 pytestmark = pytest.mark.timeout(60)
 

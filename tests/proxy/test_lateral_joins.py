@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from proxy.sql import CATALOG_QUERY, CATALOG_VERSION_QUERY, Analyzer, Catalog
-from tests.proxy.conftest import RunningProxy, outcome
+from tests.fix_proxy import RunningProxy, outcome
 
 pytestmark = pytest.mark.timeout(120)
 

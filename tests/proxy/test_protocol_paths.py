@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from proxy import protocol as p
-from tests.proxy.conftest import RunningProxy
+from tests.fix_proxy import RunningProxy
 from tests.proxy.test_adversity import RawClient, dbname
 
 BOTH_RELAYS = True

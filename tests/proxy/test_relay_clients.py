@@ -7,8 +7,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.conftest import PgServer
-from tests.proxy.conftest import RunningProxy
+from tests.fix_db import PgServer
+from tests.fix_proxy import RunningProxy
 
 BOTH_RELAYS = True  # untagged traffic: run on the C relay and on the Python relay
 pytestmark = pytest.mark.timeout(60)

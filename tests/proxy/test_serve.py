@@ -17,8 +17,8 @@ import pytest
 
 from proxy.admin import admin_request
 from proxy.errors import AdminError
-from tests.conftest import PgServer
-from tests.proxy.conftest import RunningProxy
+from tests.fix_db import PgServer
+from tests.fix_proxy import RunningProxy
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -186,7 +186,7 @@ def test_bad_configuration_is_one_line(tmp_path: Path) -> None:
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed to make a test certificate")
 def test_tls_to_clients(pg_server: PgServer, empty_db: str, tmp_path: Path) -> None:
     from proxy.config import Address
-    from tests.proxy.conftest import run_proxy
+    from tests.fix_proxy import run_proxy
 
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.proxy.conftest import RunningProxy
+from tests.fix_proxy import RunningProxy
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.proxy.conftest import RunningProxy, outcome
+from tests.fix_proxy import RunningProxy, outcome
 from tests.proxy.k_items import GROUPS, IDS, TABLES, WRITES, k_items_writes, side_by_side
 
 pytestmark = pytest.mark.timeout(120)

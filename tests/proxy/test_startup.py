@@ -9,8 +9,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.conftest import PgServer
-from tests.proxy.conftest import RunningProxy
+from tests.fix_db import PgServer
+from tests.fix_proxy import RunningProxy
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from proxy.admin import admin_request
-from tests.proxy.conftest import RunningProxy
+from tests.fix_proxy import RunningProxy
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -21,8 +21,8 @@ import pytest
 from proxy.config import Address, build_config
 from proxy.errors import ConfigError, ProxyError
 from proxy.server import ProxyServer
-from tests.conftest import PgServer
-from tests.proxy.conftest import run_proxy
+from tests.fix_db import PgServer
+from tests.fix_proxy import run_proxy
 
 BOTH_RELAYS = True  # untagged traffic: run on the C relay and on the Python relay
 pytestmark = pytest.mark.timeout(90)

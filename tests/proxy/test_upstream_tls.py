@@ -41,8 +41,8 @@ from migrations.embedded import (
 )
 from proxy import protocol as p
 from proxy.config import Address
-from tests.conftest import PgServer
-from tests.proxy.conftest import RunningProxy, run_proxy
+from tests.fix_db import PgServer
+from tests.fix_proxy import RunningProxy, run_proxy
 from tests.proxy.faults import FaultyRelay, faulty_relay
 
 pytestmark = [

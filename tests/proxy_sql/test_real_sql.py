@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.sql import CATALOG_QUERY, Analyzer, Catalog, apply_tag_map
-from tests.conftest import PgServer
+from tests.fix_db import PgServer
 
 install_layer = pytest.importorskip("migrations").__dict__.get("install_layer")
 if install_layer is None:  # pragma: no cover - only before the layer package lands

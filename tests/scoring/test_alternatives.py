@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from cowproxy.main import main
 from scoring import ScoringError, Write, score_sessions, score_writes
 from scoring.core import score_alternatives
+from tests.fix_scoring import record
 from tests.scoring import figure3 as f3
-from tests.scoring.conftest import record
 from tests.scoring.test_core import check_figure3
 from tests.scoring.test_properties import META, SETTINGS, sessions
 

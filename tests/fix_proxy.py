@@ -16,7 +16,7 @@ import pytest
 from proxy.admin import AdminApi, MetricsEndpoint
 from proxy.config import Address, ProxyConfig
 from proxy.server import ProxyServer
-from tests.conftest import PgServer
+from tests.fix_db import PgServer
 
 T = TypeVar("T")
 
@@ -150,13 +150,9 @@ def outcome(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...] | N
     return ("ok", cur.statusmessage, cur.fetchall())
 
 
-# The layer's sample database (tests/layer/conftest.py): customers/orders with the layer on ``public``.
-from tests.layer.conftest import layer_db, layer_template  # noqa: E402, F401
-
-
 @pytest.fixture
 def databases(
-    layer_db: str,  # noqa: F811 (the fixture imported above)
+    layer_db: str,  # the layer's sample database (fix_layer): customers/orders with the layer on ``public``
     create_database: Callable[..., str],
     request: pytest.FixtureRequest,
 ) -> tuple[str, str]:

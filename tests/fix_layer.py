@@ -1,4 +1,4 @@
-"""Fixtures for the layer's tests, also imported by the proxy's, scorer's and demo's tests.
+"""The layer's sample database, for the layer's tests and any other (a plugin: tests/conftest.py).
 
 - ``layer_template`` (session scope): name of a template database holding ``SAMPLE_SCHEMA`` + ``SAMPLE_DATA``
   with the layer installed on schema ``public`` (table ``nopk`` is left plain: it has no primary key).
@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 
-from tests.conftest import install_layer_at
+from tests.fix_db import install_layer_at
 
 SAMPLE_SCHEMA = """
 CREATE TABLE customers (

@@ -1,7 +1,8 @@
 """A database with the CoW layer where the paper's Figure 3 sessions were recorded through the layer.
 
 The schema is a small helpdesk (tickets, comments with a foreign key); the ground-truth session ``gt-fig3``
-and the agent session ``agent-fig3`` replay DESIGN.md §4's writes as SQL through the overlay views.
+and the agent session ``agent-fig3`` replay the paper's Figure 3 writes (docs/scoring.md) as SQL through the
+overlay views.
 Scoring only reads, so one database serves the module's tests.
 """
 
@@ -13,7 +14,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.conftest import install_layer_at
+from tests.fix_db import install_layer_at
 from tests.scoring import figure3 as f3
 
 SCHEMA = """
