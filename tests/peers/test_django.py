@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import PgServer
+from tests.fix_db import PgServer
 from tests.peers.django_suite import CI_MODULES, Server, compare, report
 
 pytestmark = pytest.mark.timeout(1200)

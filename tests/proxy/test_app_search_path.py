@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from migrations import install_layer
-from tests.proxy.conftest import RunningProxy
+from tests.fix_proxy import RunningProxy
 
 BOTH_RELAYS = True
 

@@ -16,8 +16,8 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from tests.conftest import PgServer, install_layer_at
-from tests.proxy.conftest import RunningProxy, outcome
+from tests.fix_db import PgServer, install_layer_at
+from tests.fix_proxy import RunningProxy, outcome
 
 pytestmark = pytest.mark.timeout(120)
 
