@@ -326,7 +326,7 @@ def traced(
 _MODE_SUFFIX = {"simple": "", "extended": "/ext", "prepared": "/prep"}
 
 
-def main() -> None:
+def main() -> None:  # noqa: C901, PLR0912, PLR0915 - to be split into named steps
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

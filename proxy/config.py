@@ -80,7 +80,7 @@ _UPSTREAM_TLS = ("disable", "prefer", "require", "verify-ca", "verify-full")
 _VERIFY = ("verify-ca", "verify-full")
 
 
-def build_config(flags: dict[str, Any], file: str | None = None) -> ProxyConfig:
+def build_config(flags: dict[str, Any], file: str | None = None) -> ProxyConfig:  # noqa: C901 - to be split into named steps
     """Merge a TOML file (its top level or a ``[proxy]`` table) with flags; flags win (None = unset)."""
     values: dict[str, Any] = {}
     if file:

@@ -534,7 +534,7 @@ class ServerScanner:
         self._pass_left = 0  # bytes of a PASS message still to relay
         self.idle = True  # at a message boundary, with nothing buffered (kept by feed: read per reply)
 
-    def feed(self, data: bytes) -> list[bytes]:
+    def feed(self, data: bytes) -> list[bytes]:  # noqa: C901, PLR0912, PLR0915 - to be split into named steps
         self.idle = False  # until the end (a ProtocolError leaves it so)
         out: list[bytes] = []
         n = len(data)

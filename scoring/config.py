@@ -125,7 +125,7 @@ def load_config(path: str | Path) -> ScoringConfig:
         raise ScoringError(f"config {path}: {exc}") from None
 
 
-def config_from_mapping(data: Mapping[str, Any], base: ScoringConfig | None = None) -> ScoringConfig:
+def config_from_mapping(data: Mapping[str, Any], base: ScoringConfig | None = None) -> ScoringConfig:  # noqa: C901, PLR0912 - to be split into named steps
     unknown = set(data) - _TOP_KEYS
     if unknown:
         raise ScoringError(f"unknown setting(s) {', '.join(sorted(unknown))}")

@@ -1,6 +1,6 @@
 """``score_writes``: the whole comparison of two sessions, in memory.
 
-Per-operation utilities (DESIGN.md §4): u_struct(o_i) is s_struct after o_i minus s_struct before, with the
+Per-operation utilities (docs/scoring.md): u_struct(o_i) is s_struct after o_i minus s_struct before, with the
 agent's operations in topological order (FK and same-row dependencies, ties broken by first write). The
 state after a prefix of operations keeps, for each row, the newest write of those operations. Rather than
 re-running the matching for each prefix, each prefix is scored against the final id mapping and pairs:
@@ -195,7 +195,7 @@ def _wasted_ops(order: Sequence[str], agent: Side) -> int:
     return sum(1 for o in order if o not in lasting)
 
 
-def _utilities(
+def _utilities(  # noqa: C901, PLR0915 - to be split into named steps
     order: Sequence[str],
     *,
     gt: Side,

@@ -524,7 +524,7 @@ def _fingerprint(scorer: _TableScorer, row: Mapping[str, Any] | None, deleted: b
     )
 
 
-def _assign(
+def _assign(  # noqa: C901 - to be split into named steps
     g_rem: list[Row],
     a_rem: list[Row],
     *,
@@ -632,7 +632,7 @@ MAX_BLOCK = 2_000
 MAX_TOKEN_ROWS = 50
 
 
-def _blocks(
+def _blocks(  # noqa: C901 - to be split into named steps
     gis: list[int],
     ais: list[int],
     *,

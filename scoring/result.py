@@ -138,7 +138,7 @@ class ScoringResult:
         return self.alternatives or (Alternative(self.gt, self.overall),)
 
     def to_json(self, include_rows: bool = False) -> dict[str, Any]:
-        """The object of DESIGN.md §2 (plus ``gt``, ``agent``, ``tables``; ``rows`` on request)."""
+        """The object docs/interfaces.md fixes (plus ``gt``, ``agent``, ``tables``; ``rows`` on request)."""
         out: dict[str, Any] = {
             "gt": self.gt,
             "agent": self.agent,

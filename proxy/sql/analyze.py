@@ -306,7 +306,7 @@ class _Inspection:
             if (rule.count_all or rule.name not in self.found) and rule.detect(self, node):
                 self.found[rule.name] = self.found.get(rule.name, 0) + 1
 
-    def visit(self, name: str, node: JsonNode) -> bool:
+    def visit(self, name: str, node: JsonNode) -> bool:  # noqa: C901, PLR0912 - to be split into named steps
         if self.watch and name in DETECTORS:
             self.detect(name, node)
         if self.in_session and (

@@ -1,6 +1,6 @@
 """``cowproxy demo`` end to end, and its scores checked against values derived by hand from the scripts.
 
-Derivation (quick workflows; seed in demo/seed.py, rules in demo/workflows.py, scoring in DESIGN.md §4).
+Derivation (quick workflows; seed in demo/seed.py, rules in demo/workflows.py, scoring in docs/scoring.md).
 Ground-truth rows (last write per table and key):
 - sprint-kickoff: Todo items PSP-1..7 → 7 work_items updates; PSP-1, PSP-4, PSP-7 are unassigned → 3
   assignee inserts (alice); PSP-2, PSP-5 are assigned to blub → 2 deletes + 2 inserts (bob). 14 rows.

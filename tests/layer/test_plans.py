@@ -1,4 +1,4 @@
-"""The overlay view's plans (DESIGN.md §3: plan costs, JIT, generic plans, other sessions present)."""
+"""The overlay view's plans (docs/layer.md: plan costs, JIT, generic plans, other sessions present)."""
 
 from __future__ import annotations
 

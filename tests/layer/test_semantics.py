@@ -1,4 +1,5 @@
-"""DESIGN.md §3 inside a session: each statement runs on a plain copy and in a session, side by side.
+"""The layer's contract (docs/layer.md, "What a session guarantees"): each statement runs on a plain copy and
+in a session, side by side.
 
 Same rows, same RETURNING values, same row counts, same SQLSTATEs; the base tables stay untouched.
 """

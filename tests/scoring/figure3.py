@@ -1,4 +1,4 @@
-"""The paper's Figure 3 (DESIGN.md §4) as data: the writes of both sessions and the expected scores."""
+"""The paper's Figure 3 (docs/scoring.md) as data: the writes of both sessions and the expected scores."""
 
 from __future__ import annotations
 

