@@ -6,6 +6,7 @@ and SQLSTATEs (docs/rewrites.md, "INSERT … ON CONFLICT"). Also under EXPLAIN a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pglast import ast
@@ -51,6 +52,30 @@ def _expand_stars(targets: Sequence[Any], alias: str, columns: Sequence[str]) ->
         else:
             out.append(target)
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class _Upsert:
+    """One ON CONFLICT rewrite's parts: the client's statement and clause, the arbiter keys, the input rows
+    as a SELECT (``rows_select``), the overlay view and the alias the client's expressions use, the helper
+    CTEs' names, and SQL fragments every form shares."""
+
+    stmt: Any
+    clause: Any
+    keys: list[UniqueKey]
+    rows_select: Any
+    returning: Any
+    view: str
+    alias: str
+    qalias: str
+    rows: str
+    inp: str
+    upd: str
+    ins: str
+    walk: str
+    collisions: str  # no row of the session's view collides with the input row `excluded` on any key
+    column_list: str
+    picked: str  # the input row's columns, as inserted
 
 
 class _Upserts:
@@ -120,103 +145,137 @@ class _Upserts:
         self, stmt: Any, table: CowTable, suffix: str = "", nested: bool = False
     ) -> tuple[Any, tuple[str, str] | None]:
         """The statement replacing ``stmt``; its WITH holds the helper CTEs (named with ``suffix``)."""
+        plan = self._plan(stmt, table, suffix)
+        if plan.clause.action == OnConflictAction.ONCONFLICT_NOTHING:
+            new, tag_map = self._do_nothing(plan), None
+        elif plan.returning is None and self.version >= MERGE_ON_VIEWS and not nested:
+            new, tag_map = self._merge(plan), ("MERGE", "INSERT 0")
+        else:
+            new, tag_map = self._update_then_insert(plan, table)
+        self._prepend_ctes(new, stmt)
+        return new, tag_map
+
+    def _plan(self, stmt: Any, table: CowTable, suffix: str) -> _Upsert:
+        """What every form of the rewrite needs: the input rows, the arbiter keys, the names."""
+        columns, rows_select = self._conflict_input(stmt, table)
+        clause = stmt.onConflictClause
+        keys = self._arbiters(clause, table, columns)
+        view = overlay(table)
+        alias = stmt.relation.alias.aliasname if stmt.relation.alias is not None else table.name
         rows, inp, upd, ins = (
             f"{n}{suffix}" for n in ("cow_rows", "cow_input", "cow_updated", "cow_inserted")
         )
-        clause = stmt.onConflictClause
-        alias = stmt.relation.alias.aliasname if stmt.relation.alias is not None else table.name
-        columns, rows_select = self._conflict_input(stmt, table)
-        keys = self._arbiters(clause, table, columns)
-        view = overlay(table)
-        qalias = quote(alias)
-        collisions = " AND ".join(
-            f"NOT EXISTS (SELECT 1 FROM {view} AS cow_t WHERE {_match('cow_t', 'excluded', k)})" for k in keys
+        return _Upsert(
+            stmt=stmt,
+            clause=clause,
+            keys=keys,
+            rows_select=rows_select,
+            returning=stmt.returningClause,
+            view=view,
+            alias=alias,
+            qalias=quote(alias),
+            rows=rows,
+            inp=inp,
+            upd=upd,
+            ins=ins,
+            walk=f"cow_walk{suffix}",
+            collisions=" AND ".join(
+                f"NOT EXISTS (SELECT 1 FROM {view} AS cow_t WHERE {_match('cow_t', 'excluded', k)})"
+                for k in keys
+            ),
+            column_list=", ".join(quote(c) for c in columns),
+            picked=", ".join(f"excluded.{quote(c)}" for c in columns),
         )
-        column_list = ", ".join(quote(c) for c in columns)
-        picked = ", ".join(f"excluded.{quote(c)}" for c in columns)
-        returning = stmt.returningClause
 
-        if clause.action == OnConflictAction.ONCONFLICT_NOTHING:
-            if len(keys) <= 1:
-                # A row colliding with an earlier input row is skipped, as PostgreSQL does (it sees the rows
-                # the same command inserted); with one key, the first of equal rows is the one inserted.
-                earlier = " AND ".join(
-                    f"NOT EXISTS (SELECT 1 FROM {rows} AS cow_e WHERE {_match('cow_e', 'excluded', k)} "
-                    "AND cow_e.cow_ord < excluded.cow_ord)"
-                    for k in keys
-                )
-                where = " AND ".join(w for w in (collisions, earlier) if w) or "true"
-                sql = (
-                    f"WITH {rows} AS (SELECT 1) INSERT INTO {view} AS {qalias} ({column_list}) "
-                    f"SELECT {picked} FROM {rows} AS excluded WHERE {where} ORDER BY excluded.cow_ord"
-                )
-            else:
-                # Several arbiters: a row skipped for one key must not block a later row on another, so
-                # walk the rows in order, keeping the positions actually inserted (quadratic, only here).
-                clash = " OR ".join(f"({_match('cow_e', 'excluded', k)})" for k in keys)
-                walk = f"cow_walk{suffix}"
-                sql = (
-                    f"WITH RECURSIVE {rows} AS (SELECT 1), "
-                    f"{walk} (cow_ord, cow_picked) AS (SELECT CAST(0 AS bigint), CAST(ARRAY[] AS bigint[]) "
-                    "UNION ALL SELECT CAST(excluded.cow_ord AS bigint), "
-                    f"CASE WHEN {collisions} AND NOT EXISTS (SELECT 1 "
-                    f"FROM {rows} AS cow_e WHERE cow_e.cow_ord = ANY (cow_w.cow_picked) AND ({clash})) "
-                    "THEN cow_w.cow_picked || CAST(excluded.cow_ord AS bigint) ELSE cow_w.cow_picked END "
-                    f"FROM {walk} AS cow_w JOIN {rows} AS excluded ON excluded.cow_ord = cow_w.cow_ord + 1) "
-                    f"INSERT INTO {view} AS {qalias} ({column_list}) SELECT {picked} "
-                    f"FROM {rows} AS excluded, "
-                    f"(SELECT cow_picked FROM {walk} ORDER BY cow_ord DESC LIMIT 1) AS cow_final "
-                    "WHERE excluded.cow_ord = ANY (cow_final.cow_picked) ORDER BY excluded.cow_ord"
-                )
-            new = parse(sql)
-            new.withClause.ctes[0].ctequery = rows_select
-            new.returningClause = returning
-            new.override = stmt.override
-            self._prepend_ctes(new, stmt)
-            return new, None
+    @staticmethod
+    def _do_nothing(p: _Upsert) -> Any:
+        """``DO NOTHING``: an INSERT of the rows that collide with nothing."""
+        if len(p.keys) <= 1:
+            # A row colliding with an earlier input row is skipped, as PostgreSQL does (it sees the rows the
+            # same command inserted); with one key, the first of equal rows is the one inserted.
+            earlier = " AND ".join(
+                f"NOT EXISTS (SELECT 1 FROM {p.rows} AS cow_e WHERE {_match('cow_e', 'excluded', k)} "
+                "AND cow_e.cow_ord < excluded.cow_ord)"
+                for k in p.keys
+            )
+            where = " AND ".join(w for w in (p.collisions, earlier) if w) or "true"
+            sql = (
+                f"WITH {p.rows} AS (SELECT 1) INSERT INTO {p.view} AS {p.qalias} ({p.column_list}) "
+                f"SELECT {p.picked} FROM {p.rows} AS excluded WHERE {where} ORDER BY excluded.cow_ord"
+            )
+        else:
+            # Several arbiters: a row skipped for one key must not block a later row on another, so walk the
+            # rows in order, keeping the positions actually inserted (quadratic, only here).
+            clash = " OR ".join(f"({_match('cow_e', 'excluded', k)})" for k in p.keys)
+            sql = (
+                f"WITH RECURSIVE {p.rows} AS (SELECT 1), "
+                f"{p.walk} (cow_ord, cow_picked) AS (SELECT CAST(0 AS bigint), CAST(ARRAY[] AS bigint[]) "
+                "UNION ALL SELECT CAST(excluded.cow_ord AS bigint), "
+                f"CASE WHEN {p.collisions} AND NOT EXISTS (SELECT 1 "
+                f"FROM {p.rows} AS cow_e WHERE cow_e.cow_ord = ANY (cow_w.cow_picked) AND ({clash})) "
+                "THEN cow_w.cow_picked || CAST(excluded.cow_ord AS bigint) ELSE cow_w.cow_picked END "
+                f"FROM {p.walk} AS cow_w JOIN {p.rows} AS excluded ON excluded.cow_ord = cow_w.cow_ord + 1) "
+                f"INSERT INTO {p.view} AS {p.qalias} ({p.column_list}) SELECT {p.picked} "
+                f"FROM {p.rows} AS excluded, "
+                f"(SELECT cow_picked FROM {p.walk} ORDER BY cow_ord DESC LIMIT 1) AS cow_final "
+                "WHERE excluded.cow_ord = ANY (cow_final.cow_picked) ORDER BY excluded.cow_ord"
+            )
+        new = parse(sql)
+        new.withClause.ctes[0].ctequery = p.rows_select
+        new.returningClause = p.returning
+        new.override = p.stmt.override
+        return new
 
-        key = keys[0]
-        # Two input rows on the same key: PostgreSQL raises 21000 (the row would be affected twice); a
-        # scalar subquery returning more than one row raises the same SQLSTATE.
-        twice = (
-            f"(SELECT 1 FROM {rows} AS cow_a JOIN {rows} AS cow_b ON "
+    @staticmethod
+    def _twice(p: _Upsert) -> str:
+        """A scalar subquery that fails with 21000 when two input rows share the key, as PostgreSQL raises
+        21000 for a row the command would affect twice."""
+        key = p.keys[0]
+        return (
+            f"(SELECT 1 FROM {p.rows} AS cow_a JOIN {p.rows} AS cow_b ON "
             f"{_match('cow_a', 'cow_b', key)} AND cow_a.cow_ord <> cow_b.cow_ord)"
         )
+
+    def _merge(self, p: _Upsert) -> Any:
+        """``DO UPDATE`` without RETURNING on PostgreSQL 17+, which runs MERGE on the view: one statement
+        whose count is inserted + updated rows."""
+        # MATERIALIZED: inlined into MERGE, the scalar subquery trips a planner bug in PostgreSQL 18 ("wrong
+        # varnullingrels", XX000).
+        new = parse(
+            f"WITH {p.rows} AS (SELECT 1), "
+            f"{p.inp} AS MATERIALIZED (SELECT * FROM {p.rows} WHERE {self._twice(p)} IS NULL) "
+            f"MERGE INTO {p.view} AS {p.qalias} USING {p.inp} AS excluded "
+            f"ON {_match(p.qalias, 'excluded', p.keys[0])} "
+            "WHEN MATCHED THEN UPDATE SET cow_placeholder = 1 "
+            f"WHEN NOT MATCHED THEN INSERT ({p.column_list}) VALUES ({p.picked})"
+        )
+        new.withClause.ctes[0].ctequery = p.rows_select
+        matched, not_matched = new.mergeWhenClauses
+        matched.targetList = p.clause.targetList
+        matched.condition = p.clause.whereClause
+        not_matched.override = p.stmt.override
+        return new
+
+    def _update_then_insert(self, p: _Upsert, table: CowTable) -> tuple[Any, tuple[str, str] | None]:
+        """``DO UPDATE``: a data-modifying CTE updates the colliding rows, then the others are inserted."""
+        key = p.keys[0]
         update = (
-            f"UPDATE {view} AS {qalias} SET cow_placeholder = 1 FROM {inp} AS excluded "
-            f"WHERE {_match(qalias, 'excluded', key)}"
+            f"UPDATE {p.view} AS {p.qalias} SET cow_placeholder = 1 FROM {p.inp} AS excluded "
+            f"WHERE {_match(p.qalias, 'excluded', key)}"
         )
         insert = (
-            f"INSERT INTO {view} AS {qalias} ({column_list}) SELECT {picked} FROM {inp} AS excluded "
-            f"WHERE {collisions} ORDER BY excluded.cow_ord"
+            f"INSERT INTO {p.view} AS {p.qalias} ({p.column_list}) SELECT {p.picked} "
+            f"FROM {p.inp} AS excluded WHERE {p.collisions} ORDER BY excluded.cow_ord"
         )
         head = (
-            f"WITH {rows} AS (SELECT 1), "
-            f"{inp} AS (SELECT * FROM {rows} WHERE {twice} IS NULL), "
-            f"{upd} AS ({update} RETURNING 1)"
+            f"WITH {p.rows} AS (SELECT 1), "
+            f"{p.inp} AS (SELECT * FROM {p.rows} WHERE {self._twice(p)} IS NULL), "
+            f"{p.upd} AS ({update} RETURNING 1)"
         )
-        if returning is None and self.version >= MERGE_ON_VIEWS and not nested:
-            # PostgreSQL 17 runs MERGE on the view: one statement whose count is inserted + updated rows.
-            # MATERIALIZED: inlined into MERGE, the scalar subquery trips a planner bug in PostgreSQL 18
-            # ("wrong varnullingrels", XX000).
-            new = parse(
-                f"WITH {rows} AS (SELECT 1), "
-                f"{inp} AS MATERIALIZED (SELECT * FROM {rows} WHERE {twice} IS NULL) "
-                f"MERGE INTO {view} AS {qalias} USING {inp} AS excluded "
-                f"ON {_match(qalias, 'excluded', key)} "
-                "WHEN MATCHED THEN UPDATE SET cow_placeholder = 1 "
-                f"WHEN NOT MATCHED THEN INSERT ({column_list}) VALUES ({picked})"
-            )
-            new.withClause.ctes[0].ctequery = rows_select
-            matched, not_matched = new.mergeWhenClauses
-            matched.targetList = clause.targetList
-            matched.condition = clause.whereClause
-            not_matched.override = stmt.override
-            self._prepend_ctes(new, stmt)
-            return new, ("MERGE", "INSERT 0")
-        if returning is None:
-            # Without RETURNING the INSERT is the statement, so no rows reach the client; its tag counts
-            # the inserted rows only (see docs/rewrites.md).
+        tag_map: tuple[str, str] | None
+        if p.returning is None:
+            # Without RETURNING the INSERT is the statement, so no rows reach the client; its tag counts the
+            # inserted rows only (see docs/rewrites.md).
             new = parse(f"{head} {insert}")
             insert_node = new
             update_node = new.withClause.ctes[2].ctequery
@@ -224,31 +283,30 @@ class _Upserts:
             tag_map = None
         else:
             # Both parts return whole rows with the input position, so the client's RETURNING list is
-            # evaluated once over them in input order, as PostgreSQL returns them (inserted rows find
-            # their position through the conflict key they were inserted with).
+            # evaluated once over them in input order, as PostgreSQL returns them (inserted rows find their
+            # position through the conflict key they were inserted with).
             new = parse(
-                f"{head}, {ins} AS ({insert} RETURNING {qalias}.*) "
-                f"SELECT 1 FROM (SELECT * FROM {upd} UNION ALL SELECT cow_i.cow_ord, cow_r.* "
-                f"FROM {ins} AS cow_r LEFT JOIN {inp} AS cow_i ON {_match('cow_r', 'cow_i', key)}) "
-                f"AS {qalias} ORDER BY {qalias}.cow_ord"
+                f"{head}, {p.ins} AS ({insert} RETURNING {p.qalias}.*) "
+                f"SELECT 1 FROM (SELECT * FROM {p.upd} UNION ALL SELECT cow_i.cow_ord, cow_r.* "
+                f"FROM {p.ins} AS cow_r LEFT JOIN {p.inp} AS cow_i ON {_match('cow_r', 'cow_i', key)}) "
+                f"AS {p.qalias} ORDER BY {p.qalias}.cow_ord"
             )
             insert_node = new.withClause.ctes[3].ctequery
             update_node = new.withClause.ctes[2].ctequery
             update_node.returningClause = parse(
-                f"UPDATE x SET y = 1 RETURNING excluded.cow_ord, {qalias}.*"
+                f"UPDATE x SET y = 1 RETURNING excluded.cow_ord, {p.qalias}.*"
             ).returningClause
             # pglast 8 wraps RETURNING in a ReturningClause (PostgreSQL 18), earlier versions give the list
-            exprs = getattr(returning, "exprs", returning)
-            new.targetList = _expand_stars(exprs, alias, [c.name for c in table.columns])
+            exprs = getattr(p.returning, "exprs", p.returning)
+            new.targetList = _expand_stars(exprs, p.alias, [c.name for c in table.columns])
             tag_map = ("SELECT", "INSERT 0")
-        new.withClause.ctes[0].ctequery = rows_select
-        insert_node.override = stmt.override
+        new.withClause.ctes[0].ctequery = p.rows_select
+        insert_node.override = p.stmt.override
         # SET and WHERE keep the client's names: with the input aliased EXCLUDED, a bare column name is
         # ambiguous exactly where PostgreSQL's ON CONFLICT finds it ambiguous (42702).
-        update_node.targetList = clause.targetList
-        if clause.whereClause is not None:
-            update_node.whereClause = and_(update_node.whereClause, clause.whereClause)
-        self._prepend_ctes(new, stmt)
+        update_node.targetList = p.clause.targetList
+        if p.clause.whereClause is not None:
+            update_node.whereClause = and_(update_node.whereClause, p.clause.whereClause)
         return new, tag_map
 
     @staticmethod
