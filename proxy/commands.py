@@ -17,19 +17,12 @@ from typing import Any
 from urllib.parse import quote
 
 from cowproxy.cli import add_format
-from proxy.admin import AdminApi, MetricsEndpoint, admin_request
 from proxy.config import ProxyConfig, build_config
 from proxy.errors import AdminError, ProxyError
-from proxy.server import LogfmtFormatter, ProxyServer
 from proxy.tags import check_id
 
-_run_loop: Callable[..., Any] = asyncio.run
-try:
-    import uvloop
-
-    _run_loop = uvloop.run
-except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
-    pass
+# The server, the admin API and uvloop are imported by the commands that run them: every other `cowproxy`
+# command would pay for their start-up (the relay, the SQL analysis, pglast) otherwise.
 
 DEFAULT_ADMIN = "127.0.0.1:9188"
 
@@ -100,6 +93,8 @@ def register(sub: Any, session_sub: Any) -> None:
 
 
 def _route(args: argparse.Namespace) -> int:
+    from proxy.admin import admin_request  # noqa: PLC0415 (above)
+
     check_id(args.session, "session id")
     result = admin_request(
         args.admin, "POST", "/routes", {"database": args.database, "session": args.session}, args.admin_token
@@ -112,6 +107,8 @@ def _route(args: argparse.Namespace) -> int:
 
 
 def _unroute(args: argparse.Namespace) -> int:
+    from proxy.admin import admin_request  # noqa: PLC0415 (above)
+
     try:
         result = admin_request(
             args.admin, "DELETE", f"/routes/{quote(args.database, safe='')}", None, args.admin_token
@@ -128,6 +125,8 @@ def _unroute(args: argparse.Namespace) -> int:
 
 
 def setup_logging(fmt: str, level: str = "info") -> None:
+    from proxy.server import LogfmtFormatter  # noqa: PLC0415 (above)
+
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(LogfmtFormatter(as_json=fmt == "json"))
     logger = logging.getLogger("cowproxy")
@@ -158,12 +157,13 @@ def _serve(args: argparse.Namespace) -> int:
     }
     config = build_config(flags, args.config)
     setup_logging(config.log_format, config.log_level)
+    runner: Callable[..., Any] = asyncio.run
     try:
-        import uvloop
+        import uvloop  # noqa: PLC0415 (above)
 
-        runner: Any = uvloop.run
+        runner = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
-        runner = asyncio.run
+        pass
     if config.workers > 1:
         return _serve_workers(config, runner)
     runner(run_proxy(config))
@@ -223,6 +223,9 @@ async def run_proxy(
     config: ProxyConfig, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None
 ) -> None:
     """Run until SIGTERM/SIGINT (or ``stop``), then drain."""
+    from proxy.admin import AdminApi, MetricsEndpoint  # noqa: PLC0415 (above)
+    from proxy.server import ProxyServer  # noqa: PLC0415
+
     proxy = ProxyServer(config)
     await proxy.start()
     # Everything imported and built so far lives as long as the process: keep it out of the collector's
