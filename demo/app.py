@@ -25,6 +25,8 @@ from urllib.parse import parse_qsl, urlsplit
 import asyncpg
 
 import migrations
+from cowproxy import http
+from cowproxy.http import read_request
 from demo import openapi, seed
 from demo.errors import DemoError
 from demo.openapi import BY_ID, OPERATIONS, Operation
@@ -459,20 +461,6 @@ HANDLERS: dict[str, Handler] = {
 }
 assert set(HANDLERS) == set(BY_ID)
 
-_REASONS = {
-    200: "OK",
-    201: "Created",
-    204: "No Content",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    409: "Conflict",
-    413: "Payload Too Large",
-    422: "Unprocessable Entity",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
-}
-
 
 async def dispatch(pool: asyncpg.Pool, method: str, target: str, raw_body: bytes) -> tuple[int, Any]:
     """Route one request; returns (status, JSON-able payload)."""
@@ -521,44 +509,28 @@ async def dispatch(pool: asyncpg.Pool, method: str, target: str, raw_body: bytes
 async def _handle(pool: asyncpg.Pool, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         while True:
-            request_line = await reader.readline()
-            if not request_line:
-                return
             try:
-                method, target, version = request_line.decode("latin-1").split()
-            except ValueError:
+                got = await read_request(reader, MAX_BODY)
+            except http.HttpError as exc:
+                if exc.status == 413:
+                    writer.write(http.response(413, json.dumps({"error": "request body too large"}).encode()))
+                    await writer.drain()
                 return
-            headers: dict[str, str] = {}
-            while True:
-                line = await reader.readline()
-                if line in (b"\r\n", b"\n", b""):
-                    break
-                name, _, value = line.decode("latin-1").partition(":")
-                headers[name.strip().lower()] = value.strip()
-            length = int(headers.get("content-length", "0") or 0)
-            if length > MAX_BODY:
-                status, payload = 413, {"error": "request body too large"}
-                body = b""
-            else:
-                body = await reader.readexactly(length) if length else b""
-                try:
-                    status, payload = await dispatch(pool, method, target, body)
-                except HttpError as exc:
-                    status, payload = exc.status, {"error": exc.message}
-                except asyncpg.PostgresError as exc:
-                    status, payload = 500, {"error": f"database error {exc.sqlstate}: {exc}"}
-                except (OSError, asyncpg.InterfaceError) as exc:
-                    status, payload = 503, {"error": f"database unavailable: {exc}"}
+            if got is None:
+                return
+            request, body = got
+            try:
+                status, payload = await dispatch(pool, request.method, request.target, body)
+            except HttpError as exc:
+                status, payload = exc.status, {"error": exc.message}
+            except asyncpg.PostgresError as exc:
+                status, payload = 500, {"error": f"database error {exc.sqlstate}: {exc}"}
+            except (OSError, asyncpg.InterfaceError) as exc:
+                status, payload = 503, {"error": f"database unavailable: {exc}"}
             data = b"" if status == 204 else json.dumps(payload).encode()
-            keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
-            head = (
-                f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
-                f"Connection: {'keep-alive' if keep else 'close'}\r\n\r\n"
-            )
-            writer.write(head.encode() + data)
+            writer.write(http.response(status, data, keep_alive=request.keep_alive))
             await writer.drain()
-            if not keep or length > MAX_BODY:
+            if not request.keep_alive:
                 return
     except (ConnectionError, asyncio.IncompleteReadError):
         return

@@ -22,6 +22,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from cowproxy.http import read_request, response
 from proxy.config import Address
 from proxy.errors import AdminError, ProxyError
 from proxy.server import ProxyServer
@@ -56,43 +57,23 @@ class HttpServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             async with asyncio.timeout(10):
-                status, ctype, body = await self._request(reader)
+                got = await read_request(reader, MAX_BODY)
+                if got is None:
+                    writer.close()
+                    return
+                request, body = got
+                status, ctype, payload = await self.handler(
+                    request.method, request.target, dict(request.headers), body
+                )
         except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
-            status, ctype, body = 400, "application/json", _json({"error": "bad request"})
+            status, ctype, payload = 400, "application/json", _json({"error": "bad request"})
         except ConnectionError:
             writer.close()
             return
-        reason = {
-            200: "OK",
-            400: "Bad Request",
-            401: "Unauthorized",
-            404: "Not Found",
-            405: "Method Not Allowed",
-        }
-        head = (
-            f"HTTP/1.1 {status} {reason.get(status, 'Error')}\r\nContent-Type: {ctype}\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-        )
         with contextlib.suppress(ConnectionError):
-            writer.write(head.encode() + body)
+            writer.write(response(status, payload, ctype))
             await writer.drain()
         writer.close()
-
-    async def _request(self, reader: asyncio.StreamReader) -> tuple[int, str, bytes]:
-        line = (await reader.readuntil(b"\r\n")).decode("latin-1").strip()
-        method, target, _ = line.split(" ", 2)
-        headers: dict[str, str] = {}
-        while True:
-            raw = (await reader.readuntil(b"\r\n")).decode("latin-1")
-            if raw in ("\r\n", "\n"):
-                break
-            name, _, value = raw.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        length = int(headers.get("content-length", "0"))
-        if length < 0 or length > MAX_BODY:
-            raise ValueError("body too large")
-        body = await reader.readexactly(length) if length else b""
-        return await self.handler(method.upper(), target, headers, body)
 
 
 def _json(value: Any) -> bytes:
