@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from migrations import install_layer
-from tests.proxy.conftest import RunningProxy
+from tests.fix_proxy import RunningProxy
 
 pytest.importorskip("django_tenants", reason="django-tenants is a test dependency (pyproject: test)")
 

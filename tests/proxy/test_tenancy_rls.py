@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from tests.proxy.conftest import RunningProxy
+from tests.fix_proxy import RunningProxy
 
 SUFFIX = f"{os.getpid()}"
 LOGIN = f"cowr_login_{SUFFIX}"

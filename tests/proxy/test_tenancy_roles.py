@@ -16,7 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from tests.proxy.conftest import RunningProxy
+from tests.fix_proxy import RunningProxy
 
 BOTH_RELAYS = True
 

@@ -15,10 +15,10 @@ from hypothesis import given
 
 from scoring import ColumnMeta, ForeignKey, Metadata, ScoringError, TableMeta, Write, score_writes
 from scoring.rewards import RewardScorer, SyncRewardScorer, dense_rewards, reward_from_writes, rollout
-from tests.conftest import PgServer
-from tests.proxy.conftest import RunningProxy, run_proxy
+from tests.fix_db import PgServer
+from tests.fix_proxy import RunningProxy, run_proxy
+from tests.fix_scoring import record
 from tests.scoring import figure3 as f3
-from tests.scoring.conftest import record
 from tests.scoring.test_properties import META, SETTINGS, session_level, sessions
 
 pytestmark = pytest.mark.timeout(120)
