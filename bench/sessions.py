@@ -184,7 +184,7 @@ def main() -> None:
             capture_output=True,
         )
         subprocess.run(
-            [sys.executable, "-m", "proxy.cli", "install", "--dsn", db_dsn],
+            [sys.executable, "-m", "cowproxy", "install", "--dsn", db_dsn],
             check=True,
             capture_output=True,
             cwd=ROOT,

@@ -38,6 +38,7 @@ from demo import agents, layer_ops, proxy_ops, report, seed, workflows
 from demo.api import HttpApi
 from demo.app import AppConfig, BackgroundApp, setup_database
 from demo.errors import DemoError
+from demo.openapi import BY_ID
 from demo.report import SessionScore
 from demo.workflows import Workflow
 from migrations.embedded import embedded_postgres
@@ -498,8 +499,6 @@ def _start_postgres(run: _Run) -> str:
         server_dsn = run.cfg.server_dsn
     else:
         run.progress("starting an embedded PostgreSQL (initdb + pg_ctl, a temporary data directory)")
-        from migrations.embedded import embedded_postgres
-
         server = run.stack.enter_context(embedded_postgres())
         run.resources["datadir"] = str(server.datadir)
         server_dsn = server.dsn("postgres")
@@ -623,8 +622,6 @@ def _run_agents(
 
 def _call_counts(calls: Sequence[agents.ToolCall]) -> tuple[int, int, int]:
     """(discover, read, write) calls of a run."""
-    from demo.openapi import BY_ID
-
     discover = sum(1 for c in calls if c.tool == "discover")
     writes = sum(1 for c in calls if c.tool == "execute" and c.argument in BY_ID and BY_ID[c.argument].writes)
     return discover, len(calls) - discover - writes, writes

@@ -9,6 +9,7 @@ from statistics import mean
 from typing import Any
 
 from demo.charts import Series, grouped_bars
+from scoring.render import svg_utilities
 
 
 @dataclass(frozen=True)
@@ -187,8 +188,6 @@ def _html_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def charts(scores: Sequence[SessionScore], results: Mapping[str, Any] | None = None) -> str:
     """The report's inline SVG charts: per-agent scores, before/after the fix, per-operation utilities
     of the lowest sessions (``results``: session -> ScoringResult), tool calls per session."""
-    from scoring.render import svg_utilities
-
     before = [s for s in scores if not s.fixed]
     after = [s for s in scores if s.fixed]
     summaries = summarize(before)

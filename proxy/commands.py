@@ -12,7 +12,9 @@ import os
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 from urllib.parse import quote
 
@@ -174,8 +176,6 @@ def _serve_workers(config: Any, runner: Any) -> int:
     """Fork ``config.workers`` processes, each a whole proxy on the same listen port (the kernel spreads
     connections over them) with its metrics and admin API on PORT + its index; forward SIGTERM/SIGINT to
     them and wait. A worker that fails stops the others."""
-    from dataclasses import replace
-
     def shifted(address: Any, i: int) -> Any:
         return None if address is None else replace(address, port=address.port + i)
 
@@ -194,8 +194,6 @@ def _serve_workers(config: Any, runner: Any) -> int:
                 print(f"cowproxy: worker {i}: {exc}", file=sys.stderr)
                 code = 1
             except BaseException:
-                import traceback
-
                 traceback.print_exc()
                 code = 1
             os._exit(code)

@@ -195,7 +195,7 @@ def _wasted_ops(order: Sequence[str], agent: Side) -> int:
     return sum(1 for o in order if o not in lasting)
 
 
-def _utilities(  # noqa: C901, PLR0915 - to be split into named steps
+def _utilities(
     order: Sequence[str],
     *,
     gt: Side,

@@ -18,7 +18,7 @@ import pytest
 
 from demo import agents, workflows
 from demo.api import HttpApi
-from tests.demo.conftest import FakeModel
+from tests.fix_demo import FakeModel
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from proxy import protocol as p
 from proxy.admin import admin_request
 from proxy.fastrelay import AVAILABLE, UNAVAILABLE
-from tests.conftest import PgServer, install_layer_at
-from tests.proxy.conftest import RunningProxy, run_proxy
+from tests.fix_db import PgServer, install_layer_at
+from tests.fix_proxy import RunningProxy, run_proxy
 from tests.proxy.test_adversity import RawClient, dbname, wait_for
 from tests.proxy.test_fast_relay import _exchange, _message, fast_counted, on_fast, relays, scrape
 from tests.proxy.test_tagging import base_customers, changes

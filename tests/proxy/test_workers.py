@@ -16,8 +16,8 @@ import psycopg
 import pytest
 
 from proxy.admin import admin_request
-from tests.conftest import PgServer
-from tests.proxy.conftest import run_proxy
+from tests.fix_db import PgServer
+from tests.fix_proxy import run_proxy
 from tests.proxy.test_adversity import dbname, wait_for
 from tests.proxy.test_serve import free_port
 from tests.proxy.test_tagging import base_customers, changes
