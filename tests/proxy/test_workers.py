@@ -47,7 +47,7 @@ def test_two_workers_share_the_port_the_routes_and_add_up(pg_server: PgServer, l
         [
             sys.executable,
             "-m",
-            "proxy.cli",
+            "cowproxy",
             "serve",
             "--workers",
             "2",
@@ -128,7 +128,7 @@ def test_workers_settings_are_checked(pg_server: PgServer) -> None:
     def serve(*args: str) -> str:
         upstream = f"{pg_server.host}:{pg_server.port}"
         run = subprocess.run(
-            [sys.executable, "-m", "proxy.cli", "serve", "--upstream", upstream, *args],
+            [sys.executable, "-m", "cowproxy", "serve", "--upstream", upstream, *args],
             cwd=ROOT,
             capture_output=True,
             text=True,
