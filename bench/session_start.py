@@ -43,7 +43,7 @@ def make_database(dsn: str, name: str, tables: int) -> str:
         for i in range(tables):
             conn.execute(f"CREATE TABLE t{i} (id int PRIMARY KEY, v text, n int DEFAULT 0)")
     subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "install", "--dsn", db], check=True, capture_output=True, cwd=ROOT
+        [sys.executable, "-m", "cowproxy", "install", "--dsn", db], check=True, capture_output=True, cwd=ROOT
     )
     return db
 
