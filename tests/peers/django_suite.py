@@ -167,7 +167,6 @@ def fetch_django(cache: Path) -> Path:
                 "--no-deps",
                 "--no-binary",
                 ":all:",
-                "--no-build-isolation",
                 f"django=={DJANGO_VERSION}",
                 "-d",
                 str(cache),
