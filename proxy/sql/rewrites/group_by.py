@@ -66,8 +66,9 @@ class _GroupByKeys(Visitor):
             return
         items = self._from_items(node.fromClause or ())
         grouped: dict[int, set[str]] = {}
+        outputs = _output_columns(tuple(node.targetList or ()), items)
         for group in groups:
-            found = self._resolve(group, items)
+            found = self._resolve(_by_position(group, outputs), items)
             if found is not None:
                 grouped.setdefault(found[0], set()).add(found[1])
         added: list[Any] = []
@@ -78,8 +79,7 @@ class _GroupByKeys(Visitor):
                 continue
             for column in table.columns:
                 if column.name not in columns and column.type.removesuffix("[]") not in _UNGROUPABLE:
-                    fields = (*item.qualifier, column.name)
-                    added.append(ast.ColumnRef(fields=tuple(ast.String(sval=f) for f in fields)))
+                    added.append(_column_ref((*item.qualifier, column.name)))
         if added:
             node.groupClause = (*groups, *added)
             self.changed = True
@@ -135,6 +135,40 @@ class _GroupByKeys(Visitor):
 
     def visit_CreateFunctionStmt(self, _: Ancestor, node: ast.CreateFunctionStmt) -> Any:
         return Skip
+
+
+def _output_columns(targets: Sequence[ast.ResTarget], items: Sequence[_FromItem]) -> list[ast.Node]:
+    """The SELECT list's output columns in order, as far as they are certain: ``t.*`` of a CoW table in the
+    FROM expands to its columns; the list stops at a bare ``*`` or a ``*`` of anything else."""
+    columns: list[ast.Node] = []
+    for target in targets:
+        value = target.val
+        if value is None:
+            break
+        fields = tuple(value.fields or ()) if isinstance(value, ast.ColumnRef) else ()
+        if not any(isinstance(f, ast.A_Star) for f in fields):
+            columns.append(value)
+            continue
+        qualifier = tuple(f.sval for f in fields[:-1] if isinstance(f, ast.String))
+        found = [item for item in items if qualifier and qualifier in item.names]
+        if len(found) != 1 or found[0].table is None:
+            break
+        item = found[0]
+        columns.extend(_column_ref((*item.qualifier, c.name)) for c in item.table.columns)  # type: ignore[union-attr]
+    return columns
+
+
+def _by_position(group: ast.Node, columns: Sequence[ast.Node]) -> ast.Node:
+    """The expression ``GROUP BY 2`` names (the second output column: Django groups by positions), or the
+    item itself (an expression, or a position that is not certain or out of range: PostgreSQL decides)."""
+    position = (
+        group.val.ival if isinstance(group, ast.A_Const) and isinstance(group.val, ast.Integer) else None
+    )
+    return columns[position - 1] if position is not None and 1 <= position <= len(columns) else group
+
+
+def _column_ref(fields: Sequence[str]) -> ast.ColumnRef:
+    return ast.ColumnRef(fields=tuple(ast.String(sval=f) for f in fields))
 
 
 def detect(scan: Scan, node: JsonNode) -> bool:
