@@ -5,8 +5,9 @@ A small issue tracker (issues, comments with a foreign key to an issue); the gro
 the same writes with 10 % other values, 5 % missing and 5 % extra (independently generated comment keys).
 Reported: the median and 90th percentile of one reward (``RewardScorer.reward``: reading the agent session —
 ``cow.session_changes`` and one key lookup per table — plus the in-memory comparison), with and without the
-dense per-operation rewards, the comparison alone (``reward_from_writes``), and a batch of ``--batch``
-sessions (``RewardScorer.rewards``), from the async and the sync scorer.
+dense per-operation rewards, the comparison alone (``reward_from_truths`` against the prepared ground
+truth), and a batch of ``--batch`` sessions (``RewardScorer.rewards``: the sessions read in one query, the
+ground truth prepared once), from the async and the sync scorer.
 
     .venv/bin/python bench/rewards.py [--rows 100] [--batch 64] [--repeat 5] [--dsn DSN]
 """
@@ -23,7 +24,7 @@ import asyncpg
 from _common import fetchval, log, run_main, scratch_database, server
 
 import migrations
-from scoring.rewards import RewardScorer, SyncRewardScorer, reward_from_writes
+from scoring.rewards import RewardScorer, SyncRewardScorer, reward_from_truths
 
 SCHEMA = """
 CREATE TABLE issues (id bigint PRIMARY KEY, title text NOT NULL, state text NOT NULL, priority text NOT NULL);
@@ -104,14 +105,13 @@ async def main(args: argparse.Namespace) -> None:
                                 await scorer.reward(agent, dense=dense)
                     label = "one reward (read + score)" + (", dense" if dense else "")
                     print(f"{label:<46} {_ms(single)}")
-                gt_writes = {"gt": await scorer.ground_truth("gt")}
-                meta = await scorer.metadata()
-                agent_writes = [(await scorer._writes(a))[1] for a in agents]
+                truths = [await scorer.prepared("gt")]
+                agent_writes = [writes for _, writes in await scorer._writes_many(agents)]
                 alone: list[tuple[float, float]] = []
                 for _ in range(args.repeat):
                     for writes in agent_writes:
                         with _Clock(alone):
-                            reward_from_writes(gt_writes, writes, meta, dense=True)
+                            reward_from_truths(truths, writes, dense=True)
                 print(f"{'the comparison alone (in memory, dense)':<46} {_ms(alone)}")
                 batches: list[tuple[float, float]] = []
                 for _ in range(args.repeat):

@@ -15,13 +15,13 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import networkx as nx
 
 from .config import ScoringConfig, make_config
-from .match import Matching, Row, Side, Version, _TableScorer, match_sessions, reduce_writes
+from .match import Matching, Row, Side, Version, _TableScorer, children_of, match_sessions, reduce_writes
 from .model import Key, Metadata, Write, complete_metadata, freeze
 from .result import (
     Alternative,
@@ -34,6 +34,52 @@ from .result import (
     TableScore,
     score_functions,
 )
+
+
+@dataclass(frozen=True)
+class PreparedTruth:
+    """A ground truth reduced once (last write per row, its operations, the children of its rows), to be
+    scored against many agent sessions (``score_prepared``); ``prepare_truth`` builds it."""
+
+    gt: str
+    writes: tuple[Write, ...]
+    base: Metadata | None  # the metadata it was prepared with (before tables were inferred)
+    metadata: Metadata
+    config: ScoringConfig
+    side: Side
+    rows: int
+    operations: int
+    children: Mapping[str, Mapping[Key, int]]
+
+
+def prepare_truth(
+    gt_writes: Sequence[Write],
+    metadata: Metadata | None = None,
+    *,
+    config: ScoringConfig | str | None = None,
+    gt: str = "gt",
+    **options: Any,
+) -> PreparedTruth:
+    """The ground truth's half of ``score_writes``, done once for every agent scored against it."""
+    cfg = make_config(config, **options)
+    return _prepare(tuple(gt_writes), metadata, cfg, gt, complete_metadata(metadata, gt_writes))
+
+
+def _prepare(
+    writes: tuple[Write, ...], base: Metadata | None, cfg: ScoringConfig, gt: str, meta: Metadata
+) -> PreparedTruth:
+    side = reduce_writes(writes, meta, cfg)
+    return PreparedTruth(
+        gt=gt,
+        writes=writes,
+        base=base,
+        metadata=meta,
+        config=cfg,
+        side=side,
+        rows=sum(len(rows) for rows in side.values()),
+        operations=len({w.operation_id for w in writes if not cfg.table_ignored(w.table)}),
+        children=children_of(side, meta),
+    )
 
 
 def score_writes(
@@ -55,14 +101,31 @@ def score_writes(
     ``compare_timestamps``, ``numeric_tolerance``, ``types``, ``column_comparators``, ``row_functions``).
     Tables missing from ``metadata`` are described from the writes (columns, value types, no FKs).
     """
-    cfg = make_config(config, **options)
-    meta = complete_metadata(metadata, [*gt_writes, *agent_writes])
-    gt_side = reduce_writes(gt_writes, meta, cfg)
+    truth = prepare_truth(gt_writes, metadata, config=config, gt=gt, **options)
+    return score_prepared(
+        truth, agent_writes, agent=agent, explain=explain, per_operation=per_operation, info=info
+    )
+
+
+def score_prepared(
+    truth: PreparedTruth,
+    agent_writes: Sequence[Write],
+    *,
+    agent: str = "agent",
+    explain: bool = True,
+    per_operation: bool = True,
+    info: Mapping[str, Any] | None = None,
+) -> ScoringResult:
+    """``score_writes`` against a prepared ground truth (the same result)."""
+    if any(w.table not in truth.metadata.tables for w in agent_writes):
+        # A table described from the writes: described from both sessions' writes, as score_writes does.
+        meta = complete_metadata(truth.base, [*truth.writes, *agent_writes])
+        truth = _prepare(truth.writes, truth.base, truth.config, truth.gt, meta)
+    cfg, meta, gt_side, n_gt = truth.config, truth.metadata, truth.side, truth.rows
     ag_side = reduce_writes(agent_writes, meta, cfg)
-    matching = match_sessions(gt_side, ag_side, meta, cfg, prune=not explain)
+    matching = match_sessions(gt_side, ag_side, meta, cfg, prune=not explain, gt_children=truth.children)
 
     pairs = [p for tm in matching.tables.values() for p in tm.pairs]
-    n_gt = sum(len(rows) for rows in gt_side.values())
     n_ag = sum(len(rows) for rows in ag_side.values())
     m = len(pairs)
     both_empty = n_gt == 0 and n_ag == 0
@@ -74,7 +137,7 @@ def score_writes(
 
     kept = [w for w in agent_writes if not cfg.table_ignored(w.table)]
     order = operation_order(kept, meta)
-    gt_ops = len({w.operation_id for w in gt_writes if not cfg.table_ignored(w.table)})
+    gt_ops = truth.operations
     agent_ops = len(order)
     wasted = _wasted_ops(order, ag_side)
     if agent_ops:
@@ -91,7 +154,7 @@ def score_writes(
     stats = Stats(struct, content, efficiency, precision, recall, f1, counts)
     scores = {name: float(fn(stats)) for name, fn in {**score_functions(), **cfg.score_functions}.items()}
     return ScoringResult(
-        gt=gt,
+        gt=truth.gt,
         agent=agent,
         struct_score=struct,
         content_score=content,
@@ -149,15 +212,33 @@ def operation_order(writes: Sequence[Write], metadata: Metadata) -> list[str]:
     first: dict[str, int] = {}
     for w in ordered:
         first.setdefault(w.operation_id, w.seq)
+    edges = _dependencies(ordered, metadata)
+    if all(first[a] < first[b] for a, b in edges):
+        # Every dependency points forward in time (the common case): the lexicographic topological order
+        # below is then the order of first writes, without building the graph.
+        return sorted(first, key=first.__getitem__)
     graph = nx.DiGraph()
     graph.add_nodes_from(first)
+    graph.add_edges_from(edges)
+    cond = nx.condensation(graph)
+    order: list[str] = []
+    for node in nx.lexicographical_topological_sort(
+        cond, key=lambda n: min(first[o] for o in cond.nodes[n]["members"])
+    ):
+        order.extend(sorted(cond.nodes[node]["members"], key=lambda o: first[o]))
+    return order
+
+
+def _dependencies(ordered: Sequence[Write], metadata: Metadata) -> dict[tuple[str, str], None]:
+    """Edges (o_i, o_j) of ``operation_order``'s DAG, from writes in ``seq`` order (first found first)."""
+    edges: dict[tuple[str, str], None] = {}
     history: dict[tuple[str, Key], tuple[list[int], list[str]]] = {}
     for w in ordered:
         meta = metadata.tables[w.table]
         key = tuple(freeze(w.pk[c]) for c in meta.pk)
         seqs, ops = history.setdefault((w.table, key), ([], []))
         if ops and ops[-1] != w.operation_id:
-            graph.add_edge(ops[-1], w.operation_id)
+            edges[(ops[-1], w.operation_id)] = None
         if w.row is not None:
             for fk in meta.fks:
                 ref = metadata.get(fk.ref_table)
@@ -172,16 +253,10 @@ def operation_order(writes: Sequence[Write], metadata: Metadata) -> list[str]:
                     p_seqs, p_ops = parent
                     idx = bisect_left(p_seqs, w.seq) - 1
                     if idx >= 0 and p_ops[idx] != w.operation_id:
-                        graph.add_edge(p_ops[idx], w.operation_id)
+                        edges[(p_ops[idx], w.operation_id)] = None
         seqs.append(w.seq)
         ops.append(w.operation_id)
-    cond = nx.condensation(graph)
-    order: list[str] = []
-    for node in nx.lexicographical_topological_sort(
-        cond, key=lambda n: min(first[o] for o in cond.nodes[n]["members"])
-    ):
-        order.extend(sorted(cond.nodes[node]["members"], key=lambda o: first[o]))
-    return order
+    return edges
 
 
 def _wasted_ops(order: Sequence[str], agent: Side) -> int:

@@ -72,24 +72,37 @@ async def check_layer(conn: asyncpg.Connection) -> None:
         raise ScoringError("the CoW layer is not installed in this database (run `cowproxy install`)")
 
 
+_INFO = (
+    "SELECT session_id, kind, label, model, gt_session, status, "
+    "CASE jsonb_typeof(metadata->'completed') WHEN 'boolean' THEN (metadata->>'completed')::boolean END "
+    "AS completed FROM cow.sessions WHERE session_id = ANY($1::text[])"
+)
+
+
 async def session_info(conn: asyncpg.Connection, session: str) -> SessionInfo:
-    row = await conn.fetchrow(
-        "SELECT session_id, kind, label, model, gt_session, status, "
-        "CASE jsonb_typeof(metadata->'completed') WHEN 'boolean' THEN (metadata->>'completed')::boolean END "
-        "AS completed FROM cow.sessions WHERE session_id = $1",
-        session,
-    )
-    if row is None:
-        raise ScoringError(f"unknown session {session!r}")
-    return SessionInfo(
-        row["session_id"],
-        row["kind"],
-        row["label"],
-        row["model"],
-        row["gt_session"],
-        row["status"],
-        row["completed"],
-    )
+    return (await session_infos(conn, [session]))[0]
+
+
+async def session_infos(conn: asyncpg.Connection, sessions: Sequence[str]) -> list[SessionInfo]:
+    """The registry entries of ``sessions``, in order, in one query (the first unknown one is an error)."""
+    found = {r["session_id"]: r for r in await conn.fetch(_INFO, list(sessions))}
+    out = []
+    for session in sessions:
+        row = found.get(session)
+        if row is None:
+            raise ScoringError(f"unknown session {session!r}")
+        out.append(
+            SessionInfo(
+                row["session_id"],
+                row["kind"],
+                row["label"],
+                row["model"],
+                row["gt_session"],
+                row["status"],
+                row["completed"],
+            )
+        )
+    return out
 
 
 async def agent_sessions(conn: asyncpg.Connection) -> list[tuple[tuple[str, ...], str]]:
@@ -184,42 +197,74 @@ async def fetch_metadata(conn: asyncpg.Connection) -> Metadata:
     return Metadata(out)
 
 
+_CHANGES = (
+    "SELECT s.ord, c.seq, c.operation_id, c.table_schema, c.table_name, c.pk::text AS pk, "
+    "c.row_data::text AS row_data, c.deleted "
+    "FROM unnest($1::text[]) WITH ORDINALITY AS s(id, ord) CROSS JOIN LATERAL cow.session_changes(s.id) AS c "
+    "ORDER BY s.ord, c.seq"
+)
+
+_Raw = tuple[str, Any, Any, str, int, bool, str]  # table, pk, row, operation, seq, deleted, canonical pk
+
+
 async def fetch_writes(conn: asyncpg.Connection, session: str, metadata: Metadata) -> list[Write]:
-    rows = await conn.fetch(
-        "SELECT seq, operation_id, table_schema, table_name, pk::text AS pk, "
-        "row_data::text AS row_data, deleted FROM cow.session_changes($1) ORDER BY seq",
-        session,
-    )
-    raw = [
-        (
-            qualified(r["table_schema"], r["table_name"]),
-            loads(r["pk"]),
-            loads(r["row_data"]),
-            r["operation_id"] or "",
-            int(r["seq"]),
-            bool(r["deleted"]),
+    return (await fetch_writes_many(conn, [session], metadata))[0]
+
+
+async def fetch_writes_many(
+    conn: asyncpg.Connection, sessions: Sequence[str], metadata: Metadata
+) -> list[list[Write]]:
+    """The writes of several sessions in one query, and one key lookup per table for all of them (a
+    batch of rewards reads its sessions in a few round trips, not a few per session)."""
+    rows = await conn.fetch(_CHANGES, list(sessions))
+    raw: list[list[_Raw]] = [[] for _ in sessions]
+    for r in rows:
+        pk = loads(r["pk"])
+        table = qualified(r["table_schema"], r["table_name"])
+        raw[r["ord"] - 1].append(
+            (
+                table,
+                pk,
+                loads(r["row_data"]),
+                r["operation_id"] or "",
+                int(r["seq"]),
+                bool(r["deleted"]),
+                _canon(pk),
+            )
         )
-        for r in rows
+    existing = await _existing_keys(conn, metadata, [(w[0], w[6], w[1]) for ws in raw for w in ws])
+    return [
+        [
+            Write(
+                table,
+                pk,
+                row,
+                op,
+                seq,
+                deleted,
+                None if table not in metadata.tables else canon not in existing.get(table, set()),
+            )
+            for table, pk, row, op, seq, deleted, canon in ws
+        ]
+        for ws in raw
     ]
-    existing = await _existing_keys(conn, metadata, [(t, pk) for t, pk, *_ in raw])
-    writes = []
-    for table, pk, row, op, seq, deleted in raw:
-        created = None if table not in metadata.tables else _canon(pk) not in existing.get(table, set())
-        writes.append(Write(table, pk, row, op, seq, deleted, created))
-    return writes
+
+
+_CANON = json.JSONEncoder(sort_keys=True, default=str)
 
 
 def _canon(pk: Mapping[str, Any]) -> str:
-    return json.dumps(pk, sort_keys=True, default=str)
+    return _CANON.encode(pk)
 
 
 async def _existing_keys(
-    conn: asyncpg.Connection, metadata: Metadata, keys: Sequence[tuple[str, Mapping[str, Any]]]
+    conn: asyncpg.Connection, metadata: Metadata, keys: Sequence[tuple[str, str, Mapping[str, Any]]]
 ) -> dict[str, set[str]]:
-    """Which of the written keys exist in the app's own table (so existed before the session)."""
+    """Which of the written keys (table, canonical pk, pk) exist in the app's own table (so existed
+    before the session)."""
     by_table: dict[str, dict[str, Mapping[str, Any]]] = defaultdict(dict)
-    for table, pk in keys:
-        by_table[table][_canon(pk)] = pk
+    for table, canon, pk in keys:
+        by_table[table][canon] = pk
     found: dict[str, set[str]] = {}
     for table, pks in by_table.items():
         meta = metadata.get(table)
@@ -237,5 +282,6 @@ async def _existing_keys(
             f"WHERE EXISTS (SELECT 1 FROM {rel} AS b WHERE {cond})",
             json.dumps(listed, default=str),
         )
-        found[table] = {_canon(listed[r["ord"] - 1]) for r in ords}
+        canons = list(pks)
+        found[table] = {canons[r["ord"] - 1] for r in ords}
     return found

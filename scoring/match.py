@@ -69,19 +69,24 @@ def reduce_writes(writes: Iterable[Write], metadata: Metadata, config: ScoringCo
     """Last write per (table, pk); ignored tables dropped; with ``collapse``, rows created and deleted
     within the session dropped."""
     grouped: dict[tuple[str, Key], list[Write]] = {}
-    for w in sorted(writes, key=lambda w: w.seq):
-        if config.table_ignored(w.table):
+    ignoring = bool(config.ignore_tables)  # asked once, not once per write
+    tables = metadata.tables
+    for w in sorted(writes, key=_seq):
+        if ignoring and config.table_ignored(w.table):
             continue
-        meta = metadata.tables[w.table]
-        grouped.setdefault((w.table, key_of(meta, w.pk)), []).append(w)
+        grouped.setdefault((w.table, key_of(tables[w.table], w.pk)), []).append(w)
     side: Side = {}
     for (table, key), ws in grouped.items():
         last = ws[-1]
-        flags = {w.created for w in ws if w.created is not None}
-        created = (True in flags) if flags else None
+        if len(ws) == 1:  # most rows: one write, nothing to fold
+            created = last.created
+            image = None if last.deleted else last.row
+        else:
+            flags = {w.created for w in ws if w.created is not None}
+            created = (True in flags) if flags else None
+            image = next((w.row for w in reversed(ws) if not w.deleted and w.row is not None), None)
         if config.collapse and created and last.deleted:
             continue
-        image = next((w.row for w in reversed(ws) if not w.deleted and w.row is not None), None)
         side.setdefault(table, {})[key] = Row(
             table=table,
             key=key,
@@ -97,6 +102,10 @@ def reduce_writes(writes: Iterable[Write], metadata: Metadata, config: ScoringCo
             ),
         )
     return side
+
+
+def _seq(w: Write) -> int:
+    return w.seq
 
 
 class IdMapping:
@@ -120,8 +129,11 @@ class IdMapping:
 
     def translate(
         self, meta: TableMeta, values: Mapping[str, Any], only: Sequence[str] | None = None
-    ) -> dict[str, Any]:
-        """``values`` with foreign-key columns rewritten into the ground truth's key space."""
+    ) -> Mapping[str, Any]:
+        """``values`` with foreign-key columns rewritten into the ground truth's key space (``values``
+        itself, not a copy, when the table has no foreign key)."""
+        if not meta.fks:
+            return values
         out = dict(values)
         for fk in meta.fks:
             if only is not None and not set(fk.columns) <= set(only):
@@ -345,16 +357,23 @@ def table_order(metadata: Metadata, tables: Iterable[str]) -> list[str]:
 
 
 def match_sessions(
-    gt: Side, agent: Side, metadata: Metadata, config: ScoringConfig, *, prune: bool = False
+    gt: Side,
+    agent: Side,
+    metadata: Metadata,
+    config: ScoringConfig,
+    *,
+    prune: bool = False,
+    gt_children: Mapping[str, Mapping[Key, int]] | None = None,
 ) -> Matching:
     """Pair the two sessions' rows. ``prune``: skip comparing rows whose similarity bound is below
-    ``min_similarity`` (the same pairs; only the "best candidate" reasons of unpaired rows may differ)."""
+    ``min_similarity`` (the same pairs; only the "best candidate" reasons of unpaired rows may differ).
+    ``gt_children``: ``children_of(gt, metadata)`` when already known (a prepared ground truth)."""
     mapping = IdMapping(metadata, agent)
     tables = table_order(metadata, set(gt) | set(agent))
     parents: dict[str, set[str]] = {
         t: {fk.ref_table for fk in metadata.tables[t].fks if fk.ref_table in metadata.tables} for t in tables
     }
-    kids = (_children(gt, metadata), _children(agent, metadata))
+    kids = (children_of(gt, metadata) if gt_children is None else gt_children, children_of(agent, metadata))
     results: dict[str, TableMatch] = {}
     mapped_keys: dict[str, dict[Key, Key]] = {}
     version = dict.fromkeys(tables, 0)
@@ -407,8 +426,13 @@ def _match_table(
     translated = {
         k: (mapping.translate(meta, a.row) if a.row is not None else None) for k, a in ag_rows.items()
     }
-    images = {
-        k: (mapping.translate(meta, a.image) if a.image is not None else None) for k, a in ag_rows.items()
+    images = {  # a live row's image is its row: translated once
+        k: translated[k]
+        if a.image is a.row
+        else mapping.translate(meta, a.image)
+        if a.image is not None
+        else None
+        for k, a in ag_rows.items()
     }
     fk_cols = {c for fk in meta.fks for c in fk.columns}
     generated_key = any(
@@ -419,11 +443,15 @@ def _match_table(
     paired_gt: set[Key] = set()
     paired_ag: set[Key] = set()
     reasons: dict[tuple[str, Key], str] = {}
+    # Without a foreign key inside the primary key, an agent key means the same row on both sides.
+    key_fks = any(set(fk.columns) <= set(meta.pk) for fk in meta.fks)
     for k, a in ag_rows.items():
-        mk_values = mapping.translate(meta, a.pk, only=meta.pk)
-        if any(isinstance(v, Unmapped) for v in mk_values.values()):
-            continue
-        mk = key_of(meta, mk_values)
+        mk = k
+        if key_fks:
+            mk_values = mapping.translate(meta, a.pk, only=meta.pk)
+            if any(isinstance(v, Unmapped) for v in mk_values.values()):
+                continue
+            mk = key_of(meta, mk_values)
         g = gt_rows.get(mk)
         if g is not None and generated_key and a.created and g.created:
             continue  # both sides inserted and the database generated the key: pair by similarity
@@ -473,7 +501,7 @@ def _match_table(
     return TableMatch(table, tuple(pairs), missing, extra), mapped_keys
 
 
-def _children(side: Side, metadata: Metadata) -> dict[str, dict[Key, int]]:
+def children_of(side: Side, metadata: Metadata) -> dict[str, dict[Key, int]]:
     """Per table and key: how many live rows of the session reference that row (its own key space)."""
     out: dict[str, dict[Key, int]] = defaultdict(lambda: defaultdict(int))
     for table, rows in side.items():
@@ -491,7 +519,7 @@ def _children(side: Side, metadata: Metadata) -> dict[str, dict[Key, int]]:
                 if any(v is None for v in by_ref.values()):
                     continue
                 out[fk.ref_table][tuple(freeze(by_ref[c]) for c in ref.pk)] += 1
-    return out
+    return {table: dict(counts) for table, counts in out.items()}
 
 
 def _missing_reason(g: Row, had_candidates: bool) -> str:

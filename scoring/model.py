@@ -153,8 +153,11 @@ def key_of(meta: TableMeta, pk: Mapping[str, Any]) -> Key:
         raise ScoringError(f"a write to {meta.name} lacks primary-key column {exc.args[0]}") from None
 
 
+_DECODER = json.JSONDecoder(parse_float=Decimal)  # one decoder: json.loads would build one per call
+
+
 def loads(text: str | None) -> Any:
     """Parse JSON from PostgreSQL keeping numerics exact."""
     if text is None:
         return None
-    return json.loads(text, parse_float=Decimal)
+    return _DECODER.decode(text)

@@ -30,9 +30,9 @@ import asyncpg
 
 from .api import GroundTruths, connect, ground_truths
 from .config import ScoringConfig, make_config
-from .core import best_alternative, score_writes
+from .core import PreparedTruth, best_alternative, prepare_truth, score_prepared
 from .errors import ScoringError
-from .extract import check_layer, fetch_metadata, fetch_writes, session_info
+from .extract import SessionInfo, check_layer, fetch_metadata, fetch_writes_many, session_infos
 from .model import Metadata, Write
 from .result import ScoringResult
 
@@ -76,11 +76,21 @@ def reward_from_writes(
 ) -> Reward:
     """The reward of in-memory writes against one or several ground truths (id -> writes)."""
     cfg = config or ScoringConfig()
+    truths = [prepare_truth(w, metadata, config=cfg, gt=gt) for gt, w in gt_writes.items()]
+    return reward_from_truths(truths, agent_writes, session=session, dense=dense)
+
+
+def reward_from_truths(
+    truths: Sequence[PreparedTruth],
+    agent_writes: Sequence[Write],
+    *,
+    session: str = "agent",
+    dense: bool = False,
+) -> Reward:
+    """``reward_from_writes`` against ground truths prepared once (``scoring.core.prepare_truth``), as a
+    training loop scores many sessions against the same ones."""
     results = [
-        score_writes(
-            w, agent_writes, metadata, config=cfg, gt=gt, agent=session, explain=False, per_operation=dense
-        )
-        for gt, w in gt_writes.items()
+        score_prepared(t, agent_writes, agent=session, explain=False, per_operation=dense) for t in truths
     ]
     best = best_alternative(results)
     return Reward(
@@ -107,6 +117,7 @@ class RewardScorer:
         self.config = config
         self._metadata: Metadata | None = None
         self._gt: dict[str, list[Write]] = {}
+        self._prepared: dict[str, PreparedTruth] = {}  # reduced once, against the cached metadata
         self._lock = asyncio.Lock()  # one connection: one query at a time
 
     @classmethod
@@ -141,17 +152,23 @@ class RewardScorer:
                 raise ScoringError(f"cannot read the CoW layer's tables: {exc}") from None
         return self._metadata
 
-    async def _writes(self, session: str) -> tuple[Any, list[Write]]:
+    async def _writes(self, session: str) -> tuple[SessionInfo, list[Write]]:
+        return (await self._writes_many([session]))[0]
+
+    async def _writes_many(self, sessions: Sequence[str]) -> list[tuple[SessionInfo, list[Write]]]:
+        """Registry entries and writes of ``sessions`` in a few queries (not a few per session)."""
         meta = await self.metadata()
         try:
-            info = await session_info(self.conn, session)
-            if info.status in ("committed", "discarded"):
-                raise ScoringError(
-                    f"session {session!r} was {info.status}: its writes are no longer recorded"
-                )
-            return info, await fetch_writes(self.conn, session, meta)
+            infos = await session_infos(self.conn, sessions)
+            for info in infos:
+                if info.status in ("committed", "discarded"):
+                    raise ScoringError(
+                        f"session {info.session_id!r} was {info.status}: its writes are no longer recorded"
+                    )
+            return list(zip(infos, await fetch_writes_many(self.conn, sessions, meta), strict=True))
         except _DB_ERRORS as exc:
-            raise ScoringError(f"cannot read session {session!r}: {exc}") from None
+            names = ", ".join(repr(s) for s in sessions[:3]) + (", ..." if len(sessions) > 3 else "")
+            raise ScoringError(f"cannot read session {names}: {exc}") from None
 
     async def ground_truth(self, gt: str) -> list[Write]:
         """The writes of ground truth ``gt``, read on first use and kept."""
@@ -161,34 +178,49 @@ class RewardScorer:
                     self._gt[gt] = (await self._writes(gt))[1]
         return self._gt[gt]
 
+    async def prepared(self, gt: str) -> PreparedTruth:
+        """Ground truth ``gt`` reduced for scoring, prepared on first use and kept."""
+        if gt not in self._prepared:
+            writes, meta = await self.ground_truth(gt), await self.metadata()
+            self._prepared[gt] = prepare_truth(writes, meta, config=self.config, gt=gt)
+        return self._prepared[gt]
+
     def forget(self, gt: str | None = None) -> None:
         """Drop a cached ground truth (all when ``gt`` is None), e.g. after re-recording it."""
         if gt is None:
             self._gt.clear()
+            self._prepared.clear()
         else:
             self._gt.pop(gt, None)
+            self._prepared.pop(gt, None)
 
     async def reward(self, session: str, *, gt: GroundTruths | None = None, dense: bool = False) -> Reward:
         """The reward of agent ``session`` (against ``gt``, default its registered ``gt_session``)."""
-        async with self._lock:
-            info, agent_writes = await self._writes(session)
-        if gt is None:
-            if not info.gt_session:
-                raise ScoringError(f"session {session!r} names no ground truth: pass gt=")
-            gt = info.gt_session
-        gts = ground_truths(gt)
-        if session in gts:
-            raise ScoringError(f"the ground truth and the agent are the same session ({session!r})")
-        cached = {g: await self.ground_truth(g) for g in gts}
-        return reward_from_writes(
-            cached, agent_writes, await self.metadata(), session=session, dense=dense, config=self.config
-        )
+        return (await self.rewards([session], gt=gt, dense=dense))[0]
 
     async def rewards(
         self, sessions: Sequence[str], *, gt: GroundTruths | None = None, dense: bool = False
     ) -> list[Reward]:
-        """Rewards of a batch of agent sessions, in order (one connection, read one after another)."""
-        return [await self.reward(s, gt=gt, dense=dense) for s in sessions]
+        """Rewards of a batch of agent sessions, in order: the sessions read together (one query for their
+        writes), each ground truth prepared once, each session then scored in memory."""
+        async with self._lock:
+            read = await self._writes_many(sessions)
+        out = []
+        for session, (info, agent_writes) in zip(sessions, read, strict=True):
+            gts = ground_truths(self._ground_truth_of(session, info, gt))
+            if session in gts:
+                raise ScoringError(f"the ground truth and the agent are the same session ({session!r})")
+            truths = [await self.prepared(g) for g in gts]
+            out.append(reward_from_truths(truths, agent_writes, session=session, dense=dense))
+        return out
+
+    @staticmethod
+    def _ground_truth_of(session: str, info: SessionInfo, gt: GroundTruths | None) -> GroundTruths:
+        if gt is not None:
+            return gt
+        if not info.gt_session:
+            raise ScoringError(f"session {session!r} names no ground truth: pass gt=")
+        return info.gt_session
 
 
 class SyncRewardScorer:

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 
 from scoring import ColumnMeta, ForeignKey, Metadata, ScoringError, TableMeta, Write, score_writes
+from scoring.core import prepare_truth, score_prepared
 from scoring.rewards import RewardScorer, SyncRewardScorer, dense_rewards, reward_from_writes, rollout
 from tests.fix_db import PgServer
 from tests.fix_proxy import RunningProxy, run_proxy
@@ -46,6 +47,21 @@ def test_pruned_matching_scores_like_the_exhaustive_one(gt: list[Write], agent: 
     pruned = score_writes(gt, agent, META, explain=False)
     assert session_level(pruned) == session_level(full)
     assert pruned.operations == full.operations
+
+
+@SETTINGS
+@given(sessions(), sessions(first_id=500), sessions(first_id=900))
+def test_a_prepared_ground_truth_scores_like_score_writes(
+    gt: list[Write], agent: list[Write], other: list[Write]
+) -> None:
+    """One ground truth prepared once and scored against several agents: each result equals scoring the
+    agent from the writes alone (rows, explanations and per-operation utilities included)."""
+    truth = prepare_truth(gt, META, gt="g")
+    for name, writes in (("a", agent), ("b", other), ("a-again", agent)):
+        assert score_prepared(truth, writes, agent=name) == score_writes(gt, writes, META, gt="g", agent=name)
+    # Tables the metadata does not describe are described from both sessions' writes, as before.
+    bare = prepare_truth(gt, None)
+    assert score_prepared(bare, agent) == score_writes(gt, agent)
 
 
 @pytest.mark.parametrize("min_similarity", [0.0, 0.3, 0.5, 0.9])
@@ -107,6 +123,24 @@ def test_async_scorer_caches_the_ground_truth(fig3_dsn: str) -> None:
                 await scorer.reward("nope", gt="gt-fig3")
             alt = await scorer.reward("agent-fig3", gt=["agent-wrong-row", "gt-fig3"])
             assert alt.ground_truth == "gt-fig3"
+
+    asyncio.run(run())
+
+
+def test_a_batch_scores_like_one_by_one(fig3_dsn: str) -> None:
+    """Rewards read together and scored against one prepared ground truth equal rewards read and scored
+    one session at a time by fresh scorers (no cache), alternatives included."""
+    agents = ["agent-fig3", "agent-perfect", "agent-wrong-row", "agent-fig3"]
+
+    async def run() -> None:
+        async with await RewardScorer.open(fig3_dsn) as scorer:
+            for gt in (None, ["agent-wrong-row", "gt-fig3"]):
+                batch = await scorer.rewards(agents[:2] if gt else agents, gt=gt, dense=True)
+                for r in batch:
+                    async with await RewardScorer.open(fig3_dsn) as fresh:
+                        assert r == await fresh.reward(r.session, gt=gt, dense=True)
+            with pytest.raises(ScoringError, match="unknown session 'nope'"):
+                await scorer.rewards(["agent-fig3", "nope"])
 
     asyncio.run(run())
 
