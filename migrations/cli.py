@@ -1,4 +1,4 @@
-"""``cowproxy install|uninstall|status`` and ``cowproxy session create|list|show|diff|discard|commit``."""
+"""``cowproxy install|uninstall|status|secret``, ``cowproxy session create|list|show|diff|discard|commit``."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import json
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 import asyncpg
 
 from cowproxy.cli import add_dsn, add_format, require_dsn
+from migrations.binding import check_secret, read_secret_file, rotate_secret, secret_set_at, write_secret_file
 from migrations.errors import LayerError
 from migrations.layer import install_layer, uninstall_layer
 from migrations.sessions import (
@@ -38,7 +40,25 @@ def register(sub: Any, session_sub: Any) -> None:
     p.add_argument(
         "--exclude", action="append", default=[], metavar="T", help="table to leave plain (T or S.T)"
     )
+    p.add_argument(
+        "--bind-secret-file",
+        type=Path,
+        metavar="PATH",
+        help="when install makes the binding secret (none was set), write it here (mode 0600) for the proxy",
+    )
     p.set_defaults(func=cmd_install)
+
+    p = sub.add_parser(
+        "secret",
+        help="the binding secret the proxy binds connections to their session with (layer owner only)",
+        description="Without options: whether a binding secret is set, and since when. The database keeps "
+        "only its hash, so a secret is shown once, by --rotate (which ends the old one at once).",
+    )
+    add_dsn(p)
+    p.add_argument("--rotate", action="store_true", help="make a new secret; print it, or write it to --file")
+    p.add_argument("--check", action="store_true", help="check that --file holds the current secret")
+    p.add_argument("--file", type=Path, metavar="PATH", help="where --rotate writes, and --check reads, it")
+    p.set_defaults(func=cmd_secret)
 
     p = sub.add_parser("uninstall", help="remove the CoW layer; the app tables stay as they were")
     add_dsn(p)
@@ -156,6 +176,57 @@ def cmd_install(args: argparse.Namespace) -> int:
     else:
         print("cowproxy layer up to date")
     print(f"CoW enabled on schema(s): {', '.join(schemas)} ({progress.summary()})")
+    if result.secret is not None:
+        _install_secret_note(result.secret, args.bind_secret_file)
+    elif args.bind_secret_file is not None:
+        print(
+            f"warning: a binding secret was already set: {args.bind_secret_file} not written"
+            " (replace it with: cowproxy secret --rotate --file PATH)",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _install_secret_note(secret: str, path: Path | None) -> None:
+    if path is not None:
+        write_secret_file(path, secret)
+        print(f"binding secret written to {path} (the proxy: --bind-secret-file {path})")
+    else:
+        print(
+            "binding secret made (the database keeps only its hash); "
+            "for the proxy, make one you can read with: cowproxy secret --rotate --file PATH"
+        )
+
+
+def cmd_secret(args: argparse.Namespace) -> int:
+    if args.rotate and args.check:
+        raise LayerError("--rotate and --check: choose one")
+    if args.check:
+        if args.file is None:
+            raise LayerError("--check needs --file PATH")
+        secret = read_secret_file(args.file)
+        if not _with_conn(args, lambda c: check_secret(c, secret)):
+            raise LayerError(f"{args.file} does not hold the current binding secret")
+        print(f"{args.file} holds the current binding secret")
+        return 0
+    if args.rotate:
+        if args.file is not None and args.file.is_dir():
+            raise LayerError(f"--file {args.file} is a directory")
+        secret = _with_conn(args, rotate_secret)
+        if args.file is None:
+            print(secret)
+        else:
+            write_secret_file(args.file, secret)
+            print(f"new binding secret written to {args.file}; the old one no longer binds")
+        return 0
+    if args.file is not None:
+        raise LayerError("--file needs --rotate or --check")
+    since = _with_conn(args, secret_set_at)
+    print(
+        "no binding secret is set"
+        if since is None
+        else f"a binding secret is set (since {since.isoformat()})"
+    )
     return 0
 
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 
 import asyncpg
 
+from migrations.binding import new_secret
 from migrations.errors import LayerError, NotInstalledError, PermissionDeniedError
 
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -43,6 +44,9 @@ class InstallResult:
     applied: tuple[int, ...]  # migration versions applied by this call (empty: already up to date)
     notes: tuple[str, ...]  # tables skipped, views without overlay twins, ...
     reapplied: tuple[str, ...] = ()  # repeatable files applied by this call (new or changed)
+    # The binding secret this call made because the database had none (docs/threat-model.md): shown once,
+    # the database keeps only its hash.
+    secret: str | None = field(default=None, repr=False)
 
 
 def migrations() -> list[Migration]:
@@ -134,6 +138,7 @@ async def install_layer(
     applied: list[int] = []
     reapplied: list[str] = []
     notes: list[str] = []
+    secret: str | None = None
     try:
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
@@ -179,6 +184,12 @@ async def install_layer(
             excludes = await _resolve_excludes(conn, schemas, exclude)
             for schema in schemas:
                 await conn.execute("SELECT cow._add_schema($1, $2::text[])", schema, excludes[schema])
+            # (A layer from before the binding, as bench scripts install for a baseline, has neither.)
+            if await conn.fetchval(
+                "SELECT to_regprocedure('cow.set_bind_secret(text)') IS NOT NULL"
+            ) and not await conn.fetchval("SELECT EXISTS (SELECT 1 FROM cow.bind_secret)"):
+                secret = new_secret()
+                await conn.execute("SELECT cow.set_bind_secret($1)", secret)
         # An upgrade regenerates every per-table object with the new generator code (cow.refresh(true) did it
         # in one transaction).
         force = bool(done and (applied or reapplied))
@@ -193,7 +204,7 @@ async def install_layer(
         ) from exc
     except asyncpg.PostgresError as exc:
         raise LayerError(f"install failed: {exc}") from exc
-    return InstallResult(tuple(applied), tuple(dict.fromkeys(notes)), tuple(reapplied))
+    return InstallResult(tuple(applied), tuple(dict.fromkeys(notes)), tuple(reapplied), secret)
 
 
 async def _enable_tables(

@@ -254,7 +254,7 @@ def test_psql_describe(proxy: RunningProxy, twins: tuple[str, str], pg_server: P
                 [psql, "-X", "-d", dsn, "-c", command], capture_output=True, text=True, check=True, timeout=60
             )
             out.append(run.stdout)
-        return re.sub(r"Triggers:\n    cow_guard [^\n]*\n", "", "\n".join(out))
+        return re.sub(r"Triggers(?: firing always)?:\n    cow_guard [^\n]*\n", "", "\n".join(out))
 
     assert describe(_session(proxy, layer)) == describe(plain)
 

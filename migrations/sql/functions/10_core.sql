@@ -23,8 +23,7 @@ END $$;
 CREATE OR REPLACE FUNCTION cow._defaulted(value anyelement, flag text) RETURNS anyelement
 LANGUAGE sql VOLATILE AS $$ SELECT CASE WHEN pg_catalog.set_config(flag, 'on', true) IS NOT NULL THEN value END $$;
 
-CREATE OR REPLACE FUNCTION cow.current_session() RETURNS text
-LANGUAGE sql STABLE PARALLEL SAFE AS $$ SELECT nullif(current_setting('cow.session_id', true), '') $$;
+-- (cow.current_session() is in 11_binding.sql: a bound backend's session comes from its binding.)
 
 -- search_path entries, unquoted, in order.
 CREATE OR REPLACE FUNCTION cow._path_entries(p text) RETURNS text[]
@@ -54,19 +53,38 @@ BEGIN
     RETURN CASE WHEN p_join THEN cow._overlay_path(app) ELSE app END;
 END $$;
 
-CREATE OR REPLACE FUNCTION cow.use_session(session text, operation text DEFAULT NULL) RETURNS text
+-- Put session and operation in force for the rest of the connection (cow.use_session, cow.bind_session):
+-- the GUCs, and the overlay path first in search_path. NULL session: leave the session.
+CREATE OR REPLACE FUNCTION cow._join(session text, operation text) RETURNS text
 LANGUAGE plpgsql AS $$
 BEGIN
-    session := nullif(session, '');
-    operation := nullif(operation, '');
-    PERFORM cow._check_id(session, 'session');
-    PERFORM cow._check_id(operation, 'operation');
     PERFORM set_config('cow.session_id', coalesce(session, ''), false);
     PERFORM set_config('cow.operation_id', CASE WHEN session IS NULL THEN '' ELSE coalesce(operation, '') END, false);
     -- The application's own path, which introspection presents (12_app_path.sql).
     PERFORM set_config('cow.app_search_path', CASE WHEN session IS NULL THEN '' ELSE cow._session_path(false) END, false);
     PERFORM set_config('search_path', cow._session_path(session IS NOT NULL), false);
     RETURN session;
+END $$;
+
+-- The no-proxy path: a trusted client joins a session by setting the GUCs (docs/threat-model.md: nothing
+-- stops SQL on the connection from changing them again). A backend bound by cow.bind_session may only
+-- re-join its own session (to switch the operation); leaving or switching it needs the binding secret.
+CREATE OR REPLACE FUNCTION cow.use_session(session text, operation text DEFAULT NULL) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    bound text := cow._bound();
+BEGIN
+    session := nullif(session, '');
+    operation := nullif(operation, '');
+    PERFORM cow._check_id(session, 'session');
+    PERFORM cow._check_id(operation, 'operation');
+    IF bound IS NOT NULL AND session IS DISTINCT FROM bound THEN
+        RAISE EXCEPTION 'cowproxy: use_session(%) refused: this connection is bound to session %',
+            coalesce(quote_literal(session), 'NULL'), bound
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Only cow.bind_session with the binding secret changes the session of a bound connection.';
+    END IF;
+    RETURN cow._join(session, operation);
 END $$;
 
 CREATE OR REPLACE FUNCTION cow.use_operation(operation text) RETURNS text
@@ -98,7 +116,7 @@ $$;
 CREATE OR REPLACE FUNCTION cow._write_session() RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
-    s text := nullif(current_setting('cow.session_id', true), '');
+    s text := cow._session();
     stamp text;
     st text;
     lw timestamptz;
@@ -171,25 +189,36 @@ $$;
 -- The fail-closed guard on base tables
 -- ---------------------------------------------------------------------------------------------------------
 
+-- Refuses a write on a base table of an enabled schema from a connection in a session: tagged by the GUC, or
+-- bound (cow._bound(), whatever the GUC says). ENABLE ALWAYS: session_replication_role = replica does not
+-- skip it. Its argument is its version: cow._add_guard replaces a guard of an older one.
 CREATE OR REPLACE FUNCTION cow.guard() RETURNS trigger
 LANGUAGE plpgsql AS $$
+DECLARE
+    s text := coalesce(cow._bound(), nullif(current_setting('cow.session_id', true), ''));
 BEGIN
-    IF current_setting('cow.session_id', true) <> '' THEN
+    IF s IS NOT NULL THEN
         RAISE EXCEPTION 'cowproxy: % on base table %.% refused: the connection is in session % (write through the overlay view, or leave the session with cow.use_session(NULL))',
-            TG_OP, quote_ident(TG_TABLE_SCHEMA), quote_ident(TG_TABLE_NAME), current_setting('cow.session_id', true)
+            TG_OP, quote_ident(TG_TABLE_SCHEMA), quote_ident(TG_TABLE_NAME), s
             USING ERRCODE = 'insufficient_privilege', SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME;
     END IF;
     RETURN NULL;
 END $$;
 
+-- Whether guard trigger t is the current one (cow.guard).
+CREATE OR REPLACE FUNCTION cow._guard_current(t pg_catalog.pg_trigger) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$ SELECT t.tgname = 'cow_guard' AND t.tgnargs = 1 AND t.tgenabled = 'A' $$;
+
 CREATE OR REPLACE FUNCTION cow._add_guard(p_rel oid) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    -- The WHEN clause keeps untagged writes from calling plpgsql at all (a plain expression per statement).
-    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = p_rel AND tgname = 'cow_guard' AND tgqual IS NOT NULL) THEN
+    -- The WHEN clause keeps untagged writes from calling plpgsql for the guard itself (an expression and one
+    -- cow._bound() call per statement).
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = p_rel AND cow._guard_current(t)) THEN
         EXECUTE format('CREATE OR REPLACE TRIGGER cow_guard BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %s '
-                       'FOR EACH STATEMENT WHEN (pg_catalog.current_setting(''cow.session_id'', true) <> '''') '
-                       'EXECUTE FUNCTION cow.guard()', p_rel::regclass);
+                       'FOR EACH STATEMENT WHEN (pg_catalog.current_setting(''cow.session_id'', true) <> '''' '
+                       'OR cow._bound() IS NOT NULL) EXECUTE FUNCTION cow.guard(''2'')', p_rel::regclass);
+        EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER cow_guard', p_rel::regclass);
     END IF;
 END $$;
 

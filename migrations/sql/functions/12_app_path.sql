@@ -47,7 +47,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     app text := current_setting('search_path');
 BEGIN
-    IF coalesce(current_setting('cow.session_id', true), '') = '' THEN
+    IF cow._session() IS NULL THEN
         RETURN app;
     END IF;
     -- The layer's own schemas stay out of reach: unqualified names would resolve to its tables.

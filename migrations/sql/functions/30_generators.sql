@@ -229,7 +229,7 @@ BEGIN
     SELECT 1 AS _cow_k, {{base_columns}}, coalesce({{session}}, '') AS _cow_s, NULL::boolean AS _cow_cur,
            NULL::boolean AS _cow_del FROM {{base}} b
     UNION ALL SELECT 2, {{changes_columns}}, c._cow_session, c._cow_current, c._cow_deleted FROM {{changes}} c) u
-WHERE u._cow_s = coalesce({{session}}, '') AND CASE u._cow_k WHEN 1 THEN true
+WHERE (SELECT cow._read_gate()) AND u._cow_s = coalesce({{session}}, '') AND CASE u._cow_k WHEN 1 THEN true
       ELSE {{session}} <> '' AND u._cow_cur AND NOT u._cow_del END
   AND NOT EXISTS (SELECT 1 FROM {{changes}} x WHERE u._cow_k = 1
                   AND x._cow_session = {{session}} AND x._cow_current AND {{has_version}})$t$,
@@ -793,7 +793,7 @@ BEGIN
     check_fn := format('cow_changes.%I', r.changes_table || '_fkcheck');
     EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql AS $body$
 BEGIN
-    IF nullif(current_setting('cow.session_id', true), '') IS NOT NULL THEN
+    IF cow._session() IS NOT NULL THEN
         PERFORM set_config({{mark|L}}, concat_ws(',', nullif(current_setting({{mark|L}}, true), ''),
             (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM cow.write_seq)::text), true);
     END IF;
@@ -802,7 +802,7 @@ END $body$$t$, jsonb_build_object('fn', mark, 'mark', 'cow._mark_' || r.changes_
     EXECUTE format('CREATE OR REPLACE TRIGGER cow_fk_mark BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()', v, mark);
     EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql AS $body$
 DECLARE
-    _s text := nullif(current_setting('cow.session_id', true), '');
+    _s text := cow._session();
     _marks text := current_setting({{mark|L}}, true);
     _mark bigint;
     _seq bigint;
@@ -1031,7 +1031,7 @@ DECLARE
     gone text;
     referenced text;
     fn text;
-    decl text := E'DECLARE\n    _s text := nullif(pg_catalog.current_setting(''cow.session_id'', true), '''');\n    _o text;\n    _g text;\n    _base jsonb;\n    _seen boolean;\n    _bad text;\n    _pfk int;\n    _pseq bigint;\n    _porig jsonb;\n    _morig jsonb;\n    _pdel boolean;\n';
+    decl text := E'DECLARE\n    _s text := cow._session();\n    _o text;\n    _g text;\n    _base jsonb;\n    _seen boolean;\n    _bad text;\n    _pfk int;\n    _pseq bigint;\n    _porig jsonb;\n    _morig jsonb;\n    _pdel boolean;\n';
     fk_all text := '0';     -- every FOREIGN KEY bit (an INSERT checks them all)
     fk_changed text := '0'; -- the bits of the FOREIGN KEYs whose columns an UPDATE changed
     fk_n int := 0;

@@ -173,12 +173,12 @@ UNION ALL SELECT {{survivor_columns}} FROM (SELECT t._cow_v, t._cow_n, count(*) 
     FROM (SELECT {{tombstone_value}} AS _cow_v, count(*) AS _cow_n {{tombstones}} GROUP BY 1) t
     JOIN {{base}} _cow_b ON _cow_b = t._cow_v{{not_null_equal}} GROUP BY t._cow_v, t._cow_n) k
     CROSS JOIN LATERAL pg_catalog.generate_series(1, k._cow_have - k._cow_n)
-UNION ALL SELECT {{changes_columns}} FROM {{changes}} c WHERE c._cow_session = {{session}} AND c._cow_current AND NOT c._cow_deleted$t$,
+UNION ALL SELECT {{changes_columns}} FROM {{changes}} c WHERE (SELECT cow._read_gate()) AND c._cow_session = {{session}} AND c._cow_current AND NOT c._cow_deleted$t$,
         jsonb_build_object(
             'view', v,
             'base_columns', cow._collist(names, '_cow_b.'),
             'base', b,
-            'tombstones', format('FROM %s x WHERE x._cow_session = %s AND x._cow_current AND x._cow_deleted', ch, sess),
+            'tombstones', format('FROM %s x WHERE (SELECT cow._read_gate()) AND x._cow_session = %s AND x._cow_current AND x._cow_deleted', ch, sess),
             'tombstone_value', cow._kl_value(names, 'x', b),
             'survivor_columns', (SELECT string_agg(format('(k._cow_v).%I', n2), ', ' ORDER BY j)
                                  FROM unnest(names) WITH ORDINALITY AS u(n2, j)),
@@ -312,7 +312,7 @@ DECLARE
     dq_stmt text := '';
     dn int := 0;
     dtrg jsonb := '{}';
-    decl text := E'DECLARE\n    _s text := nullif(pg_catalog.current_setting(''cow.session_id'', true), '''');\n    _o text;\n    _g text;\n    _bad text;\n    _ret bigint;\n    _pfk int;\n';
+    decl text := E'DECLARE\n    _s text := cow._session();\n    _o text;\n    _g text;\n    _bad text;\n    _ret bigint;\n    _pfk int;\n';
     reg_code text := E'    IF _s IS NOT NULL AND pg_catalog.current_setting(''cow._open'', true) IS DISTINCT FROM cow._open_stamp(_s) THEN\n'
                       '        PERFORM cow._write_session();\n'
                       '    END IF;\n';

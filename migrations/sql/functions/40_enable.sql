@@ -111,7 +111,16 @@ END $gen$;
 -- regenerated, guards present, view twins rebuilt. Returns notes (skipped tables, unsupported objects).
 -- The layer's own DDL runs with client_min_messages = warning: its "already exists, skipping" and "drop
 -- cascades to" notices reached the application's migration tool at every DDL statement it ran.
+-- cow.refresh is the entry point of a user (refused on a bound connection); the DDL event trigger calls
+-- cow._refresh, also for DDL a bound connection runs (when the proxy lets it).
 CREATE OR REPLACE FUNCTION cow.refresh(p_force boolean DEFAULT false) RETURNS SETOF text
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM cow._refuse_bound('refresh');
+    RETURN QUERY SELECT * FROM cow._refresh(p_force);
+END $$;
+
+CREATE OR REPLACE FUNCTION cow._refresh(p_force boolean DEFAULT false) RETURNS SETOF text
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET client_min_messages = warning AS $gen$
 DECLARE
     x record;
@@ -216,6 +225,7 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
 DECLARE
     t text;
 BEGIN
+    PERFORM cow._refuse_bound('enable_schema');
     IF NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = p_schema) THEN
         RAISE EXCEPTION 'schema "%" does not exist', p_schema USING ERRCODE = 'invalid_schema_name';
     END IF;
@@ -263,7 +273,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
     JOIN cow.schemas s ON s.schema_name = n.nspname
     WHERE c.relkind IN ('r', 'p') AND NOT c.relname = ANY (s.excluded)
-      AND NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid AND t.tgname = 'cow_guard' AND t.tgqual IS NOT NULL)
+      AND NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid AND cow._guard_current(t))
     ORDER BY n.nspname, c.relname
 $$;
 
@@ -359,6 +369,7 @@ DECLARE
     n bigint;
     holders text[] := '{}';
 BEGIN
+    PERFORM cow._refuse_bound('uninstall');
     PERFORM set_config('cow.in_layer', 'on', true);
     FOR x IN SELECT changes_table FROM cow.registry LOOP
         IF to_regclass(format('cow_changes.%I', x.changes_table)) IS NOT NULL THEN
@@ -416,7 +427,7 @@ BEGIN
                                 WHERE c.oid = g.relid AND NOT c.relname = ANY (s.excluded))
                     OR (g.pk_columns <> '{}') IS DISTINCT FROM (cow._key_index(g.relid) IS NOT NULL)
                     OR (g.pk_columns <> '{}' AND g.pk_columns IS DISTINCT FROM cow._pk_columns(g.relid)))) THEN
-        RETURN QUERY SELECT * FROM cow.refresh();
+        RETURN QUERY SELECT * FROM cow._refresh();
         RETURN;
     END IF;
     RETURN QUERY SELECT * FROM cow._refresh_tables(p_rels);

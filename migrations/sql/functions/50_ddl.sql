@@ -87,7 +87,7 @@ BEGIN
                 RAISE NOTICE 'cowproxy: %', note;
             END LOOP;
         ELSE
-            FOR note IN SELECT * FROM cow.refresh() LOOP
+            FOR note IN SELECT * FROM cow._refresh() LOOP
                 RAISE NOTICE 'cowproxy: %', note;
             END LOOP;
         END IF;

@@ -14,6 +14,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     row cow.sessions;
 BEGIN
+    PERFORM cow._refuse_bound('create_session');
     IF session IS NULL OR NOT cow.valid_id(session) THEN
         PERFORM cow._check_id(coalesce(session, ''), 'session');
     END IF;
@@ -99,6 +100,7 @@ DECLARE
     q text;
 BEGIN
     PERFORM cow._check_id(coalesce(session, ''), 'session');
+    PERFORM cow._refuse_other('session_changes', session);
     q := cow._changes_union(
         'c._cow_seq, c._cow_op, {schema}, {table}, {pk}, '
         'CASE WHEN c._cow_deleted THEN NULL ELSE to_jsonb(c.*) - cow._meta_columns() END, c._cow_deleted',
@@ -118,6 +120,7 @@ DECLARE
     q text;
 BEGIN
     PERFORM cow._check_id(coalesce(session, ''), 'session');
+    PERFORM cow._refuse_other('session_diff', session);
     q := cow._changes_union(
         '{schema}, {table}, {pk}, c._cow_deleted, c._cow_base, '
         'CASE WHEN c._cow_deleted THEN NULL ELSE to_jsonb(c.*) - cow._meta_columns() END, c._cow_seq, c._cow_op',
@@ -143,6 +146,7 @@ DECLARE
     q text;
 BEGIN
     PERFORM cow._check_id(coalesce(session, ''), 'session');
+    PERFORM cow._refuse_other('session_keys', session);
     q := cow._changes_union('DISTINCT ON ({pkcols}) {schema}, {table}, {pk}, c._cow_base', 'c._cow_session = $1');
     IF q IS NULL THEN
         RETURN;
@@ -157,6 +161,7 @@ DECLARE
     n bigint;
     total bigint := 0;
 BEGIN
+    PERFORM cow._refuse_bound('discard_session');
     PERFORM cow._session_row(session, true);
     FOR g IN SELECT changes_table FROM cow.registry ORDER BY id LOOP
         EXECUTE format('DELETE FROM cow_changes.%I WHERE _cow_session = $1', g.changes_table) USING session;
@@ -197,6 +202,7 @@ DECLARE
     unknown text[];
     result text[];
 BEGIN
+    PERFORM cow._refuse_other('operation_closure', session);
     SELECT array_agg(o) INTO unknown FROM unnest(ops) AS o
     WHERE NOT EXISTS (SELECT 1 FROM cow.session_changes(session) w WHERE w.operation_id = o);
     IF unknown IS NOT NULL THEN

@@ -85,6 +85,7 @@ DECLARE
     k2 bigint;
     progress boolean;
 BEGIN
+    PERFORM cow._refuse_bound('commit_session');
     IF on_conflict IS NULL OR on_conflict NOT IN ('fail', 'overwrite') THEN
         RAISE EXCEPTION 'on_conflict must be fail or overwrite' USING ERRCODE = 'invalid_parameter_value';
     END IF;

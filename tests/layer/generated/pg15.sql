@@ -4,7 +4,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t1_del()
  LANGUAGE plpgsql
 AS $function$
 DECLARE
-    _s text := nullif(pg_catalog.current_setting('cow.session_id', true), '');
+    _s text := cow._session();
     _o text;
     _g text;
     _base jsonb;
@@ -124,7 +124,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t1_fkcheck()
  LANGUAGE plpgsql
 AS $function$
 DECLARE
-    _s text := nullif(current_setting('cow.session_id', true), '');
+    _s text := cow._session();
     _marks text := current_setting('cow._mark_t1', true);
     _mark bigint;
     _seq bigint;
@@ -228,7 +228,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t1_ins()
  LANGUAGE plpgsql
 AS $function$
 DECLARE
-    _s text := nullif(pg_catalog.current_setting('cow.session_id', true), '');
+    _s text := cow._session();
     _o text;
     _g text;
     _base jsonb;
@@ -306,7 +306,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t1_mark()
  LANGUAGE plpgsql
 AS $function$
 BEGIN
-    IF nullif(current_setting('cow.session_id', true), '') IS NOT NULL THEN
+    IF cow._session() IS NOT NULL THEN
         PERFORM set_config('cow._mark_t1', concat_ws(',', nullif(current_setting('cow._mark_t1', true), ''),
             (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM cow.write_seq)::text), true);
     END IF;
@@ -319,7 +319,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t1_upd()
  LANGUAGE plpgsql
 AS $function$
 DECLARE
-    _s text := nullif(pg_catalog.current_setting('cow.session_id', true), '');
+    _s text := cow._session();
     _o text;
     _g text;
     _base jsonb;
@@ -436,7 +436,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t2_del()
  LANGUAGE plpgsql
 AS $function$
 DECLARE
-    _s text := nullif(pg_catalog.current_setting('cow.session_id', true), '');
+    _s text := cow._session();
     _o text;
     _g text;
     _bad text;
@@ -471,7 +471,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t2_fkcheck()
  LANGUAGE plpgsql
 AS $function$
 DECLARE
-    _s text := nullif(current_setting('cow.session_id', true), '');
+    _s text := cow._session();
     _marks text := current_setting('cow._mark_t2', true);
     _mark bigint;
     _seq bigint;
@@ -510,7 +510,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t2_ins()
  LANGUAGE plpgsql
 AS $function$
 DECLARE
-    _s text := nullif(pg_catalog.current_setting('cow.session_id', true), '');
+    _s text := cow._session();
     _o text;
     _g text;
     _bad text;
@@ -540,7 +540,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t2_mark()
  LANGUAGE plpgsql
 AS $function$
 BEGIN
-    IF nullif(current_setting('cow.session_id', true), '') IS NOT NULL THEN
+    IF cow._session() IS NOT NULL THEN
         PERFORM set_config('cow._mark_t2', concat_ws(',', nullif(current_setting('cow._mark_t2', true), ''),
             (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM cow.write_seq)::text), true);
     END IF;
@@ -553,7 +553,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t2_upd()
  LANGUAGE plpgsql
 AS $function$
 DECLARE
-    _s text := nullif(pg_catalog.current_setting('cow.session_id', true), '');
+    _s text := cow._session();
     _o text;
     _g text;
     _bad text;
@@ -591,7 +591,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t3_del()
  LANGUAGE plpgsql
 AS $function$
 DECLARE
-    _s text := nullif(pg_catalog.current_setting('cow.session_id', true), '');
+    _s text := cow._session();
     _o text;
     _g text;
     _base jsonb;
@@ -727,7 +727,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t3_fkcheck()
  LANGUAGE plpgsql
 AS $function$
 DECLARE
-    _s text := nullif(current_setting('cow.session_id', true), '');
+    _s text := cow._session();
     _marks text := current_setting('cow._mark_t3', true);
     _mark bigint;
     _seq bigint;
@@ -826,7 +826,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t3_ins()
  LANGUAGE plpgsql
 AS $function$
 DECLARE
-    _s text := nullif(pg_catalog.current_setting('cow.session_id', true), '');
+    _s text := cow._session();
     _o text;
     _g text;
     _base jsonb;
@@ -882,7 +882,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t3_mark()
  LANGUAGE plpgsql
 AS $function$
 BEGIN
-    IF nullif(current_setting('cow.session_id', true), '') IS NOT NULL THEN
+    IF cow._session() IS NOT NULL THEN
         PERFORM set_config('cow._mark_t3', concat_ws(',', nullif(current_setting('cow._mark_t3', true), ''),
             (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM cow.write_seq)::text), true);
     END IF;
@@ -895,7 +895,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t3_upd()
  LANGUAGE plpgsql
 AS $function$
 DECLARE
-    _s text := nullif(pg_catalog.current_setting('cow.session_id', true), '');
+    _s text := cow._session();
     _o text;
     _g text;
     _base jsonb;
@@ -1105,7 +1105,7 @@ SELECT u.id,
             c._cow_current,
             c._cow_deleted
            FROM cow_changes.t1 c) u
-  WHERE ((u._cow_s = COALESCE(current_setting('cow.session_id'::text, true), ''::text)) AND
+  WHERE (( SELECT cow._read_gate() AS _read_gate) AND (u._cow_s = COALESCE(current_setting('cow.session_id'::text, true), ''::text)) AND
         CASE u._cow_k
             WHEN 1 THEN true
             ELSE ((current_setting('cow.session_id'::text, true) <> ''::text) AND u._cow_cur AND (NOT u._cow_del))
@@ -1120,9 +1120,9 @@ SELECT _cow_b.kind,
    FROM events _cow_b
   WHERE (( SELECT (NOT (EXISTS ( SELECT 1
                    FROM cow_changes.t2 x
-                  WHERE ((x._cow_session = current_setting('cow.session_id'::text, true)) AND x._cow_current AND x._cow_deleted))))) OR (NOT (_cow_b.* IN ( SELECT ROW(x.kind, x.parent_id, x.note)::events AS "row"
+                  WHERE (( SELECT cow._read_gate() AS _read_gate) AND (x._cow_session = current_setting('cow.session_id'::text, true)) AND x._cow_current AND x._cow_deleted))))) OR (NOT (_cow_b.* IN ( SELECT ROW(x.kind, x.parent_id, x.note)::events AS "row"
            FROM cow_changes.t2 x
-          WHERE ((x._cow_session = current_setting('cow.session_id'::text, true)) AND x._cow_current AND x._cow_deleted)))))
+          WHERE (( SELECT cow._read_gate() AS _read_gate) AND (x._cow_session = current_setting('cow.session_id'::text, true)) AND x._cow_current AND x._cow_deleted)))))
 UNION ALL
  SELECT (k._cow_v).kind AS kind,
     (k._cow_v).parent_id AS parent_id,
@@ -1133,7 +1133,7 @@ UNION ALL
            FROM (( SELECT ROW(x.kind, x.parent_id, x.note)::events AS _cow_v,
                     count(*) AS _cow_n
                    FROM cow_changes.t2 x
-                  WHERE ((x._cow_session = current_setting('cow.session_id'::text, true)) AND x._cow_current AND x._cow_deleted)
+                  WHERE (( SELECT cow._read_gate() AS _read_gate) AND (x._cow_session = current_setting('cow.session_id'::text, true)) AND x._cow_current AND x._cow_deleted)
                   GROUP BY ROW(x.kind, x.parent_id, x.note)::events) t
              JOIN events _cow_b ON (((_cow_b.* = t._cow_v) AND (_cow_b.kind = (t._cow_v).kind))))
           GROUP BY t._cow_v, t._cow_n) k
@@ -1143,7 +1143,7 @@ UNION ALL
     c.parent_id,
     c.note
    FROM cow_changes.t2 c
-  WHERE ((c._cow_session = current_setting('cow.session_id'::text, true)) AND c._cow_current AND (NOT c._cow_deleted));
+  WHERE (( SELECT cow._read_gate() AS _read_gate) AND (c._cow_session = current_setting('cow.session_id'::text, true)) AND c._cow_current AND (NOT c._cow_deleted));
 
 -- view cow_overlay_public.parent
 SELECT u.id,
@@ -1169,7 +1169,7 @@ SELECT u.id,
             c._cow_current,
             c._cow_deleted
            FROM cow_changes.t3 c) u
-  WHERE ((u._cow_s = COALESCE(current_setting('cow.session_id'::text, true), ''::text)) AND
+  WHERE (( SELECT cow._read_gate() AS _read_gate) AND (u._cow_s = COALESCE(current_setting('cow.session_id'::text, true), ''::text)) AND
         CASE u._cow_k
             WHEN 1 THEN true
             ELSE ((current_setting('cow.session_id'::text, true) <> ''::text) AND u._cow_cur AND (NOT u._cow_del))

@@ -1,0 +1,161 @@
+-- cowproxy copy-on-write layer: the binding of a backend to its session (docs/threat-model.md).
+-- A repeatable file (docs/layer.md, "Migrations"); it comes after 10_core.sql and before every file whose
+-- SQL-language functions or generated objects call cow._session().
+--
+-- The GUC cow.session_id says which session a connection reads and writes, but any SQL on the connection can
+-- change it (SET, RESET, set_config in a function, DISCARD ALL). A backend *bound* by cow.bind_session, which
+-- only a caller knowing the binding secret can call with effect (the proxy), is recorded in cow.bindings
+-- (migration 0020), which only the layer's owner can write. Then:
+-- - writes (the generated triggers, cow._write_session) go to the bound session whatever the GUC says;
+-- - the overlay views refuse to read (42501) while the GUC names another session (cow._read_gate);
+-- - the base tables' guard refuses writes whatever the GUC says;
+-- - layer management refuses to run (cow._refuse_bound).
+-- An unbound backend trusts the GUC as before: the no-proxy path of a trusted client (cow.use_session).
+
+-- The session this backend is bound to, or NULL. SECURITY DEFINER: cow.bindings is the owner's only.
+-- (PARALLEL RESTRICTED: pg_backend_pid() in a parallel worker is the worker's; the leader runs it.)
+CREATE OR REPLACE FUNCTION cow._bound() RETURNS text
+LANGUAGE plpgsql STABLE PARALLEL RESTRICTED SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    b record;
+BEGIN
+    SELECT x.session, x.token, x.backend_start INTO b FROM cow.bindings x WHERE x.pid = pg_backend_pid();
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    -- The token the bind left in the GUC, else the backend's start time: a row of an ended backend that had
+    -- this pid has neither (its token was never in this backend, and a new backend starts later).
+    IF b.token = current_setting('cow._bind_token', true)
+       OR b.backend_start = (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a) THEN
+        RETURN b.session;
+    END IF;
+    RETURN NULL;
+END $$;
+
+-- The session of this backend's reads and writes: the bound one when bound (the GUC is not consulted), else
+-- the GUC cow.session_id (NULL: none).
+CREATE OR REPLACE FUNCTION cow._session() RETURNS text
+LANGUAGE sql STABLE PARALLEL RESTRICTED AS $$
+    SELECT coalesce(cow._bound(), nullif(pg_catalog.current_setting('cow.session_id', true), ''))
+$$;
+
+CREATE OR REPLACE FUNCTION cow.current_session() RETURNS text
+LANGUAGE sql STABLE PARALLEL RESTRICTED AS $$ SELECT cow._session() $$;
+
+-- The session this backend is bound to (NULL: not bound), for clients and the proxy.
+CREATE OR REPLACE FUNCTION cow.bound_session() RETURNS text
+LANGUAGE sql STABLE PARALLEL RESTRICTED AS $$ SELECT cow._bound() $$;
+
+-- The overlay views' gate, once per statement and view (an InitPlan): true, unless the backend is bound and
+-- cow.session_id names another session than the binding (it was changed by SQL the proxy did not see): then
+-- the read is refused rather than served from that session.
+CREATE OR REPLACE FUNCTION cow._read_gate() RETURNS boolean
+LANGUAGE plpgsql STABLE PARALLEL RESTRICTED AS $$
+DECLARE
+    b text := cow._bound();
+    g text := nullif(pg_catalog.current_setting('cow.session_id', true), '');
+BEGIN
+    IF b IS NOT NULL AND g IS DISTINCT FROM b THEN
+        RAISE EXCEPTION 'cowproxy: this connection is bound to session %, but cow.session_id is now %: reads in another session are refused',
+            b, coalesce(quote_literal(g), 'unset')
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = format('Set it back with SELECT cow.use_session(%L).', b);
+    END IF;
+    RETURN true;
+END $$;
+
+-- Layer management (commit, discard, create, refresh, enable, uninstall, the binding secret) runs on an
+-- unbound connection only: a bound one is an agent's.
+CREATE OR REPLACE FUNCTION cow._refuse_bound(what text) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    b text := cow._bound();
+BEGIN
+    IF b IS NOT NULL THEN
+        RAISE EXCEPTION 'cowproxy: % refused: this connection is bound to session % (layer management runs on an unbound connection)',
+            what, b USING ERRCODE = 'insufficient_privilege';
+    END IF;
+END $$;
+
+-- Record (or, with a NULL session, remove) this backend's binding, once the secret is proven. The GUCs are
+-- cow.bind_session's business (a SET clause here would revert the search_path it sets).
+CREATE OR REPLACE FUNCTION cow._bind(p_session text, p_secret text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    want text;
+    b cow.bindings%ROWTYPE;
+    tok text;
+BEGIN
+    SELECT x.hash INTO want FROM cow.bind_secret x;
+    IF want IS NULL THEN
+        RAISE EXCEPTION 'cowproxy: bind_session: no binding secret is set in this database'
+            USING ERRCODE = 'invalid_password', HINT = 'Set one with: cowproxy secret --rotate --file PATH';
+    END IF;
+    IF p_secret IS NULL OR encode(sha256(convert_to(p_secret, 'UTF8')), 'hex') <> want THEN
+        RAISE EXCEPTION 'cowproxy: bind_session: wrong binding secret' USING ERRCODE = 'invalid_password';
+    END IF;
+    SELECT * INTO b FROM cow.bindings x WHERE x.pid = pg_backend_pid();
+    IF p_session IS NULL THEN
+        IF FOUND THEN
+            DELETE FROM cow.bindings x WHERE x.pid = pg_backend_pid();
+        END IF;
+        PERFORM set_config('cow._bind_token', '', false);
+        RETURN;
+    END IF;
+    IF FOUND AND b.session = p_session AND b.token = current_setting('cow._bind_token', true) THEN
+        RETURN;  -- bound to it already (an operation switch): no write
+    END IF;
+    -- Rows of ended backends go first (at most one per pid ever used, so this stays small), against a fresh
+    -- list of backends (the list is cached per transaction: a stale one would not show a backend that
+    -- started and bound since).
+    PERFORM pg_stat_clear_snapshot();
+    DELETE FROM cow.bindings x WHERE NOT EXISTS (
+        SELECT 1 FROM pg_stat_get_activity(NULL) a WHERE a.pid = x.pid AND a.backend_start = x.backend_start);
+    tok := gen_random_uuid()::text;
+    INSERT INTO cow.bindings AS x (pid, backend_start, token, session)
+    VALUES (pg_backend_pid(), (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a), tok, p_session)
+    ON CONFLICT (pid) DO UPDATE SET backend_start = excluded.backend_start, token = excluded.token,
+                                    session = excluded.session, bound_at = now();
+    PERFORM set_config('cow._bind_token', tok, false);
+END $$;
+
+-- Bind this backend to `session` (and set the GUCs as cow.use_session does), proven by the binding secret;
+-- `bind_session(NULL, NULL, secret)` unbinds (a proxy reusing the server connection for another client). The
+-- operation may be switched later without the secret (cow.use_operation, SET cow.operation_id): it only
+-- relabels writes within the session. A wrong secret: 28P01, and nothing changes.
+CREATE OR REPLACE FUNCTION cow.bind_session(session text, operation text, secret text) RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    session := nullif(session, '');
+    operation := nullif(operation, '');
+    PERFORM cow._check_id(session, 'session');
+    PERFORM cow._check_id(operation, 'operation');
+    PERFORM cow._bind(session, secret);
+    RETURN cow._join(session, operation);
+END $$;
+
+-- Set the binding secret (only its SHA-256 is kept): the layer's owner or a superuser, on an unbound
+-- connection (`cowproxy secret --rotate`).
+CREATE OR REPLACE FUNCTION cow.set_bind_secret(secret text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM cow._refuse_bound('set_bind_secret');
+    IF secret IS NULL OR length(secret) < 16 THEN
+        RAISE EXCEPTION 'cowproxy: a binding secret has at least 16 characters' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO cow.bind_secret AS x (hash) VALUES (encode(sha256(convert_to(secret, 'UTF8')), 'hex'))
+    ON CONFLICT (only_row) DO UPDATE SET hash = excluded.hash, set_at = now();
+END $$;
+REVOKE ALL ON FUNCTION cow.set_bind_secret(text) FROM PUBLIC;
+
+-- A session's data from a bound connection: its own session only (cow.session_changes, session_diff, ...).
+CREATE OR REPLACE FUNCTION cow._refuse_other(what text, session text) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    b text := cow._bound();
+BEGIN
+    IF b IS NOT NULL AND session IS DISTINCT FROM b THEN
+        RAISE EXCEPTION 'cowproxy: %(%) refused: this connection is bound to session %', what,
+            coalesce(quote_literal(session), 'NULL'), b USING ERRCODE = 'insufficient_privilege';
+    END IF;
+END $$;

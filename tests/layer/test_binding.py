@@ -1,0 +1,274 @@
+"""The binding of a backend to its session (``cow.bind_session``, docs/threat-model.md): SQL on a bound
+connection cannot leave, switch or widen its session, nor manage the layer; an unbound connection keeps the
+no-proxy path (``cow.use_session``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+
+from tests.layer.test_cli import cli, one_error_line
+
+SECRET = "s3cret-binding-for-tests-0123456789"
+NOBODY = f"cowt_nobody_{os.getpid()}"
+
+
+def as_role(dsn: str, role: str) -> str:
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port}"))
+
+
+def sql_state(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...] | None = None) -> str | None:
+    """The SQLSTATE ``sql`` fails with (None: it succeeded)."""
+    try:
+        conn.execute(sql, params)
+    except psycopg.Error as exc:
+        return exc.diag.sqlstate
+    return None
+
+
+def base_rows(dsn: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT id, email, name, score FROM public.customers ORDER BY id").fetchall()
+
+
+def session_keys(dsn: str, session: str) -> list[Any]:
+    """The keys a session wrote, read by an unbound connection."""
+    with psycopg.connect(dsn) as conn:
+        return [r[0] for r in conn.execute("SELECT pk FROM cow.session_keys(%s) ORDER BY 1", (session,))]
+
+
+@pytest.fixture
+def db(layer_db: str) -> str:
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.execute("SELECT cow.set_bind_secret(%s)", (SECRET,))
+    return layer_db
+
+
+@pytest.fixture
+def bound(db: str) -> Iterator[psycopg.Connection[Any]]:
+    """A connection bound to session ``s1``."""
+    with psycopg.connect(db, autocommit=True) as conn:
+        assert conn.execute("SELECT cow.bind_session('s1', NULL, %s)", (SECRET,)).fetchone() == ("s1",)
+        yield conn
+
+
+def test_bind_sets_the_session_like_use_session(db: str, bound: psycopg.Connection[Any]) -> None:
+    assert bound.execute(
+        "SELECT cow.bound_session(), cow.current_session(), current_setting('cow.session_id'),"
+        " current_setting('search_path')"
+    ).fetchone() == ("s1", "s1", "s1", '"$user", cow_overlay_public, public')
+    bound.execute("UPDATE customers SET score = 7 WHERE id = 1")
+    assert bound.execute("SELECT score FROM customers WHERE id = 1").fetchone() == (7,)
+    assert session_keys(db, "s1") == [{"id": 1}]
+    assert base_rows(db)[0][3] == 0
+
+
+@pytest.mark.parametrize(
+    "escape",
+    [
+        "SELECT set_config('cow.session_id', '', false)",
+        "SELECT set_config('cow.session_id', 's2', false)",
+        "SET cow.session_id = 's2'",
+        "RESET cow.session_id",
+        "RESET ALL",
+        "DO $$ BEGIN PERFORM set_config('cow.' || 'session_id', 's2', false); END $$",
+        "SELECT app_switch('s2')",
+        "SELECT app_switch('')",
+    ],
+)
+def test_no_sql_moves_a_bound_connection_out_of_its_session(
+    db: str, bound: psycopg.Connection[Any], escape: str
+) -> None:
+    with psycopg.connect(db, autocommit=True) as owner:
+        # An application function that sets a GUC by a computed name (what statement analysis cannot see).
+        owner.execute(
+            "CREATE FUNCTION app_switch(v text) RETURNS text LANGUAGE sql"
+            " AS $$ SELECT set_config('cow.' || 'session_id', v, false) $$"
+        )
+    before = base_rows(db)
+    bound.execute(escape)
+    assert bound.execute("SELECT cow.bound_session(), cow.current_session()").fetchone() == ("s1", "s1")
+    # Writes land in the bound session (unqualified names still resolve to the overlay, or RESET ALL put the
+    # base tables first: the guard refuses those), reads in another session are refused.
+    state = sql_state(bound, "INSERT INTO customers (email, name) VALUES ('e@x', 'E')")
+    assert state in (None, "42501")
+    assert sql_state(bound, "UPDATE public.customers SET score = 1 WHERE id = 2") == "42501"
+    read = sql_state(bound, "SELECT count(*) FROM cow_overlay_public.customers")
+    guc = bound.execute("SELECT current_setting('cow.session_id', true)").fetchone()
+    assert read == (None if guc == ("s1",) else "42501")
+    assert (
+        sql_state(bound, "INSERT INTO cow_overlay_public.customers (email, name) VALUES ('f@x', 'F')") is None
+    )
+    assert base_rows(db) == before
+    assert len(session_keys(db, "s1")) == (2 if state is None else 1)
+    assert session_keys(db, "s2") == []
+    # Setting the GUC back makes the reads work again.
+    bound.execute("SELECT cow.use_session('s1')")
+    assert bound.execute("SELECT count(*) FROM cow_overlay_public.customers").fetchone() == (
+        3 + len(session_keys(db, "s1")),
+    )
+
+
+def test_discard_all_leaves_the_binding(db: str, bound: psycopg.Connection[Any]) -> None:
+    bound.execute("DISCARD ALL")
+    assert bound.execute("SELECT cow.bound_session()").fetchone() == ("s1",)
+    # search_path is the default again: the base table, which refuses the bound connection's writes.
+    assert sql_state(bound, "UPDATE customers SET score = 1 WHERE id = 2") == "42501"
+    assert sql_state(bound, "TRUNCATE customers CASCADE") == "42501"
+    assert sql_state(bound, "SELECT * FROM cow_overlay_public.customers") == "42501"
+    assert base_rows(db)[1][3] == 0
+
+
+def test_use_session_and_operations_on_a_bound_connection(db: str, bound: psycopg.Connection[Any]) -> None:
+    assert sql_state(bound, "SELECT cow.use_session('s2')") == "42501"
+    assert sql_state(bound, "SELECT cow.use_session(NULL)") == "42501"
+    # Its own session again, with another operation: allowed (a relabel within the session).
+    assert sql_state(bound, "SELECT cow.use_session('s1', 'op-b')") is None
+    bound.execute("UPDATE customers SET score = 2 WHERE id = 2")
+    bound.execute("SELECT cow.use_operation('op-c')")
+    bound.execute("UPDATE customers SET score = 3 WHERE id = 3")
+    bound.execute("SET cow.operation_id = 'op-d'")
+    bound.execute("UPDATE customers SET score = 4 WHERE id = 1")
+    with psycopg.connect(db) as conn:
+        ops = conn.execute("SELECT operation_id FROM cow.session_changes('s1') ORDER BY seq").fetchall()
+    assert ops == [("op-b",), ("op-c",), ("op-d",)]
+
+
+def test_wrong_or_missing_secret(db: str, layer_db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as conn:
+        assert sql_state(conn, "SELECT cow.bind_session('s1', NULL, 'wrong-secret-0123456789')") == "28P01"
+        assert sql_state(conn, "SELECT cow.bind_session('s1', NULL, NULL)") == "28P01"
+        assert conn.execute("SELECT cow.bound_session(), cow.current_session()").fetchone() == (None, None)
+        conn.execute("SELECT cow.bind_session('s1', NULL, %s)", (SECRET,))
+        # Rebinding or unbinding needs the secret too.
+        assert sql_state(conn, "SELECT cow.bind_session('s2', NULL, 'nope')") == "28P01"
+        assert sql_state(conn, "SELECT cow.bind_session(NULL, NULL, 'nope')") == "28P01"
+        assert conn.execute("SELECT cow.bound_session()").fetchone() == ("s1",)
+        conn.execute("SELECT cow.bind_session('s2', 'op', %s)", (SECRET,))
+        assert conn.execute("SELECT cow.bound_session(), current_setting('cow.operation_id')").fetchone() == (
+            "s2",
+            "op",
+        )
+        conn.execute("SELECT cow.bind_session(NULL, NULL, %s)", (SECRET,))
+        assert conn.execute(
+            "SELECT cow.bound_session(), cow.current_session(), current_setting('search_path')"
+        ).fetchone() == (None, None, '"$user", public')
+        # Unbound: the no-proxy path again.
+        conn.execute("SELECT cow.use_session('s3')")
+        conn.execute("UPDATE customers SET score = 9 WHERE id = 3")
+    assert session_keys(db, "s3") == [{"id": 3}]
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("DELETE FROM cow.bind_secret")
+        assert sql_state(conn, "SELECT cow.bind_session('s1', NULL, %s)", (SECRET,)) == "28P01"
+
+
+def test_a_binding_is_not_inherited_by_a_later_backend_with_the_same_pid(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as conn:
+        # What a backend that ended while bound leaves behind, under this backend's pid (as if reused).
+        conn.execute(
+            "INSERT INTO cow.bindings (pid, backend_start, token, session)"
+            " VALUES (pg_backend_pid(), now() - interval '1 hour', 'old-token', 'dead')"
+        )
+        assert conn.execute("SELECT cow.bound_session(), cow.current_session()").fetchone() == (None, None)
+        conn.execute("SET cow._bind_token = 'old-token'")  # the token is only a shortcut for the bound one
+        assert conn.execute("SELECT cow.bound_session()").fetchone() == ("dead",)
+        conn.execute("RESET cow._bind_token")
+        conn.execute("SELECT cow.use_session('s4')")
+        conn.execute("UPDATE customers SET score = 1 WHERE id = 1")
+        # Binding replaces the stale row; then the token may go, the start time still proves the binding.
+        conn.execute("SELECT cow.bind_session('s5', NULL, %s)", (SECRET,))
+        conn.execute("RESET cow._bind_token")
+        assert conn.execute("SELECT cow.bound_session()").fetchone() == ("s5",)
+    assert session_keys(db, "s4") == [{"id": 1}]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "SELECT cow.commit_session('s1')",
+        "SELECT cow.commit_session('other')",
+        "SELECT cow.discard_session('s1')",
+        "SELECT cow.discard_session('other')",
+        "SELECT cow.create_session('new-one')",
+        "SELECT * FROM cow.refresh()",
+        "SELECT * FROM cow.enable_schema('public')",
+        "SELECT cow._teardown(true)",
+        "SELECT cow.set_bind_secret('another-secret-0123456789')",
+        "SELECT * FROM cow.session_changes('other')",
+        "SELECT * FROM cow.session_diff('other')",
+        "SELECT * FROM cow.session_keys('other')",
+    ],
+)
+def test_layer_management_is_refused_on_a_bound_connection(
+    db: str, bound: psycopg.Connection[Any], call: str
+) -> None:
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("SELECT cow.use_session('other')")
+        conn.execute("UPDATE customers SET score = 5 WHERE id = 2")
+    bound.execute("UPDATE customers SET score = 6 WHERE id = 1")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="bound to session s1"):
+        bound.execute(call)
+    assert session_keys(db, "other") == [{"id": 2}]
+    assert session_keys(db, "s1") == [{"id": 1}]
+    assert base_rows(db)[0][3] == 0
+
+
+def test_own_session_log_is_readable_when_bound(bound: psycopg.Connection[Any]) -> None:
+    bound.execute("UPDATE customers SET score = 6 WHERE id = 1")
+    assert bound.execute("SELECT count(*) FROM cow.session_changes('s1')").fetchone() == (1,)
+    assert bound.execute("SELECT action FROM cow.session_diff('s1')").fetchall() == [("update",)]
+
+
+def test_secret_cli(create_database: Callable[..., str], tmp_path: Path) -> None:
+    dsn = create_database()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    # Install makes a secret when none is set, and writes it where asked (mode 0600).
+    first = tmp_path / "first"
+    result = cli("install", "--bind-secret-file", str(first), dsn=dsn)
+    assert result.returncode == 0, result
+    assert f"binding secret written to {first}" in result.stdout
+    assert first.stat().st_mode & 0o777 == 0o600
+    assert cli("secret", "--check", "--file", str(first), dsn=dsn).returncode == 0
+    # A second install keeps it (a running proxy keeps binding) and says it did not write the file.
+    again = cli("install", "--bind-secret-file", str(tmp_path / "again"), dsn=dsn)
+    assert again.returncode == 0 and "already set" in again.stderr
+    assert not (tmp_path / "again").exists()
+    assert "a binding secret is set (since " in cli("secret", dsn=dsn).stdout
+    # --rotate prints a new one; the old one stops binding.
+    rotated = cli("secret", "--rotate", dsn=dsn)
+    new = rotated.stdout.strip()
+    assert rotated.returncode == 0 and len(new) >= 40
+    one_error_line(cli("secret", "--check", "--file", str(first), dsn=dsn), "does not hold the current")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        old = first.read_text().strip()
+        assert sql_state(conn, "SELECT cow.bind_session('s', NULL, %s)", (old,)) == "28P01"
+        assert conn.execute("SELECT cow.bind_session('s', NULL, %s)", (new,)).fetchone() == ("s",)
+        # A bound connection cannot rotate the secret.
+        assert sql_state(conn, "SELECT cow.set_bind_secret('x' || repeat('y', 20))") == "42501"
+    second = tmp_path / "second"
+    assert cli("secret", "--rotate", "--file", str(second), dsn=dsn).returncode == 0
+    assert cli("secret", "--check", "--file", str(second), dsn=dsn).returncode == 0
+    one_error_line(cli("secret", "--file", str(second), dsn=dsn), "--file needs --rotate or --check")
+    one_error_line(cli("secret", "--check", dsn=dsn), "--check needs --file")
+    one_error_line(cli("secret", "--check", "--file", str(tmp_path / "none"), dsn=dsn), "cannot read")
+    # Not the owner: one line, nothing changed.
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"DROP ROLE IF EXISTS {NOBODY}")
+        conn.execute(f"CREATE ROLE {NOBODY} LOGIN")
+    try:
+        nobody = as_role(dsn, NOBODY)
+        one_error_line(cli("secret", "--rotate", dsn=nobody), "needs the layer's owner or a superuser")
+        one_error_line(cli("secret", dsn=nobody), "needs the layer's owner or a superuser")
+        assert cli("secret", "--check", "--file", str(second), dsn=dsn).returncode == 0
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {NOBODY}")
+            conn.execute(f"DROP ROLE {NOBODY}")
