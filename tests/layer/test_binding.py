@@ -13,6 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
+from tests.fix_db import install_layer_at
 from tests.layer.test_cli import cli, one_error_line
 
 SECRET = "s3cret-binding-for-tests-0123456789"
@@ -272,3 +273,148 @@ def test_secret_cli(create_database: Callable[..., str], tmp_path: Path) -> None
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"DROP OWNED BY {NOBODY}")
             conn.execute(f"DROP ROLE {NOBODY}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Privileges: the usual production set-up (a non-superuser role owning the app's tables, the layer installed
+# by a superuser) and a role with no privilege at all.
+
+OWNER = f"cowt_owner_{os.getpid()}"
+OWNER_SCHEMA = """
+CREATE TABLE items (id int PRIMARY KEY, name text NOT NULL, qty int NOT NULL DEFAULT 0);
+INSERT INTO items SELECT g, 'item ' || g, g FROM generate_series(1, 5) g;
+"""
+
+
+@pytest.fixture
+def owner_db(create_database: Callable[..., str]) -> Iterator[str]:
+    """A database whose app table ``items`` belongs to the non-superuser role OWNER, with the layer."""
+    dsn = create_database()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"DROP ROLE IF EXISTS {OWNER}")
+        conn.execute(f"CREATE ROLE {OWNER} LOGIN")
+        conn.execute(f"GRANT CREATE ON SCHEMA public TO {OWNER}")
+    with psycopg.connect(as_role(dsn, OWNER), autocommit=True) as conn:
+        conn.execute(OWNER_SCHEMA)
+    install_layer_at(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT cow.set_bind_secret(%s)", (SECRET,))
+    try:
+        yield dsn
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {OWNER} CASCADE")
+            conn.execute(f"DROP ROLE {OWNER}")
+
+
+def items_keys(dsn: str, session: str) -> list[Any]:
+    with psycopg.connect(dsn) as conn:
+        return [r[0] for r in conn.execute("SELECT pk FROM cow.session_keys(%s) ORDER BY 1", (session,))]
+
+
+def base_items(dsn: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT * FROM public.items ORDER BY id").fetchall()
+
+
+@pytest.mark.parametrize(
+    ("attack", "expect"),
+    [
+        ("SELECT _cow_session FROM cow_changes.t1", None),
+        ("UPDATE cow_changes.t1 SET qty = 99 WHERE _cow_session = 'other'", None),
+        (
+            "INSERT INTO cow_changes.t1 (_cow_session, _cow_op, _cow_deleted, id, name, qty)"
+            " VALUES ('other', 'x', false, 9, 'forged', 9)",
+            "42501",
+        ),
+        ("DELETE FROM cow_changes.t1", "42501"),
+        ("TRUNCATE cow_changes.t1", "42501"),
+        ("SELECT * FROM cow.sessions", "42501"),
+        ("UPDATE cow.sessions SET status = 'discarded'", "42501"),
+        ("SELECT * FROM cow.bindings", "42501"),
+        ("DELETE FROM cow.bindings", "42501"),
+        ("SELECT * FROM cow.bind_secret", "42501"),
+        ("SET session_replication_role = replica", "42501"),
+        ("SELECT cow._bind('other', 'guess-guess-guess-guess')", "28P01"),
+        ("ALTER TABLE public.items DISABLE TRIGGER cow_guard", "42501"),
+        ("ALTER TABLE public.items DISABLE TRIGGER ALL", "42501"),
+        ("DROP TRIGGER cow_guard ON public.items", "42501"),
+        ("SET cow.in_layer = 'on'; ALTER TABLE public.items DISABLE TRIGGER cow_guard", "42501"),
+        ("UPDATE public.items SET qty = 0", "42501"),
+        ("SELECT cow.commit_session('s1')", "42501"),
+    ],
+)
+def test_a_bound_owner_role_cannot_reach_other_sessions_or_the_base_tables(
+    owner_db: str, attack: str, expect: str | None
+) -> None:
+    with psycopg.connect(as_role(owner_db, OWNER), autocommit=True) as other:
+        other.execute("SELECT cow.use_session('other')")
+        other.execute("UPDATE items SET qty = 50 WHERE id = 1")
+    before = base_items(owner_db)
+    with psycopg.connect(as_role(owner_db, OWNER), autocommit=True) as conn:
+        conn.execute("SELECT cow.bind_session('s1', NULL, %s)", (SECRET,))
+        conn.execute("UPDATE items SET qty = 10 WHERE id = 2")
+        conn.execute("SELECT set_config('cow.session_id', 'other', false)")  # as unseen SQL would
+        assert sql_state(conn, attack) == expect
+        # What it can read of the changes is its own session's, whatever the GUC says.
+        assert conn.execute("SELECT DISTINCT _cow_session FROM cow_changes.t1").fetchall() == [("s1",)]
+        conn.execute("SELECT cow.use_session('s1')")
+        assert conn.execute("SELECT qty FROM items WHERE id IN (1, 2) ORDER BY id").fetchall() == [
+            (1,),
+            (10,),
+        ]
+        # A probe write still lands in its own session.
+        conn.execute("UPDATE items SET qty = 11 WHERE id = 3")
+    assert base_items(owner_db) == before
+    assert items_keys(owner_db, "other") == [{"id": 1}]
+    assert items_keys(owner_db, "s1") == [{"id": 2}, {"id": 3}]
+    with psycopg.connect(owner_db) as admin:
+        assert admin.execute("SELECT status FROM cow.sessions ORDER BY 1").fetchall() == [
+            ("open",),
+            ("open",),
+        ]
+        assert admin.execute(
+            "SELECT qty FROM cow_changes.t1 WHERE _cow_session = 'other' AND _cow_current"
+        ).fetchall() == [(50,)]
+
+
+def test_an_unprivileged_role_cannot_bind_or_read_the_layer(owner_db: str) -> None:
+    with psycopg.connect(owner_db, autocommit=True) as conn:
+        conn.execute(f"DROP ROLE IF EXISTS {NOBODY}")
+        conn.execute(f"CREATE ROLE {NOBODY} LOGIN")
+    try:
+        with psycopg.connect(as_role(owner_db, NOBODY), autocommit=True) as conn:
+            assert sql_state(conn, "SELECT cow.bind_session('s1', NULL, 'not-the-secret-0000')") == "28P01"
+            assert sql_state(conn, "SELECT * FROM cow.sessions") == "42501"
+            assert sql_state(conn, "SELECT * FROM cow.bind_secret") == "42501"
+            assert sql_state(conn, "SELECT cow.set_bind_secret('a-new-secret-000000000')") == "42501"
+            # It binds with the secret; its reads and writes are PostgreSQL's privileges of the app table.
+            conn.execute("SELECT cow.bind_session('s1', NULL, %s)", (SECRET,))
+            assert sql_state(conn, "SELECT * FROM items") == "42501"
+            assert sql_state(conn, "UPDATE items SET qty = 1") == "42501"
+            assert conn.execute("SELECT count(*) FROM cow_changes.t1").fetchone() == (0,)
+    finally:
+        with psycopg.connect(owner_db, autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {NOBODY}")
+            conn.execute(f"DROP ROLE {NOBODY}")
+
+
+def test_replication_role_does_not_make_a_session_write_vanish(
+    db: str, bound: psycopg.Connection[Any]
+) -> None:
+    """A superuser may set session_replication_role = replica: the layer's triggers fire all the same."""
+    bound.execute("SET session_replication_role = replica")
+    bound.execute("INSERT INTO customers (email, name) VALUES ('r@x', 'R')")
+    bound.execute("UPDATE customers SET score = 3 WHERE id = 1")
+    bound.execute("DELETE FROM orders WHERE id = 3")
+    assert sql_state(bound, "UPDATE public.customers SET score = 1") == "42501"
+    assert session_keys(db, "s1") == [{"id": 1}, {"id": 3}, {"id": 4}]
+    with psycopg.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM public.orders").fetchone() == (4,)
+        # Every trigger of the layer's views and changes tables fires always.
+        assert conn.execute(
+            "SELECT DISTINCT t.tgenabled FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname IN ('cow_overlay_public', 'cow_changes') AND NOT t.tgisinternal"
+            "    OR t.tgname = 'cow_guard'"
+        ).fetchall() == [("A",)]

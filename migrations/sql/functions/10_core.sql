@@ -112,9 +112,9 @@ $$;
 
 -- The registry check of the generated triggers, when the stamp (above) does not match: the current session
 -- (NULL: none), with the ids validated, the session registered if new, refused if not open, last_write_at
--- refreshed if older than a second.
+-- refreshed if older than a second. SECURITY DEFINER: only the layer's owner may write cow.sessions.
 CREATE OR REPLACE FUNCTION cow._write_session() RETURNS text
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     s text := cow._session();
     stamp text;

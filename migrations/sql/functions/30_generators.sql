@@ -119,6 +119,17 @@ BEGIN
         EXECUTE format('ALTER TABLE %s SET (autovacuum_vacuum_scale_factor = 0.01, '
                        'autovacuum_vacuum_insert_scale_factor = 0.01)', ch);
     END IF;
+    -- Every role may read and write the changes table (the generated triggers run as the writing role), but
+    -- only the rows of its connection's session (cow._session(): the bound one on a bound backend): SQL that
+    -- reaches the table by name cannot read or forge another session's changes. The layer's owner (the
+    -- views, commit, diff) and superusers are not subject to it. (SELECT ...): once per statement.
+    IF NOT EXISTS (SELECT 1 FROM pg_policy p WHERE p.polrelid = to_regclass(ch) AND p.polname = 'cow_own_session') THEN
+        EXECUTE format('CREATE POLICY cow_own_session ON %s USING (_cow_session = (SELECT cow._session())) '
+                       'WITH CHECK (_cow_session = (SELECT cow._session()))', ch);
+    END IF;
+    IF NOT (SELECT c.relrowsecurity FROM pg_class c WHERE c.oid = to_regclass(ch)) THEN
+        EXECUTE format('ALTER TABLE %s ENABLE ROW LEVEL SECURITY', ch);
+    END IF;
 END $gen$;
 
 -- The overlay view v's column defaults and privileges, from base table p_rel (b: its quoted name; p_changes:

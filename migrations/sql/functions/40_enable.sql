@@ -213,6 +213,7 @@ BEGIN
         PERFORM cow._sync_lookup_indexes(NULL);
     END IF;
     PERFORM cow._rls_sync();  -- tables with row-level security (38_rls.sql)
+    PERFORM cow._fire_always();
     FOR note IN SELECT * FROM cow._build_twins() LOOP
         RETURN NEXT note;
     END LOOP;
@@ -349,8 +350,31 @@ BEGIN
         END LOOP;
     END IF;
     PERFORM cow._rls_sync();  -- tables with row-level security (38_rls.sql)
+    PERFORM cow._fire_always();
     PERFORM set_config('cow.in_layer', coalesce(prev, ''), true);
 END $gen$;
+
+-- The triggers of the overlay views and the changes tables fire whatever session_replication_role says
+-- (tgenabled 'A'), so that `SET session_replication_role = replica` cannot make a session's write report
+-- success and vanish (an INSTEAD OF trigger that does not fire leaves "INSERT 0 1" and nothing written).
+-- PostgreSQL's ALTER TABLE ... ENABLE ALWAYS TRIGGER refuses views, so pg_trigger is updated directly: the
+-- CREATE TRIGGER of the same transaction makes every backend reload the relation's triggers. Only a
+-- superuser may: after a non-superuser's DDL the rebuilt triggers fire on origin only until the next
+-- `cowproxy install` (a non-superuser cannot set session_replication_role, unless granted SET on it).
+-- A pg_dump of the whole database then holds ALTER TABLE ... ENABLE ALWAYS TRIGGER lines for views, which a
+-- restore reports as errors (the triggers are restored, firing on origin only; install marks them again).
+CREATE OR REPLACE FUNCTION cow._fire_always() RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF NOT coalesce((SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = current_user), false) THEN
+        RETURN;
+    END IF;
+    UPDATE pg_trigger t SET tgenabled = 'A'
+    FROM cow.registry g
+    WHERE t.tgrelid IN (to_regclass(format('%I.%I', g.overlay_schema, g.table_name)),
+                        to_regclass(format('cow_changes.%I', g.changes_table)))
+      AND NOT t.tgisinternal AND t.tgenabled <> 'A';
+END $$;
 
 -- Enable one table (its schema becomes enabled; the schema's other tables are enabled too).
 CREATE OR REPLACE FUNCTION cow.enable_table(p_rel regclass) RETURNS SETOF text

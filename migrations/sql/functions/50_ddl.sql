@@ -57,7 +57,21 @@ DECLARE
     rels oid[];
     targeted boolean;
     dropped text;
+    unguarded text;
 BEGIN
+    -- A bound connection (an agent's, docs/threat-model.md) may not switch a guard off, whatever
+    -- cow.in_layer says (a GUC it can set): the base table would take its writes.
+    IF tg_tag IN ('ALTER TABLE', 'DROP TRIGGER') AND cow._bound() IS NOT NULL THEN
+        SELECT string_agg(format('%I.%I', n.nspname, c.relname), ', ') INTO unguarded
+        FROM cow.schemas s JOIN pg_namespace n ON n.nspname = s.schema_name
+        JOIN pg_class c ON c.relnamespace = n.oid AND c.relkind IN ('r', 'p') AND NOT c.relname = ANY (s.excluded)
+        WHERE NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid AND t.tgname = 'cow_guard'
+                          AND t.tgenabled IN ('O', 'A'));
+        IF unguarded IS NOT NULL THEN
+            RAISE EXCEPTION 'cowproxy: % refused: it would leave % without the layer''s guard (this connection is bound to session %)',
+                tg_tag, unguarded, cow._bound() USING ERRCODE = 'insufficient_privilege';
+        END IF;
+    END IF;
     IF current_setting('cow.in_layer', true) = 'on' THEN
         RETURN;
     END IF;
