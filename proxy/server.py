@@ -27,7 +27,7 @@ from proxy import protocol as p
 from proxy.analysis import ProxyAnalyzer
 from proxy.catalogs import SharedCatalogs
 from proxy.config import ProxyConfig
-from proxy.errors import ProtocolError, ProxyError, TagError
+from proxy.errors import PolicyError, ProtocolError, ProxyError, TagError
 from proxy.fastrelay import UNAVAILABLE as FAST_RELAY_UNAVAILABLE
 from proxy.fastrelay import FastCounts, FastRelay, Handback
 from proxy.metrics import ConnectionHooks, Metrics
@@ -253,7 +253,7 @@ class ClientConnection(asyncio.Protocol):
         else:
             try:
                 found = read_startup_tags(packet)
-            except TagError as exc:
+            except (TagError, PolicyError) as exc:
                 self.fail(exc.sqlstate, str(exc))
                 return
             self.tags = found.tags
