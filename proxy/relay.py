@@ -383,11 +383,11 @@ class Relay:
         """
         comment = self._comment_tags(sql)
         if isinstance(comment, TagError):
-            self._refuse(trigger, p.encode_error(comment.sqlstate, str(comment)))
+            self._refuse_tags(trigger, p.encode_error(comment.sqlstate, str(comment)))
             return None
         switch = self._switch_refusal(comment)
         if switch is not None:
-            self._refuse(trigger, switch)
+            self._refuse_tags(trigger, switch)
             return None
         tags = self.desired_tags(comment)
         need = self._needs_injection(tags) or (tags.tagged and self.catalog is None and self._wants_catalog())
@@ -429,6 +429,17 @@ class Relay:
             # COMMIT/ROLLBACK (TO SAVEPOINT) decide whether a set_config done in this block survives.
             self.applied.tags = None
         return tags, verdict
+
+    def _refuse_tags(self, trigger: bytes, error: bytes) -> None:
+        """Refuse a statement for its tags, before they are decided.
+
+        At a transaction's start the connection's own tags still become the transaction's: a statement
+        pipelined behind the refused one (not at a transaction start any more) runs with them, never with
+        the tags of the connection's previous transaction (untagged, on a fresh connection).
+        """
+        if self._at_transaction_start():
+            self.txn_tags = self.default_tags()
+        self._refuse(trigger, error)
 
     def _switch_refusal(self, comment: Tags | None) -> bytes | None:
         """A comment may not move a connection whose session is fixed (at startup, by a route) elsewhere.
@@ -520,7 +531,7 @@ class Relay:
         statement = self.statements.get(bind.statement)
         switch = self._switch_refusal(statement.tags if statement else None)
         if switch is not None:  # a route made since the Parse
-            self._refuse(b"P", switch)  # (a failing Parse: the server skips the rest of the batch)
+            self._refuse_tags(b"P", switch)  # (a failing Parse: the server skips the rest of the batch)
             return
         tags = self.desired_tags(statement.tags if statement else None)
         if self._needs_injection(tags) and not self._inject(tags, b"B"):

@@ -12,8 +12,10 @@ import asyncpg
 import psycopg
 import pytest
 
+from proxy import protocol as p
 from proxy.admin import admin_request
 from tests.fix_proxy import RunningProxy
+from tests.proxy.test_adversity import RawClient
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -85,6 +87,29 @@ def test_comment_tags_switch_per_statement_not_a_fixed_session(proxy: RunningPro
     assert changes(layer_db, "s3") == [("o1", "customers", "c1@x"), ("o2", "customers", "c2@x")]
     assert changes(layer_db, "s4") == [("o4", "customers", "s4@x"), ("o5", "customers", "s4b@x")]
     assert base_customers(layer_db)[BASE_CUSTOMERS:] == ["plain@x"]
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        "/*cow_session='s7b'*/ SELECT 1",  # another session than the startup one
+        "/*cow_session='bad id!'*/ SELECT 1",  # a malformed tag
+    ],
+)
+def test_a_statement_pipelined_behind_a_refused_tag_stays_in_the_session(
+    proxy: RunningProxy, layer_db: str, first: str
+) -> None:
+    """The refused statement is the connection's first: what follows it in the same batch still runs in the
+    connection's session (the refusal comes before the tags are decided), never untagged on the base table."""
+    c = RawClient(proxy.host, proxy.port, layer_db.rsplit("/", 1)[1], options="-c cow.session_id=s7")
+    c.sock.settimeout(10)
+    write = "INSERT INTO customers (email, name) VALUES ('piped@x', 'p')"
+    c.sock.sendall(p.encode_query(first) + p.encode_query(write))
+    replies = c.read_until(b"Z") + c.read_until(b"Z")
+    c.sock.close()
+    assert replies[0][0] == b"E" and (b"C", b"INSERT 0 1\0") in replies
+    assert len(base_customers(layer_db)) == BASE_CUSTOMERS
+    assert [c[2] for c in changes(layer_db, "s7")] == ["piped@x"]
 
 
 def test_malformed_tags_are_refused(proxy: RunningProxy, layer_db: str) -> None:
