@@ -78,7 +78,7 @@ BEGIN
     operation := nullif(operation, '');
     PERFORM cow._check_id(session, 'session');
     PERFORM cow._check_id(operation, 'operation');
-    IF bound IS NOT NULL AND session IS DISTINCT FROM bound THEN
+    IF bound IS NOT NULL AND NOT coalesce(session OPERATOR(pg_catalog.=) bound, false) THEN
         RAISE EXCEPTION 'cowproxy: use_session(%) refused: this connection is bound to session %',
             coalesce(quote_literal(session), 'NULL'), bound
             USING ERRCODE = 'insufficient_privilege',

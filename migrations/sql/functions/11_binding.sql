@@ -12,21 +12,31 @@
 -- - layer management refuses to run (cow._refuse_bound).
 -- An unbound backend trusts the GUC as before: the no-proxy path of a trusted client (cow.use_session).
 
--- The session this backend is bound to, or NULL. SECURITY DEFINER: cow.bindings is the owner's only.
--- (PARALLEL RESTRICTED: pg_backend_pid() in a parallel worker is the worker's; the leader runs it.)
+-- This backend's binding row, for every role: a security-barrier view owned by the layer's owner that shows
+-- the row of the calling backend's pid only (none for a backend that is not bound). Its token is no secret:
+-- it only saves reading the backend's start time, and a backend can only ever see its own pid's row (a row
+-- an ended backend left under a reused pid gives it a session it could join with cow.use_session anyway).
+-- Reading it costs an index probe, no function call: the overlay views' gate and cow._bound() use it.
+CREATE OR REPLACE VIEW cow.my_binding WITH (security_barrier) AS
+    SELECT x.session, x.token, x.backend_start FROM cow.bindings x WHERE x.pid = pg_catalog.pg_backend_pid();
+GRANT SELECT ON cow.my_binding TO PUBLIC;
+
+-- The session this backend is bound to, or NULL. It runs as the caller, with the caller's search_path:
+-- every operator and function is schema-qualified, so that no object the caller creates can change its
+-- answer. (PARALLEL RESTRICTED: pg_backend_pid() in a parallel worker is the worker's; the leader runs it.)
 CREATE OR REPLACE FUNCTION cow._bound() RETURNS text
-LANGUAGE plpgsql STABLE PARALLEL RESTRICTED SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL RESTRICTED AS $$
 DECLARE
     b record;
 BEGIN
-    SELECT x.session, x.token, x.backend_start INTO b FROM cow.bindings x WHERE x.pid = pg_backend_pid();
+    SELECT x.session, x.token, x.backend_start INTO b FROM cow.my_binding x;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
     -- The token the bind left in the GUC, else the backend's start time: a row of an ended backend that had
     -- this pid has neither (its token was never in this backend, and a new backend starts later).
-    IF b.token = current_setting('cow._bind_token', true)
-       OR b.backend_start = (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a) THEN
+    IF b.token OPERATOR(pg_catalog.=) pg_catalog.current_setting('cow._bind_token', true)
+       OR b.backend_start OPERATOR(pg_catalog.=) (SELECT a.backend_start FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a) THEN
         RETURN b.session;
     END IF;
     RETURN NULL;
@@ -46,11 +56,12 @@ LANGUAGE sql STABLE PARALLEL RESTRICTED AS $$ SELECT cow._session() $$;
 CREATE OR REPLACE FUNCTION cow.bound_session() RETURNS text
 LANGUAGE sql STABLE PARALLEL RESTRICTED AS $$ SELECT cow._bound() $$;
 
--- The overlay views' gate, once per statement and view (an InitPlan): true, unless the backend is bound and
--- cow.session_id names another session than the binding (it was changed by SQL the proxy did not see): then
--- the read is refused rather than served from that session.
+-- The overlay views' gate, when the backend has a binding row whose session is not the GUC's
+-- (cow._read_gate_sql): true, unless the backend is bound and cow.session_id names another session or none
+-- (it was changed by SQL the proxy did not see): then the read is refused rather than served from that
+-- session. (The SET clause: these helpers run as the caller, whose search_path must not choose operators.)
 CREATE OR REPLACE FUNCTION cow._read_gate() RETURNS boolean
-LANGUAGE plpgsql STABLE PARALLEL RESTRICTED AS $$
+LANGUAGE plpgsql STABLE PARALLEL RESTRICTED SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     b text := cow._bound();
     g text := nullif(pg_catalog.current_setting('cow.session_id', true), '');
@@ -64,10 +75,20 @@ BEGIN
     RETURN true;
 END $$;
 
+-- The gate as the overlay views hold it (cow._build_view, cow._kl_build_view, cow._rls_view): an InitPlan
+-- that probes cow.my_binding and calls cow._read_gate only when the backend has a binding row whose session
+-- is not the GUC's (then it raises, or finds the row is an ended backend's). Unbound backends and bound
+-- ones in their own session pay one index probe per view and statement, no function call.
+CREATE OR REPLACE FUNCTION cow._read_gate_sql() RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT '(SELECT NOT EXISTS (SELECT 1 FROM cow.my_binding _cow_bd WHERE _cow_bd.session IS DISTINCT FROM '
+           'nullif(pg_catalog.current_setting(''cow.session_id'', true), '''')) OR cow._read_gate())'
+$$;
+
 -- Layer management (commit, discard, create, refresh, enable, uninstall, the binding secret) runs on an
 -- unbound connection only: a bound one is an agent's.
 CREATE OR REPLACE FUNCTION cow._refuse_bound(what text) RETURNS void
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     b text := cow._bound();
 BEGIN
@@ -150,7 +171,7 @@ REVOKE ALL ON FUNCTION cow.set_bind_secret(text) FROM PUBLIC;
 
 -- A session's data from a bound connection: its own session only (cow.session_changes, session_diff, ...).
 CREATE OR REPLACE FUNCTION cow._refuse_other(what text, session text) RETURNS void
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     b text := cow._bound();
 BEGIN

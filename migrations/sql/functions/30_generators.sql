@@ -240,7 +240,7 @@ BEGIN
     SELECT 1 AS _cow_k, {{base_columns}}, coalesce({{session}}, '') AS _cow_s, NULL::boolean AS _cow_cur,
            NULL::boolean AS _cow_del FROM {{base}} b
     UNION ALL SELECT 2, {{changes_columns}}, c._cow_session, c._cow_current, c._cow_deleted FROM {{changes}} c) u
-WHERE (SELECT cow._read_gate()) AND u._cow_s = coalesce({{session}}, '') AND CASE u._cow_k WHEN 1 THEN true
+WHERE {{gate}} AND u._cow_s = coalesce({{session}}, '') AND CASE u._cow_k WHEN 1 THEN true
       ELSE {{session}} <> '' AND u._cow_cur AND NOT u._cow_del END
   AND NOT EXISTS (SELECT 1 FROM {{changes}} x WHERE u._cow_k = 1
                   AND x._cow_session = {{session}} AND x._cow_current AND {{has_version}})$t$,
@@ -252,6 +252,7 @@ WHERE (SELECT cow._read_gate()) AND u._cow_s = coalesce({{session}}, '') AND CAS
             'changes_columns', cow._collist(names, 'c.'),
             'changes', ch,
             'session', sess,
+            'gate', cow._read_gate_sql(),
             'has_version', cow._eq(pk, 'x', 'u')));
     PERFORM cow._view_defaults(rel, v, b, r.changes_table);
 

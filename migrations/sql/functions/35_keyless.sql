@@ -173,18 +173,19 @@ UNION ALL SELECT {{survivor_columns}} FROM (SELECT t._cow_v, t._cow_n, count(*) 
     FROM (SELECT {{tombstone_value}} AS _cow_v, count(*) AS _cow_n {{tombstones}} GROUP BY 1) t
     JOIN {{base}} _cow_b ON _cow_b = t._cow_v{{not_null_equal}} GROUP BY t._cow_v, t._cow_n) k
     CROSS JOIN LATERAL pg_catalog.generate_series(1, k._cow_have - k._cow_n)
-UNION ALL SELECT {{changes_columns}} FROM {{changes}} c WHERE (SELECT cow._read_gate()) AND c._cow_session = {{session}} AND c._cow_current AND NOT c._cow_deleted$t$,
+UNION ALL SELECT {{changes_columns}} FROM {{changes}} c WHERE {{gate}} AND c._cow_session = {{session}} AND c._cow_current AND NOT c._cow_deleted$t$,
         jsonb_build_object(
             'view', v,
             'base_columns', cow._collist(names, '_cow_b.'),
             'base', b,
-            'tombstones', format('FROM %s x WHERE (SELECT cow._read_gate()) AND x._cow_session = %s AND x._cow_current AND x._cow_deleted', ch, sess),
+            'tombstones', format('FROM %s x WHERE %s AND x._cow_session = %s AND x._cow_current AND x._cow_deleted', ch, cow._read_gate_sql(), sess),
             'tombstone_value', cow._kl_value(names, 'x', b),
             'survivor_columns', (SELECT string_agg(format('(k._cow_v).%I', n2), ', ' ORDER BY j)
                                  FROM unnest(names) WITH ORDINALITY AS u(n2, j)),
             'not_null_equal', coalesce(' AND ' || cow._kl_nn_eq(rel, '_cow_b', '(t._cow_v)'), ''),
             'changes_columns', cow._collist(names, 'c.'),
             'changes', ch,
+            'gate', cow._read_gate_sql(),
             'session', sess));
     PERFORM cow._view_defaults(rel, v, b, r.changes_table);
     UPDATE cow.registry SET table_schema = sch, table_name = tab, pk_columns = '{}', col_attnums = nums,

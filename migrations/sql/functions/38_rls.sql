@@ -112,7 +112,7 @@ BEGIN
         'SELECT 1 AS _cow_k, %3$s, coalesce(%7$s, '''') AS _cow_s, NULL::boolean AS _cow_cur, '
         'NULL::boolean AS _cow_del FROM %4$s b '
         'UNION ALL SELECT 2, %5$s, c._cow_session, c._cow_current, c._cow_deleted FROM %6$s c) %9$s '
-        'WHERE (SELECT cow._read_gate()) AND %9$s._cow_s = coalesce(%7$s, '''') AND CASE %9$s._cow_k WHEN 1 THEN true '
+        'WHERE %12$s AND %9$s._cow_s = coalesce(%7$s, '''') AND CASE %9$s._cow_k WHEN 1 THEN true '
         'ELSE %7$s <> '''' AND %9$s._cow_cur AND NOT %9$s._cow_del '
         'AND ((SELECT NOT pg_catalog.row_security_active(%10$s::oid)) OR %11$s) END '
         'AND NOT EXISTS (SELECT 1 FROM %6$s x WHERE %9$s._cow_k = 1 '
@@ -120,7 +120,7 @@ BEGIN
         format('%I.%I', r.overlay_schema, tab), cow._collist(r.col_names, t || '.'),
         cow._collist(r.col_names, 'b.'), format('%I.%I', sch, tab), cow._collist(r.col_names, 'c.'),
         format('cow_changes.%I', r.changes_table), sess, cow._eq(r.pk_columns, 'x', t), t, r.relid,
-        cow._rls_cond(r.relid, 'r', false));
+        cow._rls_cond(r.relid, 'r', false), cow._read_gate_sql());
 END $gen$;
 
 -- The INSTEAD OF trigger cow_0rls of registry entry p_id's overlay view (see the top of this file).
