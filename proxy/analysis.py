@@ -18,6 +18,7 @@ from proxy.sql import (
     read_comment_tags,
     split_trailing_reset,
 )
+from proxy.sql.policy import DEFAULT_POLICY, Policy
 from proxy.tags import Tags
 
 # Untagged statements need no rewrite and no tamper check: only their kind, for the metrics. A full parse
@@ -93,8 +94,8 @@ class ProxyAnalyzer:
     catalog_query: str | None = CATALOG_QUERY  # None: the relay loads no catalog (unit tests)
     catalog_version_query: str | None = CATALOG_VERSION_QUERY
 
-    def __init__(self, cache_size: int = 4096) -> None:
-        self._analyzer = Analyzer(cache_size=cache_size)
+    def __init__(self, cache_size: int = 4096, policy: Policy = DEFAULT_POLICY) -> None:
+        self._analyzer = Analyzer(cache_size=cache_size, policy=policy)
         self._untagged: dict[str, Analysis] = {}
 
     @staticmethod

@@ -70,6 +70,13 @@ def register(sub: Any, session_sub: Any) -> None:
         "routes kept in this process)",
     )
     serve.add_argument(
+        "--session-allow",
+        action="append",
+        metavar="RULE[,RULE]",
+        help="lift a rule of the tagged connections' allow-list (ddl, function, do, dynamic, file, remote, "
+        "catalog, system, statement; docs/proxy.md)",
+    )
+    serve.add_argument(
         "--workers",
         type=int,
         help="processes sharing the listen port (SO_REUSEPORT); worker i has metrics and admin on PORT + i",
@@ -156,6 +163,7 @@ def _serve(args: argparse.Namespace) -> int:
         "fast_relay": args.fast_relay,
         "workers": args.workers,
         "state_dsn": args.state_dsn,
+        "session_allow": args.session_allow,
     }
     config = build_config(flags, args.config)
     setup_logging(config.log_format, config.log_level)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.errors import ConfigError
+from proxy.sql.policy import DEFAULT_POLICY, Policy
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class ProxyConfig:
     fast_relay: bool = True  # untagged connections on the C relay thread, when proxy._fastrelay is built
     workers: int = 1  # processes sharing the listen port (SO_REUSEPORT); metrics on consecutive ports
     state_dsn: str | None = None  # where routes are shared by workers and replicas (cow.proxy_routes)
+    session_allow: Policy = DEFAULT_POLICY  # rules lifted for tagged connections (proxy/sql/policy.py)
 
 
 _ADDRESSES = {"upstream", "listen", "metrics", "admin"}
@@ -118,6 +120,8 @@ def build_config(flags: dict[str, Any], file: str | None = None) -> ProxyConfig:
         if values.get(name) is not None:
             _check_readable(name, values[name])
     _check_workers(values)
+    if "session_allow" in values:
+        values["session_allow"] = _session_allow(values["session_allow"])
     if values.get("state_dsn") is not None and not isinstance(values["state_dsn"], str):
         raise ConfigError("state_dsn: expected a connection string")
     for name in ("max_message_size", "parse_cache_size"):
@@ -129,6 +133,21 @@ def build_config(flags: dict[str, Any], file: str | None = None) -> ProxyConfig:
         if name in values and (not isinstance(values[name], int | float) or values[name] < 0):
             raise ConfigError(f"{name} must be a non-negative number of seconds")
     return ProxyConfig(**values)
+
+
+def _session_allow(value: Any) -> Policy:
+    """A list of rule names (TOML), or the flag's comma-separated words, into the policy."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list):
+        raise ConfigError('session_allow: expected a list of rule names, e.g. ["ddl", "do"]')
+    names: list[object] = []
+    for item in value:
+        if isinstance(item, str):
+            names.extend(part.strip() for part in item.split(",") if part.strip())
+        else:
+            names.append(item)  # refused by name below
+    return Policy.from_names(names)
 
 
 def _check_workers(values: dict[str, Any]) -> None:

@@ -23,6 +23,12 @@ class TagError(ProxyError):
     sqlstate = "22023"
 
 
+class PolicyError(ProxyError):
+    """A tagged connection asked for what it may not do (docs/threat-model.md)."""
+
+    sqlstate = "42501"
+
+
 class RewriteError(ProxyError):
     """A statement on a CoW table that the proxy can neither pass through nor rewrite."""
 

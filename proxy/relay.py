@@ -47,6 +47,11 @@ _DEALLOCATES = re.compile(rb"deallocate|discard", re.I)
 
 SQLSTATE_TOO_LARGE = "54000"
 SQLSTATE_REFUSED = "42501"
+TAMPER_MESSAGE = (
+    'cowproxy: a tagged connection may not leave or change its session (rule "session": cow.session_id, '
+    "session_authorization, session_replication_role, search_path outside the rewrites, RESET ALL, DISCARD "
+    "ALL, cow.use_session)"
+)
 # Errors a rewritten statement gets when the tables it names changed since the catalog was read (app DDL on
 # another connection): columns missing (42703) or added (42601: a UNION of unequal column lists), a table
 # gone (42P01), a column's type changed (42804), a prepared statement's result changed (0A000).
@@ -378,7 +383,11 @@ class Relay:
         """
         comment = self._comment_tags(sql)
         if isinstance(comment, TagError):
-            self._refuse(trigger, p.encode_error(comment.sqlstate, str(comment)))
+            self._refuse_tags(trigger, p.encode_error(comment.sqlstate, str(comment)))
+            return None
+        switch = self._switch_refusal(comment)
+        if switch is not None:
+            self._refuse_tags(trigger, switch)
             return None
         tags = self.desired_tags(comment)
         need = self._needs_injection(tags) or (tags.tagged and self.catalog is None and self._wants_catalog())
@@ -410,14 +419,7 @@ class Relay:
                 self.applied = _Applied(None)
                 return tags, verdict
             if verdict.tampers:
-                self._refuse(
-                    trigger,
-                    p.encode_error(
-                        SQLSTATE_REFUSED,
-                        "cowproxy: a tagged connection may not change cow.* settings, the role or the "
-                        "search_path, nor reset or discard them",
-                    ),
-                )
+                self._refuse(trigger, p.encode_error(SQLSTATE_REFUSED, TAMPER_MESSAGE))
                 return None
             if verdict.error is not None:
                 detail = (("D", verdict.error_detail),) if verdict.error_detail else ()
@@ -427,6 +429,35 @@ class Relay:
             # COMMIT/ROLLBACK (TO SAVEPOINT) decide whether a set_config done in this block survives.
             self.applied.tags = None
         return tags, verdict
+
+    def _refuse_tags(self, trigger: bytes, error: bytes) -> None:
+        """Refuse a statement for its tags, before they are decided.
+
+        At a transaction's start the connection's own tags still become the transaction's: a statement
+        pipelined behind the refused one (not at a transaction start any more) runs with them, never with
+        the tags of the connection's previous transaction (untagged, on a fresh connection).
+        """
+        if self._at_transaction_start():
+            self.txn_tags = self.default_tags()
+        self._refuse(trigger, error)
+
+    def _switch_refusal(self, comment: Tags | None) -> bytes | None:
+        """A comment may not move a connection whose session is fixed (at startup, by a route) elsewhere.
+
+        The comment is the application's per-statement tag; an agent's connection is tagged at startup or
+        routed, and a comment on it (which the agent writes) may still name the operation, not the session.
+        """
+        if comment is None or comment.session is None:
+            return None
+        fixed = self.default_tags().session
+        if fixed is None or comment.session == fixed:
+            return None
+        how = "at startup" if self.startup_tags.tagged else "by a route"
+        return p.encode_error(
+            SQLSTATE_REFUSED,
+            f"cowproxy: this connection's session is fixed ({how}); a /*cow_session=…*/ comment may not "
+            'switch it (rule "session")',
+        )
 
     def _wants_catalog(self) -> bool:
         return self.analysis.catalog_query is not None and not self.catalog_loading
@@ -498,6 +529,10 @@ class Relay:
     def _client_bind(self, frame: p.Frame) -> None:
         bind = p.decode_bind_names(frame.body)
         statement = self.statements.get(bind.statement)
+        switch = self._switch_refusal(statement.tags if statement else None)
+        if switch is not None:  # a route made since the Parse
+            self._refuse_tags(b"P", switch)  # (a failing Parse: the server skips the rest of the batch)
+            return
         tags = self.desired_tags(statement.tags if statement else None)
         if self._needs_injection(tags) and not self._inject(tags, b"B"):
             self.held.appendleft(frame)

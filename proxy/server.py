@@ -27,7 +27,7 @@ from proxy import protocol as p
 from proxy.analysis import ProxyAnalyzer
 from proxy.catalogs import SharedCatalogs
 from proxy.config import ProxyConfig
-from proxy.errors import ProtocolError, ProxyError, TagError
+from proxy.errors import PolicyError, ProtocolError, ProxyError, TagError
 from proxy.fastrelay import UNAVAILABLE as FAST_RELAY_UNAVAILABLE
 from proxy.fastrelay import FastCounts, FastRelay, Handback
 from proxy.metrics import ConnectionHooks, Metrics
@@ -253,7 +253,7 @@ class ClientConnection(asyncio.Protocol):
         else:
             try:
                 found = read_startup_tags(packet)
-            except TagError as exc:
+            except (TagError, PolicyError) as exc:
                 self.fail(exc.sqlstate, str(exc))
                 return
             self.tags = found.tags
@@ -808,7 +808,7 @@ class ProxyServer:
     def __init__(self, config: ProxyConfig, metrics: Metrics | None = None) -> None:
         self.config = config
         self.metrics = metrics or Metrics()
-        self.analysis = ProxyAnalyzer(cache_size=config.parse_cache_size)
+        self.analysis = ProxyAnalyzer(cache_size=config.parse_cache_size, policy=config.session_allow)
         self.catalogs = SharedCatalogs()  # one CoW catalog per database (and user), for every connection
         self.connections: dict[int, ClientConnection] = {}
         self.routes: dict[str, Tags] = {}

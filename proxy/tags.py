@@ -16,12 +16,15 @@ from dataclasses import dataclass
 from urllib.parse import unquote
 
 from cowproxy.ids import ID_PATTERN
-from proxy.errors import TagError
+from proxy.errors import PolicyError, TagError
 from proxy.protocol import StartupMessage
 
 SESSION_GUC = "cow.session_id"
 OPERATION_GUC = "cow.operation_id"
 APP_NAME_PREFIX = "cow:"
+# Startup settings a tagged connection may not bring: they would leave the session or make its writes vanish
+# (the layer's other cow.* settings, the session's user, replica mode that skips the overlay's triggers).
+_REFUSED_AT_STARTUP = frozenset({"session_authorization", "session_replication_role"})
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ def read_startup_tags(startup: StartupMessage) -> StartupTags:
     """
     session: str | None = None
     operation: str | None = None
+    refused: list[str] = []
     options = startup.get("options")
     if options is not None:
         words = split_options(options)
@@ -113,6 +117,9 @@ def read_startup_tags(startup: StartupMessage) -> StartupTags:
                     operation = value or None
                     i += consumed
                     continue
+                guc = name.strip().lower().replace("-", "_")  # (PostgreSQL's spelling of --name=value)
+                if guc.startswith("cow.") or guc in _REFUSED_AT_STARTUP:
+                    refused.append(guc)
             kept.extend(words[i : i + consumed])
             i += consumed
         startup = startup.replace("options", join_options(kept) if kept else None)
@@ -121,6 +128,11 @@ def read_startup_tags(startup: StartupMessage) -> StartupTags:
         session = app[len(APP_NAME_PREFIX) :] or None
     if session is not None:
         check_id(session, "session id")
+        if refused:
+            raise PolicyError(
+                f"cowproxy: a connection tagged with a session may not set {', '.join(refused)} at startup "
+                '(rule "session")'
+            )
     if operation is not None:
         check_id(operation, "operation id")
         if session is None:

@@ -7,7 +7,9 @@
   on the C relay and on the Python relay), ``databases``;
 - ``fix_scoring``: the paper's Figure 3 database (``fig3_dsn``), ``record``;
 - ``fix_demo``: the demo app's database and API (``seeded_db``, ``app_api``), a scripted model
-  (``fake_model``).
+  (``fake_model``);
+- ``fix_containment``: the containment suite's world (``new_world``: a prepared database behind a
+  real ``cowproxy serve``, attacked as the superuser or a non-superuser owner).
 
 Every fixture is available to every test: a test module takes it by name and imports from a ``fix_*`` module
 only the helpers it calls (``PgServer``, ``RunningProxy``, ``outcome``...), never from a ``conftest.py``.
@@ -22,4 +24,5 @@ pytest_plugins = [
     "tests.fix_proxy",
     "tests.fix_scoring",
     "tests.fix_demo",
+    "tests.fix_containment",
 ]

@@ -20,9 +20,11 @@ from pglast.parser import ParseError, parse_plpgsql_json, parse_sql_json
 from proxy.errors import RewriteError
 from proxy.sql.catalog import Catalog
 from proxy.sql.jsontree import JsonNode, svals
+from proxy.sql.policy import DEFAULT_POLICY, FAST_PATH_WORDS, Policy, PolicyCheck
 from proxy.sql.rewrites import DETECTORS, RELATION, STATEMENT, Rewriter, app_path, introspection
 from proxy.tags import strip_edge_comments
 
+SQLSTATE_REFUSED = "42501"  # insufficient_privilege: what PostgreSQL answers for what a role may not do
 KINDS = ("select", "insert", "update", "delete", "merge", "copy", "ddl", "utility", "transaction", "other")
 
 
@@ -132,6 +134,8 @@ def _fast_path(text: str, catalog: Catalog, in_session: bool) -> Analysis | None
     lowered = (text[:-1] if text.endswith(";") else text).lower()
     if _sieve_hit(lowered):
         return None
+    if in_session and any(word in lowered for word in FAST_PATH_WORDS):
+        return None  # perhaps something the policy refuses (proxy/sql/policy.py)
     if in_session and catalog.has_cow_tables:
         if any(word in lowered for word in introspection.WORDS):
             return None  # a catalog question, answered as outside the session (rewrites/introspection.py)
@@ -209,8 +213,12 @@ def statement_kind(node: Any) -> str:
 
 # The target of a PL/pgSQL assignment ("a := ", "r.f[1] = ").
 _ASSIGNMENT_TARGET = re.compile(r"^\s*[^:=]*?(?::=|=)")
-# GUCs whose change takes a connection out of its session or around the overlay.
-_GUARDED = {"role", "session_authorization", "search_path"}
+# GUCs whose change takes a connection out of its session or around the overlay, or makes its writes
+# vanish (session_replication_role = replica skips the overlay's triggers: an INSERT reports success and
+# writes nothing).
+_GUARDED = {"role", "session_authorization", "search_path", "session_replication_role"}
+# Of the cow.* settings, the operation may be set by the client: it only groups the session's own writes.
+_OPERATION = "cow.operation_id"
 # Of those, the role may change on a tagged connection when the proxy sees the change (a statement of the
 # client's, not SQL inside a DO block or function): the layer's binding and the privileges of the changes
 # tables hold for every role, and a role the login user may assume is what the application runs as outside
@@ -235,7 +243,7 @@ _SETTINGS_ELSEWHERE = {
 
 def _guarded_setting(name: str) -> bool:
     name = name.lower()
-    return name.startswith("cow.") or name in _GUARDED
+    return (name.startswith("cow.") and name != _OPERATION) or name in _GUARDED
 
 
 class _Inspection:
@@ -246,8 +254,10 @@ class _Inspection:
     ``relation``), so relations are recognised by their ``relname`` field.
     """
 
-    def __init__(self, catalog: Catalog, in_session: bool) -> None:
+    def __init__(self, catalog: Catalog, in_session: bool, policy: Policy = DEFAULT_POLICY) -> None:
         self.catalog = catalog
+        # What a tagged connection may send (proxy/sql/policy.py): checked on the same walk.
+        self.policy = PolicyCheck(policy) if in_session else None
         self.watch = in_session and catalog.has_cow_tables
         self.writes: list[tuple[str, str]] = []
         self.tampers = False
@@ -288,6 +298,8 @@ class _Inspection:
                 continue
             if not isinstance(obj, dict):
                 continue
+            if self.policy is not None and isinstance(obj.get("relname"), str):
+                self.policy.relation(obj)
             if self.watch and isinstance(obj.get("relname"), str) and obj.get("schemaname"):
                 if self.cow(obj):
                     self.detect(RELATION, obj)
@@ -307,6 +319,8 @@ class _Inspection:
                 self.found[rule.name] = self.found.get(rule.name, 0) + 1
 
     def visit(self, name: str, node: JsonNode) -> bool:  # noqa: C901, PLR0912 - to be split into named steps
+        if self.policy is not None:
+            self.policy.visit(name, node)
         if self.watch and name in DETECTORS:
             self.detect(name, node)
         if self.in_session and (
@@ -407,8 +421,11 @@ class _Inspection:
         # PL/pgSQL plans its statements when they run (a branch not taken raises nothing): no 428C9 here.
         outer, self.in_do = self.in_do, True
         try:
-            if (language != "plpgsql" or not self._plpgsql(body)) and _DO_BODY.search(body):
-                self.tampers = True
+            if language != "plpgsql" or not self._plpgsql(body):
+                if self.policy is not None:
+                    self.policy.opaque("a DO block whose SQL is built at run time or not PL/pgSQL")
+                if _DO_BODY.search(body):
+                    self.tampers = True
         finally:
             self.in_do = outer
 
@@ -516,8 +533,11 @@ class Analyzer:
     for the server to accept or refuse and upserts take the version-independent form.
     """
 
-    def __init__(self, cache_size: int = 4096, server_version_num: int = 0) -> None:
+    def __init__(
+        self, cache_size: int = 4096, server_version_num: int = 0, policy: Policy = DEFAULT_POLICY
+    ) -> None:
         self.cache_size = cache_size
+        self.policy = policy
         self.server_version_num = server_version_num
         self.hits = 0
         self.misses = 0
@@ -544,7 +564,7 @@ class Analyzer:
             return cached[1]
         self.misses += 1
         result = _fast_path(text, catalog, in_session) or _analyze_parsed(
-            text, catalog, in_session, version, prepared
+            text, catalog, in_session, version, prepared, policy=self.policy
         )
         if len(text) > MAX_CACHED_CHARS:
             return result  # bulk statements rarely repeat; 4096 of them could hold gigabytes
@@ -554,7 +574,9 @@ class Analyzer:
         return result
 
 
-def _analyze_parsed(text: str, catalog: Catalog, in_session: bool, version: int, prepared: bool) -> Analysis:
+def _analyze_parsed(
+    text: str, catalog: Catalog, in_session: bool, version: int, prepared: bool, *, policy: Policy
+) -> Analysis:
     try:
         tree = json.loads(parse_sql_json(text))
     except (ParseError, UnicodeError, ValueError):
@@ -568,7 +590,7 @@ def _analyze_parsed(text: str, catalog: Catalog, in_session: bool, version: int,
     for raw in stmts:
         ((name, fields),) = raw["stmt"].items()
         kinds.append(_kind(name, "intoClause" in fields))
-    inspection = _Inspection(catalog, in_session)
+    inspection = _Inspection(catalog, in_session, policy)
     inspection.walk(stmts)
     if inspection.watch:
         for raw in stmts:
@@ -581,6 +603,8 @@ def _analyze_parsed(text: str, catalog: Catalog, in_session: bool, version: int,
         tampers=inspection.tampers or (inspection.path_sets > 0 and len(stmts) > 1),
         catalog_dependent=inspection.catalog_dependent,
     )
+    if inspection.policy is not None and inspection.policy.refusal is not None:
+        return replace(base, error=(SQLSTATE_REFUSED, inspection.policy.refusal))
     if inspection.error is not None:
         sqlstate, message, detail = inspection.error
         return replace(base, error=(sqlstate, message), error_detail=detail)

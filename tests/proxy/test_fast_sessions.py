@@ -78,13 +78,15 @@ def test_a_comment_tag_hands_a_session_back(proxy: RunningProxy, layer_db: str) 
     assert on_fast(proxy)
     c.query(insert.format("a@fs2"))  # decided
     assert on_fast(proxy)
-    c.query("/*cow_session='fs2b'*/ " + insert.format("b@fs2"))  # another session, for this statement
-    c.query(insert.format("a@fs2"))  # back in its own
+    c.query("/*cow_operation='fs2b'*/ " + insert.format("b@fs2"))  # another operation, for this statement
+    refused = c.query("/*cow_session='fs2c'*/ " + insert.format("c@fs2"))  # not another session (fixed)
+    assert refused[0][0] == b"E" and b"42501" in refused[0][1]
+    c.query(insert.format("a@fs2"))  # back in its own operation
     assert on_fast(proxy)
     c.query(insert.format("a@fs2"))
     c.sock.close()
-    assert [row[2][:5] for row in changes(layer_db, "fs2")] == ["a@fs2"] * 4
-    assert [row[2][:5] for row in changes(layer_db, "fs2b")] == ["b@fs2"]
+    assert [row[2][:5] for row in changes(layer_db, "fs2")] == ["a@fs2"] * 2 + ["b@fs2"] + ["a@fs2"] * 2
+    assert changes(layer_db, "fs2c") == []
     assert not [e for e in base_customers(layer_db) if "@fs2" in e]
 
 

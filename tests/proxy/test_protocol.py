@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy import protocol as p
-from proxy.errors import ProtocolError, TagError
+from proxy.errors import PolicyError, ProtocolError, TagError
 from proxy.tags import Tags, join_options, read_startup_tags, split_options
 
 
@@ -281,3 +281,20 @@ def test_startup_tags() -> None:
         tags(user="u", options="-c cow.operation_id=o1")
     with pytest.raises(TagError):
         tags(user="u", options="-c cow.session_id=" + "x" * 129)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        "-c cow.session_id=S -c session_replication_role=replica",
+        "-c cow.session_id=S -c cow.app_search_path=public",
+        "--session-authorization=postgres -c cow.session_id=S",
+    ],
+)
+def test_a_tagged_startup_may_not_bring_settings_that_leave_the_session(options: str) -> None:
+    with pytest.raises(PolicyError, match='rule "session"') as info:
+        read_startup_tags(p.StartupMessage(p.PROTOCOL_3_0, (("user", "u"), ("options", options))))
+    assert info.value.sqlstate == "42501"
+    # untagged, the same settings are the client's business (PostgreSQL checks its privileges)
+    untagged = options.replace("cow.session_id=S", "work_mem=4MB")
+    read_startup_tags(p.StartupMessage(p.PROTOCOL_3_0, (("user", "u"), ("options", untagged))))

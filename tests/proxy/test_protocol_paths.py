@@ -80,10 +80,12 @@ def drive(c: RawClient, steps: list[bytes]) -> None:
 
 @pytest.mark.parametrize("tagged", [False, True], ids=["untagged", "tagged"])
 def test_the_relay_stays_in_step(proxy: RunningProxy, layer_db: str, tagged: bool) -> None:
-    """After each path through the protocol, statements that switch sessions by comment (an injected
-    cow.use_session whose replies the relay hides) and plain ones get exactly their own answers: a relay
-    that counted one reply too many or too few hangs or hands a client the wrong reply here."""
+    """After each path through the protocol, statements that switch sessions (untagged connection) or
+    operations (a session fixed at startup) by comment (an injected cow.use_session whose replies the relay
+    hides) and plain ones get exactly their own answers: a relay that counted one reply too many or too few
+    hangs or hands a client the wrong reply here."""
     params = {"application_name": "cow:startup"} if tagged else {}
+    tag = "cow_session='startup',cow_operation='paths{}'" if tagged else "cow_session='paths{}'"
     for name, steps in SCENARIOS.items():
         c = RawClient(proxy.host, proxy.port, dbname(layer_db), **params)
         c.sock.settimeout(10)
@@ -92,7 +94,7 @@ def test_the_relay_stays_in_step(proxy: RunningProxy, layer_db: str, tagged: boo
             for i in range(2):
                 email = f"{name}-{i}@x"
                 got = c.query(
-                    f"/*cow_session='paths{i}'*/ INSERT INTO customers (email, name) VALUES ('{email}', 'x')"
+                    f"/*{tag.format(i)}*/ INSERT INTO customers (email, name) VALUES ('{email}', 'x')"
                 )
                 assert (b"C", b"INSERT 0 1\0") in got, (name, got)
                 got = c.query("SELECT 7")
@@ -111,7 +113,8 @@ def test_the_relay_stays_in_step(proxy: RunningProxy, layer_db: str, tagged: boo
         assert base == (0,)
         for i in range(2):
             rows = conn.execute(
-                "SELECT row_data ->> 'email' FROM cow.session_changes(%s) WHERE table_name = 'customers'",
-                (f"paths{i}",),
+                "SELECT row_data ->> 'email' FROM cow.session_changes(%s) WHERE table_name = 'customers'"
+                " AND (%s OR operation_id = %s)",
+                ("startup" if tagged else f"paths{i}", not tagged, f"paths{i}"),
             ).fetchall()
             assert sorted(r[0] for r in rows) == sorted(f"{name}-{i}@x" for name in SCENARIOS)

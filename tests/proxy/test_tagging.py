@@ -12,8 +12,10 @@ import asyncpg
 import psycopg
 import pytest
 
+from proxy import protocol as p
 from proxy.admin import admin_request
 from tests.fix_proxy import RunningProxy
+from tests.proxy.test_adversity import RawClient
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -67,7 +69,7 @@ def test_application_name_tags_and_operations_are_fresh_per_transaction(
     assert len(base_customers(layer_db)) == BASE_CUSTOMERS
 
 
-def test_comment_tags_switch_per_statement_and_win_over_startup(proxy: RunningProxy, layer_db: str) -> None:
+def test_comment_tags_switch_per_statement_not_a_fixed_session(proxy: RunningProxy, layer_db: str) -> None:
     with psycopg.connect(proxy.dsn(layer_db), autocommit=True) as conn:
         insert(conn, "c1@x", "/*cow_session='s3',cow_operation='o1'*/ ")
         insert(conn, "plain@x")  # untagged: the base table, as without the proxy
@@ -75,17 +77,39 @@ def test_comment_tags_switch_per_statement_and_win_over_startup(proxy: RunningPr
             "INSERT INTO customers (email, name) VALUES (%s, 'p') /*cow_session='s3',cow_operation='o2'*/",
             ("c2@x",),
         )
-        # Precedence inside a session-tagged connection: the comment wins.
+    # On a connection whose session is fixed at startup a comment may name the operation, not another session.
     with psycopg.connect(proxy.dsn(layer_db, application_name="cow:s4"), autocommit=True) as conn:
-        insert(conn, "c3@x", "/*cow_session='s3',cow_operation='o3'*/ ")
-        insert(conn, "s4@x")
-    assert changes(layer_db, "s3") == [
-        ("o1", "customers", "c1@x"),
-        ("o2", "customers", "c2@x"),
-        ("o3", "customers", "c3@x"),
-    ]
-    assert [c[2] for c in changes(layer_db, "s4")] == ["s4@x"]
+        with pytest.raises(psycopg.Error) as info:
+            insert(conn, "c3@x", "/*cow_session='s3',cow_operation='o3'*/ ")
+        assert info.value.sqlstate == "42501" and 'rule "session"' in str(info.value)
+        insert(conn, "s4@x", "/*cow_session='s4',cow_operation='o4'*/ ")
+        insert(conn, "s4b@x", "/*cow_operation='o5'*/ ")
+    assert changes(layer_db, "s3") == [("o1", "customers", "c1@x"), ("o2", "customers", "c2@x")]
+    assert changes(layer_db, "s4") == [("o4", "customers", "s4@x"), ("o5", "customers", "s4b@x")]
     assert base_customers(layer_db)[BASE_CUSTOMERS:] == ["plain@x"]
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        "/*cow_session='s7b'*/ SELECT 1",  # another session than the startup one
+        "/*cow_session='bad id!'*/ SELECT 1",  # a malformed tag
+    ],
+)
+def test_a_statement_pipelined_behind_a_refused_tag_stays_in_the_session(
+    proxy: RunningProxy, layer_db: str, first: str
+) -> None:
+    """The refused statement is the connection's first: what follows it in the same batch still runs in the
+    connection's session (the refusal comes before the tags are decided), never untagged on the base table."""
+    c = RawClient(proxy.host, proxy.port, layer_db.rsplit("/", 1)[1], options="-c cow.session_id=s7")
+    c.sock.settimeout(10)
+    write = "INSERT INTO customers (email, name) VALUES ('piped@x', 'p')"
+    c.sock.sendall(p.encode_query(first) + p.encode_query(write))
+    replies = c.read_until(b"Z") + c.read_until(b"Z")
+    c.sock.close()
+    assert replies[0][0] == b"E" and (b"C", b"INSERT 0 1\0") in replies
+    assert len(base_customers(layer_db)) == BASE_CUSTOMERS
+    assert [c[2] for c in changes(layer_db, "s7")] == ["piped@x"]
 
 
 def test_malformed_tags_are_refused(proxy: RunningProxy, layer_db: str) -> None:
@@ -127,7 +151,7 @@ def test_tampering_is_refused_and_base_stays_untouched(proxy: RunningProxy, laye
         # Inside a transaction the refusal aborts it, like a server error would.
         with pytest.raises(psycopg.Error), conn.transaction():
             insert(conn, "intx@x")
-            conn.execute("SET LOCAL cow.operation_id = 'x'")
+            conn.execute("SET LOCAL cow.session_id = 'x'")
         assert conn.execute("SHOW cow.session_id").fetchone() == ("s5",)
     assert len(base_customers(layer_db)) == BASE_CUSTOMERS
     written = [c[2] for c in changes(layer_db, "s5")]

@@ -86,7 +86,8 @@ def test_writes(sql: str, writes: tuple[tuple[str, str], ...]) -> None:
 
 TAMPERS = [
     "SET cow.session_id = 'other'",
-    "SET LOCAL cow.operation_id TO 'x'",
+    "SET session_replication_role = replica",
+    "SELECT set_config('session_replication_role', 'replica', false)",
     "SET SESSION cow.session_id = DEFAULT",
     "SET \"cow.session_id\" = 'x'",
     "RESET cow.session_id",
@@ -95,7 +96,7 @@ TAMPERS = [
     "SET SESSION AUTHORIZATION postgres",
     "SELECT set_config('cow.session_id', 'x', false)",
     "SELECT set_config($1, $2, false)",  # a name known only at run time
-    "SELECT 1 WHERE set_config('cow.operation_id', 'x', true) IS NOT NULL",
+    "SELECT 1 WHERE set_config('cow.app_search_path', 'x', true) IS NOT NULL",
     "SELECT cow.use_session('S', 'O')",
     "SELECT cow.use_session(NULL)",
     "SELECT 1; SET cow.session_id = 'x'",
@@ -107,7 +108,7 @@ TAMPERS = [
     "DO $$ DECLARE x text; BEGIN x := set_config('search_path', 'public', false); END $$",
     "DO $$ BEGIN EXECUTE format('SET %I = %L', 'cow.session_id', 'x'); END $$",
     "DO $$ DECLARE q text := 'SET ROLE ' || 'admin'; BEGIN EXECUTE q; END $$",  # dynamic: the word search
-    "DO $$ BEGIN EXECUTE 'DO $i$ BEGIN PERFORM set_config(''cow.operation_id'', ''o'', true); END $i$'; "
+    "DO $$ BEGIN EXECUTE 'DO $i$ BEGIN PERFORM set_config(''cow.session_id'', ''o'', true); END $i$'; "
     "END $$",
     "DO LANGUAGE plperl $$ spi_exec_query('SET search_path TO public') $$",
     "/*cow_session='S'*/ SET cow.session_id = 'x'",
@@ -122,6 +123,9 @@ def test_tampers(sql: str) -> None:
 
 NOT_TAMPERS = [
     "SELECT 1",
+    # the operation only groups the session's own writes
+    "SET LOCAL cow.operation_id TO 'x'",
+    "SELECT 1 WHERE set_config('cow.operation_id', 'x', true) IS NOT NULL",
     "SET statement_timeout = 1000",
     "SET LOCAL lock_timeout = '1s'",
     "RESET statement_timeout",

@@ -1,7 +1,8 @@
 """Rewrite fixtures: ``fixtures/NAME.sql`` (input) and ``fixtures/NAME.expected.sql`` (output).
 
 Input files may start with ``-- key: value`` option lines: ``version`` (server_version_num, default
-170000), ``session`` (true/false, default true). The expected file holds the rewritten SQL, or
+170000), ``session`` (true/false, default true), ``allow`` (rules of the tagged connections' policy to lift,
+comma-separated: ``ddl``, ``do``; default none). The expected file holds the rewritten SQL, or
 ``-- unchanged``, or ``-- error SQLSTATE: message`` (then ``-- detail: DETAIL`` when there is one); a
 ``-- tag_map: COMMAND => TEMPLATE`` line may follow the SQL. Set COW_REGEN_FIXTURES=1 to rewrite the
 expected files (then review the diff).
@@ -16,6 +17,7 @@ import pglast
 import pytest
 
 from proxy.sql import Analysis, Analyzer
+from proxy.sql.policy import Policy
 
 from .catalogs import sample_catalog
 
@@ -46,7 +48,8 @@ def _render(result: Analysis) -> str:
 
 def run_case(path: Path) -> str:
     options, sql = _options(path.read_text())
-    analyzer = Analyzer(server_version_num=int(options.get("version", "170000")))
+    policy = Policy.from_names(filter(None, options.get("allow", "").split(",")))
+    analyzer = Analyzer(server_version_num=int(options.get("version", "170000")), policy=policy)
     result = analyzer.analyze(sql, sample_catalog(), in_session=options.get("session", "true") == "true")
     return _render(result)
 

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.sql import CATALOG_QUERY, Analyzer, Catalog, apply_tag_map
+from proxy.sql.policy import Policy
 from tests.fix_db import PgServer
 
 install_layer = pytest.importorskip("migrations").__dict__.get("install_layer")
@@ -561,10 +562,12 @@ def test_merge(pair: Pair) -> None:
 
 @pytest.mark.timeout(60)
 def test_ddl_refused_in_session_only(pair: Pair) -> None:
-    analyzer = Analyzer(server_version_num=pair.version)
     sql = "ALTER TABLE projects ADD COLUMN archived boolean"
+    policy = Analyzer(server_version_num=pair.version).analyze(sql, pair.catalog, in_session=True)
+    assert policy.error is not None and policy.error[0] == "42501"  # the tagged connections' policy
+    analyzer = Analyzer(server_version_num=pair.version, policy=Policy(frozenset({"ddl"})))
     refused = analyzer.analyze(sql, pair.catalog, in_session=True)
-    assert refused.error is not None and refused.error[0] == "0A000"
+    assert refused.error is not None and refused.error[0] == "0A000"  # DDL allowed, but not on a CoW table
     assert analyzer.analyze(sql, pair.catalog, in_session=False).error is None
 
 
