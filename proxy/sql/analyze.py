@@ -114,9 +114,10 @@ _SIEVE = re.compile(
 )
 
 # In a session, words that may call for a rewrite of a SELECT of CoW tables (docs/rewrites.md): GROUP BY a
-# primary key (its other columns added), joins (LATERAL), count(*) (split), WHERE with a $n (key reads).
+# primary key (its other columns added), joins (LATERAL), count(*) (split), WHERE with a $n (key reads),
+# FOR SHARE / KEY SHARE (row locks; FOR UPDATE has the sieve's "update").
 _SESSION_WORDS = tuple(
-    (word, re.compile(rf"(?<![\w$]){word}(?![\w$])")) for word in ("group", "join", "count", "where")
+    (word, re.compile(rf"(?<![\w$]){word}(?![\w$])")) for word in ("group", "join", "count", "where", "share")
 )
 
 

@@ -929,7 +929,7 @@ BEGIN
         RETURN NEW;
     END IF;
     _o := cow._write_operation();
-{{generated}}{{not_null}}{{checks}}{{unique}}{{parent_checks}}    IF {{key_moved}} THEN
+{{lock_wait}}{{generated}}{{not_null}}{{checks}}{{unique}}{{parent_checks}}    IF {{key_moved}} THEN
 {{retire_old_key}}    END IF;
 {{record}}{{parent_actions}}    RETURN NEW;
 END $body$$t$, jsonb_build_object(
@@ -941,6 +941,8 @@ END $body$$t$, jsonb_build_object(
         'columns', cow._collist(c.setcols),
         'values', cow._collist(c.setcols, 'NEW.'),
         'same_key', cow._eq(c.pk, 'y', 'OLD'),
+        -- (Row locks of other transactions of the session: 90_row_locks.sql.)
+        'lock_wait', cow._row_lock_wait_code(c.changes_table, c.pk, 'OLD', moved),
         'generated', c.gen_code,
         'not_null', c.nn_code,
         'checks', c.chk_code,
@@ -988,13 +990,14 @@ BEGIN
         RETURN OLD;
     END IF;
     _o := cow._write_operation();
-{{parent_checks}}{{record}}{{parent_actions}}    RETURN OLD;
+{{lock_wait}}{{parent_checks}}{{record}}{{parent_actions}}    RETURN OLD;
 END $body$$t$, jsonb_build_object(
         'fn', fn,
         'declare', c.decl,
         'registry_check', c.reg_code,
         'base', c.b,
         'same_key', cow._eq(c.pk, 'y', 'OLD'),
+        'lock_wait', cow._row_lock_wait_code(c.changes_table, c.pk, 'OLD', 'true'),
         'parent_checks', c.par_del_check,
         'record', cow._rec_code(c.ch, c.b, c.names, c.pk, 'OLD', true, snap => 'true',
                                 stale => cow._unchanged_since(c.rel, c.names, 'OLD'), conflict => c.stale_raise),

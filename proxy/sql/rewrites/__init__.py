@@ -34,6 +34,7 @@ from proxy.sql.rewrites import (
     merge,
     on_conflict,
     qualify,
+    row_locks,
     set_constraints,
     truncate,
 )
@@ -55,6 +56,7 @@ RULES: tuple[Rule, ...] = (
     truncate.RULE,
     copy_to.RULE,
     group_by.RULE,
+    row_locks.RULE,  # before lateral and qualify, as group_by
     lateral.RULE,
     qualify.RULE,
     counts.RULE,
