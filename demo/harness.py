@@ -41,6 +41,7 @@ from demo.errors import DemoError
 from demo.openapi import BY_ID
 from demo.report import SessionScore
 from demo.workflows import Workflow
+from migrations.binding import rotate_secret, write_secret_file
 from migrations.embedded import embedded_postgres
 from scoring import api
 
@@ -128,12 +129,17 @@ async def _admin(dsn: str, *queries: tuple[str, Sequence[Any]]) -> list[list[asy
 
 # --- the layer and the scorer ------------------------------------------------------------------------
 
+BIND_SECRET_FILE = "bind-secret"  # in the run's work directory: the proxy binds its sessions with it
 
-async def _install_layer(dsn: str) -> list[asyncpg.Record]:
+
+async def _install_layer(dsn: str, secret_file: Path) -> list[asyncpg.Record]:
 
     conn = await asyncpg.connect(dsn)
     try:
         await migrations.install_layer(conn, schemas=("public",))
+        # A fresh binding secret the demo's proxy holds (the install's own is shown once, not kept).
+        secret = await rotate_secret(conn)
+        write_secret_file(secret_file, secret)
         return list(await conn.fetch("SELECT table_schema, table_name, overlay_schema FROM cow.tables"))
     finally:
         await conn.close()
@@ -263,6 +269,7 @@ class ProxyTagging(Tagging):
         self.metrics_addr = ("127.0.0.1", _free_port())
         self.admin_addr = ("127.0.0.1", _free_port())
         self.log_path = workdir / "proxy.log"
+        secret_file = workdir / BIND_SECRET_FILE
         self.process: subprocess.Popen[bytes] | None = None
         self.stopped_pid: int | None = None
         self.in_process: proxy_ops.InProcessProxy | None = None
@@ -271,7 +278,12 @@ class ProxyTagging(Tagging):
         self.app: BackgroundApp | None = None
         try:
             self.process = proxy_ops.start(
-                upstream, self.listen, self.metrics_addr, self.admin_addr, self.log_path
+                upstream,
+                self.listen,
+                self.metrics_addr,
+                self.admin_addr,
+                self.log_path,
+                secret_file=secret_file,
             )
             self._start_app()
         except DemoError as exc:
@@ -281,7 +293,7 @@ class ProxyTagging(Tagging):
             self.notes.append(f"cowproxy serve (subprocess) failed: {exc}; running the proxy in-process")
             self.name = "proxy admin route (proxy in-process)"
             self.in_process = proxy_ops.InProcessProxy(
-                upstream, self.listen, self.metrics_addr, self.admin_addr
+                upstream, self.listen, self.metrics_addr, self.admin_addr, secret_file
             )
             try:
                 self._start_app()
@@ -519,7 +531,7 @@ def _create_database(run: _Run, server_dsn: str) -> None:
         f" {counts.members} members, {counts.states} states, {counts.labels} labels,"
         f" {counts.work_items} work items"
     )
-    tables = _run(_install_layer(run.db_dsn))
+    tables = _run(_install_layer(run.db_dsn, run.workdir / BIND_SECRET_FILE))
     run.overlay = str(tables[0]["overlay_schema"]) if tables else "public"
     run.progress(
         f"installed the CoW layer: {len(tables)} tables in schema public, overlay schema {run.overlay}"

@@ -51,13 +51,13 @@ def _request(admin: Address, method: str, path: str, body: dict[str, Any] | None
 
 
 def start(
-    upstream: Address, listen: Address, metrics: Address, admin: Address, log: Path
+    upstream: Address, listen: Address, metrics: Address, admin: Address, log: Path, *, secret_file: Path
 ) -> subprocess.Popen[bytes]:
     """Start ``cowproxy serve`` and wait until its admin API answers; DemoError if it cannot start."""
     cmd = [
         sys.executable, "-m", "cowproxy", "serve",
         "--upstream", _addr(upstream), "--listen", _addr(listen),
-        "--metrics", _addr(metrics), "--admin", _addr(admin),
+        "--metrics", _addr(metrics), "--admin", _addr(admin), "--bind-secret-file", str(secret_file),
     ]  # fmt: skip
     with open(log, "wb") as sink:
         process = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -91,12 +91,14 @@ def routes(admin: Address) -> dict[str, str]:
 class InProcessProxy:
     """The proxy's ``run_proxy`` on its own asyncio loop in a thread (when the subprocess cannot start)."""
 
-    def __init__(self, upstream: Address, listen: Address, metrics: Address, admin: Address) -> None:
+    def __init__(
+        self, upstream: Address, listen: Address, metrics: Address, admin: Address, secret_file: Path
+    ) -> None:
 
         try:
             config = build_config(
                 {"upstream": _addr(upstream), "listen": _addr(listen), "metrics": _addr(metrics),
-                 "admin": _addr(admin)}
+                 "admin": _addr(admin), "bind_secret_file": str(secret_file)}
             )  # fmt: skip
         except ProxyError as exc:
             raise DemoError(f"the proxy refused its configuration: {exc}") from None

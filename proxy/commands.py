@@ -70,6 +70,11 @@ def register(sub: Any, session_sub: Any) -> None:
         "routes kept in this process)",
     )
     serve.add_argument(
+        "--bind-secret-file",
+        help="file with the layer's binding secret (cowproxy secret --rotate --file PATH); default: env "
+        "COW_BIND_SECRET; without one, sessions are joined with cow.use_session (docs/threat-model.md)",
+    )
+    serve.add_argument(
         "--session-allow",
         action="append",
         metavar="RULE[,RULE]",
@@ -164,6 +169,7 @@ def _serve(args: argparse.Namespace) -> int:
         "workers": args.workers,
         "state_dsn": args.state_dsn,
         "session_allow": args.session_allow,
+        "bind_secret_file": args.bind_secret_file,
     }
     config = build_config(flags, args.config)
     setup_logging(config.log_format, config.log_level)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import tomllib
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +76,9 @@ class ProxyConfig:
     workers: int = 1  # processes sharing the listen port (SO_REUSEPORT); metrics on consecutive ports
     state_dsn: str | None = None  # where routes are shared by workers and replicas (cow.proxy_routes)
     session_allow: Policy = DEFAULT_POLICY  # rules lifted for tagged connections (proxy/sql/policy.py)
+    bind_secret_file: str | None = None  # where the layer's binding secret is (else env COW_BIND_SECRET)
+    # The secret itself, read once at startup (never from the TOML or a flag: it would show in ps and files).
+    bind_secret: str | None = field(default=None, repr=False)
 
 
 _ADDRESSES = {"upstream", "listen", "metrics", "admin"}
@@ -82,8 +87,15 @@ _UPSTREAM_TLS = ("disable", "prefer", "require", "verify-ca", "verify-full")
 _VERIFY = ("verify-ca", "verify-full")
 
 
-def build_config(flags: dict[str, Any], file: str | None = None) -> ProxyConfig:  # noqa: C901 - to be split into named steps
-    """Merge a TOML file (its top level or a ``[proxy]`` table) with flags; flags win (None = unset)."""
+BIND_SECRET_ENV = "COW_BIND_SECRET"
+MIN_SECRET = 16  # the layer refuses shorter ones
+
+
+def build_config(  # noqa: C901 - to be split into named steps
+    flags: dict[str, Any], file: str | None = None, environ: Mapping[str, str] | None = None
+) -> ProxyConfig:
+    """Merge a TOML file (its top level or a ``[proxy]`` table) with flags; flags win (None = unset).
+    ``environ`` (default ``os.environ``) gives ``COW_BIND_SECRET`` when no ``bind_secret_file`` is set."""
     values: dict[str, Any] = {}
     if file:
         try:
@@ -97,7 +109,7 @@ def build_config(flags: dict[str, Any], file: str | None = None) -> ProxyConfig:
             raise ConfigError(f"config file {file}: [proxy] must be a table")
         values.update({k.replace("-", "_"): v for k, v in table.items()})
     values.update({k: v for k, v in flags.items() if v is not None})
-    known = {f.name for f in fields(ProxyConfig)}
+    known = {f.name for f in fields(ProxyConfig)} - {"bind_secret"}
     unknown = sorted(set(values) - known)
     if unknown:
         raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
@@ -120,8 +132,7 @@ def build_config(flags: dict[str, Any], file: str | None = None) -> ProxyConfig:
         if values.get(name) is not None:
             _check_readable(name, values[name])
     _check_workers(values)
-    if "session_allow" in values:
-        values["session_allow"] = _session_allow(values["session_allow"])
+    _check_sessions(values, os.environ if environ is None else environ)
     if values.get("state_dsn") is not None and not isinstance(values["state_dsn"], str):
         raise ConfigError("state_dsn: expected a connection string")
     for name in ("max_message_size", "parse_cache_size"):
@@ -133,6 +144,37 @@ def build_config(flags: dict[str, Any], file: str | None = None) -> ProxyConfig:
         if name in values and (not isinstance(values[name], int | float) or values[name] < 0):
             raise ConfigError(f"{name} must be a non-negative number of seconds")
     return ProxyConfig(**values)
+
+
+def _check_sessions(values: dict[str, Any], environ: Mapping[str, str]) -> None:
+    """What tagged connections may send, and the secret that binds them."""
+    if "session_allow" in values:
+        values["session_allow"] = _session_allow(values["session_allow"])
+    secret = _bind_secret(values.get("bind_secret_file"), environ)
+    if secret is not None:
+        values["bind_secret"] = secret
+
+
+def _bind_secret(path: Any, environ: Mapping[str, str]) -> str | None:
+    """The binding secret from ``bind_secret_file`` (first line, trimmed), else from ``COW_BIND_SECRET``."""
+    if path is None:
+        secret = environ.get(BIND_SECRET_ENV, "").strip() or None
+        what = BIND_SECRET_ENV
+    else:
+        if not isinstance(path, str) or not path:
+            raise ConfigError("bind_secret_file: expected a file name")
+        try:
+            with open(path, encoding="utf-8") as handle:
+                secret = handle.readline().strip() or None
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise ConfigError(f"bind_secret_file: cannot read {path}: {reason}") from None
+        what = f"bind_secret_file {path}"
+        if secret is None:
+            raise ConfigError(f"{what} is empty")
+    if secret is not None and len(secret) < MIN_SECRET:
+        raise ConfigError(f"{what}: a binding secret has at least {MIN_SECRET} characters")
+    return secret
 
 
 def _session_allow(value: Any) -> Policy:

@@ -32,7 +32,8 @@ from proxy.tags import UNTAGGED, Tags
 
 # A statement that fails to parse: sent in place of a refused one (its error is replaced by ours).
 REFUSED_SQL = "cowproxy refused this statement"
-USE_SESSION_SQL = "SELECT cow.use_session($1, $2)"
+USE_SESSION_SQL = "SELECT cow.use_session($1, $2)"  # without a binding secret (docs/threat-model.md)
+BIND_SESSION_SQL = "SELECT cow.bind_session($1, $2, $3)"  # the secret a bound parameter, never in the text
 INJECT_STATEMENT = "__cowproxy_inject"
 CATALOG_STATEMENT = "__cowproxy_catalog"
 CATALOG_VERSION_STATEMENT = "__cowproxy_catalog_version"
@@ -197,6 +198,7 @@ class Relay:
         max_message: int = p.PG_MAX_MESSAGE,
         *,
         catalogs: CatalogStore | None = None,
+        bind_secret: str | None = None,
     ) -> None:
         self.analysis = analysis
         self.catalogs = catalogs or private_store()  # the catalog read by other connections (same database)
@@ -204,6 +206,10 @@ class Relay:
         self.route = route
         self.hooks: Hooks = hooks or NoHooks()
         self.max_message = max_message
+        # How the upstream joins a session: bound with the layer's secret (SQL on the connection cannot undo
+        # it), or, without a secret, cow.use_session (the GUCs only).
+        self.bind_secret = bind_secret
+        self.join_sql = USE_SESSION_SQL if bind_secret is None else BIND_SESSION_SQL
         self.to_server: list[bytes] = []
         self.to_client: list[bytes] = []
         self.status = "I"  # transaction status of the last ReadyForQuery
@@ -714,12 +720,11 @@ class Relay:
             self._fresh = ok
             self._release()
 
-        self._injected(p.encode_parse(INJECT_STATEMENT, USE_SESSION_SQL), Kind.PARSE, forward)
-        self._injected(
-            p.encode_bind(INJECT_STATEMENT, INJECT_STATEMENT, (tags.session, tags.operation)),
-            Kind.BIND,
-            forward,
-        )
+        params: tuple[str | None, ...] = (tags.session, tags.operation)
+        if self.bind_secret is not None:
+            params += (self.bind_secret,)
+        self._injected(p.encode_parse(INJECT_STATEMENT, self.join_sql), Kind.PARSE, forward)
+        self._injected(p.encode_bind(INJECT_STATEMENT, INJECT_STATEMENT, params), Kind.BIND, forward)
         self._injected(p.encode_execute(INJECT_STATEMENT), Kind.EXECUTE, forward, on_done=applied)
         self._injected(p.encode_close("P", INJECT_STATEMENT), Kind.CLOSE, forward)
         on_done = finished

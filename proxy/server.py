@@ -413,6 +413,7 @@ class ClientConnection(asyncio.Protocol):
             LoggingHooks(server.metrics, self.id),
             self.config.max_message_size,
             catalogs=server.catalogs.store(database, self.user),
+            bind_secret=self.config.bind_secret,
         )
         self.state = State.READY
         if rest:
@@ -886,7 +887,15 @@ class ProxyServer:
             listen="{}:{}".format(*self.listen_address),  # the bound port when --listen gave port 0
             upstream=str(self.config.upstream),
             fast_relay="on" if self.fast is not None else "off",
+            binding="on" if self.config.bind_secret is not None else "off",
         )
+        if self.config.bind_secret is None:
+            log_event(
+                logging.WARNING,
+                "binding_off",
+                reason="no binding secret (--bind-secret-file or COW_BIND_SECRET): tagged connections join "
+                "their sessions with cow.use_session, which SQL on the connection can undo",
+            )
 
     def _start_fast(self, loop: asyncio.AbstractEventLoop) -> None:
         if not self.config.fast_relay:

@@ -133,18 +133,24 @@ def _drop_databases(dsn: str, names: list[str]) -> None:
         list(pool.map(drop, names))
 
 
+# The binding secret of every layer the tests install (install_layer_at), which the test proxies hold.
+TEST_BIND_SECRET = "cowproxy-tests-binding-secret"
+
+
 def install_layer_at(dsn: str) -> None:
-    """Install the CoW layer (schema ``public``) into the database at ``dsn``."""
+    """Install the CoW layer (schema ``public``) into the database at ``dsn``, with ``TEST_BIND_SECRET``."""
     import asyncio
 
     import asyncpg
 
     from migrations import install_layer
+    from migrations.binding import set_secret
 
     async def install() -> None:
         conn = await asyncpg.connect(dsn)
         try:
             await install_layer(conn)
+            await set_secret(conn, TEST_BIND_SECRET)
         finally:
             await conn.close()
 

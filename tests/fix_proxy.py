@@ -16,7 +16,7 @@ import pytest
 from proxy.admin import AdminApi, MetricsEndpoint
 from proxy.config import Address, ProxyConfig
 from proxy.server import ProxyServer
-from tests.fix_db import PgServer
+from tests.fix_db import TEST_BIND_SECRET, PgServer
 
 T = TypeVar("T")
 
@@ -58,7 +58,11 @@ class RunningProxy:
 @contextlib.contextmanager
 def run_proxy(pg: PgServer, **overrides: Any) -> Iterator[RunningProxy]:
     config = ProxyConfig(
-        upstream=Address(pg.host, pg.port), listen=Address("127.0.0.1", 0), drain_timeout=5, connect_timeout=5
+        upstream=Address(pg.host, pg.port),
+        listen=Address("127.0.0.1", 0),
+        drain_timeout=5,
+        connect_timeout=5,
+        bind_secret=TEST_BIND_SECRET,  # the secret of the layers install_layer_at installs
     )
     config = replace(config, **overrides)
     try:  # the loop `cowproxy serve` runs on

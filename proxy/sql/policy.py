@@ -93,7 +93,7 @@ _FUNCTIONS: dict[str, str] = {
     ),
 }  # fmt: skip
 # The layer's functions a tagged connection may call: they only name its own operation or read its session.
-LAYER_FUNCTIONS_ALLOWED = frozenset({"use_operation", "current_session"})
+LAYER_FUNCTIONS_ALLOWED = frozenset({"use_operation", "current_session", "bound_session"})
 # Functions whose first argument names a relation as text: a layer name there is a layer reference.
 _RELATION_ARGUMENT = frozenset({"nextval", "setval", "currval"})
 

@@ -33,7 +33,7 @@ import psycopg
 from psycopg import sql
 
 from tests.containment.attacks import open_escape
-from tests.fix_db import install_layer_at
+from tests.fix_db import TEST_BIND_SECRET, install_layer_at
 
 ROOT = Path(__file__).resolve().parents[2]
 VICTIM = "victim"
@@ -104,7 +104,7 @@ def cowproxy_serve(upstream: str, checkout: Path = ROOT, extra: Sequence[str] = 
         proc = subprocess.Popen(
             [*command, "--listen", f"127.0.0.1:{port}", *extra],
             cwd=checkout,
-            env={**os.environ, "PYTHONPATH": str(checkout)},
+            env={**os.environ, "PYTHONPATH": str(checkout), "COW_BIND_SECRET": TEST_BIND_SECRET},
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -194,7 +194,7 @@ class World:
     admin_dsn: str  # the server's superuser, on the prepared database
     proxy_port: int
     user: str  # who the attacker connects as: the superuser or OWNER
-    binding: bool = False  # the proxy binds its backends to their sessions (it holds the layer's secret)
+    binding: bool = True  # the proxy binds its backends to their sessions (cowproxy_serve: the secret)
     initial: Snapshot = field(init=False)
     always_triggers: bool = field(init=False)  # the overlay's triggers fire in every replication role
     probes: int = 0

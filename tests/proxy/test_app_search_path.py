@@ -17,6 +17,8 @@ import psycopg
 import pytest
 
 from migrations import install_layer
+from migrations.binding import set_secret
+from tests.fix_db import TEST_BIND_SECRET
 from tests.fix_proxy import RunningProxy
 
 BOTH_RELAYS = True
@@ -50,6 +52,7 @@ def tenants_db(create_database: Callable[..., str]) -> str:
         conn = await asyncpg.connect(dsn)
         try:
             await install_layer(conn, ENABLED)
+            await set_secret(conn, TEST_BIND_SECRET)  # the test proxies bind with it
         finally:
             await conn.close()
 

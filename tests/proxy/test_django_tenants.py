@@ -20,6 +20,8 @@ import psycopg
 import pytest
 
 from migrations import install_layer
+from migrations.binding import set_secret
+from tests.fix_db import TEST_BIND_SECRET
 from tests.fix_proxy import RunningProxy
 
 pytest.importorskip("django_tenants", reason="django-tenants is a test dependency (pyproject: test)")
@@ -47,6 +49,7 @@ def tenants_db(create_database: Callable[..., str]) -> str:
         conn = await asyncpg.connect(dsn)
         try:
             await install_layer(conn, ("public", "tenant_a", "tenant_b"))
+            await set_secret(conn, TEST_BIND_SECRET)  # the test proxies bind with it
         finally:
             await conn.close()
 

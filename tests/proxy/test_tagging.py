@@ -14,7 +14,7 @@ import pytest
 
 from proxy import protocol as p
 from proxy.admin import admin_request
-from tests.fix_proxy import RunningProxy
+from tests.fix_proxy import RunningProxy, run_proxy
 from tests.proxy.test_adversity import RawClient
 
 pytestmark = pytest.mark.timeout(90)
@@ -341,3 +341,30 @@ def test_comment_tags_inside_a_pipeline(proxy: RunningProxy, layer_db: str) -> N
     assert [c[2] for c in changes(layer_db, "p2")] == ["p2_1@x", "p2_3@x"]
     assert changes(layer_db, "p3") == []
     assert len(base_customers(layer_db)) == BASE_CUSTOMERS
+
+
+def test_a_tagged_connection_is_bound_with_the_secret(proxy: RunningProxy, layer_db: str) -> None:
+    """The proxy joins with cow.bind_session: SQL the proxy cannot see does not take the backend elsewhere."""
+    with psycopg.connect(proxy.dsn(layer_db, application_name="cow:bound1"), autocommit=True) as conn:
+        insert(conn, "bound@x")
+        pid = conn.execute("SELECT pg_backend_pid()").fetchone()
+        with psycopg.connect(layer_db, autocommit=True) as admin:
+            bound = admin.execute("SELECT session FROM cow.bindings WHERE pid = %s", pid).fetchall()
+        assert bound == [("bound1",)]
+    assert [c[2] for c in changes(layer_db, "bound1")] == ["bound@x"]
+
+
+def test_without_a_secret_sessions_are_joined_with_use_session(
+    pg_server: Any, layer_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with (
+        caplog.at_level(logging.WARNING, logger="cowproxy"),
+        run_proxy(pg_server, bind_secret=None) as plain,
+        psycopg.connect(plain.dsn(layer_db, application_name="cow:unbound1"), autocommit=True) as conn,
+    ):
+        insert(conn, "unbound@x")
+        pid = conn.execute("SELECT pg_backend_pid()").fetchone()
+        with psycopg.connect(layer_db, autocommit=True) as admin:
+            assert admin.execute("SELECT session FROM cow.bindings WHERE pid = %s", pid).fetchall() == []
+    assert [c[2] for c in changes(layer_db, "unbound1")] == ["unbound@x"]
+    assert any("binding_off" in record.getMessage() for record in caplog.records)

@@ -398,10 +398,10 @@ def test_key_joins_of_cow_tables_become_lateral_subqueries(sql: str, rewritten: 
 
 _HAS_VERSION = (
     "EXISTS (SELECT 1 FROM cow_changes.t{n} AS _cow_x WHERE _cow_x._cow_session = "
-    "pg_catalog.current_setting('cow.session_id', TRUE) AND _cow_x._cow_current AND {keys})"
+    "(SELECT cow._session()) AND _cow_x._cow_current AND {keys})"
 )
 _LIVE = (
-    "{a}._cow_session = pg_catalog.current_setting('cow.session_id', TRUE) AND {a}._cow_current "
+    "{a}._cow_session = (SELECT cow._session()) AND {a}._cow_current "
     "AND NOT {a}._cow_deleted"
 )
 
@@ -531,7 +531,7 @@ def _key_read(spec: tuple[str, int, str, str], versions: str, outer: str, base: 
     table, n, columns, key = spec
     cte = (
         f"WITH _cow_versions AS MATERIALIZED (SELECT {columns}, _cow_deleted FROM cow_changes.t{n} "
-        "WHERE _cow_session = pg_catalog.current_setting('cow.session_id', true) AND _cow_current "
+        "WHERE _cow_session = (SELECT cow._session()) AND _cow_current "
         f"AND {versions}) "
     )
     key_row = key if "," not in key else f"({key})"

@@ -3,6 +3,8 @@ else is refused with 42501 naming its rule; untagged connections are not judged;
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from proxy.config import build_config
@@ -213,3 +215,32 @@ def test_session_allow_in_the_config(value: object, allow: set[str]) -> None:
 def test_session_allow_refuses_unknown_rules(value: object) -> None:
     with pytest.raises(ConfigError, match="session_allow"):
         build_config({"upstream": "127.0.0.1:5432", "session_allow": value})
+
+
+def test_the_binding_secret_comes_from_a_file_or_the_environment(tmp_path: Path) -> None:
+    secret = "s" * 20
+    path = tmp_path / "secret"
+    path.write_text(secret + "\n")
+    config = build_config({"upstream": "127.0.0.1:5432", "bind_secret_file": str(path)}, environ={})
+    assert config.bind_secret == secret and secret not in repr(config)
+    from_env = build_config({"upstream": "127.0.0.1:5432"}, environ={"COW_BIND_SECRET": secret})
+    assert from_env.bind_secret == secret
+    assert build_config({"upstream": "127.0.0.1:5432"}, environ={}).bind_secret is None
+
+
+@pytest.mark.parametrize(
+    ("content", "message"), [(None, "cannot read"), ("", "is empty"), ("short", "at least 16")]
+)
+def test_a_bad_binding_secret_file_is_one_line_at_startup(
+    tmp_path: Path, content: str | None, message: str
+) -> None:
+    path = tmp_path / "secret"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ConfigError, match=message):
+        build_config({"upstream": "127.0.0.1:5432", "bind_secret_file": str(path)}, environ={})
+
+
+def test_the_secret_itself_is_no_setting() -> None:
+    with pytest.raises(ConfigError, match="unknown setting"):
+        build_config({"upstream": "127.0.0.1:5432", "bind_secret": "s" * 20}, environ={})

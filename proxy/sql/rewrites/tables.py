@@ -16,7 +16,10 @@ CHANGES_SCHEMA = "cow_changes"  # the layer's changes tables and their constrain
 MERGE_ON_VIEWS = 170000  # PostgreSQL 17 runs MERGE on views through INSTEAD OF triggers
 
 
-CURRENT_SESSION = "pg_catalog.current_setting('cow.session_id', true)"
+# The session of the rewritten statement's reads of the changes tables: the backend's binding when bound, else
+# the GUC (cow._session()), once per statement (an InitPlan). Not the bare GUC: SQL the proxy did not see may
+# have changed it on a bound backend.
+CURRENT_SESSION = "(SELECT cow._session())"
 
 
 def overlay(table: CowTable) -> str:
