@@ -14,7 +14,14 @@ from typing import Any, TextIO, TypeVar
 import asyncpg
 
 from cowproxy.cli import add_dsn, add_format, require_dsn
-from migrations.binding import check_secret, read_secret_file, rotate_secret, secret_set_at, write_secret_file
+from migrations.binding import (
+    check_secret,
+    read_secret_file,
+    rotate_secret,
+    secret_set_at,
+    set_secret,
+    write_secret_file,
+)
 from migrations.errors import LayerError
 from migrations.layer import install_layer, uninstall_layer
 from migrations.sessions import (
@@ -52,12 +59,15 @@ def register(sub: Any, session_sub: Any) -> None:
         "secret",
         help="the binding secret the proxy binds connections to their session with (layer owner only)",
         description="Without options: whether a binding secret is set, and since when. The database keeps "
-        "only its hash, so a secret is shown once, by --rotate (which ends the old one at once).",
+        "only its hash, so a secret is shown once, by --rotate (which ends the old one at once). One proxy "
+        "in front of several databases binds with one secret: --set gives each database the one in --file.",
     )
     add_dsn(p)
-    p.add_argument("--rotate", action="store_true", help="make a new secret; print it, or write it to --file")
-    p.add_argument("--check", action="store_true", help="check that --file holds the current secret")
-    p.add_argument("--file", type=Path, metavar="PATH", help="where --rotate writes, and --check reads, it")
+    action = p.add_mutually_exclusive_group()
+    action.add_argument("--rotate", action="store_true", help="new secret: print it or write it to --file")
+    action.add_argument("--check", action="store_true", help="check that --file holds the current secret")
+    action.add_argument("--set", action="store_true", help="make the secret in --file the current one")
+    p.add_argument("--file", type=Path, metavar="PATH", help="written by --rotate, read by --check/--set")
     p.set_defaults(func=cmd_secret)
 
     p = sub.add_parser("uninstall", help="remove the CoW layer; the app tables stay as they were")
@@ -199,15 +209,17 @@ def _install_secret_note(secret: str, path: Path | None) -> None:
 
 
 def cmd_secret(args: argparse.Namespace) -> int:
-    if args.rotate and args.check:
-        raise LayerError("--rotate and --check: choose one")
-    if args.check:
+    if args.check or args.set:
         if args.file is None:
-            raise LayerError("--check needs --file PATH")
+            raise LayerError(f"--{'check' if args.check else 'set'} needs --file PATH")
         secret = read_secret_file(args.file)
-        if not _with_conn(args, lambda c: check_secret(c, secret)):
+        if args.set:
+            _with_conn(args, lambda c: set_secret(c, secret))
+            print(f"the binding secret in {args.file} is now the current one; the old one no longer binds")
+        elif not _with_conn(args, lambda c: check_secret(c, secret)):
             raise LayerError(f"{args.file} does not hold the current binding secret")
-        print(f"{args.file} holds the current binding secret")
+        else:
+            print(f"{args.file} holds the current binding secret")
         return 0
     if args.rotate:
         if args.file is not None and args.file.is_dir():
@@ -220,7 +232,7 @@ def cmd_secret(args: argparse.Namespace) -> int:
             print(f"new binding secret written to {args.file}; the old one no longer binds")
         return 0
     if args.file is not None:
-        raise LayerError("--file needs --rotate or --check")
+        raise LayerError("--file needs --rotate, --check or --set")
     since = _with_conn(args, secret_set_at)
     print(
         "no binding secret is set"

@@ -18,12 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
-import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +30,7 @@ from psycopg import sql
 
 from tests.containment.attacks import open_escape
 from tests.fix_db import TEST_BIND_SECRET, install_layer_at
+from tests.serve import cowproxy_process
 
 ROOT = Path(__file__).resolve().parents[2]
 VICTIM = "victim"
@@ -89,42 +86,12 @@ def with_database(dsn: str, database: str) -> str:
     return urlunsplit(urlsplit(dsn)._replace(path="/" + database))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def cowproxy_serve(upstream: str, checkout: Path = ROOT, extra: Sequence[str] = ()) -> Iterator[int]:
+def cowproxy_serve(
+    upstream: str, checkout: Path = ROOT, extra: Sequence[str] = ()
+) -> contextlib.AbstractContextManager[int]:
     """A real ``python -m cowproxy serve`` (of ``checkout``: another one measures a baseline), free port."""
-    port = _free_port()
-    with tempfile.TemporaryFile() as log:
-        command = [sys.executable, "-m", "cowproxy", "serve", "--upstream", upstream]
-        proc = subprocess.Popen(
-            [*command, "--listen", f"127.0.0.1:{port}", *extra],
-            cwd=checkout,
-            env={**os.environ, "PYTHONPATH": str(checkout), "COW_BIND_SECRET": TEST_BIND_SECRET},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    raise RuntimeError(f"cowproxy serve did not start: {log.read()[-2000:]!r}")
-                time.sleep(0.1)
-            yield port
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    env = {**os.environ, "PYTHONPATH": str(checkout), "COW_BIND_SECRET": TEST_BIND_SECRET}
+    return cowproxy_process([sys.executable, "-m", "cowproxy"], upstream, extra, env=env, cwd=checkout)
 
 
 def prepare_database(admin_dsn: str, database: str) -> None:

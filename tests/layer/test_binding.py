@@ -257,8 +257,21 @@ def test_secret_cli(create_database: Callable[..., str], tmp_path: Path) -> None
     second = tmp_path / "second"
     assert cli("secret", "--rotate", "--file", str(second), dsn=dsn).returncode == 0
     assert cli("secret", "--check", "--file", str(second), dsn=dsn).returncode == 0
-    one_error_line(cli("secret", "--file", str(second), dsn=dsn), "--file needs --rotate or --check")
+    one_error_line(cli("secret", "--file", str(second), dsn=dsn), "--file needs --rotate, --check or --set")
     one_error_line(cli("secret", "--check", dsn=dsn), "--check needs --file")
+    one_error_line(cli("secret", "--set", dsn=dsn), "--set needs --file")
+    # --set gives another database the same secret (one proxy in front of both); only that one binds there.
+    other = create_database()
+    assert cli("install", dsn=other).returncode == 0
+    one_error_line(cli("secret", "--check", "--file", str(second), dsn=other), "does not hold the current")
+    assert cli("secret", "--set", "--file", str(second), dsn=other).returncode == 0
+    assert cli("secret", "--check", "--file", str(second), dsn=other).returncode == 0
+    assert cli("secret", "--check", "--file", str(second), dsn=dsn).returncode == 0
+    with psycopg.connect(other, autocommit=True) as conn:
+        assert sql_state(conn, "SELECT cow.bind_session('s', NULL, %s)", (new,)) == "28P01"
+        assert conn.execute(
+            "SELECT cow.bind_session('s', NULL, %s)", (second.read_text().strip(),)
+        ).fetchone() == ("s",)
     one_error_line(cli("secret", "--check", "--file", str(tmp_path / "none"), dsn=dsn), "cannot read")
     # Not the owner: one line, nothing changed.
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -268,6 +281,9 @@ def test_secret_cli(create_database: Callable[..., str], tmp_path: Path) -> None
         nobody = as_role(dsn, NOBODY)
         one_error_line(cli("secret", "--rotate", dsn=nobody), "needs the layer's owner or a superuser")
         one_error_line(cli("secret", dsn=nobody), "needs the layer's owner or a superuser")
+        one_error_line(
+            cli("secret", "--set", "--file", str(first), dsn=nobody), "needs the layer's owner or a superuser"
+        )
         assert cli("secret", "--check", "--file", str(second), dsn=dsn).returncode == 0
     finally:
         with psycopg.connect(dsn, autocommit=True) as conn:

@@ -5,8 +5,9 @@
 1. Downloads Django's sdist (``DJANGO_VERSION``, pinned) with pip into a cache folder and unpacks it (once).
 2. Runs the modules with Django's ``tests/runtests.py`` straight against PostgreSQL (test databases created
    and dropped by Django as usual).
-3. Creates and migrates the same test databases directly (``--keepdb``), runs ``cowproxy install`` on each,
-   starts ``cowproxy serve`` in front of the server and runs the modules again through it, every connection
+3. Creates and migrates the same test databases directly (``--keepdb``), runs ``cowproxy install`` and
+   ``cowproxy secret --set`` (one binding secret for all of them) on each, starts ``cowproxy serve
+   --bind-secret-file`` in front of the server and runs the modules again through it, every connection
    tagged with one session at startup (``options=-c cow.session_id=…``), with ``--keepdb`` so that Django uses
    the installed databases; then drops them.
 4. Prints, per module, the failing test ids of each run, the ids failing only in the session, and both run
@@ -24,10 +25,10 @@ import contextlib
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +37,9 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
+
+from migrations.binding import new_secret, write_secret_file
+from tests.serve import ServeError, cowproxy_process
 
 DJANGO_VERSION = "5.2.19"
 SESSION = "django-peer"
@@ -182,49 +186,16 @@ def fetch_django(cache: Path) -> Path:
     return root
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
-def running_proxy(server: Server) -> Iterator[int]:
-    """``cowproxy serve`` in front of ``server`` on a free local port, stopped afterwards."""
-    port = _free_port()
-    cowproxy = Path(sys.executable).with_name("cowproxy")
-    log = cache_dir() / f"proxy-{port}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                str(cowproxy),
-                "serve",
-                "--upstream",
-                f"{server.host}:{server.port}",
-                "--listen",
-                f"127.0.0.1:{port}",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+def running_proxy(server: Server, secret_file: Path) -> Iterator[int]:
+    """``cowproxy serve`` in front of ``server`` on a free port, binding with ``secret_file``'s secret."""
+    cowproxy = [str(Path(sys.executable).with_name("cowproxy"))]
+    upstream = f"{server.host}:{server.port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise PeerSuiteError(f"cowproxy serve did not start: {log.read_text()[-2000:]}")
-            time.sleep(0.1)
-        yield port
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.unlink(missing_ok=True)
+        with cowproxy_process(cowproxy, upstream, ["--bind-secret-file", str(secret_file)]) as port:
+            yield port
+    except ServeError as exc:
+        raise PeerSuiteError(str(exc)) from exc
 
 
 def run_django(root: Path, modules: Sequence[str], env: dict[str, str], *, keepdb: bool) -> RunResult:
@@ -280,18 +251,16 @@ def _drop_databases(server: Server, prefix: str) -> None:
             )
 
 
-def _install(server: Server, database: str) -> None:
-    cowproxy = Path(sys.executable).with_name("cowproxy")
-    proc = subprocess.run(
-        [str(cowproxy), "install", "--dsn", server.dsn_for(database)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise PeerSuiteError(
-            f"cowproxy install on {database} failed: {proc.stdout[-2000:]}{proc.stderr[-2000:]}"
-        )
+def _install(server: Server, database: str, secret_file: Path) -> None:
+    """``cowproxy install``, then the proxy's one binding secret (``secret --set``: the same in each)."""
+    cowproxy = str(Path(sys.executable).with_name("cowproxy"))
+    dsn = server.dsn_for(database)
+    for step in (["install"], ["secret", "--set", "--file", str(secret_file)]):
+        proc = subprocess.run([cowproxy, *step, "--dsn", dsn], capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise PeerSuiteError(
+                f"cowproxy {step[0]} on {database} failed: {proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+            )
 
 
 def run_session(server: Server, root: Path, modules: Sequence[str], prefix: str) -> RunResult:
@@ -304,12 +273,15 @@ def run_session(server: Server, root: Path, modules: Sequence[str], prefix: str)
         found = _DATABASES_LINE.search(prepare.output_tail)
         if found is None:
             raise PeerSuiteError(f"creating the test databases failed:\n{prepare.output_tail}")
-        for alias in found.group(1).split():
-            _install(server, f"{prefix}_{alias}")
-        with running_proxy(server) as port:
-            return run_django(
-                root, modules, _settings_env(server, prefix, port=port, session=SESSION), keepdb=True
-            )
+        with tempfile.TemporaryDirectory() as tmp:
+            secret_file = Path(tmp) / "bind-secret"
+            write_secret_file(secret_file, new_secret())
+            for alias in found.group(1).split():
+                _install(server, f"{prefix}_{alias}", secret_file)
+            with running_proxy(server, secret_file) as port:
+                return run_django(
+                    root, modules, _settings_env(server, prefix, port=port, session=SESSION), keepdb=True
+                )
     finally:
         _drop_databases(server, prefix)
 
