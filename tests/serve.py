@@ -22,6 +22,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_run(count: int) -> int:
+    """The first of ``count`` consecutive free ports (``serve --workers N`` listens on metrics port + i)."""
+    for _ in range(100):
+        base = free_port()
+        if base + count > 65536:
+            continue
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(base, base + count):
+                    sock = held.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return base
+    raise ServeError(f"no {count} consecutive free ports on 127.0.0.1")
+
+
 @contextlib.contextmanager
 def cowproxy_process(
     cowproxy: Sequence[str],

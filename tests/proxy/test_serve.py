@@ -19,14 +19,9 @@ from proxy.admin import admin_request
 from proxy.errors import AdminError
 from tests.fix_db import PgServer
 from tests.fix_proxy import RunningProxy
+from tests.serve import free_port
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cowproxy(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:

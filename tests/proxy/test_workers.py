@@ -19,10 +19,10 @@ from proxy.admin import admin_request
 from tests.fix_db import PgServer
 from tests.fix_proxy import run_proxy
 from tests.proxy.test_adversity import dbname, wait_for
-from tests.proxy.test_serve import free_port
 from tests.proxy.test_tagging import base_customers, changes
+from tests.serve import free_port, free_port_run
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(180)
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -46,7 +46,8 @@ def insert(dsn: str, email: str) -> None:
 
 
 def test_two_workers_share_the_port_the_routes_and_add_up(pg_server: PgServer, layer_db: str) -> None:
-    port, metrics, admin = free_port(), free_port(), free_port()
+    # Worker i listens for metrics and admin on the given port + i: both runs must be free.
+    port, metrics, admin = free_port(), free_port_run(2), free_port_run(2)
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -79,7 +80,10 @@ def test_two_workers_share_the_port_the_routes_and_add_up(pg_server: PgServer, l
             except OSError:
                 return False
 
-        assert wait_for(up, 30), "not up"
+        # Two workers each import the proxy and load the catalog: slow on a loaded 2-core machine.
+        if not wait_for(lambda: up() or proc.poll() is not None, 90) or not up():
+            proc.kill()
+            pytest.fail(f"workers not up (exit {proc.poll()}): {proc.communicate(timeout=10)[1][-2000:]}")
         through = f"postgresql://postgres@127.0.0.1:{port}/{dbname(layer_db)}"
         # A route made through worker 1's admin API: every connection, whichever worker takes it, obeys.
         admin_request(
