@@ -15,6 +15,7 @@ from proxy.metrics import LATENCY_BUCKETS
 
 if TYPE_CHECKING:
     from proxy._fastrelay import Engine
+    from proxy._fastrelay import Handback as RawHandback
 
 API_VERSION = 3  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
 
@@ -39,10 +40,33 @@ AVAILABLE = _fastrelay is not None
 # A prepared statement or portal as the C relay hands it back: (name, index into the Statements Python gave
 # at adoption or -1, the text of one prepared on the C relay or None).
 Named = tuple[bytes, int, bytes | None]
-# (conn_id, reason, errno, transaction status, Query/Sync replies in flight, type of the client message C did
-# not take or -1, client bytes read and not forwarded, kinds of the replies owed (Relay.pending, as Kind
-# letters: Q S P B D E C), mid_batch, skip_until_sync, statements, portals, client messages C took)
-Handback = tuple[int, str, int, str, int, int, bytes, str, int, int, list[Named], list[Named], int]
+
+
+@dataclass(frozen=True, slots=True)
+class Handback:
+    """A connection the C relay gives back to Python, with the state Python resumes from (the C relay hands
+    it over as a plain tuple in this field order; ``from_tuple`` names the fields)."""
+
+    conn_id: int
+    reason: str  # "idle", "recalled", "client closed", "upstream error", ...
+    errno: int  # of a socket error (0: none)
+    status: str  # transaction status: I, T or E
+    inflight: int  # Query/Sync replies still owed by the server
+    untaken: int  # type of the client message C did not take, or -1
+    data: bytes  # client bytes read and not forwarded
+    owed: str  # kinds of the replies owed (Relay.pending), as Kind letters: Q S P B D E C
+    mid_batch: bool
+    skip_until_sync: bool
+    statements: list[Named]
+    portals: list[Named]
+    taken: int  # client messages C took during its stay
+
+    @classmethod
+    def from_tuple(cls, raw: RawHandback) -> Handback:
+        # C sends the two flags as ints
+        return cls(*raw[:8], bool(raw[8]), bool(raw[9]), *raw[10:])
+
+
 # What Python knows at adoption: (name, index, kind index, only Python may bind it, write slots)
 Known = tuple[bytes, int, int, bool, tuple[int, ...]]
 # A statement text of a tagged connection that C forwards as is: (message type + text, kind index, write
@@ -128,13 +152,14 @@ class FastRelay:
             return None
 
     def recall(self, conn_id: int) -> Handback | None:
-        return self.engine.recall(conn_id)
+        raw = self.engine.recall(conn_id)
+        return None if raw is None else Handback.from_tuple(raw)
 
     def release(self, conn_id: int) -> bool:
         return self.engine.release(conn_id)
 
     def take_handbacks(self) -> list[Handback]:
-        return self.engine.take_handbacks()
+        return [Handback.from_tuple(raw) for raw in self.engine.take_handbacks()]
 
     def states(self) -> dict[int, tuple[str, int]]:
         return self.engine.states()

@@ -500,47 +500,34 @@ class ClientConnection(asyncio.Protocol):
 
     def from_fast(self, handback: Handback) -> None:
         """The C relay gave the connection back: resume in Python from the state it reports."""
-        (
-            _,
-            reason,
-            err,
-            status,
-            _inflight,
-            untaken,
-            data,
-            owed,
-            mid_batch,
-            skip,
-            statements,
-            portals,
-            taken,
-        ) = handback
         self.fast = False
+        untaken = handback.untaken
         if self._fast_tagged and untaken != -1:
             # A session whose statements C must keep handing back (texts Python has not seen: pgbench -M
             # simple's literals, a rewritten read) would bounce between the relays statement by statement:
             # after three short stays on C in a row, stay in Python for 8, 16, ... 1024 replies.
-            self._short_stints = self._short_stints + 1 if taken < _SHORT_STINT else 0
+            self._short_stints = self._short_stints + 1 if handback.taken < _SHORT_STINT else 0
             if self._short_stints >= 3:
                 self._fast_wait = min(2**self._short_stints, 1024)
         objects, self._fast_statements = self._fast_statements, []
         relay = self.relay
         if relay is None or self.state is not _READY:
             return
+        reason = handback.reason
         if reason in ("client closed", "upstream closed"):
             self.close(reason)
             return
         if reason in ("client error", "upstream error"):
             side = reason.split()[0]
-            self.close(f"{side} lost: {os.strerror(err) if err else 'error'}")
+            self.close(f"{side} lost: {os.strerror(handback.errno) if handback.errno else 'error'}")
             return
         relay.resume_from_fast(
-            status,
-            owed,
-            mid_batch=bool(mid_batch),
-            skip_until_sync=bool(skip),
-            statements=statements,
-            portals=portals,
+            handback.status,
+            handback.owed,
+            mid_batch=handback.mid_batch,
+            skip_until_sync=handback.skip_until_sync,
+            statements=handback.statements,
+            portals=handback.portals,
             objects=objects,
         )
         if untaken != -1 and untaken not in _FAST_TYPES:
@@ -549,8 +536,8 @@ class ClientConnection(asyncio.Protocol):
             self.transport.resume_reading()
         if self.upstream is not None and self.upstream.transport is not None:
             self.upstream.transport.resume_reading()
-        if data:
-            self.data_received(data)
+        if handback.data:
+            self.data_received(handback.data)
         if self.draining and self.idle and self.state is not State.CLOSED:
             self.close("drained", goodbye=True)
 
@@ -925,7 +912,7 @@ class ProxyServer:
         if fast is None:
             return
         for handback in fast.take_handbacks():
-            conn = self.connections.get(handback[0])
+            conn = self.connections.get(handback.conn_id)
             if conn is not None and conn.fast:
                 conn.from_fast(handback)
 
