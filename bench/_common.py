@@ -12,8 +12,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
 from typing import Any
@@ -24,8 +28,11 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
 
 import asyncpg  # noqa: E402
 
+import migrations.layer as layer_mod  # noqa: E402
 from migrations.embedded import embedded_postgres  # noqa: E402
 from migrations.errors import LayerError  # noqa: E402
+
+ROOT = os.path.dirname(HERE)
 
 ITEMS_DDL = """
 CREATE TABLE {schema}.items (
@@ -74,6 +81,16 @@ def run_main(script: str, main: Coroutine[Any, Any, None]) -> int:
         print(f"{script}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def cpu_ns(pid: int) -> int | None:
+    """CPU time of a local backend so far (None: not on this machine or not readable): unlike wall time it
+    does not count waiting for a core that another process holds, nor the client's share."""
+    try:
+        with open(f"/proc/{pid}/schedstat", encoding="ascii") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def with_database(dsn: str, database: str) -> str:
@@ -170,3 +187,72 @@ async def write_session(
     await conn.execute(DELETE_ANY, deletes)
     await conn.execute(INSERT_ANY, inserts)
     await conn.execute("SELECT cow.use_session(NULL)")
+
+
+Layer = tuple[list[layer_mod.Migration], list[layer_mod.Repeatable]]
+_FILE = re.compile(r"^migrations/sql/(\d{4})_([a-z0-9_]+)\.sql$")
+_REPEATABLE_FILE = re.compile(r"^migrations/sql/functions/(\d{2}_[a-z0-9_]+\.sql)$")
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", "-C", ROOT, *args], check=True, capture_output=True, text=True).stdout
+
+
+def _stderr(exc: OSError | subprocess.CalledProcessError) -> str:
+    err = getattr(exc, "stderr", None)
+    text = err.decode(errors="replace") if isinstance(err, bytes) else err
+    return (text or str(exc)).strip()
+
+
+def baseline_layer(ref: str) -> Layer:
+    """The numbered and repeatable SQL files as of git ref ``ref`` of this repository (a ref from before the
+    repeatable files has none: its numbered files hold the functions)."""
+    try:
+        found = []
+        repeatables = []
+        for name in _git("ls-tree", "-r", "--name-only", ref, "migrations/sql/").split():
+            m = _FILE.match(name)
+            r = _REPEATABLE_FILE.match(name)
+            if not (m or r):
+                continue
+            sql = _git("show", f"{ref}:{name}")
+            if m:
+                found.append(layer_mod.Migration(int(m.group(1)), m.group(2), sql))
+            elif r:
+                checksum = hashlib.sha256(sql.encode()).hexdigest()
+                repeatables.append(layer_mod.Repeatable(r.group(1), sql, checksum))
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise LayerError(f"cannot read the migrations of {ref!r}: {_stderr(exc)}") from exc
+    if not found:
+        raise LayerError(f"no migrations at {ref!r}")
+    return sorted(found, key=lambda m: m.version), sorted(repeatables, key=lambda r: r.name)
+
+
+def this_layer() -> Layer:
+    return layer_mod.migrations(), layer_mod.repeatables()
+
+
+@contextlib.contextmanager
+def installed_layer(files: Layer) -> Iterator[None]:
+    """``install_layer`` installs ``files`` instead of this checkout's migrations while inside."""
+    saved = layer_mod.migrations, layer_mod.repeatables
+    layer_mod.migrations = lambda: files[0]
+    layer_mod.repeatables = lambda: files[1]
+    try:
+        yield
+    finally:
+        layer_mod.migrations, layer_mod.repeatables = saved
+
+
+@contextlib.contextmanager
+def checkout(ref: str) -> Iterator[str]:
+    """A temporary copy of this repository's tree at git ref ``ref`` (``git archive``: no worktree is
+    registered, so an interrupted run leaves only a temporary folder); its path."""
+    with tempfile.TemporaryDirectory(prefix="cowbench_ref_") as tmp:
+        try:
+            commit = _git("rev-parse", "--verify", f"{ref}^{{commit}}").strip()
+            archive = subprocess.run(["git", "-C", ROOT, "archive", commit], check=True, capture_output=True)
+            subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True, capture_output=True)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            raise LayerError(f"cannot check out {ref!r}: {_stderr(exc)}") from exc
+        yield tmp

@@ -18,6 +18,12 @@ reference) and ``public.items`` (the layer installed on ``public``). Variants, o
                  Prepared ops run the form of a named statement; "unprepared" ones the unnamed form sent
                  unnamed, an upper bound: the proxy runs an unnamed rewritten read as a named statement of
                  its own (docs/proxy.md), which pgbench -M extended through the proxy measures.
+- ``base``       (``--baseline REF``) the overlay view in session ``bench``, in a second database built
+                 alike but with the layer's migrations as of git ref REF: a before/after of the layer in
+                 one run (the variants take turns op by op, so the machine's load falls on both alike).
+- ``bound``      (``--bound``) the overlay view in session ``bench`` on a backend bound to it with
+                 ``cow.bind_session`` and the binding secret, as cowproxy joins (``session`` joins with
+                 ``cow.use_session``, the no-proxy path).
 - ``stale``      (``--stale-session``, reads only) the overlay view in session ``bench-stale``, built like
                  ``bench`` but with each of its rows rewritten once after the last VACUUM: its pages are not
                  all-visible and ``<t>_cur`` still holds the entries of the retired versions, as in a session
@@ -48,9 +54,11 @@ against ``jit_above_cost``. ``--explain`` prints EXPLAIN ANALYZE per variant: th
 generic plan), the range, ``count(*)`` with jit on, and an update (rolled back) with its trigger time.
 
     .venv/bin/python bench/layer.py [--rows 1000000] [--dsn DSN] [--rounds 7] [--explain] [--only REGEX]
+        [--baseline REF] [--bound] [--rls]
 
 Without ``--dsn`` an embedded PostgreSQL is started (``shared_buffers=512MB`` so both copies stay cached);
-with ``--dsn`` a scratch database ``cowbench_<pid>`` is created on that server and dropped at the end.
+with ``--dsn`` a scratch database ``cowbench_<pid>`` (and ``cowbench_<pid>_a`` for ``--baseline``) is
+created on that server and dropped at the end.
 """
 
 from __future__ import annotations
@@ -74,6 +82,7 @@ import _common as common
 import asyncpg
 
 from migrations import install_layer
+from migrations.binding import new_secret
 from proxy.sql import CATALOG_QUERY, Analyzer, Catalog
 
 VARIANTS = ("plain", "untagged", "view", "session")
@@ -100,6 +109,9 @@ SELECT {_B} FROM public.items b WHERE NOT EXISTS (
     SELECT 1 FROM {{ch}} x WHERE x._cow_session = {_S} AND x._cow_current AND x.id = b.id)""",
     # The layer's shape with nested-loop anti joins only (a per-key probe of <t>_cur per base row).
     "nested-loop": "",
+    # The layer's view without its binding gate (the InitPlan probing cow.my_binding, issue 17): what the
+    # gate costs. (Made from the view's definition: see no_gate_view.)
+    "no-gate": "",
     # The base branch filters with a hashed NOT IN subplan instead of the anti join (no per-key form).
     "not-in": f"""
 SELECT {_B} FROM public.items b WHERE {_S} IS NULL
@@ -154,6 +166,19 @@ UNION ALL SELECT {_B} FROM public.items b LEFT JOIN LATERAL (
     ON true WHERE {_S} IS NOT NULL AND x.hit IS NULL
 UNION ALL {_CHANGES}""",
 }
+
+
+# The gate as pg_get_viewdef shows it: the first conjunct of the view's WHERE, up to the session condition.
+_GATE = re.compile(r"WHERE \(\( SELECT \(\(NOT \(EXISTS \(.*?cow\._read_gate\(\)\)\) AND ", re.S)
+
+
+async def no_gate_view(conn: asyncpg.Connection) -> str:
+    """The definition of the layer's overlay view of items without the gate."""
+    viewdef = str(await conn.fetchval("SELECT pg_get_viewdef('cow_overlay_public.items'::regclass)"))
+    stripped, n = _GATE.subn("WHERE (", viewdef)
+    if n != 1:
+        raise SystemExit("bench/layer.py: --shapes no-gate: the view has no gate of the known form")
+    return stripped
 
 
 def shape_schema(shape: str) -> str:
@@ -222,6 +247,8 @@ class Config:
     stale: bool  # add the read-only variant "stale"
     shapes: tuple[str, ...]  # candidate view shapes to read through (SHAPES)
     rls: bool = False  # row-level security on both tables, every variant as a non-superuser role (RLS_DDL)
+    baseline: str | None = None  # git ref of the layer of variant "base" (its own database)
+    bound: bool = False  # add variant "bound"
     # (op name, the statement as the proxy rewrites it) for the ops it rewrites, from the catalog
     proxied: tuple[tuple[str, str], ...] = ()
 
@@ -279,6 +306,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
         action="store_true",
         help="row-level security on both tables (a policy on a setting), variants as a non-superuser role",
     )
+    p.add_argument("--baseline", default=None, help="git ref: variant 'base' reads through its layer")
+    p.add_argument("--bound", action="store_true", help="variant 'bound': the session on a bound backend")
     p.add_argument(
         "--stale-session",
         action="store_true",
@@ -318,10 +347,19 @@ def parse_args(argv: list[str] | None = None) -> Config:
         stale=a.stale_session,
         shapes=shapes,
         rls=a.rls,
+        baseline=a.baseline,
+        bound=a.bound,
     )
 
 
 READ_KINDS = ("read", "list", "join", "last", "count")
+BASE = "a"  # the key of the baseline's database in the DSNs by database
+SECRET = new_secret()  # the binding secret of this run's databases (variant "bound")
+
+
+def writers(cfg: Config) -> tuple[str, ...]:
+    """The variants that write: each has its own ids per round (``Plan``)."""
+    return (*VARIANTS, *(("base",) if cfg.baseline else ()), *(("bound",) if cfg.bound else ()))
 
 
 def variants(cfg: Config, op: Op | None = None) -> tuple[str, ...]:
@@ -329,9 +367,14 @@ def variants(cfg: Config, op: Op | None = None) -> tuple[str, ...]:
     "stale" and the shapes only read."""
     proxy = ("proxy",) if cfg.proxied and (op is None or op.name in dict(cfg.proxied)) else ()
     if op is not None and op.kind not in READ_KINDS:
-        return (*VARIANTS, *proxy)
+        return (*writers(cfg), *proxy)
     extra = ("stale",) if cfg.stale else ()
-    return (*VARIANTS, *proxy, *extra, *(f"{x}{w}" for x in cfg.shapes for w in ("", NO_SESSION)))
+    return (*writers(cfg), *proxy, *extra, *(f"{x}{w}" for x in cfg.shapes for w in ("", NO_SESSION)))
+
+
+def database(variant: str) -> str:
+    """Which database a variant reads: the baseline's for "base", else this checkout's ("")."""
+    return BASE if variant == "base" else ""
 
 
 def sent_sql(cfg: Config, variant: str, sql: str, name: str | None = None) -> str | None:
@@ -376,12 +419,14 @@ class Plan:
         # Measured writes: per variant and round, base ids to update and delete, fresh ids to insert.
         pool = [
             i
-            for i in rng.sample(range(1, n + 1), min(n, 2 * len(VARIANTS) * (cfg.rounds + 1) * cfg.batch + k))
+            for i in rng.sample(
+                range(1, n + 1), min(n, 2 * len(writers(cfg)) * (cfg.rounds + 1) * cfg.batch + k)
+            )
             if i not in taken
         ]
         self.writes: dict[tuple[str, int], tuple[list[int], list[int], list[int]]] = {}
         fresh = 2 * n + 1
-        for v in VARIANTS:
+        for v in writers(cfg):
             for r in range(cfg.rounds + 1):  # + 1: the warm-up round
                 upd = [pool.pop() for _ in range(cfg.batch)]
                 dele = [pool.pop() for _ in range(cfg.batch)]
@@ -390,7 +435,9 @@ class Plan:
                 self.writes[(v, r)] = (upd, dele, ins)
 
 
-async def build(dsn: str, cfg: Config, plan: Plan) -> None:
+async def build(dsn: str, cfg: Config, plan: Plan, files: common.Layer | None = None) -> None:
+    """One database of the bench; ``files``: the layer's migrations to install (default: this checkout's).
+    Only this checkout's database gets the stale session and the candidate shapes."""
     conn = await asyncpg.connect(dsn)
     try:
         t0 = time.perf_counter()
@@ -405,7 +452,10 @@ async def build(dsn: str, cfg: Config, plan: Plan) -> None:
         for table in ("public.items", "plain.items", "public.picks", "plain.picks"):
             await conn.execute(f"VACUUM ANALYZE {table}")
         common.log(f"filled 2 x {cfg.rows} rows in {time.perf_counter() - t0:.1f} s")
-        await install_layer(conn, schemas=("public",))
+        with common.installed_layer(files or common.this_layer()):
+            await install_layer(conn, schemas=("public",))
+        if files is None and cfg.bound:
+            await conn.execute("SELECT cow.set_bind_secret($1)", SECRET)
         # Other sessions: the same mix (80 % updates, 10 % deletes, 10 % inserts) in ranges of their own.
         t0 = time.perf_counter()
         per = max(10, cfg.other_changes // cfg.other_sessions)
@@ -430,12 +480,13 @@ async def build(dsn: str, cfg: Config, plan: Plan) -> None:
                 break
             await asyncio.sleep(1)
             await conn.execute(f"VACUUM {changes}")
+        if files is not None:
+            return
         for shape in cfg.shapes:
-            if SHAPES[shape]:
+            if SHAPES[shape] or shape == "no-gate":
                 await conn.execute(f"CREATE SCHEMA {shape_schema(shape)}")
-                await conn.execute(
-                    f"CREATE VIEW {shape_schema(shape)}.items AS " + SHAPES[shape].format(ch=changes)
-                )
+                body = SHAPES[shape].format(ch=changes) if SHAPES[shape] else await no_gate_view(conn)
+                await conn.execute(f"CREATE VIEW {shape_schema(shape)}.items AS " + body)
         if cfg.stale:
             await conn.execute(f"ALTER TABLE {changes} SET (autovacuum_enabled = false)")
             await conn.execute("SELECT cow.use_session($1)", STALE_SESSION)
@@ -459,22 +510,30 @@ WHERE g.table_schema = 'public' AND g.table_name = 'items'
 SESSION_ROWS = "SELECT count(DISTINCT (table_name, pk)) FROM cow.session_changes($1)"
 
 
-async def connect(dsn: str, variant: str, mode: str, rls: bool = False) -> asyncpg.Connection:
+Dsns = dict[str, str]  # by database(variant)
+
+
+async def connect(dsns: Dsns, variant: str, mode: str, rls: bool = False) -> asyncpg.Connection:
     settings = {
         "jit": "on" if mode == "jit" else "off",
         "plan_cache_mode": "force_generic_plan" if mode == "generic" else "auto",
     }
     # unprepared: no statement cache, so every execution parses and plans an unnamed statement.
     cache = 0 if mode == "unprepared" else 100
-    conn = await asyncpg.connect(dsn, server_settings=settings, statement_cache_size=cache)
+    conn = await asyncpg.connect(
+        dsns[database(variant)], server_settings=settings, statement_cache_size=cache
+    )
     if variant == "plain":
         await conn.execute("SET search_path = plain")
     elif variant == "untagged":
         pass  # the default search_path: the base table
     elif variant == "view":
         await conn.execute("SET search_path = cow_overlay_public, public")
-    elif variant in ("session", "proxy"):
+    elif variant in ("session", "proxy", "base"):
         await conn.execute("SELECT cow.use_session($1)", WRITE_SESSION if mode == "write" else SESSION)
+    elif variant == "bound":
+        session = WRITE_SESSION if mode == "write" else SESSION
+        await conn.execute("SELECT cow.bind_session($1, NULL, $2)", session, SECRET)
     elif variant == "stale":
         await conn.execute("SELECT cow.use_session($1)", STALE_SESSION)
     else:  # a candidate shape, in session bench or without a session
@@ -525,30 +584,40 @@ async def run_batch(
     stmts: dict[str, Fetch],
     args: dict[str, list[tuple[Any, ...]]],
     rng: random.Random,
-) -> dict[str, list[float]]:
-    """Ms of every op per variant; the variants take turns op by op (in a shuffled order each time), so
-    that load from the other users of the machine falls on all of them alike."""
+    pids: dict[str, int] | None = None,
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Ms of every op per variant, and (with the backends' ``pids``, on this machine) the backend's CPU µs
+    per op; the variants take turns op by op (in a shuffled order each time), so that load from the other
+    users of the machine falls on all of them alike."""
     times: dict[str, list[float]] = {v: [] for v in stmts}
+    spent = dict.fromkeys(stmts, 0)
     order = list(stmts)
-    for i in range(len(next(iter(args.values())))):
+    n = len(next(iter(args.values())))
+    for i in range(n):
         rng.shuffle(order)
         for v in order:
+            c0 = common.cpu_ns(pids[v]) or 0 if pids else 0
             t0 = time.perf_counter()
             await stmts[v](*args[v][i])
             times[v].append((time.perf_counter() - t0) * 1000)
-    return times
+            if pids:
+                spent[v] += (common.cpu_ns(pids[v]) or 0) - c0
+    return times, ({v: spent[v] / n / 1000 for v in stmts} if pids else {})
 
 
 @dataclass(frozen=True)
 class Result:
     median: float  # of every single op over all rounds: robust against the spikes of a shared machine
     rounds: tuple[float, ...]  # mean ms per op of each round
+    cpu: tuple[float, ...] = ()  # the backend's CPU µs per op of each round (empty: not measurable)
 
 
-async def measure(dsn: str, cfg: Config, plan: Plan) -> dict[tuple[str, str], Result]:
+async def measure(dsns: Dsns, cfg: Config, plan: Plan) -> dict[tuple[str, str], Result]:
     rng = random.Random(cfg.seed)
     ops = selected_ops(cfg)
-    conns = {(v, op.mode): await connect(dsn, v, op.mode, cfg.rls) for op in ops for v in variants(cfg, op)}
+    conns = {(v, op.mode): await connect(dsns, v, op.mode, cfg.rls) for op in ops for v in variants(cfg, op)}
+    pids = {k: int(await c.fetchval("SELECT pg_backend_pid()")) for k, c in conns.items()}
+    local = all(common.cpu_ns(pid) is not None for pid in pids.values())
     try:
         stmts = {
             op.name: {
@@ -558,20 +627,26 @@ async def measure(dsn: str, cfg: Config, plan: Plan) -> dict[tuple[str, str], Re
             for op in ops
         }
         samples = {(op.name, v): list[list[float]]() for op in ops for v in variants(cfg, op)}
+        cpu = {k: list[float]() for k in samples}
         # Round 0 warms up (ids of its own for the writes): caches, the first custom plans, the compilation
         # of the plpgsql trigger functions in each connection. It is not counted.
         for r in range(cfg.rounds + 1):
             t0 = time.perf_counter()
             for op in ops:
                 args = {v: op_args(op, cfg, plan, variant=v, rnd=r, rng=rng) for v in variants(cfg, op)}
-                for v, ms in (await run_batch(stmts[op.name], args, rng)).items():
-                    if r:
+                backends = {v: pids[(v, op.mode)] for v in variants(cfg, op)} if local else None
+                times, spent = await run_batch(stmts[op.name], args, rng, backends)
+                if r:
+                    for v, ms in times.items():
                         samples[(op.name, v)].append(ms)
+                        if v in spent:
+                            cpu[(op.name, v)].append(spent[v])
             common.log_round(r, cfg.rounds, t0)
         return {
             k: Result(
                 median=statistics.median(x for batch in s for x in batch),
                 rounds=tuple(statistics.fmean(batch) for batch in s),
+                cpu=tuple(cpu[k]),
             )
             for k, s in samples.items()
         }
@@ -580,7 +655,7 @@ async def measure(dsn: str, cfg: Config, plan: Plan) -> dict[tuple[str, str], Re
             await c.close()
 
 
-async def explain(dsn: str, cfg: Config) -> list[str]:
+async def explain(dsns: Dsns, cfg: Config) -> list[str]:
     """EXPLAIN ANALYZE per variant: the point select (custom and generic plan), the range, count(*) with
     jit on, and a single-row update (in a transaction rolled back, to show the trigger's share)."""
     out: list[str] = []
@@ -596,11 +671,11 @@ async def explain(dsn: str, cfg: Config) -> list[str]:
         ("update 1 row", UPDATE_ONE, "(bigint)", f"({probe + 1})", "custom"),
     ]
     for what, sql, types, args, mode in cases:
-        for v in variants(cfg) if sql != UPDATE_ONE else VARIANTS:
+        for v in variants(cfg) if sql != UPDATE_ONE else writers(cfg):
             sent = sent_sql(cfg, v, sql)
             if sent is None:
                 continue
-            conn = await connect(dsn, v, mode, cfg.rls)
+            conn = await connect(dsns, v, mode, cfg.rls)
             try:
                 await conn.execute(f"PREPARE p{types} AS {sent}")
                 async with conn.transaction():
@@ -643,6 +718,7 @@ def report(cfg: Config, res: dict[tuple[str, str], Result], version: str, jit: s
         cells = [f"{res[(op.name, v)].median:.3f}" if (op.name, v) in res else "–" for v in every]
         ratios = [f"{res[(op.name, v)].median / base:.2f}" if (op.name, v) in res else "–" for v in every[1:]]
         lines.append(f"| {op.name} | " + " | ".join(cells + ratios) + " |")
+    lines += cpu_table(cfg, res)
     lines += ["", "Ratio to plain of the mean ms per op, per round (spread = noise of the machine):", ""]
     for op in selected_ops(cfg):
         plain_rounds = res[(op.name, "plain")].rounds
@@ -654,6 +730,26 @@ def report(cfg: Config, res: dict[tuple[str, str], Result], version: str, jit: s
             )
         lines.append(f"- {op.name}: " + ", ".join(spread))
     lines += ["", *goals(res, selected_ops(cfg))]
+    return lines
+
+
+def cpu_table(cfg: Config, res: dict[tuple[str, str], Result]) -> list[str]:
+    """The backends' CPU µs per op (median of the rounds' means), when the server runs on this machine."""
+    every = variants(cfg)
+    if not all(r.cpu for r in res.values()):
+        return []
+    lines = [
+        "",
+        "Backend CPU µs per op (median of the rounds' means; load on the machine does not inflate it):",
+        "",
+        "| operation | " + " | ".join(every) + " | " + " | ".join(f"{v} ×" for v in every[1:]) + " |",
+        "|---|" + "---:|" * (2 * len(every) - 1),
+    ]
+    for op in selected_ops(cfg):
+        med = {v: statistics.median(res[(op.name, v)].cpu) for v in every if (op.name, v) in res}
+        cells = [f"{med[v]:.1f}" if v in med else "–" for v in every]
+        ratios = [f"{med[v] / med['plain']:.2f}" if v in med else "–" for v in every[1:]]
+        lines.append(f"| {op.name} | " + " | ".join(cells + ratios) + " |")
     return lines
 
 
@@ -680,11 +776,35 @@ def goals(res: dict[tuple[str, str], Result], ops: tuple[Op, ...]) -> list[str]:
                 else ""
             )
             + (f"; session not vacuumed {res[stale].median / base:.2f}x" if stale in res else "")
+            + "".join(against_baseline(res, op))
         )
     return out
 
 
-async def plan_costs(dsn: str, cfg: Config) -> list[str]:
+def against_baseline(res: dict[tuple[str, str], Result], op: Op) -> list[str]:
+    """This checkout's session (and bound backend) against the baseline's session: the median of every op,
+    and the spread of the per-round ratios (both ran in the same rounds, op by op)."""
+    if (op.name, "base") not in res:
+        return []
+    before = res[(op.name, "base")]
+    out = []
+    for v in ("session", "bound"):
+        if (op.name, v) in res:
+            after = res[(op.name, v)]
+            per_round = [x / b for x, b in zip(after.rounds, before.rounds, strict=True)]
+            cpu = (
+                f", CPU {statistics.median(after.cpu) / statistics.median(before.cpu):.2f}"
+                if after.cpu and before.cpu
+                else ""
+            )
+            out.append(
+                f"; {v} / base {after.median / before.median:.2f} "
+                f"(per round {min(per_round):.2f}-{max(per_round):.2f}{cpu})"
+            )
+    return out
+
+
+async def plan_costs(dsns: Dsns, cfg: Config) -> list[str]:
     """Estimated total cost of the generic plans per variant, against jit_above_cost: skipped UNION ALL
     branches still count, so a view can cross the JIT threshold long before the plain table does."""
     out = []
@@ -704,7 +824,7 @@ async def plan_costs(dsn: str, cfg: Config) -> list[str]:
             sent = sent_sql(cfg, v, sql)
             if sent is None:
                 continue
-            conn = await connect(dsn, v, "generic", cfg.rls)
+            conn = await connect(dsns, v, "generic", cfg.rls)
             try:
                 threshold = float(await conn.fetchval("SELECT current_setting('jit_above_cost')"))
                 await conn.execute(f"PREPARE p{types} AS {sent}")
@@ -722,8 +842,17 @@ async def main_async(cfg: Config) -> None:
     rng = random.Random(cfg.seed)
     plan = Plan(cfg, rng)
     with common.server(cfg.dsn, "512MB") as admin_dsn:
-        async with common.scratch_database(admin_dsn, f"cowbench_{os.getpid()}") as dsn:
+        names = [f"cowbench_{os.getpid()}", *([f"cowbench_{os.getpid()}_a"] if cfg.baseline else [])]
+        async with common.scratch_databases(admin_dsn, names) as created:
+            dsn = created[0]
+            dsns = {"": dsn}
             await build(dsn, cfg, plan)
+            if cfg.baseline:
+                t0 = time.perf_counter()
+                dsns[BASE] = created[1]
+                await build(dsns[BASE], cfg, plan, common.baseline_layer(cfg.baseline))
+                took = time.perf_counter() - t0
+                common.log(f"built the baseline's database ({cfg.baseline}) in {took:.1f} s")
             conn = await asyncpg.connect(dsn)
             try:
                 version = await conn.fetchval("SHOW server_version")
@@ -748,10 +877,10 @@ async def main_async(cfg: Config) -> None:
                 cfg, proxied=tuple((name, sql) for name, sql in rewritten.items() if sql is not None)
             )
             if cfg.explain:
-                print("\n".join(await explain(dsn, cfg)))
+                print("\n".join(await explain(dsns, cfg)))
                 print()
-            costs = await plan_costs(dsn, cfg)
-            res = await measure(dsn, cfg, plan)
+            costs = await plan_costs(dsns, cfg)
+            res = await measure(dsns, cfg, plan)
             # The reads must have seen the session as built: the measured writes went elsewhere.
             after = await common.fetchval(dsn, SESSION_ROWS, SESSION)
             if after != n:

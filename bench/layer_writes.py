@@ -30,12 +30,9 @@ leaves them, for profiling with pgbench).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
-import re
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -45,7 +42,6 @@ import _common as common
 import asyncpg
 
 import migrations.layer as layer_mod
-from migrations.errors import LayerError
 
 SESSION = "bench"
 VARIANTS = ("plain", "a", "b")
@@ -55,8 +51,6 @@ OPS = {
     "update again": "UPDATE items SET qty = qty + 1 WHERE id = $1",
     "delete 1 row": "DELETE FROM items WHERE id = $1",
 }
-_FILE = re.compile(r"^migrations/sql/(\d{4})_([a-z0-9_]+)\.sql$")
-_REPEATABLE_FILE = re.compile(r"^migrations/sql/functions/(\d{2}_[a-z0-9_]+\.sql)$")
 
 
 @dataclass(frozen=True)
@@ -96,42 +90,6 @@ def parse_args(argv: list[str] | None = None) -> Config:
     )
 
 
-Layer = tuple[list[layer_mod.Migration], list[layer_mod.Repeatable]]
-
-
-def baseline_layer(ref: str) -> Layer:
-    """The numbered and repeatable SQL files as of git ref ``ref`` of this repository (a ref from before the
-    repeatable files has none: its numbered files hold the functions)."""
-    root = os.path.dirname(common.HERE)
-    try:
-        names = subprocess.run(
-            ["git", "-C", root, "ls-tree", "-r", "--name-only", ref, "migrations/sql/"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.split()
-        found = []
-        repeatables = []
-        for name in names:
-            m = _FILE.match(name)
-            r = _REPEATABLE_FILE.match(name)
-            if not (m or r):
-                continue
-            sql = subprocess.run(
-                ["git", "-C", root, "show", f"{ref}:{name}"], check=True, capture_output=True, text=True
-            ).stdout
-            if m:
-                found.append(layer_mod.Migration(int(m.group(1)), m.group(2), sql))
-            elif r:
-                checksum = hashlib.sha256(sql.encode()).hexdigest()
-                repeatables.append(layer_mod.Repeatable(r.group(1), sql, checksum))
-    except (OSError, subprocess.CalledProcessError) as exc:
-        raise LayerError(f"cannot read the migrations of {ref!r}: {exc}") from exc
-    if not found:
-        raise LayerError(f"no migrations at {ref!r}")
-    return sorted(found, key=lambda m: m.version), sorted(repeatables, key=lambda r: r.name)
-
-
 class Plan:
     """The keys of every write: the session's own changes, and per variant and round the measured ones."""
 
@@ -157,9 +115,8 @@ class Plan:
                 fresh += cfg.batch
 
 
-async def build(dsn: str, cfg: Config, plan: Plan, files: Layer) -> None:
+async def build(dsn: str, cfg: Config, plan: Plan, files: common.Layer) -> None:
     conn = await asyncpg.connect(dsn)
-    saved = layer_mod.migrations, layer_mod.repeatables
     try:
         await common.create_items(conn, cfg.rows)
         if cfg.fk != "none":
@@ -169,24 +126,13 @@ async def build(dsn: str, cfg: Config, plan: Plan, files: Layer) -> None:
                 await conn.execute(f"INSERT INTO {schema}.grps SELECT generate_series(0, 999)")
                 ref = f"REFERENCES {schema}.grps (id){deferrable}"
                 await conn.execute(f"ALTER TABLE {schema}.items ADD FOREIGN KEY (grp) {ref}")
-        layer_mod.migrations = lambda: files[0]
-        layer_mod.repeatables = lambda: files[1]
-        await layer_mod.install_layer(conn, schemas=("public",))
+        with common.installed_layer(files):
+            await layer_mod.install_layer(conn, schemas=("public",))
         await common.write_other_sessions(conn, cfg.rows, 100, cfg.other_changes // 100)
         await common.write_session(conn, SESSION, plan.session_changes)
         await conn.execute("VACUUM ANALYZE")
     finally:
-        layer_mod.migrations, layer_mod.repeatables = saved
         await conn.close()
-
-
-def cpu_ns(pid: int) -> int | None:
-    """CPU time of a local backend so far (None: not on this machine or not readable)."""
-    try:
-        with open(f"/proc/{pid}/schedstat", encoding="ascii") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 Samples = dict[tuple[str, str], list[list[float]]]
@@ -203,7 +149,7 @@ async def measure(dsns: dict[str, str], cfg: Config, plan: Plan) -> tuple[Sample
             "SET search_path = plain" if v == "plain" else f"SELECT cow.use_session('{SESSION}')"
         )
         pids[v] = await conns[v].fetchval("SELECT pg_backend_pid()")
-    local = all(cpu_ns(pid) is not None for pid in pids.values())
+    local = all(common.cpu_ns(pid) is not None for pid in pids.values())
     samples: Samples = {(op, v): [] for op in OPS for v in VARIANTS}
     cpu: Samples = {(op, v): [] for op in OPS for v in VARIANTS} if local else {}
     try:
@@ -218,12 +164,12 @@ async def measure(dsns: dict[str, str], cfg: Config, plan: Plan) -> tuple[Sample
                     rng.shuffle(order)
                     for v in order:
                         key = plan.writes[(v, r)][op][i]
-                        c0 = cpu_ns(pids[v]) if local else 0
+                        c0 = common.cpu_ns(pids[v]) if local else 0
                         t1 = time.perf_counter()
                         await stmts[op][v].fetch(key)
                         times[v].append((time.perf_counter() - t1) * 1000)
                         if local:
-                            spent[v] += (cpu_ns(pids[v]) or 0) - (c0 or 0)
+                            spent[v] += (common.cpu_ns(pids[v]) or 0) - (c0 or 0)
                 if r:  # round 0 warms up (caches, plans, the trigger functions' compilation)
                     for v in VARIANTS:
                         samples[(op, v)].append(times[v])
@@ -278,12 +224,12 @@ def report(cfg: Config, samples: Samples, cpu: Samples, version: str) -> list[st
 async def main_async(cfg: Config) -> None:
     rng = random.Random(cfg.seed)
     plan = Plan(cfg, rng)
-    base = baseline_layer(cfg.baseline)
+    base = common.baseline_layer(cfg.baseline)
     with common.server(cfg.dsn, "256MB") as admin_dsn:
         names = [f"cowwrites_{os.getpid()}_{v}" for v in ("a", "b")]
         async with common.scratch_databases(admin_dsn, names, keep=cfg.keep) as (dsn_a, dsn_b):
             dsns = {"a": dsn_a, "b": dsn_b}
-            for v, files in (("a", base), ("b", (layer_mod.migrations(), layer_mod.repeatables()))):
+            for v, files in (("a", base), ("b", common.this_layer())):
                 t0 = time.perf_counter()
                 await build(dsns[v], cfg, plan, files)
                 common.log(

@@ -1,9 +1,11 @@
 """Cost of proxy.sql per statement, side by side with pglast's own calls, in one run.
 
-    .venv/bin/python bench/sql_analyze.py [--n 2000]
+    .venv/bin/python bench/sql_analyze.py [--n 2000] [--baseline REF]
 
 cold = a text the cache has not seen (a fresh literal each call); warm = the same text again. Each row is
-the best of 5 rounds of n/5 calls.
+the best of 5 rounds of n/5 calls. ``--baseline REF``: the same measurement of proxy.sql as of git ref REF
+(a temporary checkout of it, on the import path of an interpreter of its own) and of this checkout, in
+turns, 3 times each; each row is the best of the 3, with the ratio this / baseline.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -58,6 +61,9 @@ GROUP_BY_PK = (
     'SELECT "orders"."id", "orders"."name", COUNT("users"."id") AS "n" FROM "orders" LEFT OUTER JOIN "users" '
     'ON ("orders"."id" = "users"."order_id") WHERE "orders"."id" > {i} GROUP BY "orders"."id"'
 )
+# A statement with a word of the policy's (proxy/sql/policy.py FAST_PATH_WORDS): parsed, no longer fast.
+NEXTVAL = "SELECT nextval('orders_id_seq'), {i}"
+DO_BLOCK = "DO $$BEGIN UPDATE orders SET total = total + 1 WHERE id = {i}; END$$"
 GROUP_BY_OTHER = "SELECT u.kind, count(*) FROM users u WHERE u.id > {i} GROUP BY u.kind"
 PLAIN = "SELECT o.id, o.name, o.total FROM orders o WHERE o.id = {i} LIMIT 10"
 CATALOG_QUESTION = (
@@ -80,10 +86,7 @@ def per_call(fn: Callable[[int], object], n: int, repeat: int = 5) -> float:
     return best * 1e6
 
 
-def main() -> None:
-    args = argparse.ArgumentParser()
-    args.add_argument("--n", type=int, default=2000)
-    n = args.parse_args().n
+def measure(n: int) -> list[tuple[str, float]]:
     catalog = _catalog()
     rows: list[tuple[str, float]] = []
     for label, template in (
@@ -95,6 +98,8 @@ def main() -> None:
         ("INSERT ON CONFLICT (rewritten)", UPSERT),
         ("GROUP BY pk (rewritten)", GROUP_BY_PK),
         ("GROUP BY, no CoW table (JSON walk)", GROUP_BY_OTHER),
+        ("SELECT nextval (a policy word: parsed)", NEXTVAL),
+        ("DO block (PL/pgSQL walked)", DO_BLOCK),
     ):
         analyzer = Analyzer(cache_size=4 * n)
         rows.append(
@@ -129,8 +134,69 @@ def main() -> None:
         )
     )
     rows.append(("str.format only (baseline)", per_call(lambda i: SELECT.format(i=i), n)))
+    return rows
+
+
+def measure_checkout(path: str, n: int) -> list[tuple[str, float]]:
+    """This script's measurement in an interpreter whose ``proxy`` is the checkout at ``path``."""
+    env = {**os.environ, "PYTHONPATH": path}
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--n", str(n), "--json"],
+        cwd=path,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    found = json.loads(out)
+    if os.path.dirname(os.path.dirname(os.path.abspath(found["proxy"]))) != os.path.abspath(path):
+        raise SystemExit(f"bench/sql_analyze.py: measured {found['proxy']}, not the checkout {path}")
+    return [(label, value) for label, value in found["rows"]]
+
+
+def side_by_side(ref: str, n: int) -> None:
+    sys.path.insert(
+        0, _HERE
+    )  # only here (it takes the folder off again): its imports are not needed otherwise
+    import _common as common
+
+    runs: dict[str, list[list[tuple[str, float]]]] = {"baseline": [], "this": []}
+    with common.checkout(ref) as path:
+        for _ in range(3):
+            runs["baseline"].append(measure_checkout(path, n))
+            runs["this"].append(measure_checkout(common.ROOT, n))
+    best = {k: {label: min(r[i][1] for r in v) for i, (label, _) in enumerate(v[0])} for k, v in runs.items()}
+    width = max(len(label) for label in best["this"])
+    print(
+        f"{'call':<{width}}  {ref[:12]:>12}  {'this':>8}  this/base   µs/call (n={n}, best of 3 x 5 rounds)"
+    )
+    for label, value in best["this"].items():
+        base = best["baseline"].get(label)
+        cells = f"{base:12.1f}  {value:8.1f}  {value / base:9.2f}" if base else f"{'–':>12}  {value:8.1f}"
+        print(f"{label:<{width}}  {cells}")
+
+
+def main() -> None:
+    args = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    args.add_argument("--n", type=int, default=2000)
+    args.add_argument("--baseline", default=None, help="git ref to measure side by side with this checkout")
+    args.add_argument(
+        "--json", action="store_true", help=argparse.SUPPRESS
+    )  # one checkout's rows, for --baseline
+    a = args.parse_args()
+    if a.n < 5:
+        args.error("--n must be at least 5")
+    if a.baseline:
+        side_by_side(a.baseline, a.n)
+        return
+    rows = measure(a.n)
+    if a.json:
+        import proxy
+
+        print(json.dumps({"proxy": proxy.__file__, "rows": rows}))
+        return
     width = max(len(r[0]) for r in rows)
-    print(f"{'call':<{width}}  µs/call   (n={n}, best of 5 rounds)")
+    print(f"{'call':<{width}}  µs/call   (n={a.n}, best of 5 rounds)")
     for label, value in rows:
         print(f"{label:<{width}}  {value:8.1f}")
 
