@@ -1,4 +1,5 @@
-"""``cowproxy install|uninstall|status|secret``, ``cowproxy session create|list|show|diff|discard|commit``."""
+"""``cowproxy install|uninstall|status|secret``,
+``cowproxy session create|list|show|diff|reads|discard|commit``."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from migrations.binding import (
 )
 from migrations.errors import LayerError
 from migrations.layer import install_layer, uninstall_layer
+from migrations.reads import session_reads
 from migrations.sessions import (
     KINDS,
     commit_session,
@@ -110,6 +112,20 @@ def register(sub: Any, session_sub: Any) -> None:
     p.add_argument("session")
     p.set_defaults(func=cmd_session_diff)
 
+    _register_reads(session_sub)
+    _register_closing(session_sub)
+
+
+def _register_reads(session_sub: Any) -> None:
+    p = session_sub.add_parser("reads", help="what each operation read (recorded by serve --reads-dsn)")
+    add_dsn(p)
+    add_format(p)
+    p.add_argument("session")
+    p.set_defaults(func=cmd_session_reads)
+
+
+def _register_closing(session_sub: Any) -> None:
+    """``session discard`` and ``commit``: what ends a session."""
     p = session_sub.add_parser("discard", help="drop a session's changes")
     add_dsn(p)
     p.add_argument("session")
@@ -397,6 +413,25 @@ def cmd_session_diff(args: argparse.Namespace) -> int:
                 else ""
             )
             print(f"  {r.action:<6} {r.table} ({key}) {detail}".rstrip())
+    return 0
+
+
+def cmd_session_reads(args: argparse.Namespace) -> int:
+    trace = _with_conn(args, lambda c: session_reads(c, args.session))
+    if args.format == "json":
+        _print_json(trace.as_json())
+        return 0
+    if not trace.operations:
+        print(f"session {trace.session_id}: no reads recorded (the proxy records them with --reads-dsn)")
+    for op in trace.operations:
+        print(
+            f"operation {op.operation_id or '(none)'}: {len(op.reads)} statements, {op.rows} rows, "
+            f"{op.repeated} repeated; tables {', '.join(op.relations) or '-'}"
+        )
+        for r in op.reads:
+            rows = "?" if r.rows is None else str(r.rows)
+            text = " ".join(r.statement.split())
+            print(f"  {rows:>6} rows {r.duration_us / 1000:8.2f} ms  {text[:100]}")
     return 0
 
 

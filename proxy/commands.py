@@ -82,6 +82,15 @@ def register(sub: Any, session_sub: Any) -> None:
         "catalog, system, statement; docs/proxy.md)",
     )
     serve.add_argument(
+        "--reads-dsn",
+        metavar="DSN",
+        help="record the reads of tagged sessions into cow.reads (the DSN's host and role, each client's "
+        "database); tagged connections then stay on the Python relay (docs/proxy.md, read traces)",
+    )
+    serve.add_argument(
+        "--reads-queue", type=int, metavar="N", help="reads waiting to be written before more are dropped"
+    )
+    serve.add_argument(
         "--workers",
         type=int,
         help="processes sharing the listen port (SO_REUSEPORT); worker i has metrics and admin on PORT + i",
@@ -170,6 +179,8 @@ def _serve(args: argparse.Namespace) -> int:
         "state_dsn": args.state_dsn,
         "session_allow": args.session_allow,
         "bind_secret_file": args.bind_secret_file,
+        "reads_dsn": args.reads_dsn,
+        "reads_queue": args.reads_queue,
     }
     config = build_config(flags, args.config)
     setup_logging(config.log_format, config.log_level)
@@ -190,6 +201,7 @@ def _serve_workers(config: Any, runner: Any) -> int:
     """Fork ``config.workers`` processes, each a whole proxy on the same listen port (the kernel spreads
     connections over them) with its metrics and admin API on PORT + its index; forward SIGTERM/SIGINT to
     them and wait. A worker that fails stops the others."""
+
     def shifted(address: Any, i: int) -> Any:
         return None if address is None else replace(address, port=address.port + i)
 

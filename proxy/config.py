@@ -77,6 +77,10 @@ class ProxyConfig:
     state_dsn: str | None = None  # where routes are shared by workers and replicas (cow.proxy_routes)
     session_allow: Policy = DEFAULT_POLICY  # rules lifted for tagged connections (proxy/sql/policy.py)
     bind_secret_file: str | None = None  # where the layer's binding secret is (else env COW_BIND_SECRET)
+    # Read traces (proxy/reads.py): recorded into cow.reads of each client's database, through connections
+    # made with this DSN's host and role (the database replaced); None: no recording.
+    reads_dsn: str | None = None
+    reads_queue: int = 10_000  # records waiting to be written; more are dropped (and counted)
     # The secret itself, read once at startup (never from the TOML or a flag: it would show in ps and files).
     bind_secret: str | None = field(default=None, repr=False)
 
@@ -133,9 +137,10 @@ def build_config(  # noqa: C901 - to be split into named steps
             _check_readable(name, values[name])
     _check_workers(values)
     _check_sessions(values, os.environ if environ is None else environ)
-    if values.get("state_dsn") is not None and not isinstance(values["state_dsn"], str):
-        raise ConfigError("state_dsn: expected a connection string")
-    for name in ("max_message_size", "parse_cache_size"):
+    for name in ("state_dsn", "reads_dsn"):
+        if values.get(name) is not None and not isinstance(values[name], str):
+            raise ConfigError(f"{name}: expected a connection string")
+    for name in ("max_message_size", "parse_cache_size", "reads_queue"):
         if name in values and (not isinstance(values[name], int) or values[name] < 1):
             raise ConfigError(f"{name} must be a positive integer")
     if "fast_relay" in values and not isinstance(values["fast_relay"], bool):

@@ -20,6 +20,7 @@ from proxy.tags import Tags
 
 if TYPE_CHECKING:
     from proxy.fastrelay import FastCounts
+    from proxy.reads import ReadRecorder
 
 LATENCY_BUCKETS = (
     0.0001,
@@ -58,6 +59,7 @@ class Metrics:
         self.latency_sum = 0.0
         self._states: Callable[[], Iterable[tuple[str, str]]] = lambda: ()
         self._fast: Callable[[], FastCounts | None] = lambda: None
+        self.reads: ReadRecorder | None = None  # set when read traces are recorded (--reads-dsn)
         self.registry.register(_Collector(self))
 
     def watch_connections(self, states: Callable[[], Iterable[tuple[str, str]]]) -> None:
@@ -170,6 +172,25 @@ class _Collector(Collector):
             buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
         latency.add_metric([], buckets, latency_sum)
         yield latency
+        yield from _read_metrics(m.reads)
+
+
+def _read_metrics(reads: ReadRecorder | None) -> Iterator[Metric]:
+    """The read traces' counters (zero when nothing is recorded: the series exist for dashboards)."""
+    recorded = CounterMetricFamily("cowproxy_reads_recorded", "Read records written to cow.reads")
+    recorded.add_metric([], reads.recorded if reads is not None else 0)
+    yield recorded
+    dropped = CounterMetricFamily(
+        "cowproxy_reads_dropped",
+        "Read records dropped: queue full (the relay never waits), write failed, or left at shutdown",
+        labels=["reason"],
+    )
+    for reason in ("queue_full", "write_failed", "shutdown"):
+        dropped.add_metric([reason], reads.dropped.get(reason, 0) if reads is not None else 0)
+    yield dropped
+    queued = GaugeMetricFamily("cowproxy_reads_queued", "Read records waiting to be written")
+    queued.add_metric([], reads.queue.qsize() if reads is not None else 0)
+    yield queued
 
 
 class ConnectionHooks:

@@ -119,6 +119,17 @@ class Entry:
     copy_epoch: int = 0  # the client's CopyDone/CopyFail count when it was sent (see Relay._copy_started)
     rewritten: bool = False  # a Query or Parse sent with the analysis' SQL instead of the client's
     promoted: str | None = None  # a Bind or Describe sent to this proxy-owned statement (Relay._promote)
+    read: PendingRead | None = None  # a tagged session's read to report when its CommandComplete comes
+
+
+@dataclass(frozen=True, slots=True)
+class PendingRead:
+    """A read statement of a tagged session on its way (see ``Relay.reads``)."""
+
+    sql: str
+    session: str
+    operation: str | None
+    params: bytes | None
 
 
 class Hooks(Protocol):
@@ -169,6 +180,7 @@ Known = tuple[bytes, int, int, bool, tuple[int, ...]]
 class Statement:
     tags: Tags | None  # comment tags of its text
     verdict: Analysis
+    sql: str | None = None  # its text, kept only while reads are recorded
 
 
 @dataclass
@@ -199,6 +211,7 @@ class Relay:
         *,
         catalogs: CatalogStore | None = None,
         bind_secret: str | None = None,
+        reads: Callable[[PendingRead, int | None, float], None] | None = None,
     ) -> None:
         self.analysis = analysis
         self.catalogs = catalogs or private_store()  # the catalog read by other connections (same database)
@@ -210,6 +223,10 @@ class Relay:
         # it), or, without a secret, cow.use_session (the GUCs only).
         self.bind_secret = bind_secret
         self.join_sql = USE_SESSION_SQL if bind_secret is None else BIND_SESSION_SQL
+        # Read traces (proxy/reads.py): called with each read of a tagged session as it ends (its row
+        # count from CommandComplete, its duration in seconds); None: not recorded.
+        self.reads = reads
+        self._bind_params: dict[str, bytes] = {}  # portal -> its Bind's parameters, while reads are recorded
         self.to_server: list[bytes] = []
         self.to_client: list[bytes] = []
         self.status = "I"  # transaction status of the last ReadyForQuery
@@ -342,6 +359,8 @@ class Relay:
         elif kind == b"C":
             close = p.decode_close(frame.body)
             (self.statements if close.kind == "S" else self.portals).pop(close.name, None)
+            if close.kind != "S":
+                self._bind_params.pop(close.name, None)
             if close.kind == "S" and not close.name:
                 self.unnamed_alias = None
             self._extended(Entry(Kind.CLOSE), frame.raw)
@@ -492,7 +511,11 @@ class Relay:
             self._decide(b"Q", query.sql, verdict)
         self._push(
             Entry(
-                Kind.QUERY, tag_map=verdict.tag_map, started=time.perf_counter(), rewritten=sent is not None
+                Kind.QUERY,
+                tag_map=verdict.tag_map,
+                started=time.perf_counter(),
+                rewritten=sent is not None,
+                read=self._pending_read(tags, verdict, query.sql, None),
             )
         )
         if sent is not None:
@@ -515,7 +538,9 @@ class Relay:
             if other.rewritten is None:
                 self._decide(b"P", parse.sql, verdict)
         comment = self._comment_tags(parse.sql)
-        self.statements[parse.name] = Statement(comment if isinstance(comment, Tags) else None, verdict)
+        self.statements[parse.name] = Statement(
+            comment if isinstance(comment, Tags) else None, verdict, parse.sql if self.reads else None
+        )
         sent = verdict.rewritten if tags.tagged else None
         self._forget_unnamed(frame.body, unnamed=not parse.name)
         if (
@@ -548,6 +573,9 @@ class Relay:
             self.txn_tags = tags  # (as _prepare does: a Bind may start a transaction)
         if statement is not None:
             self.portals[bind.portal] = statement
+            if self.reads is not None and statement.sql is not None:
+                # The parameters (after the portal's name): with the text, the identity of the read.
+                self._bind_params[bind.portal] = frame.body[frame.body.index(0) + 1 :]
         alias = self.unnamed_alias
         if alias is not None and not bind.statement:
             self._extended(
@@ -653,13 +681,36 @@ class Relay:
         execute = p.decode_execute(frame.body)
         statement = self.portals.get(execute.portal)
         tag_map = None
+        read = None
         if statement is not None:
             verdict = statement.verdict
             self.hooks.statement(verdict.kind, self.txn_tags.tagged)
             for table, kind in verdict.writes:
                 self.hooks.write(table, kind)
             tag_map = verdict.tag_map if self.txn_tags.tagged else None
-        self._extended(Entry(Kind.EXECUTE, tag_map=tag_map), frame.raw)
+            if statement.sql is not None:
+                params = self._bind_params.get(execute.portal)
+                read = self._pending_read(self.txn_tags, verdict, statement.sql, params)
+        entry = Entry(Kind.EXECUTE, tag_map=tag_map, read=read)
+        if read is not None:
+            entry.started = time.perf_counter()
+        self._extended(entry, frame.raw)
+
+    def _pending_read(
+        self, tags: Tags, verdict: Analysis, sql: str, params: bytes | None
+    ) -> PendingRead | None:
+        """What to report of a statement when it ends: reads (no writes) of a tagged session, if recorded."""
+        if self.reads is None or tags.session is None or verdict.kind != "select" or verdict.writes:
+            return None
+        return PendingRead(sql, tags.session, tags.operation, params)
+
+    def _read_done(self, entry: Entry, tag: str) -> None:
+        read = entry.read
+        assert read is not None and self.reads is not None
+        entry.read = None  # (a simple query's entry waits on for ReadyForQuery)
+        command, _, count = tag.partition(" ")
+        rows = int(count) if command == "SELECT" and count.isdigit() else None
+        self.reads(read, rows, time.perf_counter() - entry.started)
 
     def _refuse(self, trigger: bytes, error: bytes) -> None:
         """Send a failing statement in place of the client's, and report ``error`` for it."""
@@ -1040,7 +1091,7 @@ class Relay:
             if statement is None:
                 # Tagged: a text C took by its decision, whose verdict was not a rewrite in either form.
                 verdict = self.analysis.analyze(text.decode(), self.catalog, tagged, prepared=True)
-                statement = made[text] = Statement(None, verdict)
+                statement = made[text] = Statement(None, verdict, text.decode() if self.reads else None)
             return statement
 
         self.statements = {name.decode(): resolve(i, text) for name, i, text in statements}
@@ -1078,7 +1129,12 @@ class Relay:
         # The common reply: everything up to one ReadyForQuery, for one plain query or batch. Walk the
         # headers to make sure there is no other ReadyForQuery and no ErrorResponse (counted by _error).
         head = pending[0]
-        if head.kind not in _ENDS_WITH_READY or head.injected or head.tag_map is not None:
+        if (
+            head.kind not in _ENDS_WITH_READY
+            or head.injected
+            or head.tag_map is not None
+            or head.read is not None
+        ):
             return False
         pos, end = 0, len(data) - 6
         while pos < end:
@@ -1100,7 +1156,9 @@ class Relay:
             return p.BODY
         if self.pending:
             head = self.pending[0]
-            if head.injected or head.on_done is not None or (kind == _C and head.tag_map is not None):
+            if head.injected or head.on_done is not None:
+                return p.BODY
+            if kind == _C and (head.tag_map is not None or head.read is not None):
                 return p.BODY
         return p.PASS
 
@@ -1147,6 +1205,10 @@ class Relay:
             mapped = self.analysis.map_tag(tag, head.tag_map)
             if mapped != tag:
                 raw = p.encode_command_complete(mapped)
+            if head.read is not None:
+                self._read_done(head, mapped)
+        elif kind == _C and head.read is not None:
+            self._read_done(head, p.decode_command_tag(body))
         kinds = _TERMINATOR.get(kind)
         if kinds is not None and head.kind in kinds:
             self.pending.popleft()

@@ -31,6 +31,7 @@ from proxy.errors import PolicyError, ProtocolError, ProxyError, TagError
 from proxy.fastrelay import UNAVAILABLE as FAST_RELAY_UNAVAILABLE
 from proxy.fastrelay import FastCounts, FastRelay, Handback
 from proxy.metrics import ConnectionHooks, Metrics
+from proxy.reads import ReadRecorder
 from proxy.relay import Relay, Statement
 from proxy.shared import SharedRoutes
 from proxy.tags import Tags, check_id, read_startup_tags
@@ -414,6 +415,7 @@ class ClientConnection(asyncio.Protocol):
             self.config.max_message_size,
             catalogs=server.catalogs.store(database, self.user),
             bind_secret=self.config.bind_secret,
+            reads=None if server.reads is None else server.reads.for_connection(database, self._catalog),
         )
         self.state = State.READY
         if rest:
@@ -421,6 +423,9 @@ class ClientConnection(asyncio.Protocol):
         self._process_client()
         if self.fast_ok:
             self.try_fast()
+
+    def _catalog(self) -> Any:
+        return self.relay.catalog if self.relay is not None else None
 
     def _after_server(self) -> None:
         relay = self.relay
@@ -474,6 +479,8 @@ class ClientConnection(asyncio.Protocol):
             return
         # In a session (startup tags or the database's route) C takes only the texts Python has decided on.
         tagged = relay.txn_tags.tagged
+        if tagged and relay.reads is not None:
+            return  # its reads are recorded: C sees no CommandComplete tags (proxy/reads.py)
         statements, portals, self._fast_statements = relay.export_statements(fast.kind_index, fast.slots)
         decisions = relay.export_decisions(fast.kind_index, fast.slots) if tagged else []
         client.pause_reading()
@@ -815,6 +822,9 @@ class ProxyServer:
         self._tasks: set[asyncio.Future[None]] = set()
         self.fast: FastRelay | None = None  # started with the listener
         self.shared_routes: SharedRoutes | None = None  # routes kept in the database (config.state_dsn)
+        # Read traces (config.reads_dsn): the recorder the relays of tagged connections report reads to.
+        self.reads = ReadRecorder(config.reads_dsn, config.reads_queue) if config.reads_dsn else None
+        self.metrics.reads = self.reads
         self.metrics.watch_connections(self._connection_states)
         self.metrics.watch_fast(self._fast_counts)
 
@@ -859,6 +869,8 @@ class ProxyServer:
         except OSError as exc:
             raise ProxyError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
         self._start_fast(loop)
+        if self.reads is not None:
+            self.reads.start()
         if self.config.state_dsn is not None:
             self.shared_routes = SharedRoutes(self.config.state_dsn, self._apply_routes)
             try:
@@ -1049,6 +1061,8 @@ class ProxyServer:
         self._stop_fast()
         if self.shared_routes is not None:
             await self.shared_routes.close()
+        if self.reads is not None:
+            await self.reads.close()  # flushes what the relays queued
         if self._server is not None:
             await self._server.wait_closed()
         path = self.config.listen.unix_path

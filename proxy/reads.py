@@ -1,0 +1,294 @@
+"""Read traces: what each tagged operation reads, recorded into ``cow.reads`` without slowing the relay.
+
+With ``cowproxy serve --reads-dsn DSN`` the relay hands a ``ReadRecord`` to ``ReadRecorder.offer`` for each
+read statement of a tagged session when its CommandComplete arrives (a SELECT with no writes: its rows from
+``SELECT n``). ``offer`` never waits: it puts the record in a bounded queue, and when the queue is full it
+drops the record and counts it (``cowproxy_reads_dropped_total``). A writer task of the recorder empties the
+queue in batches, one COPY per batch and database, on connections of its own (the DSN's host and role, the
+database of the client connection the record came from), and describes each statement there, off the
+reply path: its normalised fingerprint (pglast's, constants stripped), the CoW tables it names (from the
+JSON parse tree, resolved through the connection's catalog) and its identity (text and bound parameters).
+``close`` flushes what is queued. Connections whose session is recorded stay on the Python relay (the C
+relay does not see CommandComplete tags); docs/proxy.md, "Read traces".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+from pglast.parser import ParseError, fingerprint, parse_sql_json
+
+from proxy.relay import PendingRead
+from proxy.sql.catalog import Catalog
+from proxy.tags import strip_edge_comments
+
+log = logging.getLogger("cowproxy")
+
+DEFAULT_QUEUE = 10_000  # records waiting for the writer; beyond this they are dropped (and counted)
+BATCH = 1000  # records per COPY
+MAX_TEXT = 4000  # characters of a statement's text kept
+COLUMNS = (
+    "session",
+    "operation",
+    "at",
+    "fingerprint",
+    "statement",
+    "identity",
+    "relations",
+    "rows",
+    "duration_us",
+)
+_CACHE = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRecord:
+    """One read statement of a tagged session, as the relay saw it end."""
+
+    database: str
+    session: str
+    operation: str | None
+    sql: str  # the client's text (not the proxy's rewrite)
+    params: bytes | None  # the Bind message's parameters (extended protocol), None for a simple query
+    rows: int | None  # from CommandComplete ``SELECT n``
+    ended: float  # time.time() when it ended
+    duration_us: int
+    catalog: Catalog | None = field(default=None, compare=False, repr=False)  # resolves the tables read
+
+
+@dataclass(frozen=True, slots=True)
+class ReadShape:
+    """What the text of a read says: its normalised fingerprint and the CoW tables it names."""
+
+    fingerprint: str
+    relations: tuple[str, ...]
+
+
+def _range_vars(tree: Any) -> Iterator[tuple[str | None, str]]:
+    """(schema, name) of every relation the JSON parse tree names, CTE references included."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(reversed(node))  # (reversed: popped in the text's order)
+        elif isinstance(node, dict):
+            rv = node.get("RangeVar")
+            if isinstance(rv, dict) and isinstance(rv.get("relname"), str):
+                yield rv.get("schemaname"), rv["relname"]
+            stack.extend(reversed(node.values()))
+
+
+def _cte_names(tree: Any) -> set[str]:
+    names: set[str] = set()
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            cte = node.get("CommonTableExpr")
+            if isinstance(cte, dict) and isinstance(cte.get("ctename"), str):
+                names.add(cte["ctename"])
+            stack.extend(node.values())
+    return names
+
+
+def describe_read(sql: str, catalog: Catalog | None) -> ReadShape:
+    """The fingerprint and CoW tables (``schema.table``, in first-mention order) of a read's text."""
+    try:
+        tree = json.loads(parse_sql_json(sql))
+        print_ = fingerprint(sql)
+    except ParseError:  # (the server ran it: only a text pglast's grammar lags behind on)
+        return ReadShape("text:" + hashlib.blake2b(sql.encode(), digest_size=8).hexdigest(), ())
+    if catalog is None or not catalog.has_cow_tables:
+        return ReadShape(print_, ())
+    ctes = _cte_names(tree)
+    found: dict[str, None] = {}
+    for schema, name in _range_vars(tree):
+        if schema is None and name in ctes:
+            continue  # a CTE's name shadows a table's
+        table = catalog.lookup(schema, name)
+        if table is not None:
+            found[table.qualified] = None
+    return ReadShape(print_, tuple(found))
+
+
+def identity(sql: str, params: bytes | None) -> str:
+    """Equal for the same text with the same bound parameters: a repeated identical read."""
+    digest = hashlib.blake2b(sql.encode(), digest_size=8)
+    if params is not None:
+        digest.update(b"\0")
+        digest.update(params)
+    return digest.hexdigest()
+
+
+class _Shapes:
+    """``describe_read`` with an LRU cache by (text, catalog): agents repeat their reads."""
+
+    def __init__(self, size: int = _CACHE) -> None:
+        self.size = size
+        self._cache: OrderedDict[tuple[str, int], ReadShape] = OrderedDict()
+
+    def get(self, sql: str, catalog: Catalog | None) -> ReadShape:
+        key = (sql, catalog.ident if catalog is not None else 0)
+        shape = self._cache.get(key)
+        if shape is None:
+            shape = self._cache[key] = describe_read(sql, catalog)
+            if len(self._cache) > self.size:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return shape
+
+
+def record_row(record: ReadRecord, shape: ReadShape) -> tuple[Any, ...]:
+    """The ``cow.reads`` row (``COLUMNS``) of a record."""
+    text = strip_edge_comments(record.sql).strip()
+    started = record.ended - record.duration_us / 1e6
+    return (
+        record.session,
+        record.operation,
+        datetime.fromtimestamp(started, UTC),
+        shape.fingerprint,
+        text[:MAX_TEXT],
+        identity(text, record.params),
+        list(shape.relations),
+        record.rows,
+        record.duration_us,
+    )
+
+
+class ReadRecorder:
+    """The bounded queue between the relay and ``cow.reads``, and the task that writes it."""
+
+    def __init__(self, dsn: str, queue_size: int = DEFAULT_QUEUE, timeout: float = 10.0) -> None:
+        self.dsn = dsn
+        self.timeout = timeout
+        self.queue: asyncio.Queue[ReadRecord] = asyncio.Queue(queue_size)
+        self.recorded = 0
+        self.dropped: dict[str, int] = {"queue_full": 0, "write_failed": 0, "shutdown": 0}
+        self._conns: dict[str, Any] = {}
+        self._shapes = _Shapes()
+        self._task: asyncio.Task[None] | None = None
+        self._busy = False
+        self._failing: set[str] = set()  # databases whose last write failed (logged once per streak)
+
+    def offer(self, record: ReadRecord) -> None:
+        """Called by the relay: queue the record, or drop and count it. Never waits."""
+        try:
+            self.queue.put_nowait(record)
+        except asyncio.QueueFull:
+            self.dropped["queue_full"] += 1
+
+    def for_connection(
+        self, database: str, catalog: Callable[[], Catalog | None]
+    ) -> Callable[[PendingRead, int | None, float], None]:
+        """The relay's ``reads`` callback for one client connection to ``database``."""
+        offer = self.offer
+
+        def ended(read: PendingRead, rows: int | None, seconds: float) -> None:
+            offer(
+                ReadRecord(
+                    database,
+                    read.session,
+                    read.operation,
+                    read.sql,
+                    read.params,
+                    rows,
+                    time.time(),
+                    int(seconds * 1e6),
+                    catalog(),
+                )
+            )
+
+        return ended
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        queue = self.queue
+        while True:
+            batch = [await queue.get()]
+            self._busy = True
+            try:
+                while len(batch) < BATCH and not queue.empty():
+                    batch.append(queue.get_nowait())
+                await self._write(batch)
+            except Exception as exc:
+                self.dropped["write_failed"] += len(batch)
+                log.warning("event=reads_write_failed records=%d error=%r", len(batch), str(exc))
+            finally:
+                self._busy = False
+
+    async def _write(self, batch: list[ReadRecord]) -> None:
+        by_database: dict[str, list[ReadRecord]] = {}
+        for record in batch:
+            by_database.setdefault(record.database, []).append(record)
+        for database, records in by_database.items():
+            rows = [record_row(r, self._shapes.get(r.sql, r.catalog)) for r in records]
+            try:
+                conn = await self._connection(database)
+                await conn.copy_records_to_table("reads", schema_name="cow", columns=COLUMNS, records=rows)
+            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                self.dropped["write_failed"] += len(rows)
+                await self._forget(database)
+                if database not in self._failing:
+                    self._failing.add(database)
+                    log.warning(
+                        "event=reads_write_failed database=%s records=%d error=%r",
+                        database,
+                        len(rows),
+                        str(exc),
+                    )
+                continue
+            self._failing.discard(database)
+            self.recorded += len(rows)
+
+    async def _connection(self, database: str) -> Any:
+        conn = self._conns.get(database)
+        if conn is None or conn.is_closed():
+            async with asyncio.timeout(self.timeout):
+                conn = await asyncpg.connect(self.dsn, database=database, timeout=self.timeout)
+            self._conns[database] = conn
+        return conn
+
+    async def _forget(self, database: str) -> None:
+        conn = self._conns.pop(database, None)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.terminate()
+
+    async def flush(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+        """Wait until every queued record is written (or dropped), up to ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while (not self.queue.empty() or self._busy) and time.monotonic() < deadline:
+            if self._task is None or self._task.done():
+                break
+            await asyncio.sleep(0.01)
+
+    async def close(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+        """Flush, then stop the writer and close its connections."""
+        await self.flush(timeout)
+        self.dropped["shutdown"] += self.queue.qsize()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for database in list(self._conns):
+            conn = self._conns.pop(database)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), 2)

@@ -1,0 +1,198 @@
+"""Read traces (``cowproxy serve --reads-dsn``): what tagged sessions read lands in ``cow.reads`` through a
+real proxy, per operation; a full queue drops and counts and never holds up the relay; the trace goes with
+the session; ``cowproxy session reads`` lists it."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.fix_db import PgServer
+from tests.fix_proxy import RunningProxy, run_proxy
+from tests.layer.test_cli import cli, one_error_line
+from tests.proxy.test_fast_relay import listed, scrape
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def recording(pg_server: PgServer) -> Iterator[RunningProxy]:
+    """A proxy with the C relay on (tagged sessions must still be recorded) that records reads."""
+    with run_proxy(pg_server, reads_dsn=pg_server.dsn) as running:
+        yield running
+
+
+def tagged(proxy: RunningProxy, db: str, session: str, operation: str | None = None) -> str:
+    options = f"-c%20cow.session_id%3D{session}"
+    if operation is not None:
+        options += f"%20-c%20cow.operation_id%3D{operation}"
+    return proxy.dsn(db, options=options)
+
+
+def flush(proxy: RunningProxy) -> None:
+    assert proxy.server.reads is not None
+    proxy.call(proxy.server.reads.flush(10))
+
+
+def reads(db: str, session: str) -> list[dict[str, Any]]:
+    with psycopg.connect(db, autocommit=True) as conn:
+        cur = conn.execute(
+            "SELECT operation, fingerprint, statement, identity, relations, rows, duration_us"
+            " FROM cow.reads WHERE session = %s ORDER BY seq",
+            (session,),
+        )
+        names = [d.name for d in cur.description or ()]
+        return [dict(zip(names, row, strict=True)) for row in cur]
+
+
+def test_reads_are_recorded_per_operation(recording: RunningProxy, layer_db: str) -> None:
+    with psycopg.connect(tagged(recording, layer_db, "s1", "op1"), autocommit=True) as conn:
+        # Extended protocol, bound parameters: two lookups with different keys, one repeated.
+        for key in (1, 2, 1):
+            assert conn.execute("SELECT name FROM customers WHERE id = %s", (key,)).fetchone() is not None
+        conn.execute("INSERT INTO customers (email, name) VALUES ('new@x', 'N')")  # a write: not a read
+        # Simple query protocol, a join of two CoW tables, the operation switched by a comment.
+        cur = psycopg.ClientCursor(conn)
+        cur.execute(
+            "/*cow_operation='op2'*/ SELECT c.name, o.qty"
+            " FROM customers c JOIN orders o ON o.customer_id = c.id"
+        )
+        assert len(cur.fetchall()) == 4
+        cur.execute("SELECT count(*) FROM customers")  # (op1 again: the comment tagged one statement)
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            conn.execute("SELECT * FROM nope")  # failed: nothing read
+        assert listed(recording)[0]["relay"] == "python"  # recorded sessions stay off the C relay
+    flush(recording)
+    got = reads(layer_db, "s1")
+    assert [(r["operation"], r["rows"], r["relations"]) for r in got] == [
+        ("op1", 1, ["public.customers"]),
+        ("op1", 1, ["public.customers"]),
+        ("op1", 1, ["public.customers"]),
+        ("op2", 4, ["public.customers", "public.orders"]),
+        ("op1", 1, ["public.customers"]),
+    ]
+    lookups = got[:3]
+    assert len({r["fingerprint"] for r in lookups}) == 1  # one normalised statement
+    assert lookups[0]["identity"] == lookups[2]["identity"] != lookups[1]["identity"]  # key 1 twice
+    assert got[3]["statement"].startswith("SELECT c.name")  # the tag comment stripped
+    assert all(r["duration_us"] > 0 for r in got)
+
+
+def test_untagged_traffic_and_a_proxy_without_recording_record_nothing(
+    pg_server: PgServer, recording: RunningProxy, layer_db: str
+) -> None:
+    with psycopg.connect(recording.dsn(layer_db), autocommit=True) as conn:
+        conn.execute("SELECT * FROM customers").fetchall()
+    with (
+        run_proxy(pg_server) as plain,
+        psycopg.connect(tagged(plain, layer_db, "s2", "op1"), autocommit=True) as conn,
+    ):
+        conn.execute("SELECT * FROM customers").fetchall()
+        assert plain.server.reads is None
+    flush(recording)
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM cow.reads").fetchone() == (0,)
+
+
+class _Silent:
+    """A TCP port that accepts and never answers: a reads database that hangs the writer."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.accepted: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.accepted:
+            conn.close()
+
+
+def test_a_full_queue_drops_and_counts_without_holding_the_relay(pg_server: PgServer, layer_db: str) -> None:
+    silent = _Silent()
+    try:
+        with run_proxy(
+            pg_server, reads_dsn=f"postgresql://postgres@127.0.0.1:{silent.port}/x", reads_queue=2
+        ) as proxy:
+            assert proxy.server.reads is not None
+            proxy.server.reads.timeout = 1.5  # the writer's connect waits this long, then gives up
+            started = time.monotonic()
+            with psycopg.connect(tagged(proxy, layer_db, "s3", "op1"), autocommit=True) as conn:
+                for i in range(30):
+                    conn.execute("SELECT name FROM customers WHERE id = %s", (i % 3 + 1,)).fetchone()
+            assert time.monotonic() - started < 1.5  # the relay never waited for the stuck writer
+            samples = scrape(proxy)
+            # One record taken by the writer (stuck connecting), two queued, the other 27 dropped.
+            assert samples['cowproxy_reads_dropped_total{reason="queue_full"}'] == 27
+            assert samples["cowproxy_reads_queued"] == 2
+            proxy.call(proxy.server.reads.flush(5))
+            samples = scrape(proxy)
+            assert samples['cowproxy_reads_dropped_total{reason="write_failed"}'] == 3
+            assert samples["cowproxy_reads_recorded_total"] == 0
+    finally:
+        silent.close()
+
+
+def test_a_database_without_the_trace_table_counts_failed_writes(
+    recording: RunningProxy, layer_db: str, create_database: Any, layer_template: str
+) -> None:
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.execute("DROP TABLE cow.reads")  # (a layer from before migration 50, as far as the writer sees)
+    with psycopg.connect(tagged(recording, layer_db, "s4", "op1"), autocommit=True) as conn:
+        conn.execute("SELECT 1").fetchone()
+        conn.execute("SELECT 2").fetchone()
+    flush(recording)
+    samples = scrape(recording)
+    assert samples['cowproxy_reads_dropped_total{reason="write_failed"}'] == 2
+    # The writer lives on: another database's reads are written.
+    other = create_database(template=layer_template)
+    with psycopg.connect(tagged(recording, other, "s4", "op1"), autocommit=True) as conn:
+        conn.execute("SELECT 1").fetchone()
+    flush(recording)
+    assert recording.server.reads is not None and recording.server.reads.recorded == 1
+    assert len(reads(other, "s4")) == 1
+
+
+def test_the_trace_goes_with_the_session_and_the_cli_lists_it(recording: RunningProxy, layer_db: str) -> None:
+    with psycopg.connect(tagged(recording, layer_db, "s5", "lookup"), autocommit=True) as conn:
+        conn.execute("SELECT * FROM customers WHERE tier = %s", ("basic",)).fetchall()
+        conn.execute("SELECT * FROM customers WHERE tier = %s", ("basic",)).fetchall()
+        conn.execute("/*cow_operation='edit'*/ UPDATE customers SET score = 1 WHERE id = 2")
+        conn.execute("/*cow_operation='edit'*/ SELECT * FROM orders").fetchall()
+    flush(recording)
+    out = cli("session", "reads", "s5", "--format", "json", dsn=layer_db)
+    assert out.returncode == 0, out.stderr
+    trace = json.loads(out.stdout)
+    ops = {o["operation_id"]: o for o in trace["operations"]}
+    assert ops["lookup"]["statements"] == 2 and ops["lookup"]["repeated"] == 1
+    assert ops["lookup"]["rows"] == 2 + 2 and ops["lookup"]["relations"] == ["public.customers"]
+    assert ops["edit"]["statements"] == 1 and ops["edit"]["rows"] == 4
+    assert ops["edit"]["relations"] == ["public.orders"]
+    assert trace["statements"] == 3
+    text = cli("session", "reads", "s5", dsn=layer_db)
+    assert text.returncode == 0
+    assert "operation lookup: 2 statements, 4 rows, 1 repeated; tables public.customers" in text.stdout
+    one_error_line(cli("session", "reads", "nobody", dsn=layer_db), "unknown session nobody")
+    one_error_line(cli("session", "reads", "bad id", dsn=layer_db), "invalid session id")
+    assert cli("session", "discard", "s5", dsn=layer_db).returncode == 0
+    assert reads(layer_db, "s5") == []
+    assert "no reads recorded" in cli("session", "reads", "s5", dsn=layer_db).stdout  # (registered: known)
