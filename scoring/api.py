@@ -7,6 +7,7 @@ import asyncio
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -15,8 +16,9 @@ import asyncpg
 from .config import ScoringConfig, make_config
 from .core import best_alternative, score_writes
 from .errors import ScoringError
-from .extract import SessionInfo, check_layer, fetch_metadata, fetch_writes, session_info
+from .extract import SessionInfo, check_layer, fetch_metadata, fetch_reads, fetch_writes, session_info
 from .model import Metadata, Write
+from .reads import TraceRead, compare_reads
 from .result import ScoringResult
 
 CONNECT_TIMEOUT = 10.0
@@ -43,6 +45,7 @@ class _Source:
         self.conn = conn
         self._metadata: Metadata | None = None
         self._writes: dict[str, tuple[SessionInfo, list[Write]]] = {}
+        self._reads: dict[str, tuple[TraceRead, ...]] = {}
 
     async def metadata(self) -> Metadata:
         if self._metadata is None:
@@ -62,6 +65,19 @@ class _Source:
                 raise ScoringError(f"cannot read session {session!r}: {exc}") from None
             self._writes[session] = (info, writes)
         return self._writes[session]
+
+    async def reads(self, session: str) -> tuple[TraceRead, ...]:
+        if session not in self._reads:
+            try:
+                self._reads[session] = await fetch_reads(self.conn, session)
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+                raise ScoringError(f"cannot read the reads of session {session!r}: {exc}") from None
+        return self._reads[session]
+
+    async def with_reads(self, result: ScoringResult) -> ScoringResult:
+        """``result`` with the agent's reads next to the chosen ground truth's (scoring/reads.py)."""
+        report = compare_reads(await self.reads(result.gt), await self.reads(result.agent))
+        return replace(result, reads=report)
 
     async def _read(self, session: str, meta: Metadata) -> tuple[SessionInfo, list[Write]]:
         info = await session_info(self.conn, session)
@@ -122,7 +138,8 @@ async def _score_one(source: _Source, gts: Sequence[str], agent: str, cfg: Scori
         gt_info, gt_writes = await source.session(gt)
         check_pair(gt, agent, gt_info, ag_info)
         loaded.append((gt, gt_writes))
-    return _score_job(loaded, ag_writes, meta=meta, cfg=cfg, agent=agent, info=ag_info.as_info())
+    result = _score_job(loaded, ag_writes, meta=meta, cfg=cfg, agent=agent, info=ag_info.as_info())
+    return await source.with_reads(result)
 
 
 def score_sessions(dsn: str, gt: GroundTruths, agent: str, **options: Any) -> ScoringResult:
@@ -179,6 +196,8 @@ async def score_pairs_async(
                 gt_info, gt_w = await source.session(gt)
                 check_pair(gt, agent, gt_info, ag_info)
                 gt_list.append((gt, gt_w))
+                await source.reads(gt)
+            await source.reads(agent)
             loaded.append((gt_list, agent, ag_w, ag_info.as_info()))
     finally:
         await conn.close()
@@ -197,7 +216,7 @@ async def score_pairs_async(
             done += 1
             if progress:
                 progress(done, len(futures))
-        return [f.result() for f in futures]
+        return [await source.with_reads(f.result()) for f in futures]  # (the reads are loaded: no queries)
     finally:
         if executor is not None:
             executor.shutdown(cancel_futures=True)

@@ -2,7 +2,8 @@
 
 - writes: ``cow.session_changes(session)``; whether a row existed before the session is looked up in the
   app's own table (the base rows);
-- metadata: column types, primary keys and foreign keys of the tables in ``cow.tables``, from pg_catalog.
+- metadata: column types, primary keys and foreign keys of the tables in ``cow.tables``, from pg_catalog;
+- reads: ``cow.reads`` (the proxy's read traces, migration 50), empty for a session without a trace.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from .model import (
     Write,
     loads,
 )
+from .reads import TraceRead
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,21 @@ async def session_infos(conn: asyncpg.Connection, sessions: Sequence[str]) -> li
             )
         )
     return out
+
+
+_READS = (
+    "SELECT operation, fingerprint, identity, relations, rows FROM cow.reads WHERE session = $1 ORDER BY seq"
+)
+
+
+async def fetch_reads(conn: asyncpg.Connection, session: str) -> tuple[TraceRead, ...]:
+    """A session's read trace in order; empty when it has none (or the layer predates read traces)."""
+    if not await conn.fetchval("SELECT to_regclass('cow.reads') IS NOT NULL"):
+        return ()
+    return tuple(
+        TraceRead(r["operation"], r["fingerprint"], r["identity"], tuple(r["relations"]), r["rows"])
+        for r in await conn.fetch(_READS, session)
+    )
 
 
 async def agent_sessions(conn: asyncpg.Connection) -> list[tuple[tuple[str, ...], str]]:

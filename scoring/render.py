@@ -9,7 +9,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from .result import ScoringResult, jsonable
+from .reads import ReadsReport
+from .result import NO_READS, ScoringResult, jsonable
 
 CSV_COLUMNS = (
     "gt",
@@ -31,6 +32,12 @@ CSV_COLUMNS = (
     "gt_ops",
     "agent_ops",
     "alternatives",
+    "read_efficiency",
+    "reads_trace",
+    "reads_statements",
+    "reads_rows",
+    "reads_repeated",
+    "reads_unneeded_tables",
 )
 
 
@@ -63,10 +70,45 @@ def flat(result: ScoringResult) -> dict[str, Any]:
         "gt_ops": c.gt_ops,
         "agent_ops": c.agent_ops,
         "alternatives": alternatives_text(result),
+        **_flat_reads(result.reads or NO_READS),
     }
     for name, value in result.scores.items():
         out[f"score_{name}"] = value
     return out
+
+
+def _flat_reads(reads: ReadsReport) -> dict[str, Any]:
+    """The reads' columns; without a trace only ``reads_trace`` (false), the others empty."""
+    if not reads.trace:
+        return dict.fromkeys(CSV_COLUMNS[CSV_COLUMNS.index("read_efficiency") :]) | {"reads_trace": False}
+    return {
+        "read_efficiency": reads.read_efficiency,
+        "reads_trace": True,
+        "reads_statements": reads.statements,
+        "reads_rows": reads.rows,
+        "reads_repeated": reads.repeated,
+        "reads_unneeded_tables": ";".join(reads.unneeded_relations),
+    }
+
+
+def reads_text(reads: ReadsReport) -> str:
+    """One line on the reads: the figures, the ground truth's, read_efficiency; or why there are none."""
+    if not reads.trace:
+        return f"reads: {reads.note}"
+    text = (
+        f"reads: {reads.statements} statements ({reads.distinct_statements} distinct, {reads.repeated} "
+        f"repeated), {reads.rows} rows, tables {', '.join(reads.relations) or '-'}"
+    )
+    if not reads.gt_trace:
+        return f"{text}; {reads.note}"
+    assert reads.read_efficiency is not None
+    text += (
+        f"; ground truth {reads.gt_statements} statements, {reads.gt_rows} rows; "
+        f"read_efficiency {reads.read_efficiency:.3f}"
+    )
+    if reads.unneeded_relations:
+        text += f"; not read by the ground truth: {', '.join(reads.unneeded_relations)}"
+    return text
 
 
 def alternatives_text(result: ScoringResult) -> str:
@@ -109,6 +151,21 @@ def _short(value: Any, width: int = 40) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _reads_lines(reads: ReadsReport) -> list[str]:
+    """The table format's reads: one line, then the reads per operation."""
+    out = ["  " + reads_text(reads)]
+    if reads.operations:
+        width = max(len("operation"), *(len(o.operation_id or "(none)") for o in reads.operations))
+        out.append("")
+        out.append(f"  {'operation':<{width}}  reads  rows repeated tables")
+        for o in reads.operations:
+            out.append(
+                f"  {o.operation_id or '(none)':<{width}}  {o.statements:>5} {o.rows:>5} "
+                f"{o.repeated:>8} {', '.join(o.relations) or '-'}"
+            )
+    return out
+
+
 def render_table(results: Sequence[ScoringResult], rows: bool = True) -> str:
     out: list[str] = []
     for r in results:
@@ -129,6 +186,7 @@ def render_table(results: Sequence[ScoringResult], rows: bool = True) -> str:
             f"operations: {c.agent_ops} agent, {c.gt_ops} ground truth, {c.wasted_ops} wasted"
         )
         out.append("  scores: " + "   ".join(f"{k} {v:.3f}" for k, v in r.scores.items()))
+        out.extend(_reads_lines(r.reads or NO_READS))
         if r.tables:
             width = max(len("table"), *(len(t.table) for t in r.tables))
             out.append("")
@@ -219,6 +277,42 @@ def svg_utilities(result: ScoringResult) -> str:
     return "".join(parts)
 
 
+def svg_reads(reads: ReadsReport) -> str:
+    """Reads per operation as an inline SVG bar chart (statements; the repeated part darker)."""
+    ops = reads.operations
+    if not ops:
+        return f"<p>{html.escape(reads_text(reads))}</p>"
+    bar, gap, height, pad = 22, 6, 120, 30
+    width = pad * 2 + len(ops) * (bar + gap)
+    peak = max(o.statements for o in ops)
+    scale = (height - 10) / peak
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 60}" role="img" '
+        f'aria-label="reads per operation">',
+        f'<line x1="{pad}" y1="{height}" x2="{width - pad}" y2="{height}" stroke="#888"/>',
+    ]
+    for i, o in enumerate(ops):
+        x = pad + i * (bar + gap)
+        h, dup = o.statements * scale, o.repeated * scale
+        label = html.escape(o.operation_id or "(none)")
+        tables = html.escape(", ".join(o.relations) or "-")
+        parts.append(
+            f'<rect x="{x}" y="{height - h:.1f}" width="{bar}" height="{h:.1f}" fill="#1565c0">'
+            f"<title>{label}: {o.statements} reads, {o.repeated} repeated, {o.rows} rows; {tables}</title>"
+            "</rect>"
+        )
+        if dup:
+            parts.append(
+                f'<rect x="{x}" y="{height - dup:.1f}" width="{bar}" height="{dup:.1f}" fill="#c62828"/>'
+            )
+        parts.append(
+            f'<text x="{x + bar / 2}" y="{height + 12}" font-size="9" text-anchor="end" '
+            f'transform="rotate(-45 {x + bar / 2} {height + 12})">{label}</text>'
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
@@ -271,6 +365,15 @@ def render_html(results: Sequence[ScoringResult]) -> str:
             "dots: u_content (0 bottom, 1 top)</p>"
         )
         body.append(svg_utilities(r))
+        reads = r.reads or NO_READS
+        body.append("<h3>Reads</h3>")
+        body.append(f'<p class="reads">{esc(reads_text(reads))}</p>')
+        if reads.operations:
+            body.append(
+                '<p class="legend">reads per operation: bars are statements, the repeated ones '
+                "(same text and parameters as an earlier read) in red</p>"
+            )
+            body.append(svg_reads(reads))
         body.append(
             '<h3>Tables</h3><table><tr><th class="l">table</th><th>gt rows</th><th>agent rows</th>'
             "<th>matched</th><th>missing</th><th>extra</th><th>struct</th><th>content</th></tr>"

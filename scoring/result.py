@@ -8,6 +8,7 @@ from decimal import Decimal
 from typing import Any
 
 from .errors import ScoringError
+from .reads import ReadsReport
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,8 @@ class ScoringResult:
     # The ground truths the agent was scored against (one unless the task has alternatives); ``gt`` is the
     # one chosen, the best by ``overall``. Empty when scored against ``gt`` alone.
     alternatives: tuple[Alternative, ...] = ()
+    # The agent's reads next to the ground truth's (``cow.reads``); None: not read (scored in memory).
+    reads: ReadsReport | None = None
 
     @property
     def ground_truth(self) -> str:
@@ -184,6 +187,7 @@ class ScoringResult:
                 for t in self.tables
             ],
         }
+        out["reads"] = (self.reads or NO_READS).to_json()
         if self.info:
             out["info"] = jsonable(dict(self.info))
         if include_rows:
@@ -210,6 +214,9 @@ class ScoringResult:
                 for r in self.rows
             ]
         return out
+
+
+NO_READS = ReadsReport(trace=False, gt_trace=False)  # a result scored without looking at reads
 
 
 def jsonable(value: Any) -> Any:
