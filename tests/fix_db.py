@@ -14,6 +14,7 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -161,3 +162,25 @@ def install_layer_at(dsn: str) -> None:
 def empty_db(create_database: Callable[..., str]) -> str:
     """A fresh, empty database (no layer installed)."""
     return create_database()
+
+
+def outcome(
+    conn: psycopg.Connection[Any],
+    sql: str,
+    params: Any = None,
+    *,
+    savepoint: bool = False,
+    detail: bool = False,
+) -> tuple[Any, ...]:
+    """What a client sees of one statement, to compare a plain database and a session side by side:
+    ``("ok", command tag, rows or None without a result set)`` or ``("error", SQLSTATE, primary message)``,
+    with ``detail`` also the error's detail and constraint name. ``savepoint``: run it in a savepoint, so that
+    a failure leaves the caller's transaction usable."""
+    try:
+        with conn.transaction() if savepoint else contextlib.nullcontext():
+            cur = conn.execute(sql, params)
+            return ("ok", cur.statusmessage, cur.fetchall() if cur.description else None)
+    except psycopg.Error as exc:
+        diag = exc.diag
+        extra = (diag.message_detail, diag.constraint_name) if detail else ()
+        return ("error", diag.sqlstate, diag.message_primary, *extra)

@@ -144,16 +144,6 @@ def backends(pg: PgServer, database: str) -> int:
         return int(row[0])
 
 
-def outcome(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...] | None) -> tuple[Any, ...]:
-    """What a client sees of a statement, to compare side by side: ("ok", status, rows) or ("error",
-    SQLSTATE, message)."""
-    try:
-        cur = conn.execute(sql, params)
-    except psycopg.Error as exc:
-        return ("error", exc.diag.sqlstate, exc.diag.message_primary)
-    return ("ok", cur.statusmessage, cur.fetchall())
-
-
 @pytest.fixture
 def databases(
     layer_db: str,  # the layer's sample database (fix_layer): customers/orders with the layer on ``public``

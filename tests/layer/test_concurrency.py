@@ -34,7 +34,7 @@ def session(dsn: str, name: str) -> psycopg.Connection[Any]:
 
 
 class Background:
-    """A statement run on ``conn`` in a thread (it may block); ``outcome()`` is ("ok", rows) or ("error",
+    """A statement run on ``conn`` in a thread (it may block); ``seen()`` is ("ok", rows) or ("error",
     SQLSTATE, constraint)."""
 
     def __init__(self, conn: psycopg.Connection[Any], sql: str) -> None:
@@ -52,7 +52,7 @@ class Background:
             self.result = ("error", exc.diag.sqlstate, exc.diag.constraint_name)
             self.conn.rollback()
 
-    def outcome(self) -> tuple[Any, ...]:
+    def seen(self) -> tuple[Any, ...]:
         self.thread.join(30)
         assert self.result is not None, "the statement did not finish"
         return self.result
@@ -91,7 +91,7 @@ def race(
     blocked = Background(second, sqls[1])
     wait_until_blocked(dsn, second)
     first.commit()
-    return blocked.outcome()
+    return blocked.seen()
 
 
 @pytest.mark.parametrize("versioned", [False, True], ids=["base row", "session version"])
@@ -133,7 +133,7 @@ def test_a_row_changed_after_the_statement_read_it_gets_40001(layer_db: str, wri
                 break
             time.sleep(0.01)
     first.commit()
-    assert slow.outcome() == ("error", "40001", None)
+    assert slow.seen() == ("error", "40001", None)
     assert first.execute("SELECT score FROM customers WHERE id = 2").fetchone() == (110,)
 
 

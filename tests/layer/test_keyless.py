@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from scoring.api import score_sessions
-from tests.layer.test_semantics import Pair, outcome, session_pair
+from tests.layer.test_semantics import Pair, brief, session_pair
 
 SCHEMA = """
 CREATE TABLE ev (
@@ -257,7 +257,7 @@ def test_delete_removes_one_instance_per_matched_row(tags: Pair) -> None:
     assert tags.both("DELETE FROM tag WHERE post = 99") == ("0", None)
     assert tags.same_table("tag", TAG_ORDER) == [(1, "b", None)]
     # A row cannot be picked by its ctid through a view (a plain table's idiom for one of two duplicates).
-    assert outcome(tags.cow, "DELETE FROM tag WHERE ctid = '(0,1)'") == ("error", "42703")
+    assert brief(tags.cow, "DELETE FROM tag WHERE ctid = '(0,1)'") == ("error", "42703")
 
 
 def test_update_of_duplicates_and_nulls(tags: Pair) -> None:

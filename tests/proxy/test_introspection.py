@@ -16,8 +16,8 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from tests.fix_db import PgServer, install_layer_at
-from tests.fix_proxy import RunningProxy, outcome
+from tests.fix_db import PgServer, install_layer_at, outcome
+from tests.fix_proxy import RunningProxy
 
 pytestmark = pytest.mark.timeout(120)
 

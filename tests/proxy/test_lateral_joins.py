@@ -16,7 +16,8 @@ import psycopg
 import pytest
 
 from proxy.sql import CATALOG_QUERY, CATALOG_VERSION_QUERY, Analyzer, Catalog
-from tests.fix_proxy import RunningProxy, outcome
+from tests.fix_db import outcome
+from tests.fix_proxy import RunningProxy
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -18,7 +18,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.fix_proxy import RunningProxy, outcome
+from tests.fix_db import outcome
+from tests.fix_proxy import RunningProxy
 
 pytestmark = pytest.mark.timeout(120)
 

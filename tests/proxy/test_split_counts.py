@@ -17,7 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.fix_proxy import RunningProxy, outcome
+from tests.fix_db import outcome
+from tests.fix_proxy import RunningProxy
 from tests.proxy.k_items import GROUPS, IDS, TABLES, WRITES, k_items_writes, side_by_side
 
 pytestmark = pytest.mark.timeout(120)

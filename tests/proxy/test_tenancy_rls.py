@@ -19,6 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
+from tests.fix_db import outcome
 from tests.fix_proxy import RunningProxy
 
 SUFFIX = f"{os.getpid()}"
@@ -175,19 +176,17 @@ def as_login(dsn: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{LOGIN}@{parts.hostname}:{parts.port}"))
 
 
-def outcome(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...] | None) -> tuple[Any, ...]:
-    try:
-        cur = conn.execute(sql, params)
-    except psycopg.Error as exc:
-        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
-            conn.execute("ROLLBACK")
-        return ("error", exc.diag.sqlstate, exc.diag.message_primary)
-    return ("ok", cur.statusmessage, cur.fetchall() if cur.description else None)
-
-
 def run(dsn: str, steps: list[Step]) -> list[tuple[Any, ...]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return [(sql, *outcome(conn, sql, params)) for sql, params in steps]
+        return [(sql, *_step(conn, sql, params)) for sql, params in steps]
+
+
+def _step(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...] | None) -> tuple[Any, ...]:
+    """A step's outcome; a failed one inside the steps' own transaction ends it, as a client would."""
+    seen = outcome(conn, sql, params)
+    if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+        conn.execute("ROLLBACK")
+    return seen
 
 
 def base_rows(dsn: str, table: str) -> list[tuple[Any, ...]]:
