@@ -552,7 +552,15 @@ def _fingerprint(scorer: _TableScorer, row: Mapping[str, Any] | None, deleted: b
     )
 
 
-def _assign(  # noqa: C901 - to be split into named steps
+Pairing = tuple[
+    int, int, float, tuple[tuple[str, float], ...]
+]  # (ground-truth row, agent row, similarity, fields)
+Block = tuple[
+    list[int], list[int], set[tuple[int, int]] | None
+]  # (gt rows, agent rows, candidate cells or all)
+
+
+def _assign(
     g_rem: list[Row],
     a_rem: list[Row],
     *,
@@ -563,69 +571,83 @@ def _assign(  # noqa: C901 - to be split into named steps
     reasons: dict[tuple[str, Key], str],
     kids: tuple[Mapping[Key, int], Mapping[Key, int]] = ({}, {}),
     prune: bool = False,
-) -> list[tuple[int, int, float, tuple[tuple[str, float], ...]]]:
+) -> list[Pairing]:
     """Optimal assignment of the remaining rows; identical rows first when the matrix would be huge."""
-    out: list[tuple[int, int, float, tuple[tuple[str, float], ...]]] = []
+    out: list[Pairing] = []
     gi_left = list(range(len(g_rem)))
     ai_left = list(range(len(a_rem)))
     if len(g_rem) * len(a_rem) > config.max_dense_cells and scorer.row_fn is None:
-        # Fast path for large tables: a row identical to a row on the other side scores 1.0, the maximum,
-        # so pairing identical rows first loses little and shrinks the matrix to the rows that differ.
-        by_print: dict[Any, list[int]] = defaultdict(list)
-        for i in gi_left:
-            g = g_rem[i]
-            by_print[_fingerprint(scorer, g.row if not g.deleted else g.image, g.deleted)].append(i)
-        rest_a: list[int] = []
-        for j in ai_left:
-            a = a_rem[j]
-            fp = _fingerprint(scorer, translated[a.key] if not a.deleted else images[a.key], a.deleted)
-            bucket = by_print.get(fp)
-            if bucket:
-                i = bucket.pop(0)
-                sim, fields = scorer.compare_rows(g_rem[i], translated[a.key], a.deleted, images[a.key])
-                out.append((i, j, sim, fields))
-            else:
-                rest_a.append(j)
-        used = {i for i, _, _, _ in out}
-        gi_left = [i for i in gi_left if i not in used]
-        ai_left = rest_a
+        out, gi_left, ai_left = _pair_identical(
+            g_rem, a_rem, scorer=scorer, translated=translated, images=images
+        )
     if not gi_left or not ai_left:
         return out
-    blocks: list[tuple[list[int], list[int], set[tuple[int, int]] | None]] = [(gi_left, ai_left, None)]
+    blocks: list[Block] = [(gi_left, ai_left, None)]
     if len(gi_left) * len(ai_left) > config.max_dense_cells:
         blocks = _blocks(gi_left, ai_left, g_rem=g_rem, a_rem=a_rem, scorer=scorer, translated=translated)
+    block = _BlockAssignment(g_rem, a_rem, scorer, translated, images, config, kids)
     for gis, ais, candidates in blocks:
-        weights = np.zeros((len(gis), len(ais)))
-        cache: dict[tuple[int, int], tuple[float, tuple[tuple[str, float], ...]]] = {}
-        cells: Iterable[tuple[int, int]] = (
-            candidates
-            if candidates is not None
-            else ((x, y) for x in range(len(gis)) for y in range(len(ais)))
-        )
-        if prune and candidates is None:
-            bounds = scorer.bounds(
-                [None if g_rem[i].deleted else g_rem[i].row for i in gis],
-                [None if a_rem[j].deleted else translated[a_rem[j].key] for j in ais],
-            )
-            # Only the pairs that can reach min_similarity: the others' weight would be 0 anyway.
-            cells = [(int(x), int(y)) for x, y in np.argwhere(bounds >= config.min_similarity - 1e-9)]
-        for x, y in cells:
-            g, a = g_rem[gis[x]], a_rem[ais[y]]
-            if g.deleted != a.deleted:
-                continue
-            sim, fields = scorer.compare_rows(g, translated[a.key], a.deleted, images[a.key])
-            cache[(x, y)] = (sim, fields)
-            if sim >= config.min_similarity:
-                # The epsilon keeps a pair at similarity 0 (min_similarity 0) distinct from "no pair". Among
-                # equally similar rows, prefer pairs whose rows have as many children on both sides (their
-                # children can then pair through the id mapping): otherwise the tie is broken by row order,
-                # and which side is the ground truth would change the score.
-                shared = min(kids[0].get(g.key, 0), kids[1].get(a.key, 0), 1000)
-                weights[x, y] = sim + 1e-9 + 1e-9 * shared
+        out.extend(block.assign(gis, ais, candidates, prune=prune, reasons=reasons))
+    return out
+
+
+def _pair_identical(
+    g_rem: list[Row],
+    a_rem: list[Row],
+    *,
+    scorer: _TableScorer,
+    translated: Mapping[Key, Mapping[str, Any] | None],
+    images: Mapping[Key, Mapping[str, Any] | None],
+) -> tuple[list[Pairing], list[int], list[int]]:
+    """Fast path for large tables: a row identical to a row on the other side scores 1.0, the maximum, so
+    pairing identical rows first loses little and shrinks the matrix to the rows that differ. Returns the
+    pairs and the rows left on each side."""
+    out: list[Pairing] = []
+    by_print: dict[Any, list[int]] = defaultdict(list)
+    for i, g in enumerate(g_rem):
+        by_print[_fingerprint(scorer, g.row if not g.deleted else g.image, g.deleted)].append(i)
+    rest_a: list[int] = []
+    for j, a in enumerate(a_rem):
+        fp = _fingerprint(scorer, translated[a.key] if not a.deleted else images[a.key], a.deleted)
+        bucket = by_print.get(fp)
+        if bucket:
+            i = bucket.pop(0)
+            sim, fields = scorer.compare_rows(g_rem[i], translated[a.key], a.deleted, images[a.key])
+            out.append((i, j, sim, fields))
+        else:
+            rest_a.append(j)
+    used = {i for i, _, _, _ in out}
+    return out, [i for i in range(len(g_rem)) if i not in used], rest_a
+
+
+@dataclass(frozen=True)
+class _BlockAssignment:
+    """One optimal assignment (LAPJV) over a block of rows, with the reasons the unpaired rows stayed so."""
+
+    g_rem: list[Row]
+    a_rem: list[Row]
+    scorer: _TableScorer
+    translated: Mapping[Key, Mapping[str, Any] | None]
+    images: Mapping[Key, Mapping[str, Any] | None]
+    config: ScoringConfig
+    kids: tuple[Mapping[Key, int], Mapping[Key, int]]
+
+    def assign(
+        self,
+        gis: list[int],
+        ais: list[int],
+        candidates: set[tuple[int, int]] | None,
+        *,
+        prune: bool,
+        reasons: dict[tuple[str, Key], str],
+    ) -> list[Pairing]:
+        cells = self._cells(gis, ais, candidates, prune=prune)
+        weights, cache = self._weights(gis, ais, cells)
         # Imported here: scipy.optimize takes ~0.7 s to import, which every `cowproxy` command would pay.
         from scipy.optimize import linear_sum_assignment  # noqa: PLC0415
 
         rows_idx, cols_idx = linear_sum_assignment(weights, maximize=True)
+        out: list[Pairing] = []
         chosen_g: set[int] = set()
         chosen_a: set[int] = set()
         for x, y in zip(rows_idx.tolist(), cols_idx.tolist(), strict=True):
@@ -634,17 +656,65 @@ def _assign(  # noqa: C901 - to be split into named steps
                 out.append((gis[x], ais[y], sim, fields))
                 chosen_g.add(x)
                 chosen_a.add(y)
+        self._explain_unpaired(gis, ais, cache, chosen_g=chosen_g, chosen_a=chosen_a, reasons=reasons)
+        return out
+
+    def _cells(
+        self, gis: list[int], ais: list[int], candidates: set[tuple[int, int]] | None, *, prune: bool
+    ) -> Iterable[tuple[int, int]]:
+        """The cells worth comparing: a block's candidates, or all, or with ``prune`` only the pairs that can
+        reach min_similarity (the others' weight would be 0 anyway)."""
+        if candidates is not None:
+            return candidates
+        if not prune:
+            return ((x, y) for x in range(len(gis)) for y in range(len(ais)))
+        bounds = self.scorer.bounds(
+            [None if self.g_rem[i].deleted else self.g_rem[i].row for i in gis],
+            [None if self.a_rem[j].deleted else self.translated[self.a_rem[j].key] for j in ais],
+        )
+        return [(int(x), int(y)) for x, y in np.argwhere(bounds >= self.config.min_similarity - 1e-9)]
+
+    def _weights(
+        self, gis: list[int], ais: list[int], cells: Iterable[tuple[int, int]]
+    ) -> tuple[Any, dict[tuple[int, int], tuple[float, tuple[tuple[str, float], ...]]]]:
+        weights = np.zeros((len(gis), len(ais)))
+        cache: dict[tuple[int, int], tuple[float, tuple[tuple[str, float], ...]]] = {}
+        for x, y in cells:
+            g, a = self.g_rem[gis[x]], self.a_rem[ais[y]]
+            if g.deleted != a.deleted:
+                continue
+            sim, fields = self.scorer.compare_rows(g, self.translated[a.key], a.deleted, self.images[a.key])
+            cache[(x, y)] = (sim, fields)
+            if sim >= self.config.min_similarity:
+                # The epsilon keeps a pair at similarity 0 (min_similarity 0) distinct from "no pair". Among
+                # equally similar rows, prefer pairs whose rows have as many children on both sides (their
+                # children can then pair through the id mapping): otherwise the tie is broken by row order,
+                # and which side is the ground truth would change the score.
+                shared = min(self.kids[0].get(g.key, 0), self.kids[1].get(a.key, 0), 1000)
+                weights[x, y] = sim + 1e-9 + 1e-9 * shared
+        return weights, cache
+
+    def _explain_unpaired(
+        self,
+        gis: list[int],
+        ais: list[int],
+        cache: Mapping[tuple[int, int], tuple[float, Any]],
+        *,
+        chosen_g: set[int],
+        chosen_a: set[int],
+        reasons: dict[tuple[str, Key], str],
+    ) -> None:
+        threshold = self.config.min_similarity
         for x, i in enumerate(gis):
             if x not in chosen_g:
                 best = max((cache[(x, y)][0] for y in range(len(ais)) if (x, y) in cache), default=None)
                 if best is not None:
-                    reasons[("gt", g_rem[i].key)] = _below(best, config.min_similarity, "agent")
+                    reasons[("gt", self.g_rem[i].key)] = _below(best, threshold, "agent")
         for y, j in enumerate(ais):
             if y not in chosen_a:
                 best = max((cache[(x, y)][0] for x in range(len(gis)) if (x, y) in cache), default=None)
                 if best is not None:
-                    reasons[("agent", a_rem[j].key)] = _below(best, config.min_similarity, "ground-truth")
-    return out
+                    reasons[("agent", self.a_rem[j].key)] = _below(best, threshold, "ground-truth")
 
 
 def _below(best: float, threshold: float, side: str) -> str:
@@ -660,7 +730,7 @@ MAX_BLOCK = 2_000
 MAX_TOKEN_ROWS = 50
 
 
-def _blocks(  # noqa: C901 - to be split into named steps
+def _blocks(
     gis: list[int],
     ais: list[int],
     *,
@@ -668,11 +738,43 @@ def _blocks(  # noqa: C901 - to be split into named steps
     a_rem: list[Row],
     scorer: _TableScorer,
     translated: Mapping[Key, Mapping[str, Any] | None],
-) -> list[tuple[list[int], list[int], set[tuple[int, int]] | None]]:
+) -> list[Block]:
     """Split a too-large assignment into independent blocks with their candidate pairs: two rows are
     candidates when they share an exact value in some compared column, and connected candidates form a
     block. Rows sharing no value with any row on the other side are not compared (an approximation for
     large tables only); blocks beyond MAX_BLOCK rows per side are cut in order."""
+    index = _value_index(gis, ais, g_rem=g_rem, a_rem=a_rem, scorer=scorer, translated=translated)
+    # Edges in index order (not the set's): the order of the components, so of the pairs, stays fixed.
+    edges = [
+        (i, j)
+        for gs, as_ in index.values()
+        if gs and as_ and len(gs) <= MAX_TOKEN_ROWS and len(as_) <= MAX_TOKEN_ROWS
+        for i in gs
+        for j in as_
+    ]
+    pairs = set(edges)
+    graph = nx.Graph()
+    graph.add_edges_from((("g", i), ("a", j)) for i, j in edges)
+    blocks, where = _cut_blocks(graph)
+    for i, j in pairs:
+        gb, ab = where.get(("g", i)), where.get(("a", j))
+        if gb is not None and ab is not None and gb[0] == ab[0]:
+            cand = blocks[gb[0]][2]
+            assert cand is not None
+            cand.add((gb[1], ab[1]))
+    return blocks
+
+
+def _value_index(
+    gis: list[int],
+    ais: list[int],
+    *,
+    g_rem: list[Row],
+    a_rem: list[Row],
+    scorer: _TableScorer,
+    translated: Mapping[Key, Mapping[str, Any] | None],
+) -> dict[Any, tuple[list[int], list[int]]]:
+    """(column, value) -> (ground-truth rows, agent rows) holding it."""
     index: dict[Any, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
     for i in gis:
         g = g_rem[i]
@@ -686,16 +788,14 @@ def _blocks(  # noqa: C901 - to be split into named steps
             value = a.get(name)
             if value is not None and not isinstance(value, Unmapped):
                 index[(name, freeze(value))][1].append(j)
-    graph = nx.Graph()
-    pairs: set[tuple[int, int]] = set()
-    for gs, as_ in index.values():
-        if gs and as_ and len(gs) <= MAX_TOKEN_ROWS and len(as_) <= MAX_TOKEN_ROWS:
-            for i in gs:
-                for j in as_:
-                    pairs.add((i, j))
-                    graph.add_edge(("g", i), ("a", j))
-    blocks: list[tuple[list[int], list[int], set[tuple[int, int]] | None]] = []
-    where: dict[tuple[str, int], tuple[int, int]] = {}  # row -> (block, position in it)
+    return index
+
+
+def _cut_blocks(graph: nx.Graph) -> tuple[list[Block], dict[tuple[str, int], tuple[int, int]]]:
+    """A block per connected component, cut into MAX_BLOCK rows per side, each with an empty candidate set,
+    and where each row landed: (block, position in it)."""
+    blocks: list[Block] = []
+    where: dict[tuple[str, int], tuple[int, int]] = {}
     for comp in nx.connected_components(graph):
         bg = sorted(i for s, i in comp if s == "g")
         ba = sorted(j for s, j in comp if s == "a")
@@ -705,10 +805,4 @@ def _blocks(  # noqa: C901 - to be split into named steps
                 where.update((("g", i), (len(blocks), x)) for x, i in enumerate(cg))
                 where.update((("a", j), (len(blocks), y)) for y, j in enumerate(ca))
                 blocks.append((cg, ca, set()))
-    for i, j in pairs:
-        gb, ab = where.get(("g", i)), where.get(("a", j))
-        if gb is not None and ab is not None and gb[0] == ab[0]:
-            cand = blocks[gb[0]][2]
-            assert cand is not None
-            cand.add((gb[1], ab[1]))
-    return blocks
+    return blocks, where
