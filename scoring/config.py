@@ -125,12 +125,33 @@ def load_config(path: str | Path) -> ScoringConfig:
         raise ScoringError(f"config {path}: {exc}") from None
 
 
-def config_from_mapping(data: Mapping[str, Any], base: ScoringConfig | None = None) -> ScoringConfig:  # noqa: C901, PLR0912 - to be split into named steps
+def config_from_mapping(data: Mapping[str, Any], base: ScoringConfig | None = None) -> ScoringConfig:
+    """A config from a TOML document's mapping (over ``base``); every mistake is a ``ScoringError``."""
     unknown = set(data) - _TOP_KEYS
     if unknown:
         raise ScoringError(f"unknown setting(s) {', '.join(sorted(unknown))}")
     cfg = base or ScoringConfig()
-    changes: dict[str, Any] = {}
+    changes: dict[str, Any] = {**_scalars(data), **_name_sets(data)}
+    types = _types(data.get("types", {}))
+    if types:
+        changes["type_comparators"] = {**cfg.type_comparators, **types}
+    columns, rows = _tables(data.get("tables", {}), cfg)
+    if columns != cfg.column_comparators:
+        changes["column_comparators"] = columns
+    if rows != cfg.row_functions:
+        changes["row_functions"] = rows
+    scores = _table(data.get("scores", {}), '[scores] must be a table of name = "module:function"')
+    if scores:
+        changes["score_functions"] = {
+            **cfg.score_functions,
+            **{name: import_function(path, where=f"score {name}") for name, path in scores.items()},
+        }
+    return replace(cfg, **changes)
+
+
+def _scalars(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The number and flag settings that are given, type-checked (a TOML bool is not a number)."""
+    out: dict[str, Any] = {}
     for name, is_flag in (
         ("min_similarity", False),
         ("numeric_tolerance", False),
@@ -139,56 +160,56 @@ def config_from_mapping(data: Mapping[str, Any], base: ScoringConfig | None = No
     ):
         if name in data:
             value = data[name]
-            ok = (
-                isinstance(value, bool)
-                if is_flag
-                else isinstance(value, (int, float)) and not isinstance(value, bool)
-            )
-            if not ok:
+            is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not (isinstance(value, bool) if is_flag else is_number):
                 raise ScoringError(f"{name} has the wrong type ({type(value).__name__})")
-            changes[name] = value if is_flag else float(value)
+            out[name] = value if is_flag else float(value)
+    return out
+
+
+def _name_sets(data: Mapping[str, Any]) -> dict[str, frozenset[str]]:
+    out: dict[str, frozenset[str]] = {}
     for name in ("ignore_tables", "ignore_columns"):
         if name in data:
             value = data[name]
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise ScoringError(f"{name} must be a list of strings")
-            changes[name] = frozenset(value)
-    types = data.get("types", {})
-    if not isinstance(types, dict):
-        raise ScoringError("[types] must be a table")
+            out[name] = frozenset(value)
+    return out
+
+
+def _table(value: Any, message: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ScoringError(message)
+    return value
+
+
+def _types(value: Any) -> dict[str, str]:
+    """[types]: value category -> comparator name, each comparator validated now, not at first use."""
+    types = _table(value, "[types] must be a table")
     for category, name in types.items():
         if category not in CATEGORIES:
             raise ScoringError(f"unknown value type {category!r} in [types]; known: {', '.join(CATEGORIES)}")
         if not isinstance(name, str):
             raise ScoringError(f"[types] {category} must name a comparator")
-        make_comparator(name, where=f"type {category}")  # validate now, not at first use
-    if types:
-        changes["type_comparators"] = {**cfg.type_comparators, **types}
+        make_comparator(name, where=f"type {category}")
+    return types
+
+
+def _tables(
+    value: Any, cfg: ScoringConfig
+) -> tuple[dict[tuple[str, str], Comparator], dict[str, RowFunction]]:
+    """[tables."T"]: per-column comparators and a row function, over the base config's."""
     columns: dict[tuple[str, str], Comparator] = dict(cfg.column_comparators)
     rows: dict[str, RowFunction] = dict(cfg.row_functions)
-    tables = data.get("tables", {})
-    if not isinstance(tables, dict):
-        raise ScoringError("[tables] must be a table")
-    for table, spec in tables.items():
+    for table, spec in _table(value, "[tables] must be a table").items():
         if not isinstance(spec, dict) or set(spec) - {"row", "columns"}:
             raise ScoringError(f'[tables."{table}"] may only hold "row" and "columns"')
         if "row" in spec:
             rows[table] = import_function(spec["row"], where=f"table {table}")
         for column, cspec in spec.get("columns", {}).items():
             columns[(table, column)] = _column_comparator(table, column, cspec)
-    scores = data.get("scores", {})
-    if not isinstance(scores, dict):
-        raise ScoringError('[scores] must be a table of name = "module:function"')
-    if scores:
-        changes["score_functions"] = {
-            **cfg.score_functions,
-            **{name: import_function(path, where=f"score {name}") for name, path in scores.items()},
-        }
-    if columns != cfg.column_comparators:
-        changes["column_comparators"] = columns
-    if rows != cfg.row_functions:
-        changes["row_functions"] = rows
-    return replace(cfg, **changes)
+    return columns, rows
 
 
 def _column_comparator(table: str, column: str, spec: Any) -> Comparator:
