@@ -315,7 +315,7 @@ class _Upserts:
             new.withClause.ctes = tuple(stmt.withClause.ctes) + tuple(new.withClause.ctes)
             new.withClause.recursive = bool(stmt.withClause.recursive or new.withClause.recursive)
 
-    def _conflict_input(self, stmt: Any, table: CowTable) -> tuple[list[str], Any]:  # noqa: C901 - to be split into named steps
+    def _conflict_input(self, stmt: Any, table: CowTable) -> tuple[list[str], Any]:
         """The INSERT's columns, and a SELECT of its rows as (cow_ord, columns...) typed like the table."""
         if stmt.cols:
             if any(rt.indirection for rt in stmt.cols):
@@ -334,52 +334,7 @@ class _Upserts:
             and source.withClause is None
         )
         if plain_values:
-            rows = [list(r) for r in source.valuesLists]
-            width = len(rows[0])
-            if width > len(columns):
-                raise RewriteError("INSERT has more expressions than target columns", "42601")
-            if not stmt.cols:
-                columns = columns[:width]
-            elif width > len(columns):
-                raise RewriteError("INSERT has more expressions than target columns", "42601")
-            elif width < len(columns):
-                raise RewriteError("INSERT has more target columns than expressions", "42601")
-            # A column that is DEFAULT in every row is left to the view's default; elsewhere DEFAULT
-            # becomes the column's default expression, evaluated per row as PostgreSQL does (conflicting
-            # rows included).
-            keep = [j for j in range(width) if not all(isinstance(r[j], ast.SetToDefault) for r in rows)]
-            keep = keep or list(
-                range(width)
-            )  # all DEFAULT: spell the defaults out rather than list no column
-            for j in keep:
-                if any(isinstance(r[j], ast.SetToDefault) for r in rows):
-                    default = self._default_expr(table, columns[j])
-                    for r in rows:
-                        if isinstance(r[j], ast.SetToDefault):
-                            r[j] = default
-            columns = [columns[j] for j in keep]
-            # EXCLUDED.col of a column the INSERT does not give is that column's default
-            for name in self._excluded_extra(stmt.onConflictClause, table, columns):
-                default = self._default_expr(table, name)
-                for r in rows:
-                    r.append(default)
-                keep.append(len(rows[0]) - 1)
-                columns.append(name)
-            types = self._column_types(table, columns)
-            lists = tuple(
-                (
-                    ast.A_Const(val=ast.Integer(ival=i + 1)),
-                    *(
-                        ast.TypeCast(arg=r[j], typeName=type_name(t))
-                        for j, t in zip(keep, types, strict=True)
-                    ),
-                )
-                for i, r in enumerate(rows)
-            )
-            names = ", ".join(["cow_ord", *(quote(c) for c in columns)])
-            select = parse(f"SELECT * FROM (VALUES (1)) AS cow_v ({names})")
-            select.fromClause[0].subquery.valuesLists = lists
-            return columns, select
+            return self._values_input(stmt, table, columns, [list(r) for r in source.valuesLists])
         if self._excluded_extra(stmt.onConflictClause, table, columns):
             raise unsupported("EXCLUDED of a column an INSERT ... SELECT does not give")
         types = self._column_types(table, columns)
@@ -392,6 +347,54 @@ class _Upserts:
         )
         select.fromClause[0].subquery = source
         return columns, select
+
+    def _values_input(
+        self, stmt: Any, table: CowTable, columns: list[str], rows: list[list[Any]]
+    ) -> tuple[list[str], Any]:
+        """A plain VALUES list as a typed SELECT, its DEFAULTs and the EXCLUDED-only columns spelled out."""
+        width = len(rows[0])
+        if width > len(columns):
+            raise RewriteError("INSERT has more expressions than target columns", "42601")
+        if not stmt.cols:
+            columns = columns[:width]
+        elif width < len(columns):
+            raise RewriteError("INSERT has more target columns than expressions", "42601")
+        keep = self._fill_defaults(table, columns, rows)
+        columns = [columns[j] for j in keep]
+        # EXCLUDED.col of a column the INSERT does not give is that column's default
+        for name in self._excluded_extra(stmt.onConflictClause, table, columns):
+            default = self._default_expr(table, name)
+            for r in rows:
+                r.append(default)
+            keep.append(len(rows[0]) - 1)
+            columns.append(name)
+        types = self._column_types(table, columns)
+        lists = tuple(
+            (
+                ast.A_Const(val=ast.Integer(ival=i + 1)),
+                *(ast.TypeCast(arg=r[j], typeName=type_name(t)) for j, t in zip(keep, types, strict=True)),
+            )
+            for i, r in enumerate(rows)
+        )
+        names = ", ".join(["cow_ord", *(quote(c) for c in columns)])
+        select = parse(f"SELECT * FROM (VALUES (1)) AS cow_v ({names})")
+        select.fromClause[0].subquery.valuesLists = lists
+        return columns, select
+
+    def _fill_defaults(self, table: CowTable, columns: list[str], rows: list[list[Any]]) -> list[int]:
+        """The positions to keep. A column that is DEFAULT in every row is left to the view's default;
+        elsewhere DEFAULT becomes the column's default expression, evaluated per row as PostgreSQL does
+        (conflicting rows included)."""
+        width = len(rows[0])
+        keep = [j for j in range(width) if not all(isinstance(r[j], ast.SetToDefault) for r in rows)]
+        keep = keep or list(range(width))  # all DEFAULT: spell the defaults out rather than list no column
+        for j in keep:
+            if any(isinstance(r[j], ast.SetToDefault) for r in rows):
+                default = self._default_expr(table, columns[j])
+                for r in rows:
+                    if isinstance(r[j], ast.SetToDefault):
+                        r[j] = default
+        return keep
 
     @staticmethod
     def _default_expr(table: CowTable, name: str) -> ast.Node:
