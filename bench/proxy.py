@@ -326,7 +326,11 @@ def traced(
 _MODE_SUFFIX = {"simple": "", "extended": "/ext", "prepared": "/prep"}
 
 
-def main() -> None:  # noqa: C901, PLR0912, PLR0915 - to be split into named steps
+Workload = tuple[str, list[str]]  # (label, pgbench flags)
+Results = dict[tuple[str, str], list[Run]]  # (workload, target) -> one run per round
+
+
+def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -361,84 +365,47 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - to be split into named ste
         help="one more target, cp-python: cowproxy with --no-fast-relay",
     )
     args = parser.parse_args()
-    clients = [int(c) for c in args.clients.split(",")]
     unknown = set(args.modes.split(",")) - set(_MODE_SUFFIX)
     if unknown:
         raise SystemExit(f"--modes: unknown {', '.join(sorted(unknown))} (simple, extended, prepared)")
-    transports = args.transports.split(",")
     if args.strace and not shutil.which("strace"):
         raise SystemExit("--strace needs strace (apt-get install strace)")
+    return args
+
+
+def main() -> None:
+    args = _parse_args()
+    transports = args.transports.split(",")
     bouncer = ensure_pgbouncer()
+    database = "cowproxy_bench"
     with server(args.dsn, args.socket_dir) as (dsn, host, port, bindir, sockets):
         if "unix" in transports and sockets is None:
             raise SystemExit("--transports unix: no Unix socket directory (pass --socket-dir)")
         tool = os.path.join(bindir, "pgbench") if bindir else (shutil.which("pgbench") or "pgbench")
         user = urlsplit(dsn).username or "postgres"
-        database = "cowproxy_bench"
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {database}")
-            conn.execute(f"CREATE DATABASE {database}")
-        subprocess.run(
-            [tool, "-i", "-q", "-s", str(args.scale), "-h", host, "-p", str(port), "-U", user, database],
-            check=True,
-            capture_output=True,
-        )
+        _create_database(dsn, tool, host=host, port=port, user=user, database=database, scale=args.scale)
         with contextlib.ExitStack() as stack:
-            targets: list[Target] = []
-            for transport in transports:
-                up_host = host if transport == "tcp" else str(sockets)
-                targets.append(Target("direct", transport, up_host, port, None))
-                targets.append(stack.enter_context(cowproxy(f"{up_host}:{port}", transport)))
-                if args.python_relay:
-                    targets.append(
-                        stack.enter_context(
-                            cowproxy(
-                                f"{up_host}:{port}", transport, name="cp-python", extra=("--no-fast-relay",)
-                            )
-                        )
-                    )
-                if args.baseline and transport == "tcp":  # main before Unix sockets could not do unix
-                    targets.append(
-                        stack.enter_context(
-                            cowproxy(f"{up_host}:{port}", transport, Path(args.baseline).resolve(), "cp-base")
-                        )
-                    )
-                for mode in args.floor.split(",") if args.floor else ():
-                    targets.append(stack.enter_context(trivial_relay(up_host, port, transport, mode)))
-                if bouncer:
-                    targets.append(
-                        stack.enter_context(
-                            pgbouncer(bouncer, up_host, port, database, user, transport=transport)
-                        )
-                    )
-            wanted = args.workloads.split(",")
-            workloads = [
-                (
-                    f"{name}{_MODE_SUFFIX[mode]} c={c}",
-                    [*flags, *(("-M", mode) if mode != "simple" else ()), "-c", str(c), "-j", str(min(c, 2))],
-                )
-                for mode in args.modes.split(",")
-                for name, flags in (("-S", ["-S"]), ("tpcb", []))
-                if name in wanted
-                for c in clients
-            ]
-            results: dict[tuple[str, str], list[Run]] = {}
-            for round_no in range(args.rounds):
-                for label, flags in workloads:
-                    for target in targets:  # interleaved: same conditions for each
-                        run = pgbench(tool, target, user, database, args=flags, seconds=args.seconds)
-                        results.setdefault((label, target.label), []).append(run)
-                        cpu = (
-                            f" cpu/txn {run.cpu_s / run.transactions * 1e6:5.0f} µs"
-                            f" (user {(run.user_s or 0) / run.transactions * 1e6:.0f})"
-                            if run.cpu_s
-                            else ""
-                        )
-                        print(
-                            f"round {round_no + 1} {label:14} {target.label:15} tps {run.tps:9.1f} "
-                            f"latency {run.latency_ms:.3f} ms{cpu}",
-                            flush=True,
-                        )
+            targets = _targets(
+                stack,
+                args,
+                transports=transports,
+                host=host,
+                port=port,
+                sockets=sockets,
+                bouncer=bouncer,
+                database=database,
+                user=user,
+            )
+            workloads = _workloads(args)
+            results = _run_rounds(
+                args.rounds,
+                workloads,
+                targets=targets,
+                tool=tool,
+                user=user,
+                database=database,
+                seconds=args.seconds,
+            )
             traces: dict[tuple[str, str], tuple[float, dict[str, float]]] = {}
             if args.strace:
                 for label, flags in workloads:
@@ -449,6 +416,108 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - to be split into named ste
                             )
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {database}")
+    _report(workloads, transports, targets, results)
+    _report_traces(traces)
+
+
+def _create_database(
+    dsn: str, tool: str, *, host: str, port: int, user: str, database: str, scale: int
+) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {database}")
+        conn.execute(f"CREATE DATABASE {database}")
+    subprocess.run(
+        [tool, "-i", "-q", "-s", str(scale), "-h", host, "-p", str(port), "-U", user, database],
+        check=True,
+        capture_output=True,
+    )
+
+
+def _targets(
+    stack: contextlib.ExitStack,
+    args: argparse.Namespace,
+    *,
+    transports: list[str],
+    host: str,
+    port: int,
+    sockets: str | None,
+    bouncer: str | None,
+    database: str,
+    user: str,
+) -> list[Target]:
+    """Per transport: direct, cowproxy, then the optional ones (Python relay, baseline, floors, PgBouncer)."""
+    targets: list[Target] = []
+    for transport in transports:
+        up_host = host if transport == "tcp" else str(sockets)
+        upstream = f"{up_host}:{port}"
+        targets.append(Target("direct", transport, up_host, port, None))
+        targets.append(stack.enter_context(cowproxy(upstream, transport)))
+        if args.python_relay:
+            targets.append(
+                stack.enter_context(
+                    cowproxy(upstream, transport, name="cp-python", extra=("--no-fast-relay",))
+                )
+            )
+        if args.baseline and transport == "tcp":  # main before Unix sockets could not do unix
+            targets.append(
+                stack.enter_context(cowproxy(upstream, transport, Path(args.baseline).resolve(), "cp-base"))
+            )
+        for mode in args.floor.split(",") if args.floor else ():
+            targets.append(stack.enter_context(trivial_relay(up_host, port, transport, mode)))
+        if bouncer:
+            targets.append(
+                stack.enter_context(pgbouncer(bouncer, up_host, port, database, user, transport=transport))
+            )
+    return targets
+
+
+def _workloads(args: argparse.Namespace) -> list[Workload]:
+    wanted = args.workloads.split(",")
+    return [
+        (
+            f"{name}{_MODE_SUFFIX[mode]} c={c}",
+            [*flags, *(("-M", mode) if mode != "simple" else ()), "-c", str(c), "-j", str(min(c, 2))],
+        )
+        for mode in args.modes.split(",")
+        for name, flags in (("-S", ["-S"]), ("tpcb", []))
+        if name in wanted
+        for c in (int(n) for n in args.clients.split(","))
+    ]
+
+
+def _run_rounds(
+    rounds: int,
+    workloads: list[Workload],
+    *,
+    targets: list[Target],
+    tool: str,
+    user: str,
+    database: str,
+    seconds: int,
+) -> Results:
+    results: Results = {}
+    for round_no in range(rounds):
+        for label, flags in workloads:
+            for target in targets:  # interleaved: same conditions for each
+                run = pgbench(tool, target, user, database, args=flags, seconds=seconds)
+                results.setdefault((label, target.label), []).append(run)
+                cpu = (
+                    f" cpu/txn {run.cpu_s / run.transactions * 1e6:5.0f} µs"
+                    f" (user {(run.user_s or 0) / run.transactions * 1e6:.0f})"
+                    if run.cpu_s
+                    else ""
+                )
+                print(
+                    f"round {round_no + 1} {label:14} {target.label:15} tps {run.tps:9.1f} "
+                    f"latency {run.latency_ms:.3f} ms{cpu}",
+                    flush=True,
+                )
+    return results
+
+
+def _report(
+    workloads: list[Workload], transports: list[str], targets: list[Target], results: Results
+) -> None:
     print()
     print(
         f"{'workload':14} {'target':15} {'tps':>9} {'spread':>13} {'ratio':>6} {'added lat':>10} "
@@ -474,13 +543,17 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - to be split into named ste
                     f"{label:14} {target.label:15} {tps:9.1f} {spread:>13} {tps / base_tps:6.2f} "
                     f"{added:7.0f} µs {cpu:>8} {user:>6}"
                 )
-    if traces:
-        print()
-        print(f"{'workload':14} {'target':15} {'syscalls/txn':>12}  top syscalls per txn")
-        for (label, target_label), (total, calls) in traces.items():
-            top = sorted(calls.items(), key=lambda kv: -kv[1])[:6]
-            detail = ", ".join(f"{name} {count:.1f}" for name, count in top)
-            print(f"{label:14} {target_label:15} {total:12.1f}  {detail}")
+
+
+def _report_traces(traces: dict[tuple[str, str], tuple[float, dict[str, float]]]) -> None:
+    if not traces:
+        return
+    print()
+    print(f"{'workload':14} {'target':15} {'syscalls/txn':>12}  top syscalls per txn")
+    for (label, target_label), (total, calls) in traces.items():
+        top = sorted(calls.items(), key=lambda kv: -kv[1])[:6]
+        detail = ", ".join(f"{name} {count:.1f}" for name, count in top)
+        print(f"{label:14} {target_label:15} {total:12.1f}  {detail}")
 
 
 if __name__ == "__main__":
