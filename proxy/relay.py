@@ -28,6 +28,7 @@ from proxy.analysis import ProxyAnalyzer, query_kind
 from proxy.catalogs import CatalogStore, private_store
 from proxy.errors import ProtocolError, TagError
 from proxy.sql import Analysis
+from proxy.sql.rewrites import app_path
 from proxy.tags import UNTAGGED, Tags
 
 # A statement that fails to parse: sent in place of a refused one (its error is replaced by ours).
@@ -37,6 +38,7 @@ BIND_SESSION_SQL = "SELECT cow.bind_session($1, $2, $3)"  # the secret a bound p
 INJECT_STATEMENT = "__cowproxy_inject"
 CATALOG_STATEMENT = "__cowproxy_catalog"
 CATALOG_VERSION_STATEMENT = "__cowproxy_catalog_version"
+PATH_STATEMENT = "__cowproxy_path"
 # Named statements the proxy prepares for a client's unnamed ones (see Relay._promote): their prefix, and how
 # many one server connection gets (names are never reused; evicted ones stay until the connection ends).
 PROMOTED_PREFIX = "__cowproxy_unnamed_"
@@ -246,6 +248,14 @@ class Relay:
         self._catalog_suspect = False  # a rewritten statement failed as a stale catalog would make it fail
         self.catalog_checks = 0  # version queries sent for catalog-dependent statements
         self.catalog_loads = 0
+        # In a session, where writes by unqualified names resolve (_check_path): True once the server said
+        # that no schema on the search_path in force lacks the layer, until a change of path or role, a join,
+        # or the end of a transaction that changed either (it may have rolled back to another path).
+        self.path_clean = False
+        self._path_changed_in_txn = False
+        self._path_checked = False  # the server answered for the statement being replayed
+        self._path_refusal: tuple[str, str] | None = None  # its answer: refuse it so
+        self.path_checks = 0
         # Unnamed statements run as proxy-owned named ones (_promote): (SQL sent, parameter types) -> name,
         # once the server has prepared it; the name the client's unnamed statement stands for; names made.
         self.promoted: dict[tuple[str, tuple[int, ...]], str] = {}
@@ -431,6 +441,8 @@ class Relay:
             self._check_catalog(trigger)
             self.held.appendleft(event)
             return None
+        if tags.tagged and trigger == b"Q" and self._path_hold(verdict, trigger, event):
+            return None
         self._fresh = False
         self._catalog_checked = False
         if tags.tagged:
@@ -450,6 +462,9 @@ class Relay:
                 detail = (("D", verdict.error_detail),) if verdict.error_detail else ()
                 self._refuse(trigger, p.encode_error(verdict.error[0], verdict.error[1], extra=detail))
                 return None
+            if trigger == b"Q" and self._path_refused(trigger):
+                return None
+        self._path_followed(verdict)
         if self.applied.tentative and verdict.kind in ("transaction", "other", "multi"):
             # COMMIT/ROLLBACK (TO SAVEPOINT) decide whether a set_config done in this block survives.
             self.applied.tags = None
@@ -483,6 +498,87 @@ class Relay:
             f"cowproxy: this connection's session is fixed ({how}); a /*cow_session=…*/ comment may not "
             'switch it (rule "session")',
         )
+
+    # ------------------------------------------------------------------------------------------------
+    # Where writes by unqualified names resolve (a schema on the path without the layer has no guard)
+
+    def _path_hold(self, verdict: Analysis, trigger: bytes, event: p.ClientEvent) -> bool:
+        """Hold ``event`` while the server says where its write targets resolve, unless known already.
+
+        Asked when the statement runs (a simple Query, a Bind), not at a Parse: PostgreSQL resolves a
+        prepared statement's names again when the path has changed since."""
+        if (
+            not verdict.resolves_writes
+            or verdict.tampers
+            or verdict.error is not None
+            or self.path_clean
+            or self._path_checked
+            or self.status == "E"  # (a failed block: the statement fails whatever its names)
+        ):
+            return False
+        self._check_path(trigger, verdict)
+        self.held.appendleft(event)
+        return True
+
+    def _path_refused(self, trigger: bytes) -> bool:
+        """Refuse the statement just checked when the server's answer says so; the answer is used up."""
+        refusal, self._path_refusal = self._path_refusal, None
+        self._path_checked = False
+        if refusal is None:
+            return False
+        self._refuse(trigger, p.encode_error(*refusal))
+        return True
+
+    def _path_followed(self, verdict: Analysis) -> None:
+        """A statement that may change the path or the role goes out: what was known of the path ends."""
+        if verdict.path_change or (verdict.kind == "transaction" and self._path_changed_in_txn):
+            self._path_changed()
+
+    def _path_changed(self) -> None:
+        self.path_clean = False
+        self._path_changed_in_txn = True
+
+    def _check_path(self, trigger: bytes, verdict: Analysis) -> None:
+        """Queue ``cow._unlayered_write`` of the statement's unqualified write targets; hold (as
+        ``_check_catalog``). The answer: refuse the statement when a name resolves to a relation of a schema
+        without the layer; the path clean when no schema on it lacks the layer."""
+        if trigger in (b"Q", b"F") and (self.pending or self.mid_batch):
+            self.holding = True
+            self._hold_until_idle = True
+            return
+        standalone = not self.mid_batch
+        forward = not standalone
+        self._injection_error = None
+        self.holding = True
+        self.path_checks += 1
+        rows: list[tuple[str | None, ...]] = []
+        kinds = dict(verdict.unqualified_writes)
+
+        def checked(ok: bool) -> None:
+            self._path_checked = True
+            self._path_refusal = None
+            if ok and len(rows) == 1 and len(rows[0]) == 3:
+                schema, name, clean = rows[0]
+                if clean == "t":
+                    self.path_clean = True
+                elif schema is not None and name is not None:
+                    self._path_refusal = app_path.unlayered_refusal(schema, name, kinds.get(name, "write"))
+                elif verdict.executes:
+                    self._path_refusal = app_path.EXECUTE_REFUSAL
+            elif self._injection_error is None:  # (with one, _release refuses the statement with it)
+                self._path_refusal = (SQLSTATE_REFUSED, app_path.UNCHECKED_MESSAGE)
+            self._release()
+
+        params = (app_path.text_array([name for name, _ in verdict.unqualified_writes]),)
+        close = self._queue_query(
+            PATH_STATEMENT, app_path.UNLAYERED_WRITE_SQL, forward, params=params, capture=rows
+        )
+        if standalone:
+            self._injected(close, Kind.CLOSE, forward)
+            self._injected(p.SYNC, Kind.SYNC, forward, on_done=checked)
+        else:
+            self._injected(close, Kind.CLOSE, forward, on_done=checked)
+            self.to_server.append(p.FLUSH)
 
     def _wants_catalog(self) -> bool:
         return self.analysis.catalog_query is not None and not self.catalog_loading
@@ -568,6 +664,14 @@ class Relay:
         if self._needs_injection(tags) and not self._inject(tags, b"B"):
             self.held.appendleft(frame)
             return
+        if statement is None:
+            self._path_changed()  # (not the proxy's to know: perhaps a SET ROLE)
+        elif tags.tagged and self._path_hold(statement.verdict, b"B", frame):
+            return
+        if tags.tagged and self._path_refused(b"P"):  # (a failing Parse: the server skips the batch)
+            return
+        if statement is not None:
+            self._path_followed(statement.verdict)
         self._fresh = False
         if (statement is not None and statement.tags is not None) or self._at_transaction_start():
             self.txn_tags = tags  # (as _prepare does: a Bind may start a transaction)
@@ -588,6 +692,7 @@ class Relay:
         """Remember that this text of a tagged connection went out as it is (for the C relay)."""
         if (
             verdict.tampers
+            or verdict.path_change  # (the relay must see it: _path_followed)
             or verdict.error is not None
             or verdict.catalog_dependent
             or verdict.tag_map is not None
@@ -764,6 +869,7 @@ class Relay:
             if ok:
                 self.applied = _Applied(tags, tentative=not standalone or self.status != "I")
                 self.hooks.tags_applied(tags)
+                self._path_changed()  # (joining puts the overlay path in force)
             elif self._injection_error is not None:
                 self.hooks.tags_failed(tags, self._injection_error)
 
@@ -954,6 +1060,8 @@ class Relay:
         if not self.holding:
             self._injection_error = None
             self._catalog_checked = False  # it was for the statement just replayed
+            self._path_checked = False
+            self._path_refusal = None
 
     def fast_query(self, data: bytes) -> bool:
         """Take one whole simple Query of an untagged connection with the least work, if it is one.
@@ -1031,6 +1139,7 @@ class Relay:
                     statement.tags is not None
                     or kind is None
                     or (tagged and (verdict.tag_map is not None or found is None))
+                    or (tagged and verdict.resolves_writes and not self.path_clean)  # (_path_hold)
                 )
                 rows.append((name.encode(), i, kind or 0, pyonly, found or ()))
             return rows
@@ -1045,6 +1154,8 @@ class Relay:
             self.decisions.clear()
         rows = []
         for key, verdict in self.decisions.items():
+            if verdict.resolves_writes and not self.path_clean:
+                continue  # the server is to say where its names resolve first (_path_hold)
             kind = kind_index(verdict.kind)
             found = slots(verdict.writes)
             if kind is not None and found is not None:
@@ -1267,6 +1378,9 @@ class Relay:
         applied.error_since = False
         if status == "I" and not self.pending:
             self.mid_batch = False
+        if status == "I" and self._path_changed_in_txn:
+            self._path_changed_in_txn = False  # (ended: committed, or rolled back to what it was before)
+            self.path_clean = False
         if head is not None and head.injected:
             if head.on_done is not None:
                 head.on_done(self._injection_error is None)

@@ -43,6 +43,12 @@ class Analysis:
     that app DDL on another connection may have changed since the catalog was loaded (an ON CONFLICT,
     TRUNCATE, COPY, MERGE or DDL target, or a schema-qualified name in an app schema that the catalog does
     not know): the caller should make sure its catalog is current before using the result.
+    ``unqualified_writes``: in a session, the (relation name, kind) of each write target named without a
+    schema, and ``executes``: an ``EXECUTE`` of a statement prepared in SQL (its writes unknown here): where
+    those names resolve depends on the ``search_path`` and role in force when the statement runs, so the
+    caller asks the server before running it (``cow._unlayered_write``) unless it knows that no schema on the
+    path lacks the layer. ``path_change``: the statement may change the ``search_path`` or the role (what
+    ``"$user"`` stands for), which ends that knowledge.
     """
 
     kind: str
@@ -54,6 +60,14 @@ class Analysis:
     cache_hit: bool = False
     catalog_dependent: bool = False
     error_detail: str | None = None  # PostgreSQL's DETAIL for ``error``, when it gives one
+    unqualified_writes: tuple[tuple[str, str], ...] = ()
+    executes: bool = False
+    path_change: bool = False
+
+    @property
+    def resolves_writes(self) -> bool:
+        """Whether the server must say where its write targets resolve before it runs (in a session)."""
+        return bool(self.unqualified_writes) or self.executes
 
 
 # Commands whose CommandComplete tag ends with a row count.
@@ -272,6 +286,9 @@ class _Inspection:
         self.in_do = False  # inside the body of a DO block
         self.path_sets = 0  # SET/RESET search_path statements rewritten by rewrites/app_path.py
         self.unlayered: tuple[str, str, str] | None = None  # a write to a schema without the layer
+        self.unqualified: list[tuple[str, str]] = []  # (name, kind) of write targets without a schema
+        self.executes = False  # EXECUTE of a statement prepared in SQL
+        self.path_change = False  # may change search_path or the role
 
     def cow(self, relation: object) -> bool:
         return (
@@ -286,6 +303,8 @@ class _Inspection:
         table = self.catalog.lookup(schema, rel)
         if self.watch and self.unlayered is None and app_path.unlayered(self.catalog, schema):
             self.unlayered = (str(schema), rel, kind)
+        if self.watch and not schema and (rel, kind) not in self.unqualified:
+            self.unqualified.append((rel, kind))
         name = table.qualified if table is not None else (f"{schema}.{rel}" if schema else rel)
         if (name, kind) not in self.writes:
             self.writes.append((name, kind))
@@ -345,7 +364,12 @@ class _Inspection:
                 self._write(item.get("RangeVar"), "truncate")
         elif name == "CopyStmt" and node.get("is_from"):
             self._write(node.get("relation"), "copy")
+        elif name == "ExecuteStmt":
+            self.executes = True
         elif name == "VariableSetStmt":
+            setting = str(node.get("name", "")).lower()
+            if setting in (_ROLE, app_path.SETTING) or node.get("kind") == "VAR_RESET_ALL":
+                self.path_change = True
             if self.watch and not self.in_do and app_path.sets_path(node):
                 self.path_sets += 1
             elif not self.in_do and str(node.get("name", "")).lower() == _ROLE:
@@ -355,6 +379,7 @@ class _Inspection:
         elif name == "DiscardStmt":
             if node.get("target") == "DISCARD_ALL":
                 self.tampers = True
+                self.path_change = True
         elif name == "FuncCall":
             self._func_call(node)
         elif name == "DoStmt":
@@ -495,13 +520,15 @@ class _Inspection:
         if names[-1] == "use_session" and names[:-1] in ([], ["cow"]):
             self.tampers = True
         elif self.watch and not self.in_do and app_path.set_config_of_path(node):
-            pass  # rewritten (rewrites/app_path.py)
+            self.path_change = True  # rewritten (rewrites/app_path.py)
         elif names[-1] == "set_config" and names[:-1] in ([], ["pg_catalog"]):
             args = node.get("args") or [{}]
             first = args[0]
             if "TypeCast" in first:  # 'cow.x'::text
                 first = first["TypeCast"].get("arg", {})
             value = first.get("A_Const", {}).get("sval", {}).get("sval")
+            if not isinstance(value, str) or value.lower() in (_ROLE, app_path.SETTING):
+                self.path_change = True
             # a guarded name, or one computed at run time that might be
             if not isinstance(value, str) or (
                 _guarded_setting(value) and (value.lower() != _ROLE or self.in_do)
@@ -603,6 +630,9 @@ def _analyze_parsed(
         # a SET of search_path is rewritten only as a statement of its own (its tag becomes SET)
         tampers=inspection.tampers or (inspection.path_sets > 0 and len(stmts) > 1),
         catalog_dependent=inspection.catalog_dependent,
+        unqualified_writes=tuple(inspection.unqualified),
+        executes=inspection.executes and inspection.watch,
+        path_change=inspection.path_change,
     )
     if inspection.policy is not None and inspection.policy.refusal is not None:
         return replace(base, error=(SQLSTATE_REFUSED, inspection.policy.refusal))
@@ -611,6 +641,9 @@ def _analyze_parsed(
         return replace(base, error=(sqlstate, message), error_detail=detail)
     if inspection.unlayered is not None:
         return replace(base, error=app_path.unlayered_refusal(*inspection.unlayered))
+    if len(stmts) > 1 and base.path_change and base.resolves_writes:
+        # The server is asked where the names resolve before the query string runs, not in its middle.
+        return replace(base, error=(SQLSTATE_REFUSED, app_path.PATH_AND_WRITES_MESSAGE))
     if not inspection.found:
         return base
     # Only now the full parse into pglast nodes, which the rewriter edits and deparses.

@@ -187,18 +187,91 @@ def test_a_schema_without_the_layer_reads_base_rows(proxy: RunningProxy, tenants
     assert base(tenants_db, "tenant_plain") == ["p1"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: the tables of a schema without the layer have no guard, and the proxy does not know "
-    "which schema an unqualified name resolves to, so an unqualified write reaches the table",
-)
+UNLAYERED = "schema tenant_plain has no copy-on-write layer"
+
+
+@pytest.mark.parametrize("prepare", [False, True], ids=["simple", "extended"])
 def test_an_unqualified_write_to_a_schema_without_the_layer_is_refused(
-    proxy: RunningProxy, tenants_db: str
+    proxy: RunningProxy, tenants_db: str, prepare: bool
 ) -> None:
+    """Its tables have no guard: the proxy asks the server where the name resolves before the write runs."""
     with psycopg.connect(proxy.dsn(tenants_db, application_name="cow:s4b"), autocommit=True) as conn:
         conn.execute("SET search_path = tenant_plain, public")
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        for sql in (
+            "INSERT INTO docs (body) VALUES ('p2')",
+            "UPDATE docs SET body = 'p1!'",
+            "DELETE FROM docs",
+            "WITH x AS (DELETE FROM docs RETURNING 1) SELECT count(*) FROM x",
+            "TRUNCATE docs",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match=UNLAYERED):
+                conn.execute(sql, prepare=prepare)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match=UNLAYERED):
+            with conn.cursor().copy("COPY docs (body) FROM STDIN") as copy:
+                copy.write_row(("p3",))
+        # schema-qualified: refused from the statement alone; reads see the base rows
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match=UNLAYERED):
+            conn.execute("INSERT INTO tenant_plain.docs (body) VALUES ('p2')", prepare=prepare)
+        assert bodies(conn) == ["p1"]
+        # the session's own tables and temporary tables stay writable on the same path
+        conn.execute("INSERT INTO tenants VALUES (3, 'tenant_c')", prepare=prepare)
+        conn.execute("CREATE TEMPORARY TABLE scratch (x int)")
+        conn.execute("INSERT INTO scratch VALUES (1)", prepare=prepare)
+        # a path without it again: writes go to the session
+        conn.execute("SET search_path = tenant_a, public")
+        conn.execute("INSERT INTO docs (body) VALUES ('a3')", prepare=prepare)
+    assert base(tenants_db, "tenant_plain") == ["p1"]
+    assert session_writes(tenants_db, "s4b") == [("public", "tenants", "None"), ("tenant_a", "docs", "a3")]
+
+
+def test_an_unlayered_path_is_followed_through_transactions(proxy: RunningProxy, tenants_db: str) -> None:
+    """SET LOCAL and a rollback put the unlayered schema on the path and take it off again; set_config and a
+    statement prepared before the path changed (PostgreSQL resolves its names again) are checked too."""
+    with psycopg.connect(proxy.dsn(tenants_db, application_name="cow:s4c"), autocommit=True) as conn:
+        conn.execute("SET search_path = tenant_a, public")
+        conn.execute("INSERT INTO docs (body) VALUES ('a3')")  # the path is known clean from here
+        with conn.transaction():
+            conn.execute("SET LOCAL search_path = tenant_plain")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match=UNLAYERED):
+                conn.execute("INSERT INTO docs (body) VALUES ('p2')")
+            raise psycopg.Rollback
+        conn.execute("INSERT INTO docs (body) VALUES ('a4')")  # tenant_a again after the transaction
+        with conn.transaction():
+            conn.execute("SAVEPOINT s")
+            conn.execute("SET search_path = tenant_plain")
+            conn.execute("ROLLBACK TO SAVEPOINT s")
+            conn.execute("INSERT INTO docs (body) VALUES ('a5')")
+            assert bodies(conn)[-1] == "a5"  # (tenant_a: the savepoint undid the path)
+            conn.execute("SET search_path = tenant_plain")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match=UNLAYERED):
+                conn.execute("INSERT INTO docs (body) VALUES ('p2')")
+            raise psycopg.Rollback
+        assert conn.execute("SELECT set_config('search_path', 'tenant_plain', false)").fetchone() == (
+            "tenant_plain",
+        )
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match=UNLAYERED):
             conn.execute("INSERT INTO docs (body) VALUES ('p2')")
+        # prepared under tenant_a (through the protocol and in SQL), run under tenant_plain
+        conn.execute("SET search_path = tenant_a")
+        cur = conn.cursor()
+        cur.execute("INSERT INTO docs (body) VALUES (%s)", ("a6",), prepare=True)
+        conn.execute("PREPARE ins (text) AS INSERT INTO docs (body) VALUES ($1)")
+        conn.execute("EXECUTE ins ('a7')")
+        conn.execute("SET search_path = tenant_plain")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match=UNLAYERED):
+            cur.execute("INSERT INTO docs (body) VALUES (%s)", ("p2",), prepare=True)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="EXECUTE of a statement prepared"):
+            conn.execute("EXECUTE ins ('p2')")
+        # a query string that changes the path and writes is refused as a whole
+        conn.execute("SET search_path = tenant_a")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="statement of its own"):
+            conn.execute(
+                "SELECT set_config('search_path', 'tenant_plain', false);"
+                " INSERT INTO docs (body) VALUES ('p')"
+            )
+        assert bodies(conn) == ["a1", "a2", "a3", "a4", "a6", "a7"]
+    assert base(tenants_db, "tenant_plain") == ["p1"]
+    assert base(tenants_db, "tenant_a") == ["a1", "a2"]
 
 
 def test_other_path_changes_stay_refused(proxy: RunningProxy, tenants_db: str) -> None:

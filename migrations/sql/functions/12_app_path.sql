@@ -10,7 +10,9 @@
 
 -- The overlay path of path p: overlay schemas named in p are dropped, then each enabled schema gets its
 -- overlay right before it ("$user" stands for the schema named like current_user). A schema that is not
--- enabled gets none: its tables are read as they are, and the guard refuses writes to them.
+-- enabled gets none: its tables are read as they are. They have no guard (the layer puts none outside the
+-- schemas it is installed on), so the proxy refuses writes to them: by a schema-qualified name from the
+-- statement alone, by an unqualified name after asking cow._unlayered_write where the name resolves.
 CREATE OR REPLACE FUNCTION cow._overlay_path(p text) RETURNS text
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -71,3 +73,44 @@ BEGIN
     PERFORM pg_catalog.set_config('search_path', p, coalesce(p_local, false));
     RETURN cow._adopt_app_path(p_local);
 END $$;
+
+-- For the proxy, before a write by unqualified relation names in a session: NULL when no schema on the
+-- search_path in force lacks the layer (an unqualified name then resolves to an overlay view, a temporary
+-- table, a guarded base table or a system catalog: nothing that writes the base rows silently); otherwise
+-- {schema, name} of the first of p_names that resolves, as PostgreSQL resolves it for this role now, to a
+-- relation in a schema without the layer, or '{}' when none does. Schemas the role may not use are skipped
+-- by to_regclass as by the statement itself.
+CREATE OR REPLACE FUNCTION cow._unlayered_write(p_names text[]) RETURNS text[]
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    e text;
+    n text;
+    found_schema text;
+BEGIN
+    IF NOT EXISTS (
+        SELECT 1
+        FROM unnest(cow._path_entries(current_setting('search_path'))) AS p(entry)
+        JOIN pg_catalog.pg_namespace ns
+          ON ns.nspname = CASE WHEN p.entry = '$user' THEN current_user::text ELSE p.entry END
+        WHERE NOT cow._layered_schema(ns.nspname)
+    ) THEN
+        RETURN NULL;
+    END IF;
+    FOREACH n IN ARRAY coalesce(p_names, '{}') LOOP
+        SELECT ns.nspname INTO found_schema
+        FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
+        WHERE c.oid = pg_catalog.to_regclass(pg_catalog.quote_ident(n));
+        IF found_schema IS NOT NULL AND NOT cow._layered_schema(found_schema) THEN
+            RETURN ARRAY[found_schema, n];
+        END IF;
+    END LOOP;
+    RETURN '{}';
+END $$;
+
+-- A schema where an unqualified write cannot change base rows unguarded: one with the layer, an overlay
+-- schema, the system catalog, a temporary schema (the session's own temporary tables).
+CREATE OR REPLACE FUNCTION cow._layered_schema(s text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT s = 'pg_catalog' OR s LIKE 'pg\_temp%' OR s LIKE 'pg\_toast%'
+        OR EXISTS (SELECT 1 FROM cow.schemas WHERE schema_name = s OR overlay_schema = s)
+$$;

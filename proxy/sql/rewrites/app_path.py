@@ -143,6 +143,36 @@ def unlayered_refusal(schema: str, table: str, kind: str) -> tuple[str, str]:
     )
 
 
+PATH_AND_WRITES_MESSAGE = (
+    "cowproxy: in a session, a query string that changes search_path or the role may not also write by "
+    "unqualified names: send the change as a statement of its own"
+)
+# What the proxy asks before a write by unqualified names in a session (migrations/sql/functions/
+# 12_app_path.sql): one row of (schema, name) of the first name that resolves outside the layer, and whether
+# no schema on the path lacks the layer (then the answer holds until the path or the role changes).
+UNLAYERED_WRITE_SQL = "SELECT r[1], r[2], r IS NULL FROM cow._unlayered_write($1::text[]) AS r"
+
+
+def text_array(items: tuple[str, ...] | list[str]) -> str:
+    """A PostgreSQL text[] literal of ``items`` (each double-quoted), for a bound parameter."""
+    quoted = ('"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"' for item in items)
+    return "{" + ",".join(quoted) + "}"
+
+
+UNCHECKED_MESSAGE = (
+    "cowproxy: refused in a session: the server did not say where this statement's unqualified write "
+    "targets resolve (cow._unlayered_write; is the layer up to date? cowproxy install)"
+)
+# For an EXECUTE of a statement prepared in SQL (its writes unknown to the proxy) while the path names a
+# schema without the layer.
+EXECUTE_REFUSAL = (
+    "42501",
+    "cowproxy: EXECUTE of a statement prepared in SQL refused in a session while search_path names a schema "
+    "without the copy-on-write layer (install it there with: cowproxy install --schema S, or prepare "
+    "through the protocol)",
+)
+
+
 def detect(scan: Scan, node: JsonNode) -> bool:
     return sets_path(node) or set_config_of_path(node)
 
