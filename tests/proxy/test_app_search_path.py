@@ -206,9 +206,11 @@ def test_an_unqualified_write_to_a_schema_without_the_layer_is_refused(
         ):
             with pytest.raises(psycopg.errors.InsufficientPrivilege, match=UNLAYERED):
                 conn.execute(sql, prepare=prepare)
-        with pytest.raises(psycopg.errors.InsufficientPrivilege, match=UNLAYERED):
-            with conn.cursor().copy("COPY docs (body) FROM STDIN") as copy:
-                copy.write_row(("p3",))
+        with (
+            pytest.raises(psycopg.errors.InsufficientPrivilege, match=UNLAYERED),
+            conn.cursor().copy("COPY docs (body) FROM STDIN") as copy,
+        ):
+            copy.write_row(("p3",))
         # schema-qualified: refused from the statement alone; reads see the base rows
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match=UNLAYERED):
             conn.execute("INSERT INTO tenant_plain.docs (body) VALUES ('p2')", prepare=prepare)

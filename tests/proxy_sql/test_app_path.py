@@ -7,6 +7,7 @@ import json
 import pytest
 
 from proxy.sql import Analyzer, Catalog
+from proxy.sql.rewrites.app_path import text_array
 
 # One CoW table: the rule runs in a session of a database with the layer.
 CATALOG = Catalog.from_rows(
@@ -130,3 +131,62 @@ def test_writes_to_schemas_without_the_layer_are_refused(sql: str, message: str)
 )
 def test_other_writes_are_not_refused(sql: str) -> None:
     assert Analyzer().analyze(sql, CATALOG, True).error is None
+
+
+@pytest.mark.parametrize(
+    ("sql", "unqualified", "executes", "path_change"),
+    [
+        ("INSERT INTO docs (id) VALUES (1)", (("docs", "insert"),), False, False),
+        ("INSERT INTO public.docs (id) VALUES (1)", (), False, False),
+        (
+            "WITH x AS (DELETE FROM docs RETURNING id) UPDATE other SET n = 1",
+            (("docs", "delete"), ("other", "update")),
+            False,
+            False,
+        ),
+        ("TRUNCATE docs, public.docs", (("docs", "truncate"),), False, False),
+        ('COPY "Docs" FROM STDIN', (("Docs", "copy"),), False, False),
+        ("EXECUTE ins (1)", (), True, False),
+        ("SET ROLE someone", (), False, True),
+        ("RESET ROLE", (), False, True),
+        ("SELECT set_config('role', 'someone', true)", (), False, True),
+        ("SELECT set_config('search_path', 'tenant_1', false)", (), False, True),
+        ("SET search_path = tenant_1", (), False, True),
+        ("SET work_mem = '8MB'", (), False, False),
+        ("SELECT * FROM docs", (), False, False),
+    ],
+)
+def test_what_the_relay_must_ask_the_server(
+    sql: str, unqualified: tuple[tuple[str, str], ...], executes: bool, path_change: bool
+) -> None:
+    """Writes by unqualified names (and EXECUTE) resolve through the path in force when they run: the relay
+    asks where (cow._unlayered_write); a change of path or role ends what it knew."""
+    result = Analyzer().analyze(sql, CATALOG, in_session=True)
+    assert result.error is None
+    assert (sorted(result.unqualified_writes), result.executes, result.path_change) == (
+        sorted(unqualified),
+        executes,
+        path_change,
+    )
+    assert result.resolves_writes == bool(unqualified or executes)
+    outside = Analyzer().analyze(sql, CATALOG, in_session=False)
+    assert (outside.unqualified_writes, outside.executes) == ((), False)
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT set_config('search_path', 'tenant_1', false); INSERT INTO docs (id) VALUES (1)",
+        "SET ROLE someone; DELETE FROM docs",
+        "SELECT set_config('role', 'x', false); EXECUTE ins (1)",
+    ],
+)
+def test_a_query_string_that_changes_the_path_and_writes_is_refused(sql: str) -> None:
+    result = Analyzer().analyze(sql, CATALOG, in_session=True)
+    assert result.error is not None and result.error[0] == "42501"
+    assert "statement of its own" in result.error[1]
+
+
+def test_names_go_to_the_server_as_a_text_array_literal() -> None:
+    assert text_array(["docs", 'We"ird\\', "a,b"]) == '{"docs","We\\"ird\\\\","a,b"}'
+    assert text_array([]) == "{}"
