@@ -95,23 +95,12 @@ BIND_SECRET_ENV = "COW_BIND_SECRET"
 MIN_SECRET = 16  # the layer refuses shorter ones
 
 
-def build_config(  # noqa: C901 - to be split into named steps
+def build_config(
     flags: dict[str, Any], file: str | None = None, environ: Mapping[str, str] | None = None
 ) -> ProxyConfig:
     """Merge a TOML file (its top level or a ``[proxy]`` table) with flags; flags win (None = unset).
     ``environ`` (default ``os.environ``) gives ``COW_BIND_SECRET`` when no ``bind_secret_file`` is set."""
-    values: dict[str, Any] = {}
-    if file:
-        try:
-            data = tomllib.loads(Path(file).read_text())
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {file}: {exc.strerror}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {file}: {exc}") from None
-        table = data.get("proxy", data)
-        if not isinstance(table, dict):
-            raise ConfigError(f"config file {file}: [proxy] must be a table")
-        values.update({k.replace("-", "_"): v for k, v in table.items()})
+    values: dict[str, Any] = _read_file(file) if file else {}
     values.update({k: v for k, v in flags.items() if v is not None})
     known = {f.name for f in fields(ProxyConfig)} - {"bind_secret"}
     unknown = sorted(set(values) - known)
@@ -124,19 +113,38 @@ def build_config(  # noqa: C901 - to be split into named steps
             raise ConfigError(f"{name}: expected a 'HOST:PORT' string")
         values[name] = parse_address(values[name], name, unix=name in _UNIX_OK)
     _check_upstream_tls(values)
-    upstream = values["upstream"]
-    if upstream.unix_path is not None and values.get("upstream_tls", "disable") != "disable":
-        # As libpq: no TLS over a Unix socket (PostgreSQL does not offer it there).
-        raise ConfigError("upstream_tls needs a TCP upstream (HOST:PORT), not a Unix socket")
+    _check_tls_files(values)
     if values.get("log_format", "logfmt") not in ("logfmt", "json"):
         raise ConfigError("log_format must be logfmt or json")
+    _check_workers(values)
+    _check_sessions(values, os.environ if environ is None else environ)
+    _check_scalars(values)
+    return ProxyConfig(**values)
+
+
+def _read_file(file: str) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(Path(file).read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {file}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {file}: {exc}") from None
+    table = data.get("proxy", data)
+    if not isinstance(table, dict):
+        raise ConfigError(f"config file {file}: [proxy] must be a table")
+    return {k.replace("-", "_"): v for k, v in table.items()}
+
+
+def _check_tls_files(values: dict[str, Any]) -> None:
     if bool(values.get("tls_cert")) != bool(values.get("tls_key")):
         raise ConfigError("--tls-cert and --tls-key go together")
     for name in ("tls_cert", "tls_key", "upstream_tls_ca", "upstream_tls_cert", "upstream_tls_key"):
         if values.get(name) is not None:
             _check_readable(name, values[name])
-    _check_workers(values)
-    _check_sessions(values, os.environ if environ is None else environ)
+
+
+def _check_scalars(values: dict[str, Any]) -> None:
+    """Connection strings, sizes, flags and timeouts: the types a TOML file may get wrong."""
     for name in ("state_dsn", "reads_dsn"):
         if values.get(name) is not None and not isinstance(values[name], str):
             raise ConfigError(f"{name}: expected a connection string")
@@ -148,7 +156,6 @@ def build_config(  # noqa: C901 - to be split into named steps
     for name in ("drain_timeout", "connect_timeout"):
         if name in values and (not isinstance(values[name], int | float) or values[name] < 0):
             raise ConfigError(f"{name} must be a non-negative number of seconds")
-    return ProxyConfig(**values)
 
 
 def _check_sessions(values: dict[str, Any], environ: Mapping[str, str]) -> None:
@@ -224,6 +231,9 @@ def _check_upstream_tls(values: dict[str, Any]) -> None:
     mode = values.get("upstream_tls", "disable")
     if mode not in _UPSTREAM_TLS:
         raise ConfigError(f"upstream_tls must be one of {', '.join(_UPSTREAM_TLS)}")
+    if values["upstream"].unix_path is not None and mode != "disable":
+        # As libpq: no TLS over a Unix socket (PostgreSQL does not offer it there).
+        raise ConfigError("upstream_tls needs a TCP upstream (HOST:PORT), not a Unix socket")
     if bool(values.get("upstream_tls_cert")) != bool(values.get("upstream_tls_key")):
         raise ConfigError("--upstream-tls-cert and --upstream-tls-key go together")
     # A CA without verification would look like protection that is not there (libpq's require + root.crt
