@@ -534,7 +534,7 @@ class ServerScanner:
         self._pass_left = 0  # bytes of a PASS message still to relay
         self.idle = True  # at a message boundary, with nothing buffered (kept by feed: read per reply)
 
-    def feed(self, data: bytes) -> list[bytes]:  # noqa: C901, PLR0912, PLR0915 - to be split into named steps
+    def feed(self, data: bytes) -> list[bytes]:
         self.idle = False  # until the end (a ProtocolError leaves it so)
         out: list[bytes] = []
         n = len(data)
@@ -547,78 +547,25 @@ class ServerScanner:
                 self._pass_left -= take
                 continue
             if self._partial:
-                # Finish a header or a BODY message split across chunks.
                 if start < pos:
                     out.append(data[start:pos])
-                if not self._want:
-                    need = 5 - len(self._partial)
-                    self._partial += data[pos : pos + need]
-                    pos += min(need, n - pos)
-                    start = pos
-                    if len(self._partial) < 5:
-                        break
-                    header = bytes(self._partial)
-                    self._partial.clear()
-                    kind = header[0]
-                    (length,) = _INT32.unpack_from(header, 1)
-                    if length < 4:
-                        raise ProtocolError(f"server sent invalid length {length}")
-                    if self.classify(kind, length - 4) == PASS:
-                        if self.on_pass is not None:
-                            self.on_pass(kind)
-                        out.append(header)
-                        self._pass_left = length - 4
-                        continue
-                    self._partial += header
-                    self._want = length + 1
-                need = self._want - len(self._partial)
-                self._partial += data[pos : pos + need]
-                pos += min(need, n - pos)
+                pos, complete = self._finish_partial(data, pos, out)
                 start = pos
-                if len(self._partial) < self._want:
+                if not complete:
                     break
-                raw = bytes(self._partial)
-                self._partial.clear()
-                self._want = 0
-                emitted = self.handle(raw[0], raw[5:], raw)
-                if emitted:
-                    out.append(emitted)
                 continue
             if n - pos < 5:
-                if start < pos:
-                    out.append(data[start:pos])
-                self._partial += data[pos:]
-                pos = start = n
-                break
+                return self._stash(data, start, pos, out, want=0)
             kind = data[pos]
             (length,) = _INT32.unpack_from(data, pos + 1)
             if length < 4:
                 raise ProtocolError(f"server sent invalid length {length}")
             if self.classify(kind, length - 4) == PASS:
-                if self.on_pass is not None:
-                    self.on_pass(kind)
-                end = pos + length + 1
-                if kind in self.runs:
-                    while end + 5 <= n and data[end] == kind:
-                        (length,) = _INT32.unpack_from(data, end + 1)
-                        if length < 4:
-                            raise ProtocolError(f"server sent invalid length {length}")
-                        end += length + 1
-                if end > n:
-                    self._pass_left = end - n
-                    pos = n
-                else:
-                    pos = end
+                pos = self._pass(data, pos + length + 1, kind)
                 continue
             end = pos + length + 1
-            if end > n:
-                # A BODY message split across chunks: flush the run before it and buffer it.
-                if start < pos:
-                    out.append(data[start:pos])
-                self._partial += data[pos:]
-                self._want = length + 1
-                pos = start = n
-                break
+            if end > n:  # a BODY message split across chunks
+                return self._stash(data, start, pos, out, want=length + 1)
             raw = data[pos:end]
             emitted = self.handle(kind, raw[5:], raw)
             if emitted is raw:  # kept as is: it stays part of the run
@@ -633,3 +580,72 @@ class ServerScanner:
             out.append(data if start == 0 and pos == n else data[start:pos])
         self.idle = not self._partial and not self._pass_left
         return out
+
+    def _pass(self, data: bytes, end: int, kind: int) -> int:
+        """Step over a PASS message ending at ``end`` (and the rest of its run): where the walk goes on."""
+        if self.on_pass is not None:
+            self.on_pass(kind)
+        if kind in self.runs:
+            end = _run_end(data, end, kind)
+        n = len(data)
+        if end > n:
+            self._pass_left = end - n
+            return n
+        return end
+
+    def _stash(self, data: bytes, start: int, pos: int, out: list[bytes], *, want: int) -> list[bytes]:
+        """End of the chunk inside a message: flush the run before it and buffer the rest (a header, or a
+        BODY message of ``want`` bytes in all); not idle."""
+        if start < pos:
+            out.append(data[start:pos])
+        self._partial += data[pos:]
+        self._want = want
+        return out
+
+    def _finish_partial(self, data: bytes, pos: int, out: list[bytes]) -> tuple[int, bool]:
+        """Go on with a header or a BODY message split across chunks: (position after what it took,
+        whether the message is now complete). The rare path: most chunks end on a message boundary."""
+        n = len(data)
+        if not self._want:
+            need = 5 - len(self._partial)
+            self._partial += data[pos : pos + need]
+            pos += min(need, n - pos)
+            if len(self._partial) < 5:
+                return pos, False
+            header = bytes(self._partial)
+            self._partial.clear()
+            kind = header[0]
+            (length,) = _INT32.unpack_from(header, 1)
+            if length < 4:
+                raise ProtocolError(f"server sent invalid length {length}")
+            if self.classify(kind, length - 4) == PASS:
+                if self.on_pass is not None:
+                    self.on_pass(kind)
+                out.append(header)
+                self._pass_left = length - 4
+                return pos, True
+            self._partial += header
+            self._want = length + 1
+        need = self._want - len(self._partial)
+        self._partial += data[pos : pos + need]
+        pos += min(need, n - pos)
+        if len(self._partial) < self._want:
+            return pos, False
+        raw = bytes(self._partial)
+        self._partial.clear()
+        self._want = 0
+        emitted = self.handle(raw[0], raw[5:], raw)
+        if emitted:
+            out.append(emitted)
+        return pos, True
+
+
+def _run_end(data: bytes, end: int, kind: int) -> int:
+    """The end of the run of ``kind`` messages from ``end`` on (whole headers in ``data`` only)."""
+    n = len(data)
+    while end + 5 <= n and data[end] == kind:
+        (length,) = _INT32.unpack_from(data, end + 1)
+        if length < 4:
+            raise ProtocolError(f"server sent invalid length {length}")
+        end += length + 1
+    return end
