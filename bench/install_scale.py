@@ -1,22 +1,27 @@
-"""`cowproxy install` on generated schemas of thousands of tables, and the cost of one app DDL statement then.
+"""`cowproxy install` on generated schemas of thousands of tables, and the cost of one app DDL statement then:
+a baseline layer (a git ref's SQL files) against this checkout's, side by side.
 
-    .venv/bin/python bench/install_scale.py --dsn postgresql://postgres@127.0.0.1:5432/postgres \
-        [--tables 2000 5000]
+    .venv/bin/python bench/install_scale.py --dsn postgresql://postgres@127.0.0.1:5432/postgres \\
+        [--tables 2000 5000] [--baseline REF] [--rounds 5]
 
-For each count: a database with that many tables (a serial key, a unique text column with its index, and a
-foreign key to the table before, in groups of ten), then `install_layer` timed (batched transactions, the
-server's default `max_locks_per_transaction`), then `ALTER TABLE … ADD COLUMN` on one table in the middle,
-timed on that database and on a plain copy of the schema made before the install (the difference is the
-layer's work: its event triggers). Prints one line per count.
+For each count: databases with that many tables (a serial key, a unique text column with its index, and a
+foreign key to the table before, in chains of ten): one for the baseline layer (``a``, ``--baseline``, default
+``main``), one for this checkout's (``b``) and a plain copy. Then ``install_layer`` is timed on ``a`` and on
+``b`` (batched transactions, the server's default ``max_locks_per_transaction``), then ``ALTER TABLE … ADD
+COLUMN`` on one table in the middle of a chain (a parent and a child), on ``a``, ``b`` and the plain copy (the
+difference to plain is the layer's work: its event triggers). ``--baseline none`` times this checkout only.
+Prints one line per count and layer, and the ratios b/a.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import statistics
+import sys
 import time
 
+# First: it takes this folder, whose other files are named like the packages, off the import path.
+import _common as common
 import asyncpg
 
 from migrations import install_layer
@@ -37,13 +42,8 @@ async def _database(admin: asyncpg.Connection, name: str) -> None:
     await admin.execute(f'CREATE DATABASE "{name}"')
 
 
-def _dsn(dsn: str, database: str) -> str:
-    head, _, _ = dsn.rpartition("/")
-    return f"{head}/{database}"
-
-
 async def _alter_ms(dsn: str, table: str, rounds: int) -> float:
-    """Median time of ``ALTER TABLE … ADD COLUMN`` (then DROP COLUMN, untimed) on ``table``."""
+    """Median time of ``ALTER TABLE … ADD COLUMN`` (each round a new column) on ``table``."""
     conn = await asyncpg.connect(dsn)
     try:
         times = []
@@ -56,51 +56,72 @@ async def _alter_ms(dsn: str, table: str, rounds: int) -> float:
         await conn.close()
 
 
-async def run(dsn: str, count: int, rounds: int) -> str:
-    admin = await asyncpg.connect(dsn)
-    layer_db, plain_db = f"cow_install_{count}", f"cow_install_{count}_plain"
+async def _install_s(dsn: str, files: common.Layer) -> tuple[float, int]:
+    conn = await asyncpg.connect(dsn)
     try:
-        for name in (layer_db, plain_db):
+        start = time.perf_counter()
+        with common.installed_layer(files):
+            await install_layer(conn)
+        seconds = time.perf_counter() - start
+        enabled = int(await conn.fetchval("SELECT count(*) FROM cow.registry"))
+        return seconds, enabled
+    finally:
+        await conn.close()
+
+
+async def run(dsn: str, count: int, rounds: int, layers: dict[str, common.Layer]) -> list[str]:
+    admin = await asyncpg.connect(dsn)
+    names = {v: f"cow_install_{count}_{v}" for v in (*layers, "plain")}
+    table = f"t{count // 2 + 1}"  # in a chain: a parent and a child
+    lines = []
+    try:
+        for name in names.values():
             await _database(admin, name)
-            conn = await asyncpg.connect(_dsn(dsn, name))
+            conn = await asyncpg.connect(common.with_database(dsn, name))
             try:
                 await conn.execute(schema_sql(count))
             finally:
                 await conn.close()
-        conn = await asyncpg.connect(_dsn(dsn, layer_db))
-        try:
-            start = time.perf_counter()
-            await install_layer(conn)
-            install_s = time.perf_counter() - start
-            enabled = await conn.fetchval("SELECT count(*) FROM cow.registry")
-        finally:
-            await conn.close()
-        table = f"t{count // 2 + 1}"  # in a chain: a parent and a child
-        layer_ms = await _alter_ms(_dsn(dsn, layer_db), table, rounds)
-        plain_ms = await _alter_ms(_dsn(dsn, plain_db), table, rounds)
-        return (
-            f"{count} tables: install {install_s:.1f} s ({enabled} enabled, "
-            f"{count / install_s:.0f} tables/s); "
-            f"ALTER TABLE {table} ADD COLUMN: {layer_ms:.1f} ms with the layer, {plain_ms:.1f} ms plain "
-            f"(layer work {layer_ms - plain_ms:.1f} ms; median of {rounds})"
-        )
+        plain_ms = await _alter_ms(common.with_database(dsn, names["plain"]), table, rounds)
+        results = {}
+        for v, files in layers.items():
+            common.log(f"{count} tables: installing layer {v}")
+            install_s, enabled = await _install_s(common.with_database(dsn, names[v]), files)
+            layer_ms = await _alter_ms(common.with_database(dsn, names[v]), table, rounds)
+            results[v] = (install_s, layer_ms - plain_ms)
+            lines.append(
+                f"{count} tables, layer {v}: install {install_s:.1f} s ({enabled} enabled, "
+                f"{count / install_s:.0f} tables/s); ALTER TABLE {table} ADD COLUMN: {layer_ms:.1f} ms with "
+                f"the layer, {plain_ms:.1f} ms plain "
+                f"(layer work {layer_ms - plain_ms:.1f} ms; median of {rounds})"
+            )
+        if "a" in results and "b" in results:
+            (ia, wa), (ib, wb) = results["a"], results["b"]
+            work = f"{wb / wa:.2f}x" if wa > 0 else "n/a"
+            lines.append(f"{count} tables, b/a: install {ib / ia:.2f}x, ALTER layer work {work}")
+        return lines
     finally:
-        for name in (layer_db, plain_db):
+        for name in names.values():
             await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+async def main(args: argparse.Namespace) -> None:
+    layers: dict[str, common.Layer] = {}
+    if args.baseline != "none":
+        layers["a"] = common.baseline_layer(args.baseline)
+    layers["b"] = common.this_layer()
+    for count in args.tables:
+        for line in await run(args.dsn, count, args.rounds, layers):
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument(
         "--dsn", required=True, help="maintenance DSN of a server the user may create databases on"
     )
     parser.add_argument("--tables", type=int, nargs="+", default=[2000, 5000])
     parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    for count in args.tables:
-        print(asyncio.run(run(args.dsn, count, args.rounds)), flush=True)
-
-
-if __name__ == "__main__":
-    main()
+    parser.add_argument("--baseline", default="main", help="git ref of layer a ('none': layer b only)")
+    sys.exit(common.run_main("install_scale", main(parser.parse_args())))

@@ -144,8 +144,9 @@ def test_app_ddl_rebuilds_only_the_tables_it_touches(many_tables: str) -> None:
         )
         ids = dict(conn.execute("SELECT table_name, changes_table FROM cow.registry").fetchall())
         rebuilt = {name for name, xmin in after.items() if before.get(name) != xmin}
-        # t55's triggers and those of its foreign-key neighbours t54 (parent) and t56 (child)
-        assert {name.split("_")[0] for name in rebuilt} == {ids["t54"], ids["t55"], ids["t56"]}
+        # t55's triggers only: its foreign-key neighbours t54 (parent) and t56 (child) read nothing an added
+        # column changes (their signatures are the same)
+        assert {name.split("_")[0] for name in rebuilt} == {ids["t55"]}
         new_views = conn.execute(
             "SELECT relname FROM pg_class WHERE relnamespace = 'cow_overlay_public'::regnamespace "
             "AND NOT oid = ANY (%s)",

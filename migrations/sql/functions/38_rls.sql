@@ -168,8 +168,9 @@ END $gen$;
 
 -- Brings every table's overlay in step with its row-level security (called at the end of cow.refresh):
 -- tables with it get the view and trigger above when they lack them or their policies changed; tables
--- without it lose the trigger (their view is the generated one again after any rebuild).
-CREATE OR REPLACE FUNCTION cow._rls_sync() RETURNS void
+-- without it lose the trigger (their view is the generated one again after any rebuild). p_ids: the registry
+-- entries to bring in step (NULL: all; cow._refresh_tables passes those it built).
+CREATE OR REPLACE FUNCTION cow._rls_sync(p_ids int[] DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
 DECLARE
     x record;
@@ -181,6 +182,7 @@ BEGIN
              JOIN pg_class c ON c.oid = g.relid
              LEFT JOIN pg_namespace vn ON vn.nspname = g.overlay_schema
              LEFT JOIN pg_class v ON v.relnamespace = vn.oid AND v.relname = c.relname AND v.relkind = 'v'
+             WHERE p_ids IS NULL OR g.id = ANY (p_ids)
              ORDER BY g.id LOOP
         IF x.rls AND x.view IS NOT NULL THEN
             IF NOT x.invoker OR x.fn IS NULL
