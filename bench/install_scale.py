@@ -29,12 +29,18 @@ from migrations import install_layer
 GROUP = 10  # tables per foreign-key chain
 
 
-def schema_sql(tables: int) -> str:
+def schema_sql(tables: int, start: int = 0) -> str:
     parts = []
-    for i in range(tables):
+    for i in range(start, tables):
         fk = f", parent_id int REFERENCES t{i - 1} (id)" if i % GROUP else ""
         parts.append(f"CREATE TABLE t{i} (id serial PRIMARY KEY, code text NOT NULL UNIQUE, qty int{fk});")
     return "\n".join(parts)
+
+
+async def create_schema(conn: asyncpg.Connection, tables: int) -> None:
+    """The tables, 200 per transaction (one transaction for thousands runs out of the lock table)."""
+    for start in range(0, tables, 200):
+        await conn.execute(schema_sql(min(tables, start + 200), start))
 
 
 async def _database(admin: asyncpg.Connection, name: str) -> None:
@@ -79,7 +85,7 @@ async def run(dsn: str, count: int, rounds: int, layers: dict[str, common.Layer]
             await _database(admin, name)
             conn = await asyncpg.connect(common.with_database(dsn, name))
             try:
-                await conn.execute(schema_sql(count))
+                await create_schema(conn, count)
             finally:
                 await conn.close()
         plain_ms = await _alter_ms(common.with_database(dsn, names["plain"]), table, rounds)

@@ -90,7 +90,9 @@ DECLARE
     wanted text[] := '{}';
 BEGIN
     SELECT * INTO STRICT r FROM cow.registry WHERE id = p_id;
-    FOR x IN SELECT * FROM cow._xindexes(r.relid) LOOP
+    -- (Most tables have no such index: skip cow._xindexes, whose query costs ~1.5 ms to plan.)
+    FOR x IN SELECT * FROM cow._xindexes(r.relid)
+             WHERE EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = r.relid AND cow._mirrored(i)) LOOP
         def := format('ON cow_changes.%I USING %I (%s%s) WHERE _cow_current AND NOT _cow_deleted%s', r.changes_table,
                       x.am,
                       CASE WHEN x.am = 'btree' OR (x.multicol AND EXISTS (

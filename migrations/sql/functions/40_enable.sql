@@ -497,6 +497,16 @@ BEGIN
     RETURN QUERY SELECT * FROM cow._refresh_tables(p_rels);
     PERFORM set_config('cow.in_layer', 'on', true);
     PERFORM cow._sync_lookup_indexes(ARRAY(SELECT g.id FROM cow.registry g WHERE g.relid = ANY (p_rels)));
-    RETURN QUERY SELECT * FROM cow._build_twins();
+    -- The twins only when a view of an enabled schema reads one of these tables (pg_depend's index): a twin
+    -- reads the overlay views of the tables its app view reads, so no other twin went with the views that
+    -- cow._ddl_start dropped, and DDL of tables cannot make another app view need one. cow._build_twins
+    -- scans pg_class twice (~20 ms with 2,000 tables).
+    IF EXISTS (SELECT 1 FROM pg_depend d JOIN pg_rewrite rw ON rw.oid = d.objid
+               JOIN pg_class v ON v.oid = rw.ev_class JOIN pg_namespace n ON n.oid = v.relnamespace
+               WHERE d.classid = 'pg_rewrite'::regclass AND d.refclassid = 'pg_class'::regclass
+                 AND d.refobjid = ANY (p_rels) AND rw.ev_class <> d.refobjid
+                 AND n.nspname IN (SELECT schema_name FROM cow.schemas)) THEN
+        RETURN QUERY SELECT * FROM cow._build_twins();
+    END IF;
     PERFORM set_config('cow.in_layer', coalesce(prev, ''), true);
 END $gen$;

@@ -12,12 +12,27 @@ LANGUAGE sql IMMUTABLE AS $$
                      || '($|[^[:alnum:]_$])')
 $$;
 
+-- The relation names SQL text p_sql can name without double quotes: its words as written, lowercased, and
+-- with ASCII letters lowercased (PostgreSQL's folding of an unquoted identifier); NULL when the text has a
+-- double quote (then any name may be in it). cow._ddl_start looks its candidates up by name (an index scan
+-- of pg_class) instead of testing every overlay view's name against the text (~15 ms with 2,000 tables).
+CREATE OR REPLACE FUNCTION cow._name_candidates(p_sql text) RETURNS name[]
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN strpos(p_sql, '"') > 0 THEN NULL
+                ELSE ARRAY(SELECT DISTINCT v::name
+                           FROM regexp_matches(p_sql, '[[:alpha:]_][[:alnum:]_$]*', 'g') AS m(w),
+                                LATERAL (VALUES (m.w[1]), (lower(m.w[1])),
+                                                (translate(m.w[1], 'ABCDEFGHIJKLMNOPQRSTUVWXYZ',
+                                                           'abcdefghijklmnopqrstuvwxyz'))) AS t(v)) END
+$$;
+
 CREATE OR REPLACE FUNCTION cow._ddl_start() RETURNS event_trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET client_min_messages = warning AS $gen$
 DECLARE
     x record;
     named boolean := false;
     dropped oid[] := '{}';
+    cands name[];
 BEGIN
     IF current_setting('cow.in_layer', true) = 'on' THEN
         RETURN;
@@ -31,10 +46,19 @@ BEGIN
         -- ALTER TABLE and DROP TABLE change only tables their text names: drop only the views of those (each
         -- app DDL statement rebuilt every enabled table's view). A statement that names none (DDL run by a
         -- function) drops them all, as every other tag does.
+        -- (The names the text can hold are looked up by name; every overlay view's name is tested only when
+        -- the text has a quoted identifier.)
+        cands := CASE WHEN tg_tag IN ('ALTER TABLE', 'DROP TABLE') THEN cow._name_candidates(current_query()) END;
         FOR x IN SELECT n.nspname, c.relname, g.relid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                  LEFT JOIN cow.registry g ON g.overlay_schema = n.nspname AND g.table_name = c.relname
-                 WHERE n.nspname IN (SELECT overlay_schema FROM cow.schemas) AND c.relkind = 'v'
-                   AND tg_tag IN ('ALTER TABLE', 'DROP TABLE') AND cow._named_in(current_query(), c.relname) LOOP
+                 WHERE c.relname = ANY (cands) AND n.nspname IN (SELECT overlay_schema FROM cow.schemas)
+                   AND c.relkind = 'v' AND cow._named_in(current_query(), c.relname)
+                 UNION ALL
+                 SELECT n.nspname, c.relname, g.relid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                 LEFT JOIN cow.registry g ON g.overlay_schema = n.nspname AND g.table_name = c.relname
+                 WHERE cands IS NULL AND tg_tag IN ('ALTER TABLE', 'DROP TABLE')
+                   AND n.nspname IN (SELECT overlay_schema FROM cow.schemas) AND c.relkind = 'v'
+                   AND cow._named_in(current_query(), c.relname) LOOP
             EXECUTE format('DROP VIEW IF EXISTS %I.%I CASCADE', x.nspname, x.relname);
             named := true;
             dropped := dropped || x.relid;
