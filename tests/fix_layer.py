@@ -68,7 +68,7 @@ OLD_VERSIONS = (1, 2, 3, 4)
 
 def old_migration_files(upto: int) -> list[tuple[int, str, str]]:
     """(version, name, sql) of the numbered files 1..upto at OLD_LAYER_COMMIT; skips without git history."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[1]
     git = shutil.which("git")
     if git is None:
         pytest.skip("no git: the old layer versions are read from git history")
