@@ -109,7 +109,7 @@ SELECT {_B} FROM public.items b WHERE NOT EXISTS (
     SELECT 1 FROM {{ch}} x WHERE x._cow_session = {_S} AND x._cow_current AND x.id = b.id)""",
     # The layer's shape with nested-loop anti joins only (a per-key probe of <t>_cur per base row).
     "nested-loop": "",
-    # The layer's view without its binding gate (the InitPlan probing cow.my_binding, issue 17): what the
+    # The layer's view without its binding gate (the InitPlan probing cow.my_binding): what the
     # gate costs. (Made from the view's definition: see no_gate_view.)
     "no-gate": "",
     # The base branch filters with a hashed NOT IN subplan instead of the anti join (no per-key form).

@@ -1,4 +1,4 @@
--- cowproxy copy-on-write layer, version 20: the binding of a backend to its session (issue 17,
+-- cowproxy copy-on-write layer, version 20: the binding of a backend to its session (see
 -- docs/threat-model.md). `cow.bind_session(session, operation, secret)` records here which session this
 -- backend is bound to, and only a caller that knows the binding secret (its SHA-256 is kept in
 -- cow.bind_secret) can make, change or remove the row. The guard, the overlay views and the generated
