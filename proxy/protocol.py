@@ -275,6 +275,13 @@ def decode_command_tag(body: bytes) -> str:
     return tag
 
 
+def decode_parameter_status(body: bytes) -> tuple[str, str]:
+    """(name, value) of a ParameterStatus body."""
+    name, pos = _cstring(body, 0)
+    value, _ = _cstring(body, pos)
+    return name, value
+
+
 def decode_sasl_mechanisms(body: bytes) -> tuple[str, ...]:
     """The mechanism list of an AuthenticationSASL body (after the int32 code)."""
     names = body[4:].split(b"\0")
@@ -355,6 +362,10 @@ def encode_ready(status: str) -> bytes:
 
 def encode_command_complete(tag: str) -> bytes:
     return message(b"C", tag.encode() + b"\0")
+
+
+def encode_parameter_status(name: str, value: str) -> bytes:
+    return message(b"S", name.encode() + b"\0" + value.encode() + b"\0")
 
 
 def encode_sasl_mechanisms(mechanisms: tuple[str, ...]) -> bytes:

@@ -106,6 +106,7 @@ _E = ord("E")
 _C = ord("C")
 _D = ord("D")
 _A = ord("A")
+_S = ord("S")
 
 
 @dataclass(slots=True)
@@ -1250,7 +1251,7 @@ class Relay:
         pos, end = 0, len(data) - 6
         while pos < end:
             kind = data[pos]
-            if kind in (_E, _Z):
+            if kind in (_E, _Z, _S):  # (ParameterStatus: _parameter_status)
                 return False
             pos += _INT32.unpack_from(data, pos + 1)[0] + 1
         if pos != end or data[-1] not in _STATUSES:
@@ -1263,7 +1264,7 @@ class Relay:
         return True
 
     def _classify(self, kind: int, length: int) -> int:
-        if kind in (_Z, _E):
+        if kind in (_Z, _E, _S):
             return p.BODY
         if self.pending:
             head = self.pending[0]
@@ -1300,6 +1301,8 @@ class Relay:
         if kind == _E:
             return self._error(body, raw)
         head = self.pending[0] if self.pending else None
+        if kind == _S and (head is None or not head.injected):
+            return self._parameter_status(body, raw)
         if head is None:
             return raw
         if head.injected:
@@ -1326,6 +1329,17 @@ class Relay:
             if head.on_done is not None:
                 head.on_done(True)
         return raw
+
+    @staticmethod
+    def _parameter_status(body: bytes, raw: bytes) -> bytes:
+        """PostgreSQL 18 reports ``search_path``: in a session that is the overlay path, which the client is
+        not shown (introspection answers as outside the session): it gets the application's path. (Those of
+        the proxy's own statements, a join's, are dropped with the rest of their replies.)"""
+        name, value = p.decode_parameter_status(body)
+        if name != "search_path":
+            return raw
+        shown = app_path.visible_path(value)
+        return raw if shown == value else p.encode_parameter_status(name, shown)
 
     def _error(self, body: bytes, raw: bytes) -> bytes:
         fields = p.decode_error(body)

@@ -276,6 +276,28 @@ def test_an_unlayered_path_is_followed_through_transactions(proxy: RunningProxy,
     assert base(tenants_db, "tenant_a") == ["a1", "a2"]
 
 
+def test_parameter_status_shows_the_application_path(proxy: RunningProxy, tenants_db: str) -> None:
+    """PostgreSQL 18 reports search_path (ParameterStatus): the client is told the application's path, as
+    SHOW says, never the overlay path (introspection answers as outside the session)."""
+    with psycopg.connect(proxy.dsn(tenants_db, application_name="cow:s7"), autocommit=True) as conn:
+        if conn.info.server_version < 180000:
+            assert conn.info.parameter_status("search_path") is None  # (not reported before 18)
+            return
+        assert conn.info.parameter_status("search_path") == '"$user", public'
+        for sql in (
+            "SET search_path = tenant_a, public",
+            'SET search_path = "Tenant C", public',
+            "RESET search_path",
+            "SET search_path = tenant_plain, public",
+        ):
+            conn.execute(sql)
+            assert conn.info.parameter_status("search_path") == paths(conn)[0], sql
+        with conn.transaction():
+            conn.execute("SET LOCAL search_path = tenant_b")
+            assert conn.info.parameter_status("search_path") == "tenant_b"
+        assert conn.info.parameter_status("search_path") == "tenant_plain, public"
+
+
 def test_other_path_changes_stay_refused(proxy: RunningProxy, tenants_db: str) -> None:
     with psycopg.connect(proxy.dsn(tenants_db, application_name="cow:s5"), autocommit=True) as conn:
         for sql in (

@@ -389,3 +389,23 @@ def test_at_rest_and_the_decisions_of_a_session() -> None:
     assert untagged.at_rest() and not untagged.decisions  # untagged: C needs no decisions
     routed = relay(route=Tags("R"))
     assert not routed.at_rest()  # the route's tags not in force yet
+
+
+def test_parameter_status_search_path_shows_the_application_path() -> None:
+    """PostgreSQL 18 reports search_path: the overlay schemas are dropped from what the client is told,
+    whether the report comes alone or with the rest of a reply (the fast path leaves it to the scanner)."""
+    r = relay()
+    query = p.encode_query("SET search_path = tenant_a, public")
+    assert send(r, query) == query
+    physical = p.encode_parameter_status(
+        "search_path", "cow_overlay_tenant_a, tenant_a, cow_overlay_public, public"
+    )
+    other = p.encode_parameter_status("application_name", "cow_overlay_x")
+    done = p.encode_command_complete("SET") + p.encode_ready("I")
+    assert reply(r, physical, other, done) == (
+        p.encode_parameter_status("search_path", "tenant_a, public") + other + done
+    )
+    # a path without overlay schemas passes as it is (outside a session), also alone
+    plain = p.encode_parameter_status("search_path", '"$user", public')
+    assert reply(r, plain) == plain
+    assert p.decode_parameter_status(plain[5:]) == ("search_path", '"$user", public')

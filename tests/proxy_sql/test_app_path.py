@@ -7,7 +7,7 @@ import json
 import pytest
 
 from proxy.sql import Analyzer, Catalog
-from proxy.sql.rewrites.app_path import text_array
+from proxy.sql.rewrites.app_path import text_array, visible_path
 
 # One CoW table: the rule runs in a session of a database with the layer.
 CATALOG = Catalog.from_rows(
@@ -185,6 +185,22 @@ def test_a_query_string_that_changes_the_path_and_writes_is_refused(sql: str) ->
     result = Analyzer().analyze(sql, CATALOG, in_session=True)
     assert result.error is not None and result.error[0] == "42501"
     assert "statement of its own" in result.error[1]
+
+
+@pytest.mark.parametrize(
+    ("physical", "shown"),
+    [
+        ('"$user", public', '"$user", public'),
+        ('"$user", cow_overlay_public, public', '"$user", public'),
+        ("cow_overlay_tenant_a, tenant_a, cow_overlay_public, public", "tenant_a, public"),
+        ('"cow_overlay_Tenant C", "Tenant C", cow_overlay_public, public', '"Tenant C", public'),
+        ('"a,cow_overlay_x", cow_overlay_b, b', '"a,cow_overlay_x", b'),
+        ("COW_OVERLAY_PUBLIC, public", "public"),
+        ("cow_overlay_public", ""),
+    ],
+)
+def test_the_client_is_shown_the_path_without_overlay_schemas(physical: str, shown: str) -> None:
+    assert visible_path(physical) == shown
 
 
 def test_names_go_to_the_server_as_a_text_array_literal() -> None:

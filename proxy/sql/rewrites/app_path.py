@@ -173,6 +173,41 @@ EXECUTE_REFUSAL = (
 )
 
 
+OVERLAY_PREFIX = "cow_overlay_"
+
+
+def _path_segments(value: str) -> list[str]:
+    """The comma-separated items of a search_path value as written (commas in double quotes kept)."""
+    segments, start, quoted = [], 0, False
+    for i, char in enumerate(value):
+        if char == '"':
+            quoted = not quoted  # (a doubled quote inside quotes toggles twice)
+        elif char == "," and not quoted:
+            segments.append(value[start:i])
+            start = i + 1
+    segments.append(value[start:])
+    return segments
+
+
+def _is_overlay(segment: str) -> bool:
+    item = segment.strip()
+    if len(item) > 1 and item.startswith('"') and item.endswith('"'):
+        name = item[1:-1].replace('""', '"')
+    else:
+        name = item.lower()  # PostgreSQL folds an unquoted name
+    return name.startswith(OVERLAY_PREFIX)
+
+
+def visible_path(value: str) -> str:
+    """The ``search_path`` a client is told (ParameterStatus, PostgreSQL 18 reports it) for the physical
+    ``value``: its overlay schemas dropped, the rest as written (``cow_overlay_a, a, cow_overlay_public,
+    public`` -> ``a, public``), which is the application's path as ``SHOW`` gives it."""
+    if OVERLAY_PREFIX not in value.lower():
+        return value
+    kept = [segment for segment in _path_segments(value) if not _is_overlay(segment)]
+    return ",".join(kept).lstrip()
+
+
 def detect(scan: Scan, node: JsonNode) -> bool:
     return sets_path(node) or set_config_of_path(node)
 
