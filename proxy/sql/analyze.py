@@ -24,6 +24,7 @@ from proxy.sql.policy import DEFAULT_POLICY, FAST_PATH_WORDS, Policy, PolicyChec
 from proxy.sql.rewrites import DETECTORS, RELATION, STATEMENT, Rewriter, app_path, introspection
 from proxy.tags import strip_edge_comments
 
+RETURNING_MARK = "/*cow_returning*/ "  # (migrations/sql/functions/38_rls.sql reads it)
 SQLSTATE_REFUSED = "42501"  # insufficient_privilege: what PostgreSQL answers for what a role may not do
 KINDS = ("select", "insert", "update", "delete", "merge", "copy", "ddl", "utility", "transaction", "other")
 
@@ -288,6 +289,7 @@ class _Inspection:
         self.unlayered: tuple[str, str, str] | None = None  # a write to a schema without the layer
         self.unqualified: list[tuple[str, str]] = []  # (name, kind) of write targets without a schema
         self.executes = False  # EXECUTE of a statement prepared in SQL
+        self.returning_rls = False  # INSERT ... RETURNING into a CoW table with row-level security
         self.path_change = False  # may change search_path or the role
 
     def cow(self, relation: object) -> bool:
@@ -349,6 +351,9 @@ class _Inspection:
             self.catalog_dependent = True
         if name == "InsertStmt":
             self._write(node.get("relation"), "insert")
+            returning = node.get("returningClause") or node.get("returningList")  # (parser 18 / 17)
+            if self.watch and returning and self._row_security(node.get("relation")):
+                self.returning_rls = True
         elif name == "UpdateStmt":
             self._write(node.get("relation"), "update")
             if self.watch and self.error is None and not self.in_do:
@@ -391,6 +396,18 @@ class _Inspection:
         elif name in _SETTINGS_ELSEWHERE:
             return False  # a definition, or settings for later sessions: nothing changes now
         return True
+
+    def _row_security(self, relation: Any) -> bool:
+        """A CoW table with row-level security (an unqualified name several schemas share: perhaps)."""
+        if not isinstance(relation, dict):
+            return False
+        schema, name = relation.get("schemaname"), relation.get("relname")
+        if not isinstance(name, str):
+            return False
+        if schema is None and name in self.catalog.unqualified and self.catalog.unqualified[name] is None:
+            return any(t.row_security for (_, n), t in self.catalog.tables.items() if n == name)
+        table = self.catalog.lookup(schema, name)
+        return table is not None and table.row_security
 
     def _generated_update(self, node: dict[str, Any]) -> None:
         """PostgreSQL's 428C9 for ``UPDATE t SET g = …`` of a generated or GENERATED ALWAYS identity column.
@@ -644,8 +661,12 @@ def _analyze_parsed(
     if len(stmts) > 1 and base.path_change and base.resolves_writes:
         # The server is asked where the names resolve before the query string runs, not in its middle.
         return replace(base, error=(SQLSTATE_REFUSED, app_path.PATH_AND_WRITES_MESSAGE))
+    # INSERT ... RETURNING under row-level security: marked for the layer's trigger (38_rls.sql), which then
+    # checks the new row against the SELECT policies. Not in a string of several statements: the mark would
+    # hold for all of them (docs/layer.md).
+    mark = RETURNING_MARK if inspection.returning_rls and len(stmts) == 1 else ""
     if not inspection.found:
-        return base
+        return replace(base, rewritten=mark + text) if mark else base
     # Only now the full parse into pglast nodes, which the rewriter edits and deparses.
     try:
         rewriter = Rewriter(
@@ -657,6 +678,8 @@ def _analyze_parsed(
     except Exception as exc:  # a statement shape the rewriter does not know: refuse rather than guess
         message = f"cowproxy cannot rewrite this statement inside a session ({type(exc).__name__}: {exc})"
         return replace(base, error=("0A000", message))
+    if mark:
+        return replace(base, rewritten=mark + (outcome.sql or text), tag_map=outcome.tag_map)
     return replace(base, rewritten=outcome.sql, tag_map=outcome.tag_map)
 
 

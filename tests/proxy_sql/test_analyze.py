@@ -12,6 +12,7 @@ from pglast.stream import RawStream
 
 from proxy.errors import ProxyError
 from proxy.sql import Analysis, Analyzer, Catalog, CatalogError, apply_tag_map
+from proxy.sql.analyze import RETURNING_MARK
 
 from . import catalogs
 from .catalogs import SAMPLE, rows, sample_catalog
@@ -757,3 +758,23 @@ def test_two_tables_join_laterally_when_the_joined_one_dwarfs_the_first(
     ) is (rewritten)
     # an open first relation (no WHERE, no LIMIT) is never probed row by row
     assert analyze(JOIN_TWO.split(" WHERE ", maxsplit=1)[0], catalog=_sized(rows)).rewritten is None
+
+
+@pytest.mark.parametrize(
+    ("sql", "marked"),
+    [
+        ("INSERT INTO members (id) VALUES (1) RETURNING id", True),
+        ("INSERT INTO public.members (id) VALUES (1) RETURNING *", True),
+        ("WITH x AS (INSERT INTO members (id) VALUES (1) RETURNING id) SELECT 1", True),
+        ("INSERT INTO members (id) VALUES (1) ON CONFLICT (id) DO NOTHING RETURNING id", True),
+        ("INSERT INTO members (id) VALUES (1)", False),  # no RETURNING
+        ("INSERT INTO projects (id, name) VALUES (1, 'p') RETURNING id", False),  # no row security
+        ("INSERT INTO members (id) VALUES (1) RETURNING id; SELECT 1", False),  # several statements
+    ],
+)
+def test_insert_returning_under_row_security_is_marked_for_the_layer(sql: str, marked: bool) -> None:
+    """The layer's RLS trigger checks the SELECT policies when the statement carries the mark (38_rls.sql)."""
+    result = Analyzer().analyze(sql, sample_catalog(), in_session=True)
+    assert result.error is None
+    assert (result.rewritten or "").startswith(RETURNING_MARK) is marked
+    assert Analyzer().analyze(sql, sample_catalog(), in_session=False).rewritten is None

@@ -11,7 +11,12 @@
 --   under one anti join, "Overlay view shape"), so its plans keep their index paths;
 -- - an INSTEAD OF row trigger cow_0rls, which fires before the generated cow_insert/cow_update/cow_delete
 --   (triggers fire in name order; a NULL from one skips the row): UPDATE and DELETE skip rows their USING
---   policies hide, INSERT and UPDATE raise 42501 with PostgreSQL's message when the new row fails WITH CHECK.
+--   policies hide, INSERT and UPDATE raise 42501 with PostgreSQL's message when the new row fails WITH CHECK;
+--   an INSERT with RETURNING also when the new row fails the SELECT policies (PostgreSQL's rule: the role may
+--   not be shown a row it cannot see). A trigger cannot see RETURNING, so the proxy marks such a statement:
+--   it sends it with the comment /*cow_returning*/ first, which the trigger finds in current_query() (the
+--   statement's whole text, as the client's statement is: no GUC could be set for one statement only). A
+--   client writing that comment itself only gets the stricter check.
 -- Tables without row-level security keep the generated view and triggers unchanged (nothing here runs for
 -- them but the check that there is nothing to do).
 
@@ -65,7 +70,7 @@ $$;
 -- What decides whether the overlay needs rebuilding: row security on or forced, and every policy.
 CREATE OR REPLACE FUNCTION cow._rls_signature(p_rel oid) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
-    SELECT md5(concat_ws('|', c.relrowsecurity, c.relforcerowsecurity,
+    SELECT md5(concat_ws('|', 'returning', c.relrowsecurity, c.relforcerowsecurity,
                          (SELECT string_agg(concat_ws(':', p.polname, p.polcmd, p.polpermissive, p.polroles::text,
                                                       pg_get_expr(p.polqual, p.polrelid),
                                                       pg_get_expr(p.polwithcheck, p.polrelid)), ',' ORDER BY p.polname)
@@ -142,6 +147,8 @@ BEGIN
         '        RETURN NEW;\n'
         '    END IF;\n'
         '    IF TG_OP = ''INSERT'' THEN\n%3$s'
+        '        IF pg_catalog.strpos(pg_catalog.current_query(), ''/*cow_returning*/'') > 0 THEN\n%10$s'
+        '        END IF;\n'
         '        RETURN NEW;\n'
         '    ELSIF TG_OP = ''UPDATE'' THEN\n'
         '        IF NOT coalesce((SELECT %4$s FROM (%5$s) AS %6$I), false) THEN\n'
@@ -160,7 +167,9 @@ BEGIN
         cow._rls_check_code(r.relid, 'w', false, cow._rowsrc(r.col_names, 'NEW'), tab),
         -- an UPDATE's new row must also pass the SELECT policies (PostgreSQL: when the UPDATE reads columns)
         cow._rls_check_code(r.relid, 'r', true, cow._rowsrc(r.col_names, 'NEW'), tab),
-        cow._rls_cond(r.relid, 'd', false));
+        cow._rls_cond(r.relid, 'd', false),
+        -- INSERT ... RETURNING: the new row must pass the SELECT policies too
+        cow._rls_check_code(r.relid, 'r', true, cow._rowsrc(r.col_names, 'NEW'), tab));
     EXECUTE format('COMMENT ON FUNCTION %s() IS %L', fn, cow._rls_signature(r.relid));
     EXECUTE format('CREATE OR REPLACE TRIGGER cow_0rls INSTEAD OF INSERT OR UPDATE OR DELETE ON %I.%I '
                    'FOR EACH ROW EXECUTE FUNCTION %s()', r.overlay_schema, tab, fn);
