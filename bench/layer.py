@@ -168,8 +168,9 @@ UNION ALL {_CHANGES}""",
 }
 
 
-# The gate as pg_get_viewdef shows it: the first conjunct of the view's WHERE, up to the session condition.
-_GATE = re.compile(r"WHERE \(\( SELECT \(\(NOT \(EXISTS \(.*?cow\._read_gate\(\)\)\) AND ", re.S)
+# The gate as pg_get_viewdef shows it (in either form the layer has had): the first conjunct of the view's
+# WHERE, up to the session condition.
+_GATE = re.compile(r"WHERE \(\(.*?cow\._read_gate\(\)\)+ AND ", re.S)
 
 
 async def no_gate_view(conn: asyncpg.Connection) -> str:

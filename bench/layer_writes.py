@@ -18,7 +18,12 @@ this machine, the CPU time each variant's backend spent per op (``/proc/<pid>/sc
 unlike wall time it does not count waiting for a core that another process holds, nor the client's share.
 
     .venv/bin/python bench/layer_writes.py [--dsn DSN] [--baseline REF] [--rows 250000] [--rounds 7] [--keep]
-        [--fk immediate|deferred]
+        [--fk immediate|deferred] [--role]
+
+``--role`` runs the measured connections as a non-superuser role (``SET ROLE`` after joining the session)
+with the privileges on ``items`` an application role has: the generated triggers run as that role, so the
+changes tables' row-level security (issue 17, migration 0021) applies to their statements, as it does for
+the recommended set-up (docs/threat-model.md); a superuser bypasses it.
 
 ``--fk`` gives ``items.grp`` a FOREIGN KEY to a 1000-row table ``grps`` (on both sides), checked at the end of
 the statement (``immediate``) or ``DEFERRABLE INITIALLY DEFERRED`` at COMMIT (``deferred``, Django's kind).
@@ -44,6 +49,14 @@ import asyncpg
 import migrations.layer as layer_mod
 
 SESSION = "bench"
+ROLE = "cowbench_writer"  # --role: an application's role, no superuser
+ROLE_DDL = f"""
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{ROLE}') THEN
+        CREATE ROLE {ROLE};
+    END IF;
+END $$
+"""
 VARIANTS = ("plain", "a", "b")
 OPS = {
     "insert 1 row": "INSERT INTO items (id, grp, name) VALUES ($1, 1, 'new')",
@@ -65,6 +78,7 @@ class Config:
     keep: bool
     seed: int
     fk: str = "none"
+    role: bool = False
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
@@ -77,6 +91,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
     p.add_argument("--keep", action="store_true", help="keep the databases (with --dsn)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--fk", choices=("none", "immediate", "deferred"), default="none")
+    p.add_argument("--role", action="store_true", help=f"measure as the non-superuser role {ROLE}")
     a = p.parse_args(argv)
     if a.rounds < 1 or a.batch < 1:
         p.error("--rounds and --batch must be positive")
@@ -86,7 +101,17 @@ def parse_args(argv: list[str] | None = None) -> Config:
     if a.keep and not a.dsn:
         p.error("--keep needs --dsn")
     return Config(
-        a.rows, a.dsn, a.baseline, a.rounds, a.batch, a.session_changes, a.other_changes, a.keep, a.seed, a.fk
+        a.rows,
+        a.dsn,
+        a.baseline,
+        a.rounds,
+        a.batch,
+        a.session_changes,
+        a.other_changes,
+        a.keep,
+        a.seed,
+        a.fk,
+        a.role,
     )
 
 
@@ -126,6 +151,14 @@ async def build(dsn: str, cfg: Config, plan: Plan, files: common.Layer) -> None:
                 await conn.execute(f"INSERT INTO {schema}.grps SELECT generate_series(0, 999)")
                 ref = f"REFERENCES {schema}.grps (id){deferrable}"
                 await conn.execute(f"ALTER TABLE {schema}.items ADD FOREIGN KEY (grp) {ref}")
+        if cfg.role:
+            # Before the install: the overlay view's privileges mirror the table's.
+            await conn.execute(ROLE_DDL)
+            for schema in ("public", "plain"):
+                await conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO {ROLE}")
+                await conn.execute(
+                    f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {ROLE}"
+                )
         with common.installed_layer(files):
             await layer_mod.install_layer(conn, schemas=("public",))
         await common.write_other_sessions(conn, cfg.rows, 100, cfg.other_changes // 100)
@@ -148,6 +181,8 @@ async def measure(dsns: dict[str, str], cfg: Config, plan: Plan) -> tuple[Sample
         await conns[v].execute(
             "SET search_path = plain" if v == "plain" else f"SELECT cow.use_session('{SESSION}')"
         )
+        if cfg.role:
+            await conns[v].execute(f"SET ROLE {ROLE}")
         pids[v] = await conns[v].fetchval("SELECT pg_backend_pid()")
     local = all(common.cpu_ns(pid) is not None for pid in pids.values())
     samples: Samples = {(op, v): [] for op in OPS for v in VARIANTS}
@@ -186,7 +221,8 @@ def report(cfg: Config, samples: Samples, cpu: Samples, version: str) -> list[st
     lines = [
         f"PostgreSQL {version}; {cfg.rows} rows; session {SESSION} holds {cfg.session_changes} changes, "
         f"100 other sessions {cfg.other_changes}; a = layer at {cfg.baseline}, b = this checkout; "
-        f"{cfg.rounds} rounds of {cfg.batch} ops per variant",
+        f"{cfg.rounds} rounds of {cfg.batch} ops per variant"
+        + (f"; as the non-superuser {ROLE}" if cfg.role else "; as a superuser"),
         "",
         "| operation | plain ms | a ms | b ms | a × | b × | b / a | per-round a × | per-round b × |",
         "|---|---:|---:|---:|---:|---:|---:|---|---|",

@@ -394,6 +394,36 @@ def test_a_bound_owner_role_cannot_reach_other_sessions_or_the_base_tables(
         ).fetchall() == [(50,)]
 
 
+def test_the_policy_and_the_gate_prove_the_binding_without_the_token(owner_db: str) -> None:
+    """The changes tables' policy (cow._session()) and the overlay views' gate (an expression on
+    cow.my_binding_elsewhere) take the binding, proven by the token or else by the backend's start time."""
+    with psycopg.connect(as_role(owner_db, OWNER), autocommit=True) as conn:
+        conn.execute("SELECT cow.bind_session('s1', NULL, %s)", (SECRET,))
+        conn.execute("UPDATE items SET qty = 10 WHERE id = 2")
+        conn.execute("RESET cow._bind_token")
+        conn.execute("SELECT set_config('cow.session_id', 'other', false)")
+        assert conn.execute("SELECT DISTINCT _cow_session FROM cow_changes.t1").fetchall() == [("s1",)]
+        assert conn.execute("SELECT count(*) FROM cow.my_binding_elsewhere").fetchone() == (1,)
+        assert sql_state(conn, "SELECT * FROM items") == "42501"
+        conn.execute("SELECT cow.use_session('s1')")
+        assert conn.execute("SELECT count(*) FROM cow.my_binding_elsewhere").fetchone() == (0,)
+        assert conn.execute("SELECT qty FROM items WHERE id = 2").fetchone() == (10,)
+    with psycopg.connect(owner_db, autocommit=True) as conn:
+        # A row an ended backend left under this pid does not bind this one: the GUC decides, for the policy
+        # (its WITH CHECK would refuse the write into s4 if it took the dead row's session) and the gate.
+        conn.execute(
+            "INSERT INTO cow.bindings (pid, backend_start, token, session)"
+            " VALUES (pg_backend_pid(), now() - interval '1 hour', 'old-token', 'dead')"
+        )
+        conn.execute(f"SET ROLE {OWNER}")
+        conn.execute("SELECT cow.use_session('s4')")
+        conn.execute("UPDATE items SET qty = 40 WHERE id = 4")
+        assert conn.execute("SELECT qty FROM items WHERE id = 4").fetchone() == (40,)
+        assert conn.execute("SELECT DISTINCT _cow_session FROM cow_changes.t1").fetchall() == [("s4",)]
+    assert items_keys(owner_db, "s4") == [{"id": 4}]
+    assert items_keys(owner_db, "s1") == [{"id": 2}]
+
+
 def test_an_unprivileged_role_cannot_bind_or_read_the_layer(owner_db: str) -> None:
     with psycopg.connect(owner_db, autocommit=True) as conn:
         conn.execute(f"DROP ROLE IF EXISTS {NOBODY}")
@@ -434,3 +464,21 @@ def test_replication_role_does_not_make_a_session_write_vanish(
             " WHERE n.nspname IN ('cow_overlay_public', 'cow_changes') AND NOT t.tgisinternal"
             "    OR t.tgname = 'cow_guard'"
         ).fetchall() == [("A",)]
+
+
+def test_binding_in_a_read_only_transaction(db: str) -> None:
+    """A bind records a row: 25006 with the layer's one-line message in a read-only transaction, unless
+    the backend is bound to that session already (then nothing is written)."""
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("BEGIN READ ONLY")
+        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction, match="needs a read-write transaction"):
+            conn.execute("SELECT cow.bind_session('s1', NULL, %s)", (SECRET,))
+        conn.execute("ROLLBACK")
+        assert conn.execute("SELECT cow.bound_session()").fetchone() == (None,)
+        conn.execute("SELECT cow.bind_session('s1', NULL, %s)", (SECRET,))
+        conn.execute("SET default_transaction_read_only = on")
+        assert conn.execute("SELECT cow.bind_session('s1', 'op-2', %s)", (SECRET,)).fetchone() == ("s1",)
+        for other in ("s2", None):
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction, match="needs a read-write transaction"):
+                conn.execute("SELECT cow.bind_session(%s, NULL, %s)", (other, SECRET))
+        assert conn.execute("SELECT cow.bound_session()").fetchone() == ("s1",)

@@ -21,6 +21,16 @@ CREATE OR REPLACE VIEW cow.my_binding WITH (security_barrier) AS
     SELECT x.session, x.token, x.backend_start FROM cow.bindings x WHERE x.pid = pg_catalog.pg_backend_pid();
 GRANT SELECT ON cow.my_binding TO PUBLIC;
 
+-- The overlay views' gate reads this (cow._read_gate_sql): a row when this backend is bound to a session
+-- other than the GUC's (or the row is an ended backend's under this pid). It has no columns, so it needs no
+-- security barrier: a caller's condition on it sees no value of any row, and the planner flattens it into
+-- the gate (one scan under one InitPlan; my_binding costs a Subquery Scan and a second InitPlan).
+CREATE OR REPLACE VIEW cow.my_binding_elsewhere AS
+    SELECT FROM cow.bindings x
+    WHERE x.pid = pg_catalog.pg_backend_pid()
+      AND x.session IS DISTINCT FROM nullif(pg_catalog.current_setting('cow.session_id', true), '');
+GRANT SELECT ON cow.my_binding_elsewhere TO PUBLIC;
+
 -- The session this backend is bound to, or NULL. It runs as the caller, with the caller's search_path:
 -- every operator and function is schema-qualified, so that no object the caller creates can change its
 -- answer. (PARALLEL RESTRICTED: pg_backend_pid() in a parallel worker is the worker's; the leader runs it.)
@@ -75,14 +85,14 @@ BEGIN
     RETURN true;
 END $$;
 
--- The gate as the overlay views hold it (cow._build_view, cow._kl_build_view, cow._rls_view): an InitPlan
--- that probes cow.my_binding and calls cow._read_gate only when the backend has a binding row whose session
--- is not the GUC's (then it raises, or finds the row is an ended backend's). Unbound backends and bound
--- ones in their own session pay one index probe per view and statement, no function call.
+-- The gate as the overlay views hold it (cow._build_view, cow._kl_build_view, cow._rls_view): a one-time
+-- filter on an InitPlan that scans cow.my_binding_elsewhere, calling cow._read_gate only when the backend has
+-- a binding row whose session is not the GUC's (then it raises, or finds the row is an ended backend's).
+-- Unbound backends and bound ones in their own session pay one scan of a one-page table per view and
+-- statement, no function call.
 CREATE OR REPLACE FUNCTION cow._read_gate_sql() RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT '(SELECT NOT EXISTS (SELECT 1 FROM cow.my_binding _cow_bd WHERE _cow_bd.session IS DISTINCT FROM '
-           'nullif(pg_catalog.current_setting(''cow.session_id'', true), '''')) OR cow._read_gate())'
+    SELECT '(NOT EXISTS (SELECT FROM cow.my_binding_elsewhere) OR cow._read_gate())'
 $$;
 
 -- Layer management (commit, discard, create, refresh, enable, uninstall, the binding secret) runs on an
@@ -95,6 +105,19 @@ BEGIN
     IF b IS NOT NULL THEN
         RAISE EXCEPTION 'cowproxy: % refused: this connection is bound to session % (layer management runs on an unbound connection)',
             what, b USING ERRCODE = 'insufficient_privilege';
+    END IF;
+END $$;
+
+-- A bind writes cow.bindings: in a read-only transaction (BEGIN READ ONLY, default_transaction_read_only,
+-- a standby) say so in one line (PostgreSQL's own error names the DELETE inside cow._bind), same SQLSTATE.
+CREATE OR REPLACE FUNCTION cow._bind_writable(p_session text) RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF current_setting('transaction_read_only') = 'on' THEN
+        RAISE EXCEPTION 'cowproxy: bind_session(%) needs a read-write transaction (it records the binding)',
+            coalesce(quote_literal(p_session), 'NULL')
+            USING ERRCODE = 'read_only_sql_transaction',
+                  HINT = 'Bind before BEGIN READ ONLY, or in a read-write transaction: a backend already bound to the session binds again without a write.';
     END IF;
 END $$;
 
@@ -118,6 +141,7 @@ BEGIN
     SELECT * INTO b FROM cow.bindings x WHERE x.pid = pg_backend_pid();
     IF p_session IS NULL THEN
         IF FOUND THEN
+            PERFORM cow._bind_writable(p_session);
             DELETE FROM cow.bindings x WHERE x.pid = pg_backend_pid();
         END IF;
         PERFORM set_config('cow._bind_token', '', false);
@@ -129,6 +153,7 @@ BEGIN
     -- Rows of ended backends go first (at most one per pid ever used, so this stays small), against a fresh
     -- list of backends (the list is cached per transaction: a stale one would not show a backend that
     -- started and bound since).
+    PERFORM cow._bind_writable(p_session);
     PERFORM pg_stat_clear_snapshot();
     DELETE FROM cow.bindings x WHERE NOT EXISTS (
         SELECT 1 FROM pg_stat_get_activity(NULL) a WHERE a.pid = x.pid AND a.backend_start = x.backend_start);

@@ -1137,9 +1137,8 @@ SELECT id,
             c._cow_current,
             c._cow_deleted
            FROM cow_changes.t1 c) u
-  WHERE (( SELECT ((NOT (EXISTS ( SELECT 1
-                   FROM cow.my_binding _cow_bd
-                  WHERE (_cow_bd.session IS DISTINCT FROM NULLIF(current_setting('cow.session_id'::text, true), ''::text))))) OR cow._read_gate())) AND (_cow_s = COALESCE(current_setting('cow.session_id'::text, true), ''::text)) AND
+  WHERE (((NOT (EXISTS ( SELECT
+           FROM cow.my_binding_elsewhere))) OR cow._read_gate()) AND (_cow_s = COALESCE(current_setting('cow.session_id'::text, true), ''::text)) AND
         CASE _cow_k
             WHEN 1 THEN true
             ELSE ((current_setting('cow.session_id'::text, true) <> ''::text) AND _cow_cur AND (NOT _cow_del))
@@ -1154,13 +1153,11 @@ SELECT _cow_b.kind,
    FROM events _cow_b
   WHERE (( SELECT (NOT (EXISTS ( SELECT 1
                    FROM cow_changes.t2 x
-                  WHERE (( SELECT ((NOT (EXISTS ( SELECT 1
-                                   FROM cow.my_binding _cow_bd
-                                  WHERE (_cow_bd.session IS DISTINCT FROM NULLIF(current_setting('cow.session_id'::text, true), ''::text))))) OR cow._read_gate())) AND (x._cow_session = current_setting('cow.session_id'::text, true)) AND x._cow_current AND x._cow_deleted))))) OR (NOT (_cow_b.* IN ( SELECT ROW(x.kind, x.parent_id, x.note)::events AS "row"
+                  WHERE (((NOT (EXISTS ( SELECT
+                           FROM cow.my_binding_elsewhere))) OR cow._read_gate()) AND (x._cow_session = current_setting('cow.session_id'::text, true)) AND x._cow_current AND x._cow_deleted))))) OR (NOT (_cow_b.* IN ( SELECT ROW(x.kind, x.parent_id, x.note)::events AS "row"
            FROM cow_changes.t2 x
-          WHERE (( SELECT ((NOT (EXISTS ( SELECT 1
-                           FROM cow.my_binding _cow_bd
-                          WHERE (_cow_bd.session IS DISTINCT FROM NULLIF(current_setting('cow.session_id'::text, true), ''::text))))) OR cow._read_gate())) AND (x._cow_session = current_setting('cow.session_id'::text, true)) AND x._cow_current AND x._cow_deleted)))))
+          WHERE (((NOT (EXISTS ( SELECT
+                   FROM cow.my_binding_elsewhere))) OR cow._read_gate()) AND (x._cow_session = current_setting('cow.session_id'::text, true)) AND x._cow_current AND x._cow_deleted)))))
 UNION ALL
  SELECT (k._cow_v).kind AS kind,
     (k._cow_v).parent_id AS parent_id,
@@ -1171,9 +1168,8 @@ UNION ALL
            FROM (( SELECT ROW(x.kind, x.parent_id, x.note)::events AS _cow_v,
                     count(*) AS _cow_n
                    FROM cow_changes.t2 x
-                  WHERE (( SELECT ((NOT (EXISTS ( SELECT 1
-                                   FROM cow.my_binding _cow_bd
-                                  WHERE (_cow_bd.session IS DISTINCT FROM NULLIF(current_setting('cow.session_id'::text, true), ''::text))))) OR cow._read_gate())) AND (x._cow_session = current_setting('cow.session_id'::text, true)) AND x._cow_current AND x._cow_deleted)
+                  WHERE (((NOT (EXISTS ( SELECT
+                           FROM cow.my_binding_elsewhere))) OR cow._read_gate()) AND (x._cow_session = current_setting('cow.session_id'::text, true)) AND x._cow_current AND x._cow_deleted)
                   GROUP BY ROW(x.kind, x.parent_id, x.note)::events) t
              JOIN events _cow_b ON (((_cow_b.* = t._cow_v) AND (_cow_b.kind = (t._cow_v).kind))))
           GROUP BY t._cow_v, t._cow_n) k
@@ -1183,9 +1179,8 @@ UNION ALL
     c.parent_id,
     c.note
    FROM cow_changes.t2 c
-  WHERE (( SELECT ((NOT (EXISTS ( SELECT 1
-                   FROM cow.my_binding _cow_bd
-                  WHERE (_cow_bd.session IS DISTINCT FROM NULLIF(current_setting('cow.session_id'::text, true), ''::text))))) OR cow._read_gate())) AND (c._cow_session = current_setting('cow.session_id'::text, true)) AND c._cow_current AND (NOT c._cow_deleted));
+  WHERE (((NOT (EXISTS ( SELECT
+           FROM cow.my_binding_elsewhere))) OR cow._read_gate()) AND (c._cow_session = current_setting('cow.session_id'::text, true)) AND c._cow_current AND (NOT c._cow_deleted));
 
 -- view cow_overlay_public.parent
 SELECT id,
@@ -1211,9 +1206,8 @@ SELECT id,
             c._cow_current,
             c._cow_deleted
            FROM cow_changes.t3 c) u
-  WHERE (( SELECT ((NOT (EXISTS ( SELECT 1
-                   FROM cow.my_binding _cow_bd
-                  WHERE (_cow_bd.session IS DISTINCT FROM NULLIF(current_setting('cow.session_id'::text, true), ''::text))))) OR cow._read_gate())) AND (_cow_s = COALESCE(current_setting('cow.session_id'::text, true), ''::text)) AND
+  WHERE (((NOT (EXISTS ( SELECT
+           FROM cow.my_binding_elsewhere))) OR cow._read_gate()) AND (_cow_s = COALESCE(current_setting('cow.session_id'::text, true), ''::text)) AND
         CASE _cow_k
             WHEN 1 THEN true
             ELSE ((current_setting('cow.session_id'::text, true) <> ''::text) AND _cow_cur AND (NOT _cow_del))
