@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/sessions.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
         [--seconds 5] [--rounds 2] [--sessions 1,8,64] [--scale 10] [--workloads=-S,tpcb]
-        [--modes prepared,extended,simple] [--baseline CHECKOUT] [--proxy-args "--workers 2"]
+        [--modes prepared,extended,simple] [--baseline CHECKOUT] [--proxy-args "--workers 2"] [--bind]
 
 Without --dsn an embedded PostgreSQL is started. The layer is installed on `pgbench -i` tables. For each
 workload (`-S` or TPC-B, a pgbench query mode) and each N, N pgbench processes run at once (`-c 1` each),
@@ -16,6 +16,10 @@ against every target in turn, round by round (so load from other jobs hits all a
 - with --baseline CHECKOUT, `session/cp-base`: the sessions through cowproxy from another checkout;
 - with --workers N, `session/proxy-Nw`: the sessions through `cowproxy serve --workers N` (the proxy
   process's CPU is not measured for it: its workers are children).
+
+With --bind, this checkout's proxies hold the database's binding secret (`--bind-secret-file`): they join
+sessions with `cow.bind_session`, as in production (without it they fall back to `cow.use_session`);
+the baseline's proxy gets no secret (a checkout from before the binding has no such option).
 
 Session ids differ per target and process, so each session's changes grow alike over the rounds.
 Prints per workload and N: the sum of the processes' TPS (median over rounds), the ratio of
@@ -35,6 +39,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,14 +131,16 @@ def run_sessions(bench: Bench, target: Target, n: int, flags: list[str]) -> Run:
 
 @contextlib.contextmanager
 def proxies(
-    upstream: str, baseline: str | None, extra: tuple[str, ...], workers: int
+    upstream: str, baseline: str | None, extra: tuple[str, ...], workers: int, own: tuple[str, ...] = ()
 ) -> Iterator[tuple[bp.Target, bp.Target | None, bp.Target | None]]:
+    """This checkout's proxy (``extra`` and ``own`` arguments), with --workers, and the baseline's
+    (``extra`` only)."""
     with contextlib.ExitStack() as stack:
-        mine = stack.enter_context(bp.cowproxy(upstream, "tcp", extra=extra))
+        mine = stack.enter_context(bp.cowproxy(upstream, "tcp", extra=(*extra, *own)))
         many = None
         if workers > 1:
             many = stack.enter_context(
-                bp.cowproxy(upstream, "tcp", extra=(*extra, "--workers", str(workers)), name="workers")
+                bp.cowproxy(upstream, "tcp", extra=(*extra, *own, "--workers", str(workers)), name="workers")
             )
         base = None
         if baseline:
@@ -141,6 +148,19 @@ def proxies(
                 bp.cowproxy(upstream, "tcp", Path(baseline).resolve(), "cp-base", extra=extra)
             )
         yield mine, base, many
+
+
+def bind_arguments(db_dsn: str, stack: contextlib.ExitStack) -> tuple[str, ...]:
+    """A fresh binding secret for the database, in a file that lives as long as ``stack``: the proxy's
+    arguments to bind with it."""
+    secret = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "bind-secret"
+    subprocess.run(
+        [sys.executable, "-m", "cowproxy", "secret", "--rotate", "--file", str(secret), "--dsn", db_dsn],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+    )
+    return ("--bind-secret-file", str(secret))
 
 
 def overlay_path(dsn: str) -> str:
@@ -167,6 +187,7 @@ def main() -> None:
     parser.add_argument("--proxy-args", default="", help="more arguments for cowproxy serve (both)")
     parser.add_argument("--no-plain", action="store_true", help="leave out plain/direct and plain/proxy")
     parser.add_argument("--workers", type=int, default=1, help="N > 1: one more target, session/proxy-Nw")
+    parser.add_argument("--bind", action="store_true", help="this checkout's proxies bind (a binding secret)")
     args = parser.parse_args()
     counts = [int(n) for n in args.sessions.split(",")]
     modes = args.modes.split(",")
@@ -191,7 +212,16 @@ def main() -> None:
         )
         path = overlay_path(db_dsn)
         extra = tuple(args.proxy_args.split())
-        with proxies(f"{host}:{port}", args.baseline, extra, args.workers) as (mine, base, many):
+        secret_dir = contextlib.ExitStack()
+        own = bind_arguments(db_dsn, secret_dir) if args.bind else ()
+        with (
+            secret_dir,
+            proxies(f"{host}:{port}", args.baseline, extra, args.workers, own) as (
+                mine,
+                base,
+                many,
+            ),
+        ):
             targets = [
                 Target("session/direct", host, port, None, True, direct=True),
                 Target("session/proxy", mine.host, mine.port, mine.pid, True),
