@@ -188,8 +188,8 @@ def _read_metrics(reads: ReadRecorder | None) -> Iterator[Metric]:
     for reason in ("queue_full", "write_failed", "shutdown"):
         dropped.add_metric([reason], reads.dropped.get(reason, 0) if reads is not None else 0)
     yield dropped
-    queued = GaugeMetricFamily("cowproxy_reads_queued", "Read records waiting to be written")
-    queued.add_metric([], reads.queue.qsize() if reads is not None else 0)
+    queued = GaugeMetricFamily("cowproxy_reads_queued", "Read records queued or being written")
+    queued.add_metric([], reads.pending if reads is not None else 0)
     yield queued
 
 

@@ -20,11 +20,11 @@ import hashlib
 import json
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import asyncpg
 from pglast.parser import ParseError, fingerprint, parse_sql_json
@@ -37,6 +37,9 @@ log = logging.getLogger("cowproxy")
 
 DEFAULT_QUEUE = 10_000  # records waiting for the writer; beyond this they are dropped (and counted)
 BATCH = 1000  # records per COPY
+# After the first record of a batch the writer waits this long for more: a COPY per read would cost the
+# proxy and the server more than the reads themselves (bench/sessions.py --reads).
+GATHER = 0.2
 MAX_TEXT = 4000  # characters of a statement's text kept
 COLUMNS = (
     "session",
@@ -52,9 +55,9 @@ COLUMNS = (
 _CACHE = 4096
 
 
-@dataclass(frozen=True, slots=True)
-class ReadRecord:
-    """One read statement of a tagged session, as the relay saw it end."""
+class ReadRecord(NamedTuple):
+    """One read statement of a tagged session, as the relay saw it end (immutable; a tuple: one is made
+    per read on the relay's path, at a fraction of a frozen dataclass's cost)."""
 
     database: str
     session: str
@@ -64,7 +67,7 @@ class ReadRecord:
     rows: int | None  # from CommandComplete ``SELECT n``
     ended: float  # time.time() when it ended
     duration_us: int
-    catalog: Catalog | None = field(default=None, compare=False, repr=False)  # resolves the tables read
+    catalog: Catalog | None = None  # resolves the tables read
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +76,7 @@ class ReadShape:
 
     fingerprint: str
     relations: tuple[str, ...]
+    text: str = ""  # as kept in cow.reads: tag comments stripped, at most MAX_TEXT characters
 
 
 def _range_vars(tree: Any) -> Iterator[tuple[str | None, str]]:
@@ -104,15 +108,14 @@ def _cte_names(tree: Any) -> set[str]:
     return names
 
 
-def describe_read(sql: str, catalog: Catalog | None) -> ReadShape:
-    """The fingerprint and CoW tables (``schema.table``, in first-mention order) of a read's text."""
+def relations_read(sql: str, catalog: Catalog | None) -> tuple[str, ...]:
+    """The CoW tables (``schema.table``, in first-mention order) a read's text names."""
+    if catalog is None or not catalog.has_cow_tables:
+        return ()
     try:
         tree = json.loads(parse_sql_json(sql))
-        print_ = fingerprint(sql)
-    except ParseError:  # (the server ran it: only a text pglast's grammar lags behind on)
-        return ReadShape("text:" + hashlib.blake2b(sql.encode(), digest_size=8).hexdigest(), ())
-    if catalog is None or not catalog.has_cow_tables:
-        return ReadShape(print_, ())
+    except ParseError:
+        return ()
     ctes = _cte_names(tree)
     found: dict[str, None] = {}
     for schema, name in _range_vars(tree):
@@ -121,7 +124,20 @@ def describe_read(sql: str, catalog: Catalog | None) -> ReadShape:
         table = catalog.lookup(schema, name)
         if table is not None:
             found[table.qualified] = None
-    return ReadShape(print_, tuple(found))
+    return tuple(found)
+
+
+def read_fingerprint(sql: str) -> str:
+    """pglast's fingerprint (constants stripped); for a text pglast cannot parse, a digest of the text."""
+    try:
+        return str(fingerprint(sql))
+    except ParseError:  # (the server ran it: only a text pglast's grammar lags behind on)
+        return "text:" + hashlib.blake2b(sql.encode(), digest_size=8).hexdigest()
+
+
+def describe_read(sql: str, catalog: Catalog | None) -> ReadShape:
+    """The fingerprint and CoW tables of a read's text (uncached; ``_Shapes`` caches)."""
+    return ReadShape(read_fingerprint(sql), relations_read(sql, catalog), strip_edge_comments(sql).strip())
 
 
 def identity(sql: str, params: bytes | None) -> str:
@@ -134,34 +150,48 @@ def identity(sql: str, params: bytes | None) -> str:
 
 
 class _Shapes:
-    """``describe_read`` with an LRU cache by (text, catalog): agents repeat their reads."""
+    """``describe_read`` with LRU caches: by text (agents repeat their reads), and the tables read by
+    fingerprint (texts that differ only in their constants, pgbench's, parse once)."""
 
     def __init__(self, size: int = _CACHE) -> None:
         self.size = size
-        self._cache: OrderedDict[tuple[str, int], ReadShape] = OrderedDict()
+        self._texts: OrderedDict[tuple[str, int], ReadShape] = OrderedDict()
+        self._relations: OrderedDict[tuple[str, int], tuple[str, ...]] = OrderedDict()
 
     def get(self, sql: str, catalog: Catalog | None) -> ReadShape:
         key = (sql, catalog.ident if catalog is not None else 0)
-        shape = self._cache.get(key)
-        if shape is None:
-            shape = self._cache[key] = describe_read(sql, catalog)
-            if len(self._cache) > self.size:
-                self._cache.popitem(last=False)
+        shape = self._texts.get(key)
+        if shape is not None:
+            self._texts.move_to_end(key)
+            return shape
+        print_ = read_fingerprint(sql)
+        by_print = (print_, key[1])
+        relations = self._relations.get(by_print)
+        if relations is None:
+            relations = self._relations[by_print] = relations_read(sql, catalog)
+            _bound(self._relations, self.size)
         else:
-            self._cache.move_to_end(key)
+            self._relations.move_to_end(by_print)
+        shape = self._texts[key] = ReadShape(print_, relations, strip_edge_comments(sql).strip()[:MAX_TEXT])
+        _bound(self._texts, self.size)
         return shape
+
+
+def _bound(cache: OrderedDict[Any, Any], size: int) -> None:
+    if len(cache) > size:
+        cache.popitem(last=False)
 
 
 def record_row(record: ReadRecord, shape: ReadShape) -> tuple[Any, ...]:
     """The ``cow.reads`` row (``COLUMNS``) of a record."""
-    text = strip_edge_comments(record.sql).strip()
+    text = shape.text
     started = record.ended - record.duration_us / 1e6
     return (
         record.session,
         record.operation,
         datetime.fromtimestamp(started, UTC),
         shape.fingerprint,
-        text[:MAX_TEXT],
+        text,
         identity(text, record.params),
         list(shape.relations),
         record.rows,
@@ -175,7 +205,10 @@ class ReadRecorder:
     def __init__(self, dsn: str, queue_size: int = DEFAULT_QUEUE, timeout: float = 10.0) -> None:
         self.dsn = dsn
         self.timeout = timeout
-        self.queue: asyncio.Queue[ReadRecord] = asyncio.Queue(queue_size)
+        # A deque and an event, not an asyncio.Queue: offer() runs once per read on the relay's path.
+        self.queue: deque[ReadRecord] = deque()
+        self.queue_size = queue_size
+        self._wake = asyncio.Event()
         self.recorded = 0
         self.dropped: dict[str, int] = {"queue_full": 0, "write_failed": 0, "shutdown": 0}
         self._conns: dict[str, Any] = {}
@@ -183,13 +216,23 @@ class ReadRecorder:
         self._task: asyncio.Task[None] | None = None
         self._busy = False
         self._failing: set[str] = set()  # databases whose last write failed (logged once per streak)
+        self._closing = False  # flushing for shutdown: no waiting for more records
+        self._inflight = 0  # records taken from the queue, not yet written or dropped
+
+    @property
+    def pending(self) -> int:
+        """Records queued or being written: 0 when everything offered so far is written (or dropped)."""
+        return len(self.queue) + self._inflight
 
     def offer(self, record: ReadRecord) -> None:
         """Called by the relay: queue the record, or drop and count it. Never waits."""
-        try:
-            self.queue.put_nowait(record)
-        except asyncio.QueueFull:
+        queue = self.queue
+        if len(queue) >= self.queue_size:
             self.dropped["queue_full"] += 1
+            return
+        queue.append(record)
+        if len(queue) == 1:  # (it was empty: the writer may be waiting)
+            self._wake.set()
 
     def for_connection(
         self, database: str, catalog: Callable[[], Catalog | None]
@@ -221,17 +264,25 @@ class ReadRecorder:
     async def _run(self) -> None:
         queue = self.queue
         while True:
-            batch = [await queue.get()]
+            if not queue:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
             self._busy = True
+            batch: list[ReadRecord] = []
             try:
-                while len(batch) < BATCH and not queue.empty():
-                    batch.append(queue.get_nowait())
+                if len(queue) < BATCH and not self._closing:
+                    await asyncio.sleep(GATHER)
+                while len(batch) < BATCH and queue:
+                    batch.append(queue.popleft())
+                self._inflight = len(batch)
                 await self._write(batch)
             except Exception as exc:
                 self.dropped["write_failed"] += len(batch)
                 log.warning("event=reads_write_failed records=%d error=%r", len(batch), str(exc))
             finally:
                 self._busy = False
+                self._inflight = 0
 
     async def _write(self, batch: list[ReadRecord]) -> None:
         by_database: dict[str, list[ReadRecord]] = {}
@@ -274,15 +325,16 @@ class ReadRecorder:
     async def flush(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109
         """Wait until every queued record is written (or dropped), up to ``timeout``."""
         deadline = time.monotonic() + timeout
-        while (not self.queue.empty() or self._busy) and time.monotonic() < deadline:
+        while (self.queue or self._busy) and time.monotonic() < deadline:
             if self._task is None or self._task.done():
                 break
             await asyncio.sleep(0.01)
 
     async def close(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109
         """Flush, then stop the writer and close its connections."""
+        self._closing = True
         await self.flush(timeout)
-        self.dropped["shutdown"] += self.queue.qsize()
+        self.dropped["shutdown"] += len(self.queue)
         task, self._task = self._task, None
         if task is not None:
             task.cancel()

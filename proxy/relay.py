@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from proxy import protocol as p
 from proxy.analysis import ProxyAnalyzer, query_kind
@@ -125,9 +125,9 @@ class Entry:
     read: PendingRead | None = None  # a tagged session's read to report when its CommandComplete comes
 
 
-@dataclass(frozen=True, slots=True)
-class PendingRead:
-    """A read statement of a tagged session on its way (see ``Relay.reads``)."""
+class PendingRead(NamedTuple):
+    """A read statement of a tagged session on its way (see ``Relay.reads``; immutable, and a tuple: one
+    is made per recorded read)."""
 
     sql: str
     session: str
@@ -1241,12 +1241,7 @@ class Relay:
         # The common reply: everything up to one ReadyForQuery, for one plain query or batch. Walk the
         # headers to make sure there is no other ReadyForQuery and no ErrorResponse (counted by _error).
         head = pending[0]
-        if (
-            head.kind not in _ENDS_WITH_READY
-            or head.injected
-            or head.tag_map is not None
-            or head.read is not None
-        ):
+        if head.kind not in _ENDS_WITH_READY or head.injected or head.tag_map is not None:
             return False
         pos, end = 0, len(data) - 6
         while pos < end:
@@ -1260,8 +1255,20 @@ class Relay:
         status = self.status = _STATUS_CHARS[data[-1]]
         if status == "I":
             self.mid_batch = False
+        if head.read is not None:
+            self._fast_read_done(head, data, end)
         self.hooks.latency(perf_counter() - head.started)
         return True
+
+    def _fast_read_done(self, head: Entry, data: bytes, end: int) -> None:
+        """A recorded read answered on the fast path: its CommandComplete tag from the reply's headers."""
+        pos = 0
+        while pos < end:
+            length = _INT32.unpack_from(data, pos + 1)[0]
+            if data[pos] == _C:
+                self._read_done(head, data[pos + 5 : pos + length].decode("utf-8", "replace"))
+                return
+            pos += length + 1
 
     def _classify(self, kind: int, length: int) -> int:
         if kind in (_Z, _E, _S):

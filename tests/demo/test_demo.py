@@ -173,6 +173,11 @@ def test_demo_through_the_proxy_scores_the_agents_as_derived(
     assert "cowproxy_writes_total" in names
     assert any('table="public.work_items"' in line for line in result["metrics"])
     assert "a few of the proxy's Prometheus metrics" in output
+    # The proxy recorded the sessions' reads (--reads-dsn): none dropped, and the report charts them.
+    samples = {line.rpartition(" ")[0]: float(line.rpartition(" ")[2]) for line in result["metrics"]}
+    assert samples["cowproxy_reads_recorded_total"] > 0
+    assert sum(v for k, v in samples.items() if k.startswith("cowproxy_reads_dropped_total")) == 0
+    assert "SQL reads per session" in html and 'aria-label="reads per operation"' in html
     _check_cleanup(result)
     assert len(model.requests) == 6  # two turns per workflow
 

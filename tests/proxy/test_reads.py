@@ -134,17 +134,19 @@ def test_a_full_queue_drops_and_counts_without_holding_the_relay(pg_server: PgSe
             pg_server, reads_dsn=f"postgresql://postgres@127.0.0.1:{silent.port}/x", reads_queue=2
         ) as proxy:
             assert proxy.server.reads is not None
-            proxy.server.reads.timeout = 1.5  # the writer's connect waits this long, then gives up
-            started = time.monotonic()
+            proxy.server.reads.timeout = 4  # the writer's connect waits this long, then gives up
             with psycopg.connect(tagged(proxy, layer_db, "s3", "op1"), autocommit=True) as conn:
+                conn.execute("SELECT 1").fetchone()
+                time.sleep(0.5)  # the writer has taken it and hangs connecting
+                started = time.monotonic()
                 for i in range(30):
                     conn.execute("SELECT name FROM customers WHERE id = %s", (i % 3 + 1,)).fetchone()
-            assert time.monotonic() - started < 1.5  # the relay never waited for the stuck writer
+                assert time.monotonic() - started < 3  # the relay never waited for the stuck writer
             samples = scrape(proxy)
-            # One record taken by the writer (stuck connecting), two queued, the other 27 dropped.
-            assert samples['cowproxy_reads_dropped_total{reason="queue_full"}'] == 27
-            assert samples["cowproxy_reads_queued"] == 2
-            proxy.call(proxy.server.reads.flush(5))
+            # The writer stuck with the first record, two queued, the other 28 dropped.
+            assert samples['cowproxy_reads_dropped_total{reason="queue_full"}'] == 28
+            assert samples["cowproxy_reads_queued"] == 3  # (the one being written counts)
+            proxy.call(proxy.server.reads.flush(15), timeout=30)
             samples = scrape(proxy)
             assert samples['cowproxy_reads_dropped_total{reason="write_failed"}'] == 3
             assert samples["cowproxy_reads_recorded_total"] == 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from proxy import protocol as p
 from proxy.analysis import ProxyAnalyzer, query_kind, quick_kind
 from proxy.relay import INJECT_STATEMENT, PROMOTED_PREFIX, REFUSED_SQL, Relay
@@ -409,3 +411,50 @@ def test_parameter_status_search_path_shows_the_application_path() -> None:
     plain = p.encode_parameter_status("search_path", '"$user", public')
     assert reply(r, plain) == plain
     assert p.decode_parameter_status(plain[5:]) == ("search_path", '"$user", public')
+
+
+def _recording(tags: Tags) -> tuple[Relay, list[tuple[str, str, str | None, bytes | None, int | None]]]:
+    """A relay whose ``reads`` callback collects (sql, session, operation, params, rows)."""
+    seen: list[tuple[str, str, str | None, bytes | None, int | None]] = []
+
+    def ended(read: Any, rows: int | None, seconds: float) -> None:
+        assert seconds >= 0
+        seen.append((read.sql, read.session, read.operation, read.params, rows))
+
+    r = Relay(NoCatalog(), tags, lambda: None, reads=ended)
+    r.applied.tags = tags  # (joined already: these tests play the server by hand)
+    return r, seen
+
+
+def test_recorded_reads_come_from_command_complete_on_both_protocols() -> None:
+    r, seen = _recording(Tags("S1", "op1"))
+    # Simple query: one whole reply in one chunk (the relay's fast reply path).
+    send(r, p.encode_query("SELECT * FROM t"))
+    rows = (p.message(b"T", b"\x00\x00"), p.message(b"D", b"\x00\x00"), p.message(b"D", b"\x00\x00"))
+    answer = b"".join((*rows, p.encode_command_complete("SELECT 2"), p.encode_ready("I")))
+    assert reply(r, answer) == answer  # the client sees the reply as it was
+    # A write and a failed read record nothing.
+    send(r, p.encode_query("INSERT INTO t VALUES (1)"))
+    reply(r, p.encode_command_complete("INSERT 0 1"), p.encode_ready("I"))
+    send(r, p.encode_query("SELECT * FROM nope"))
+    reply(r, p.encode_error("42P01", 'relation "nope" does not exist'), p.encode_ready("I"))
+    # Extended protocol: the Bind's parameters identify the read; replies split across chunks.
+    bind = p.encode_bind("", "", ("7",))
+    send(r, p.encode_parse("", "SELECT * FROM t WHERE id = $1"), bind, p.encode_execute(""), p.SYNC)
+    reply(r, p.message(b"1"), p.message(b"2"), p.message(b"D", b"\x00\x00"))
+    reply(r, p.encode_command_complete("SELECT 1"), p.encode_ready("I"))
+    assert seen == [
+        ("SELECT * FROM t", "S1", "op1", None, 2),
+        ("SELECT * FROM t WHERE id = $1", "S1", "op1", bind[6:], 1),
+    ]
+    assert not r.pending
+
+
+def test_untagged_reads_and_a_relay_without_recording_report_nothing() -> None:
+    r, seen = _recording(UNTAGGED)
+    send(r, p.encode_query("SELECT 1"))
+    reply(r, *OK_SELECT, p.encode_ready("I"))
+    assert seen == []
+    plain = relay()
+    send(plain, p.encode_query("SELECT 1"))
+    assert plain.reads is None and plain.pending[0].read is None
