@@ -3,6 +3,7 @@
     .venv/bin/python bench/sessions.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
         [--seconds 5] [--rounds 2] [--sessions 1,8,64] [--scale 10] [--workloads=-S,tpcb]
         [--modes prepared,extended,simple] [--baseline CHECKOUT] [--proxy-args "--workers 2"] [--bind]
+        [--reads]
 
 Without --dsn an embedded PostgreSQL is started. The layer is installed on `pgbench -i` tables. For each
 workload (`-S` or TPC-B, a pgbench query mode) and each N, N pgbench processes run at once (`-c 1` each),
@@ -15,7 +16,12 @@ against every target in turn, round by round (so load from other jobs hits all a
 - `plain/proxy`: untagged through cowproxy (the reference for the proxy's own cost);
 - with --baseline CHECKOUT, `session/cp-base`: the sessions through cowproxy from another checkout;
 - with --workers N, `session/proxy-Nw`: the sessions through `cowproxy serve --workers N` (the proxy
-  process's CPU is not measured for it: its workers are children).
+  process's CPU is not measured for it: its workers are children);
+- with --reads, the cost of read traces: `session/reads`, the sessions through a cowproxy that records
+  their reads (`--reads-dsn`: into `cow.reads`, on the proxy's own connection), and `session/python`, through
+  one with `--no-fast-relay` (recorded sessions stay on the Python relay, so this separates the cost of
+  leaving the C relay from the cost of recording); the columns `reads ratio` (session/reads over
+  session/proxy) and `rec ratio` (session/reads over session/python).
 
 With --bind, this checkout's proxies hold the database's binding secret (`--bind-secret-file`): they join
 sessions with `cow.bind_session`, as in production (without it they fall back to `cow.use_session`);
@@ -129,14 +135,37 @@ def run_sessions(bench: Bench, target: Target, n: int, flags: list[str]) -> Run:
     return Run(tps, transactions, after[0] - before[0] if after and before else None)
 
 
+@dataclass(frozen=True)
+class Proxies:
+    mine: bp.Target
+    base: bp.Target | None
+    many: bp.Target | None
+    reads: bp.Target | None  # recording reads (--reads)
+    python: bp.Target | None  # no C relay (--reads)
+
+
 @contextlib.contextmanager
 def proxies(
-    upstream: str, baseline: str | None, extra: tuple[str, ...], workers: int, own: tuple[str, ...] = ()
-) -> Iterator[tuple[bp.Target, bp.Target | None, bp.Target | None]]:
-    """This checkout's proxy (``extra`` and ``own`` arguments), with --workers, and the baseline's
-    (``extra`` only)."""
+    upstream: str,
+    baseline: str | None,
+    extra: tuple[str, ...],
+    workers: int,
+    own: tuple[str, ...] = (),
+    *,
+    reads_dsn: str | None = None,
+) -> Iterator[Proxies]:
+    """This checkout's proxy (``extra`` and ``own`` arguments), with --workers, with --reads (recording
+    and no C relay), and the baseline's (``extra`` only)."""
     with contextlib.ExitStack() as stack:
         mine = stack.enter_context(bp.cowproxy(upstream, "tcp", extra=(*extra, *own)))
+        reads = python = None
+        if reads_dsn is not None:
+            reads = stack.enter_context(
+                bp.cowproxy(upstream, "tcp", extra=(*extra, *own, "--reads-dsn", reads_dsn), name="reads")
+            )
+            python = stack.enter_context(
+                bp.cowproxy(upstream, "tcp", extra=(*extra, *own, "--no-fast-relay"), name="python")
+            )
         many = None
         if workers > 1:
             many = stack.enter_context(
@@ -147,7 +176,7 @@ def proxies(
             base = stack.enter_context(
                 bp.cowproxy(upstream, "tcp", Path(baseline).resolve(), "cp-base", extra=extra)
             )
-        yield mine, base, many
+        yield Proxies(mine, base, many, reads, python)
 
 
 def bind_arguments(db_dsn: str, stack: contextlib.ExitStack) -> tuple[str, ...]:
@@ -172,7 +201,7 @@ def overlay_path(dsn: str) -> str:
         return str(row[0])
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -188,7 +217,14 @@ def main() -> None:
     parser.add_argument("--no-plain", action="store_true", help="leave out plain/direct and plain/proxy")
     parser.add_argument("--workers", type=int, default=1, help="N > 1: one more target, session/proxy-Nw")
     parser.add_argument("--bind", action="store_true", help="this checkout's proxies bind (a binding secret)")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--reads", action="store_true", help="two more targets: session/reads (recording) and session/python"
+    )
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     counts = [int(n) for n in args.sessions.split(",")]
     modes = args.modes.split(",")
     with bp.server(args.dsn, None) as (dsn, host, port, bindir, _sockets):
@@ -214,14 +250,14 @@ def main() -> None:
         extra = tuple(args.proxy_args.split())
         secret_dir = contextlib.ExitStack()
         own = bind_arguments(db_dsn, secret_dir) if args.bind else ()
+        reads_dsn = db_dsn if args.reads else None
         with (
             secret_dir,
-            proxies(f"{host}:{port}", args.baseline, extra, args.workers, own) as (
-                mine,
-                base,
-                many,
-            ),
+            proxies(
+                f"{host}:{port}", args.baseline, extra, args.workers, own, reads_dsn=reads_dsn
+            ) as running,
         ):
+            mine, base, many = running.mine, running.base, running.many
             targets = [
                 Target("session/direct", host, port, None, True, direct=True),
                 Target("session/proxy", mine.host, mine.port, mine.pid, True),
@@ -231,6 +267,9 @@ def main() -> None:
             if many is not None:
                 name = f"session/proxy-{args.workers}w"
                 targets.append(Target(name, many.host, many.port, None, True))
+            for extra_target, name in ((running.python, "session/python"), (running.reads, "session/reads")):
+                if extra_target is not None:
+                    targets.append(Target(name, extra_target.host, extra_target.port, extra_target.pid, True))
             if not args.no_plain:
                 targets.append(Target("plain/direct", host, port, None, False, direct=True))
                 targets.append(Target("plain/proxy", mine.host, mine.port, mine.pid, False))
@@ -254,6 +293,15 @@ def main() -> None:
                         )
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+    report(results, targets, workloads)
+
+
+def report(
+    results: dict[tuple[str, str, int, str], list[Run]],
+    targets: list[Target],
+    workloads: list[tuple[str, str, int, list[str]]],
+) -> None:
+    """The summary table: median TPS per target, the ratios, added latency, the proxies' CPU."""
 
     def median_tps(key: tuple[str, str, int, str]) -> float:
         return statistics.median(r.tps for r in results[key])
@@ -261,7 +309,11 @@ def main() -> None:
     print()
     names = [t.name for t in targets]
     header = "".join(f"{n:>16}" for n in names)
-    print(f"{'workload':20}{header}  sess ratio  plain ratio  +µs/stmt sess  +µs/stmt plain  cpu/txn sess")
+    reads_head = "  reads ratio  rec ratio  cpu/txn py  cpu/txn reads" if "session/reads" in names else ""
+    print(
+        f"{'workload':20}{header}  sess ratio  plain ratio  +µs/stmt sess  +µs/stmt plain  cpu/txn sess"
+        + reads_head
+    )
     for name, mode, n, _flags in workloads:
         tps = {t: median_tps((name, mode, n, t)) for t in names}
         row = "".join(f"{tps[t]:16.1f}" for t in names)
@@ -269,18 +321,27 @@ def main() -> None:
 
         sess = tps["session/proxy"] / tps["session/direct"]
         plain = f"{tps['plain/proxy'] / tps['plain/direct']:.2f}" if "plain/proxy" in tps else "-"
-        cpus = [
-            r.cpu_s / r.transactions * 1e6
-            for r in results[(name, mode, n, "session/proxy")]
-            if r.cpu_s is not None and r.transactions
-        ]
-        cpu = f"{statistics.median(cpus):.0f} µs" if cpus else "-"
+        cpu = cpu_per_txn(results[(name, mode, n, "session/proxy")])
+        reads_cols = ""
+        if "session/reads" in tps:
+            reads_cols = (
+                f"  {tps['session/reads'] / tps['session/proxy']:11.3f}"
+                f"  {tps['session/reads'] / tps['session/python']:9.3f}"
+                f"  {cpu_per_txn(results[(name, mode, n, 'session/python')]):>10}"
+                f"  {cpu_per_txn(results[(name, mode, n, 'session/reads')]):>13}"
+            )
         print(
             f"{name + ' ' + mode + ' N=' + str(n):20}{row}  {sess:10.2f}  {plain:>11}  "
             f"{added(tps, 'session/proxy', 'session/direct', n, stmts):>13}  "
             f"{added(tps, 'plain/proxy', 'plain/direct', n, stmts):>14}  "
-            f"{cpu:>12}"
+            f"{cpu:>12}" + reads_cols
         )
+
+
+def cpu_per_txn(runs: list[Run]) -> str:
+    """The proxy process's CPU per transaction (µs, median over rounds)."""
+    cpus = [r.cpu_s / r.transactions * 1e6 for r in runs if r.cpu_s is not None and r.transactions]
+    return f"{statistics.median(cpus):.0f} µs" if cpus else "-"
 
 
 def added(tps: dict[str, float], proxy: str, direct: str, n: int, statements: int) -> str:

@@ -214,6 +214,9 @@ class Tagging:
     def leave(self) -> None:
         raise NotImplementedError
 
+    def wait_reads(self) -> None:
+        """Before scoring: the read traces recorded so far are written (only the proxy records them)."""
+
     def metrics(self) -> list[str]:
         return []
 
@@ -284,6 +287,7 @@ class ProxyTagging(Tagging):
                 self.admin_addr,
                 self.log_path,
                 secret_file=secret_file,
+                reads_dsn=database_url_template,  # its reads, in the demo database's cow.reads
             )
             self._start_app()
         except DemoError as exc:
@@ -293,7 +297,12 @@ class ProxyTagging(Tagging):
             self.notes.append(f"cowproxy serve (subprocess) failed: {exc}; running the proxy in-process")
             self.name = "proxy admin route (proxy in-process)"
             self.in_process = proxy_ops.InProcessProxy(
-                upstream, self.listen, self.metrics_addr, self.admin_addr, secret_file
+                upstream,
+                self.listen,
+                self.metrics_addr,
+                self.admin_addr,
+                secret_file,
+                reads_dsn=database_url_template,
             )
             try:
                 self._start_app()
@@ -318,6 +327,9 @@ class ProxyTagging(Tagging):
     def leave(self) -> None:
 
         proxy_ops.unroute(self.admin_addr, self.database)
+
+    def wait_reads(self) -> None:
+        proxy_ops.wait_reads(self.metrics_addr)
 
     def metrics(self) -> list[str]:
         url = f"http://{self.metrics_addr[0]}:{self.metrics_addr[1]}/metrics"
@@ -645,6 +657,7 @@ def _score_runs(run: _Run, runs: Sequence[_AgentRun]) -> tuple[list[SessionScore
     run.progress(f"scoring {what} against its ground truth (cow.session_changes)")
     scores: list[SessionScore] = []
     results: dict[str, Any] = {}
+    run.tags.wait_reads()
     for r in runs:
         result = _score(run.db_dsn, run.gt(r.workflow), r.session)
         results[r.session] = result

@@ -51,14 +51,24 @@ def _request(admin: Address, method: str, path: str, body: dict[str, Any] | None
 
 
 def start(
-    upstream: Address, listen: Address, metrics: Address, admin: Address, log: Path, *, secret_file: Path
+    upstream: Address,
+    listen: Address,
+    metrics: Address,
+    admin: Address,
+    log: Path,
+    *,
+    secret_file: Path,
+    reads_dsn: str | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start ``cowproxy serve`` and wait until its admin API answers; DemoError if it cannot start."""
+    """Start ``cowproxy serve`` and wait until its admin API answers; DemoError if it cannot start.
+    ``reads_dsn``: record the sessions' reads (``--reads-dsn``)."""
     cmd = [
         sys.executable, "-m", "cowproxy", "serve",
         "--upstream", _addr(upstream), "--listen", _addr(listen),
         "--metrics", _addr(metrics), "--admin", _addr(admin), "--bind-secret-file", str(secret_file),
     ]  # fmt: skip
+    if reads_dsn is not None:
+        cmd += ["--reads-dsn", reads_dsn]
     with open(log, "wb") as sink:
         process = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 20
@@ -73,6 +83,29 @@ def start(
     process.kill()
     process.wait(5)
     raise DemoError("cowproxy serve did not answer on its admin API within 20 s")
+
+
+def reads_pending(metrics: Address) -> float | None:
+    """``cowproxy_reads_queued``: read records not written yet (None: the proxy records no reads)."""
+    try:
+        with urllib.request.urlopen(f"http://{_addr(metrics)}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    except (urllib.error.URLError, OSError) as exc:
+        raise DemoError(f"proxy metrics at {_addr(metrics)} unreachable: {exc}") from None
+    for line in text.splitlines():
+        if line.startswith("cowproxy_reads_queued "):
+            return float(line.split()[1])
+    return None
+
+
+def wait_reads(metrics: Address, timeout: float = 10.0) -> None:
+    """Wait until the proxy has written every read recorded so far (scores read ``cow.reads``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pending = reads_pending(metrics)
+        if not pending:
+            return
+        time.sleep(0.05)
 
 
 def route(admin: Address, session: str, database: str) -> None:
@@ -92,13 +125,20 @@ class InProcessProxy:
     """The proxy's ``run_proxy`` on its own asyncio loop in a thread (when the subprocess cannot start)."""
 
     def __init__(
-        self, upstream: Address, listen: Address, metrics: Address, admin: Address, secret_file: Path
+        self,
+        upstream: Address,
+        listen: Address,
+        metrics: Address,
+        admin: Address,
+        secret_file: Path,
+        *,
+        reads_dsn: str | None = None,
     ) -> None:
 
         try:
             config = build_config(
                 {"upstream": _addr(upstream), "listen": _addr(listen), "metrics": _addr(metrics),
-                 "admin": _addr(admin), "bind_secret_file": str(secret_file)}
+                 "admin": _addr(admin), "bind_secret_file": str(secret_file), "reads_dsn": reads_dsn}
             )  # fmt: skip
         except ProxyError as exc:
             raise DemoError(f"the proxy refused its configuration: {exc}") from None

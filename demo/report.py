@@ -9,7 +9,7 @@ from statistics import mean
 from typing import Any
 
 from demo.charts import Series, grouped_bars
-from scoring.render import svg_utilities
+from scoring.render import svg_reads, svg_utilities
 
 
 @dataclass(frozen=True)
@@ -187,7 +187,8 @@ def _html_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def charts(scores: Sequence[SessionScore], results: Mapping[str, Any] | None = None) -> str:
     """The report's inline SVG charts: per-agent scores, before/after the fix, per-operation utilities
-    of the lowest sessions (``results``: session -> ScoringResult), tool calls per session."""
+    and reads per operation of the lowest sessions (``results``: session -> ScoringResult), tool calls
+    and SQL reads per session."""
     before = [s for s in scores if not s.fixed]
     after = [s for s in scores if s.fixed]
     summaries = summarize(before)
@@ -224,6 +225,15 @@ def charts(scores: Sequence[SessionScore], results: Mapping[str, Any] | None = N
                 '<p class="legend">bars: u_struct (green gains, red losses); dots: u_content</p>'
                 + svg_utilities(result)
             )
+            reads = getattr(result, "reads", None)
+            if reads is not None and reads.trace:
+                parts.append(
+                    f"<h3>Reads per operation: {html.escape(s.agent)} on {html.escape(s.workflow)}"
+                    f" (read_efficiency {_fmt_optional(reads.read_efficiency)})</h3>"
+                    '<p class="legend">bars: read statements the proxy recorded (red: repeated ones, same '
+                    "text and parameters); a routed session has no operation ids: its reads are one "
+                    "bar, (none)</p>" + svg_reads(reads)
+                )
     calls = [[s for s in before if s.agent == name] for name in names]
     parts.append(
         grouped_bars(
@@ -239,7 +249,40 @@ def charts(scores: Sequence[SessionScore], results: Mapping[str, Any] | None = N
             value_format="{:.1f}",
         )
     )
+    parts.extend(_reads_chart(names, before, results or {}))
     return "\n".join(f'<div class="chart-box">{p}</div>' for p in parts)
+
+
+def _fmt_optional(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _reads_chart(
+    names: Sequence[str], before: Sequence[SessionScore], results: Mapping[str, Any]
+) -> list[str]:
+    """SQL reads per session (mean per agent) from the read traces; nothing when no session has one."""
+    traces = {s.session: r.reads for s in before if (r := results.get(s.session)) is not None and r.reads}
+    if not any(t.trace for t in traces.values()):
+        return []
+    per_agent = [[traces[s.session] for s in before if s.agent == n and s.session in traces] for n in names]
+
+    def avg(values: list[float]) -> float:
+        return mean(values) if values else 0.0
+
+    return [
+        grouped_bars(
+            "SQL reads per session (mean, from the proxy's read traces): statements, repeated",
+            names,
+            [
+                Series(
+                    "read statements", "#0891b2", tuple(avg([t.statements for t in a]) for a in per_agent)
+                ),
+                Series("repeated", "#dc2626", tuple(avg([t.repeated for t in a]) for a in per_agent)),
+            ],
+            top=1.0,
+            value_format="{:.1f}",
+        )
+    ]
 
 
 def html_report(
