@@ -198,3 +198,14 @@ def test_the_trace_goes_with_the_session_and_the_cli_lists_it(recording: Running
     assert cli("session", "discard", "s5", dsn=layer_db).returncode == 0
     assert reads(layer_db, "s5") == []
     assert "no reads recorded" in cli("session", "reads", "s5", dsn=layer_db).stdout  # (registered: known)
+
+
+def test_a_text_with_tabs_newlines_and_backslashes_is_kept_as_sent(
+    recording: RunningProxy, layer_db: str
+) -> None:
+    sql = "SELECT 'tab\there', E'back\\\\slash \\\\N',\n  name FROM customers WHERE id = %s"
+    with psycopg.connect(tagged(recording, layer_db, "s6", "op1"), autocommit=True) as conn:
+        assert conn.execute(sql, (1,)).fetchone() == ("tab\there", "back\\slash \\N", "Ada")
+    flush(recording)
+    (got,) = reads(layer_db, "s6")
+    assert got["statement"] == sql.replace("%s", "$1")
