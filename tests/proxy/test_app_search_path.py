@@ -276,6 +276,35 @@ def test_an_unlayered_path_is_followed_through_transactions(proxy: RunningProxy,
     assert base(tenants_db, "tenant_a") == ["a1", "a2"]
 
 
+def path_checks(proxy: RunningProxy) -> list[int]:
+    return proxy.run(
+        lambda: [c.relay.path_checks for c in proxy.server.connections.values() if c.relay is not None]
+    )
+
+
+@pytest.mark.parametrize("prepare", [False, True], ids=["simple", "extended"])
+def test_a_layered_path_is_asked_about_once_per_change(
+    proxy: RunningProxy, tenants_db: str, prepare: bool
+) -> None:
+    """The cost: on a path of layered schemas the server is asked once after each change of path (then no
+    more, transactions included); on a path with a schema without the layer, before every such write."""
+    with psycopg.connect(proxy.dsn(tenants_db, application_name="cow:s8"), autocommit=True) as conn:
+        for _ in range(5):
+            conn.execute("INSERT INTO tenants VALUES (%s, %s)", (_ + 10, f"t{_}"), prepare=prepare)
+            with conn.transaction():
+                conn.execute("UPDATE tenants SET schema_name = schema_name || '!' WHERE id = 1")
+        assert path_checks(proxy) == [1]
+        for tenant_schema in ("tenant_a", "tenant_b"):
+            conn.execute(f"SET search_path = {tenant_schema}, public")
+            for _ in range(3):
+                conn.execute("INSERT INTO docs (body) VALUES (%s)", ("x",), prepare=prepare)
+        assert path_checks(proxy) == [3]
+        conn.execute("SET search_path = tenant_plain, public")
+        for _ in range(3):
+            conn.execute("INSERT INTO tenants VALUES (%s, %s)", (_ + 20, f"p{_}"), prepare=prepare)
+        assert path_checks(proxy) == [6]
+
+
 def test_parameter_status_shows_the_application_path(proxy: RunningProxy, tenants_db: str) -> None:
     """PostgreSQL 18 reports search_path (ParameterStatus): the client is told the application's path, as
     SHOW says, never the overlay path (introspection answers as outside the session)."""
