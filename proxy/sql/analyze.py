@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -340,7 +341,8 @@ class _Inspection:
             if (rule.count_all or rule.name not in self.found) and rule.detect(self, node):
                 self.found[rule.name] = self.found.get(rule.name, 0) + 1
 
-    def visit(self, name: str, node: JsonNode) -> bool:  # noqa: C901, PLR0912 - to be split into named steps
+    def visit(self, name: str, node: JsonNode) -> bool:
+        """One node of the statement's tree; False: do not descend into it."""
         if self.policy is not None:
             self.policy.visit(name, node)
         if self.watch and name in DETECTORS:
@@ -349,53 +351,59 @@ class _Inspection:
             name in _CATALOG_DEPENDENT or (name == "InsertStmt" and "onConflictClause" in node)
         ):
             self.catalog_dependent = True
-        if name == "InsertStmt":
-            self._write(node.get("relation"), "insert")
-            returning = node.get("returningClause") or node.get("returningList")  # (parser 18 / 17)
-            if self.watch and returning and self._row_security(node.get("relation")):
-                self.returning_rls = True
-        elif name == "UpdateStmt":
-            self._write(node.get("relation"), "update")
-            if self.watch and self.error is None and not self.in_do:
-                self._generated_update(node)
-        elif name == "CommonTableExpr":
-            self.ctes.add(str(node.get("ctename")))
-        elif name == "DeleteStmt":
-            self._write(node.get("relation"), "delete")
-        elif name == "MergeStmt":
-            self._write(node.get("relation"), "merge")
-        elif name == "TruncateStmt":
-            for item in node.get("relations") or ():
-                self._write(item.get("RangeVar"), "truncate")
-        elif name == "CopyStmt" and node.get("is_from"):
+        kind = _WRITE_KINDS.get(name)
+        if kind is not None:
+            self._write(node.get("relation"), kind)
+        handler = _NODE_HANDLERS.get(name)
+        if handler is not None:
+            handler(self, node)
+        return name not in _SETTINGS_ELSEWHERE  # a definition, or settings for later sessions
+
+    def _on_insert(self, node: JsonNode) -> None:
+        returning = node.get("returningClause") or node.get("returningList")  # (parser 18 / 17)
+        if self.watch and returning and self._row_security(node.get("relation")):
+            self.returning_rls = True
+
+    def _on_update(self, node: JsonNode) -> None:
+        if self.watch and self.error is None and not self.in_do:
+            self._generated_update(node)
+
+    def _on_cte(self, node: JsonNode) -> None:
+        self.ctes.add(str(node.get("ctename")))
+
+    def _on_truncate(self, node: JsonNode) -> None:
+        for item in node.get("relations") or ():
+            self._write(item.get("RangeVar"), "truncate")
+
+    def _on_copy(self, node: JsonNode) -> None:
+        if node.get("is_from"):
             self._write(node.get("relation"), "copy")
-        elif name == "ExecuteStmt":
-            self.executes = True
-        elif name == "VariableSetStmt":
-            setting = str(node.get("name", "")).lower()
-            if setting in (_ROLE, app_path.SETTING) or node.get("kind") == "VAR_RESET_ALL":
-                self.path_change = True
-            if self.watch and not self.in_do and app_path.sets_path(node):
-                self.path_sets += 1
-            elif not self.in_do and str(node.get("name", "")).lower() == _ROLE:
-                pass
-            elif node.get("kind") == "VAR_RESET_ALL" or _guarded_setting(str(node.get("name", ""))):
-                self.tampers = True
-        elif name == "DiscardStmt":
-            if node.get("target") == "DISCARD_ALL":
-                self.tampers = True
-                self.path_change = True
-        elif name == "FuncCall":
-            self._func_call(node)
-        elif name == "DoStmt":
-            self._do_block(node)
-        elif name == "ConstraintsSetStmt":
-            # SET CONSTRAINTS <names>: the rewrite adds the layer's constraint triggers of those names
-            if self.in_session and node.get("constraints"):
-                self.catalog_dependent = True  # a constraint made deferrable since the catalog was read
-        elif name in _SETTINGS_ELSEWHERE:
-            return False  # a definition, or settings for later sessions: nothing changes now
-        return True
+
+    def _on_execute(self, _node: JsonNode) -> None:
+        self.executes = True
+
+    def _on_set(self, node: JsonNode) -> None:
+        """SET: of the app's path (rewritten), of the role (allowed), of a guarded setting (tampering)."""
+        setting = str(node.get("name", "")).lower()
+        reset_all = node.get("kind") == "VAR_RESET_ALL"
+        if setting in (_ROLE, app_path.SETTING) or reset_all:
+            self.path_change = True
+        if self.watch and not self.in_do and app_path.sets_path(node):
+            self.path_sets += 1
+        elif not self.in_do and setting == _ROLE:
+            pass
+        elif reset_all or _guarded_setting(str(node.get("name", ""))):
+            self.tampers = True
+
+    def _on_discard(self, node: JsonNode) -> None:
+        if node.get("target") == "DISCARD_ALL":
+            self.tampers = True
+            self.path_change = True
+
+    def _on_constraints(self, node: JsonNode) -> None:
+        # SET CONSTRAINTS <names>: the rewrite adds the layer's constraint triggers of those names
+        if self.in_session and node.get("constraints"):
+            self.catalog_dependent = True  # a constraint made deferrable since the catalog was read
 
     def _row_security(self, relation: Any) -> bool:
         """A CoW table with row-level security (an unqualified name several schemas share: perhaps)."""
@@ -717,3 +725,21 @@ def _is_reset(node: Any) -> bool:
     if isinstance(node, ast.DiscardStmt):
         return bool(node.target == enums.DiscardMode.DISCARD_ALL)
     return False
+
+
+# The statements that write the relation they name, by node name (UPDATE, TRUNCATE and COPY have handlers).
+_WRITE_KINDS = {"InsertStmt": "insert", "UpdateStmt": "update", "DeleteStmt": "delete", "MergeStmt": "merge"}
+# What _Inspection.visit does for a node beyond the rules' detection, by node name.
+_NODE_HANDLERS: dict[str, Callable[[_Inspection, JsonNode], None]] = {
+    "InsertStmt": _Inspection._on_insert,
+    "UpdateStmt": _Inspection._on_update,
+    "CommonTableExpr": _Inspection._on_cte,
+    "TruncateStmt": _Inspection._on_truncate,
+    "CopyStmt": _Inspection._on_copy,
+    "ExecuteStmt": _Inspection._on_execute,
+    "VariableSetStmt": _Inspection._on_set,
+    "DiscardStmt": _Inspection._on_discard,
+    "FuncCall": _Inspection._func_call,
+    "DoStmt": _Inspection._do_block,
+    "ConstraintsSetStmt": _Inspection._on_constraints,
+}
