@@ -9,6 +9,7 @@ table — never in a base table, never in another tenant's table.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -274,6 +275,35 @@ def test_an_unlayered_path_is_followed_through_transactions(proxy: RunningProxy,
         assert bodies(conn) == ["a1", "a2", "a3", "a4", "a6", "a7"]
     assert base(tenants_db, "tenant_plain") == ["p1"]
     assert base(tenants_db, "tenant_a") == ["a1", "a2"]
+
+
+def test_a_role_whose_schema_lacks_the_layer_is_followed(proxy: RunningProxy, tenants_db: str) -> None:
+    """``"$user"`` on the default path stands for the current role: SET ROLE to a role with a schema of its
+    name (without the layer) makes unqualified names resolve there, and writes to it are refused."""
+    role = f"cow_i20_{os.getpid()}"
+    with psycopg.connect(tenants_db, autocommit=True) as conn:
+        conn.execute(
+            f"DO $$BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{role}') THEN "
+            f"CREATE ROLE {role}; END IF; END$$"
+        )
+        conn.execute(f"CREATE SCHEMA {role} AUTHORIZATION {role}")
+        conn.execute(f"CREATE TABLE {role}.tenants (id int PRIMARY KEY, schema_name text)")
+        conn.execute(f"ALTER TABLE {role}.tenants OWNER TO {role}")
+        conn.execute(f"GRANT SELECT, INSERT ON public.tenants TO {role}")
+    with psycopg.connect(proxy.dsn(tenants_db, application_name="cow:s9"), autocommit=True) as conn:
+        conn.execute("INSERT INTO tenants VALUES (5, 'e')")  # public.tenants: the session's (path clean)
+        conn.execute(f"SET ROLE {role}")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match=f"schema {role} has no copy-on-write"):
+            conn.execute("INSERT INTO tenants VALUES (6, 'f')")
+        conn.execute("RESET ROLE")
+        conn.execute("INSERT INTO tenants VALUES (7, 'g')")
+    with psycopg.connect(tenants_db, autocommit=True) as conn:
+        assert conn.execute(f"SELECT count(*) FROM {role}.tenants").fetchone() == (0,)
+        conn.execute(f"DROP SCHEMA {role} CASCADE")
+        conn.execute(f"REVOKE ALL ON public.tenants FROM {role}")
+        conn.execute(f"DROP ROLE {role}")
+        keys = conn.execute("SELECT pk->>'id' FROM cow.session_changes('s9') ORDER BY seq").fetchall()
+    assert keys == [("5",), ("7",)]
 
 
 def path_checks(proxy: RunningProxy) -> list[int]:
