@@ -49,10 +49,11 @@ BEGIN
         -- (The names the text can hold are looked up by name; every overlay view's name is tested only when
         -- the text has a quoted identifier.)
         cands := CASE WHEN tg_tag IN ('ALTER TABLE', 'DROP TABLE') THEN cow._name_candidates(current_query()) END;
+        -- (The registry by (table_schema, table_name), its unique index: by overlay_schema it was a scan.)
         FOR x IN SELECT n.nspname, c.relname, g.relid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                 LEFT JOIN cow.registry g ON g.overlay_schema = n.nspname AND g.table_name = c.relname
-                 WHERE c.relname = ANY (cands) AND n.nspname IN (SELECT overlay_schema FROM cow.schemas)
-                   AND c.relkind = 'v' AND cow._named_in(current_query(), c.relname)
+                 JOIN cow.schemas s ON s.overlay_schema = n.nspname
+                 LEFT JOIN cow.registry g ON g.table_schema = s.schema_name AND g.table_name = c.relname::text
+                 WHERE c.relname = ANY (cands) AND c.relkind = 'v' AND cow._named_in(current_query(), c.relname)
                  UNION ALL
                  SELECT n.nspname, c.relname, g.relid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                  LEFT JOIN cow.registry g ON g.overlay_schema = n.nspname AND g.table_name = c.relname
