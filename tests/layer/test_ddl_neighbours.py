@@ -9,6 +9,7 @@ leaves: a neighbour skipped that needed new code shows as a difference.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import psycopg
@@ -73,6 +74,9 @@ STATEMENTS = {
     "drop a referencing column": "ALTER TABLE grandchild DROP COLUMN child_id",
     "add a foreign key": "ALTER TABLE loner ADD COLUMN pid int REFERENCES parent (id) ON DELETE SET NULL",
     "rename a referencing table": "ALTER TABLE grandchild RENAME TO grandkid",
+    # the names the text holds: folded from upper case, or quoted (every overlay view's name tested)
+    "an upper-case name": "ALTER TABLE LONER ADD COLUMN loud int",
+    "a quoted name": 'ALTER TABLE "child" ADD COLUMN quoted int',
 }
 
 
@@ -93,11 +97,20 @@ def test_app_ddl_leaves_what_a_full_regeneration_makes(
         conn.execute(SCHEMA + EXTRA)
     install_layer_at(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
+        views = dict(conn.execute("SELECT relname, oid FROM pg_class WHERE relkind = 'v'").fetchall())
         conn.execute(STATEMENTS[statement])
         targeted = _objects(conn)
+        kept = dict(conn.execute("SELECT relname, oid FROM pg_class WHERE relkind = 'v'").fetchall())
         conn.execute("SELECT count(*) FROM cow.refresh(true)")
         full = _objects(conn)
     assert _diff(targeted, full) == []
+    # the view of the altered table was made anew; of the others only those the text names (`parent` in
+    # REFERENCES parent) may be
+    text = STATEMENTS[statement].lower()
+    table = text.split()[2].strip('"')
+    assert views[table] != kept.get(table)
+    named = {n for n in views if re.search(rf"\b{n}\b", text)}
+    assert {n for n, oid in views.items() if kept.get(n) != oid} <= named
 
 
 def test_a_dropped_foreign_key_no_longer_acts_in_a_session(create_database: Callable[..., str]) -> None:
