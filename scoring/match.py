@@ -552,12 +552,10 @@ def _fingerprint(scorer: _TableScorer, row: Mapping[str, Any] | None, deleted: b
     )
 
 
-Pairing = tuple[
-    int, int, float, tuple[tuple[str, float], ...]
-]  # (ground-truth row, agent row, similarity, fields)
-Block = tuple[
-    list[int], list[int], set[tuple[int, int]] | None
-]  # (gt rows, agent rows, candidate cells or all)
+# (ground-truth row, agent row, similarity, per-field similarities)
+Pairing = tuple[int, int, float, tuple[tuple[str, float], ...]]
+# (ground-truth rows, agent rows, the candidate cells to compare, or None: all)
+Block = tuple[list[int], list[int], set[tuple[int, int]] | None]
 
 
 def _assign(
