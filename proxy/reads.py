@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import asyncpg
 from pglast.parser import ParseError, fingerprint, parse_sql_json
 
+from cowproxy.ids import valid_id
 from proxy.relay import PendingRead
 from proxy.sql.catalog import Catalog
 from proxy.tags import strip_edge_comments
@@ -41,6 +42,17 @@ BATCH = 1000  # records per COPY
 # proxy and the server more than the reads themselves (bench/sessions.py --reads).
 GATHER = 0.2
 MAX_TEXT = 4000  # characters of a statement's text kept
+# A session that only reads is still a session: registered as the layer registers one at its first write
+# (so it can be listed, scored and discarded); reads that arrive after it was committed or discarded go, as
+# its trace went then.
+_REGISTER = """
+WITH ids AS (SELECT unnest($1::text[]) AS id),
+registered AS (
+    INSERT INTO cow.sessions (session_id) SELECT id FROM ids ON CONFLICT (session_id) DO NOTHING
+)
+DELETE FROM cow.reads r USING cow.sessions s, ids
+WHERE s.session_id = ids.id AND s.status <> 'open' AND r.session = s.session_id
+"""
 COLUMNS = (
     "session",
     "operation",
@@ -292,7 +304,12 @@ class ReadRecorder:
             rows = [record_row(r, self._shapes.get(r.sql, r.catalog)) for r in records]
             try:
                 conn = await self._connection(database)
-                await conn.copy_records_to_table("reads", schema_name="cow", columns=COLUMNS, records=rows)
+                sessions = sorted({r.session for r in records if valid_id(r.session)})
+                async with conn.transaction():
+                    await conn.copy_records_to_table(
+                        "reads", schema_name="cow", columns=COLUMNS, records=rows
+                    )
+                    await conn.execute(_REGISTER, sessions)
             except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 self.dropped["write_failed"] += len(rows)
                 await self._forget(database)

@@ -209,3 +209,23 @@ def test_a_text_with_tabs_newlines_and_backslashes_is_kept_as_sent(
     flush(recording)
     (got,) = reads(layer_db, "s6")
     assert got["statement"] == sql.replace("%s", "$1")
+
+
+def test_a_session_that_only_reads_is_registered_and_can_be_discarded(
+    recording: RunningProxy, layer_db: str
+) -> None:
+    with psycopg.connect(tagged(recording, layer_db, "ro1", "look"), autocommit=True) as conn:
+        conn.execute("SELECT * FROM customers").fetchall()
+    flush(recording)
+    assert len(reads(layer_db, "ro1")) == 1
+    listed_out = cli("session", "list", "--format", "json", dsn=layer_db)
+    assert listed_out.returncode == 0, listed_out.stderr
+    assert "ro1" in {s["session_id"] for s in json.loads(listed_out.stdout)}
+    assert cli("session", "discard", "ro1", dsn=layer_db).returncode == 0
+    assert reads(layer_db, "ro1") == []
+    # A read recorded after the session closed goes too, as its trace went at the close.
+    with psycopg.connect(tagged(recording, layer_db, "ro1", "late"), autocommit=True) as conn:
+        conn.execute("SELECT * FROM customers").fetchall()
+    flush(recording)
+    assert reads(layer_db, "ro1") == []
+
