@@ -20,7 +20,9 @@ reference) and ``public.items`` (the layer installed on ``public``). Variants, o
                  its own (docs/proxy.md), which pgbench -M extended through the proxy measures.
 - ``base``       (``--baseline REF``) the overlay view in session ``bench``, in a second database built
                  alike but with the layer's migrations as of git ref REF: a before/after of the layer in
-                 one run (the variants take turns op by op, so the machine's load falls on both alike).
+                 one run (the variants take turns op by op, so the machine's load falls on both alike);
+                 ``base-untagged`` the base table there with the default search_path (the baseline's
+                 guard: what untagged traffic ran before).
 - ``bound``      (``--bound``) the overlay view in session ``bench`` on a backend bound to it with
                  ``cow.bind_session`` and the binding secret, as cowproxy joins (``session`` joins with
                  ``cow.use_session``, the no-proxy path).
@@ -360,7 +362,8 @@ SECRET = new_secret()  # the binding secret of this run's databases (variant "bo
 
 def writers(cfg: Config) -> tuple[str, ...]:
     """The variants that write: each has its own ids per round (``Plan``)."""
-    return (*VARIANTS, *(("base",) if cfg.baseline else ()), *(("bound",) if cfg.bound else ()))
+    base = ("base", "base-untagged") if cfg.baseline else ()
+    return (*VARIANTS, *base, *(("bound",) if cfg.bound else ()))
 
 
 def variants(cfg: Config, op: Op | None = None) -> tuple[str, ...]:
@@ -375,7 +378,7 @@ def variants(cfg: Config, op: Op | None = None) -> tuple[str, ...]:
 
 def database(variant: str) -> str:
     """Which database a variant reads: the baseline's for "base", else this checkout's ("")."""
-    return BASE if variant == "base" else ""
+    return BASE if variant.startswith("base") else ""
 
 
 def sent_sql(cfg: Config, variant: str, sql: str, name: str | None = None) -> str | None:
@@ -526,7 +529,7 @@ async def connect(dsns: Dsns, variant: str, mode: str, rls: bool = False) -> asy
     )
     if variant == "plain":
         await conn.execute("SET search_path = plain")
-    elif variant == "untagged":
+    elif variant in ("untagged", "base-untagged"):
         pass  # the default search_path: the base table
     elif variant == "view":
         await conn.execute("SET search_path = cow_overlay_public, public")
