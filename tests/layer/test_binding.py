@@ -127,6 +127,22 @@ def test_discard_all_leaves_the_binding(db: str, bound: psycopg.Connection[Any])
     assert base_rows(db)[1][3] == 0
 
 
+def test_a_bound_backend_keeps_the_temporary_schema_the_guard_looks_for(
+    bound: psycopg.Connection[Any],
+) -> None:
+    """The guard asks cow._bound() only of backends with a temporary schema: the bind made one, and nothing
+    on the connection takes it away; catalog answers leave it out while it is empty."""
+    for escape in ("DISCARD ALL", "DISCARD TEMP", "RESET ALL"):
+        bound.execute(escape)
+        assert bound.execute("SELECT pg_my_temp_schema() <> 0").fetchone() == (True,), escape
+        assert sql_state(bound, "DELETE FROM public.customers") == "42501", escape
+    schemas = bound.execute("SELECT cow.current_schemas(true)::text").fetchone()
+    assert schemas is not None and "pg_temp" not in schemas[0]
+    bound.execute("CREATE TEMP TABLE scratch (x int)")  # the application's own: shown, as on the plain tables
+    schemas = bound.execute("SELECT cow.current_schemas(true)::text").fetchone()
+    assert schemas is not None and "pg_temp" in schemas[0]
+
+
 def test_use_session_and_operations_on_a_bound_connection(db: str, bound: psycopg.Connection[Any]) -> None:
     assert sql_state(bound, "SELECT cow.use_session('s2')") == "42501"
     assert sql_state(bound, "SELECT cow.use_session(NULL)") == "42501"

@@ -207,17 +207,21 @@ END $$;
 
 -- Whether guard trigger t is the current one (cow.guard).
 CREATE OR REPLACE FUNCTION cow._guard_current(t pg_catalog.pg_trigger) RETURNS boolean
-LANGUAGE sql IMMUTABLE AS $$ SELECT t.tgname = 'cow_guard' AND t.tgnargs = 1 AND t.tgenabled = 'A' $$;
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT t.tgname = 'cow_guard' AND t.tgnargs = 1 AND t.tgargs = '\x3300'::bytea AND t.tgenabled = 'A'
+$$;
 
 CREATE OR REPLACE FUNCTION cow._add_guard(p_rel oid) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    -- The WHEN clause keeps untagged writes from calling plpgsql for the guard itself (an expression and one
-    -- cow._bound() call per statement).
+    -- The WHEN clause keeps untagged writes from calling plpgsql for the guard itself, and from asking
+    -- cow._bound() unless the backend has a temporary schema (a builtin's answer): binding makes one
+    -- (cow._bind), and a backend keeps it until it ends, so a bound backend is always asked.
     IF NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = p_rel AND cow._guard_current(t)) THEN
         EXECUTE format('CREATE OR REPLACE TRIGGER cow_guard BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %s '
                        'FOR EACH STATEMENT WHEN (pg_catalog.current_setting(''cow.session_id'', true) <> '''' '
-                       'OR cow._bound() IS NOT NULL) EXECUTE FUNCTION cow.guard(''2'')', p_rel::regclass);
+                       'OR (pg_catalog.pg_my_temp_schema() <> 0 AND cow._bound() IS NOT NULL)) '
+                       'EXECUTE FUNCTION cow.guard(''3'')', p_rel::regclass);
         EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER cow_guard', p_rel::regclass);
     END IF;
 END $$;

@@ -163,6 +163,12 @@ BEGIN
     ON CONFLICT (pid) DO UPDATE SET backend_start = excluded.backend_start, token = excluded.token,
                                     session = excluded.session, bound_at = now();
     PERFORM set_config('cow._bind_token', tok, false);
+    IF pg_my_temp_schema() = 0 THEN
+        -- The guard asks cow._bound() only of backends with a temporary schema (cow._add_guard): make this
+        -- one's (it stays until the backend ends; rolled back with this transaction, as the binding is).
+        CREATE TEMPORARY TABLE pg_temp.cow_bind_mark ();
+        DROP TABLE pg_temp.cow_bind_mark;
+    END IF;
 END $$;
 
 -- Bind this backend to `session` (and set the GUCs as cow.use_session does), proven by the binding secret;

@@ -16,10 +16,17 @@ LANGUAGE sql STABLE AS $$
     SELECT coalesce(nullif(current_setting('cow.app_search_path', true), ''), cow._session_path(false))
 $$;
 
+-- With p_implicit, the backend's temporary schema is left out while it holds nothing: the binding made it
+-- (cow._bind), not the application (on the plain tables it appears with the first temporary table).
 CREATE OR REPLACE FUNCTION cow._current_schemas(p_path text, p_implicit boolean) RETURNS name[]
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    t oid := pg_my_temp_schema();
 BEGIN
     PERFORM set_config('search_path', p_path, true);
+    IF p_implicit AND t <> 0 AND NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = t) THEN
+        RETURN array_remove(current_schemas(true), (SELECT n.nspname FROM pg_namespace n WHERE n.oid = t));
+    END IF;
     RETURN current_schemas(p_implicit);
 END $$;
 
