@@ -129,6 +129,7 @@ DECLARE
     want text;
     b cow.bindings%ROWTYPE;
     tok text;
+    prev text;
 BEGIN
     SELECT x.hash INTO want FROM cow.bind_secret x;
     IF want IS NULL THEN
@@ -166,8 +167,12 @@ BEGIN
     IF pg_my_temp_schema() = 0 THEN
         -- The guard asks cow._bound() only of backends with a temporary schema (cow._add_guard): make this
         -- one's (it stays until the backend ends; rolled back with this transaction, as the binding is).
+        -- (cow.in_layer: the layer's DDL event triggers leave this table alone.)
+        prev := current_setting('cow.in_layer', true);
+        PERFORM set_config('cow.in_layer', 'on', true);
         CREATE TEMPORARY TABLE pg_temp.cow_bind_mark ();
         DROP TABLE pg_temp.cow_bind_mark;
+        PERFORM set_config('cow.in_layer', coalesce(prev, ''), true);
     END IF;
 END $$;
 
