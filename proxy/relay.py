@@ -543,14 +543,10 @@ class Relay:
         """Queue ``cow._unlayered_write`` of the statement's unqualified write targets; hold (as
         ``_check_catalog``). The answer: refuse the statement when a name resolves to a relation of a schema
         without the layer; the path clean when no schema on it lacks the layer."""
-        if trigger in (b"Q", b"F") and (self.pending or self.mid_batch):
-            self.holding = True
-            self._hold_until_idle = True
+        standalone = self._start_injection(trigger)
+        if standalone is None:
             return
-        standalone = not self.mid_batch
         forward = not standalone
-        self._injection_error = None
-        self.holding = True
         self.path_checks += 1
         rows: list[tuple[str | None, ...]] = []
         kinds = dict(verdict.unqualified_writes)
@@ -574,12 +570,7 @@ class Relay:
         close = self._queue_query(
             PATH_STATEMENT, app_path.UNLAYERED_WRITE_SQL, forward, params=params, capture=rows
         )
-        if standalone:
-            self._injected(close, Kind.CLOSE, forward)
-            self._injected(p.SYNC, Kind.SYNC, forward, on_done=checked)
-        else:
-            self._injected(close, Kind.CLOSE, forward, on_done=checked)
-            self.to_server.append(p.FLUSH)
+        self._finish_injection(close, standalone, checked)
 
     def _wants_catalog(self) -> bool:
         return self.analysis.catalog_query is not None and not self.catalog_loading
@@ -854,16 +845,11 @@ class Relay:
         At a safe point (no unfinished extended batch) the injection is its own batch ending with Sync;
         inside a batch it is followed by Flush, and a failure makes the server skip the client's batch.
         """
-        if trigger in (b"Q", b"F") and (self.pending or self.mid_batch):
-            # A simple query must not join an unfinished batch: wait for the server to catch up.
-            self.holding = True
-            self._hold_until_idle = True
+        standalone = self._start_injection(trigger)
+        if standalone is None:
             return False
-        standalone = not self.mid_batch
         forward = not standalone
         want_catalog = tags.tagged and self.catalog is None and self._wants_catalog()
-        self._injection_error = None
-        self.holding = True
 
         def applied(ok: bool) -> None:
             # On failure nothing changed on the server: the statement (and its transaction) rolled back.
@@ -906,6 +892,18 @@ class Relay:
             close_last = p.encode_close("S", INJECT_STATEMENT)
         self._finish_injection(close_last, standalone, on_done)
         return False
+
+    def _start_injection(self, trigger: bytes) -> bool | None:
+        """Hold the client for statements the proxy sends ahead of ``trigger``: True at a safe point (they are
+        their own batch, ending with Sync), False inside a client's batch (followed by Flush; a failure makes
+        the server skip the client's batch); None: a simple query must not join an unfinished batch, so the
+        client is held until the server has caught up."""
+        self.holding = True
+        if trigger in (b"Q", b"F") and (self.pending or self.mid_batch):
+            self._hold_until_idle = True
+            return None
+        self._injection_error = None
+        return not self.mid_batch
 
     def _finish_injection(self, close_last: bytes, standalone: bool, on_done: Callable[[bool], None]) -> None:
         """End an injected batch: ``close_last``, then Sync at a safe point, or Flush inside a batch."""
@@ -981,25 +979,13 @@ class Relay:
         Like ``_inject``: its own batch at a safe point, followed by Flush inside a batch. The caller holds
         the trigger, replayed once the catalog is known to be current.
         """
-        if trigger in (b"Q", b"F") and (self.pending or self.mid_batch):
-            self.holding = True
-            self._hold_until_idle = True
-            return
         assert self.analysis.catalog_version_query is not None
-        standalone = not self.mid_batch
+        standalone = self._start_injection(trigger)
+        if standalone is None:
+            return
         forward = not standalone
-        self._injection_error = None
-        self.holding = True
         self.catalog_checks += 1
         version: list[tuple[str | None, ...]] = []
-
-        def finish_batch(close_last: bytes, on_done: Callable[[bool], None]) -> None:
-            if standalone:
-                self._injected(close_last, Kind.CLOSE, forward)
-                self._injected(p.SYNC, Kind.SYNC, forward, on_done=on_done)
-            else:
-                self._injected(close_last, Kind.CLOSE, forward, on_done=on_done)
-                self.to_server.append(p.FLUSH)
 
         def released(ok: bool) -> None:
             self._catalog_checked = True  # also after a failure: the statement then meets the server's error
@@ -1016,12 +1002,12 @@ class Relay:
                 released(ok)
                 return
             # Changed: a second round trip reads the catalog (still holding the client).
-            finish_batch(self._queue_catalog_load(forward), released)
+            self._finish_injection(self._queue_catalog_load(forward), standalone, released)
 
         close = self._queue_query(
             CATALOG_VERSION_STATEMENT, self.analysis.catalog_version_query, forward, capture=version
         )
-        finish_batch(close, checked)
+        self._finish_injection(close, standalone, checked)
 
     def _injected(
         self,
