@@ -20,12 +20,13 @@ from tests.layer.test_cli import cli, one_error_line
 from tests.proxy.test_fast_relay import listed, scrape
 
 pytestmark = pytest.mark.timeout(120)
+BOTH_RELAYS = True  # (tests/fix_proxy.py: each test on the C relay and on the Python relay)
 
 
 @pytest.fixture
-def recording(pg_server: PgServer) -> Iterator[RunningProxy]:
-    """A proxy with the C relay on (tagged sessions must still be recorded) that records reads."""
-    with run_proxy(pg_server, reads_dsn=pg_server.dsn) as running:
+def recording(pg_server: PgServer, fast_relay: bool) -> Iterator[RunningProxy]:
+    """A proxy that records reads, on the C relay (sessions are recorded there too) or the Python one."""
+    with run_proxy(pg_server, reads_dsn=pg_server.dsn, fast_relay=fast_relay) as running:
         yield running
 
 
@@ -127,11 +128,16 @@ class _Silent:
             conn.close()
 
 
-def test_a_full_queue_drops_and_counts_without_holding_the_relay(pg_server: PgServer, layer_db: str) -> None:
+def test_a_full_queue_drops_and_counts_without_holding_the_relay(
+    pg_server: PgServer, layer_db: str, fast_relay: bool
+) -> None:
     silent = _Silent()
     try:
         with run_proxy(
-            pg_server, reads_dsn=f"postgresql://postgres@127.0.0.1:{silent.port}/x", reads_queue=2
+            pg_server,
+            reads_dsn=f"postgresql://postgres@127.0.0.1:{silent.port}/x",
+            reads_queue=2,
+            fast_relay=fast_relay,
         ) as proxy:
             assert proxy.server.reads is not None
             proxy.server.reads.timeout = 4  # the writer's connect waits this long, then gives up
@@ -228,4 +234,3 @@ def test_a_session_that_only_reads_is_registered_and_can_be_discarded(
         conn.execute("SELECT * FROM customers").fetchall()
     flush(recording)
     assert reads(layer_db, "ro1") == []
-

@@ -1,0 +1,160 @@
+"""Read traces of sessions on the C relay: the same workload through a proxy on the Python relay
+(``--no-fast-relay``) and through one on the C relay records the same rows into ``cow.reads`` — operation,
+fingerprint, text, identity (text and Bind parameters), tables, row count — for simple queries, unnamed
+extended statements and prepared ones, pipelined batches, a portal run in steps and a batch the C relay
+hands back in its middle."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from proxy import protocol as p
+from proxy.fastrelay import AVAILABLE, UNAVAILABLE
+from tests.fix_db import PgServer
+from tests.fix_proxy import RunningProxy, run_proxy
+from tests.proxy.test_adversity import RawClient, dbname
+from tests.proxy.test_reads import flush, tagged
+
+pytestmark = [
+    pytest.mark.timeout(180),
+    pytest.mark.skipif(not AVAILABLE, reason=f"{UNAVAILABLE}"),
+]
+
+# Reads the proxy does not rewrite (C takes their texts once decided) and one it does (a key read: Python).
+BY_TIER = "SELECT name FROM customers WHERE tier = %s ORDER BY id"
+JOINED = (
+    "SELECT c.name, o.qty FROM customers c JOIN orders o ON o.customer_id = c.id"
+    " WHERE o.qty >= %s ORDER BY o.id"
+)
+BY_KEY = "SELECT name FROM customers WHERE id = %s"
+COLUMNS = "operation, fingerprint, statement, identity, relations, rows"
+
+
+@pytest.fixture
+def proxies(pg_server: PgServer) -> Iterator[dict[str, RunningProxy]]:
+    """Two recording proxies: on the Python relay and on the C relay."""
+    with (
+        run_proxy(pg_server, reads_dsn=pg_server.dsn, fast_relay=False) as python,
+        run_proxy(pg_server, reads_dsn=pg_server.dsn) as fast,
+    ):
+        yield {"python": python, "fast": fast}
+
+
+def recorded(db: str, session: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(db, autocommit=True) as conn:
+        return conn.execute(
+            f"SELECT {COLUMNS} FROM cow.reads WHERE session = %s ORDER BY seq", (session,)
+        ).fetchall()
+
+
+def _psycopg_reads(conn: psycopg.Connection[Any], prepare: bool | None) -> None:
+    for tier in ("basic", "pro", "basic", "basic", "nobody"):
+        conn.execute(BY_TIER, (tier,), prepare=prepare).fetchall()
+    for qty in (1, 2, 1, 1):
+        conn.execute(JOINED, (qty,), prepare=prepare).fetchall()
+    for key in (1, 2, 1):
+        conn.execute(BY_KEY, (key,), prepare=prepare).fetchall()
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        conn.execute("SELECT 1 / (id - id) FROM customers WHERE tier = %s", ("pro",), prepare=prepare)
+    conn.execute("INSERT INTO customers (email, name) VALUES (%s, 'N')", ("n@x",), prepare=prepare)
+    conn.execute(BY_TIER, ("basic",), prepare=prepare).fetchall()  # (the session's row too)
+
+
+def _simple_reads(conn: psycopg.Connection[Any], prepare: bool | None) -> None:
+    cur = psycopg.ClientCursor(conn)
+    for _ in range(3):
+        cur.execute("SELECT name FROM customers WHERE tier = 'basic' ORDER BY id")
+        cur.execute(
+            "SELECT c.name, o.qty FROM customers c JOIN orders o ON o.customer_id = c.id ORDER BY o.id"
+        )
+        cur.execute("SELECT name FROM customers WHERE id = 2")
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        cur.execute("SELECT 1 / (id - id) FROM customers")
+    cur.execute("/*cow_operation='other'*/ SELECT name FROM customers WHERE tier = 'pro'")
+    cur.execute("SELECT name FROM customers WHERE tier = 'basic' ORDER BY id")
+
+
+MODES: dict[str, tuple[Callable[[psycopg.Connection[Any], bool | None], None], bool | None]] = {
+    "simple": (_simple_reads, None),
+    "extended": (_psycopg_reads, False),
+    "prepared": (_psycopg_reads, True),
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_reads_on_the_c_relay_are_recorded_as_on_the_python_relay(
+    proxies: dict[str, RunningProxy], layer_db: str, mode: str
+) -> None:
+    run, prepare = MODES[mode]
+    for name, proxy in proxies.items():
+        with psycopg.connect(tagged(proxy, layer_db, f"fr-{name}-{mode}", "op1"), autocommit=True) as conn:
+            run(conn, prepare)
+        flush(proxy)
+    python, fast = (recorded(layer_db, f"fr-{name}-{mode}") for name in proxies)
+    assert len(python) >= 10
+    assert fast == python
+
+
+def _raw_batches(c: RawClient) -> None:
+    """Pipelined extended batches, by hand: a portal run in steps (PortalSuspended: no record, then the
+    rest), an empty query, an error that skips the rest of its batch, and a batch with a text C does not
+    take (a comment) in its middle: the read before it is in flight when C hands the connection back."""
+    read = "SELECT name FROM customers WHERE tier = $1 ORDER BY id"
+    c.sock.sendall(p.encode_parse("r", read) + p.SYNC)
+    c.read_until(b"Z")
+    for _ in range(3):
+        c.sock.sendall(
+            p.encode_bind("", "r", ("basic",))
+            + p.encode_execute("", 1)
+            + p.encode_execute("")
+            + p.encode_bind("", "r", ("pro",))
+            + p.encode_execute("")
+            + p.encode_parse("", "")
+            + p.encode_bind("", "", ())
+            + p.encode_execute("")
+            + p.SYNC
+            + p.encode_bind("", "r", ("basic",))
+            + p.encode_execute("")
+            + p.encode_parse("", "SELECT 1 / 0")
+            + p.encode_bind("", "", ())
+            + p.encode_execute("")
+            + p.encode_bind("", "r", ("pro",))
+            + p.encode_execute("")
+            + p.SYNC
+        )
+        c.read_until(b"Z")
+        c.read_until(b"Z")
+        c.sock.sendall(
+            p.encode_bind("", "r", ("basic",))
+            + p.encode_execute("")
+            + p.encode_parse("", "/*cow_operation='op2'*/ SELECT count(*) FROM orders")
+            + p.encode_bind("", "", ())
+            + p.encode_execute("")
+            + p.encode_bind("", "r", ("pro",))
+            + p.encode_execute("")
+            + p.SYNC
+        )
+        c.read_until(b"Z")
+
+
+def test_pipelined_batches_are_recorded_as_on_the_python_relay(
+    proxies: dict[str, RunningProxy], layer_db: str
+) -> None:
+    for name, proxy in proxies.items():
+        c = RawClient(
+            proxy.host,
+            proxy.port,
+            dbname(layer_db),
+            options=f"-c cow.session_id=frb-{name} -c cow.operation_id=op1",
+        )
+        _raw_batches(c)
+        c.sock.close()
+    for proxy in proxies.values():
+        flush(proxy)
+    python, fast = (recorded(layer_db, f"frb-{name}") for name in proxies)
+    assert len(python) == 3 * 6
+    assert fast == python
