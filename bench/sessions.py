@@ -18,10 +18,9 @@ against every target in turn, round by round (so load from other jobs hits all a
 - with --workers N, `session/proxy-Nw`: the sessions through `cowproxy serve --workers N` (the proxy
   process's CPU is not measured for it: its workers are children);
 - with --reads, the cost of read traces: `session/reads`, the sessions through a cowproxy that records
-  their reads (`--reads-dsn`: into `cow.reads`, on the proxy's own connection), and `session/python`, through
-  one with `--no-fast-relay` (recorded sessions stay on the Python relay, so this separates the cost of
-  leaving the C relay from the cost of recording); the columns `reads ratio` (session/reads over
-  session/proxy) and `rec ratio` (session/reads over session/python).
+  their reads (`--reads-dsn`: into `cow.reads`, on the proxy's own connection; the C relay records the
+  statements it takes), and `session/python`, through one with `--no-fast-relay`; the columns `reads ratio`
+  (session/reads over session/proxy: the goal) and `rec ratio` (session/reads over session/python).
 
 With --bind, this checkout's proxies hold the database's binding secret (`--bind-secret-file`): they join
 sessions with `cow.bind_session`, as in production (without it they fall back to `cow.use_session`);

@@ -13,12 +13,19 @@
  * tells the asyncio loop, which calls take_handbacks(). The descriptors stay owned by the transports: the
  * engine never closes them.
  *
+ * Read traces: for a connection whose session's reads are recorded, Python marks the statements (and decided
+ * texts) whose Executes (or Queries) are reads; C keeps a compact record of each (which statement, the rows
+ * of its CommandComplete "SELECT n", times, the Bind's parameters) in a bounded ring per connection, and
+ * Python takes the finished ones in batches (take_reads, and with the hand-back). A full ring drops the
+ * record and counts it: the relay never waits for recording.
+ *
  * Copyright the cowproxy authors. License: GPL-3.0-or-later.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -32,7 +39,7 @@
 /* What proxy/fastrelay.py expects (API_VERSION there): bump both when the module's functions or the tuples
  * they take or return change, so that a stale build (an editable install not rebuilt after a pull) is
  * reported and left unused instead of failing at the first call. */
-#define API_VERSION 3
+#define API_VERSION 4
 #define BUF_CAP (64 * 1024 + 5) /* a whole Query of up to 64 KiB with its header; larger ones go to Python */
 #define MAX_INFLIGHT 128        /* pipelined queries in flight before the client stops being read */
 #define QCAP 1024               /* replies owed (Relay.pending); a full queue hands the connection back */
@@ -45,6 +52,9 @@
 #define MAX_WRITE_SLOTS 256 /* (table, kind) pairs counted for tagged connections' writes */
 #define STMT_WRITES 4       /* writes of one statement counted here (Python binds one with more) */
 #define MAX_DECISIONS 1024  /* cached decisions per connection */
+#define READ_CAP 1024       /* read records per connection waiting for Python (a full ring drops) */
+#define READ_MARK 256       /* records waiting that make the thread wake Python to take them */
+#define NO_READ LONG_MIN    /* a statement whose Executes are not recorded */
 
 enum { CLIENT = 0, SERVER = 1 };
 
@@ -58,6 +68,7 @@ typedef struct stmt {
     int kind;
     int pyonly; /* Python must bind it (comment tags, or a kind C does not count) */
     long idx;   /* >= 0: Python's object; -1: text below */
+    long read;  /* NO_READ, or what a read record names: >= 0 Python's object, < 0 -(decision index + 1) */
     unsigned char nslots; /* its writes (tagged connections): indexes into Engine.writes */
     unsigned short slots[STMT_WRITES];
     size_t len;
@@ -68,6 +79,8 @@ typedef struct {
     unsigned char *name;
     size_t len;
     stmt_t *s;
+    unsigned char *params; /* a portal of a recorded read: its Bind after the portal's name (NULL: none) */
+    size_t plen;
 } named_t;
 
 typedef struct {
@@ -82,6 +95,7 @@ typedef struct {
     unsigned char *key; /* NULL: an empty slot */
     size_t len;
     int kind;
+    long read; /* NO_READ, or -(its index in Python's list + 1) */
     unsigned char nslots;
     unsigned short slots[STMT_WRITES];
 } decision_t;
@@ -95,7 +109,24 @@ typedef struct {
 typedef struct {
     char kind; /* Q S P B D E C */
     double started;
+    long long rec; /* the read record this Query or Execute finishes (a sequence number), or -1 */
 } entry_t;
+
+/* A read of a recorded session (Relay._pending_read and _read_done): done when its CommandComplete came. */
+typedef struct {
+    long ref; /* as stmt_t.read */
+    int state; /* 0: in flight, 1: done, 2: failed or no CommandComplete (nothing to record) */
+    long long rows; /* of "SELECT n", or -1 */
+    double started, wall; /* monotonic at the Execute or Query; wall clock at its CommandComplete */
+    long long duration_us;
+    unsigned char *params; /* the Bind's, or NULL */
+    size_t plen;
+} rec_t;
+
+typedef struct {
+    rec_t *v;           /* READ_CAP slots, allocated at adoption of a recorded connection */
+    long long base, end; /* sequence numbers: v[seq % READ_CAP] for base <= seq < end */
+} ring_t;
 
 typedef struct {
     conn_t *c;
@@ -123,6 +154,8 @@ struct conn {
     double batch_started;
     table_t stmts, portals;
     int tagged;      /* in a session (startup tags): only texts with a decision are taken */
+    ring_t reads;    /* its reads, when its session's reads are recorded */
+    long long cur_rec; /* the record whose CommandComplete body is being read, or -1 */
     dtable_t dec;    /* Relay.decisions, given at adoption */
     unsigned long taken; /* client messages taken since adoption */
     /* client side */
@@ -157,6 +190,8 @@ typedef struct handback {
     int mid_batch, skip;
     table_t stmts, portals;
     unsigned long taken;
+    ring_t reads; /* moved from the connection: the done ones and those the owed replies will finish */
+    long long *qrec; /* per owed reply: its record, or -1 (NULL: none) */
     struct handback *next;
 } handback_t;
 
@@ -186,6 +221,8 @@ typedef struct {
     unsigned long long statements_tagged[MAX_KINDS];
     unsigned long long writes[MAX_WRITE_SLOTS];
     unsigned long long decision_hits; /* tagged texts taken by a decision (Python's analysis cache hits) */
+    unsigned long long reads_done, reads_dropped; /* read records made; dropped (a full ring) */
+    unsigned long long reads_dropped_told;        /* of those, already reported by take_reads */
     unsigned long long bytes_up, bytes_down;
     char error_class[MAX_ERROR_CLASSES][2];
     unsigned long long error_count[MAX_ERROR_CLASSES];
@@ -367,6 +404,7 @@ static void stmt_unref(stmt_t *s) {
 static void table_free(table_t *t) {
     for (int i = 0; i < t->n; i++) {
         free(t->v[i].name);
+        free(t->v[i].params);
         stmt_unref(t->v[i].s);
     }
     free(t->v);
@@ -399,6 +437,8 @@ static int table_set(table_t *t, const unsigned char *name, size_t len, stmt_t *
         slot->name = copy;
         slot->len = len;
         slot->s = NULL;
+        slot->params = NULL;
+        slot->plen = 0;
     }
     s->refs++;
     stmt_unref(slot->s);
@@ -410,8 +450,27 @@ static void table_pop(table_t *t, const unsigned char *name, size_t len) {
     named_t *slot = table_find(t, name, len);
     if (slot == NULL) return;
     free(slot->name);
+    free(slot->params);
     stmt_unref(slot->s);
     *slot = t->v[--t->n];
+}
+
+/* A portal's Bind parameters, kept while its statement's reads are recorded (NULL, 0: forget them). */
+static int portal_params(named_t *slot, const unsigned char *params, size_t len) {
+    if (params == NULL) {
+        free(slot->params);
+        slot->params = NULL;
+        slot->plen = 0;
+        return 0;
+    }
+    if (slot->params == NULL || slot->plen < len) {
+        unsigned char *buf = realloc(slot->params, len ? len : 1);
+        if (buf == NULL) return -1;
+        slot->params = buf;
+    }
+    memcpy(slot->params, params, len);
+    slot->plen = len;
+    return 0;
 }
 
 static stmt_t *stmt_new(int kind, int pyonly, long idx, const unsigned char *text, size_t len) {
@@ -421,6 +480,7 @@ static stmt_t *stmt_new(int kind, int pyonly, long idx, const unsigned char *tex
     s->kind = kind;
     s->pyonly = pyonly;
     s->idx = idx;
+    s->read = NO_READ;
     s->nslots = 0;
     s->len = len;
     if (len) memcpy(s->text, text, len);
@@ -436,13 +496,86 @@ static int blocked(conn_t *c) {
 
 static int idle_point(conn_t *c) { return c->qlen == 0 && !c->mid_batch && !c->skip; }
 
-static void push(conn_t *c, char kind, double started) {
+static double wall_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void ring_free(ring_t *r) {
+    if (r->v == NULL) return;
+    for (long long seq = r->base; seq < r->end; seq++) free(r->v[seq % READ_CAP].params);
+    free(r->v);
+    r->v = NULL;
+    r->base = r->end = 0;
+}
+
+/* A read starts (Relay._pending_read): its record's sequence number, or -1 (not recorded, or dropped). */
+static long long read_start(Engine *e, conn_t *c, long ref, const unsigned char *params, size_t plen) {
+    ring_t *r = &c->reads;
+    if (r->v == NULL || ref == NO_READ) return -1;
+    if (r->end - r->base >= READ_CAP) {
+        e->reads_dropped++;
+        return -1;
+    }
+    rec_t *rec = &r->v[r->end % READ_CAP];
+    rec->params = NULL;
+    rec->plen = 0;
+    if (params != NULL) {
+        rec->params = malloc(plen ? plen : 1);
+        if (rec->params == NULL) {
+            e->reads_dropped++;
+            return -1;
+        }
+        memcpy(rec->params, params, plen);
+        rec->plen = plen;
+    }
+    rec->ref = ref;
+    rec->state = 0;
+    rec->rows = -1;
+    rec->started = now();
+    return r->end++;
+}
+
+/* Its CommandComplete (Relay._read_done): rows from "SELECT n", as Python reads the tag. */
+static void read_done(Engine *e, conn_t *c, long long seq, const unsigned char *tag, int len) {
+    rec_t *rec = &c->reads.v[seq % READ_CAP];
+    if (len > 0 && tag[len - 1] == 0) len--;
+    long long rows = -1;
+    if (len > 7 && memcmp(tag, "SELECT ", 7) == 0) {
+        rows = 0;
+        for (int i = 7; i < len && rows >= 0; i++) {
+            if (tag[i] < '0' || tag[i] > '9' || rows > (LLONG_MAX - 9) / 10) rows = -1;
+            else rows = rows * 10 + (tag[i] - '0');
+        }
+    }
+    double t = now();
+    rec->rows = rows;
+    rec->wall = wall_now();
+    rec->duration_us = (long long)((t - rec->started) * 1e6);
+    rec->state = 1;
+    e->reads_done++;
+    if (c->reads.end - c->reads.base == READ_MARK) e->notify = 1; /* Python takes them (take_reads) */
+}
+
+/* A read that ends without its CommandComplete (an error, PortalSuspended, EmptyQueryResponse): none. */
+static void read_failed(conn_t *c, long long seq) {
+    rec_t *rec = &c->reads.v[seq % READ_CAP];
+    free(rec->params);
+    rec->params = NULL;
+    rec->state = 2;
+}
+
+static void push_rec(conn_t *c, char kind, double started, long long rec) {
     entry_t *en = &c->q[(c->head + c->qlen) % QCAP];
     en->kind = kind;
     en->started = started;
+    en->rec = rec;
     c->qlen++;
     if (kind == 'Q' || kind == 'S') c->inflight++;
 }
+
+static void push(conn_t *c, char kind, double started) { push_rec(c, kind, started, -1); }
 
 static entry_t *qhead(conn_t *c) { return c->qlen ? &c->q[c->head] : NULL; }
 
@@ -451,16 +584,17 @@ static entry_t pop(conn_t *c) {
     c->head = (c->head + 1) % QCAP;
     c->qlen--;
     if (en.kind == 'Q' || en.kind == 'S') c->inflight--;
+    if (en.rec >= 0) read_failed(c, en.rec); /* (a CommandComplete takes the record off its entry first) */
     return en;
 }
 
 /* Relay._extended: an extended-protocol message opens a batch (ended by Sync). */
-static void push_extended(conn_t *c, char kind) {
+static void push_extended(conn_t *c, char kind, long long rec) {
     if (!c->mid_batch) {
         c->mid_batch = 1;
         c->batch_started = now();
     }
-    push(c, kind, 0.0);
+    push_rec(c, kind, 0.0, rec);
 }
 
 static void update_masks(Engine *e, conn_t *c) {
@@ -476,6 +610,7 @@ static void update_masks(Engine *e, conn_t *c) {
 }
 
 static void free_conn(conn_t *c) {
+    ring_free(&c->reads);
     dtable_free(&c->dec);
     table_free(&c->stmts);
     table_free(&c->portals);
@@ -517,6 +652,12 @@ static handback_t *make_handback(Engine *e, conn_t *c, const char *reason, int e
         h->taken = c->taken;
         memset(&c->stmts, 0, sizeof(c->stmts));
         memset(&c->portals, 0, sizeof(c->portals));
+        if (c->reads.v != NULL) { /* moved too: Python records the done reads, and resumes the owed ones */
+            h->reads = c->reads;
+            memset(&c->reads, 0, sizeof(c->reads));
+            if (c->qlen && (h->qrec = malloc(sizeof(long long) * (size_t)c->qlen)) != NULL)
+                for (int i = 0; i < c->qlen; i++) h->qrec[i] = c->q[(c->head + i) % QCAP].rec;
+        }
         if (c->cin_len) {
             h->data = c->cin;
             h->len = c->cin_len;
@@ -622,6 +763,7 @@ static int take_extended(Engine *e, conn_t *c, const unsigned char *m, size_t to
     const unsigned char *b = m + 5;
     size_t n = total - 5;
     long p1, p2;
+    long long rec = -1;
     if (type == 'H') return 1; /* Flush: nothing owed for it */
     if (c->qlen >= QCAP - 1) return 0;
     if (type == 'S') {
@@ -648,6 +790,7 @@ static int take_extended(Engine *e, conn_t *c, const unsigned char *m, size_t to
             e->decision_hits++;
             st->nslots = d->nslots;
             memcpy(st->slots, d->slots, sizeof(st->slots));
+            st->read = d->read;
         }
         if (table_set(&c->stmts, b, (size_t)p1 - 1, st) < 0) {
             free(st);
@@ -659,6 +802,12 @@ static int take_extended(Engine *e, conn_t *c, const unsigned char *m, size_t to
         if ((p1 = cstring(b, 0, n)) < 0 || (p2 = cstring(b, (size_t)p1, n)) < 0) return 0;
         named_t *st = table_find(&c->stmts, b + p1, (size_t)(p2 - p1 - 1));
         if (st != NULL && (st->s->pyonly || table_set(&c->portals, b, (size_t)p1 - 1, st->s) < 0)) return 0;
+        if (st != NULL && c->reads.v != NULL) {
+            /* The parameters (after the portal's name): with the text, the identity of the read. */
+            named_t *portal = table_find(&c->portals, b, (size_t)p1 - 1);
+            int read = st->s->read != NO_READ;
+            if (portal_params(portal, read ? b + p1 : NULL, read ? n - (size_t)p1 : 0) < 0) return 0;
+        }
         break;
     }
     case 'E': {
@@ -668,6 +817,7 @@ static int take_extended(Engine *e, conn_t *c, const unsigned char *m, size_t to
             if (portal->s->pyonly) return 0;
             if (c->tagged) count_tagged(e, portal->s->kind, portal->s->nslots, portal->s->slots);
             else e->statements[portal->s->kind]++;
+            rec = read_start(e, c, portal->s->read, portal->params, portal->plen);
         }
         break;
     }
@@ -681,7 +831,7 @@ static int take_extended(Engine *e, conn_t *c, const unsigned char *m, size_t to
     default:
         return 0;
     }
-    push_extended(c, (char)type);
+    push_extended(c, (char)type, rec);
     return 1;
 }
 
@@ -721,10 +871,11 @@ static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_
                 }
                 e->decision_hits++;
                 count_tagged(e, d->kind, d->nslots, d->slots);
+                push_rec(c, 'Q', now(), read_start(e, c, d->read, NULL, 0));
             } else {
                 e->statements[text_kind(e, buf + pos + 5, (size_t)total - 6)]++;
+                push(c, 'Q', now());
             }
-            push(c, 'Q', now());
             c->taken++;
             pos += (size_t)total;
         } else if (type == 'd' && c->copy_in) {
@@ -816,6 +967,10 @@ static void count_error(Engine *e, const unsigned char *body, int len) {
 static void server_header(conn_t *c, unsigned char type) {
     entry_t *h = qhead(c);
     if (h == NULL) return;
+    if (type == 'C' && h->rec >= 0) { /* a recorded read's CommandComplete: its body is read for the tag */
+        c->cur_rec = h->rec;
+        h->rec = -1; /* (a simple Query's first one: Relay._read_done) */
+    }
     char want = 0;
     switch (type) {
     case '1': want = 'P'; break;
@@ -884,6 +1039,12 @@ static void server_message(Engine *e, conn_t *c) {
         }
         break;
     }
+    case 'C':
+        if (c->cur_rec >= 0) {
+            read_done(e, c, c->cur_rec, c->ebuf, c->ebuf_have);
+            c->cur_rec = -1;
+        }
+        break;
     default:
         break;
     }
@@ -895,7 +1056,8 @@ static int parse_server(Engine *e, conn_t *c, const unsigned char *buf, size_t l
     while (pos < len) {
         if (c->sbody_left) {
             size_t take = len - pos < c->sbody_left ? len - pos : (size_t)c->sbody_left;
-            if ((c->stype == 'E' || c->stype == 'Z') && c->ebuf_have < EBUF) {
+            if ((c->stype == 'E' || c->stype == 'Z' || (c->stype == 'C' && c->cur_rec >= 0)) &&
+                c->ebuf_have < EBUF) {
                 size_t keep = take < (size_t)(EBUF - c->ebuf_have) ? take : (size_t)(EBUF - c->ebuf_have);
                 memcpy(c->ebuf + c->ebuf_have, buf + pos, keep);
                 c->ebuf_have += (int)keep;
@@ -1026,18 +1188,27 @@ static conn_t *find(Engine *e, long long id) {
     return NULL;
 }
 
-/* [(name, idx, text or None)]: idx >= 0 is Python's own Statement, else the text prepared here. */
+static PyObject *bytes_or_none(const unsigned char *data, size_t len) {
+    if (data == NULL) Py_RETURN_NONE;
+    return PyBytes_FromStringAndSize((const char *)data, (Py_ssize_t)len);
+}
+
+/* [(name, idx, text or None, Bind parameters or None)]: idx >= 0 is Python's own Statement, else the text
+ * prepared here; the parameters of a portal of a recorded read. */
 static PyObject *table_list(table_t *t) {
     PyObject *list = PyList_New(t->n);
     if (list == NULL) return NULL;
     for (int i = 0; i < t->n; i++) {
         stmt_t *st = t->v[i].s;
+        named_t *slot = &t->v[i];
         PyObject *item;
-        if (st->idx >= 0)
-            item = Py_BuildValue("(y#lO)", t->v[i].name, (Py_ssize_t)t->v[i].len, st->idx, Py_None);
+        PyObject *params = bytes_or_none(slot->params, slot->plen);
+        if (params == NULL) item = NULL;
+        else if (st->idx >= 0)
+            item = Py_BuildValue("(y#lON)", slot->name, (Py_ssize_t)slot->len, st->idx, Py_None, params);
         else
-            item = Py_BuildValue("(y#ly#)", t->v[i].name, (Py_ssize_t)t->v[i].len, -1L, st->text,
-                                 (Py_ssize_t)st->len);
+            item = Py_BuildValue("(y#ly#N)", slot->name, (Py_ssize_t)slot->len, -1L, st->text,
+                                 (Py_ssize_t)st->len, params);
         if (item == NULL) {
             Py_DECREF(list);
             return NULL;
@@ -1047,23 +1218,82 @@ static PyObject *table_list(table_t *t) {
     return list;
 }
 
+/* A done read record: (ref, rows or None, wall-clock end, duration in µs, Bind parameters or None). */
+static PyObject *read_tuple(const rec_t *rec) {
+    PyObject *rows = rec->rows >= 0 ? PyLong_FromLongLong(rec->rows) : Py_NewRef(Py_None);
+    PyObject *params = bytes_or_none(rec->params, rec->plen);
+    if (rows == NULL || params == NULL) {
+        Py_XDECREF(rows);
+        Py_XDECREF(params);
+        return NULL;
+    }
+    return Py_BuildValue("(lNdLN)", rec->ref, rows, rec->wall, rec->duration_us, params);
+}
+
+/* Append the done records of recs[0..n) to list (the failed ones are skipped). */
+static int reads_append(PyObject *list, const rec_t *recs, long long n) {
+    for (long long i = 0; i < n; i++) {
+        if (recs[i].state != 1) continue;
+        PyObject *t = read_tuple(&recs[i]);
+        if (t == NULL || PyList_Append(list, t) < 0) {
+            Py_XDECREF(t);
+            return -1;
+        }
+        Py_DECREF(t);
+    }
+    return 0;
+}
+
+/* The records of a hand-back: the done ones, and (position in the owed replies, ref, started, parameters)
+ * of those the owed replies will finish (Python's relay takes them over). */
+static int handback_reads(handback_t *h, PyObject **done, PyObject **owed) {
+    *done = PyList_New(0);
+    *owed = PyList_New(0);
+    if (*done == NULL || *owed == NULL) return -1;
+    ring_t *r = &h->reads;
+    if (r->v == NULL) return 0;
+    for (long long seq = r->base; seq < r->end; seq++) {
+        rec_t *rec = &r->v[seq % READ_CAP];
+        if (rec->state == 1) {
+            if (reads_append(*done, rec, 1) < 0) return -1;
+        } else if (rec->state == 0 && h->qrec != NULL) {
+            for (int i = 0; h->kinds[i]; i++) {
+                if (h->qrec[i] != seq) continue;
+                PyObject *params = bytes_or_none(rec->params, rec->plen);
+                PyObject *t = params ? Py_BuildValue("(ildN)", i, rec->ref, rec->started, params) : NULL;
+                if (t == NULL || PyList_Append(*owed, t) < 0) {
+                    Py_XDECREF(t);
+                    return -1;
+                }
+                Py_DECREF(t);
+            }
+        }
+    }
+    return 0;
+}
+
 static PyObject *handback_tuple(handback_t *h) {
     char status[2] = {h->status, 0};
     PyObject *data = PyBytes_FromStringAndSize((const char *)h->data, (Py_ssize_t)h->len);
     PyObject *stmts = table_list(&h->stmts), *portals = table_list(&h->portals);
-    if (data == NULL || stmts == NULL || portals == NULL) {
+    PyObject *done = NULL, *owed = NULL;
+    if (data == NULL || stmts == NULL || portals == NULL || handback_reads(h, &done, &owed) < 0) {
         Py_XDECREF(data);
         Py_XDECREF(stmts);
         Py_XDECREF(portals);
+        Py_XDECREF(done);
+        Py_XDECREF(owed);
         return NULL;
     }
-    return Py_BuildValue("(LsisiiNsiiNNk)", h->id, h->reason, h->err, status, h->inflight, h->untaken, data,
-                         h->kinds, h->mid_batch, h->skip, stmts, portals, h->taken);
+    return Py_BuildValue("(LsisiiNsiiNNkNN)", h->id, h->reason, h->err, status, h->inflight, h->untaken, data,
+                         h->kinds, h->mid_batch, h->skip, stmts, portals, h->taken, done, owed);
 }
 
 static void free_handback(handback_t *h) {
     table_free(&h->stmts);
     table_free(&h->portals);
+    ring_free(&h->reads);
+    free(h->qrec);
     free(h->data);
     free(h);
 }
@@ -1092,7 +1322,8 @@ static int load_slots(PyObject *items, unsigned char *n, unsigned short *slots) 
     return 0;
 }
 
-/* Relay.decisions at adoption: [(type + text, kind, slots)]. */
+/* Relay.decisions at adoption: [(type + text, kind, slots, recorded read)]; a read record names a decision by
+ * its index in this list. */
 static int decisions_load(Engine *e, dtable_t *t, PyObject *items) {
     PyObject *seq = PySequence_Fast(items, "expected a sequence of (key, kind, slots)");
     if (seq == NULL) return -1;
@@ -1114,10 +1345,10 @@ static int decisions_load(Engine *e, dtable_t *t, PyObject *items) {
     for (Py_ssize_t i = 0; i < count; i++) {
         const char *key;
         Py_ssize_t len;
-        int kind;
+        int kind, records;
         PyObject *slots;
         decision_t d = {0};
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "y#iO", &key, &len, &kind, &slots) ||
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "y#iOp", &key, &len, &kind, &slots, &records) ||
             load_slots(slots, &d.nslots, d.slots) < 0) {
             Py_DECREF(seq);
             return -1;
@@ -1130,6 +1361,7 @@ static int decisions_load(Engine *e, dtable_t *t, PyObject *items) {
         d.hash = fnv1a((unsigned char)key[0], (const unsigned char *)key + 1, (size_t)len - 1);
         d.len = (size_t)len;
         d.kind = kind;
+        d.read = records ? -(long)(i + 1) : NO_READ;
         if (decision_find(t, (unsigned char)key[0], (const unsigned char *)key + 1, (size_t)len - 1) != NULL)
             continue;
         d.key = malloc((size_t)len);
@@ -1147,7 +1379,7 @@ static int decisions_load(Engine *e, dtable_t *t, PyObject *items) {
     return 0;
 }
 
-/* Python's statements (or portals) at adoption: [(name, idx, kind, pyonly, write slots)]. */
+/* Python's statements (or portals) at adoption: [(name, idx, kind, pyonly, write slots, recorded read)]. */
 static int table_load(Engine *e, table_t *t, PyObject *items) {
     PyObject *seq = PySequence_Fast(items, "expected a sequence of (name, idx, kind, pyonly, slots)");
     if (seq == NULL) return -1;
@@ -1155,12 +1387,12 @@ static int table_load(Engine *e, table_t *t, PyObject *items) {
         const char *name;
         Py_ssize_t len;
         long idx;
-        int kind, pyonly;
+        int kind, pyonly, records;
         PyObject *slots;
         unsigned char nslots = 0;
         unsigned short slot[STMT_WRITES];
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "y#lipO", &name, &len, &idx, &kind, &pyonly,
-                              &slots) ||
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "y#lipOp", &name, &len, &idx, &kind, &pyonly,
+                              &slots, &records) ||
             load_slots(slots, &nslots, slot) < 0) {
             Py_DECREF(seq);
             return -1;
@@ -1174,6 +1406,7 @@ static int table_load(Engine *e, table_t *t, PyObject *items) {
         if (st != NULL) {
             st->nslots = nslots;
             memcpy(st->slots, slot, sizeof(slot));
+            if (records && idx >= 0) st->read = idx; /* its Executes are reads of a recorded session */
         }
         if (st == NULL || table_set(t, (const unsigned char *)name, (size_t)len, st) < 0) {
             free(st);
@@ -1339,14 +1572,19 @@ static PyObject *engine_adopt(Engine *e, PyObject *args) {
     int cfd, sfd;
     unsigned long long max_message;
     PyObject *stmts = NULL, *portals = NULL, *decisions = NULL;
-    int tagged = 0;
-    if (!PyArg_ParseTuple(args, "LiiK|OOpO", &id, &cfd, &sfd, &max_message, &stmts, &portals, &tagged,
-                          &decisions))
+    int tagged = 0, record = 0;
+    if (!PyArg_ParseTuple(args, "LiiK|OOpOp", &id, &cfd, &sfd, &max_message, &stmts, &portals, &tagged,
+                          &decisions, &record))
         return NULL;
     CHECK_STARTED(e);
     conn_t *c = calloc(1, sizeof(*c));
     if (c == NULL) return PyErr_NoMemory();
     c->tagged = tagged;
+    c->cur_rec = -1;
+    if (record && (c->reads.v = malloc(sizeof(rec_t) * READ_CAP)) == NULL) {
+        free_conn(c);
+        return PyErr_NoMemory();
+    }
     if ((stmts != NULL && table_load(e, &c->stmts, stmts) < 0) ||
         (portals != NULL && table_load(e, &c->portals, portals) < 0) ||
         (decisions != NULL && decisions_load(e, &c->dec, decisions) < 0)) {
@@ -1446,6 +1684,73 @@ static PyObject *engine_take_handbacks(Engine *e, PyObject *unused) {
     return list;
 }
 
+/* The done read records of one connection, taken out of its ring (under the lock; Python objects are made
+ * after it is released). */
+typedef struct taken_reads {
+    long long id;
+    rec_t *v;
+    long long n;
+    struct taken_reads *next;
+} taken_reads_t;
+
+static taken_reads_t *take_ring(conn_t *c) {
+    ring_t *r = &c->reads;
+    long long n = 0;
+    while (r->base + n < r->end && r->v[(r->base + n) % READ_CAP].state != 0) n++;
+    if (n == 0) return NULL;
+    taken_reads_t *t = malloc(sizeof(*t));
+    rec_t *v = t != NULL ? malloc(sizeof(rec_t) * (size_t)n) : NULL;
+    if (v == NULL) { /* left in the ring: taken the next time */
+        free(t);
+        return NULL;
+    }
+    for (long long i = 0; i < n; i++) v[i] = r->v[(r->base + i) % READ_CAP];
+    r->base += n;
+    if (r->base == r->end) r->base = r->end = 0;
+    t->id = c->id;
+    t->v = v;
+    t->n = n;
+    return t;
+}
+
+/* (records dropped since the last call, [(conn_id, [read record])]): the done reads of connections on the
+ * relay, in order per connection. */
+static PyObject *engine_take_reads(Engine *e, PyObject *unused) {
+    CHECK_STARTED(e);
+    taken_reads_t *head = NULL;
+    pthread_mutex_lock(&e->mu);
+    for (conn_t *c = e->conns; c != NULL; c = c->next) {
+        if (c->reads.v == NULL || c->reads.base == c->reads.end) continue;
+        taken_reads_t *t = take_ring(c);
+        if (t != NULL) {
+            t->next = head;
+            head = t;
+        }
+    }
+    unsigned long long dropped = e->reads_dropped - e->reads_dropped_told;
+    e->reads_dropped_told = e->reads_dropped;
+    pthread_mutex_unlock(&e->mu);
+    PyObject *list = PyList_New(0);
+    while (head != NULL) {
+        taken_reads_t *next = head->next;
+        if (list != NULL) {
+            PyObject *reads = PyList_New(0);
+            PyObject *item = NULL;
+            if (reads != NULL && reads_append(reads, head->v, head->n) == 0)
+                item = Py_BuildValue("(LO)", head->id, reads);
+            if (item == NULL || PyList_Append(list, item) < 0) Py_CLEAR(list);
+            Py_XDECREF(item);
+            Py_XDECREF(reads);
+        }
+        for (long long i = 0; i < head->n; i++) free(head->v[i].params);
+        free(head->v);
+        free(head);
+        head = next;
+    }
+    if (list == NULL) return NULL;
+    return Py_BuildValue("(KN)", dropped, list);
+}
+
 static PyObject *engine_states(Engine *e, PyObject *unused) {
     CHECK_STARTED(e);
     PyObject *d = PyDict_New();
@@ -1476,7 +1781,7 @@ static PyObject *engine_stats(Engine *e, PyObject *unused) {
     memcpy(statements, e->statements, sizeof(statements));
     memcpy(tagged, e->statements_tagged, sizeof(tagged));
     memcpy(writes, e->writes, sizeof(writes));
-    unsigned long long hits = e->decision_hits;
+    unsigned long long hits = e->decision_hits, reads_done = e->reads_done;
     memcpy(latency, e->latency, sizeof(latency));
     memcpy(errors, e->error_count, sizeof(errors));
     memcpy(classes, e->error_class, sizeof(classes));
@@ -1500,7 +1805,7 @@ static PyObject *engine_stats(Engine *e, PyObject *unused) {
         Py_XDECREF(v);
         if (bad) goto fail;
     }
-    return Py_BuildValue("(NKKNNdlNNK)", st, up, down, err, lat, lsum, nconns, tg, wr, hits);
+    return Py_BuildValue("(NKKNNdlNNKK)", st, up, down, err, lat, lsum, nconns, tg, wr, hits, reads_done);
 fail:
     Py_XDECREF(tg);
     Py_XDECREF(wr);
@@ -1536,16 +1841,19 @@ static PyObject *engine_close(Engine *e, PyObject *unused) {
 static PyMethodDef engine_methods[] = {
     {"fileno", (PyCFunction)engine_fileno, METH_NOARGS, "The eventfd that becomes readable when hand-backs wait."},
     {"adopt", (PyCFunction)engine_adopt, METH_VARARGS,
-     "adopt(conn_id, client_fd, server_fd, max_message, statements=(), portals=(), tagged=False, decisions=())"},
+     "adopt(conn_id, client_fd, server_fd, max_message, statements=(), portals=(), tagged=False, decisions=(), "
+     "record=False)"},
     {"recall", (PyCFunction)engine_recall, METH_VARARGS, "recall(conn_id) -> hand-back tuple or None"},
     {"release", (PyCFunction)engine_release, METH_VARARGS, "release(conn_id) -> bool: take it out at once"},
     {"take_handbacks", (PyCFunction)engine_take_handbacks, METH_NOARGS,
      "[(conn_id, reason, errno, status, inflight, untaken_type, unforwarded_client_bytes, owed kinds, mid_batch, "
-     "skip_until_sync, statements, portals, messages taken)]"},
+     "skip_until_sync, statements, portals, messages taken, read records, owed reads)]"},
+    {"take_reads", (PyCFunction)engine_take_reads, METH_NOARGS,
+     "(read records dropped since the last call, [(conn_id, [(ref, rows, ended, duration_us, params)])])"},
     {"states", (PyCFunction)engine_states, METH_NOARGS, "{conn_id: (status, replies owed + open batch)}"},
     {"stats", (PyCFunction)engine_stats, METH_NOARGS,
      "(statements by kind, bytes up, bytes down, {sqlstate class: n}, latency counts, latency sum, conns, "
-     "tagged statements by kind, writes by slot, decision hits)"},
+     "tagged statements by kind, writes by slot, decision hits, read records made)"},
     {"kind", (PyCFunction)engine_kind, METH_O, "kind index of a Query message (as query_kind)"},
     {"accepts", (PyCFunction)engine_accepts, METH_O, "whether a whole Query message would be relayed in C"},
     {"close", (PyCFunction)engine_close, METH_NOARGS, "stop the thread (connections are dropped)"},

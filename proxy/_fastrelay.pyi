@@ -3,15 +3,41 @@ from collections.abc import Sequence
 MAX_QUERY: int
 API_VERSION: int
 
-# (name, index of Python's statement or -1, text prepared on the C relay or None)
-Named = tuple[bytes, int, bytes | None]
+# (name, index of Python's statement or -1, text prepared on the C relay or None, a recorded read's portal:
+# its Bind parameters, or None)
+Named = tuple[bytes, int, bytes | None, bytes | None]
+# A read record: (index of Python's statement, or -(decision index + 1); rows of SELECT n or None; wall-clock
+# end; duration in µs; Bind parameters or None)
+Read = tuple[int, int | None, float, int, bytes | None]
+# A read still in flight at hand-back: (position among the replies owed, ref as in Read, monotonic start,
+# Bind parameters or None)
+OwedRead = tuple[int, int, float, bytes | None]
 # (conn_id, reason, errno, status, inflight, untaken message type or -1, client bytes not forwarded,
-# kinds of the replies owed, mid_batch, skip_until_sync, statements, portals, client messages taken)
-Handback = tuple[int, str, int, str, int, int, bytes, str, int, int, list[Named], list[Named], int]
-# (name, index of Python's statement, kind index, only Python may bind it, write slots)
-Known = tuple[bytes, int, int, bool, Sequence[int]]
-# (message type + text, kind index, write slots): a text of a tagged connection forwarded as is
-Decision = tuple[bytes, int, Sequence[int]]
+# kinds of the replies owed, mid_batch, skip_until_sync, statements, portals, client messages taken,
+# read records, reads in flight)
+Handback = tuple[
+    int,
+    str,
+    int,
+    str,
+    int,
+    int,
+    bytes,
+    str,
+    int,
+    int,
+    list[Named],
+    list[Named],
+    int,
+    list[Read],
+    list[OwedRead],
+]
+# (name, index of Python's statement, kind index, only Python may bind it, write slots, its Executes are
+# recorded reads)
+Known = tuple[bytes, int, int, bool, Sequence[int], bool]
+# (message type + text, kind index, write slots, a recorded read): a text of a tagged connection forwarded
+# as is
+Decision = tuple[bytes, int, Sequence[int], bool]
 
 class Engine:
     def __init__(
@@ -33,15 +59,19 @@ class Engine:
         portals: Sequence[Known] = ...,
         tagged: bool = ...,
         decisions: Sequence[Decision] = ...,
+        record: bool = ...,
         /,
     ) -> None: ...
     def recall(self, conn_id: int, /) -> Handback | None: ...
     def release(self, conn_id: int, /) -> bool: ...
     def take_handbacks(self) -> list[Handback]: ...
+    def take_reads(self) -> tuple[int, list[tuple[int, list[Read]]]]: ...
     def states(self) -> dict[int, tuple[str, int]]: ...
     def stats(
         self,
-    ) -> tuple[list[int], int, int, dict[str, int], list[int], float, int, list[int], list[int], int]: ...
+    ) -> tuple[
+        list[int], int, int, dict[str, int], list[int], float, int, list[int], list[int], int, int
+    ]: ...
     def kind(self, message: bytes, /) -> int: ...
     def accepts(self, message: bytes, /) -> bool: ...
     def close(self) -> None: ...

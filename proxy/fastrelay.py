@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from proxy._fastrelay import Engine
     from proxy._fastrelay import Handback as RawHandback
 
-API_VERSION = 3  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
+API_VERSION = 4  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
 
 try:
     from proxy import _fastrelay
@@ -38,8 +38,15 @@ else:
 AVAILABLE = _fastrelay is not None
 
 # A prepared statement or portal as the C relay hands it back: (name, index into the Statements Python gave
-# at adoption or -1, the text of one prepared on the C relay or None).
-Named = tuple[bytes, int, bytes | None]
+# at adoption or -1, the text of one prepared on the C relay or None, a recorded read's portal: its Bind
+# parameters, or None).
+Named = tuple[bytes, int, bytes | None, bytes | None]
+
+# A read record made on the C relay: (Python's statement index, or -(decision index + 1); rows of SELECT n or
+# None; wall-clock end; duration in µs; Bind parameters or None); and one in flight at hand-back: (position
+# among the replies owed, ref, monotonic start, Bind parameters or None).
+FastRead = tuple[int, int | None, float, int, bytes | None]
+OwedRead = tuple[int, int, float, bytes | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +67,8 @@ class Handback:
     statements: list[Named]
     portals: list[Named]
     taken: int  # client messages C took during its stay
+    reads: list[FastRead]  # read records done during the stay (see FastRelay.take_reads)
+    owed_reads: list[OwedRead]  # (position in ``owed``, ref, started, Bind parameters): reads in flight
 
     @classmethod
     def from_tuple(cls, raw: RawHandback) -> Handback:
@@ -67,11 +76,12 @@ class Handback:
         return cls(*raw[:8], bool(raw[8]), bool(raw[9]), *raw[10:])
 
 
-# What Python knows at adoption: (name, index, kind index, only Python may bind it, write slots)
-Known = tuple[bytes, int, int, bool, tuple[int, ...]]
+# What Python knows at adoption: (name, index, kind index, only Python may bind it, write slots, its
+# Executes are reads of a recorded session)
+Known = tuple[bytes, int, int, bool, tuple[int, ...], bool]
 # A statement text of a tagged connection that C forwards as is: (message type + text, kind index, write
-# slots) — Relay.decisions.
-Decision = tuple[bytes, int, tuple[int, ...]]
+# slots, a read of a recorded session) — Relay.decisions.
+Decision = tuple[bytes, int, tuple[int, ...], bool]
 MAX_WRITE_SLOTS = 256
 STMT_WRITES = 4
 MAX_QUERY = _fastrelay.MAX_QUERY if _fastrelay is not None else 0
@@ -84,6 +94,7 @@ class FastCounts:
     statements: dict[tuple[str, bool], int]
     writes: dict[tuple[str, str], int]  # of tagged connections, by (table, kind)
     decision_hits: int  # tagged texts C took by a cached decision (analysis cache hits)
+    reads: int  # read records of recorded sessions made on the C relay
     bytes_up: int
     bytes_down: int
     errors: dict[str, int]
@@ -132,7 +143,9 @@ class FastRelay:
         portals: list[Known] | None = None,
         tagged: bool = False,
         decisions: list[Decision] | None = None,
+        record: bool = False,
     ) -> None:
+        """``record``: its session's reads are recorded (the statements and decisions say which are reads)."""
         self.engine.adopt(
             conn_id,
             client_fd,
@@ -142,6 +155,7 @@ class FastRelay:
             portals or [],
             tagged,
             decisions or [],
+            record,
         )
 
     def kind_index(self, kind: str) -> int | None:
@@ -161,6 +175,12 @@ class FastRelay:
     def take_handbacks(self) -> list[Handback]:
         return [Handback.from_tuple(raw) for raw in self.engine.take_handbacks()]
 
+    def take_reads(self) -> tuple[int, list[tuple[int, list[FastRead]]]]:
+        """The read records done so far on connections still on the C relay, per connection and in order
+        (those of a connection handed back come with its ``Handback``), and how many were dropped since
+        the last call (a connection's ring was full)."""
+        return self.engine.take_reads()
+
     def states(self) -> dict[int, tuple[str, int]]:
         return self.engine.states()
 
@@ -168,13 +188,16 @@ class FastRelay:
         return self.kinds[self.engine.kind(message)]
 
     def counts(self) -> FastCounts:
-        statements, up, down, errors, latency, latency_sum, conns, tagged, writes, hits = self.engine.stats()
+        statements, up, down, errors, latency, latency_sum, conns, tagged, writes, hits, reads = (
+            self.engine.stats()
+        )
         counted = {(kind, False): n for kind, n in zip(self.kinds, statements, strict=True) if n}
         counted.update({(kind, True): n for kind, n in zip(self.kinds, tagged, strict=True) if n})
         return FastCounts(
             counted,
             {key: writes[slot] for key, slot in self.write_slots.items() if writes[slot]},
             hits,
+            reads,
             up,
             down,
             errors,

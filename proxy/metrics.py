@@ -185,7 +185,7 @@ def _read_metrics(reads: ReadRecorder | None) -> Iterator[Metric]:
         "Read records dropped: queue full (the relay never waits), write failed, or left at shutdown",
         labels=["reason"],
     )
-    for reason in ("queue_full", "write_failed", "shutdown"):
+    for reason in ("queue_full", "write_failed", "shutdown", "relay_full"):
         dropped.add_metric([reason], reads.dropped.get(reason, 0) if reads is not None else 0)
     yield dropped
     queued = GaugeMetricFamily("cowproxy_reads_queued", "Read records queued or being written")

@@ -8,8 +8,9 @@ queue in batches, one COPY per batch and database, on connections of its own (th
 database of the client connection the record came from), and describes each statement there, off the
 reply path: its normalised fingerprint (pglast's, constants stripped), the CoW tables it names (from the
 JSON parse tree, resolved through the connection's catalog) and its identity (text and bound parameters).
-``close`` flushes what is queued. Connections whose session is recorded stay on the Python relay (the C
-relay does not see CommandComplete tags); docs/proxy.md, "Read traces".
+``close`` flushes what is queued. Sessions on the C relay are recorded there: it keeps a compact record per
+read and the server offers them here in batches (``ClientConnection.fast_reads``); docs/proxy.md, "Read
+traces".
 """
 
 from __future__ import annotations
@@ -222,7 +223,8 @@ class ReadRecorder:
         self.queue_size = queue_size
         self._wake = asyncio.Event()
         self.recorded = 0
-        self.dropped: dict[str, int] = {"queue_full": 0, "write_failed": 0, "shutdown": 0}
+        # (relay_full: the C relay's ring of a connection's records was full before Python took them)
+        self.dropped: dict[str, int] = {"queue_full": 0, "write_failed": 0, "shutdown": 0, "relay_full": 0}
         self._conns: dict[str, Any] = {}
         self._shapes = _Shapes()
         self._task: asyncio.Task[None] | None = None

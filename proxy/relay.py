@@ -175,8 +175,12 @@ class NoHooks:
 
 
 Writes = tuple[tuple[str, str], ...]
-# A statement or portal as the C relay gets it: (name, index, kind index, Python only, write slots).
-Known = tuple[bytes, int, int, bool, tuple[int, ...]]
+# A statement or portal as the C relay gets it: (name, index, kind index, Python only, write slots, its
+# Executes are recorded reads).
+Known = tuple[bytes, int, int, bool, tuple[int, ...], bool]
+# A statement or portal as the C relay gives it back: (name, index or -1, text prepared there or None, a
+# recorded read's portal: its Bind parameters, or None).
+Named = tuple[bytes, int, bytes | None, bytes | None]
 
 
 @dataclass
@@ -797,9 +801,18 @@ class Relay:
         self, tags: Tags, verdict: Analysis, sql: str, params: bytes | None
     ) -> PendingRead | None:
         """What to report of a statement when it ends: reads (no writes) of a tagged session, if recorded."""
-        if self.reads is None or tags.session is None or verdict.kind != "select" or verdict.writes:
+        if not self._records(tags, verdict):
             return None
+        assert tags.session is not None
         return PendingRead(sql, tags.session, tags.operation, params)
+
+    def _records(self, tags: Tags, verdict: Analysis) -> bool:
+        return (
+            self.reads is not None
+            and tags.session is not None
+            and verdict.kind == "select"
+            and not verdict.writes
+        )
 
     def _read_done(self, entry: Entry, tag: str) -> None:
         read = entry.read
@@ -1128,15 +1141,17 @@ class Relay:
                     or (tagged and (verdict.tag_map is not None or found is None))
                     or (tagged and verdict.resolves_writes and not self.path_clean)  # (_path_hold)
                 )
-                rows.append((name.encode(), i, kind or 0, pyonly, found or ()))
+                records = statement.sql is not None and self._records(self.txn_tags, verdict)
+                rows.append((name.encode(), i, kind or 0, pyonly, found or (), records))
             return rows
 
         return known(self.statements), known(self.portals), objects
 
     def export_decisions(
         self, kind_index: Callable[[str], int | None], slots: Callable[[Writes], tuple[int, ...] | None]
-    ) -> list[tuple[bytes, int, tuple[int, ...]]]:
-        """``decisions`` for the C relay: (type + text, kind index, write slots), those it can count."""
+    ) -> list[tuple[bytes, int, tuple[int, ...], bool]]:
+        """``decisions`` for the C relay: (type + text, kind index, write slots, a recorded read), those it
+        can count."""
         if self._decisions_catalog is not self.catalog:
             self.decisions.clear()
         rows = []
@@ -1146,7 +1161,7 @@ class Relay:
             kind = kind_index(verdict.kind)
             found = slots(verdict.writes)
             if kind is not None and found is not None:
-                rows.append((key, kind, found))
+                rows.append((key, kind, found, self._records(self.txn_tags, verdict)))
         return rows
 
     def resume_from_fast(
@@ -1156,25 +1171,31 @@ class Relay:
         *,
         mid_batch: bool,
         skip_until_sync: bool,
-        statements: list[tuple[bytes, int, bytes | None]],
-        portals: list[tuple[bytes, int, bytes | None]],
+        statements: list[Named],
+        portals: list[Named],
         objects: list[Statement],
+        owed_reads: list[tuple[int, PendingRead, float]] | None = None,
     ) -> None:
         """Carry on from the state the C relay hands back.
 
         ``owed``: the replies still owed, in order, as Kind letters (only messages forwarded as they are
         are ever in flight there; it hands back inside an extended batch, or with a COPY FROM STDIN running,
-        at once). The statements and portals: its tables, which started as ``export_statements``; one
+        at once); ``owed_reads``: (position in ``owed``, the read, when it started) for the recorded reads
+        among them. The statements and portals: its tables, which started as ``export_statements``; one
         prepared there is analysed now as ``_client_parse`` would have then, with the tags in force (in a
         session C took only texts with a decision: not rewritten) and no comment tags (C takes no Parse
-        with a comment opener)."""
+        with a comment opener); a recorded read's portal comes with its Bind parameters."""
         self.status = status
         tagged = self.txn_tags.tagged
         # The client may have deallocated statements there: the proxy's are forgotten (their names unused).
         self.promoted.clear()
         self.unnamed_alias = None
         now = perf_counter()
-        self.pending.extend(Entry(_FAST_KINDS[kind], started=now, copy_epoch=self.copy_ends) for kind in owed)
+        entries = [Entry(_FAST_KINDS[kind], started=now, copy_epoch=self.copy_ends) for kind in owed]
+        for position, read, started in owed_reads or ():
+            entries[position].read = read
+            entries[position].started = started
+        self.pending.extend(entries)
         self.mid_batch = mid_batch
         self.skip_until_sync = skip_until_sync
         if mid_batch:
@@ -1192,8 +1213,11 @@ class Relay:
                 statement = made[text] = Statement(None, verdict, text.decode() if self.reads else None)
             return statement
 
-        self.statements = {name.decode(): resolve(i, text) for name, i, text in statements}
-        self.portals = {name.decode(): resolve(i, text) for name, i, text in portals}
+        self.statements = {name.decode(): resolve(i, text) for name, i, text, _ in statements}
+        self.portals = {name.decode(): resolve(i, text) for name, i, text, _ in portals}
+        for name, _, _, params in portals:
+            if params is not None:
+                self._bind_params[name.decode()] = params
 
     # ------------------------------------------------------------------------------------------------
     # Server side

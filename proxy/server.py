@@ -29,10 +29,10 @@ from proxy.catalogs import SharedCatalogs
 from proxy.config import ProxyConfig
 from proxy.errors import PolicyError, ProtocolError, ProxyError, TagError
 from proxy.fastrelay import UNAVAILABLE as FAST_RELAY_UNAVAILABLE
-from proxy.fastrelay import FastCounts, FastRelay, Handback
+from proxy.fastrelay import Decision, FastCounts, FastRead, FastRelay, Handback
 from proxy.metrics import ConnectionHooks, Metrics
-from proxy.reads import ReadRecorder
-from proxy.relay import Relay, Statement
+from proxy.reads import ReadRecord, ReadRecorder
+from proxy.relay import PendingRead, Relay, Statement
 from proxy.shared import SharedRoutes
 from proxy.tags import Tags, check_id, read_startup_tags
 
@@ -41,6 +41,9 @@ _Q = ord("Q")
 # Client messages the C relay takes (what it hands back for, Python relays, and C may take again after).
 _FAST_TYPES = frozenset(b"QPBDECSH")
 _SHORT_STINT = 4  # client messages: less than a statement's Parse/Bind/Execute/Sync
+# How often the read records of recorded sessions on the C relay are taken (also when a connection's ring
+# passes its mark, and at hand-back); the writer gathers for longer anyway (proxy/reads.py).
+_TAKE_READS = 0.1
 _ids = itertools.count(1)
 
 
@@ -146,6 +149,9 @@ class ClientConnection(asyncio.Protocol):
         self.fast_ok = server.fast is not None
         self._fast_statements: list[Statement] = []  # Relay.statements/portals given to the C relay
         self._fast_tagged = False  # on the C relay in a session
+        # On the C relay with its session's reads recorded: the tags in force and the decisions C was given
+        # (a read record names one of those, or one of _fast_statements).
+        self._fast_reads: tuple[Tags, list[Decision]] | None = None
         self._short_stints = 0  # hand-backs in a row after fewer than _SHORT_STINT messages (in a session)
         self._fast_wait = 0  # replies to handle in Python before trying the C relay again
 
@@ -479,8 +485,7 @@ class ClientConnection(asyncio.Protocol):
             return
         # In a session (startup tags or the database's route) C takes only the texts Python has decided on.
         tagged = relay.txn_tags.tagged
-        if tagged and relay.reads is not None:
-            return  # its reads are recorded: C sees no CommandComplete tags (proxy/reads.py)
+        record = tagged and relay.reads is not None  # (C records its reads: see fast_reads)
         statements, portals, self._fast_statements = relay.export_statements(fast.kind_index, fast.slots)
         decisions = relay.export_decisions(fast.kind_index, fast.slots) if tagged else []
         client.pause_reading()
@@ -495,6 +500,7 @@ class ClientConnection(asyncio.Protocol):
                 portals=portals,
                 tagged=tagged,
                 decisions=decisions,
+                record=record,
             )
         except (OSError, ValueError) as exc:
             log_event(logging.WARNING, "fast_relay_adopt_failed", conn=self.id, error=exc)
@@ -504,10 +510,52 @@ class ClientConnection(asyncio.Protocol):
             return
         self.fast = True
         self._fast_tagged = tagged
+        self._fast_reads = (relay.txn_tags, decisions) if record else None
+
+    def _read_of(self, ref: int, params: bytes | None) -> PendingRead | None:
+        """The read a C record names: Python's statement ``ref`` (>= 0) or decision ``-ref - 1``."""
+        assert self._fast_reads is not None
+        tags, decisions = self._fast_reads
+        sql = self._fast_statements[ref].sql if ref >= 0 else decisions[-ref - 1][0][1:].decode()
+        if sql is None or tags.session is None:
+            return None
+        return PendingRead(sql, tags.session, tags.operation, params)
+
+    def fast_reads(self, records: list[FastRead]) -> None:
+        """Read records the C relay made for this connection: into the recorder, as the relay's ``reads``
+        callback would have put them."""
+        recorder = self.server.reads
+        if recorder is None or self._fast_reads is None:
+            return
+        catalog = self._catalog()
+        offer = recorder.offer
+        for ref, rows, ended, duration_us, params in records:
+            read = self._read_of(ref, params)
+            if read is not None:
+                offer(
+                    ReadRecord(
+                        self.database,
+                        read.session,
+                        read.operation,
+                        read.sql,
+                        read.params,
+                        rows,
+                        ended,
+                        duration_us,
+                        catalog,
+                    )
+                )
 
     def from_fast(self, handback: Handback) -> None:
         """The C relay gave the connection back: resume in Python from the state it reports."""
         self.fast = False
+        self.fast_reads(handback.reads)
+        owed_reads = []
+        for position, ref, started, params in handback.owed_reads:
+            read = self._read_of(ref, params)
+            if read is not None:
+                owed_reads.append((position, read, started))
+        self._fast_reads = None
         untaken = handback.untaken
         if self._fast_tagged and untaken != -1:
             # A session whose statements C must keep handing back (texts Python has not seen: pgbench -M
@@ -536,6 +584,7 @@ class ClientConnection(asyncio.Protocol):
             statements=handback.statements,
             portals=handback.portals,
             objects=objects,
+            owed_reads=owed_reads,
         )
         if untaken != -1 and untaken not in _FAST_TYPES:
             self.fast_ok = False  # FunctionCall (or the like): stay in Python, do not bounce
@@ -645,7 +694,8 @@ class ClientConnection(asyncio.Protocol):
         was_closed = self.state is State.CLOSED
         self.state = State.CLOSED
         if self.fast:
-            # Out of the C relay before the transports close the sockets it polls.
+            # Out of the C relay before the transports close the sockets it polls (its reads taken first).
+            self.server.take_fast_reads()
             self.fast = False
             if self.server.fast is not None:
                 self.server.fast.release(self.id)
@@ -821,6 +871,7 @@ class ProxyServer:
         self._idle_event: asyncio.Event | None = None
         self._tasks: set[asyncio.Future[None]] = set()
         self.fast: FastRelay | None = None  # started with the listener
+        self._reads_timer: asyncio.TimerHandle | None = None  # takes C's read records (take_fast_reads)
         self.shared_routes: SharedRoutes | None = None  # routes kept in the database (config.state_dsn)
         # Read traces (config.reads_dsn): the recorder the relays of tagged connections report reads to.
         self.reads = ReadRecorder(config.reads_dsn, config.reads_queue) if config.reads_dsn else None
@@ -905,11 +956,35 @@ class ProxyServer:
             return
         self.fast = FastRelay()
         loop.add_reader(self.fast.fileno(), self._on_handbacks)
+        if self.reads is not None:
+            self._reads_timer = loop.call_later(_TAKE_READS, self._reads_tick)
+
+    def _reads_tick(self) -> None:
+        self.take_fast_reads()
+        if self.fast is not None:
+            self._reads_timer = asyncio.get_running_loop().call_later(_TAKE_READS, self._reads_tick)
+
+    def take_fast_reads(self) -> None:
+        """Take the read records the C relay made so far into the recorder (its drops counted there)."""
+        fast, recorder = self.fast, self.reads
+        if fast is None or recorder is None:
+            return
+        dropped, batches = fast.take_reads()
+        if dropped:
+            recorder.dropped["relay_full"] += dropped
+        for conn_id, records in batches:
+            conn = self.connections.get(conn_id)
+            if conn is not None and conn.fast:
+                conn.fast_reads(records)
 
     def _stop_fast(self) -> None:
         fast = self.fast
         if fast is None:
             return
+        self.take_fast_reads()
+        if self._reads_timer is not None:
+            self._reads_timer.cancel()
+            self._reads_timer = None
         self.fast = None
         with contextlib.suppress(Exception):
             asyncio.get_running_loop().remove_reader(fast.fileno())
@@ -923,6 +998,7 @@ class ProxyServer:
         fast = self.fast
         if fast is None:
             return
+        self.take_fast_reads()  # (the thread also wakes the loop when a connection's read records pile up)
         for handback in fast.take_handbacks():
             conn = self.connections.get(handback.conn_id)
             if conn is not None and conn.fast:

@@ -6,6 +6,7 @@ hands back in its middle."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ from proxy.fastrelay import AVAILABLE, UNAVAILABLE
 from tests.fix_db import PgServer
 from tests.fix_proxy import RunningProxy, run_proxy
 from tests.proxy.test_adversity import RawClient, dbname
+from tests.proxy.test_fast_relay import on_fast, scrape
 from tests.proxy.test_reads import flush, tagged
 
 pytestmark = [
@@ -42,6 +44,11 @@ def proxies(pg_server: PgServer) -> Iterator[dict[str, RunningProxy]]:
         run_proxy(pg_server, reads_dsn=pg_server.dsn) as fast,
     ):
         yield {"python": python, "fast": fast}
+
+
+def c_reads(proxy: RunningProxy) -> int:
+    """Read records the C relay made (0 for a proxy without it)."""
+    return proxy.server.fast.counts().reads if proxy.server.fast is not None else 0
 
 
 def recorded(db: str, session: str) -> list[tuple[Any, ...]]:
@@ -97,64 +104,91 @@ def test_reads_on_the_c_relay_are_recorded_as_on_the_python_relay(
     python, fast = (recorded(layer_db, f"fr-{name}-{mode}") for name in proxies)
     assert len(python) >= 10
     assert fast == python
+    assert c_reads(proxies["fast"]) >= len(python) // 2  # (the first of each text, and key reads: Python)
 
 
 def _raw_batches(c: RawClient) -> None:
     """Pipelined extended batches, by hand: a portal run in steps (PortalSuspended: no record, then the
-    rest), an empty query, an error that skips the rest of its batch, and a batch with a text C does not
-    take (a comment) in its middle: the read before it is in flight when C hands the connection back."""
+    rest), an error that skips the rest of its batch, and batches with a message C does not take (an empty
+    query, a comment) in their middle: the reads before it are in flight when C hands the connection back."""
     read = "SELECT name FROM customers WHERE tier = $1 ORDER BY id"
     c.sock.sendall(p.encode_parse("r", read) + p.SYNC)
     c.read_until(b"Z")
+    batches = [
+        p.encode_bind("", "r", ("basic",))
+        + p.encode_execute("", 1)
+        + p.encode_execute("")
+        + p.encode_bind("", "r", ("pro",))
+        + p.encode_execute(""),
+        p.encode_bind("", "r", ("basic",))
+        + p.encode_execute("")
+        + p.encode_parse("", "SELECT 1 / 0")
+        + p.encode_bind("", "", ())
+        + p.encode_execute("")
+        + p.encode_bind("", "r", ("pro",))
+        + p.encode_execute(""),
+        p.encode_bind("", "r", ("pro",))
+        + p.encode_execute("")
+        + p.encode_parse("", "")
+        + p.encode_bind("", "", ())
+        + p.encode_execute(""),
+        p.encode_bind("", "r", ("basic",))
+        + p.encode_execute("")
+        + p.encode_parse("", "/*cow_operation='op2'*/ SELECT count(*) FROM orders")
+        + p.encode_bind("", "", ())
+        + p.encode_execute("")
+        + p.encode_bind("", "r", ("pro",))
+        + p.encode_execute(""),
+    ]
     for _ in range(3):
-        c.sock.sendall(
-            p.encode_bind("", "r", ("basic",))
-            + p.encode_execute("", 1)
-            + p.encode_execute("")
-            + p.encode_bind("", "r", ("pro",))
-            + p.encode_execute("")
-            + p.encode_parse("", "")
-            + p.encode_bind("", "", ())
-            + p.encode_execute("")
-            + p.SYNC
-            + p.encode_bind("", "r", ("basic",))
-            + p.encode_execute("")
-            + p.encode_parse("", "SELECT 1 / 0")
-            + p.encode_bind("", "", ())
-            + p.encode_execute("")
-            + p.encode_bind("", "r", ("pro",))
-            + p.encode_execute("")
-            + p.SYNC
-        )
-        c.read_until(b"Z")
-        c.read_until(b"Z")
-        c.sock.sendall(
-            p.encode_bind("", "r", ("basic",))
-            + p.encode_execute("")
-            + p.encode_parse("", "/*cow_operation='op2'*/ SELECT count(*) FROM orders")
-            + p.encode_bind("", "", ())
-            + p.encode_execute("")
-            + p.encode_bind("", "r", ("pro",))
-            + p.encode_execute("")
-            + p.SYNC
-        )
-        c.read_until(b"Z")
+        for batch in batches:
+            c.sock.sendall(batch + p.SYNC)
+            c.read_until(b"Z")
 
 
 def test_pipelined_batches_are_recorded_as_on_the_python_relay(
     proxies: dict[str, RunningProxy], layer_db: str
 ) -> None:
     for name, proxy in proxies.items():
-        c = RawClient(
-            proxy.host,
-            proxy.port,
-            dbname(layer_db),
-            options=f"-c cow.session_id=frb-{name} -c cow.operation_id=op1",
-        )
+        options = f"-c cow.session_id=frb-{name} -c cow.operation_id=op1"
+        c = RawClient(proxy.host, proxy.port, dbname(layer_db), options=options)
         _raw_batches(c)
         c.sock.close()
     for proxy in proxies.values():
         flush(proxy)
     python, fast = (recorded(layer_db, f"frb-{name}") for name in proxies)
-    assert len(python) == 3 * 6
+    assert len(python) == 3 * (2 + 1 + 1 + 3)
     assert fast == python
+    assert c_reads(proxies["fast"]) > 0
+
+
+def test_a_full_ring_on_the_c_relay_drops_and_counts_without_waiting(
+    pg_server: PgServer, layer_db: str
+) -> None:
+    """With the proxy's event loop blocked, nothing takes the C relay's records: the session runs on, its
+    connection's ring fills (1,024 records) and the rest are dropped and counted (``relay_full``)."""
+    with (
+        run_proxy(pg_server, reads_dsn=pg_server.dsn) as proxy,
+        psycopg.connect(tagged(proxy, layer_db, "frf", "op1"), autocommit=True) as conn,
+    ):
+        conn.execute(BY_TIER, ("pro",), prepare=True).fetchall()  # (prepared by Python, run on C)
+        assert on_fast(proxy)
+        proxy.run(proxy.server.take_fast_reads)  # (that first record: the ring is empty)
+        blocked, release = threading.Event(), threading.Event()
+
+        def block() -> None:
+            blocked.set()
+            release.wait(60)
+
+        proxy.loop.call_soon_threadsafe(block)
+        assert blocked.wait(10)
+        try:
+            for _ in range(1100):
+                assert conn.execute(BY_TIER, ("pro",), prepare=True).fetchall() == [("Ada",)]
+        finally:
+            release.set()
+        flush(proxy)
+        samples = scrape(proxy)
+    assert samples['cowproxy_reads_dropped_total{reason="relay_full"}'] == 1100 - 1024
+    assert samples["cowproxy_reads_recorded_total"] == 1 + 1024
+    assert len(recorded(layer_db, "frf")) == 1 + 1024
