@@ -726,34 +726,30 @@ $t$, jsonb_build_object(
     'constraint', p_conname,
     'message', p_message));
 
--- FOREIGN KEYs of table p_rel as the child (23503), keyed or keyless: the parent must be in the session's
+-- FOREIGN KEYs of the context's table as the child (23503), keyed or keyless: the parent must be in the session's
 -- view of the parent. Checked at the end of the statement like PostgreSQL's RI triggers (so a later row's
 -- NOT NULL, CHECK or UNIQUE error wins over an earlier row's missing parent): `fk_checks` goes in the
 -- statement trigger (cow._fk_statement_triggers); a deferrable one is checked by a constraint trigger on the
 -- changes table instead (at COMMIT when deferred): check number dn + 1 on in `dq` (the one version
--- p_row_version selects) and `dq_stmt`, trigger `dtrg` (cow._defer_trigger), its bit in `dbits` (it stays on
+-- row_version selects) and `dq_stmt`, trigger `dtrg` (cow._defer_trigger), its bit in `dbits` (it stays on
 -- the row's later versions, so an update that leaves the key alone still carries the check). Each key has a
 -- bit in `_cow_fk` (`fk_all`: all of them, `fk_changed`: those whose columns an UPDATE changed); `fk_n` keys.
-CREATE OR REPLACE FUNCTION cow._fk_child_checks(p_rel oid, p_ch text, p_tab text, p_row_version text,
-                                                INOUT dn int, INOUT dq text, INOUT dq_stmt text, INOUT dtrg jsonb,
-                                                OUT fk_checks text, OUT fk_all text, OUT fk_changed text,
-                                                OUT dbits text, OUT fk_n int)
+CREATE OR REPLACE FUNCTION cow._fk_child_checks(ctx cow.trigger_context) RETURNS cow.trigger_context
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $gen$
 DECLARE
     con record;
     missing text;
     bit text;
 BEGIN
-    fk_checks := '';
-    fk_all := '0';
-    fk_changed := '0';
-    dbits := '0';
-    fk_n := 0;
+    ctx.fk_all := '0';
+    ctx.fk_changed := '0';
+    ctx.dbits := '0';
+    ctx.fk_n := 0;
     FOR con IN SELECT c.conname, cow._attnames(c.conrelid, c.conkey) AS cols, c.confrelid,
                       cow._attnames(c.confrelid, c.confkey) AS refcols, pr.relname AS parent,
                       c.condeferrable, c.condeferred
                FROM pg_constraint c JOIN pg_class pr ON pr.oid = c.confrelid
-               WHERE c.conrelid = p_rel AND c.contype = 'f' ORDER BY c.conname LOOP
+               WHERE c.conrelid = ctx.rel AND c.contype = 'f' ORDER BY c.conname LOOP
         IF con.condeferrable THEN
             -- (Checked at COMMIT too: the parent looked up by index in the session's view, cow._sexists.)
             missing := format('%s AND NOT %s', cow._notnull(con.cols, 'c'),
@@ -762,28 +758,34 @@ BEGIN
             missing := format('%s AND NOT EXISTS (SELECT 1 FROM %s z WHERE %s)', cow._notnull(con.cols, 'c'),
                               cow._session_rel(con.confrelid), cow._eq2(con.refcols, 'z', con.cols, 'c'));
         END IF;
-        IF con.confrelid = p_rel THEN
+        IF con.confrelid = ctx.rel THEN
             -- A row may reference itself.
             missing := missing || format(' AND NOT (%s)', cow._eq2(con.refcols, 'c', con.cols, 'c'));
         END IF;
-        bit := (1 << least(fk_n, 30))::text;
-        fk_all := fk_all || format(' | %s', bit);
-        fk_changed := fk_changed || format(' | CASE WHEN %s THEN %s ELSE 0 END', cow._changed(con.cols), bit);
+        bit := (1 << least(ctx.fk_n, 30))::text;
+        ctx.fk_all := ctx.fk_all || format(' | %s', bit);
+        ctx.fk_changed := ctx.fk_changed || format(' | CASE WHEN %s THEN %s ELSE 0 END', cow._changed(con.cols), bit);
         missing := missing || format(' AND (c._cow_fk & %s) <> 0', bit);
         IF con.condeferrable THEN
-            dbits := dbits || format(' | %s', bit);
-            dn := dn + 1;
-            dq := dq || cow._defer_branch(dn, cow._fk_child_check(p_ch, p_tab, con.conname, con.cols, con.parent,
-                                                                   missing, p_row_version), false);
-            dq_stmt := dq_stmt || cow._defer_branch(dn, cow._fk_child_check(p_ch, p_tab, con.conname, con.cols,
-                                                                             con.parent, missing, 'c._cow_seq > _mark'), true);
-            dtrg := cow._defer_trigger(dtrg, con.conname, con.condeferred, format('(NEW._cow_fk & %s) <> 0', bit), dn);
+            ctx.dbits := ctx.dbits || format(' | %s', bit);
+            ctx.dn := ctx.dn + 1;
+            ctx.dq := ctx.dq || cow._defer_branch(ctx.dn, cow._fk_child_check(ctx.ch, ctx.tab, con.conname, con.cols,
+                                                                              con.parent, missing, ctx.row_version), false);
+            ctx.dq_stmt := ctx.dq_stmt || cow._defer_branch(ctx.dn, cow._fk_child_check(ctx.ch, ctx.tab, con.conname,
+                                                                                        con.cols, con.parent, missing,
+                                                                                        'c._cow_seq > _mark'), true);
+            ctx.dtrg := cow._defer_trigger(ctx.dtrg, con.conname, con.condeferred, format('(NEW._cow_fk & %s) <> 0', bit),
+                                           ctx.dn);
         ELSE
-            fk_checks := fk_checks || cow._fk_child_check(p_ch, p_tab, con.conname, con.cols, con.parent, missing,
-                                                          'c._cow_seq > _mark');
+            ctx.fk_checks := ctx.fk_checks || cow._fk_child_check(ctx.ch, ctx.tab, con.conname, con.cols, con.parent,
+                                                                  missing, 'c._cow_seq > _mark');
         END IF;
-        fk_n := fk_n + 1;
+        ctx.fk_n := ctx.fk_n + 1;
     END LOOP;
+    -- The statement mark's GUC: a table without FOREIGN KEYs has 0 bits in every version, nothing to carry
+    -- from the previous one.
+    ctx.mark_guc := CASE WHEN ctx.fk_n > 0 THEN 'cow._mark_' || ctx.changes_table END;
+    RETURN ctx;
 END $gen$;
 
 -- The statement-level FOREIGN KEY triggers of table p_id's overlay view, keyed or keyless: `cow_fk_mark`
@@ -865,9 +867,10 @@ END $gen$;
 -- ---------------------------------------------------------------------------------------------------------
 -- The INSTEAD OF triggers, one generator per generated object, over the table's context
 -- ---------------------------------------------------------------------------------------------------------
--- cow.trigger_context (migration 0010) is what cow._build_triggers and cow._kl_build_triggers collect for one
--- table (names, the per-row checks, the FOREIGN KEY bits and actions); each generator below writes one
--- trigger function from it, with named template slots (cow._fill), and creates the trigger that calls it.
+-- cow.trigger_context (migrations 0010, 0011) is what the steps at the end of this file collect for one
+-- table (names, the per-row checks, the key's checks, the FOREIGN KEY bits and actions); each generator
+-- below writes one trigger function from it, with named template slots (cow._fill), and creates the trigger
+-- that calls it.
 
 -- INSERT (keyed and keyless): the base table without a session, else the checks, then the new version.
 CREATE OR REPLACE FUNCTION cow._gen_insert(c cow.trigger_context) RETURNS void
@@ -1010,129 +1013,119 @@ END $body$$t$, jsonb_build_object(
     EXECUTE format('CREATE OR REPLACE TRIGGER cow_delete INSTEAD OF DELETE ON %s FOR EACH ROW EXECUTE FUNCTION %s()', c.v, fn);
 END $gen$;
 
--- The INSTEAD OF triggers of registry entry p_id: the UNIQUE loop also emits the checks of partial and expression
--- UNIQUE indexes and exclusion constraints (cow._xcheck_code, 20_unique_checks.sql), and the changes table gets
--- their lookup indexes; deferrable constraints are left to the constraint triggers
--- above (cow._defer_triggers).
-CREATE OR REPLACE FUNCTION cow._build_triggers(p_id int) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
+-- ---------------------------------------------------------------------------------------------------------
+-- A table's context, collected in steps (keyed and keyless tables share all but the key's)
+-- ---------------------------------------------------------------------------------------------------------
+-- What every table's triggers read: its names, its columns, the registry check, the per-row checks
+-- (cow._row_checks), and empty collections for the steps below to fill.
+CREATE OR REPLACE FUNCTION cow._trigger_context(p_id int) RETURNS cow.trigger_context
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $gen$
 DECLARE
     r cow.registry%ROWTYPE;
-    rel oid;
-    sch text;
-    tab text;
-    ch text;
-    v text;
-    b text;
-    names text[];
-    ncols text[];      -- not generated: what an INSERT into the base table names
-    setcols text[];    -- what an UPDATE of the base table sets (no generated, no GENERATED ALWAYS identity)
-    pk text[];
-    has_always boolean;
-    gen_code text := '';
-    nn_code text := '';
-    chk_code text := '';
-    uq_ins text := '';
-    uq_upd text := '';
-    fk_ins text := '';
-    par_del_check text := '';
-    par_upd_check text := '';
-    par_del_act text := '';
-    par_upd_act text := '';
-    col record;
-    con record;
-    target text;
-    keytxt text;
-    pg18 boolean := current_setting('server_version_num')::int >= 180000;
-    upd_raise text;
-    msg text;
-    det text;
-    cond text;
-    gone text;
-    referenced text;
-    fn text;
-    decl text := E'DECLARE\n    _s text := cow._session();\n    _o text;\n    _g text;\n    _base jsonb;\n    _seen boolean;\n    _bad text;\n    _pfk int;\n    _pseq bigint;\n    _porig jsonb;\n    _morig jsonb;\n    _pdel boolean;\n';
-    fk_all text := '0';     -- every FOREIGN KEY bit (an INSERT checks them all)
-    fk_changed text := '0'; -- the bits of the FOREIGN KEYs whose columns an UPDATE changed
-    fk_n int := 0;
-    mark_guc text;
-    dflt_ins text := '';
-    dflt_upd text := '';
-    xn int := 0;          -- checks generated by cow._xcheck_code
-    pk_probe boolean := false;  -- the INSERT's primary-key check looked up the key's current version (_pdel)
-    keyidx oid;           -- the key index (cow._key_index)
-    keyname text;         -- the key index's name (a PRIMARY KEY's is its constraint's)
-    ctx cow.trigger_context;  -- what the generators of each object read (cow._gen_insert & co.)
-    -- Deferrable constraints (cow._defer_* below): checks of one row version (`dq`, run by the constraint
-    -- triggers on the changes table when they fire) and of the statement's versions (`dq_stmt`, run by the
-    -- statement trigger when a constraint trigger fired inside the statement, i.e. in IMMEDIATE mode).
-    dq text := '';
-    dq_stmt text := '';
-    dn int := 0;
-    dbits text := '0';    -- the bits of the deferrable FOREIGN KEYs (carried to later versions of a row)
-    dtrg jsonb := '{}';   -- trigger name -> {deferred, when [], args []}
-    dname text;
-    vf_row text;          -- the version a constraint trigger fires for: found by key in <t>_cur, then its seq
-    -- The registry check (cow._write_session) runs only when the stamp it left for the connection does not
-    -- match (cow._open_stamp: another session or operation id, a session closed since, the next second); the
-    -- match is one expression, no query (a lookup of the registry row in every autocommit write cost ~20-35 us).
-    reg_code text := E'    IF _s IS NOT NULL AND pg_catalog.current_setting(''cow._open'', true) IS DISTINCT FROM cow._open_stamp(_s) THEN\n'
-                      '        PERFORM cow._write_session();\n'
-                      '    END IF;\n';
+    ctx cow.trigger_context;
 BEGIN
     SELECT * INTO STRICT r FROM cow.registry WHERE id = p_id;
-    PERFORM cow._build_lookup_indexes(p_id);
-    rel := r.relid;
-    sch := r.table_schema;
-    tab := r.table_name;
-    mark_guc := 'cow._mark_' || r.changes_table;
-    ch := format('cow_changes.%I', r.changes_table);
-    b := format('%I.%I', sch, tab);
-    v := format('%I.%I', r.overlay_schema, tab);
-    names := r.col_names;
-    pk := r.pk_columns;
-    keyidx := cow._key_index(rel);
-    vf_row := format('%s AND c._cow_seq = _v', cow._eq(pk, 'c', 'NEW'));
+    ctx.changes_table := r.changes_table;
+    ctx.rel := r.relid;
+    ctx.keyless := r.pk_columns = '{}';
+    ctx.sch := r.table_schema;
+    ctx.tab := r.table_name;
+    ctx.ch := format('cow_changes.%I', r.changes_table);
+    ctx.v := format('%I.%I', r.overlay_schema, r.table_name);
+    ctx.b := format('%I.%I', r.table_schema, r.table_name);
+    ctx.names := r.col_names;
+    ctx.pk := r.pk_columns;
+    -- ncols: not generated, what an INSERT into the base table names; setcols: what an UPDATE of it sets (no
+    -- generated, no GENERATED ALWAYS identity).
     SELECT array_agg(a.attname::text ORDER BY a.attnum) FILTER (WHERE a.attgenerated = ''),
            array_agg(a.attname::text ORDER BY a.attnum) FILTER (WHERE a.attgenerated = '' AND a.attidentity <> 'a'),
            bool_or(a.attidentity = 'a')
-    INTO ncols, setcols, has_always
-    FROM pg_attribute a WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped;
+    INTO ctx.ncols, ctx.setcols, ctx.has_always
+    FROM pg_attribute a WHERE a.attrelid = ctx.rel AND a.attnum > 0 AND NOT a.attisdropped;
+    ctx.decl := CASE WHEN ctx.keyless
+        THEN E'DECLARE\n    _s text := cow._session();\n    _o text;\n    _g text;\n    _bad text;\n    _ret bigint;\n    _pfk int;\n'
+        ELSE E'DECLARE\n    _s text := cow._session();\n    _o text;\n    _g text;\n    _base jsonb;\n    _seen boolean;\n    _bad text;\n    _pfk int;\n    _pseq bigint;\n    _porig jsonb;\n    _morig jsonb;\n    _pdel boolean;\n' END;
+    -- The version a constraint trigger fires for: found by key (keyless: by sequence) in <t>_cur.
+    ctx.row_version := CASE WHEN ctx.keyless THEN 'c._cow_seq = _v'
+                            ELSE format('%s AND c._cow_seq = _v', cow._eq(ctx.pk, 'c', 'NEW')) END;
+    -- The registry check (cow._write_session) runs only when the stamp it left for the connection does not
+    -- match (cow._open_stamp: another session or operation id, a session closed since, the next second); the
+    -- match is one expression, no query (a lookup of the registry row in every autocommit write cost ~20-35 us).
+    ctx.reg_code := E'    IF _s IS NOT NULL AND pg_catalog.current_setting(''cow._open'', true) IS DISTINCT FROM cow._open_stamp(_s) THEN\n'
+                     '        PERFORM cow._write_session();\n'
+                     '    END IF;\n';
+    SELECT * INTO ctx.dflt_ins, ctx.dflt_upd, ctx.gen_code, ctx.nn_code, ctx.chk_code
+    FROM cow._row_checks(ctx.rel, ctx.changes_table, ctx.names, ctx.ncols, ctx.sch, ctx.tab);
+    ctx.uq_ins := '';
+    ctx.uq_upd := '';
+    ctx.pk_probe := false;
+    ctx.par_del_check := '';
+    ctx.par_upd_check := '';
+    ctx.par_del_act := '';
+    ctx.par_upd_act := '';
+    ctx.fk_checks := '';
+    ctx.dn := 0;
+    ctx.dq := '';
+    ctx.dq_stmt := '';
+    ctx.dtrg := '{}';
+    RETURN ctx;
+END $gen$;
 
-    SELECT * INTO dflt_ins, dflt_upd, gen_code, nn_code, chk_code FROM cow._row_checks(rel, r.changes_table, names, ncols, sch, tab);
-    -- PRIMARY KEY and UNIQUE (23505), and exclusion constraints (23P01), against the session's view of the
-    -- table, in index creation order like PostgreSQL. Partial and expression UNIQUE indexes and exclusion
-    -- constraints: cow._xcheck_code.
-    -- The key index (cow._key_index: the primary key, or the NOT NULL unique index that stands in for it) is
-    -- `prim`: its 23505 names it, like PostgreSQL.
+-- The 23505 of unique constraint p_name over cols, as PostgreSQL words it.
+CREATE OR REPLACE FUNCTION cow._duplicate_raise(cols text[], p_name text, sch text, tab text) RETURNS text
+LANGUAGE sql IMMUTABLE
+RETURN cow._raise('23505', format('duplicate key value violates unique constraint "%s"', p_name),
+                  format('format(''Key (%%s)=(%%s) already exists.'', %L, %s)', cow._collist(cols),
+                         cow._keytext(cols, 'NEW')), sch, tab, p_name);
+
+-- PRIMARY KEY and UNIQUE (23505), and exclusion constraints (23P01), of a keyed table against the session's
+-- view of the table, in index creation order like PostgreSQL: uq_ins and uq_upd, the INSERT's primary-key
+-- probe (pk_probe), the deferrable ones' checks and triggers (cow._defer_*; a deferrable PRIMARY KEY stays
+-- checked at once: the changes table holds one version per key, so two rows cannot share a key even for a
+-- moment). Partial and expression UNIQUE indexes and exclusion constraints: cow._xcheck_code, each with a
+-- record variable in the DECLARE section. The key index (cow._key_index: the primary key, or the NOT NULL
+-- unique index that stands in for it) is `prim`: its 23505 names it, like PostgreSQL. Also what an UPDATE or
+-- DELETE raises when another transaction of the session wrote the key's current version meanwhile
+-- (cow._rec_code): a key it moves to is the table's 23505 (dup_raise), a changed row 40001 (stale_raise).
+CREATE OR REPLACE FUNCTION cow._key_checks(ctx cow.trigger_context) RETURNS cow.trigger_context
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $gen$
+DECLARE
+    keyidx oid := cow._key_index(ctx.rel);
+    con record;
+    xn int := 0;
+    cond text;
+    dup text;
+    not_null text;
+BEGIN
     FOR con IN SELECT x.indexrelid AS idx, ic.relname AS name,
-                      cow._attnames(rel, (x.indkey::int2[])[0:x.indnkeyatts - 1]) AS cols,
+                      cow._attnames(ctx.rel, (x.indkey::int2[])[0:x.indnkeyatts - 1]) AS cols,
                       x.indnullsnotdistinct AS nnd, x.indexrelid = keyidx AS prim,
                       x.indisunique AND NOT x.indisexclusion AND x.indpred IS NULL AND x.indexprs IS NULL AS plain,
-                      -- (A deferrable PRIMARY KEY stays checked at once: the changes table holds one
-                      -- version per key, so two rows cannot share a key even for a moment.)
                       coalesce(d.condeferrable AND x.indexrelid <> keyidx, false) AS deferrable,
                       coalesce(d.condeferred, false) AS deferred
                FROM pg_index x JOIN pg_class ic ON ic.oid = x.indexrelid
-               LEFT JOIN pg_constraint d ON d.conindid = x.indexrelid AND d.conrelid = rel AND d.contype IN ('p', 'u', 'x')
-               WHERE x.indrelid = rel AND (x.indisunique OR x.indisexclusion)
+               LEFT JOIN pg_constraint d ON d.conindid = x.indexrelid AND d.conrelid = ctx.rel AND d.contype IN ('p', 'u', 'x')
+               WHERE x.indrelid = ctx.rel AND (x.indisunique OR x.indisexclusion)
                ORDER BY x.indexrelid LOOP
         IF con.deferrable THEN
-            dn := dn + 1;
-            dq := dq || cow._defer_branch(dn, cow._defer_unique_code(rel, con.idx, b, ch, pk, vf_row), false);
-            dq_stmt := dq_stmt || cow._defer_branch(dn, cow._defer_unique_code(rel, con.idx, b, ch, pk, 'c._cow_seq > _mark'), true);
-            dtrg := cow._defer_trigger(dtrg, con.name, con.deferred, 'NOT NEW._cow_deleted', dn);
+            ctx.dn := ctx.dn + 1;
+            ctx.dq := ctx.dq || cow._defer_branch(ctx.dn, cow._defer_unique_code(ctx.rel, con.idx, ctx.b, ctx.ch, ctx.pk,
+                                                                                  ctx.row_version), false);
+            ctx.dq_stmt := ctx.dq_stmt || cow._defer_branch(ctx.dn, cow._defer_unique_code(ctx.rel, con.idx, ctx.b, ctx.ch,
+                                                                                            ctx.pk, 'c._cow_seq > _mark'), true);
+            ctx.dtrg := cow._defer_trigger(ctx.dtrg, con.name, con.deferred, 'NOT NEW._cow_deleted', ctx.dn);
             CONTINUE;
         END IF;
         IF NOT con.plain THEN
             xn := xn + 1;
-            decl := decl || format(E'    _cow_k%s record;\n', xn) || CASE WHEN xn = 1 THEN E'    _cow_c record;\n' ELSE '' END;
-            uq_ins := uq_ins || cow._xcheck_code(rel, con.idx, false, '_cow_k' || xn, b, ch, names, pk, sch, tab);
-            uq_upd := uq_upd || cow._xcheck_code(rel, con.idx, true, '_cow_k' || xn, b, ch, names, pk, sch, tab);
+            ctx.decl := ctx.decl || format(E'    _cow_k%s record;\n', xn) || CASE WHEN xn = 1 THEN E'    _cow_c record;\n' ELSE '' END;
+            ctx.uq_ins := ctx.uq_ins || cow._xcheck_code(ctx.rel, con.idx, false, '_cow_k' || xn, ctx.b, ctx.ch, ctx.names,
+                                                         ctx.pk, ctx.sch, ctx.tab);
+            ctx.uq_upd := ctx.uq_upd || cow._xcheck_code(ctx.rel, con.idx, true, '_cow_k' || xn, ctx.b, ctx.ch, ctx.names,
+                                                         ctx.pk, ctx.sch, ctx.tab);
             CONTINUE;
         END IF;
-        keytxt := format('format(''Key (%%s)=(%%s) already exists.'', %L, %s)',
-                         cow._collist(con.cols), cow._keytext(con.cols, 'NEW'));
+        dup := cow._duplicate_raise(con.cols, con.name, ctx.sch, ctx.tab);
         -- (The key's columns are NOT NULL: plain equality, an index probe, even with NULLS NOT DISTINCT.)
         IF con.nnd AND NOT con.prim THEN
             cond := (SELECT string_agg(format('z.%I IS NOT DISTINCT FROM NEW.%I', c, c), ' AND ')
@@ -1140,42 +1133,76 @@ BEGIN
         ELSE
             cond := cow._eq(con.cols, 'z', 'NEW');
         END IF;
+        not_null := CASE WHEN con.nnd THEN '' ELSE cow._notnull(con.cols, 'NEW') || ' AND ' END;
         -- The session's view of the table spelled out: its current versions (the changes table's index for
         -- this constraint), then base rows it holds no version of (a per-row probe, `OFFSET 0`). Through the
         -- overlay view every check initialised the plan of all three branches (~25 us per write).
-        IF con.prim AND con.cols = pk THEN
+        IF con.prim AND con.cols = ctx.pk THEN
             -- The primary key of an INSERT: one lookup of the session's current version of the key tells both
             -- the conflict and whether there is a version (a tombstone) to retire, so an INSERT of a key the
             -- session never wrote skips the retiring UPDATE (~10 us).
-            pk_probe := true;
-            uq_ins := uq_ins || format(E'    SELECT c._cow_deleted INTO _pdel FROM %s c WHERE c._cow_session = _s AND c._cow_current AND %s;\n'
-                                        '    IF _pdel IS FALSE OR (_pdel IS NULL AND EXISTS (SELECT 1 FROM %s z WHERE %s)) THEN\n        %s\n    END IF;\n',
-                ch, cow._eq(pk, 'c', 'NEW'), b, cond,
-                cow._raise('23505', format('duplicate key value violates unique constraint "%s"', con.name), keytxt,
-                           sch, tab, con.name));
+            ctx.pk_probe := true;
+            ctx.uq_ins := ctx.uq_ins || cow._fill($t$    SELECT c._cow_deleted INTO _pdel FROM {{changes}} c WHERE c._cow_session = _s AND c._cow_current AND {{key}};
+    IF _pdel IS FALSE OR (_pdel IS NULL AND EXISTS (SELECT 1 FROM {{base}} z WHERE {{equal}})) THEN
+        {{raise}}
+    END IF;
+$t$, jsonb_build_object('changes', ctx.ch, 'key', cow._eq(ctx.pk, 'c', 'NEW'), 'base', ctx.b, 'equal', cond,
+                        'raise', dup));
         ELSE
-        uq_ins := uq_ins || format(E'    IF %s(%s) THEN\n        %s\n    END IF;\n',
-            CASE WHEN con.nnd THEN '' ELSE cow._notnull(con.cols, 'NEW') || ' AND ' END,
-            format('EXISTS (SELECT 1 FROM %1$s z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND %2$s) '
-                   'OR EXISTS (SELECT 1 FROM %3$s z WHERE %2$s AND NOT EXISTS (SELECT 1 FROM %1$s c WHERE c._cow_session = _s AND c._cow_current AND %4$s OFFSET 0))',
-                   ch, cond, b, cow._eq(pk, 'c', 'z')),
-            cow._raise('23505', format('duplicate key value violates unique constraint "%s"', con.name), keytxt,
-                       sch, tab, con.name));
+            ctx.uq_ins := ctx.uq_ins || cow._fill($t$    IF {{not_null}}({{taken}}) THEN
+        {{raise}}
+    END IF;
+$t$, jsonb_build_object('not_null', not_null, 'raise', dup,
+                        'taken', cow._key_taken(ctx.ch, ctx.b, ctx.pk, cond, '')));
         END IF;
         -- An UPDATE that leaves the key alone cannot create a duplicate; the nested IF keeps the query (and its
         -- executor start-up) off that path.
-        uq_upd := uq_upd || format(E'    IF %s THEN\n        IF %s(%s) THEN\n            %s\n        END IF;\n    END IF;\n',
-            cow._changed(con.cols), CASE WHEN con.nnd THEN '' ELSE cow._notnull(con.cols, 'NEW') || ' AND ' END,
-            format('EXISTS (SELECT 1 FROM %1$s z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND %2$s AND NOT (%5$s)) '
-                   'OR EXISTS (SELECT 1 FROM %3$s z WHERE %2$s AND NOT (%5$s) AND NOT EXISTS (SELECT 1 FROM %1$s c WHERE c._cow_session = _s AND c._cow_current AND %4$s OFFSET 0))',
-                   ch, cond, b, cow._eq(pk, 'c', 'z'), cow._eq(pk, 'z', 'OLD')),
-            cow._raise('23505', format('duplicate key value violates unique constraint "%s"', con.name), keytxt,
-                       sch, tab, con.name));
+        ctx.uq_upd := ctx.uq_upd || cow._fill($t$    IF {{changed}} THEN
+        IF {{not_null}}({{taken}}) THEN
+            {{raise}}
+        END IF;
+    END IF;
+$t$, jsonb_build_object('changed', cow._changed(con.cols), 'not_null', not_null, 'raise', dup,
+                        'taken', cow._key_taken(ctx.ch, ctx.b, ctx.pk, cond,
+                                                format(' AND NOT (%s)', cow._eq(ctx.pk, 'z', 'OLD')))));
     END LOOP;
-    -- FOREIGN KEY, this table as the child (23503).
-    SELECT * INTO dn, dq, dq_stmt, dtrg, fk_ins, fk_all, fk_changed, dbits, fk_n
-    FROM cow._fk_child_checks(rel, ch, tab, vf_row, dn, dq, dq_stmt, dtrg);
-    -- FOREIGN KEY, this table as the parent: ON DELETE / ON UPDATE actions within the session.
+    ctx.dup_raise := cow._duplicate_raise(ctx.pk, (SELECT ic.relname FROM pg_class ic WHERE ic.oid = keyidx),
+                                          ctx.sch, ctx.tab);
+    ctx.stale_raise := cow._raise('40001', 'could not serialize access due to concurrent update',
+                                  format('format(%L, _s, %s)',
+                                         format('Another transaction of session %%s changed the row of "%s" with key '
+                                                '(%s)=(%%s) after this statement read it.', ctx.tab, cow._collist(ctx.pk)),
+                                         cow._keytext(ctx.pk, 'OLD')), ctx.sch, ctx.tab);
+    RETURN ctx;
+END $gen$;
+
+-- "A row of the session's view of the table matches `z` by p_equal" (a unique key's conflict): a current
+-- version in changes table ch, or a base row (of b) the session holds no version of. p_other leaves out the
+-- row being updated.
+CREATE OR REPLACE FUNCTION cow._key_taken(ch text, b text, pk text[], p_equal text, p_other text) RETURNS text
+LANGUAGE sql IMMUTABLE
+RETURN cow._fill('EXISTS (SELECT 1 FROM {{changes}} z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND {{equal}}{{other}}) '
+                 'OR EXISTS (SELECT 1 FROM {{base}} z WHERE {{equal}}{{other}} AND NOT EXISTS (SELECT 1 FROM {{changes}} c WHERE c._cow_session = _s AND c._cow_current AND {{same_key}} OFFSET 0))',
+                 jsonb_build_object('changes', ch, 'base', b, 'equal', p_equal, 'other', p_other,
+                                    'same_key', cow._eq(pk, 'c', 'z')));
+
+-- FOREIGN KEY, a keyed table as the parent: the refusals (RESTRICT, NO ACTION, a child outside the layer) and
+-- the ON DELETE / ON UPDATE actions within the session, par_del_check/par_upd_check and
+-- par_del_act/par_upd_act; NO ACTION is checked at the end of the statement (fk_checks; deferrable: dq).
+CREATE OR REPLACE FUNCTION cow._fk_parent_checks(ctx cow.trigger_context) RETURNS cow.trigger_context
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $gen$
+DECLARE
+    pg18 boolean := current_setting('server_version_num')::int >= 180000;
+    con record;
+    target text;
+    cond text;
+    msg text;
+    det text;
+    del_raise text;
+    upd_raise text;
+    gone text;
+    referenced text;
+BEGIN
     FOR con IN SELECT c.conname, c.conrelid, cow._attnames(c.conrelid, c.conkey) AS cols,
                       cow._attnames(c.confrelid, c.confkey) AS refcols, c.confdeltype, c.confupdtype,
                       cow._attnames(c.conrelid, c.confdelsetcols) AS delsetcols, ck.relname AS child,
@@ -1183,52 +1210,55 @@ BEGIN
                       c.condeferrable, c.condeferred,
                       EXISTS (SELECT 1 FROM cow.registry g WHERE g.relid = c.conrelid) AS child_cow
                FROM pg_constraint c JOIN pg_class ck ON ck.oid = c.conrelid
-               WHERE c.oid IN (SELECT f.oid FROM cow._fks_to(rel) AS f(oid)) ORDER BY c.conname LOOP
+               WHERE c.oid IN (SELECT f.oid FROM cow._fks_to(ctx.rel) AS f(oid)) ORDER BY c.conname LOOP
         target := cow._session_rel(con.conrelid);
         cond := format('EXISTS (SELECT 1 FROM %s z WHERE %s)', target, cow._eq2(con.cols, 'z', con.refcols, 'OLD'));
         -- RESTRICT raises 23001 from PostgreSQL 18 on (23503 before); NO ACTION, and the refusal for a plain
         -- child, 23503.
         msg := format('update or delete on table "%s" violates foreign key constraint "%s" on table "%s"',
-                      tab, con.conname, con.child);
+                      ctx.tab, con.conname, con.child);
         det := format('format(''Key (%%s)=(%%s) is still referenced from table "%%s".'', %L, %s, %L)',
                       cow._collist(con.refcols), cow._keytext(con.refcols, 'OLD'), con.child);
-        keytxt := cow._raise(CASE WHEN con.confdeltype = 'r' AND con.child_cow AND pg18 THEN '23001' ELSE '23503' END,
-                             msg, det, con.child_schema, con.child, con.conname);
+        del_raise := cow._raise(CASE WHEN con.confdeltype = 'r' AND con.child_cow AND pg18 THEN '23001' ELSE '23503' END,
+                                msg, det, con.child_schema, con.child, con.conname);
         upd_raise := cow._raise(CASE WHEN con.confupdtype = 'r' AND con.child_cow AND pg18 THEN '23001' ELSE '23503' END,
                                 msg, det, con.child_schema, con.child, con.conname);
         -- NO ACTION is checked at the end of the statement, like PostgreSQL (so `DELETE FROM t` of a whole
         -- self-referencing tree works): the statement's tombstones whose key is gone from the session's view
         -- must not be referenced. RESTRICT is checked at once.
         IF (con.confdeltype = 'a' OR con.confupdtype = 'a') AND con.child_cow THEN
-            gone := CASE WHEN con.condeferrable THEN cow._sexists(rel, cow._eq(con.refcols, 'z', 'c'))
-                         ELSE format('EXISTS (SELECT 1 FROM %s z WHERE %s)', v, cow._eq(con.refcols, 'z', 'c')) END;
+            gone := CASE WHEN con.condeferrable THEN cow._sexists(ctx.rel, cow._eq(con.refcols, 'z', 'c'))
+                         ELSE format('EXISTS (SELECT 1 FROM %s z WHERE %s)', ctx.v, cow._eq(con.refcols, 'z', 'c')) END;
             referenced := CASE WHEN con.condeferrable THEN cow._sexists(con.conrelid, cow._eq2(con.cols, 'z', con.refcols, 'c'))
                                ELSE format('EXISTS (SELECT 1 FROM %s k WHERE %s)', target, cow._eq2(con.cols, 'k', con.refcols, 'c')) END;
             IF con.condeferrable THEN
                 -- The tombstones of deleted (or moved) referenced keys, checked when the trigger fires. (A
                 -- referenced key that is not the primary key and changes in place is still checked at once.)
-                dn := dn + 1;
-                dq := dq || cow._defer_branch(dn, cow._fk_parent_check(ch, con.conname, msg, con.refcols, con.child_schema,
-                                                                       con.child, gone, referenced, vf_row), false);
-                dq_stmt := dq_stmt || cow._defer_branch(dn, cow._fk_parent_check(ch, con.conname, msg, con.refcols,
-                                                                                 con.child_schema, con.child, gone, referenced,
-                                                                                 'c._cow_seq > _mark'), true);
-                dtrg := cow._defer_trigger(dtrg, con.conname, con.condeferred, 'NEW._cow_deleted', dn);
+                ctx.dn := ctx.dn + 1;
+                ctx.dq := ctx.dq || cow._defer_branch(ctx.dn, cow._fk_parent_check(ctx.ch, con.conname, msg, con.refcols,
+                                                                                   con.child_schema, con.child, gone,
+                                                                                   referenced, ctx.row_version), false);
+                ctx.dq_stmt := ctx.dq_stmt || cow._defer_branch(ctx.dn, cow._fk_parent_check(ctx.ch, con.conname, msg,
+                                                                                             con.refcols, con.child_schema,
+                                                                                             con.child, gone, referenced,
+                                                                                             'c._cow_seq > _mark'), true);
+                ctx.dtrg := cow._defer_trigger(ctx.dtrg, con.conname, con.condeferred, 'NEW._cow_deleted', ctx.dn);
             ELSE
-                fk_ins := fk_ins || cow._fk_parent_check(ch, con.conname, msg, con.refcols, con.child_schema, con.child,
-                                                         gone, referenced, 'c._cow_seq > _mark');
+                ctx.fk_checks := ctx.fk_checks || cow._fk_parent_check(ctx.ch, con.conname, msg, con.refcols,
+                                                                       con.child_schema, con.child, gone, referenced,
+                                                                       'c._cow_seq > _mark');
             END IF;
         END IF;
         -- A child table outside the layer cannot change in a session: any action is a refusal there.
         IF con.confdeltype = 'r' OR NOT con.child_cow THEN
-            par_del_check := par_del_check || format(E'    IF %s THEN\n        %s\n    END IF;\n', cond, keytxt);
+            ctx.par_del_check := ctx.par_del_check || format(E'    IF %s THEN\n        %s\n    END IF;\n', cond, del_raise);
         ELSIF con.confdeltype = 'a' THEN
             NULL;  -- end of statement (above)
         ELSIF con.confdeltype = 'c' THEN
-            par_del_act := par_del_act || format(E'    DELETE FROM %s z WHERE %s;\n', target,
-                                                 cow._eq2(con.cols, 'z', con.refcols, 'OLD'));
+            ctx.par_del_act := ctx.par_del_act || format(E'    DELETE FROM %s z WHERE %s;\n', target,
+                                                         cow._eq2(con.cols, 'z', con.refcols, 'OLD'));
         ELSE
-            par_del_act := par_del_act || format(E'    UPDATE %s z SET %s WHERE %s;\n', target,
+            ctx.par_del_act := ctx.par_del_act || format(E'    UPDATE %s z SET %s WHERE %s;\n', target,
                 (SELECT string_agg(format('%I = %s', c, CASE WHEN con.confdeltype = 'n' THEN 'NULL' ELSE 'DEFAULT' END), ', ')
                  FROM unnest(coalesce(con.delsetcols, con.cols)) AS c),
                 cow._eq2(con.cols, 'z', con.refcols, 'OLD'));
@@ -1236,71 +1266,60 @@ BEGIN
         IF con.confupdtype IN ('r', 'a') OR NOT con.child_cow THEN
             -- (A NO ACTION key that moves with the primary key leaves a tombstone, checked at the end.)
             -- (Nested: the EXISTS query runs only when the referenced key changes.)
-            par_upd_check := par_upd_check || format(E'    IF %s%s THEN\n        IF %s THEN\n            %s\n        END IF;\n    END IF;\n',
-                                                     cow._changed(con.refcols),
-                                                     CASE WHEN con.confupdtype = 'a' AND con.child_cow
-                                                          THEN format(' AND NOT %s', cow._changed(pk)) ELSE '' END,
-                                                     cond, upd_raise);
+            ctx.par_upd_check := ctx.par_upd_check || cow._fill($t$    IF {{changed}}{{unmoved}} THEN
+        IF {{referenced}} THEN
+            {{raise}}
+        END IF;
+    END IF;
+$t$, jsonb_build_object('changed', cow._changed(con.refcols), 'referenced', cond, 'raise', upd_raise,
+                        'unmoved', CASE WHEN con.confupdtype = 'a' AND con.child_cow
+                                        THEN format(' AND NOT %s', cow._changed(ctx.pk)) ELSE '' END));
         ELSE
-            par_upd_act := par_upd_act || format(E'    IF %s THEN\n        UPDATE %s z SET %s WHERE %s;\n    END IF;\n',
-                cow._changed(con.refcols), target,
-                (SELECT string_agg(format('%I = %s', con.cols[j], CASE con.confupdtype WHEN 'n' THEN 'NULL'
-                                          WHEN 'd' THEN 'DEFAULT' ELSE format('NEW.%I', con.refcols[j]) END), ', ')
-                 FROM generate_subscripts(con.cols, 1) AS j),
-                cow._eq2(con.cols, 'z', con.refcols, 'OLD'));
+            ctx.par_upd_act := ctx.par_upd_act || cow._fill($t$    IF {{changed}} THEN
+        UPDATE {{child}} z SET {{assignments}} WHERE {{referencing}};
+    END IF;
+$t$, jsonb_build_object('changed', cow._changed(con.refcols), 'child', target,
+                        'assignments', (SELECT string_agg(format('%I = %s', con.cols[j], CASE con.confupdtype WHEN 'n' THEN 'NULL'
+                                                                 WHEN 'd' THEN 'DEFAULT' ELSE format('NEW.%I', con.refcols[j]) END), ', ')
+                                        FROM generate_subscripts(con.cols, 1) AS j),
+                        'referencing', cow._eq2(con.cols, 'z', con.refcols, 'OLD')));
         END IF;
     END LOOP;
+    RETURN ctx;
+END $gen$;
 
-    -- (A table without FOREIGN KEYs: every version's bits are 0, nothing to carry from the previous one.)
-    IF fk_n = 0 THEN
-        mark_guc := NULL;
-    END IF;
-    -- What an UPDATE or DELETE does when another transaction of the session wrote the key's current version
-    -- meanwhile (cow._rec_code): a key it moves to is the table's 23505, a changed row 40001.
-    SELECT ic.relname INTO keyname FROM pg_class ic WHERE ic.oid = keyidx;
-    ctx.dup_raise := cow._raise('23505', format('duplicate key value violates unique constraint "%s"', keyname),
-                              format('format(''Key (%%s)=(%%s) already exists.'', %L, %s)', cow._collist(pk),
-                                     cow._keytext(pk, 'NEW')), sch, tab, keyname);
-    ctx.stale_raise := cow._raise('40001', 'could not serialize access due to concurrent update',
-                                format('format(%L, _s, %s)',
-                                       format('Another transaction of session %%s changed the row of "%s" with key '
-                                              '(%s)=(%%s) after this statement read it.', tab, cow._collist(pk)),
-                                       cow._keytext(pk, 'OLD')), sch, tab);
-    ctx.changes_table := r.changes_table;
-    ctx.rel := rel;
-    ctx.keyless := false;
-    ctx.ch := ch;
-    ctx.v := v;
-    ctx.b := b;
-    ctx.names := names;
-    ctx.ncols := ncols;
-    ctx.setcols := setcols;
-    ctx.pk := pk;
-    ctx.has_always := has_always;
-    ctx.decl := decl;
-    ctx.reg_code := reg_code;
-    ctx.dflt_ins := dflt_ins;
-    ctx.dflt_upd := dflt_upd;
-    ctx.gen_code := gen_code;
-    ctx.nn_code := nn_code;
-    ctx.chk_code := chk_code;
-    ctx.uq_ins := uq_ins;
-    ctx.uq_upd := uq_upd;
-    ctx.par_del_check := par_del_check;
-    ctx.par_upd_check := par_upd_check;
-    ctx.par_del_act := par_del_act;
-    ctx.par_upd_act := par_upd_act;
-    ctx.fk_all := fk_all;
-    ctx.fk_changed := fk_changed;
-    ctx.dbits := dbits;
-    ctx.fk_n := fk_n;
-    ctx.mark_guc := mark_guc;
-    ctx.pk_probe := pk_probe;
+-- The objects of registry entry p_id written from its context: the INSTEAD OF triggers (keyed or keyless),
+-- the constraint triggers of deferrable constraints on the changes table, and the statement-level FOREIGN KEY
+-- triggers (the keyed ones' checks use three more variables); then the signature they were made for.
+CREATE OR REPLACE FUNCTION cow._gen_triggers(p_id int, ctx cow.trigger_context) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
+BEGIN
     PERFORM cow._gen_insert(ctx);
-    PERFORM cow._gen_update(ctx);
-    PERFORM cow._gen_delete(ctx);
-    -- Statement-level FOREIGN KEY checks (see above).
-    PERFORM cow._defer_triggers(p_id, dtrg, dq);
-    PERFORM cow._fk_statement_triggers(p_id, fk_ins, dq_stmt, E'    _r record;\n    _cow_k record;\n    _cow_c record;\n');
-    UPDATE cow.registry SET signature = cow._signature(rel) WHERE id = p_id;
+    IF ctx.keyless THEN
+        PERFORM cow._kl_gen_update(ctx);
+        PERFORM cow._kl_gen_delete(ctx);
+    ELSE
+        PERFORM cow._gen_update(ctx);
+        PERFORM cow._gen_delete(ctx);
+    END IF;
+    PERFORM cow._defer_triggers(p_id, ctx.dtrg, ctx.dq);
+    PERFORM cow._fk_statement_triggers(p_id, ctx.fk_checks, ctx.dq_stmt,
+                                       CASE WHEN ctx.keyless THEN ''
+                                            ELSE E'    _r record;\n    _cow_k record;\n    _cow_c record;\n' END);
+    UPDATE cow.registry SET signature = cow._signature(ctx.rel) WHERE id = p_id;
+END $gen$;
+
+-- The triggers of keyed registry entry p_id (the changes table gets the lookup indexes of its unique checks
+-- first, cow._build_lookup_indexes); keyless tables: cow._kl_build_triggers.
+CREATE OR REPLACE FUNCTION cow._build_triggers(p_id int) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
+DECLARE
+    ctx cow.trigger_context;
+BEGIN
+    PERFORM cow._build_lookup_indexes(p_id);
+    ctx := cow._trigger_context(p_id);
+    ctx := cow._key_checks(ctx);
+    ctx := cow._fk_child_checks(ctx);
+    ctx := cow._fk_parent_checks(ctx);
+    PERFORM cow._gen_triggers(p_id, ctx);
 END $gen$;

@@ -287,89 +287,14 @@ END $gen$;
 CREATE OR REPLACE FUNCTION cow._kl_build_triggers(p_id int) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
 DECLARE
-    r cow.registry%ROWTYPE;
-    rel oid;
-    sch text;
-    tab text;
-    ch text;
-    v text;
-    b text;
-    names text[];
-    ncols text[];
-    setcols text[];
-    has_always boolean;
-    dflt_ins text;
-    dflt_upd text;
-    gen_code text;
-    nn_code text;
-    chk_code text;
-    ctx cow.trigger_context;  -- what the generators of each object read (cow._gen_insert & co.)
-    fk_all text := '0';
-    fk_changed text := '0';
-    dbits text := '0';
-    fk_n int := 0;
-    fk_ins text := '';
-    dq text := '';
-    dq_stmt text := '';
-    dn int := 0;
-    dtrg jsonb := '{}';
-    decl text := E'DECLARE\n    _s text := cow._session();\n    _o text;\n    _g text;\n    _bad text;\n    _ret bigint;\n    _pfk int;\n';
-    reg_code text := E'    IF _s IS NOT NULL AND pg_catalog.current_setting(''cow._open'', true) IS DISTINCT FROM cow._open_stamp(_s) THEN\n'
-                      '        PERFORM cow._write_session();\n'
-                      '    END IF;\n';
+    ctx cow.trigger_context;
 BEGIN
-    SELECT * INTO STRICT r FROM cow.registry WHERE id = p_id;
     PERFORM cow._build_lookup_indexes(p_id);
-    rel := r.relid;
-    sch := r.table_schema;
-    tab := r.table_name;
-    ch := format('cow_changes.%I', r.changes_table);
-    b := format('%I.%I', sch, tab);
-    v := format('%I.%I', r.overlay_schema, tab);
-    names := r.col_names;
-    SELECT array_agg(a.attname::text ORDER BY a.attnum) FILTER (WHERE a.attgenerated = ''),
-           array_agg(a.attname::text ORDER BY a.attnum) FILTER (WHERE a.attgenerated = '' AND a.attidentity <> 'a'),
-           bool_or(a.attidentity = 'a')
-    INTO ncols, setcols, has_always
-    FROM pg_attribute a WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped;
-    SELECT * INTO dflt_ins, dflt_upd, gen_code, nn_code, chk_code
-    FROM cow._row_checks(rel, r.changes_table, names, ncols, sch, tab);
+    ctx := cow._trigger_context(p_id);
     -- FOREIGN KEY, this table as the child (23503), as for keyed tables (a keyless table is never a parent:
     -- that takes a unique index).
-    SELECT * INTO dn, dq, dq_stmt, dtrg, fk_ins, fk_all, fk_changed, dbits, fk_n
-    FROM cow._fk_child_checks(rel, ch, tab, 'c._cow_seq = _v', dn, dq, dq_stmt, dtrg);
-
-    ctx.changes_table := r.changes_table;
-    ctx.rel := rel;
-    ctx.keyless := true;
-    ctx.ch := ch;
-    ctx.v := v;
-    ctx.b := b;
-    ctx.names := names;
-    ctx.ncols := ncols;
-    ctx.setcols := setcols;
-    ctx.pk := '{}';
-    ctx.has_always := has_always;
-    ctx.decl := decl;
-    ctx.reg_code := reg_code;
-    ctx.dflt_ins := dflt_ins;
-    ctx.dflt_upd := dflt_upd;
-    ctx.gen_code := gen_code;
-    ctx.nn_code := nn_code;
-    ctx.chk_code := chk_code;
-    ctx.uq_ins := '';
-    ctx.uq_upd := '';
-    ctx.fk_all := fk_all;
-    ctx.fk_changed := fk_changed;
-    ctx.dbits := dbits;
-    ctx.fk_n := fk_n;
-    PERFORM cow._gen_insert(ctx);
-    PERFORM cow._kl_gen_update(ctx);
-    PERFORM cow._kl_gen_delete(ctx);
-    -- Statement-level FOREIGN KEY checks, as for keyed tables.
-    PERFORM cow._defer_triggers(p_id, dtrg, dq);
-    PERFORM cow._fk_statement_triggers(p_id, fk_ins, dq_stmt, '');
-    UPDATE cow.registry SET signature = cow._signature(rel) WHERE id = p_id;
+    ctx := cow._fk_child_checks(ctx);
+    PERFORM cow._gen_triggers(p_id, ctx);
 END $gen$;
 
 -- cow.commit_session's part for keyless table g: p_deletes true removes one base instance per tombstone of the
