@@ -285,50 +285,39 @@ def _reads_chart(
     ]
 
 
-def html_report(
-    scores: Sequence[SessionScore],
-    notes: Sequence[str],
-    session_details: Sequence[tuple[str, str]] = (),
-    results: Mapping[str, Any] | None = None,
-) -> str:
-    """A self-contained HTML page; ``session_details`` are (title, HTML fragment) pairs from the scorer;
-    ``scores`` may hold the re-run with the fixed tool surface (``fixed``)."""
-    all_scores = scores
-    fixed_rows = before_after([s for s in scores if not s.fixed], [s for s in scores if s.fixed])
-    scores = [s for s in all_scores if not s.fixed]
-    summaries = summarize(scores)
-    fmt = "{:.2f}".format
-    agents = _html_table(
+_FMT = "{:.2f}".format
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2rem; color: #111; }
+table { border-collapse: collapse; margin: 1rem 0; }
+th, td { border: 1px solid #ccc; padding: .25rem .5rem; text-align: left; }
+td { font-variant-numeric: tabular-nums; }
+th { background: #f3f4f6; }
+details { margin: .5rem 0; }
+.chart-box { margin: 1rem 0; }
+.legend { font-size: 85%; color: #555; }
+"""
+
+
+def _scores(s: SessionScore | AgentSummary) -> list[str]:
+    """overall, struct, content, precision, recall, F1 as the tables print them."""
+    return [_FMT(v) for v in (s.overall, s.struct, s.content, s.precision, s.recall, s.f1)]
+
+
+def _agents_table(scores: Sequence[SessionScore]) -> str:
+    """Per agent, the mean over workflows (the paper's Table 5)."""
+    return _html_table(
         ["agent", "model", "completed", "overall", "struct", "content", "precision", "recall", "F1"],
-        [
-            [
-                s.agent,
-                s.model,
-                f"{s.completed}/{s.sessions}",
-                *(fmt(v) for v in (s.overall, s.struct, s.content, s.precision, s.recall, s.f1)),
-            ]
-            for s in summaries
-        ],
+        [[s.agent, s.model, f"{s.completed}/{s.sessions}", *_scores(s)] for s in summarize(scores)],
     )
-    sessions = _html_table(
-        [
-            "agent",
-            "workflow",
-            "session",
-            "ground truth",
-            "tools",
-            "completed",
-            "tool calls",
-            "overall",
-            "struct",
-            "content",
-            "precision",
-            "recall",
-            "F1",
-            "matched",
-            "missing",
-            "extra",
-        ],
+
+
+def _sessions_table(scores: Sequence[SessionScore]) -> str:
+    """Every session, the re-run with the fixed tool surface too."""
+    header = ["agent", "workflow", "session", "ground truth", "tools", "completed", "tool calls"]
+    header += ["overall", "struct", "content", "precision", "recall", "F1", "matched", "missing", "extra"]
+    return _html_table(
+        header,
         [
             [
                 s.agent,
@@ -338,36 +327,56 @@ def html_report(
                 "fixed" if s.fixed else "original",
                 "yes" if s.completed else "no",
                 str(s.tool_calls),
-                *(fmt(v) for v in (s.overall, s.struct, s.content, s.precision, s.recall, s.f1)),
+                *_scores(s),
                 str(s.matched),
                 str(s.missing),
                 str(s.extra),
             ]
-            for s in all_scores
+            for s in scores
         ],
     )
-    fix = _html_table(
+
+
+def _fix_table(scores: Sequence[SessionScore]) -> str:
+    """Before and after fixing the tool surface (the paper's Table 1)."""
+    rows = before_after([s for s in scores if not s.fixed], [s for s in scores if s.fixed])
+    return _html_table(
         ["agent", "model", "before", "after", "change", "completed before", "completed after"],
         [
             [
                 r.agent,
                 r.model,
-                fmt(r.before),
-                fmt(r.after),
+                _FMT(r.before),
+                _FMT(r.after),
                 f"{r.after - r.before:+.2f}" if r.rerun else "(not re-run)",
                 r.completed_before,
                 r.completed_after,
             ]
-            for r in fixed_rows
+            for r in rows
         ],
     )
-    worst = _html_table(
+
+
+def _worst_table(scores: Sequence[SessionScore]) -> str:
+    """The lowest-scoring sessions (the paper's Table 6)."""
+    return _html_table(
         ["agent", "workflow", "overall", "precision", "recall", "note"],
         [
-            [s.agent, s.workflow, fmt(s.overall), fmt(s.precision), fmt(s.recall), s.message]
+            [s.agent, s.workflow, _FMT(s.overall), _FMT(s.precision), _FMT(s.recall), s.message]
             for s in lowest(scores)
         ],
     )
+
+
+def html_report(
+    scores: Sequence[SessionScore],
+    notes: Sequence[str],
+    session_details: Sequence[tuple[str, str]] = (),
+    results: Mapping[str, Any] | None = None,
+) -> str:
+    """A self-contained HTML page; ``session_details`` are (title, HTML fragment) pairs from the scorer;
+    ``scores`` may hold the re-run with the fixed tool surface (``fixed``)."""
+    original = [s for s in scores if not s.fixed]
     details = "".join(
         f"<details><summary>{html.escape(title)}</summary>{fragment}</details>"
         for title, fragment in session_details
@@ -375,23 +384,14 @@ def html_report(
     note_items = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>cowproxy demo report</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2rem; color: #111; }}
-table {{ border-collapse: collapse; margin: 1rem 0; }}
-th, td {{ border: 1px solid #ccc; padding: .25rem .5rem; text-align: left; }}
-td {{ font-variant-numeric: tabular-nums; }}
-th {{ background: #f3f4f6; }}
-details {{ margin: .5rem 0; }}
-.chart-box {{ margin: 1rem 0; }}
-.legend {{ font-size: 85%; color: #555; }}
-</style></head><body>
+<style>{_STYLE}</style></head><body>
 <h1>cowproxy demo report</h1>
 <ul>{note_items}</ul>
-<h2>Agents (like the paper's Table 5)</h2>{agents}
-<h2>Lowest-scoring sessions (like the paper's Table 6)</h2>{worst}
-<h2>Before and after fixing the tool surface (like the paper's Table 1)</h2>{fix}
-<h2>Charts</h2>{charts(all_scores, results)}
-<h2>Every session</h2>{sessions}
+<h2>Agents (like the paper's Table 5)</h2>{_agents_table(original)}
+<h2>Lowest-scoring sessions (like the paper's Table 6)</h2>{_worst_table(original)}
+<h2>Before and after fixing the tool surface (like the paper's Table 1)</h2>{_fix_table(scores)}
+<h2>Charts</h2>{charts(scores, results)}
+<h2>Every session</h2>{_sessions_table(scores)}
 {"<h2>Row-level detail</h2>" + details if details else ""}
 </body></html>
 """

@@ -43,6 +43,14 @@ CONNECT_TIMEOUT = 10.0
 
 def register(sub: Any, session_sub: Any) -> None:
     """Add this package's sub-commands to the ``cowproxy`` parser."""
+    _register_layer(sub)
+    _register_session_reports(session_sub)
+    _register_reads(session_sub)
+    _register_closing(session_sub)
+
+
+def _register_layer(sub: Any) -> None:
+    """``install``, ``secret``, ``uninstall``, ``status``."""
     p = sub.add_parser("install", help="install or upgrade the CoW layer and enable CoW on schemas")
     add_dsn(p)
     p.add_argument("--schema", action="append", default=[], metavar="S", help="app schema (default: public)")
@@ -82,6 +90,9 @@ def register(sub: Any, session_sub: Any) -> None:
     add_format(p)
     p.set_defaults(func=cmd_status)
 
+
+def _register_session_reports(session_sub: Any) -> None:
+    """``session create|list|show|diff``."""
     p = session_sub.add_parser("create", help="register a session")
     add_dsn(p)
     add_format(p)
@@ -111,9 +122,6 @@ def register(sub: Any, session_sub: Any) -> None:
     add_format(p)
     p.add_argument("session")
     p.set_defaults(func=cmd_session_diff)
-
-    _register_reads(session_sub)
-    _register_closing(session_sub)
 
 
 def _register_reads(session_sub: Any) -> None:

@@ -134,62 +134,15 @@ async def install_layer(
     PostgreSQL's lock table. Each table is enabled whole in its batch (never half), and an interrupted install
     goes on where it stopped when run again. ``progress(done, total)`` is called after each batch."""
     schemas = list(dict.fromkeys(schemas)) or ["public"]
-    exclude = list(exclude)
-    applied: list[int] = []
-    reapplied: list[str] = []
     notes: list[str] = []
-    secret: str | None = None
     try:
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
             # The layer's own DDL must not trigger its event triggers.
             await conn.execute("SELECT set_config('cow.in_layer', 'on', true)")
-            await conn.execute(
-                "CREATE SCHEMA IF NOT EXISTS cow;"
-                "CREATE TABLE IF NOT EXISTS cow.migrations (version int PRIMARY KEY, name text NOT NULL,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-            done = {r["version"] for r in await conn.fetch("SELECT version FROM cow.migrations")}
-            for migration in migrations():
-                if migration.version in done:
-                    continue
-                await conn.execute(migration.sql)
-                await conn.execute(
-                    "INSERT INTO cow.migrations (version, name) VALUES ($1, $2)",
-                    migration.version,
-                    migration.name,
-                )
-                applied.append(migration.version)
-            # Then the function definitions: a file whose text changed (or that is new) is applied again. A
-            # numbered file therefore never calls a layer function: on a fresh install none exists yet.
-            shipped = repeatables()
-            recorded: dict[str, str] = {}
-            if shipped:  # none: a layer from before the repeatable files (bench/layer_writes.py --baseline)
-                rows = await conn.fetch("SELECT name, checksum FROM cow.repeatables")
-                recorded = {r["name"]: r["checksum"] for r in rows}
-            for repeatable in shipped:
-                if recorded.get(repeatable.name) == repeatable.checksum:
-                    continue
-                await conn.execute(repeatable.sql)
-                await conn.execute(
-                    "INSERT INTO cow.repeatables (name, checksum) VALUES ($1, $2) ON CONFLICT (name)"
-                    " DO UPDATE SET checksum = excluded.checksum, applied_at = now()",
-                    repeatable.name,
-                    repeatable.checksum,
-                )
-                reapplied.append(repeatable.name)
-            for schema in schemas:
-                if not await conn.fetchval("SELECT to_regnamespace(quote_ident($1)) IS NOT NULL", schema):
-                    raise LayerError(f"schema {schema!r} does not exist")
-            excludes = await _resolve_excludes(conn, schemas, exclude)
-            for schema in schemas:
-                await conn.execute("SELECT cow._add_schema($1, $2::text[])", schema, excludes[schema])
-            # (A layer from before the binding, as bench scripts install for a baseline, has neither.)
-            if await conn.fetchval(
-                "SELECT to_regprocedure('cow.set_bind_secret(text)') IS NOT NULL"
-            ) and not await conn.fetchval("SELECT EXISTS (SELECT 1 FROM cow.bind_secret)"):
-                secret = new_secret()
-                await conn.execute("SELECT cow.set_bind_secret($1)", secret)
+            done, applied = await _apply_migrations(conn)
+            reapplied = await _apply_repeatables(conn)
+            secret = await _add_schemas(conn, schemas, list(exclude))
         # An upgrade regenerates every per-table object with the new generator code (cow.refresh(true) did it
         # in one transaction).
         force = bool(done and (applied or reapplied))
@@ -205,6 +158,69 @@ async def install_layer(
     except asyncpg.PostgresError as exc:
         raise LayerError(f"install failed: {exc}") from exc
     return InstallResult(tuple(applied), tuple(dict.fromkeys(notes)), tuple(reapplied), secret)
+
+
+async def _apply_migrations(conn: asyncpg.Connection) -> tuple[set[int], list[int]]:
+    """The numbered files not applied yet, in order: (the versions applied before, those applied now)."""
+    await conn.execute(
+        "CREATE SCHEMA IF NOT EXISTS cow;"
+        "CREATE TABLE IF NOT EXISTS cow.migrations (version int PRIMARY KEY, name text NOT NULL,"
+        " applied_at timestamptz NOT NULL DEFAULT now())"
+    )
+    done = {r["version"] for r in await conn.fetch("SELECT version FROM cow.migrations")}
+    applied: list[int] = []
+    for migration in migrations():
+        if migration.version in done:
+            continue
+        await conn.execute(migration.sql)
+        await conn.execute(
+            "INSERT INTO cow.migrations (version, name) VALUES ($1, $2)", migration.version, migration.name
+        )
+        applied.append(migration.version)
+    return done, applied
+
+
+async def _apply_repeatables(conn: asyncpg.Connection) -> list[str]:
+    """The function definitions after the numbered files: a file whose text changed (or that is new) is
+    applied again. A numbered file therefore never calls a layer function: on a fresh install none exists
+    yet. Returns the names of the files applied."""
+    shipped = repeatables()
+    recorded: dict[str, str] = {}
+    if shipped:  # none: a layer from before the repeatable files (bench/layer_writes.py --baseline)
+        rows = await conn.fetch("SELECT name, checksum FROM cow.repeatables")
+        recorded = {r["name"]: r["checksum"] for r in rows}
+    reapplied: list[str] = []
+    for repeatable in shipped:
+        if recorded.get(repeatable.name) == repeatable.checksum:
+            continue
+        await conn.execute(repeatable.sql)
+        await conn.execute(
+            "INSERT INTO cow.repeatables (name, checksum) VALUES ($1, $2) ON CONFLICT (name)"
+            " DO UPDATE SET checksum = excluded.checksum, applied_at = now()",
+            repeatable.name,
+            repeatable.checksum,
+        )
+        reapplied.append(repeatable.name)
+    return reapplied
+
+
+async def _add_schemas(conn: asyncpg.Connection, schemas: Sequence[str], exclude: list[str]) -> str | None:
+    """Record the schemas (and the excluded tables) in the layer; the binding secret when the layer has
+    none yet (returned, else None)."""
+    for schema in schemas:
+        if not await conn.fetchval("SELECT to_regnamespace(quote_ident($1)) IS NOT NULL", schema):
+            raise LayerError(f"schema {schema!r} does not exist")
+    excludes = await _resolve_excludes(conn, schemas, exclude)
+    for schema in schemas:
+        await conn.execute("SELECT cow._add_schema($1, $2::text[])", schema, excludes[schema])
+    # (A layer from before the binding, as bench scripts install for a baseline, has neither.)
+    if await conn.fetchval(
+        "SELECT to_regprocedure('cow.set_bind_secret(text)') IS NOT NULL"
+    ) and not await conn.fetchval("SELECT EXISTS (SELECT 1 FROM cow.bind_secret)"):
+        secret = new_secret()
+        await conn.execute("SELECT cow.set_bind_secret($1)", secret)
+        return secret
+    return None
 
 
 async def _enable_tables(

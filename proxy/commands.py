@@ -31,8 +31,22 @@ DEFAULT_ADMIN = "127.0.0.1:9188"
 
 def register(sub: Any, session_sub: Any) -> None:
     """Add this package's sub-commands to the ``cowproxy`` parser."""
-
     serve = sub.add_parser("serve", help="run the wire-protocol proxy in front of PostgreSQL")
+    _endpoint_options(serve)
+    _tls_options(serve)
+    _relay_options(serve)
+    _session_options(serve)
+    serve.add_argument(
+        "--workers",
+        type=int,
+        help="processes sharing the listen port (SO_REUSEPORT); worker i has metrics and admin on PORT + i",
+    )
+    serve.set_defaults(func=_serve)
+    _route_commands(session_sub)
+
+
+def _endpoint_options(serve: Any) -> None:
+    """Where the proxy listens, relays to and serves its metrics and admin API; its config file."""
     serve.add_argument(
         "--upstream", help="PostgreSQL to relay to: HOST:PORT, or SOCKET_DIR:PORT for its Unix socket"
     )
@@ -44,6 +58,9 @@ def register(sub: Any, session_sub: Any) -> None:
     serve.add_argument("--admin", help=f"serve the admin API on HOST:PORT (e.g. {DEFAULT_ADMIN})")
     serve.add_argument("--admin-token", help="bearer token the admin API requires (default: none)")
     serve.add_argument("--config", help="TOML file with the same settings (flags override it)")
+
+
+def _tls_options(serve: Any) -> None:
     serve.add_argument("--tls-cert", help="certificate for TLS to clients")
     serve.add_argument("--tls-key", help="private key for TLS to clients")
     serve.add_argument(
@@ -56,6 +73,10 @@ def register(sub: Any, session_sub: Any) -> None:
     )
     serve.add_argument("--upstream-tls-cert", help="client certificate the proxy presents to PostgreSQL")
     serve.add_argument("--upstream-tls-key", help="private key of --upstream-tls-cert")
+
+
+def _relay_options(serve: Any) -> None:
+    """Limits, logging, the C relay and where routes are shared."""
     serve.add_argument("--max-message-size", type=int, help="largest client message in bytes")
     serve.add_argument("--drain-timeout", type=float, help="seconds SIGTERM waits for open transactions")
     serve.add_argument("--log-format", choices=["logfmt", "json"], help="log line format")
@@ -69,6 +90,10 @@ def register(sub: Any, session_sub: Any) -> None:
         help="database where routes are shared by every worker and replica (cow.proxy_routes; default: "
         "routes kept in this process)",
     )
+
+
+def _session_options(serve: Any) -> None:
+    """How tagged connections join their sessions, what they may run, and the recording of their reads."""
     serve.add_argument(
         "--bind-secret-file",
         help="file with the layer's binding secret (cowproxy secret --rotate --file PATH); default: env "
@@ -90,13 +115,10 @@ def register(sub: Any, session_sub: Any) -> None:
     serve.add_argument(
         "--reads-queue", type=int, metavar="N", help="reads waiting to be written before more are dropped"
     )
-    serve.add_argument(
-        "--workers",
-        type=int,
-        help="processes sharing the listen port (SO_REUSEPORT); worker i has metrics and admin on PORT + i",
-    )
-    serve.set_defaults(func=_serve)
 
+
+def _route_commands(session_sub: Any) -> None:
+    """``cowproxy session route|unroute``: through the admin API."""
     for name, helptext in (
         ("route", "tag every untagged connection to a database with a session (via the admin API)"),
         ("unroute", "stop routing a database's untagged connections to a session"),

@@ -8,8 +8,9 @@ families when ``/metrics`` is scraped.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -40,6 +41,7 @@ LATENCY_BUCKETS = (
     10,
 )
 CONNECTION_STATES = ("startup", "idle", "active", "idle_in_transaction", "draining")
+_K = TypeVar("_K")
 
 
 class Metrics:
@@ -77,102 +79,148 @@ class Metrics:
         return ConnectionHooks(self)
 
 
+@dataclass(frozen=True)
+class _Totals:
+    """The counters of both relays at one scrape (the Python relay's plus the C relay's)."""
+
+    fast_connections: int
+    statements: dict[tuple[str, bool], int]
+    writes: dict[tuple[str, str], int]
+    errors: dict[str, int]
+    latency_counts: list[int]
+    latency_sum: float
+    bytes_up: int
+    bytes_down: int
+    cache_hits: int
+
+
+def _add(into: dict[_K, int], more: Mapping[_K, int]) -> dict[_K, int]:
+    out = dict(into)
+    for key, n in more.items():
+        out[key] = out.get(key, 0) + n
+    return out
+
+
+def _totals(m: Metrics) -> _Totals:
+    fast = m._fast()
+    if fast is None:
+        return _Totals(
+            0,
+            dict(m.statements),
+            dict(m.writes),
+            dict(m.errors),
+            list(m.latency_counts),
+            m.latency_sum,
+            m.bytes_up,
+            m.bytes_down,
+            m.cache_hits,
+        )
+    return _Totals(
+        fast.connections,
+        _add(m.statements, fast.statements),
+        _add(m.writes, fast.writes),
+        _add(m.errors, fast.errors),
+        [a + b for a, b in zip(m.latency_counts, fast.latency_counts, strict=True)],
+        m.latency_sum + fast.latency_sum,
+        m.bytes_up + fast.bytes_up,
+        m.bytes_down + fast.bytes_down,
+        m.cache_hits + fast.decision_hits,
+    )
+
+
 class _Collector(Collector):
     def __init__(self, metrics: Metrics) -> None:
         self.m = metrics
 
     def collect(self) -> Iterator[Metric]:
-        m = self.m
-        fast = m._fast()
-        statement_counts = dict(m.statements)
-        error_counts = dict(m.errors)
-        latency_counts = list(m.latency_counts)
-        latency_sum, bytes_up, bytes_down = m.latency_sum, m.bytes_up, m.bytes_down
-        write_counts = dict(m.writes)
-        cache_hits = m.cache_hits
-        if fast is not None:
-            for key, n in fast.writes.items():
-                write_counts[key] = write_counts.get(key, 0) + n
-            cache_hits += fast.decision_hits
-            for kind_key, n in fast.statements.items():
-                statement_counts[kind_key] = statement_counts.get(kind_key, 0) + n
-            for cls, n in fast.errors.items():
-                error_counts[cls] = error_counts.get(cls, 0) + n
-            latency_counts = [a + b for a, b in zip(latency_counts, fast.latency_counts, strict=True)]
-            latency_sum += fast.latency_sum
-            bytes_up += fast.bytes_up
-            bytes_down += fast.bytes_down
-        on_fast = GaugeMetricFamily(
-            "cowproxy_fast_relay_connections", "Client connections relayed by the C relay thread right now"
-        )
-        on_fast.add_metric([], fast.connections if fast is not None else 0)
-        yield on_fast
-        conns = GaugeMetricFamily(
-            "cowproxy_connections", "Open connections by side and state", labels=["side", "state"]
-        )
-        counts: dict[tuple[str, str], int] = {
-            (side, s): 0 for side in ("client", "upstream") for s in CONNECTION_STATES
-        }
-        for key in m._states():
-            counts[key] = counts.get(key, 0) + 1
-        for (side, state), count in sorted(counts.items()):
-            conns.add_metric([side, state], count)
-        yield conns
-        accepted = CounterMetricFamily("cowproxy_client_connections", "Client connections accepted")
-        accepted.add_metric([], m.connections_total)
-        yield accepted
-        statements = CounterMetricFamily(
-            "cowproxy_statements", "Statements relayed, by kind and tagging", labels=["kind", "tagged"]
-        )
-        for (kind, tagged), n in sorted(statement_counts.items()):
-            statements.add_metric([kind, "true" if tagged else "false"], n)
-        yield statements
-        writes = CounterMetricFamily(
-            "cowproxy_writes",
-            "Writing statements of tagged connections, by table and kind",
-            labels=["table", "kind"],
-        )
-        for (table, kind), n in sorted(write_counts.items()):
-            writes.add_metric([table, kind], n)
-        yield writes
-        rewrites = CounterMetricFamily("cowproxy_rewrites", "Statements rewritten for copy-on-write tables")
-        rewrites.add_metric([], m.rewrites)
-        yield rewrites
-        errors = CounterMetricFamily(
-            "cowproxy_errors", "ErrorResponses sent to clients, by SQLSTATE class", labels=["sqlstate_class"]
-        )
-        for cls, n in sorted(error_counts.items()):
-            errors.add_metric([cls], n)
-        yield errors
-        relayed = CounterMetricFamily("cowproxy_bytes", "Bytes relayed", labels=["direction"])
-        relayed.add_metric(["client_to_server"], bytes_up)
-        relayed.add_metric(["server_to_client"], bytes_down)
-        yield relayed
-        cache = CounterMetricFamily(
-            "cowproxy_parse_cache_lookups",
-            "SQL analysis cache lookups (tagged statements)",
-            labels=["result"],
-        )
-        cache.add_metric(["hit"], cache_hits)
-        cache.add_metric(["miss"], m.cache_misses)
-        yield cache
-        switches = CounterMetricFamily(
-            "cowproxy_session_switches", "cow.use_session calls injected, by tagging", labels=["tagged"]
-        )
-        switches.add_metric(["true"], m.switches[True])
-        switches.add_metric(["false"], m.switches[False])
-        yield switches
-        latency = HistogramMetricFamily(
-            "cowproxy_query_duration_seconds", "Time from a query (or Sync) to its ReadyForQuery"
-        )
-        buckets: list[tuple[str, float]] = []
-        running = 0
-        for bound, count in zip((*LATENCY_BUCKETS, float("inf")), latency_counts, strict=True):
-            running += count
-            buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
-        latency.add_metric([], buckets, latency_sum)
-        yield latency
-        yield from _read_metrics(m.reads)
+        totals = _totals(self.m)
+        yield from _connection_metrics(self.m, totals)
+        yield from _statement_metrics(self.m, totals)
+        yield from _traffic_metrics(self.m, totals)
+        yield _latency_metric(totals)
+        yield from _read_metrics(self.m.reads)
+
+
+def _connection_metrics(m: Metrics, totals: _Totals) -> Iterator[Metric]:
+    on_fast = GaugeMetricFamily(
+        "cowproxy_fast_relay_connections", "Client connections relayed by the C relay thread right now"
+    )
+    on_fast.add_metric([], totals.fast_connections)
+    yield on_fast
+    conns = GaugeMetricFamily(
+        "cowproxy_connections", "Open connections by side and state", labels=["side", "state"]
+    )
+    counts: dict[tuple[str, str], int] = {
+        (side, s): 0 for side in ("client", "upstream") for s in CONNECTION_STATES
+    }
+    for key in m._states():
+        counts[key] = counts.get(key, 0) + 1
+    for (side, state), count in sorted(counts.items()):
+        conns.add_metric([side, state], count)
+    yield conns
+    accepted = CounterMetricFamily("cowproxy_client_connections", "Client connections accepted")
+    accepted.add_metric([], m.connections_total)
+    yield accepted
+
+
+def _statement_metrics(m: Metrics, totals: _Totals) -> Iterator[Metric]:
+    statements = CounterMetricFamily(
+        "cowproxy_statements", "Statements relayed, by kind and tagging", labels=["kind", "tagged"]
+    )
+    for (kind, tagged), n in sorted(totals.statements.items()):
+        statements.add_metric([kind, "true" if tagged else "false"], n)
+    yield statements
+    writes = CounterMetricFamily(
+        "cowproxy_writes",
+        "Writing statements of tagged connections, by table and kind",
+        labels=["table", "kind"],
+    )
+    for (table, kind), n in sorted(totals.writes.items()):
+        writes.add_metric([table, kind], n)
+    yield writes
+    rewrites = CounterMetricFamily("cowproxy_rewrites", "Statements rewritten for copy-on-write tables")
+    rewrites.add_metric([], m.rewrites)
+    yield rewrites
+    errors = CounterMetricFamily(
+        "cowproxy_errors", "ErrorResponses sent to clients, by SQLSTATE class", labels=["sqlstate_class"]
+    )
+    for cls, n in sorted(totals.errors.items()):
+        errors.add_metric([cls], n)
+    yield errors
+
+
+def _traffic_metrics(m: Metrics, totals: _Totals) -> Iterator[Metric]:
+    relayed = CounterMetricFamily("cowproxy_bytes", "Bytes relayed", labels=["direction"])
+    relayed.add_metric(["client_to_server"], totals.bytes_up)
+    relayed.add_metric(["server_to_client"], totals.bytes_down)
+    yield relayed
+    cache = CounterMetricFamily(
+        "cowproxy_parse_cache_lookups",
+        "SQL analysis cache lookups (tagged statements)",
+        labels=["result"],
+    )
+    cache.add_metric(["hit"], totals.cache_hits)
+    cache.add_metric(["miss"], m.cache_misses)
+    yield cache
+    switches = CounterMetricFamily(
+        "cowproxy_session_switches", "cow.use_session calls injected, by tagging", labels=["tagged"]
+    )
+    switches.add_metric(["true"], m.switches[True])
+    switches.add_metric(["false"], m.switches[False])
+    yield switches
+
+
+def _latency_metric(totals: _Totals) -> Metric:
+    latency = HistogramMetricFamily(
+        "cowproxy_query_duration_seconds", "Time from a query (or Sync) to its ReadyForQuery"
+    )
+    buckets: list[tuple[str, float]] = []
+    running = 0
+    for bound, count in zip((*LATENCY_BUCKETS, float("inf")), totals.latency_counts, strict=True):
+        running += count
+        buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
+    latency.add_metric([], buckets, totals.latency_sum)
+    return latency
 
 
 def _read_metrics(reads: ReadRecorder | None) -> Iterator[Metric]:

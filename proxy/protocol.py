@@ -446,6 +446,18 @@ class ClientReader:
         """Nothing buffered and no message in the middle of streaming or skipping: the next byte is a type."""
         return not (self._buf or self._stream_left or self._skip_left)
 
+    @staticmethod
+    def _startup_packet(buf: bytearray, pos: int) -> bytes | None:
+        """The startup packet at ``pos``, or None until it is all buffered."""
+        if len(buf) - pos < 4:
+            return None
+        (length,) = _INT32.unpack_from(buf, pos)
+        if length < 8 or length > MAX_STARTUP_PACKET:
+            raise ProtocolError(f"invalid startup packet length {length}")
+        if len(buf) - pos < length:
+            return None
+        return bytes(buf[pos : pos + length])
+
     def events(self) -> Iterator[ClientEvent]:
         buf = self._buf
         pos = 0
@@ -467,15 +479,10 @@ class ClientReader:
                     pos += take
                     continue
                 if self.expect_startup:
-                    if len(buf) - pos < 4:
+                    raw = self._startup_packet(buf, pos)
+                    if raw is None:
                         return
-                    (length,) = _INT32.unpack_from(buf, pos)
-                    if length < 8 or length > MAX_STARTUP_PACKET:
-                        raise ProtocolError(f"invalid startup packet length {length}")
-                    if len(buf) - pos < length:
-                        return
-                    raw = bytes(buf[pos : pos + length])
-                    pos += length
+                    pos += len(raw)
                     packet = parse_startup_packet(raw)
                     # After SSL/GSS negotiation another startup packet follows; otherwise typed messages.
                     self.expect_startup = isinstance(packet, SSLRequest | GSSENCRequest)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -407,6 +407,23 @@ def match_sessions(
     return Matching(results, mapping, mapped_keys)
 
 
+@dataclass
+class _Found:
+    """What the pairing of one table has found so far: the pairs, the rows they took, why the rows a key
+    named were not paired, and each agent key's mapped key."""
+
+    pairs: list[Pair] = field(default_factory=list)
+    paired_gt: set[Key] = field(default_factory=set)
+    paired_ag: set[Key] = field(default_factory=set)
+    reasons: dict[tuple[str, Key], str] = field(default_factory=dict)
+    mapped_keys: dict[Key, Key] = field(default_factory=dict)
+
+    def add(self, pair: Pair) -> None:
+        self.pairs.append(pair)
+        self.paired_gt.add(pair.gt.key)
+        self.paired_ag.add(pair.agent.key)
+
+
 def _match_table(
     table: str,
     *,
@@ -423,10 +440,50 @@ def _match_table(
     for r in (*gt_rows.values(), *ag_rows.values()):
         names.update((r.row or r.image or {}).keys())
     scorer = _TableScorer(meta, config, mapping, names)
+    translated, images = _translate_agent_rows(meta, mapping, ag_rows)
+    found = _pair_by_key(
+        meta, mapping, gt_rows=gt_rows, ag_rows=ag_rows, scorer=scorer, translated=translated, images=images
+    )
+    # Rows that existed before the session are identified by their key only: editing another
+    # existing row is never a match for this one.
+    g_rem = [g for k, g in gt_rows.items() if k not in found.paired_gt and g.created is not False]
+    a_rem = [a for k, a in ag_rows.items() if k not in found.paired_ag and a.created is not False]
+    if g_rem and a_rem:
+        for gi, ai, sim, fields in _assign(
+            g_rem,
+            a_rem,
+            scorer=scorer,
+            translated=translated,
+            images=images,
+            config=config,
+            reasons=found.reasons,
+            kids=kids,
+            prune=prune,
+        ):
+            found.add(Pair(g_rem[gi], a_rem[ai], sim, fields, "similarity"))
+    missing = tuple(
+        Unpaired(g, found.reasons.get(("gt", k), _missing_reason(g, bool(a_rem))))
+        for k, g in gt_rows.items()
+        if k not in found.paired_gt
+    )
+    extra = tuple(
+        Unpaired(a, found.reasons.get(("agent", k), _extra_reason(a, bool(g_rem))))
+        for k, a in ag_rows.items()
+        if k not in found.paired_ag
+    )
+    found.pairs.sort(key=lambda p: p.gt.seq)
+    return TableMatch(table, tuple(found.pairs), missing, extra), found.mapped_keys
+
+
+def _translate_agent_rows(
+    meta: TableMeta, mapping: IdMapping, ag_rows: Mapping[Key, Row]
+) -> tuple[dict[Key, Mapping[str, Any] | None], dict[Key, Mapping[str, Any] | None]]:
+    """The agent's rows and their images with the ground truth's ids (a live row's image is its row:
+    translated once)."""
     translated = {
         k: (mapping.translate(meta, a.row) if a.row is not None else None) for k, a in ag_rows.items()
     }
-    images = {  # a live row's image is its row: translated once
+    images = {
         k: translated[k]
         if a.image is a.row
         else mapping.translate(meta, a.image)
@@ -434,15 +491,27 @@ def _match_table(
         else None
         for k, a in ag_rows.items()
     }
+    return translated, images
+
+
+def _pair_by_key(
+    meta: TableMeta,
+    mapping: IdMapping,
+    *,
+    gt_rows: Mapping[Key, Row],
+    ag_rows: Mapping[Key, Row],
+    scorer: _TableScorer,
+    translated: Mapping[Key, Mapping[str, Any] | None],
+    images: Mapping[Key, Mapping[str, Any] | None],
+) -> _Found:
+    """The rows an agent key names on the ground truth's side (through the id mapping when a foreign key is
+    part of the primary key), unless both sides inserted a row whose key the database generated (those pair
+    by similarity) or one side deleted the row and the other kept it (the reason is noted)."""
+    found = _Found()
     fk_cols = {c for fk in meta.fks for c in fk.columns}
     generated_key = any(
         (col := meta.column(c)) is not None and col.generated and c not in fk_cols for c in meta.pk
     )
-    mapped_keys: dict[Key, Key] = {}
-    pairs: list[Pair] = []
-    paired_gt: set[Key] = set()
-    paired_ag: set[Key] = set()
-    reasons: dict[tuple[str, Key], str] = {}
     # Without a foreign key inside the primary key, an agent key means the same row on both sides.
     key_fks = any(set(fk.columns) <= set(meta.pk) for fk in meta.fks)
     for k, a in ag_rows.items():
@@ -455,50 +524,19 @@ def _match_table(
         g = gt_rows.get(mk)
         if g is not None and generated_key and a.created and g.created:
             continue  # both sides inserted and the database generated the key: pair by similarity
-        mapped_keys[k] = mk
-        if g is None or mk in paired_gt:
+        found.mapped_keys[k] = mk
+        if g is None or mk in found.paired_gt:
             continue
         if g.deleted != a.deleted:
             what = "deleted" if a.deleted else "kept"
-            reasons[("gt", mk)] = f"the agent {what} this row, the ground truth did not"
-            reasons[("agent", k)] = f"the ground truth {'deleted' if g.deleted else 'kept'} this row"
+            found.reasons[("gt", mk)] = f"the agent {what} this row, the ground truth did not"
+            found.reasons[("agent", k)] = f"the ground truth {'deleted' if g.deleted else 'kept'} this row"
             continue
         sim, fields = scorer.compare_rows(g, translated[k], a.deleted, images[k])
-        pairs.append(Pair(g, a, sim, fields, "key"))
-        paired_gt.add(mk)
-        paired_ag.add(k)
-    # Rows that existed before the session are identified by their key only: editing another
-    # existing row is never a match for this one.
-    g_rem = [g for k, g in gt_rows.items() if k not in paired_gt and g.created is not False]
-    a_rem = [a for k, a in ag_rows.items() if k not in paired_ag and a.created is not False]
-    if g_rem and a_rem:
-        for gi, ai, sim, fields in _assign(
-            g_rem,
-            a_rem,
-            scorer=scorer,
-            translated=translated,
-            images=images,
-            config=config,
-            reasons=reasons,
-            kids=kids,
-            prune=prune,
-        ):
-            g, a = g_rem[gi], a_rem[ai]
-            pairs.append(Pair(g, a, sim, fields, "similarity"))
-            paired_gt.add(g.key)
-            paired_ag.add(a.key)
-    missing = tuple(
-        Unpaired(g, reasons.get(("gt", k), _missing_reason(g, bool(a_rem))))
-        for k, g in gt_rows.items()
-        if k not in paired_gt
-    )
-    extra = tuple(
-        Unpaired(a, reasons.get(("agent", k), _extra_reason(a, bool(g_rem))))
-        for k, a in ag_rows.items()
-        if k not in paired_ag
-    )
-    pairs.sort(key=lambda p: p.gt.seq)
-    return TableMatch(table, tuple(pairs), missing, extra), mapped_keys
+        found.pairs.append(Pair(g, a, sim, fields, "key"))
+        found.paired_gt.add(mk)
+        found.paired_ag.add(k)
+    return found
 
 
 def children_of(side: Side, metadata: Metadata) -> dict[str, dict[Key, int]]:

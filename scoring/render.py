@@ -169,76 +169,101 @@ def _reads_lines(reads: ReadsReport) -> list[str]:
 def render_table(results: Sequence[ScoringResult], rows: bool = True) -> str:
     out: list[str] = []
     for r in results:
-        c = r.counts
-        head = f"{r.agent} vs ground truth {r.gt}"
-        extras = ", ".join(f"{k} {v}" for k, v in r.info.items() if v and k in ("label", "model"))
-        out.append(head + (f"  ({extras})" if extras else ""))
-        alt = _alternatives_line(r)
-        if alt:
-            out.append(alt)
-        out.append(
-            f"  overall {r.overall:.3f}   struct {r.struct_score:.3f}   content {r.content_score:.3f}   "
-            f"efficiency {r.efficiency:.3f}"
-        )
-        out.append(f"  precision {r.precision:.3f}   recall {r.recall:.3f}   f1 {r.f1:.3f}")
-        out.append(
-            f"  rows: {c.matched} matched, {c.missing} missing, {c.extra} extra   "
-            f"operations: {c.agent_ops} agent, {c.gt_ops} ground truth, {c.wasted_ops} wasted"
-        )
-        out.append("  scores: " + "   ".join(f"{k} {v:.3f}" for k, v in r.scores.items()))
-        out.extend(_reads_lines(r.reads or NO_READS))
-        if r.tables:
-            width = max(len("table"), *(len(t.table) for t in r.tables))
-            out.append("")
-            out.append(
-                f"  {'table':<{width}}  {'gt':>5} {'agent':>5} {'match':>5} {'miss':>5} {'extra':>5}"
-                " struct content"
-            )
-            for t in r.tables:
-                out.append(
-                    f"  {t.table:<{width}}  {t.gt_rows:>5} {t.agent_rows:>5} {t.matched:>5} {t.missing:>5} "
-                    f"{t.extra:>5} {t.struct_score:>6.3f} {t.content_score:>7.3f}"
-                )
-        if r.operations:
-            width = max(len("operation"), *(len(o.operation_id) for o in r.operations))
-            out.append("")
-            out.append(f"  {'operation':<{width}}  u_struct u_content rows matched")
-            for o in r.operations:
-                out.append(
-                    f"  {o.operation_id:<{width}}  {o.struct_utility:>+8.3f} {o.content_utility:>9.3f} "
-                    f"{o.rows:>4} {o.matched_rows:>7}"
-                )
+        out += _text_head(r)
+        out += _reads_lines(r.reads or NO_READS)
+        out += _text_tables(r)
+        out += _text_operations(r)
         if rows and r.rows:
-            out.append("")
-            for e in r.rows:
-                if e.status == "matched" and not e.diffs:
-                    continue
-                if e.status == "matched":
-                    out.append(
-                        f"  ~ {e.table} {_pk(e.gt_pk)} <-> {_pk(e.agent_pk)}  similarity {e.similarity:.3f} "
-                        f"(by {e.how}, {e.operation_id})"
-                    )
-                    for d in e.diffs:
-                        out.append(
-                            f"      {d.column}: {_short(d.gt)} -> {_short(d.agent)} ({d.similarity:.2f})"
-                        )
-                elif e.status == "missing":
-                    out.append(f"  - missing {e.table} {_pk(e.gt_pk)}: {e.reason}")
-                else:
-                    out.append(f"  + extra   {e.table} {_pk(e.agent_pk)} ({e.operation_id}): {e.reason}")
+            out += _text_rows(r)
         out.append("")
     if len(results) > 1:
-        width = max(len("agent"), *(len(r.agent) for r in results))
-        gwidth = max(len("gt"), *(len(r.gt) for r in results))
-        out.append(f"{'agent':<{width}}  {'gt':<{gwidth}}  overall struct content precision recall    f1")
-        for r in results:
-            out.append(
-                f"{r.agent:<{width}}  {r.gt:<{gwidth}}  {r.overall:>7.3f} {r.struct_score:>6.3f} "
-                f"{r.content_score:>7.3f} {r.precision:>9.3f} {r.recall:>6.3f} {r.f1:>5.3f}"
-            )
-        mean = sum(r.overall for r in results) / len(results)
-        out.append(f"mean overall {mean:.3f} over {len(results)} pairs")
+        out += _text_overview(results)
     return "\n".join(out).rstrip() + "\n"
+
+
+def _text_head(r: ScoringResult) -> list[str]:
+    """The pair, its alternatives, scores and counts."""
+    c = r.counts
+    extras = ", ".join(f"{k} {v}" for k, v in r.info.items() if v and k in ("label", "model"))
+    out = [f"{r.agent} vs ground truth {r.gt}" + (f"  ({extras})" if extras else "")]
+    alt = _alternatives_line(r)
+    if alt:
+        out.append(alt)
+    out.append(
+        f"  overall {r.overall:.3f}   struct {r.struct_score:.3f}   content {r.content_score:.3f}   "
+        f"efficiency {r.efficiency:.3f}"
+    )
+    out.append(f"  precision {r.precision:.3f}   recall {r.recall:.3f}   f1 {r.f1:.3f}")
+    out.append(
+        f"  rows: {c.matched} matched, {c.missing} missing, {c.extra} extra   "
+        f"operations: {c.agent_ops} agent, {c.gt_ops} ground truth, {c.wasted_ops} wasted"
+    )
+    out.append("  scores: " + "   ".join(f"{k} {v:.3f}" for k, v in r.scores.items()))
+    return out
+
+
+def _text_tables(r: ScoringResult) -> list[str]:
+    if not r.tables:
+        return []
+    width = max(len("table"), *(len(t.table) for t in r.tables))
+    out = [
+        "",
+        f"  {'table':<{width}}  {'gt':>5} {'agent':>5} {'match':>5} {'miss':>5} {'extra':>5} struct content",
+    ]
+    for t in r.tables:
+        out.append(
+            f"  {t.table:<{width}}  {t.gt_rows:>5} {t.agent_rows:>5} {t.matched:>5} {t.missing:>5} "
+            f"{t.extra:>5} {t.struct_score:>6.3f} {t.content_score:>7.3f}"
+        )
+    return out
+
+
+def _text_operations(r: ScoringResult) -> list[str]:
+    if not r.operations:
+        return []
+    width = max(len("operation"), *(len(o.operation_id) for o in r.operations))
+    out = ["", f"  {'operation':<{width}}  u_struct u_content rows matched"]
+    for o in r.operations:
+        out.append(
+            f"  {o.operation_id:<{width}}  {o.struct_utility:>+8.3f} {o.content_utility:>9.3f} "
+            f"{o.rows:>4} {o.matched_rows:>7}"
+        )
+    return out
+
+
+def _text_rows(r: ScoringResult) -> list[str]:
+    """The rows that differ: matched with differing columns, missing, extra."""
+    out = [""]
+    for e in r.rows:
+        if e.status == "matched" and not e.diffs:
+            continue
+        if e.status == "matched":
+            out.append(
+                f"  ~ {e.table} {_pk(e.gt_pk)} <-> {_pk(e.agent_pk)}  similarity {e.similarity:.3f} "
+                f"(by {e.how}, {e.operation_id})"
+            )
+            for d in e.diffs:
+                out.append(f"      {d.column}: {_short(d.gt)} -> {_short(d.agent)} ({d.similarity:.2f})")
+        elif e.status == "missing":
+            out.append(f"  - missing {e.table} {_pk(e.gt_pk)}: {e.reason}")
+        else:
+            out.append(f"  + extra   {e.table} {_pk(e.agent_pk)} ({e.operation_id}): {e.reason}")
+    return out
+
+
+def _text_overview(results: Sequence[ScoringResult]) -> list[str]:
+    """One line per pair and the mean overall score."""
+    width = max(len("agent"), *(len(r.agent) for r in results))
+    gwidth = max(len("gt"), *(len(r.gt) for r in results))
+    out = [f"{'agent':<{width}}  {'gt':<{gwidth}}  overall struct content precision recall    f1"]
+    for r in results:
+        out.append(
+            f"{r.agent:<{width}}  {r.gt:<{gwidth}}  {r.overall:>7.3f} {r.struct_score:>6.3f} "
+            f"{r.content_score:>7.3f} {r.precision:>9.3f} {r.recall:>6.3f} {r.f1:>5.3f}"
+        )
+    mean = sum(r.overall for r in results) / len(results)
+    out.append(f"mean overall {mean:.3f} over {len(results)} pairs")
+    return out
 
 
 def svg_utilities(result: ScoringResult) -> str:
@@ -323,91 +348,119 @@ code{font-size:90%}h2{margin-top:2em;border-top:1px solid #ddd;padding-top:1em}
 
 
 def render_html(results: Sequence[ScoringResult]) -> str:
-    esc = html.escape
     body: list[str] = ["<h1>cowproxy scores</h1>"]
     if len(results) > 1:
-        body.append(
-            '<table><tr><th class="l">agent</th><th class="l">ground truth</th><th>overall</th>'
-            "<th>struct</th><th>content</th><th>precision</th><th>recall</th><th>F1</th></tr>"
-        )
-        for r in results:
-            body.append(
-                f'<tr><td class="l"><a href="#{esc(r.agent)}">{esc(r.agent)}</a></td>'
-                f'<td class="l">{esc(r.gt)}</td>'
-                f"<td>{r.overall:.3f}</td><td>{r.struct_score:.3f}</td><td>{r.content_score:.3f}</td>"
-                f"<td>{r.precision:.3f}</td><td>{r.recall:.3f}</td><td>{r.f1:.3f}</td></tr>"
-            )
-        body.append("</table>")
+        body += _html_overview(results)
     for r in results:
-        c = r.counts
-        body.append(f'<h2 id="{esc(r.agent)}">{esc(r.agent)} vs {esc(r.gt)}</h2>')
-        info = ", ".join(f"{esc(k)}: {esc(str(v))}" for k, v in r.info.items() if v)
-        if info:
-            body.append(f"<p>{info}</p>")
-        alt = _alternatives_line(r)
-        if alt:
-            body.append(f'<p class="alternatives">{esc(alt.strip())}</p>')
-        body.append(
-            "<table><tr>" + "".join(f"<th>{k}</th>" for k in r.scores) + "<th>struct</th><th>content</th>"
-            "<th>efficiency</th></tr><tr>"
-            + "".join(f"<td>{v:.3f}</td>" for v in r.scores.values())
-            + f"<td>{r.struct_score:.3f}</td><td>{r.content_score:.3f}</td>"
-            + f"<td>{r.efficiency:.3f}</td></tr></table>"
-        )
-        body.append(
-            f"<p>{c.matched} matched, {c.missing} missing, {c.extra} extra rows; "
-            f"{c.agent_ops} agent operations "
-            f"({c.wasted_ops} wasted) for {c.gt_ops} in the ground truth.</p>"
-        )
-        body.append("<h3>Per-operation utility</h3>")
-        body.append(
-            '<p class="legend">bars: u_struct (green gains, red losses); '
-            "dots: u_content (0 bottom, 1 top)</p>"
-        )
-        body.append(svg_utilities(r))
-        reads = r.reads or NO_READS
-        body.append("<h3>Reads</h3>")
-        body.append(f'<p class="reads">{esc(reads_text(reads))}</p>')
-        if reads.operations:
-            body.append(
-                '<p class="legend">reads per operation: bars are statements, the repeated ones '
-                "(same text and parameters as an earlier read) in red</p>"
-            )
-            body.append(svg_reads(reads))
-        body.append(
-            '<h3>Tables</h3><table><tr><th class="l">table</th><th>gt rows</th><th>agent rows</th>'
-            "<th>matched</th><th>missing</th><th>extra</th><th>struct</th><th>content</th></tr>"
-        )
-        for t in r.tables:
-            body.append(
-                f'<tr><td class="l">{esc(t.table)}</td><td>{t.gt_rows}</td><td>{t.agent_rows}</td>'
-                f"<td>{t.matched}</td><td>{t.missing}</td><td>{t.extra}</td>"
-                f"<td>{t.struct_score:.3f}</td><td>{t.content_score:.3f}</td></tr>"
-            )
-        body.append("</table>")
-        body.append(
-            '<h3>Rows</h3><table><tr><th class="l">status</th><th class="l">table</th>'
-            '<th class="l">ground truth</th>'
-            '<th class="l">agent</th><th>similarity</th><th class="l">details</th></tr>'
-        )
-        for e in r.rows:
-            if e.status == "matched" and e.diffs:
-                details = "<br>".join(
-                    f"<code>{esc(d.column)}</code>: {esc(_short(d.gt, 80))} → "
-                    f"{esc(_short(d.agent, 80))} ({d.similarity:.2f})"
-                    for d in e.diffs
-                )
-            else:
-                details = esc(e.reason)
-            sim = f"{e.similarity:.3f}" if e.similarity is not None else ""
-            body.append(
-                f'<tr class="{e.status}"><td class="l">{e.status}</td><td class="l">{esc(e.table)}</td>'
-                f'<td class="l">{esc(_pk(e.gt_pk))}</td><td class="l">{esc(_pk(e.agent_pk))}</td>'
-                f"<td>{sim}</td>"
-                f'<td class="l">{details}</td></tr>'
-            )
-        body.append("</table>")
+        body += _html_result_head(r)
+        body += _html_reads(r)
+        body += _html_tables(r)
+        body += _html_rows(r)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>cowproxy scores</title>'
         f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
     )
+
+
+def _html_overview(results: Sequence[ScoringResult]) -> list[str]:
+    """One row per result, linking to its section."""
+    esc = html.escape
+    body = [
+        '<table><tr><th class="l">agent</th><th class="l">ground truth</th><th>overall</th>'
+        "<th>struct</th><th>content</th><th>precision</th><th>recall</th><th>F1</th></tr>"
+    ]
+    for r in results:
+        body.append(
+            f'<tr><td class="l"><a href="#{esc(r.agent)}">{esc(r.agent)}</a></td>'
+            f'<td class="l">{esc(r.gt)}</td>'
+            f"<td>{r.overall:.3f}</td><td>{r.struct_score:.3f}</td><td>{r.content_score:.3f}</td>"
+            f"<td>{r.precision:.3f}</td><td>{r.recall:.3f}</td><td>{r.f1:.3f}</td></tr>"
+        )
+    body.append("</table>")
+    return body
+
+
+def _html_result_head(r: ScoringResult) -> list[str]:
+    """A result's heading, notes, scores, counts and per-operation utilities."""
+    esc = html.escape
+    c = r.counts
+    body = [f'<h2 id="{esc(r.agent)}">{esc(r.agent)} vs {esc(r.gt)}</h2>']
+    info = ", ".join(f"{esc(k)}: {esc(str(v))}" for k, v in r.info.items() if v)
+    if info:
+        body.append(f"<p>{info}</p>")
+    alt = _alternatives_line(r)
+    if alt:
+        body.append(f'<p class="alternatives">{esc(alt.strip())}</p>')
+    body.append(
+        "<table><tr>" + "".join(f"<th>{k}</th>" for k in r.scores) + "<th>struct</th><th>content</th>"
+        "<th>efficiency</th></tr><tr>"
+        + "".join(f"<td>{v:.3f}</td>" for v in r.scores.values())
+        + f"<td>{r.struct_score:.3f}</td><td>{r.content_score:.3f}</td>"
+        + f"<td>{r.efficiency:.3f}</td></tr></table>"
+    )
+    body.append(
+        f"<p>{c.matched} matched, {c.missing} missing, {c.extra} extra rows; "
+        f"{c.agent_ops} agent operations "
+        f"({c.wasted_ops} wasted) for {c.gt_ops} in the ground truth.</p>"
+    )
+    body.append("<h3>Per-operation utility</h3>")
+    body.append(
+        '<p class="legend">bars: u_struct (green gains, red losses); dots: u_content (0 bottom, 1 top)</p>'
+    )
+    body.append(svg_utilities(r))
+    return body
+
+
+def _html_reads(r: ScoringResult) -> list[str]:
+    reads = r.reads or NO_READS
+    body = ["<h3>Reads</h3>", f'<p class="reads">{html.escape(reads_text(reads))}</p>']
+    if reads.operations:
+        body.append(
+            '<p class="legend">reads per operation: bars are statements, the repeated ones '
+            "(same text and parameters as an earlier read) in red</p>"
+        )
+        body.append(svg_reads(reads))
+    return body
+
+
+def _html_tables(r: ScoringResult) -> list[str]:
+    body = [
+        '<h3>Tables</h3><table><tr><th class="l">table</th><th>gt rows</th><th>agent rows</th>'
+        "<th>matched</th><th>missing</th><th>extra</th><th>struct</th><th>content</th></tr>"
+    ]
+    for t in r.tables:
+        body.append(
+            f'<tr><td class="l">{html.escape(t.table)}</td><td>{t.gt_rows}</td><td>{t.agent_rows}</td>'
+            f"<td>{t.matched}</td><td>{t.missing}</td><td>{t.extra}</td>"
+            f"<td>{t.struct_score:.3f}</td><td>{t.content_score:.3f}</td></tr>"
+        )
+    body.append("</table>")
+    return body
+
+
+def _html_rows(r: ScoringResult) -> list[str]:
+    """Every row's status, with the differing columns of a matched row."""
+    esc = html.escape
+    body = [
+        '<h3>Rows</h3><table><tr><th class="l">status</th><th class="l">table</th>'
+        '<th class="l">ground truth</th>'
+        '<th class="l">agent</th><th>similarity</th><th class="l">details</th></tr>'
+    ]
+    for e in r.rows:
+        if e.status == "matched" and e.diffs:
+            details = "<br>".join(
+                f"<code>{esc(d.column)}</code>: {esc(_short(d.gt, 80))} → "
+                f"{esc(_short(d.agent, 80))} ({d.similarity:.2f})"
+                for d in e.diffs
+            )
+        else:
+            details = esc(e.reason)
+        sim = f"{e.similarity:.3f}" if e.similarity is not None else ""
+        body.append(
+            f'<tr class="{e.status}"><td class="l">{e.status}</td><td class="l">{esc(e.table)}</td>'
+            f'<td class="l">{esc(_pk(e.gt_pk))}</td><td class="l">{esc(_pk(e.agent_pk))}</td>'
+            f"<td>{sim}</td>"
+            f'<td class="l">{details}</td></tr>'
+        )
+    body.append("</table>")
+    return body

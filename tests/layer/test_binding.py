@@ -276,8 +276,13 @@ def test_secret_cli(create_database: Callable[..., str], tmp_path: Path) -> None
     one_error_line(cli("secret", "--file", str(second), dsn=dsn), "--file needs --rotate, --check or --set")
     one_error_line(cli("secret", "--check", dsn=dsn), "--check needs --file")
     one_error_line(cli("secret", "--set", dsn=dsn), "--set needs --file")
-    # --set gives another database the same secret (one proxy in front of both); only that one binds there.
-    other = create_database()
+    _secret_set_elsewhere(create_database(), dsn, second, new)
+    one_error_line(cli("secret", "--check", "--file", str(tmp_path / "none"), dsn=dsn), "cannot read")
+    _secret_needs_the_owner(dsn, first, second)
+
+
+def _secret_set_elsewhere(other: str, dsn: str, second: Path, new: str) -> None:
+    """--set gives another database the same secret (one proxy in front of both): only it binds there."""
     assert cli("install", dsn=other).returncode == 0
     one_error_line(cli("secret", "--check", "--file", str(second), dsn=other), "does not hold the current")
     assert cli("secret", "--set", "--file", str(second), dsn=other).returncode == 0
@@ -288,8 +293,10 @@ def test_secret_cli(create_database: Callable[..., str], tmp_path: Path) -> None
         assert conn.execute(
             "SELECT cow.bind_session('s', NULL, %s)", (second.read_text().strip(),)
         ).fetchone() == ("s",)
-    one_error_line(cli("secret", "--check", "--file", str(tmp_path / "none"), dsn=dsn), "cannot read")
-    # Not the owner: one line, nothing changed.
+
+
+def _secret_needs_the_owner(dsn: str, first: Path, second: Path) -> None:
+    """Not the owner: one line, nothing changed."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"DROP ROLE IF EXISTS {NOBODY}")
         conn.execute(f"CREATE ROLE {NOBODY} LOGIN")

@@ -97,11 +97,30 @@ def _key_read(node: Any, catalog: Catalog, ctes: frozenset[str], *, cached_plan:
     plan costs, and PostgreSQL caches the generic plan after the fifth execution instead of planning every
     range anew (the plain table keeps custom plans: its generic estimate of a range is worse than the 100
     rows a custom plan sees)."""
-    if not bare_select(node) or node.whereClause is None or not isinstance(node.fromClause[0], ast.RangeVar):
+    found = _key_read_table(node, catalog, ctes)
+    if found is None:
         return False
+    table, name, qualified = found
+    conditions = _key_conditions(node, name, table, qualified=qualified)
+    if conditions is None:
+        return False
+    new = _key_read_source(table, name, conditions)
+    if cached_plan:
+        _opaque_ranges(node, new, conditions)
+    node.withClause = new.withClause
+    node.fromClause = new.fromClause
+    Shorten()(node)  # schema.t.c names the subquery's columns as t.c
+    return True
+
+
+def _key_read_table(node: Any, catalog: Catalog, ctes: frozenset[str]) -> tuple[CowTable, str, bool] | None:
+    """(the table, its name in the statement, whether the statement names it unaliased) of a key read's only
+    FROM item: a keyed CoW table without row security whose key types hash, read by its own columns only."""
+    if not bare_select(node) or node.whereClause is None or not isinstance(node.fromClause[0], ast.RangeVar):
+        return None
     item = node.fromClause[0]
     if not item.inh or (item.alias is not None and item.alias.colnames):
-        return False
+        return None
     table = base_readable(catalog, ctes, item)
     if (
         table is None
@@ -110,11 +129,17 @@ def _key_read(node: Any, catalog: Catalog, ctes: frozenset[str], *, cached_plan:
         or table.row_security
         or any(getattr(table.column(k), "type", None) not in _HASHED_KEY_TYPES for k in table.key)
     ):
-        return False
+        return None
     name = range_name(item)
     qualified = item.alias is None
     if name.startswith("_cow_") or not _only_own_columns(node, name, table, qualified=qualified):
-        return False  # (an alias among the rewrite's own names)
+        return None  # (an alias among the rewrite's own names)
+    return table, name, qualified
+
+
+def _key_conditions(node: Any, name: str, table: CowTable, *, qualified: bool) -> list[_KeyCondition] | None:
+    """The WHERE's restrictions of key columns, when they bound every key column (one set of values, or a
+    lower and an upper bound) and one of them has a parameter; else None."""
     conditions = [
         c
         for c in (_key_condition(e, name, table, qualified=qualified) for e in conjuncts(node.whereClause))
@@ -123,21 +148,30 @@ def _key_read(node: Any, catalog: Catalog, ctes: frozenset[str], *, cached_plan:
     bounds = {(c.column, c.bound) for c in conditions}
     bounded = any((k, "both") in bounds or {(k, "lower"), (k, "upper")} <= bounds for k in table.key)
     if not bounded or not any(c.has_param for c in conditions):
-        return False
-    cols = ", ".join(quote(c.name) for c in table.columns)
+        return None
+    return conditions
+
+
+def _hidden_base_rows(table: CowTable) -> str:
+    """The base branch's condition: its rows the session holds no version of."""
     key = ", ".join(quote(k) for k in table.key)
     if table.changes_rows <= KEY_READ_HASHED_ROWS:  # -1: never analyzed, the planner counts pages
         # NOT IN of a NULL would hide every row; the layer keeps keys NOT NULL, this holds if one slipped in
         not_null = " AND ".join(f"{quote(k)} IS NOT NULL" for k in table.key)
         key_row = key if len(table.key) == 1 else f"({key})"
-        hidden = f"{key_row} NOT IN (SELECT {key} FROM {_VERSIONS} WHERE {not_null})"
-    else:
-        # An estimate beyond the hash memory would make NOT IN compare every base row with every version
-        hidden = (
-            f"NOT EXISTS (SELECT FROM {_VERSIONS} AS _cow_v WHERE "
-            + " AND ".join(f"_cow_v.{quote(k)} = _cow_b.{quote(k)}" for k in table.key)
-            + ")"
-        )
+        return f"{key_row} NOT IN (SELECT {key} FROM {_VERSIONS} WHERE {not_null})"
+    # An estimate beyond the hash memory would make NOT IN compare every base row with every version
+    return (
+        f"NOT EXISTS (SELECT FROM {_VERSIONS} AS _cow_v WHERE "
+        + " AND ".join(f"_cow_v.{quote(k)} = _cow_b.{quote(k)}" for k in table.key)
+        + ")"
+    )
+
+
+def _key_read_source(table: CowTable, name: str, conditions: list[_KeyCondition]) -> Any:
+    """``WITH _cow_versions AS MATERIALIZED (…) SELECT FROM (base UNION ALL versions) AS name``: the
+    statement whose WITH and FROM replace the client's, the versions restricted by the key conditions."""
+    cols = ", ".join(quote(c.name) for c in table.columns)
     changes = f"{CHANGES_SCHEMA}.{quote(str(table.changes_table))}"
     # The base branch's columns are the table's own (*): if app DDL on another connection changed them
     # since the catalog was read, the statement fails (the branches differ) instead of silently reading
@@ -146,24 +180,24 @@ def _key_read(node: Any, catalog: Catalog, ctes: frozenset[str], *, cached_plan:
         f"WITH {_VERSIONS} AS MATERIALIZED (SELECT {cols}, _cow_deleted FROM {changes}"
         f" WHERE _cow_session = {CURRENT_SESSION} AND _cow_current)"
         f" SELECT FROM (SELECT _cow_b.* FROM {quote(table.schema)}.{quote(table.name)} AS _cow_b"
-        f" WHERE {hidden}"
+        f" WHERE {_hidden_base_rows(table)}"
         f" UNION ALL SELECT {cols} FROM {_VERSIONS} WHERE NOT _cow_deleted) AS {quote(name)}"
     )
     versions = new.withClause.ctes[0].ctequery
     versions.whereClause = all_of(versions.whereClause, *(c.expr for c in conditions))
-    if cached_plan:
-        opaque = [c for c in conditions if c.ranged and c.has_param]
-        if opaque:
-            base = new.fromClause[0].subquery.larg
-            base.whereClause = all_of(
-                *(_OpaqueParams()(copy.deepcopy(c.expr)) for c in opaque), base.whereClause
-            )
-            rest = [e for e in conjuncts(node.whereClause) if not any(e is c.source for c in opaque)]
-            node.whereClause = rest[0] if len(rest) == 1 else all_of(*rest) if rest else None
-    node.withClause = new.withClause
-    node.fromClause = new.fromClause
-    Shorten()(node)  # schema.t.c names the subquery's columns as t.c
-    return True
+    return new
+
+
+def _opaque_ranges(node: Any, new: Any, conditions: list[_KeyCondition]) -> None:
+    """For a cached plan: the key ranges with a parameter move from the client's WHERE into the base
+    branch, each ``$n`` written ``(SELECT $n)``."""
+    opaque = [c for c in conditions if c.ranged and c.has_param]
+    if not opaque:
+        return
+    base = new.fromClause[0].subquery.larg
+    base.whereClause = all_of(*(_OpaqueParams()(copy.deepcopy(c.expr)) for c in opaque), base.whereClause)
+    rest = [e for e in conjuncts(node.whereClause) if not any(e is c.source for c in opaque)]
+    node.whereClause = rest[0] if len(rest) == 1 else all_of(*rest) if rest else None
 
 
 def _key_condition(expr: ast.Node, name: str, table: CowTable, *, qualified: bool) -> _KeyCondition | None:
