@@ -726,8 +726,8 @@ $t$, jsonb_build_object(
     'constraint', p_conname,
     'message', p_message));
 
--- FOREIGN KEYs of the context's table as the child (23503), keyed or keyless: the parent must be in the session's
--- view of the parent. Checked at the end of the statement like PostgreSQL's RI triggers (so a later row's
+-- FOREIGN KEYs of the context's table as the child (23503), keyed or keyless: the parent must be in the
+-- session's view of the parent. Checked at the end of the statement like PostgreSQL's RI triggers (so a later row's
 -- NOT NULL, CHECK or UNIQUE error wins over an earlier row's missing parent): `fk_checks` goes in the
 -- statement trigger (cow._fk_statement_triggers); a deferrable one is checked by a constraint trigger on the
 -- changes table instead (at COMMIT when deferred): check number dn + 1 on in `dq` (the one version
@@ -1309,8 +1309,12 @@ BEGIN
     UPDATE cow.registry SET signature = cow._signature(ctx.rel) WHERE id = p_id;
 END $gen$;
 
--- The triggers of keyed registry entry p_id (the changes table gets the lookup indexes of its unique checks
--- first, cow._build_lookup_indexes); keyless tables: cow._kl_build_triggers.
+-- The INSTEAD OF, statement and constraint triggers of registry entry p_id, keyed or keyless (the changes
+-- table gets the lookup indexes of its unique checks first, cow._build_lookup_indexes). A keyless table
+-- (35_keyless.sql) has no key checks and is never a FOREIGN KEY's parent (that takes a unique index); its
+-- INSERT records an added row value after the checks the keyed path makes for non-key constraints, a DELETE
+-- removes one instance of OLD (the trigger fires once per matched view row, so two identical matched rows
+-- remove two instances), an UPDATE removes one instance of OLD and adds NEW, after the same checks.
 CREATE OR REPLACE FUNCTION cow._build_triggers(p_id int) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
 DECLARE
@@ -1318,8 +1322,12 @@ DECLARE
 BEGIN
     PERFORM cow._build_lookup_indexes(p_id);
     ctx := cow._trigger_context(p_id);
-    ctx := cow._key_checks(ctx);
+    IF NOT ctx.keyless THEN
+        ctx := cow._key_checks(ctx);
+    END IF;
     ctx := cow._fk_child_checks(ctx);
-    ctx := cow._fk_parent_checks(ctx);
+    IF NOT ctx.keyless THEN
+        ctx := cow._fk_parent_checks(ctx);
+    END IF;
     PERFORM cow._gen_triggers(p_id, ctx);
 END $gen$;

@@ -12,7 +12,9 @@
 --   _cow_current false, _cow_origin {"retires": <its _cow_seq>} (commit with operations needs the link).
 -- A removal of value V (a DELETE, the OLD side of an UPDATE) retires the session's latest added instance of V
 -- if it has one, else records a tombstone; the view hides as many base instances of V as there are tombstones.
--- The keyed generators (30_generators.sql) and their view shape are not used for these tables.
+-- The keyed view shape and the keyed UPDATE and DELETE generators (30_generators.sql) are not used for these
+-- tables; the steps that collect a table's context (cow._build_triggers), the INSERT generator and the
+-- FOREIGN KEY checks are shared.
 
 -- Whether values of type p_type compare with `=` (a default btree operator class, through domains, arrays,
 -- ranges and composite types): record_eq over the table's row type needs it for every column.
@@ -277,24 +279,6 @@ END $body$$t$, jsonb_build_object(
         'old_value', cow._kl_value(c.names, 'OLD', c.b),
         'removal', cow._kl_removal(c)));
     EXECUTE format('CREATE OR REPLACE TRIGGER cow_delete INSTEAD OF DELETE ON %s FOR EACH ROW EXECUTE FUNCTION %s()', c.v, fn);
-END $gen$;
-
--- The INSTEAD OF triggers of keyless registry entry p_id: an INSERT records an added row value after the
--- checks the keyed path makes for non-key constraints (cow._row_checks; FOREIGN KEYs at the end of the
--- statement, deferrable ones by constraint triggers on the changes table, as for keyed tables); a DELETE
--- removes one instance of OLD (the trigger fires once per matched view row, so two identical matched rows
--- remove two instances); an UPDATE removes one instance of OLD and adds NEW, after the same checks.
-CREATE OR REPLACE FUNCTION cow._kl_build_triggers(p_id int) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
-DECLARE
-    ctx cow.trigger_context;
-BEGIN
-    PERFORM cow._build_lookup_indexes(p_id);
-    ctx := cow._trigger_context(p_id);
-    -- FOREIGN KEY, this table as the child (23503), as for keyed tables (a keyless table is never a parent:
-    -- that takes a unique index).
-    ctx := cow._fk_child_checks(ctx);
-    PERFORM cow._gen_triggers(p_id, ctx);
 END $gen$;
 
 -- cow.commit_session's part for keyless table g: p_deletes true removes one base instance per tombstone of the

@@ -211,11 +211,10 @@ BEGIN
             EXECUTE format('DROP FUNCTION %s CASCADE', x.fn::regprocedure);
             IF x.pk_columns = '{}' THEN
                 PERFORM cow._kl_build_view(x.id);
-                PERFORM cow._kl_build_triggers(x.id);
             ELSE
                 PERFORM cow._build_view(x.id);
-                PERFORM cow._build_triggers(x.id);
             END IF;
+            PERFORM cow._build_triggers(x.id);
         END IF;
     END LOOP;
 END $gen$;

@@ -122,11 +122,7 @@ $$;
 CREATE OR REPLACE FUNCTION cow._build_table_triggers(p_id int) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
 BEGIN
-    IF (SELECT g.pk_columns FROM cow.registry g WHERE g.id = p_id) = '{}' THEN
-        PERFORM cow._kl_build_triggers(p_id);
-    ELSE
-        PERFORM cow._build_triggers(p_id);
-    END IF;
+    PERFORM cow._build_triggers(p_id);
     UPDATE cow.registry g SET neighbours = cow._neighbours(g.relid) WHERE g.id = p_id;
 END $gen$;
 
