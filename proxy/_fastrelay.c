@@ -126,6 +126,7 @@ typedef struct {
 typedef struct {
     rec_t *v;           /* READ_CAP slots, allocated at adoption of a recorded connection */
     long long base, end; /* sequence numbers: v[seq % READ_CAP] for base <= seq < end */
+    int marked;          /* past READ_MARK, the loop woken: not again until taken */
 } ring_t;
 
 typedef struct {
@@ -555,7 +556,10 @@ static void read_done(Engine *e, conn_t *c, long long seq, const unsigned char *
     rec->duration_us = (long long)((t - rec->started) * 1e6);
     rec->state = 1;
     e->reads_done++;
-    if (c->reads.end - c->reads.base == READ_MARK) e->notify = 1; /* Python takes them (take_reads) */
+    if (!c->reads.marked && c->reads.end - c->reads.base >= READ_MARK) { /* Python is to take them */
+        c->reads.marked = 1;
+        e->notify = 1;
+    }
 }
 
 /* A read that ends without its CommandComplete (an error, PortalSuspended, EmptyQueryResponse): none. */
@@ -1706,6 +1710,7 @@ static taken_reads_t *take_ring(conn_t *c) {
     }
     for (long long i = 0; i < n; i++) v[i] = r->v[(r->base + i) % READ_CAP];
     r->base += n;
+    r->marked = 0;
     if (r->base == r->end) r->base = r->end = 0;
     t->id = c->id;
     t->v = v;
