@@ -36,6 +36,10 @@ REFUSED_SQL = "cowproxy refused this statement"
 USE_SESSION_SQL = "SELECT cow.use_session($1, $2)"  # without a binding secret (docs/threat-model.md)
 BIND_SESSION_SQL = "SELECT cow.bind_session($1, $2, $3)"  # the secret a bound parameter, never in the text
 INJECT_STATEMENT = "__cowproxy_inject"
+# A join between transactions runs in a read-write block of its own (Relay._inject): a bind records the
+# binding, which a client whose transactions are read-only by default would otherwise refuse with 25006.
+WRITABLE_STATEMENT = "__cowproxy_writable"
+BEGIN_WRITABLE_SQL = "BEGIN READ WRITE"
 CATALOG_STATEMENT = "__cowproxy_catalog"
 CATALOG_VERSION_STATEMENT = "__cowproxy_catalog_version"
 PATH_STATEMENT = "__cowproxy_path"
@@ -309,6 +313,12 @@ class Relay:
             return self.default_tags()
         return self.txn_tags
 
+    def _ends_failed_block(self, verdict: Analysis) -> bool:
+        """In a failed block no join goes before a lone transaction statement (ROLLBACK, COMMIT, ROLLBACK TO
+        SAVEPOINT): it would fail (25P02) and so refuse the one statement that can end the failure, for good.
+        Such a statement reads and writes nothing, and the tags stay unknown: the next statement joins."""
+        return self.status == "E" and verdict.kind == "transaction"
+
     def _needs_injection(self, tags: Tags) -> bool:
         applied = self.applied
         if applied.tags is None or applied.tags != tags:
@@ -431,6 +441,9 @@ class Relay:
             return None
         tags = self.desired_tags(comment)
         need = self._needs_injection(tags) or (tags.tagged and self.catalog is None and self._wants_catalog())
+        if need and self.status == "E":
+            # (As a tagged text: the untagged analysis takes the kind from the first word alone.)
+            need = not self._ends_failed_block(self.analysis.analyze(sql, self.catalog, True, prepared=named))
         if need and not self._inject(tags, trigger):
             self.held.appendleft(event)
             return None
@@ -657,7 +670,10 @@ class Relay:
             self._refuse_tags(b"P", switch)  # (a failing Parse: the server skips the rest of the batch)
             return
         tags = self.desired_tags(statement.tags if statement else None)
-        if self._needs_injection(tags) and not self._inject(tags, b"B"):
+        need = self._needs_injection(tags)
+        if need and statement is not None and self._ends_failed_block(statement.verdict):
+            need = False
+        if need and not self._inject(tags, b"B"):
             self.held.appendleft(frame)
             return
         if statement is None:
@@ -880,11 +896,22 @@ class Relay:
         params: tuple[str | None, ...] = (tags.session, tags.operation)
         if self.bind_secret is not None:
             params += (self.bind_secret,)
+        # Between transactions a bind runs in a read-write block of its own: it may record the binding,
+        # and the client's transactions may be read-only by default (its role's or database's
+        # default_transaction_read_only, its startup options). Inside the client's transaction or batch
+        # the bind is part of it, as before (a read-only one gets 25006 for a bind that has to write).
+        writable = self.bind_secret is not None and standalone and self.status == "I" and not self.pending
+        release = self._rolled_back_on_failure(finished) if writable else finished
+        if writable:
+            self._queue_utility(BEGIN_WRITABLE_SQL)
+        self._injected(p.encode_close("S", INJECT_STATEMENT), Kind.CLOSE, forward)  # (see _queue_query)
         self._injected(p.encode_parse(INJECT_STATEMENT, self.join_sql), Kind.PARSE, forward)
         self._injected(p.encode_bind(INJECT_STATEMENT, INJECT_STATEMENT, params), Kind.BIND, forward)
         self._injected(p.encode_execute(INJECT_STATEMENT), Kind.EXECUTE, forward, on_done=applied)
         self._injected(p.encode_close("P", INJECT_STATEMENT), Kind.CLOSE, forward)
-        on_done = finished
+        if writable:
+            self._queue_utility("COMMIT")
+        on_done = release
         if want_catalog and self.analysis.catalog_version_query is not None:
             # The version first: when another connection has read the catalog at that version, it is
             # taken as is (no catalog query); otherwise a second round trip reads it (_catalog_versioned).
@@ -896,7 +923,7 @@ class Relay:
             )
 
             def on_done(ok: bool) -> None:
-                self._catalog_versioned(ok, version, standalone, finished)
+                self._catalog_versioned(ok, version, standalone, release)
 
         elif want_catalog:
             self._injected(p.encode_close("S", INJECT_STATEMENT), Kind.CLOSE, forward)
@@ -905,6 +932,24 @@ class Relay:
             close_last = p.encode_close("S", INJECT_STATEMENT)
         self._finish_injection(close_last, standalone, on_done)
         return False
+
+    def _queue_utility(self, sql: str) -> None:
+        """Inject a parameterless utility statement into a batch of the proxy's own (at a safe point)."""
+        close = self._queue_query(WRITABLE_STATEMENT, sql, False)
+        self._injected(close, Kind.CLOSE, False)
+
+    def _rolled_back_on_failure(self, finished: Callable[[bool], None]) -> Callable[[bool], None]:
+        """``finished`` of a join in a block of its own (``_inject``): when the bind failed, the server
+        skipped the COMMIT and the block is aborted (status E): roll it back before the client's statement
+        is refused with the bind's error (``_injection_error`` stays: a ROLLBACK does not fail)."""
+
+        def done(ok: bool) -> None:
+            if ok or self.status != "E":
+                finished(ok)
+                return
+            self._injected(p.encode_query("ROLLBACK"), Kind.QUERY, False, on_done=lambda _ok: finished(False))
+
+        return done
 
     def _start_injection(self, trigger: bytes) -> bool | None:
         """Hold the client for statements the proxy sends ahead of ``trigger``: True at a safe point (they are
@@ -956,7 +1001,11 @@ class Relay:
         on_done: Callable[[bool], None] | None = None,
         capture: list[tuple[str | None, ...]] | None = None,
     ) -> bytes:
-        """Inject Parse/Bind/Execute/Close portal of ``sql``; return the Close of the statement (last)."""
+        """Inject Parse/Bind/Execute/Close portal of ``sql``; return the Close of the statement (last).
+
+        A Close of the statement goes first: when an earlier one failed, the server skipped the rest of its
+        batch, its Close with it, and a Parse of that name would fail (42P05) at every try from then on."""
+        self._injected(p.encode_close("S", name), Kind.CLOSE, forward)
         self._injected(p.encode_parse(name, sql), Kind.PARSE, forward)
         self._injected(p.encode_bind(name, name, params), Kind.BIND, forward)
         self._injected(p.encode_execute(name), Kind.EXECUTE, forward, on_done=on_done, capture=capture)

@@ -6,7 +6,7 @@ from typing import Any
 
 from proxy import protocol as p
 from proxy.analysis import ProxyAnalyzer, query_kind, quick_kind
-from proxy.relay import INJECT_STATEMENT, PROMOTED_PREFIX, REFUSED_SQL, Relay
+from proxy.relay import INJECT_STATEMENT, PROMOTED_PREFIX, REFUSED_SQL, WRITABLE_STATEMENT, Relay
 from proxy.tags import UNTAGGED, Tags
 from tests.proxy_sql import catalogs
 
@@ -41,6 +41,9 @@ def reply(r: Relay, *messages: bytes) -> bytes:
     return out
 
 
+JOIN_START = p.encode_close("S", INJECT_STATEMENT) + p.encode_parse(
+    INJECT_STATEMENT, "SELECT cow.use_session($1, $2)"
+)
 OK_SELECT = (
     p.message(b"T", b"\x00\x00"),
     p.encode_command_complete("SELECT 0"),
@@ -63,6 +66,7 @@ def test_tagged_query_is_preceded_by_use_session_and_its_replies_are_hidden() ->
     # Held: only the injection went out, with bound parameters and its own Sync.
     assert upstream == b"".join(
         (
+            p.encode_close("S", INJECT_STATEMENT),  # (left by a failed join, it would fail the Parse)
             p.encode_parse(INJECT_STATEMENT, "SELECT cow.use_session($1, $2)"),
             p.encode_bind(INJECT_STATEMENT, INJECT_STATEMENT, ("S1", "op")),
             p.encode_execute(INJECT_STATEMENT),
@@ -73,6 +77,7 @@ def test_tagged_query_is_preceded_by_use_session_and_its_replies_are_hidden() ->
     )
     assert r.holding
     injected_replies = (
+        p.message(b"3"),
         p.message(b"1"),
         p.message(b"2"),
         p.message(b"S", b"search_path\x00cow_overlay_public, public\x00"),
@@ -96,7 +101,7 @@ def test_failed_injection_refuses_the_statement_with_that_error() -> None:
     r = relay(Tags("S1"))
     send(r, p.encode_query("INSERT INTO t VALUES (1)"))
     failure = p.encode_error("42883", "function cow.use_session(text, text) does not exist")
-    assert reply(r, p.message(b"1"), p.message(b"2"), failure, p.encode_ready("I")) == b""
+    assert reply(r, p.message(b"3"), p.message(b"1"), p.message(b"2"), failure, p.encode_ready("I")) == b""
     # Instead of the client's statement, one that cannot run; its error becomes the injection's.
     assert b"".join(r.to_server) == p.encode_query(REFUSED_SQL)
     syntax = p.encode_error("42601", 'syntax error at or near "cowproxy"')
@@ -143,16 +148,16 @@ def test_a_pool_reset_at_the_end_runs_and_the_session_is_joined_again() -> None:
     assert r.applied.tags is None  # cleared on the server: re-applied before the next statement
     reply(r, p.encode_command_complete("RESET"), p.encode_ready("I"))
     upstream = send(r, p.encode_query("SELECT 2"))
-    assert upstream.startswith(p.encode_parse(INJECT_STATEMENT, "SELECT cow.use_session($1, $2)"))
+    assert upstream.startswith(JOIN_START)
 
 
 def test_function_call_waits_for_the_session() -> None:
     r = relay(Tags("S2"))
     call = p.message(b"F", b"\x00\x00\x03\xe8\x00\x00\x00\x00\x00\x00")
     upstream = send(r, call)
-    assert upstream.startswith(p.encode_parse(INJECT_STATEMENT, "SELECT cow.use_session($1, $2)"))
+    assert upstream.startswith(JOIN_START)
     assert call not in upstream and r.holding
-    reply(r, p.message(b"1"), p.message(b"2"), p.encode_command_complete("SELECT 1"))
+    reply(r, p.message(b"3"), p.message(b"1"), p.message(b"2"), p.encode_command_complete("SELECT 1"))
     reply(r, p.message(b"3"), p.message(b"3"), p.encode_ready("I"))
     assert b"".join(r.to_server) == call
 
@@ -352,6 +357,7 @@ def _join(r: Relay, query: bytes) -> None:
     send(r, query)
     reply(
         r,
+        p.message(b"3"),
         p.message(b"1"),
         p.message(b"2"),
         p.message(b"D", b"\x00\x01\x00\x00\x00\x00"),
@@ -458,3 +464,129 @@ def test_untagged_reads_and_a_relay_without_recording_report_nothing() -> None:
     plain = relay()
     send(plain, p.encode_query("SELECT 1"))
     assert plain.reads is None and plain.pending[0].read is None
+
+
+SECRET = "unit-test-binding-secret"
+BIND_SQL = "SELECT cow.bind_session($1, $2, $3)"
+
+
+def _utility(sql: str) -> bytes:
+    """The messages of one of the proxy's own utility statements in a join's block."""
+    return b"".join(
+        (
+            p.encode_close("S", WRITABLE_STATEMENT),
+            p.encode_parse(WRITABLE_STATEMENT, sql),
+            p.encode_bind(WRITABLE_STATEMENT, WRITABLE_STATEMENT, ()),
+            p.encode_execute(WRITABLE_STATEMENT),
+            p.encode_close("P", WRITABLE_STATEMENT),
+            p.encode_close("S", WRITABLE_STATEMENT),
+        )
+    )
+
+
+def _utility_replies(tag: str) -> tuple[bytes, ...]:
+    return (
+        p.message(b"3"),
+        p.message(b"1"),
+        p.message(b"2"),
+        p.encode_command_complete(tag),
+        *[p.message(b"3")] * 2,
+    )
+
+
+JOIN_REPLIES = (
+    p.message(b"3"),
+    p.message(b"1"),
+    p.message(b"2"),
+    p.message(b"D", b"\x00\x01\x00\x00\x00\x02S1"),
+    p.encode_command_complete("SELECT 1"),
+    p.message(b"3"),
+)
+NOTICE_25P01 = p.message(b"N", b"SWARNING\0VWARNING\0C25P01\0Mthere is no transaction in progress\0\0")
+
+
+def test_a_bind_between_transactions_runs_in_a_read_write_block_of_its_own() -> None:
+    """A client's transactions may be read-only by default: the bind, which records the binding, runs in
+    BEGIN READ WRITE ... COMMIT of the proxy's own; nothing of it (a notice neither) reaches the client,
+    and the client's own notices do."""
+    r = Relay(NoCatalog(), Tags("S1", "op"), lambda: None, bind_secret=SECRET)
+    query = p.encode_query("SELECT * FROM t")
+    assert send(r, query) == b"".join(
+        (
+            _utility("BEGIN READ WRITE"),
+            p.encode_close("S", INJECT_STATEMENT),
+            p.encode_parse(INJECT_STATEMENT, BIND_SQL),
+            p.encode_bind(INJECT_STATEMENT, INJECT_STATEMENT, ("S1", "op", SECRET)),
+            p.encode_execute(INJECT_STATEMENT),
+            p.encode_close("P", INJECT_STATEMENT),
+            _utility("COMMIT"),
+            p.encode_close("S", INJECT_STATEMENT),
+            p.SYNC,
+        )
+    )
+    replies = (
+        *_utility_replies("BEGIN"),
+        NOTICE_25P01,  # (a notice among the proxy's replies is the proxy's: dropped)
+        *JOIN_REPLIES,
+        *_utility_replies("COMMIT"),
+        p.message(b"3"),
+        p.encode_ready("I"),
+    )
+    assert reply(r, *replies) == b""
+    assert b"".join(r.to_server) == query and r.applied.tags == Tags("S1", "op")
+    r.to_server.clear()
+    answer = (NOTICE_25P01, *OK_SELECT, p.encode_ready("I"))
+    assert reply(r, *answer) == b"".join(answer)  # the client's own notice arrives
+
+
+def test_a_failed_bind_rolls_its_block_back_before_the_statement_is_refused() -> None:
+    r = Relay(NoCatalog(), Tags("S1"), lambda: None, bind_secret=SECRET)
+    send(r, p.encode_query("SELECT * FROM t"))
+    wrong = p.encode_error("28P01", "cowproxy: bind_session: wrong binding secret")
+    failed = (*_utility_replies("BEGIN"), *JOIN_REPLIES[:3], wrong, p.encode_ready("E"))
+    assert reply(r, *failed) == b""
+    assert b"".join(r.to_server) == p.encode_query("ROLLBACK") and r.holding  # the block first
+    r.to_server.clear()
+    assert reply(r, p.encode_command_complete("ROLLBACK"), p.encode_ready("I")) == b""
+    assert b"".join(r.to_server) == p.encode_query(REFUSED_SQL)
+    syntax = p.encode_error("42601", 'syntax error at or near "cowproxy"')
+    assert reply(r, syntax, p.encode_ready("I")) == wrong + p.encode_ready("I")
+    assert r.status == "I" and r.applied.tags == Tags()
+
+
+def test_a_bind_inside_the_clients_block_or_batch_has_no_block_of_its_own() -> None:
+    """Inside the client's transaction the bind is part of it (a BEGIN would not be the proxy's to end)."""
+    r = Relay(NoCatalog(), Tags("S1"), lambda: None, bind_secret=SECRET)
+    r.applied.tags = Tags("S1")
+    r.status = "T"
+    upstream = send(r, p.encode_query("/*cow_operation='o2'*/ SELECT 1"))
+    assert upstream.startswith(
+        p.encode_close("S", INJECT_STATEMENT) + p.encode_parse(INJECT_STATEMENT, BIND_SQL)
+    )
+    assert b"BEGIN" not in upstream and b"COMMIT" not in upstream
+    r = Relay(NoCatalog(), Tags("S1"), lambda: None, bind_secret=SECRET)
+    first = (p.encode_parse("", "SELECT 1"), p.encode_bind("", "", ()), p.encode_execute())
+    r.applied.tags = UNTAGGED
+    r.startup_tags = UNTAGGED
+    assert send(r, *first) == b"".join(first)  # untagged: no join; the batch is open
+    upstream = send(r, p.encode_parse("", "/*cow_session='S1'*/ SELECT 2"))
+    assert upstream.startswith(p.encode_close("S", INJECT_STATEMENT)) and b"BEGIN" not in upstream
+
+
+def test_in_a_failed_block_a_transaction_statement_goes_without_a_join() -> None:
+    """After an error in a block the tags are unknown; a join would fail (25P02) and refuse the ROLLBACK
+    with it, for good. ROLLBACK (simple or extended) goes as it is; the next statement joins."""
+    for messages in (
+        (p.encode_query("ROLLBACK"),),
+        (p.encode_parse("", "ROLLBACK"), p.encode_bind("", "", ()), p.encode_execute(), p.SYNC),
+    ):
+        r = relay(Tags("S1"))
+        r.applied.tags = None
+        r.status = "E"
+        assert send(r, *messages) == b"".join(messages)
+        assert not r.holding
+    r = relay(Tags("S1"))
+    r.applied.tags = None
+    r.status = "E"
+    upstream = send(r, p.encode_query("ROLLBACK; INSERT INTO t VALUES (1)"))  # not a lone one: joins first
+    assert upstream.startswith(JOIN_START)

@@ -368,3 +368,56 @@ def test_without_a_secret_sessions_are_joined_with_use_session(
             assert admin.execute("SELECT session FROM cow.bindings WHERE pid = %s", pid).fetchall() == []
     assert [c[2] for c in changes(layer_db, "unbound1")] == ["unbound@x"]
     assert any("binding_off" in record.getMessage() for record in caplog.records)
+
+
+def test_a_failed_block_after_an_operation_comment_ends_with_rollback(
+    proxy: RunningProxy, layer_db: str
+) -> None:
+    """A comment naming the operation inside a block joins again there (tentatively); after an error in the
+    block the tags are unknown, and a join before the ROLLBACK would fail (25P02) and refuse it, leaving the
+    connection in the failed block for good. ROLLBACK, COMMIT and ROLLBACK TO SAVEPOINT go out without one;
+    the next statement joins. Simple and extended protocol, psycopg and asyncpg."""
+    dsn = proxy.dsn(layer_db, application_name="cow:s10")
+    for cursor in (psycopg.Cursor, psycopg.ClientCursor):
+        with psycopg.connect(dsn, autocommit=True, cursor_factory=cursor) as conn:  # type: ignore[arg-type]
+            for end in ("ROLLBACK", "COMMIT"):
+                conn.execute("BEGIN")
+                insert(conn, "gone@x", "/*cow_operation='o1'*/ ")
+                with pytest.raises(psycopg.errors.DivisionByZero):
+                    conn.execute("SELECT 1/0")
+                conn.execute(end)
+                assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            conn.execute("BEGIN")
+            insert(conn, f"kept-{cursor.__name__}@x", "/*cow_operation='o2'*/ ")
+            conn.execute("SAVEPOINT a")
+            with pytest.raises(psycopg.errors.DivisionByZero):
+                conn.execute("/*cow_operation='o3'*/ SELECT 1/0")
+            conn.execute("ROLLBACK TO SAVEPOINT a")
+            insert(conn, f"after-{cursor.__name__}@x")
+            conn.execute("COMMIT")
+
+    async def with_asyncpg() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            with pytest.raises(asyncpg.DivisionByZeroError):
+                async with conn.transaction():
+                    await conn.execute(
+                        "/*cow_operation='o4'*/ INSERT INTO customers (email, name) VALUES ('a@x', 'x')"
+                    )
+                    await conn.execute("SELECT 1/0")
+            assert not conn.is_in_transaction()
+            await conn.execute("INSERT INTO customers (email, name) VALUES ($1, 'x')", "asyncpg@x")
+        finally:
+            await conn.close()
+
+    asyncio.run(asyncio.wait_for(with_asyncpg(), 30))
+    got = changes(layer_db, "s10")
+    assert [c[2] for c in got] == [
+        "kept-Cursor@x",
+        "after-Cursor@x",
+        "kept-ClientCursor@x",
+        "after-ClientCursor@x",
+        "asyncpg@x",
+    ]
+    assert got[0][0] == got[2][0] == "o2"
+    assert len(base_customers(layer_db)) == BASE_CUSTOMERS
