@@ -1,7 +1,7 @@
 """What a new tagged connection costs, by the number of CoW tables: connect, join, first statement.
 
     .venv/bin/python bench/session_start.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
-        [--tables 10,200] [--connections 30] [--baseline CHECKOUT]
+        [--tables 10,200] [--connections 30] [--baseline CHECKOUT] [--bind]
 
 Without --dsn an embedded PostgreSQL is started. For each table count, a database with that many small
 keyed tables and the layer installed; then, through `cowproxy serve` (and with --baseline CHECKOUT, through
@@ -9,7 +9,9 @@ the proxy of another checkout, e.g. a git worktree of main), ``--connections`` c
 other, each tagged with its own session at startup, each running one statement (the first joins the
 session and reads the catalog) and closing. Prints the median wall time per connection (connect +
 authentication + join + first statement) per proxy and table count; the proxies alternate connection by
-connection, so load from other jobs hits both alike.
+connection, so load from other jobs hits both alike. With --bind both proxies hold the database's binding
+secret and join with ``cow.bind_session`` (a first bind records the backend's binding: a write), as in
+production; the baseline must be a checkout that has the binding.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import importlib.util
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -48,6 +51,18 @@ def make_database(dsn: str, name: str, tables: int) -> str:
     return db
 
 
+def bind_arguments(db: str, stack: contextlib.ExitStack) -> tuple[str, ...]:
+    """A fresh binding secret for ``db`` in a file that lives as long as ``stack``: the proxies' arguments."""
+    secret = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "bind-secret"
+    subprocess.run(
+        [sys.executable, "-m", "cowproxy", "secret", "--rotate", "--file", str(secret), "--dsn", db],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+    )
+    return ("--bind-secret-file", str(secret))
+
+
 def first_statement(host: str, port: int, database: str, session: str) -> float:
     started = time.perf_counter()
     dsn = f"postgresql://postgres@{host}:{port}/{database}?options=-c%20cow.session_id%3D{session}"
@@ -64,15 +79,23 @@ def main() -> None:
     parser.add_argument("--tables", default="10,200")
     parser.add_argument("--connections", type=int, default=30)
     parser.add_argument("--baseline", help="another checkout of cowproxy: one more proxy, cp-base")
+    parser.add_argument("--bind", action="store_true", help="both proxies bind (a binding secret)")
     args = parser.parse_args()
     with bp.server(args.dsn, None) as (dsn, host, port, _bindir, _sockets):
         for tables in [int(t) for t in args.tables.split(",")]:
             name = f"cowproxy_bench_start_{tables}"
             make_database(dsn, name, tables)
             with contextlib.ExitStack() as stack:
-                proxies = [stack.enter_context(bp.cowproxy(f"{host}:{port}", "tcp"))]
+                extra = (
+                    bind_arguments(urlsplit(dsn)._replace(path="/" + name).geturl(), stack)
+                    if args.bind
+                    else ()
+                )
+                proxies = [stack.enter_context(bp.cowproxy(f"{host}:{port}", "tcp", extra=extra))]
                 if args.baseline:
-                    base = bp.cowproxy(f"{host}:{port}", "tcp", Path(args.baseline).resolve(), "cp-base")
+                    base = bp.cowproxy(
+                        f"{host}:{port}", "tcp", Path(args.baseline).resolve(), "cp-base", extra=extra
+                    )
                     proxies.append(stack.enter_context(base))
                 times: dict[str, list[float]] = {p.name: [] for p in proxies}
                 for i in range(args.connections):

@@ -125,6 +125,7 @@ STARTUP_OPTIONS = [
     "-c session_replication_role=replica",
     "-c cow.app_search_path=public",
     "-c role=postgres",
+    "-c default_transaction_read_only=on",  # (the proxy's bind then runs in a read-write block of its own)
 ]
 
 
@@ -197,4 +198,11 @@ REGRESSIONS: list[tuple[str, str, tuple[Step, ...]]] = [
     (STARTUP, "-c session_replication_role=replica", (Step("INSERT INTO notes (body) VALUES ('lost')"),)),
     (STARTUP, "-c search_path=public", (Step("INSERT INTO notes (body) VALUES ('x')"),)),
     (STARTUP, "-c cow.app_search_path=public", (Step("INSERT INTO notes (body) VALUES ('x')"),)),
+    # A read-only client is bound too (its join runs in a read-write block of the proxy's own), so a
+    # function the proxy cannot see does not take it elsewhere once it asks for a read-write transaction.
+    (STARTUP, "-c default_transaction_read_only=on", (Step("SET default_transaction_read_only = off"),
+               Step("SELECT app_set('cow.session_id', '{other}')"), Step("UPDATE items SET val = 0 WHERE id = 2"))),
+    (STARTUP, "-c default_transaction_read_only=on", (Step("BEGIN READ WRITE"),
+               Step("SELECT app_set('cow.' || 'session_id', '')"), Step("INSERT INTO notes (body) VALUES ('x')"),
+               Step("COMMIT"))),
 ]  # fmt: skip
