@@ -29,8 +29,10 @@ from proxy.sql import Analyzer, Catalog, read_comment_tags, strip_edge_comments 
 from proxy.sql.rewrites import introspection  # noqa: E402
 
 
-def _catalog() -> Catalog:
-    doc = {
+def _catalog(*, keyed: bool = False) -> Catalog:
+    """One CoW table ``orders``; ``keyed``: with the layer's key and changes table, as the catalog query
+    reports an installed table (what the count, key-read and row-lock rewrites need)."""
+    doc: dict[str, object] = {
         "pk": ["id"],
         "columns": [
             {"name": c, "type": t, "generated": False, "identity": False}
@@ -47,6 +49,7 @@ def _catalog() -> Catalog:
             }
         ],
         "referenced_by": [],
+        **({"key": ["id"], "changes": "t1", "indexed": ["id"]} if keyed else {}),
     }
     return Catalog.from_rows([("public", "orders", "cow_public", json.dumps(doc))])
 
@@ -70,6 +73,19 @@ CATALOG_QUESTION = (
     "SELECT c.relname FROM pg_catalog.pg_class c WHERE c.relkind = 'r' AND c.oid > {i} "
     "AND pg_catalog.pg_table_is_visible(c.oid)"
 )
+# Rewrites that copy the client's expressions (into each part of a split count, a key read's two branches,
+# a locked read's key query): Django's .count() and .select_for_update() shapes, on the keyed catalog.
+COUNT_WHERE = (
+    'SELECT COUNT(*) AS "__count" FROM "orders" WHERE ("orders"."name" = \'n{i}\' AND "orders"."total" > 3 '
+    'AND "orders"."id" IN (1, 2, 3, {i}))'
+)
+KEY_READ = (
+    'SELECT "orders"."id", "orders"."name" FROM "orders" WHERE "orders"."id" = $1 AND "orders"."total" > {i}'
+)
+FOR_UPDATE = (
+    'SELECT "orders"."id" FROM "orders" '
+    'WHERE ("orders"."name" = \'n{i}\' AND "orders"."total" > 3) FOR UPDATE'
+)
 TAGGED = "/*cow_session='s-1',cow_operation='op-{i}'*/ SELECT 1"
 
 
@@ -87,31 +103,34 @@ def per_call(fn: Callable[[int], object], n: int, repeat: int = 5) -> float:
 
 
 def measure(n: int) -> list[tuple[str, float]]:
-    catalog = _catalog()
+    catalog, keyed = _catalog(), _catalog(keyed=True)
     rows: list[tuple[str, float]] = []
-    for label, template in (
-        ("SELECT (fast path)", SELECT),
-        ("SELECT, no session word (fast path)", PLAIN),
-        ("catalog question (rewritten)", CATALOG_QUESTION),
-        ("UPDATE (parsed)", UPDATE),
-        ("SELECT public.t (rewritten)", QUALIFIED),
-        ("INSERT ON CONFLICT (rewritten)", UPSERT),
-        ("GROUP BY pk (rewritten)", GROUP_BY_PK),
-        ("GROUP BY, no CoW table (JSON walk)", GROUP_BY_OTHER),
-        ("SELECT nextval (a policy word: parsed)", NEXTVAL),
-        ("DO block (PL/pgSQL walked)", DO_BLOCK),
+    for label, template, cat in (
+        ("SELECT (fast path)", SELECT, catalog),
+        ("SELECT, no session word (fast path)", PLAIN, catalog),
+        ("catalog question (rewritten)", CATALOG_QUESTION, catalog),
+        ("UPDATE (parsed)", UPDATE, catalog),
+        ("SELECT public.t (rewritten)", QUALIFIED, catalog),
+        ("INSERT ON CONFLICT (rewritten)", UPSERT, catalog),
+        ("GROUP BY pk (rewritten)", GROUP_BY_PK, catalog),
+        ("GROUP BY, no CoW table (JSON walk)", GROUP_BY_OTHER, catalog),
+        ("SELECT nextval (a policy word: parsed)", NEXTVAL, catalog),
+        ("DO block (PL/pgSQL walked)", DO_BLOCK, catalog),
+        ("count(*) WHERE (split: copies)", COUNT_WHERE, keyed),
+        ("key read (rewritten: copies)", KEY_READ, keyed),
+        ("FOR UPDATE (rewritten: copies)", FOR_UPDATE, keyed),
     ):
         analyzer = Analyzer(cache_size=4 * n)
         rows.append(
             (
                 f"analyze cold   {label}",
-                per_call(lambda i, t=template, a=analyzer: a.analyze(t.format(i=i), catalog, True), n),
+                per_call(lambda i, t=template, a=analyzer, c=cat: a.analyze(t.format(i=i), c, True), n),
             )
         )
         rows.append(
             (
                 f"analyze warm   {label}",
-                per_call(lambda i, t=template, a=analyzer: a.analyze(t.format(i=0), catalog, True), n),
+                per_call(lambda i, t=template, a=analyzer, c=cat: a.analyze(t.format(i=0), c, True), n),
             )
         )
     rows.append(("pglast.parse_sql      SELECT", per_call(lambda i: pglast.parse_sql(SELECT.format(i=i)), n)))

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ from proxy.sql.rewrites.nodes import (
     QUALIFIED_NAME_KINDS,
     all_of,
     bare_select,
+    copy_tree,
     function_name,
     parse,
     plain_condition,
@@ -59,7 +59,7 @@ class _Placeholders(Visitor):
         fields = [getattr(f, "sval", None) for f in node.fields or ()]
         if len(fields) == 1 and fields[0] in self.values:
             value = self.values[fields[0]]
-            return copy.deepcopy(value) if value is not None else ast.A_Const(isnull=True)
+            return copy_tree(value) if value is not None else ast.A_Const(isnull=True)
         return None
 
 

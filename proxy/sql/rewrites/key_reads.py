@@ -3,7 +3,6 @@ directly (docs/rewrites.md, "Key reads")."""
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +20,7 @@ from proxy.sql.rewrites.nodes import (
     all_of,
     bare_select,
     conjuncts,
+    copy_tree,
     operator_of,
     parse,
     plain_condition,
@@ -195,7 +195,7 @@ def _opaque_ranges(node: Any, new: Any, conditions: list[_KeyCondition]) -> None
     if not opaque:
         return
     base = new.fromClause[0].subquery.larg
-    base.whereClause = all_of(*(_OpaqueParams()(copy.deepcopy(c.expr)) for c in opaque), base.whereClause)
+    base.whereClause = all_of(*(_OpaqueParams()(copy_tree(c.expr)) for c in opaque), base.whereClause)
     rest = [e for e in conjuncts(node.whereClause) if not any(e is c.source for c in opaque)]
     node.whereClause = rest[0] if len(rest) == 1 else all_of(*rest) if rest else None
 
@@ -232,7 +232,7 @@ def _key_condition(expr: ast.Node, name: str, table: CowTable, *, qualified: boo
 
     Params()(values)
     bare = ast.ColumnRef(fields=(ast.String(sval=column),))
-    new = copy.deepcopy(expr)
+    new = copy_tree(expr)
     if flipped:
         new.rexpr = bare
     else:

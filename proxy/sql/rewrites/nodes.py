@@ -5,10 +5,9 @@ client's expressions are spliced in as nodes."""
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import pglast
 from pglast import ast
@@ -24,6 +23,36 @@ from proxy.sql.catalog import CowTable
 def quote(name: str) -> str:
     """A quoted identifier (names come from the catalog, never from client values)."""
     return '"' + name.replace('"', '""') + '"'
+
+
+_T = TypeVar("_T")
+
+
+def copy_tree(node: _T) -> _T:
+    """An independent copy of an AST subtree, equal to ``copy.deepcopy``'s but about ten times cheaper: each
+    field is set without the pickle protocol and without ``Node.__setattr__``'s checks (the values are
+    already checked), and the printer's ``ancestors`` back-links are left out (the printer sets them again;
+    deepcopy would copy the whole tree above the node once they are set)."""
+    return cast(_T, _copy(node))
+
+
+def _copy(node: Any) -> Any:
+    if isinstance(node, ast.Node):
+        kind: Any = type(node)  # its __slots__ name every field (pglast's stubs do not declare them)
+        new = object.__new__(kind)
+        for name in kind.__slots__:
+            value = getattr(node, name, _MISSING)
+            if value is not _MISSING:
+                object.__setattr__(new, name, _copy(value))
+        return new
+    if isinstance(node, tuple):
+        return tuple(_copy(item) for item in node)
+    if isinstance(node, list):
+        return [_copy(item) for item in node]
+    return node  # str, int, float, bool, None and enums: immutable
+
+
+_MISSING = object()
 
 
 def parse(sql: str) -> Any:
@@ -130,7 +159,7 @@ class Shorten(Visitor):
 def unqualified(where: ast.Node) -> ast.Node:
     """A copy of ``where`` with ``schema.table.column`` written ``table.column`` (each part names the table
     by its name, as an alias)."""
-    where = copy.deepcopy(where)
+    where = copy_tree(where)
     Shorten()(where)
     return where
 

@@ -10,7 +10,6 @@ node, so only the rows the LIMIT passes are locked and a row SKIP LOCKED skips i
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +22,7 @@ from proxy.errors import RewriteError
 from proxy.sql.catalog import Catalog, CowTable
 from proxy.sql.jsontree import JsonNode
 from proxy.sql.rewrites.base import Context, Rule, Scan, Step
-from proxy.sql.rewrites.nodes import QUALIFIED_NAME_KINDS
+from proxy.sql.rewrites.nodes import QUALIFIED_NAME_KINDS, copy_tree
 from proxy.sql.rewrites.tables import cow_range, unsupported
 
 _STRENGTH_SQL = {
@@ -254,7 +253,7 @@ def _lock_in_subquery(node: ast.SelectStmt, item: _Item) -> None:
         op=SetOperation.SETOP_NONE,
     )
     node.fromClause = (ast.RangeSubselect(subquery=rows, alias=ast.Alias(aliasname=item.names[0])),)
-    node.whereClause = copy.deepcopy(node.whereClause)
+    node.whereClause = copy_tree(node.whereClause)
     node.sortClause = None
     node.limitCount = None
     node.limitOffset = None
@@ -304,7 +303,7 @@ def _qualified(value: Any, items: list[_Item]) -> Any:
     """A copy of ``value``; a bare column name qualified by the one FROM item that has the column."""
     fields = tuple(value.fields or ()) if isinstance(value, ast.ColumnRef) else ()
     if len(fields) != 1:
-        return copy.deepcopy(value)
+        return copy_tree(value)
     column = _field(fields[0])
     found = [i for i in items if column and i.table is not None and i.table.column(column)]
     if len(found) != 1 or any(i.table is None for i in items):
