@@ -12,13 +12,15 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from proxy import protocol as p
 from proxy.fastrelay import AVAILABLE, UNAVAILABLE
-from tests.fix_db import PgServer
+from tests.fix_db import PgServer, install_layer_at
 from tests.fix_proxy import RunningProxy, run_proxy
 from tests.proxy.test_adversity import RawClient, dbname
-from tests.proxy.test_fast_relay import on_fast, scrape
+from tests.proxy.test_fast_relay import _exchange, _message, on_fast, scrape
 from tests.proxy.test_reads import flush, tagged
 
 pytestmark = [
@@ -201,3 +203,74 @@ def test_a_full_ring_on_the_c_relay_drops_and_counts_without_waiting(
     assert samples['cowproxy_reads_dropped_total{reason="relay_full"}'] == 1100 - 1024
     assert samples["cowproxy_reads_recorded_total"] == 1 + 1024
     assert len(recorded(layer_db, "frf")) == 1 + 1024
+
+
+# ---- the comparison of both relays on random tagged streams (tests/proxy/test_fast_sessions.py), recording
+
+
+@pytest.fixture(scope="module")
+def recording_pair(
+    pg_server: PgServer, create_database: Any
+) -> Iterator[tuple[str, RunningProxy, RunningProxy]]:
+    dsn = create_database()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 20) g")
+    install_layer_at(dsn)
+    with (
+        run_proxy(pg_server, reads_dsn=pg_server.dsn) as fast,
+        run_proxy(pg_server, reads_dsn=pg_server.dsn, fast_relay=False) as slow,
+    ):
+        yield dsn, fast, slow
+
+
+# Mostly reads: rewritten ones (a key read: Python), decided ones (C), one in another operation, one that
+# fails; writes, transaction control and a refusal between them.
+_READ_TEXTS = st.sampled_from(
+    [
+        "SELECT v FROM t WHERE id = 3",
+        "SELECT id, v FROM t ORDER BY id LIMIT 3",
+        "SELECT v FROM t WHERE v LIKE 'v1%' ORDER BY id",
+        "SELECT count(*) FROM t WHERE v <> 'x'",
+        "/*cow_operation='op2'*/ SELECT id FROM t WHERE id > 15 ORDER BY id",
+        "SELECT id FROM t WHERE id > 1 / (id - id)",
+        "UPDATE t SET v = v || '!' WHERE id = 1",
+        "BEGIN",
+        "COMMIT",
+        "ROLLBACK",
+        "SET cow.session_id TO 'elsewhere'",
+    ]
+)
+_READ_STREAMS = st.lists(
+    st.tuples(st.sampled_from(["query", "query", "parse", "named", "keep", "again", "errmid"]), _READ_TEXTS),
+    min_size=1,
+    max_size=6,
+)
+_examples = iter(range(1_000_000))
+_c_made: list[int] = []  # read records the C relay made, per example below
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stream=_READ_STREAMS, pipelined=st.booleans())
+def test_random_tagged_streams_record_the_same_reads_on_both_relays(
+    recording_pair: tuple[str, RunningProxy, RunningProxy], stream: list[tuple[str, str]], pipelined: bool
+) -> None:
+    """Each stream runs three times on one connection (its texts decided, then taken by C): the replies and
+    the read traces are the same."""
+    dsn, fast, slow = recording_pair
+    run = next(_examples)
+    made = c_reads(fast)
+    replies = []
+    for proxy, side in ((slow, "s"), (fast, "f")):
+        messages = [_message(kind, text) for kind, text in stream] * 3
+        replies.append(_exchange(proxy, dbname(dsn), messages, pipelined, session=f"rs{run}{side}"))
+        flush(proxy)
+    assert replies[1] == replies[0]
+    assert recorded(dsn, f"rs{run}f") == recorded(dsn, f"rs{run}s")
+    _c_made.append(c_reads(fast) - made)
+
+
+def test_the_random_streams_made_records_on_the_c_relay() -> None:
+    if not _c_made:
+        pytest.skip("the comparison did not run in this session")
+    assert sum(_c_made) > 0, _c_made
