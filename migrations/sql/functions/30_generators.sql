@@ -1079,23 +1079,20 @@ RETURN cow._raise('23505', format('duplicate key value violates unique constrain
                          cow._keytext(cols, 'NEW')), sch, tab, p_name);
 
 -- PRIMARY KEY and UNIQUE (23505), and exclusion constraints (23P01), of a keyed table against the session's
--- view of the table, in index creation order like PostgreSQL: uq_ins and uq_upd, the INSERT's primary-key
--- probe (pk_probe), the deferrable ones' checks and triggers (cow._defer_*; a deferrable PRIMARY KEY stays
--- checked at once: the changes table holds one version per key, so two rows cannot share a key even for a
--- moment). Partial and expression UNIQUE indexes and exclusion constraints: cow._xcheck_code, each with a
--- record variable in the DECLARE section. The key index (cow._key_index: the primary key, or the NOT NULL
--- unique index that stands in for it) is `prim`: its 23505 names it, like PostgreSQL. Also what an UPDATE or
--- DELETE raises when another transaction of the session wrote the key's current version meanwhile
--- (cow._rec_code): a key it moves to is the table's 23505 (dup_raise), a changed row 40001 (stale_raise).
+-- view of the table, in index creation order like PostgreSQL: the deferrable ones' checks and triggers
+-- (cow._defer_*; a deferrable PRIMARY KEY stays checked at once: the changes table holds one version per
+-- key, so two rows cannot share a key even for a moment), partial and expression UNIQUE indexes and exclusion
+-- constraints (cow._xcheck_code, each with a record variable in the DECLARE section), the plain ones
+-- (cow._unique_checks). The key index (cow._key_index: the primary key, or the NOT NULL unique index that
+-- stands in for it) is `prim`: its 23505 names it, like PostgreSQL. Also what an UPDATE or DELETE raises when
+-- another transaction of the session wrote the key's current version meanwhile (cow._rec_code): a key it
+-- moves to is the table's 23505 (dup_raise), a changed row 40001 (stale_raise).
 CREATE OR REPLACE FUNCTION cow._key_checks(ctx cow.trigger_context) RETURNS cow.trigger_context
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $gen$
 DECLARE
     keyidx oid := cow._key_index(ctx.rel);
     con record;
     xn int := 0;
-    cond text;
-    dup text;
-    not_null text;
 BEGIN
     FOR con IN SELECT x.indexrelid AS idx, ic.relname AS name,
                       cow._attnames(ctx.rel, (x.indkey::int2[])[0:x.indnkeyatts - 1]) AS cols,
@@ -1104,75 +1101,86 @@ BEGIN
                       coalesce(d.condeferrable AND x.indexrelid <> keyidx, false) AS deferrable,
                       coalesce(d.condeferred, false) AS deferred
                FROM pg_index x JOIN pg_class ic ON ic.oid = x.indexrelid
-               LEFT JOIN pg_constraint d ON d.conindid = x.indexrelid AND d.conrelid = ctx.rel AND d.contype IN ('p', 'u', 'x')
+               LEFT JOIN pg_constraint d ON d.conindid = x.indexrelid AND d.conrelid = ctx.rel
+                                        AND d.contype IN ('p', 'u', 'x')
                WHERE x.indrelid = ctx.rel AND (x.indisunique OR x.indisexclusion)
                ORDER BY x.indexrelid LOOP
         IF con.deferrable THEN
             ctx.dn := ctx.dn + 1;
-            ctx.dq := ctx.dq || cow._defer_branch(ctx.dn, cow._defer_unique_code(ctx.rel, con.idx, ctx.b, ctx.ch, ctx.pk,
-                                                                                  ctx.row_version), false);
-            ctx.dq_stmt := ctx.dq_stmt || cow._defer_branch(ctx.dn, cow._defer_unique_code(ctx.rel, con.idx, ctx.b, ctx.ch,
-                                                                                            ctx.pk, 'c._cow_seq > _mark'), true);
+            ctx.dq := ctx.dq || cow._defer_branch(ctx.dn, cow._defer_unique_code(ctx.rel, con.idx, ctx.b, ctx.ch,
+                                                                                  ctx.pk, ctx.row_version), false);
+            ctx.dq_stmt := ctx.dq_stmt || cow._defer_branch(ctx.dn, cow._defer_unique_code(ctx.rel, con.idx, ctx.b,
+                                                                                            ctx.ch, ctx.pk,
+                                                                                            'c._cow_seq > _mark'), true);
             ctx.dtrg := cow._defer_trigger(ctx.dtrg, con.name, con.deferred, 'NOT NEW._cow_deleted', ctx.dn);
-            CONTINUE;
-        END IF;
-        IF NOT con.plain THEN
+        ELSIF NOT con.plain THEN
             xn := xn + 1;
-            ctx.decl := ctx.decl || format(E'    _cow_k%s record;\n', xn) || CASE WHEN xn = 1 THEN E'    _cow_c record;\n' ELSE '' END;
-            ctx.uq_ins := ctx.uq_ins || cow._xcheck_code(ctx.rel, con.idx, false, '_cow_k' || xn, ctx.b, ctx.ch, ctx.names,
-                                                         ctx.pk, ctx.sch, ctx.tab);
-            ctx.uq_upd := ctx.uq_upd || cow._xcheck_code(ctx.rel, con.idx, true, '_cow_k' || xn, ctx.b, ctx.ch, ctx.names,
-                                                         ctx.pk, ctx.sch, ctx.tab);
-            CONTINUE;
-        END IF;
-        dup := cow._duplicate_raise(con.cols, con.name, ctx.sch, ctx.tab);
-        -- (The key's columns are NOT NULL: plain equality, an index probe, even with NULLS NOT DISTINCT.)
-        IF con.nnd AND NOT con.prim THEN
-            cond := (SELECT string_agg(format('z.%I IS NOT DISTINCT FROM NEW.%I', c, c), ' AND ')
-                     FROM unnest(con.cols) AS c);
+            ctx.decl := ctx.decl || format(E'    _cow_k%s record;\n', xn)
+                        || CASE WHEN xn = 1 THEN E'    _cow_c record;\n' ELSE '' END;
+            ctx.uq_ins := ctx.uq_ins || cow._xcheck_code(ctx.rel, con.idx, false, '_cow_k' || xn, ctx.b, ctx.ch,
+                                                         ctx.names, ctx.pk, ctx.sch, ctx.tab);
+            ctx.uq_upd := ctx.uq_upd || cow._xcheck_code(ctx.rel, con.idx, true, '_cow_k' || xn, ctx.b, ctx.ch,
+                                                         ctx.names, ctx.pk, ctx.sch, ctx.tab);
         ELSE
-            cond := cow._eq(con.cols, 'z', 'NEW');
+            ctx := cow._unique_checks(ctx, con.cols, con.name, con.nnd, con.prim);
         END IF;
-        not_null := CASE WHEN con.nnd THEN '' ELSE cow._notnull(con.cols, 'NEW') || ' AND ' END;
-        -- The session's view of the table spelled out: its current versions (the changes table's index for
-        -- this constraint), then base rows it holds no version of (a per-row probe, `OFFSET 0`). Through the
-        -- overlay view every check initialised the plan of all three branches (~25 us per write).
-        IF con.prim AND con.cols = ctx.pk THEN
-            -- The primary key of an INSERT: one lookup of the session's current version of the key tells both
-            -- the conflict and whether there is a version (a tombstone) to retire, so an INSERT of a key the
-            -- session never wrote skips the retiring UPDATE (~10 us).
-            ctx.pk_probe := true;
-            ctx.uq_ins := ctx.uq_ins || cow._fill($t$    SELECT c._cow_deleted INTO _pdel FROM {{changes}} c WHERE c._cow_session = _s AND c._cow_current AND {{key}};
-    IF _pdel IS FALSE OR (_pdel IS NULL AND EXISTS (SELECT 1 FROM {{base}} z WHERE {{equal}})) THEN
-        {{raise}}
-    END IF;
-$t$, jsonb_build_object('changes', ctx.ch, 'key', cow._eq(ctx.pk, 'c', 'NEW'), 'base', ctx.b, 'equal', cond,
-                        'raise', dup));
-        ELSE
-            ctx.uq_ins := ctx.uq_ins || cow._fill($t$    IF {{not_null}}({{taken}}) THEN
-        {{raise}}
-    END IF;
-$t$, jsonb_build_object('not_null', not_null, 'raise', dup,
-                        'taken', cow._key_taken(ctx.ch, ctx.b, ctx.pk, cond, '')));
-        END IF;
-        -- An UPDATE that leaves the key alone cannot create a duplicate; the nested IF keeps the query (and its
-        -- executor start-up) off that path.
-        ctx.uq_upd := ctx.uq_upd || cow._fill($t$    IF {{changed}} THEN
-        IF {{not_null}}({{taken}}) THEN
-            {{raise}}
-        END IF;
-    END IF;
-$t$, jsonb_build_object('changed', cow._changed(con.cols), 'not_null', not_null, 'raise', dup,
-                        'taken', cow._key_taken(ctx.ch, ctx.b, ctx.pk, cond,
-                                                format(' AND NOT (%s)', cow._eq(ctx.pk, 'z', 'OLD')))));
     END LOOP;
     ctx.dup_raise := cow._duplicate_raise(ctx.pk, (SELECT ic.relname FROM pg_class ic WHERE ic.oid = keyidx),
                                           ctx.sch, ctx.tab);
     ctx.stale_raise := cow._raise('40001', 'could not serialize access due to concurrent update',
                                   format('format(%L, _s, %s)',
-                                         format('Another transaction of session %%s changed the row of "%s" with key '
-                                                '(%s)=(%%s) after this statement read it.', ctx.tab, cow._collist(ctx.pk)),
+                                         format('Another transaction of session %%s changed the row of "%s" with '
+                                                'key (%s)=(%%s) after this statement read it.',
+                                                ctx.tab, cow._collist(ctx.pk)),
                                          cow._keytext(ctx.pk, 'OLD')), ctx.sch, ctx.tab);
+    RETURN ctx;
+END $gen$;
+
+-- A plain UNIQUE index p_name over cols (or the key index, p_prim): the INSERT's and the UPDATE's 23505
+-- check against the session's view of the table spelled out: its current versions (the changes table's
+-- index for this constraint), then base rows it holds no version of (a per-row probe, `OFFSET 0`). Through
+-- the overlay view every check initialised the plan of all three branches (~25 us per write). With NULLS
+-- NOT DISTINCT (p_nnd) NULLs are equal too.
+CREATE OR REPLACE FUNCTION cow._unique_checks(ctx cow.trigger_context, cols text[], p_name text, p_nnd boolean,
+                                              p_prim boolean) RETURNS cow.trigger_context
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $gen$
+DECLARE
+    dup text := cow._duplicate_raise(cols, p_name, ctx.sch, ctx.tab);
+    not_null text := CASE WHEN p_nnd THEN '' ELSE cow._notnull(cols, 'NEW') || ' AND ' END;
+    cond text := cow._eq(cols, 'z', 'NEW');
+BEGIN
+    -- (The key's columns are NOT NULL: plain equality, an index probe, even with NULLS NOT DISTINCT.)
+    IF p_nnd AND NOT p_prim THEN
+        cond := (SELECT string_agg(format('z.%I IS NOT DISTINCT FROM NEW.%I', c, c), ' AND ') FROM unnest(cols) AS c);
+    END IF;
+    IF p_prim AND cols = ctx.pk THEN
+        -- The primary key of an INSERT: one lookup of the session's current version of the key tells both
+        -- the conflict and whether there is a version (a tombstone) to retire, so an INSERT of a key the
+        -- session never wrote skips the retiring UPDATE (~10 us).
+        ctx.pk_probe := true;
+        ctx.uq_ins := ctx.uq_ins || cow._fill($t$    SELECT c._cow_deleted INTO _pdel FROM {{changes}} c WHERE c._cow_session = _s AND c._cow_current AND {{key}};
+    IF _pdel IS FALSE OR (_pdel IS NULL AND EXISTS (SELECT 1 FROM {{base}} z WHERE {{equal}})) THEN
+        {{raise}}
+    END IF;
+$t$, jsonb_build_object('changes', ctx.ch, 'key', cow._eq(ctx.pk, 'c', 'NEW'), 'base', ctx.b, 'equal', cond,
+                        'raise', dup));
+    ELSE
+        ctx.uq_ins := ctx.uq_ins || cow._fill($t$    IF {{not_null}}({{taken}}) THEN
+        {{raise}}
+    END IF;
+$t$, jsonb_build_object('not_null', not_null, 'raise', dup,
+                        'taken', cow._key_taken(ctx.ch, ctx.b, ctx.pk, cond, '')));
+    END IF;
+    -- An UPDATE that leaves the key alone cannot create a duplicate; the nested IF keeps the query (and its
+    -- executor start-up) off that path.
+    ctx.uq_upd := ctx.uq_upd || cow._fill($t$    IF {{changed}} THEN
+        IF {{not_null}}({{taken}}) THEN
+            {{raise}}
+        END IF;
+    END IF;
+$t$, jsonb_build_object('changed', cow._changed(cols), 'not_null', not_null, 'raise', dup,
+                        'taken', cow._key_taken(ctx.ch, ctx.b, ctx.pk, cond,
+                                                format(' AND NOT (%s)', cow._eq(ctx.pk, 'z', 'OLD')))));
     RETURN ctx;
 END $gen$;
 
@@ -1186,105 +1194,137 @@ RETURN cow._fill('EXISTS (SELECT 1 FROM {{changes}} z WHERE z._cow_session = _s 
                  jsonb_build_object('changes', ch, 'base', b, 'equal', p_equal, 'other', p_other,
                                     'same_key', cow._eq(pk, 'c', 'z')));
 
--- FOREIGN KEY, a keyed table as the parent: the refusals (RESTRICT, NO ACTION, a child outside the layer) and
--- the ON DELETE / ON UPDATE actions within the session, par_del_check/par_upd_check and
--- par_del_act/par_upd_act; NO ACTION is checked at the end of the statement (fk_checks; deferrable: dq).
+-- FOREIGN KEY, a keyed table as the parent, one step per constraint that references it (`fk`, the row of
+-- the query below): NO ACTION checked at the end of the statement (cow._fk_no_action), the refusals and the
+-- ON DELETE / ON UPDATE actions within the session (cow._fk_parent_delete, cow._fk_parent_update).
 CREATE OR REPLACE FUNCTION cow._fk_parent_checks(ctx cow.trigger_context) RETURNS cow.trigger_context
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $gen$
 DECLARE
-    pg18 boolean := current_setting('server_version_num')::int >= 180000;
-    con record;
-    target text;
-    cond text;
-    msg text;
-    det text;
-    del_raise text;
-    upd_raise text;
+    fk record;
+BEGIN
+    FOR fk IN SELECT c.conname, c.conrelid, cow._attnames(c.conrelid, c.conkey) AS cols,
+                     cow._attnames(c.confrelid, c.confkey) AS refcols, c.confdeltype, c.confupdtype,
+                     cow._attnames(c.conrelid, c.confdelsetcols) AS delsetcols, ck.relname AS child,
+                     (SELECT nspname FROM pg_namespace WHERE oid = ck.relnamespace) AS child_schema,
+                     c.condeferrable, c.condeferred,
+                     EXISTS (SELECT 1 FROM cow.registry g WHERE g.relid = c.conrelid) AS child_cow,
+                     cow._session_rel(c.conrelid) AS target,
+                     format('update or delete on table "%s" violates foreign key constraint "%s" on table "%s"',
+                            ctx.tab, c.conname, ck.relname) AS msg
+              FROM pg_constraint c JOIN pg_class ck ON ck.oid = c.conrelid
+              WHERE c.oid IN (SELECT f.oid FROM cow._fks_to(ctx.rel) AS f(oid)) ORDER BY c.conname LOOP
+        -- (A child table outside the layer cannot change in a session: any action is a refusal there.)
+        IF (fk.confdeltype = 'a' OR fk.confupdtype = 'a') AND fk.child_cow THEN
+            ctx := cow._fk_no_action(ctx, fk);
+        END IF;
+        ctx := cow._fk_parent_delete(ctx, fk);
+        ctx := cow._fk_parent_update(ctx, fk);
+    END LOOP;
+    RETURN ctx;
+END $gen$;
+
+-- The 23503 (or 23001) of FOREIGN KEY fk (cow._fk_parent_checks) refusing p_action ('d' delete, 'u'
+-- update) of a referenced key: RESTRICT raises 23001 from PostgreSQL 18 on (23503 before); NO ACTION, and the
+-- refusal for a plain child, 23503.
+CREATE OR REPLACE FUNCTION cow._fk_parent_raise(fk record, p_action "char") RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $gen$
+BEGIN
+    RETURN cow._raise(CASE WHEN CASE p_action WHEN 'd' THEN fk.confdeltype ELSE fk.confupdtype END = 'r'
+                                AND fk.child_cow AND current_setting('server_version_num')::int >= 180000
+                           THEN '23001' ELSE '23503' END,
+                      fk.msg,
+                      format('format(''Key (%%s)=(%%s) is still referenced from table "%%s".'', %L, %s, %L)',
+                             cow._collist(fk.refcols), cow._keytext(fk.refcols, 'OLD'), fk.child),
+                      fk.child_schema, fk.child, fk.conname);
+END $gen$;
+
+-- NO ACTION is checked at the end of the statement, like PostgreSQL (so `DELETE FROM t` of a whole
+-- self-referencing tree works): the statement's tombstones whose key is gone from the session's view must
+-- not be referenced (fk_checks); a deferrable one when its constraint trigger fires (dq, dq_stmt). (A
+-- referenced key that is not the primary key and changes in place is still checked at once.)
+CREATE OR REPLACE FUNCTION cow._fk_no_action(ctx cow.trigger_context, fk record) RETURNS cow.trigger_context
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $gen$
+DECLARE
     gone text;
     referenced text;
 BEGIN
-    FOR con IN SELECT c.conname, c.conrelid, cow._attnames(c.conrelid, c.conkey) AS cols,
-                      cow._attnames(c.confrelid, c.confkey) AS refcols, c.confdeltype, c.confupdtype,
-                      cow._attnames(c.conrelid, c.confdelsetcols) AS delsetcols, ck.relname AS child,
-                      (SELECT nspname FROM pg_namespace WHERE oid = ck.relnamespace) AS child_schema,
-                      c.condeferrable, c.condeferred,
-                      EXISTS (SELECT 1 FROM cow.registry g WHERE g.relid = c.conrelid) AS child_cow
-               FROM pg_constraint c JOIN pg_class ck ON ck.oid = c.conrelid
-               WHERE c.oid IN (SELECT f.oid FROM cow._fks_to(ctx.rel) AS f(oid)) ORDER BY c.conname LOOP
-        target := cow._session_rel(con.conrelid);
-        cond := format('EXISTS (SELECT 1 FROM %s z WHERE %s)', target, cow._eq2(con.cols, 'z', con.refcols, 'OLD'));
-        -- RESTRICT raises 23001 from PostgreSQL 18 on (23503 before); NO ACTION, and the refusal for a plain
-        -- child, 23503.
-        msg := format('update or delete on table "%s" violates foreign key constraint "%s" on table "%s"',
-                      ctx.tab, con.conname, con.child);
-        det := format('format(''Key (%%s)=(%%s) is still referenced from table "%%s".'', %L, %s, %L)',
-                      cow._collist(con.refcols), cow._keytext(con.refcols, 'OLD'), con.child);
-        del_raise := cow._raise(CASE WHEN con.confdeltype = 'r' AND con.child_cow AND pg18 THEN '23001' ELSE '23503' END,
-                                msg, det, con.child_schema, con.child, con.conname);
-        upd_raise := cow._raise(CASE WHEN con.confupdtype = 'r' AND con.child_cow AND pg18 THEN '23001' ELSE '23503' END,
-                                msg, det, con.child_schema, con.child, con.conname);
-        -- NO ACTION is checked at the end of the statement, like PostgreSQL (so `DELETE FROM t` of a whole
-        -- self-referencing tree works): the statement's tombstones whose key is gone from the session's view
-        -- must not be referenced. RESTRICT is checked at once.
-        IF (con.confdeltype = 'a' OR con.confupdtype = 'a') AND con.child_cow THEN
-            gone := CASE WHEN con.condeferrable THEN cow._sexists(ctx.rel, cow._eq(con.refcols, 'z', 'c'))
-                         ELSE format('EXISTS (SELECT 1 FROM %s z WHERE %s)', ctx.v, cow._eq(con.refcols, 'z', 'c')) END;
-            referenced := CASE WHEN con.condeferrable THEN cow._sexists(con.conrelid, cow._eq2(con.cols, 'z', con.refcols, 'c'))
-                               ELSE format('EXISTS (SELECT 1 FROM %s k WHERE %s)', target, cow._eq2(con.cols, 'k', con.refcols, 'c')) END;
-            IF con.condeferrable THEN
-                -- The tombstones of deleted (or moved) referenced keys, checked when the trigger fires. (A
-                -- referenced key that is not the primary key and changes in place is still checked at once.)
-                ctx.dn := ctx.dn + 1;
-                ctx.dq := ctx.dq || cow._defer_branch(ctx.dn, cow._fk_parent_check(ctx.ch, con.conname, msg, con.refcols,
-                                                                                   con.child_schema, con.child, gone,
-                                                                                   referenced, ctx.row_version), false);
-                ctx.dq_stmt := ctx.dq_stmt || cow._defer_branch(ctx.dn, cow._fk_parent_check(ctx.ch, con.conname, msg,
-                                                                                             con.refcols, con.child_schema,
-                                                                                             con.child, gone, referenced,
-                                                                                             'c._cow_seq > _mark'), true);
-                ctx.dtrg := cow._defer_trigger(ctx.dtrg, con.conname, con.condeferred, 'NEW._cow_deleted', ctx.dn);
-            ELSE
-                ctx.fk_checks := ctx.fk_checks || cow._fk_parent_check(ctx.ch, con.conname, msg, con.refcols,
-                                                                       con.child_schema, con.child, gone, referenced,
-                                                                       'c._cow_seq > _mark');
-            END IF;
-        END IF;
-        -- A child table outside the layer cannot change in a session: any action is a refusal there.
-        IF con.confdeltype = 'r' OR NOT con.child_cow THEN
-            ctx.par_del_check := ctx.par_del_check || format(E'    IF %s THEN\n        %s\n    END IF;\n', cond, del_raise);
-        ELSIF con.confdeltype = 'a' THEN
-            NULL;  -- end of statement (above)
-        ELSIF con.confdeltype = 'c' THEN
-            ctx.par_del_act := ctx.par_del_act || format(E'    DELETE FROM %s z WHERE %s;\n', target,
-                                                         cow._eq2(con.cols, 'z', con.refcols, 'OLD'));
-        ELSE
-            ctx.par_del_act := ctx.par_del_act || format(E'    UPDATE %s z SET %s WHERE %s;\n', target,
-                (SELECT string_agg(format('%I = %s', c, CASE WHEN con.confdeltype = 'n' THEN 'NULL' ELSE 'DEFAULT' END), ', ')
-                 FROM unnest(coalesce(con.delsetcols, con.cols)) AS c),
-                cow._eq2(con.cols, 'z', con.refcols, 'OLD'));
-        END IF;
-        IF con.confupdtype IN ('r', 'a') OR NOT con.child_cow THEN
-            -- (A NO ACTION key that moves with the primary key leaves a tombstone, checked at the end.)
-            -- (Nested: the EXISTS query runs only when the referenced key changes.)
-            ctx.par_upd_check := ctx.par_upd_check || cow._fill($t$    IF {{changed}}{{unmoved}} THEN
+    IF NOT fk.condeferrable THEN
+        gone := format('EXISTS (SELECT 1 FROM %s z WHERE %s)', ctx.v, cow._eq(fk.refcols, 'z', 'c'));
+        referenced := format('EXISTS (SELECT 1 FROM %s k WHERE %s)', fk.target, cow._eq2(fk.cols, 'k', fk.refcols, 'c'));
+        ctx.fk_checks := ctx.fk_checks || cow._fk_parent_check(ctx.ch, fk.conname, fk.msg, fk.refcols, fk.child_schema,
+                                                               fk.child, gone, referenced, 'c._cow_seq > _mark');
+        RETURN ctx;
+    END IF;
+    -- The tombstones of deleted (or moved) referenced keys, checked when the trigger fires.
+    gone := cow._sexists(ctx.rel, cow._eq(fk.refcols, 'z', 'c'));
+    referenced := cow._sexists(fk.conrelid, cow._eq2(fk.cols, 'z', fk.refcols, 'c'));
+    ctx.dn := ctx.dn + 1;
+    ctx.dq := ctx.dq || cow._defer_branch(ctx.dn, cow._fk_parent_check(ctx.ch, fk.conname, fk.msg, fk.refcols,
+                                                                       fk.child_schema, fk.child, gone, referenced,
+                                                                       ctx.row_version), false);
+    ctx.dq_stmt := ctx.dq_stmt || cow._defer_branch(ctx.dn, cow._fk_parent_check(ctx.ch, fk.conname, fk.msg,
+                                                                                 fk.refcols, fk.child_schema, fk.child,
+                                                                                 gone, referenced, 'c._cow_seq > _mark'),
+                                                    true);
+    ctx.dtrg := cow._defer_trigger(ctx.dtrg, fk.conname, fk.condeferred, 'NEW._cow_deleted', ctx.dn);
+    RETURN ctx;
+END $gen$;
+
+-- ON DELETE of FOREIGN KEY fk's referenced row: RESTRICT (and any action of a child outside the layer) a
+-- refusal at once (par_del_check); NO ACTION at the end of the statement (cow._fk_no_action); CASCADE,
+-- SET NULL and SET DEFAULT on the child's overlay view (par_del_act).
+CREATE OR REPLACE FUNCTION cow._fk_parent_delete(ctx cow.trigger_context, fk record) RETURNS cow.trigger_context
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $gen$
+BEGIN
+    IF fk.confdeltype = 'r' OR NOT fk.child_cow THEN
+        ctx.par_del_check := ctx.par_del_check || format(E'    IF %s THEN\n        %s\n    END IF;\n',
+            format('EXISTS (SELECT 1 FROM %s z WHERE %s)', fk.target, cow._eq2(fk.cols, 'z', fk.refcols, 'OLD')),
+            cow._fk_parent_raise(fk, 'd'));
+    ELSIF fk.confdeltype = 'c' THEN
+        ctx.par_del_act := ctx.par_del_act || format(E'    DELETE FROM %s z WHERE %s;\n', fk.target,
+                                                     cow._eq2(fk.cols, 'z', fk.refcols, 'OLD'));
+    ELSIF fk.confdeltype <> 'a' THEN
+        ctx.par_del_act := ctx.par_del_act || format(E'    UPDATE %s z SET %s WHERE %s;\n', fk.target,
+            (SELECT string_agg(format('%I = %s', c, CASE WHEN fk.confdeltype = 'n' THEN 'NULL' ELSE 'DEFAULT' END), ', ')
+             FROM unnest(coalesce(fk.delsetcols, fk.cols)) AS c),
+            cow._eq2(fk.cols, 'z', fk.refcols, 'OLD'));
+    END IF;
+    RETURN ctx;
+END $gen$;
+
+-- ON UPDATE of FOREIGN KEY fk's referenced key: RESTRICT and NO ACTION (and any action of a child outside the
+-- layer) a refusal when the key changes (par_upd_check; a NO ACTION key that moves with the primary key
+-- leaves a tombstone, checked at the end: cow._fk_no_action); CASCADE, SET NULL and SET DEFAULT on the
+-- child's overlay view (par_upd_act). (Nested IFs: the query runs only when the referenced key changes.)
+CREATE OR REPLACE FUNCTION cow._fk_parent_update(ctx cow.trigger_context, fk record) RETURNS cow.trigger_context
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $gen$
+BEGIN
+    IF fk.confupdtype IN ('r', 'a') OR NOT fk.child_cow THEN
+        ctx.par_upd_check := ctx.par_upd_check || cow._fill($t$    IF {{changed}}{{unmoved}} THEN
         IF {{referenced}} THEN
             {{raise}}
         END IF;
     END IF;
-$t$, jsonb_build_object('changed', cow._changed(con.refcols), 'referenced', cond, 'raise', upd_raise,
-                        'unmoved', CASE WHEN con.confupdtype = 'a' AND con.child_cow
-                                        THEN format(' AND NOT %s', cow._changed(ctx.pk)) ELSE '' END));
-        ELSE
-            ctx.par_upd_act := ctx.par_upd_act || cow._fill($t$    IF {{changed}} THEN
+$t$, jsonb_build_object(
+            'changed', cow._changed(fk.refcols),
+            'unmoved', CASE WHEN fk.confupdtype = 'a' AND fk.child_cow THEN format(' AND NOT %s', cow._changed(ctx.pk))
+                            ELSE '' END,
+            'referenced', format('EXISTS (SELECT 1 FROM %s z WHERE %s)', fk.target,
+                                 cow._eq2(fk.cols, 'z', fk.refcols, 'OLD')),
+            'raise', cow._fk_parent_raise(fk, 'u')));
+    ELSE
+        ctx.par_upd_act := ctx.par_upd_act || cow._fill($t$    IF {{changed}} THEN
         UPDATE {{child}} z SET {{assignments}} WHERE {{referencing}};
     END IF;
-$t$, jsonb_build_object('changed', cow._changed(con.refcols), 'child', target,
-                        'assignments', (SELECT string_agg(format('%I = %s', con.cols[j], CASE con.confupdtype WHEN 'n' THEN 'NULL'
-                                                                 WHEN 'd' THEN 'DEFAULT' ELSE format('NEW.%I', con.refcols[j]) END), ', ')
-                                        FROM generate_subscripts(con.cols, 1) AS j),
-                        'referencing', cow._eq2(con.cols, 'z', con.refcols, 'OLD')));
-        END IF;
-    END LOOP;
+$t$, jsonb_build_object(
+            'changed', cow._changed(fk.refcols),
+            'child', fk.target,
+            'assignments', (SELECT string_agg(format('%I = %s', fk.cols[j],
+                                                     CASE fk.confupdtype WHEN 'n' THEN 'NULL' WHEN 'd' THEN 'DEFAULT'
+                                                          ELSE format('NEW.%I', fk.refcols[j]) END), ', ')
+                            FROM generate_subscripts(fk.cols, 1) AS j),
+            'referencing', cow._eq2(fk.cols, 'z', fk.refcols, 'OLD')));
+    END IF;
     RETURN ctx;
 END $gen$;
 
