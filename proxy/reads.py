@@ -248,6 +248,19 @@ class ReadRecorder:
         if len(queue) == 1:  # (it was empty: the writer may be waiting)
             self._wake.set()
 
+    def offer_many(self, records: list[ReadRecord]) -> None:
+        """``offer`` for a batch (the C relay's records): what fits is queued, the rest dropped, counted."""
+        queue = self.queue
+        room = self.queue_size - len(queue)
+        if room < len(records):
+            self.dropped["queue_full"] += len(records) - max(room, 0)
+            records = records[: max(room, 0)]
+        if records:
+            was_empty = not queue
+            queue.extend(records)
+            if was_empty:
+                self._wake.set()
+
     def for_connection(
         self, database: str, catalog: Callable[[], Catalog | None]
     ) -> Callable[[PendingRead, int | None, float], None]:
@@ -306,7 +319,7 @@ class ReadRecorder:
             rows = [record_row(r, self._shapes.get(r.sql, r.catalog)) for r in records]
             try:
                 conn = await self._connection(database)
-                sessions = sorted({r.session for r in records if valid_id(r.session)})
+                sessions = sorted(s for s in {r.session for r in records} if valid_id(s))
                 async with conn.transaction():
                     await conn.copy_records_to_table(
                         "reads", schema_name="cow", columns=COLUMNS, records=rows

@@ -152,6 +152,7 @@ class ClientConnection(asyncio.Protocol):
         # On the C relay with its session's reads recorded: the tags in force and the decisions C was given
         # (a read record names one of those, or one of _fast_statements).
         self._fast_reads: tuple[Tags, list[Decision]] | None = None
+        self._fast_texts: dict[int, str] = {}  # the texts those records name, decoded
         self._short_stints = 0  # hand-backs in a row after fewer than _SHORT_STINT messages (in a session)
         self._fast_wait = 0  # replies to handle in Python before trying the C relay again
 
@@ -511,40 +512,43 @@ class ClientConnection(asyncio.Protocol):
         self.fast = True
         self._fast_tagged = tagged
         self._fast_reads = (relay.txn_tags, decisions) if record else None
+        self._fast_texts = {}
+
+    def _read_text(self, ref: int) -> str | None:
+        """The text of the read a C record names: Python's statement ``ref`` (>= 0) or decision ``-ref - 1``
+        (decoded once per stay)."""
+        assert self._fast_reads is not None
+        sql = self._fast_texts.get(ref)
+        if sql is None:
+            sql = (
+                self._fast_statements[ref].sql if ref >= 0 else self._fast_reads[1][-ref - 1][0][1:].decode()
+            )
+            if sql is not None:
+                self._fast_texts[ref] = sql
+        return sql
 
     def _read_of(self, ref: int, params: bytes | None) -> PendingRead | None:
-        """The read a C record names: Python's statement ``ref`` (>= 0) or decision ``-ref - 1``."""
         assert self._fast_reads is not None
-        tags, decisions = self._fast_reads
-        sql = self._fast_statements[ref].sql if ref >= 0 else decisions[-ref - 1][0][1:].decode()
-        if sql is None or tags.session is None:
-            return None
-        return PendingRead(sql, tags.session, tags.operation, params)
+        session, operation = self._fast_reads[0].session, self._fast_reads[0].operation
+        sql = self._read_text(ref)
+        return None if sql is None or session is None else PendingRead(sql, session, operation, params)
 
     def fast_reads(self, records: list[FastRead]) -> None:
         """Read records the C relay made for this connection: into the recorder, as the relay's ``reads``
         callback would have put them."""
         recorder = self.server.reads
-        if recorder is None or self._fast_reads is None:
+        if recorder is None or self._fast_reads is None or self._fast_reads[0].session is None:
             return
-        catalog = self._catalog()
-        offer = recorder.offer
+        session, operation = self._fast_reads[0].session, self._fast_reads[0].operation
+        database, catalog, text = self.database, self._catalog(), self._read_text
+        batch = []
         for ref, rows, ended, duration_us, params in records:
-            read = self._read_of(ref, params)
-            if read is not None:
-                offer(
-                    ReadRecord(
-                        self.database,
-                        read.session,
-                        read.operation,
-                        read.sql,
-                        read.params,
-                        rows,
-                        ended,
-                        duration_us,
-                        catalog,
-                    )
+            sql = text(ref)
+            if sql is not None:
+                batch.append(
+                    ReadRecord(database, session, operation, sql, params, rows, ended, duration_us, catalog)
                 )
+        recorder.offer_many(batch)
 
     def from_fast(self, handback: Handback) -> None:
         """The C relay gave the connection back: resume in Python from the state it reports."""
