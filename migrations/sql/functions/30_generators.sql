@@ -299,28 +299,29 @@ CREATE OR REPLACE FUNCTION cow._rec_code(ch text, b text, names text[], pk text[
                                          origin text DEFAULT NULL, snap text DEFAULT NULL,
                                          stale text DEFAULT NULL, conflict text DEFAULT NULL)
 RETURNS text LANGUAGE sql IMMUTABLE AS $$
-    SELECT format(
-        $c$
+    SELECT cow._fill($c$
     _seen := NULL;
-    UPDATE %1$s x SET _cow_current = false WHERE x._cow_session = _s AND x._cow_current AND %3$s
+    UPDATE {{changes}} x SET _cow_current = false WHERE x._cow_session = _s AND x._cow_current AND {{current}}
         RETURNING x._cow_base, true, x._cow_fk, x._cow_seq, x._cow_origin INTO _base, _seen, _pfk, _pseq, _porig;
-%10$s    INSERT INTO %1$s (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, _cow_origin, %5$s)
-    VALUES (_s, _o, %6$s, _base, %8$s, %9$s, %7$s)%11$s;
-$c$, ch, b,
-       cow._eq(pk, 'x', var) || CASE WHEN stale IS NULL THEN '' ELSE ' AND ' || stale END,
-       NULL, cow._collist(names), CASE WHEN deleted THEN 'true' ELSE 'false' END,
-       cow._collist(names, var || '.'),
+{{snapshot}}    INSERT INTO {{changes}} (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, _cow_origin, {{columns}})
+    VALUES (_s, _o, {{deleted}}, _base, {{fk_bits}}, {{origin}}, {{values}}){{on_conflict}};
+$c$, jsonb_build_object(
+       'changes', ch,
+       'current', cow._eq(pk, 'x', var) || CASE WHEN stale IS NULL THEN '' ELSE ' AND ' || stale END,
+       'columns', cow._collist(names),
+       'deleted', CASE WHEN deleted THEN 'true' ELSE 'false' END,
+       'values', cow._collist(names, var || '.'),
        -- FOREIGN KEYs to check at the end of the statement: those this write changed, plus those an earlier
        -- write of the same row in the same (outermost) statement changed.
-       CASE WHEN deleted OR mark_guc IS NULL THEN '0'
+       'fk_bits', CASE WHEN deleted OR mark_guc IS NULL THEN '0'
             ELSE format($m$(%s) | CASE WHEN _pseq > coalesce(nullif(pg_catalog.split_part(pg_catalog.current_setting(%L, true), ',', 1), '')::bigint, 9223372036854775807) THEN coalesce(_pfk, 0) ELSE 0 END$m$,
                         fkmask, mark_guc) END,
        -- The base key the row descends from: kept from the previous version, or the key itself when this is
        -- the session's first write of a row read from the base; an INSERT passes NULL.
-       coalesce(origin, format('CASE WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object(%s) ELSE _porig END',
-                               cow._jsonargs(pk, var))),
+       'origin', coalesce(origin, format('CASE WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object(%s) ELSE _porig END',
+                                         cow._jsonargs(pk, var))),
        -- (No version: the UPDATE ... INTO found no row and left _base NULL.)
-       CASE WHEN snap = 'NULL' THEN ''
+       'snapshot', CASE WHEN snap = 'NULL' THEN ''
             WHEN snap = 'true' THEN E'    IF _seen IS NULL THEN\n        _base := pg_catalog.to_jsonb(OLD);\n    END IF;\n'
             WHEN snap IS NULL THEN format(E'    IF _seen IS NULL THEN\n        _base := (SELECT pg_catalog.to_jsonb(y.*) FROM %s y WHERE %s);\n    END IF;\n',
                                           b, cow._eq(pk, 'y', var))
@@ -329,9 +330,9 @@ $c$, ch, b,
                         snap, b, cow._eq(pk, 'y', var)) END,
        -- (Without `conflict`, a plain INSERT: the speculative one costs ~10 us, and an INSERT's key check ran
        -- before, so a key that a concurrent transaction of the session inserted is 23505 on <t>_cur.)
-       CASE WHEN conflict IS NULL THEN ''
+       'on_conflict', CASE WHEN conflict IS NULL THEN ''
             ELSE format(E'\n    ON CONFLICT (_cow_session, %s) WHERE _cow_current DO NOTHING;\n'
-                         '    IF NOT FOUND THEN\n        %s\n    END IF', cow._collist(pk), conflict) END)
+                         '    IF NOT FOUND THEN\n        %s\n    END IF', cow._collist(pk), conflict) END))
 $$;
 
 -- The full transaction id (xid8) of a recent xid such as a row's xmin: the epoch of the current snapshot's xmax.
@@ -377,6 +378,17 @@ END $$;
 -- The code of one check takes the versions to check as a condition on `c` (one, or those since the
 -- statement's mark).
 
+-- "A row `z` of the session `_s`'s view of a keyed table satisfies p_cond": a current, not deleted version in
+-- changes table ch, or a base row (of b) the session holds no version of (changes table row p_probe with z's
+-- key, primary key pk).
+CREATE OR REPLACE FUNCTION cow._view_exists(ch text, b text, pk text[], p_cond text, p_probe text) RETURNS text
+LANGUAGE sql IMMUTABLE
+RETURN cow._fill('EXISTS (SELECT 1 FROM {{changes}} z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND {{cond}}) '
+                 'OR EXISTS (SELECT 1 FROM {{base}} z WHERE {{cond}} AND NOT EXISTS (SELECT 1 FROM {{changes}} {{probe}} '
+                 'WHERE {{probe}}._cow_session = _s AND {{probe}}._cow_current AND {{same_key}} OFFSET 0))',
+                 jsonb_build_object('changes', ch, 'base', b, 'cond', p_cond, 'probe', p_probe,
+                                    'same_key', cow._eq(pk, p_probe, 'z')));
+
 -- "(EXISTS (...) OR EXISTS (...))": some row of the session `_s`'s view of table p_rel satisfies p_cond (which
 -- names that row `z`): its current, not deleted versions, or base rows it holds no version of (a per-row probe
 -- of <t>_cur, `OFFSET 0`), each found by the tables' own indexes; the base table alone for a table outside the
@@ -386,10 +398,8 @@ END $$;
 CREATE OR REPLACE FUNCTION cow._sexists(p_rel oid, p_cond text) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT coalesce(
-        (SELECT format('(EXISTS (SELECT 1 FROM cow_changes.%1$I z WHERE z._cow_session = _s AND z._cow_current '
-                       'AND NOT z._cow_deleted AND %2$s) OR EXISTS (SELECT 1 FROM %3$s z WHERE %2$s AND NOT EXISTS '
-                       '(SELECT 1 FROM cow_changes.%1$I y WHERE y._cow_session = _s AND y._cow_current AND %4$s OFFSET 0)))',
-                       g.changes_table, p_cond, p_rel::regclass, cow._eq(g.pk_columns, 'y', 'z'))
+        (SELECT '(' || cow._view_exists(format('cow_changes.%I', g.changes_table), p_rel::regclass::text,
+                                        g.pk_columns, p_cond, 'y') || ')'
          FROM cow.registry g WHERE g.relid = p_rel AND g.pk_columns <> '{}'),
         -- (A keyless table, 35_keyless.sql: through its overlay view, which reads the session from the GUC;
         -- the constraint triggers set it to the session that wrote the version they check.)
@@ -536,39 +546,56 @@ BEGIN
         EXECUTE format('DROP FUNCTION IF EXISTS %s()', fn);
         RETURN;
     END IF;
-    EXECUTE format(
-        E'CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql AS $body$\n'
-         'DECLARE\n    _s text := NEW._cow_session;\n    _v bigint := NEW._cow_seq;\n    _k int;\n    _i int;\n'
-         '    _g text;\n    _g0 text;\n    _seq bigint;\n    _det text;\n    _best bigint;\n    _bdet text;\n'
-         '    _bcon text;\n    _bmsg text;\n    _bcode text;\n    _btab text;\n    _bsch text;\n    _r record;\n    _cow_k record;\n    _cow_c record;\n'
-         'BEGIN\n'
-         '    IF pg_catalog.pg_trigger_depth() > 1 THEN\n'
-         '        -- IMMEDIATE mode, inside a write: the statement trigger checks at the end of the statement.\n'
-         '        _g := coalesce(pg_catalog.current_setting(%2$L, true), '''');\n'
-         '        FOR _i IN 0 .. TG_NARGS - 1 LOOP\n'
-         '            IF pg_catalog.strpos(_g, '','' || TG_ARGV[_i] || '','') = 0 THEN\n'
-         '                _g := CASE WHEN _g = '''' THEN '','' ELSE _g END || TG_ARGV[_i] || '','';\n'
-         '                PERFORM pg_catalog.set_config(%2$L, _g, true);\n'
-         '            END IF;\n'
-         '        END LOOP;\n'
-         '        RETURN NULL;\n'
-         '    END IF;\n'
-         '    -- At COMMIT or SET CONSTRAINTS: the checks read the session that wrote the version.\n'
-         '    _g0 := pg_catalog.current_setting(''cow.session_id'', true);\n'
-         '    IF _g0 IS DISTINCT FROM _s THEN\n'
-         '        PERFORM pg_catalog.set_config(''cow.session_id'', _s, true);\n'
-         '    END IF;\n'
-         '    FOR _i IN 0 .. TG_NARGS - 1 LOOP\n'
-         '        _k := TG_ARGV[_i]::int;\n%3$s'
-         '    END LOOP;\n'
-         '    IF _g0 IS DISTINCT FROM _s THEN\n'
-         '        PERFORM pg_catalog.set_config(''cow.session_id'', coalesce(_g0, ''''), true);\n'
-         '    END IF;\n'
-         '    IF _best IS NOT NULL THEN\n'
-         '        RAISE EXCEPTION USING ERRCODE = _bcode, MESSAGE = _bmsg, DETAIL = _bdet, SCHEMA = coalesce(_bsch, %4$L), TABLE = coalesce(_btab, %5$L), CONSTRAINT = _bcon;\n'
-         '    END IF;\n'
-         '    RETURN NULL;\n'
-         'END $body$', fn, 'cow._dq_' || r.changes_table, p_checks, r.table_schema, r.table_name);
+    EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql AS $body$
+DECLARE
+    _s text := NEW._cow_session;
+    _v bigint := NEW._cow_seq;
+    _k int;
+    _i int;
+    _g text;
+    _g0 text;
+    _seq bigint;
+    _det text;
+    _best bigint;
+    _bdet text;
+    _bcon text;
+    _bmsg text;
+    _bcode text;
+    _btab text;
+    _bsch text;
+    _r record;
+    _cow_k record;
+    _cow_c record;
+BEGIN
+    IF pg_catalog.pg_trigger_depth() > 1 THEN
+        -- IMMEDIATE mode, inside a write: the statement trigger checks at the end of the statement.
+        _g := coalesce(pg_catalog.current_setting({{flags|L}}, true), '');
+        FOR _i IN 0 .. TG_NARGS - 1 LOOP
+            IF pg_catalog.strpos(_g, ',' || TG_ARGV[_i] || ',') = 0 THEN
+                _g := CASE WHEN _g = '' THEN ',' ELSE _g END || TG_ARGV[_i] || ',';
+                PERFORM pg_catalog.set_config({{flags|L}}, _g, true);
+            END IF;
+        END LOOP;
+        RETURN NULL;
+    END IF;
+    -- At COMMIT or SET CONSTRAINTS: the checks read the session that wrote the version.
+    _g0 := pg_catalog.current_setting('cow.session_id', true);
+    IF _g0 IS DISTINCT FROM _s THEN
+        PERFORM pg_catalog.set_config('cow.session_id', _s, true);
+    END IF;
+    FOR _i IN 0 .. TG_NARGS - 1 LOOP
+        _k := TG_ARGV[_i]::int;
+{{checks}}    END LOOP;
+    IF _g0 IS DISTINCT FROM _s THEN
+        PERFORM pg_catalog.set_config('cow.session_id', coalesce(_g0, ''), true);
+    END IF;
+    IF _best IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = _bcode, MESSAGE = _bmsg, DETAIL = _bdet, SCHEMA = coalesce(_bsch, {{schema|L}}), TABLE = coalesce(_btab, {{table|L}}), CONSTRAINT = _bcon;
+    END IF;
+    RETURN NULL;
+END $body$$t$,
+        jsonb_build_object('fn', fn, 'flags', 'cow._dq_' || r.changes_table, 'checks', p_checks,
+                           'schema', r.table_schema, 'table', r.table_name));
     FOR t IN SELECT key AS name, value AS spec FROM jsonb_each(p_map) LOOP
         EXECUTE format('CREATE CONSTRAINT TRIGGER %I AFTER INSERT ON %s DEFERRABLE INITIALLY %s FOR EACH ROW WHEN (%s) '
                        'EXECUTE FUNCTION %s(%s)',
@@ -1169,7 +1196,7 @@ $t$, jsonb_build_object('changes', ctx.ch, 'key', cow._eq(ctx.pk, 'c', 'NEW'), '
         {{raise}}
     END IF;
 $t$, jsonb_build_object('not_null', not_null, 'raise', dup,
-                        'taken', cow._key_taken(ctx.ch, ctx.b, ctx.pk, cond, '')));
+                        'taken', cow._view_exists(ctx.ch, ctx.b, ctx.pk, cond, 'c')));
     END IF;
     -- An UPDATE that leaves the key alone cannot create a duplicate; the nested IF keeps the query (and its
     -- executor start-up) off that path.
@@ -1179,20 +1206,10 @@ $t$, jsonb_build_object('not_null', not_null, 'raise', dup,
         END IF;
     END IF;
 $t$, jsonb_build_object('changed', cow._changed(cols), 'not_null', not_null, 'raise', dup,
-                        'taken', cow._key_taken(ctx.ch, ctx.b, ctx.pk, cond,
-                                                format(' AND NOT (%s)', cow._eq(ctx.pk, 'z', 'OLD')))));
+                        'taken', cow._view_exists(ctx.ch, ctx.b, ctx.pk,
+                                                  format('%s AND NOT (%s)', cond, cow._eq(ctx.pk, 'z', 'OLD')), 'c')));
     RETURN ctx;
 END $gen$;
-
--- "A row of the session's view of the table matches `z` by p_equal" (a unique key's conflict): a current
--- version in changes table ch, or a base row (of b) the session holds no version of. p_other leaves out the
--- row being updated.
-CREATE OR REPLACE FUNCTION cow._key_taken(ch text, b text, pk text[], p_equal text, p_other text) RETURNS text
-LANGUAGE sql IMMUTABLE
-RETURN cow._fill('EXISTS (SELECT 1 FROM {{changes}} z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND {{equal}}{{other}}) '
-                 'OR EXISTS (SELECT 1 FROM {{base}} z WHERE {{equal}}{{other}} AND NOT EXISTS (SELECT 1 FROM {{changes}} c WHERE c._cow_session = _s AND c._cow_current AND {{same_key}} OFFSET 0))',
-                 jsonb_build_object('changes', ch, 'base', b, 'equal', p_equal, 'other', p_other,
-                                    'same_key', cow._eq(pk, 'c', 'z')));
 
 -- FOREIGN KEY, a keyed table as the parent, one step per constraint that references it (`fk`, the row of
 -- the query below): NO ACTION checked at the end of the statement (cow._fk_no_action), the refusals and the
