@@ -232,6 +232,9 @@ class ReadRecorder:
         self._failing: set[str] = set()  # databases whose last write failed (logged once per streak)
         self._closing = False  # flushing for shutdown: no waiting for more records
         self._inflight = 0  # records taken from the queue, not yet written or dropped
+        # Offers what was recorded elsewhere and not offered yet (the C relay's records: the server sets it);
+        # flush calls it first, so that "everything recorded so far" includes them.
+        self.collect: Callable[[], None] = lambda: None
 
     @property
     def pending(self) -> int:
@@ -355,7 +358,8 @@ class ReadRecorder:
                 conn.terminate()
 
     async def flush(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109
-        """Wait until every queued record is written (or dropped), up to ``timeout``."""
+        """Wait until every record offered or collected so far is written (or dropped), up to ``timeout``."""
+        self.collect()
         deadline = time.monotonic() + timeout
         while (self.queue or self._busy) and time.monotonic() < deadline:
             if self._task is None or self._task.done():

@@ -884,6 +884,11 @@ class ProxyServer:
         self.metrics.watch_fast(self._fast_counts)
 
     def _fast_counts(self) -> FastCounts | None:
+        if self.fast is None:
+            return None
+        # (First the C relay's read records and hand-backs: the scrape's cowproxy_reads_queued then counts
+        # every read done so far, which is what a client waiting for the trace to be written polls.)
+        self._on_handbacks()
         return self.fast.counts() if self.fast is not None else None
 
     def fast_states(self) -> dict[int, tuple[str, int]] | None:
@@ -962,6 +967,7 @@ class ProxyServer:
         loop.add_reader(self.fast.fileno(), self._on_handbacks)
         if self.reads is not None:
             self._reads_timer = loop.call_later(_TAKE_READS, self._reads_tick)
+            self.reads.collect = self._on_handbacks
 
     def _reads_tick(self) -> None:
         self.take_fast_reads()

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy import protocol as p
+from proxy import server as server_module
 from proxy.fastrelay import AVAILABLE, UNAVAILABLE
 from tests.fix_db import PgServer, install_layer_at
 from tests.fix_proxy import RunningProxy, run_proxy
@@ -274,3 +275,28 @@ def test_the_random_streams_made_records_on_the_c_relay() -> None:
     if not _c_made:
         pytest.skip("the comparison did not run in this session")
     assert sum(_c_made) > 0, _c_made
+
+
+def test_flush_and_the_queued_gauge_see_records_still_in_the_c_relay(
+    pg_server: PgServer, layer_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without waiting for the periodic take (turned off here), a scrape's ``cowproxy_reads_queued`` and the
+    recorder's flush include the records the C relay holds: a client that waits for its trace to be written
+    (the demo, before scoring) finds all of it."""
+    monkeypatch.setattr(server_module, "_TAKE_READS", 3600.0)
+    with (
+        run_proxy(pg_server, reads_dsn=pg_server.dsn) as proxy,
+        psycopg.connect(tagged(proxy, layer_db, "frq", "op1"), autocommit=True) as conn,
+    ):
+        conn.execute(BY_TIER, ("pro",), prepare=True).fetchall()
+        assert on_fast(proxy)
+        for _ in range(20):
+            conn.execute(BY_TIER, ("pro",), prepare=True).fetchall()
+        assert c_reads(proxy) >= 20
+        assert scrape(proxy)["cowproxy_reads_queued"] >= 20  # (taken into the queue by the scrape)
+        flush(proxy)
+        assert len(recorded(layer_db, "frq")) == 21  # (while the connection is still open, on C)
+        more = [conn.execute(BY_TIER, ("basic",), prepare=True).fetchall() for _ in range(5)]
+        assert all(len(rows) == 2 for rows in more)
+        flush(proxy)  # (nothing took them before)
+        assert len(recorded(layer_db, "frq")) == 26
