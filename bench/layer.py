@@ -668,6 +668,7 @@ async def explain(dsns: Dsns, cfg: Config) -> list[str]:
         ("point select", SELECT_POINT, "(bigint)", f"({probe})", "custom"),
         ("point select", SELECT_POINT, "(bigint)", f"({probe})", "generic"),
         ("range 100 rows", SELECT_RANGE, "(bigint)", f"({probe})", "custom"),
+        ("range 100 rows", SELECT_RANGE, "(bigint)", f"({probe})", "generic"),
         ("keyset page 100 rows", SELECT_PAGE, "(bigint)", f"({probe})", "custom"),
         ("join 10 rows on primary key", JOIN_PK, "(bigint)", "(100)", "generic"),
         ("join 1 row on indexed grp", JOIN_GRP, "(bigint)", "(100)", "custom"),

@@ -237,18 +237,24 @@ BEGIN
     -- session's current, not deleted versions (a one-time filter without a session). The anti join drops
     -- the base rows this session has a version of; it is over the append, with the base leaf's key. It has
     -- no condition on the session being set: without one its key is NULL or '', which no row has.
+    -- The changes leaf is kept out of it by _cow_b (true in the base leaf, NULL in the changes leaf) as a
+    -- join key, not by a filter on _cow_k: PostgreSQL 16+ costs a join filter for every row a Hash Anti
+    -- Join returns but a Hash Right Anti Join's only for matched rows, so with the filter it hashed the
+    -- append and probed it with the session's keys, returning the rows in hash order (a plain table's
+    -- scan, and this view on 15, return them in the order of the heap; docs/layer.md, "Row order"). Its
+    -- other side is computed from a key column, so x stays an index-only scan of <t>_cur.
     -- _cow_s = coalesce(<session>, '') is a top-level equality with a constant (true in the base leaf, where
     -- _cow_s is that constant): it puts the changes leaf's _cow_session in an equivalence class with a
     -- constant, so <t>_cur (_cow_session, pk) counts as ordered by the primary key and a Merge Append needs
     -- no sort of the session's rows (PostgreSQL 15 costs that sort by the whole changes table's row count).
     EXECUTE cow._fill($t$CREATE VIEW {{view}} AS SELECT {{columns}} FROM (
     SELECT 1 AS _cow_k, {{base_columns}}, coalesce({{session}}, '') AS _cow_s, NULL::boolean AS _cow_cur,
-           NULL::boolean AS _cow_del FROM {{base}} b
-    UNION ALL SELECT 2, {{changes_columns}}, c._cow_session, c._cow_current, c._cow_deleted FROM {{changes}} c) u
+           NULL::boolean AS _cow_del, true AS _cow_b FROM {{base}} b
+    UNION ALL SELECT 2, {{changes_columns}}, c._cow_session, c._cow_current, c._cow_deleted, NULL FROM {{changes}} c) u
 WHERE {{gate}} AND u._cow_s = coalesce({{session}}, '') AND CASE u._cow_k WHEN 1 THEN true
       ELSE {{session}} <> '' AND u._cow_cur AND NOT u._cow_del END
-  AND NOT EXISTS (SELECT 1 FROM {{changes}} x WHERE u._cow_k = 1
-                  AND x._cow_session = {{session}} AND x._cow_current AND {{has_version}})$t$,
+  AND NOT EXISTS (SELECT 1 FROM {{changes}} x WHERE x._cow_session = {{session}} AND x._cow_current
+                  AND ({{key_column}} IS NOT NULL) = u._cow_b AND {{has_version}})$t$,
         jsonb_build_object(
             'view', v,
             'columns', cow._collist(names, 'u.'),
@@ -258,7 +264,8 @@ WHERE {{gate}} AND u._cow_s = coalesce({{session}}, '') AND CASE u._cow_k WHEN 1
             'changes', ch,
             'session', sess,
             'gate', cow._read_gate_sql(),
-            'has_version', cow._eq(pk, 'x', 'u')));
+            'has_version', cow._eq(pk, 'x', 'u'),
+            'key_column', 'x.' || quote_ident(pk[1])));
     PERFORM cow._view_defaults(rel, v, b, r.changes_table);
 
     UPDATE cow.registry SET table_schema = sch, table_name = tab, pk_columns = pk, col_attnums = nums,

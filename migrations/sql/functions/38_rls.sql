@@ -115,17 +115,17 @@ BEGIN
     EXECUTE format(
         'CREATE OR REPLACE VIEW %1$s WITH (security_invoker = true) AS SELECT %2$s FROM ('
         'SELECT 1 AS _cow_k, %3$s, coalesce(%7$s, '''') AS _cow_s, NULL::boolean AS _cow_cur, '
-        'NULL::boolean AS _cow_del FROM %4$s b '
-        'UNION ALL SELECT 2, %5$s, c._cow_session, c._cow_current, c._cow_deleted FROM %6$s c) %9$s '
+        'NULL::boolean AS _cow_del, true AS _cow_b FROM %4$s b '
+        'UNION ALL SELECT 2, %5$s, c._cow_session, c._cow_current, c._cow_deleted, NULL FROM %6$s c) %9$s '
         'WHERE %12$s AND %9$s._cow_s = coalesce(%7$s, '''') AND CASE %9$s._cow_k WHEN 1 THEN true '
         'ELSE %7$s <> '''' AND %9$s._cow_cur AND NOT %9$s._cow_del '
         'AND ((SELECT NOT pg_catalog.row_security_active(%10$s::oid)) OR %11$s) END '
-        'AND NOT EXISTS (SELECT 1 FROM %6$s x WHERE %9$s._cow_k = 1 '
-        'AND x._cow_session = %7$s AND x._cow_current AND %8$s)',
+        'AND NOT EXISTS (SELECT 1 FROM %6$s x WHERE x._cow_session = %7$s AND x._cow_current '
+        'AND (x.%13$I IS NOT NULL) = %9$s._cow_b AND %8$s)',
         format('%I.%I', r.overlay_schema, tab), cow._collist(r.col_names, t || '.'),
         cow._collist(r.col_names, 'b.'), format('%I.%I', sch, tab), cow._collist(r.col_names, 'c.'),
         format('cow_changes.%I', r.changes_table), sess, cow._eq(r.pk_columns, 'x', t), t, r.relid,
-        cow._rls_cond(r.relid, 'r', false), cow._read_gate_sql());
+        cow._rls_cond(r.relid, 'r', false), cow._read_gate_sql(), r.pk_columns[1]);
 END $gen$;
 
 -- The INSTEAD OF trigger cow_0rls of registry entry p_id's overlay view (see the top of this file).

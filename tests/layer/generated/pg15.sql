@@ -1118,7 +1118,8 @@ SELECT u.id,
             b.during,
             COALESCE(current_setting('cow.session_id'::text, true), ''::text) AS _cow_s,
             NULL::boolean AS _cow_cur,
-            NULL::boolean AS _cow_del
+            NULL::boolean AS _cow_del,
+            true AS _cow_b
            FROM child b
         UNION ALL
          SELECT 2,
@@ -1135,7 +1136,8 @@ SELECT u.id,
             c.during,
             c._cow_session,
             c._cow_current,
-            c._cow_deleted
+            c._cow_deleted,
+            NULL::boolean
            FROM cow_changes.t1 c) u
   WHERE (((NOT (EXISTS ( SELECT
            FROM cow.my_binding_elsewhere))) OR cow._read_gate()) AND (u._cow_s = COALESCE(current_setting('cow.session_id'::text, true), ''::text)) AND
@@ -1144,7 +1146,7 @@ SELECT u.id,
             ELSE ((current_setting('cow.session_id'::text, true) <> ''::text) AND u._cow_cur AND (NOT u._cow_del))
         END AND (NOT (EXISTS ( SELECT 1
            FROM cow_changes.t1 x
-          WHERE ((u._cow_k = 1) AND (x._cow_session = current_setting('cow.session_id'::text, true)) AND x._cow_current AND (x.id = u.id))))));
+          WHERE ((x._cow_session = current_setting('cow.session_id'::text, true)) AND x._cow_current AND ((x.id IS NOT NULL) = u._cow_b) AND (x.id = u.id))))));
 
 -- view cow_overlay_public.events
 SELECT _cow_b.kind,
@@ -1194,7 +1196,8 @@ SELECT u.id,
             b.span,
             COALESCE(current_setting('cow.session_id'::text, true), ''::text) AS _cow_s,
             NULL::boolean AS _cow_cur,
-            NULL::boolean AS _cow_del
+            NULL::boolean AS _cow_del,
+            true AS _cow_b
            FROM parent b
         UNION ALL
          SELECT 2,
@@ -1204,7 +1207,8 @@ SELECT u.id,
             c.span,
             c._cow_session,
             c._cow_current,
-            c._cow_deleted
+            c._cow_deleted,
+            NULL::boolean
            FROM cow_changes.t3 c) u
   WHERE (((NOT (EXISTS ( SELECT
            FROM cow.my_binding_elsewhere))) OR cow._read_gate()) AND (u._cow_s = COALESCE(current_setting('cow.session_id'::text, true), ''::text)) AND
@@ -1213,5 +1217,5 @@ SELECT u.id,
             ELSE ((current_setting('cow.session_id'::text, true) <> ''::text) AND u._cow_cur AND (NOT u._cow_del))
         END AND (NOT (EXISTS ( SELECT 1
            FROM cow_changes.t3 x
-          WHERE ((u._cow_k = 1) AND (x._cow_session = current_setting('cow.session_id'::text, true)) AND x._cow_current AND (x.id = u.id))))));
+          WHERE ((x._cow_session = current_setting('cow.session_id'::text, true)) AND x._cow_current AND ((x.id IS NOT NULL) = u._cow_b) AND (x.id = u.id))))));
 
