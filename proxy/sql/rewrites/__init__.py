@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from pglast import ast
 from pglast.stream import RawStream
@@ -108,14 +107,15 @@ class Rewriter:
         self.context = Context(catalog, server_version_num, found, ctes, cached_plan)
         self.rules = RULES if found is None else tuple(rule for rule in RULES if rule.name in found)
 
-    def rewrite(self, stmts: Sequence[Any], text: str | None = None) -> Outcome:
+    def rewrite(self, stmts: Sequence[ast.RawStmt], text: str | None = None) -> Outcome:
         """Rewrite parsed statements; with the source ``text``, unchanged statements keep their own text."""
         changed = False
         changed_at: set[int] = set()
         tag_map: tuple[str, str] | None = None
         mapped: set[int] = set()
-        finals: list[Any] = []
+        finals: list[ast.Node] = []
         for index, raw in enumerate(stmts):
+            assert raw.stmt is not None  # the parser sets every RawStmt's statement
             node, node_changed, node_map = self._statement(raw.stmt)
             if node_changed:
                 raw.stmt = node
@@ -143,8 +143,9 @@ class Rewriter:
         for index, raw in enumerate(stmts):
             if text is not None and index not in changed_at:
                 # pglast gives the offsets in characters; stmt_len 0 means "to the end"
-                end = raw.stmt_location + raw.stmt_len if raw.stmt_len else len(text)
-                parts.append(text[raw.stmt_location : end].strip().rstrip(";").strip())
+                start = raw.stmt_location or 0
+                end = start + raw.stmt_len if raw.stmt_len else len(text)
+                parts.append(text[start:end].strip().rstrip(";").strip())
             else:
                 parts.append(RawStream()(raw))
         # the newline ends a line comment the client's text may finish with, before the semicolon

@@ -19,15 +19,14 @@ refusal: the proxy cannot see what it sets.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pglast import ast, enums
 from pglast.stream import RawStream
-from pglast.visitors import Visitor
+from pglast.visitors import Ancestor, Visitor
 
 from proxy.sql.catalog import Catalog
 from proxy.sql.jsontree import JsonNode
 from proxy.sql.rewrites.base import Context, Rule, Scan, Step
+from proxy.sql.rewrites.nodes import Visit
 
 SETTING = "search_path"
 # VariableSetStmt kinds (as parse_sql_json spells them): set the path to a value or to its default, reset it.
@@ -77,7 +76,7 @@ def set_statement(stmt: ast.VariableSetStmt) -> tuple[ast.DoStmt, tuple[str, str
     return block, ("DO", command)
 
 
-def _is_path_call(node: Any) -> bool:
+def _is_path_call(node: ast.Node | None) -> bool:
     if not isinstance(node, ast.FuncCall):
         return False
     names = [n.sval.lower() for n in node.funcname or ()]
@@ -101,12 +100,12 @@ class _SetConfigCalls(Visitor):
 
     changed = False
 
-    def visit_ResTarget(self, ancestors: Any, node: ast.ResTarget) -> Any:
+    def visit_ResTarget(self, ancestors: Ancestor, node: ast.ResTarget) -> Visit:
         if node.name is None and _is_path_call(node.val) and ancestors.parent is not None:
             node.name = "set_config"
         return None
 
-    def visit_FuncCall(self, ancestors: Any, node: ast.FuncCall) -> Any:
+    def visit_FuncCall(self, ancestors: Ancestor, node: ast.FuncCall) -> Visit:
         if not _is_path_call(node):
             return None
         self.changed = True

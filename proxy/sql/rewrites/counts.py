@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from pglast import ast
 from pglast.enums import (
@@ -19,6 +18,7 @@ from proxy.sql.jsontree import JsonNode, any_select, child, children
 from proxy.sql.rewrites.base import Context, Rule, Scan, Step
 from proxy.sql.rewrites.nodes import (
     QUALIFIED_NAME_KINDS,
+    Visit,
     all_of,
     bare_select,
     copy_tree,
@@ -42,20 +42,20 @@ class _Count:
     skipping ``offset`` and at most ``limit`` of them (the expressions of a counted subquery, or None)."""
 
     table: CowTable
-    range_var: Any
-    where: Any
-    offset: Any = None
-    limit: Any = None
+    range_var: ast.RangeVar
+    where: ast.Node | None
+    offset: ast.Node | None = None
+    limit: ast.Node | None = None
 
 
 class _Placeholders(Visitor):
     """Replaces the template's one-word column references named in ``values`` with copies of the client's
     expressions (NULL for a missing one)."""
 
-    def __init__(self, values: dict[str, Any]) -> None:
+    def __init__(self, values: dict[str, ast.Node | None]) -> None:
         self.values = values
 
-    def visit_ColumnRef(self, _: Ancestor, node: ast.ColumnRef) -> Any:
+    def visit_ColumnRef(self, _: Ancestor, node: ast.ColumnRef) -> Visit:
         fields = [getattr(f, "sval", None) for f in node.fields or ()]
         if len(fields) == 1 and fields[0] in self.values:
             value = self.values[fields[0]]
@@ -63,7 +63,7 @@ class _Placeholders(Visitor):
         return None
 
 
-def _own_columns(targets: Sequence[Any], item: Any, table: CowTable) -> bool:
+def _own_columns(targets: Sequence[ast.ResTarget], item: ast.RangeVar, table: CowTable) -> bool:
     """Whether a target list holds only columns of ``table`` (FROM item ``item``) and stars."""
     name, qualified = range_name(item), item.alias is None
     schemas = (table.schema, table.overlay_schema) if qualified else ()
@@ -99,7 +99,7 @@ class _SplitCounts(Visitor):
         self.ctes = ctes
         self.changed = False
 
-    def visit_SelectStmt(self, _: Ancestor, node: ast.SelectStmt) -> Any:
+    def visit_SelectStmt(self, _: Ancestor, node: ast.SelectStmt) -> Visit:
         count = self._counted(node)
         if count is None:
             return None
@@ -151,7 +151,7 @@ class _SplitCounts(Visitor):
         self.changed = True
         return Skip
 
-    def _counted(self, node: Any) -> _Count | None:
+    def _counted(self, node: ast.SelectStmt) -> _Count | None:
         """What this SELECT counts when it is a lone ``count(*)`` of a keyed CoW table's rows: ``FROM t
         [WHERE p]``, or ``FROM (SELECT <t's columns> FROM t [WHERE p] [ORDER BY …] [LIMIT n] [OFFSET m])
         alias`` (SQLAlchemy's ``Query.count()``; Prisma's ``count()``, with ``OFFSET $1``)."""
@@ -160,10 +160,10 @@ class _SplitCounts(Visitor):
             or node.sortClause
             or node.limitCount is not None
             or node.limitOffset is not None
-            or len(node.targetList) != 1
+            or len(node.targetList or ()) != 1
         ):
             return None
-        call = node.targetList[0].val
+        call = (node.targetList or ())[0].val
         if (
             not isinstance(call, ast.FuncCall)
             or function_name(call) not in (("count",), ("pg_catalog", "count"))
@@ -174,7 +174,7 @@ class _SplitCounts(Visitor):
             or call.over is not None
         ):
             return None
-        item, where = node.fromClause[0], node.whereClause
+        item, where = (node.fromClause or ())[0], node.whereClause
         if not call.agg_star:
             if not isinstance(item, ast.RangeVar):
                 return None  # count(x) of a subquery's column: left to the view
@@ -183,8 +183,9 @@ class _SplitCounts(Visitor):
             counted = ast.NullTest(arg=arg, nulltesttype=NullTestType.IS_NOT_NULL, argisrow=False)
             where = counted if where is None else all_of(where, counted)
         offset = limit = None
+        inner_targets: Sequence[ast.ResTarget] = ()  # a counted subquery's
         if isinstance(item, ast.RangeSubselect):
-            inner: Any = item.subquery
+            inner = item.subquery
             if (
                 item.lateral
                 or where is not None
@@ -192,7 +193,8 @@ class _SplitCounts(Visitor):
                 or inner.limitOption == LimitOption.LIMIT_OPTION_WITH_TIES  # ties depend on the rows
             ):
                 return None
-            item, where = inner.fromClause[0], inner.whereClause
+            item, where = (inner.fromClause or ())[0], inner.whereClause
+            inner_targets = inner.targetList or ()
             offset, limit = inner.limitOffset, inner.limitCount
             if not (plain_condition(offset) and plain_condition(limit)):
                 return None
@@ -205,7 +207,7 @@ class _SplitCounts(Visitor):
         table = self._table(item)
         if table is None or not table.key or table.changes_table is None or table.row_security:
             return None
-        if item is not node.fromClause[0] and not _own_columns(inner.targetList, item, table):
+        if item is not (node.fromClause or ())[0] and not _own_columns(inner_targets, item, table):
             return (
                 None  # the subquery's targets must be the table's columns (a wrong name: the server's 42703)
             )
@@ -214,7 +216,7 @@ class _SplitCounts(Visitor):
     def _table(self, node: ast.RangeVar) -> CowTable | None:
         return base_readable(self.catalog, self.ctes, node)
 
-    def visit_CreateFunctionStmt(self, _: Ancestor, node: ast.CreateFunctionStmt) -> Any:
+    def visit_CreateFunctionStmt(self, _: Ancestor, node: ast.CreateFunctionStmt) -> Visit:
         return Skip
 
 

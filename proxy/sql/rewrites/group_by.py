@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from pglast import ast
 from pglast.visitors import Ancestor, Skip, Visitor
@@ -15,6 +14,7 @@ from proxy.sql.jsontree import JsonNode, any_select, from_relations
 from proxy.sql.rewrites.base import Context, Rule, Scan, Step
 from proxy.sql.rewrites.nodes import (
     QUALIFIED_NAME_KINDS,
+    Visit,
 )
 from proxy.sql.rewrites.tables import (
     cow_range,
@@ -71,7 +71,7 @@ class _GroupByKeys(Visitor):
             found = self._resolve(_by_position(group, outputs), items)
             if found is not None:
                 grouped.setdefault(found[0], set()).add(found[1])
-        added: list[Any] = []
+        added: list[ast.ColumnRef] = []
         for index, columns in grouped.items():
             item = items[index]
             table = item.table
@@ -84,9 +84,9 @@ class _GroupByKeys(Visitor):
             node.groupClause = (*groups, *added)
             self.changed = True
 
-    def _from_items(self, from_clause: Sequence[Any]) -> list[_FromItem]:
+    def _from_items(self, from_clause: Sequence[ast.Node]) -> list[_FromItem]:
         items: list[_FromItem] = []
-        stack = list(reversed(from_clause))
+        stack: list[ast.Node | None] = list(reversed(from_clause))
         while stack:
             item = stack.pop()
             if isinstance(item, ast.JoinExpr) and item.alias is None:
@@ -133,7 +133,7 @@ class _GroupByKeys(Visitor):
         table = items[found[0]].table
         return (found[0], column) if table is not None and table.column(column) else None
 
-    def visit_CreateFunctionStmt(self, _: Ancestor, node: ast.CreateFunctionStmt) -> Any:
+    def visit_CreateFunctionStmt(self, _: Ancestor, node: ast.CreateFunctionStmt) -> Visit:
         return Skip
 
 
@@ -151,10 +151,10 @@ def _output_columns(targets: Sequence[ast.ResTarget], items: Sequence[_FromItem]
             continue
         qualifier = tuple(f.sval for f in fields[:-1] if isinstance(f, ast.String))
         found = [item for item in items if qualifier and qualifier in item.names]
-        if len(found) != 1 or found[0].table is None:
+        table = found[0].table if len(found) == 1 else None
+        if table is None:
             break
-        item = found[0]
-        columns.extend(_column_ref((*item.qualifier, c.name)) for c in item.table.columns)  # type: ignore[union-attr]
+        columns.extend(_column_ref((*found[0].qualifier, c.name)) for c in table.columns)
     return columns
 
 

@@ -4,7 +4,6 @@ directly (docs/rewrites.md, "Key reads")."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from pglast import ast
 from pglast.enums import (
@@ -17,15 +16,18 @@ from proxy.sql.jsontree import JsonNode, child, children
 from proxy.sql.rewrites.base import STATEMENT, Context, Rule, Scan, Step
 from proxy.sql.rewrites.nodes import (
     Shorten,
+    Visit,
     all_of,
     bare_select,
     conjuncts,
     copy_tree,
+    expression,
+    only_cte,
     operator_of,
-    parse,
     plain_condition,
     quote,
     range_name,
+    select,
     subquery_or_column,
 )
 from proxy.sql.rewrites.tables import (
@@ -64,15 +66,15 @@ _FLIPPED = {"=": "=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 class _KeyCondition:
     """A WHERE conjunct restricting key column ``column`` to a bounded set (``both``) or a half-line."""
 
-    expr: Any
+    expr: ast.A_Expr  # a copy naming the column bare
     column: str
     bound: str  # both | lower | upper
     has_param: bool
-    source: Any  # the client's conjunct
+    source: ast.A_Expr  # the client's conjunct
     ranged: bool  # a range (BETWEEN, < <= > >=) rather than a set of values
 
 
-def _key_read(node: Any, catalog: Catalog, ctes: frozenset[str], *, cached_plan: bool = False) -> bool:
+def _key_read(node: ast.Node, catalog: Catalog, ctes: frozenset[str], *, cached_plan: bool = False) -> bool:
     """``SELECT … FROM t WHERE <key = $1 | key IN (…) | key BETWEEN $1 AND $2 | …> [AND …]`` on a keyed CoW
     table, at the top of a statement, reads the base and changes tables directly (docs/rewrites.md, "Key
     reads"): ``t`` becomes
@@ -97,6 +99,8 @@ def _key_read(node: Any, catalog: Catalog, ctes: frozenset[str], *, cached_plan:
     plan costs, and PostgreSQL caches the generic plan after the fifth execution instead of planning every
     range anew (the plain table keeps custom plans: its generic estimate of a range is worse than the 100
     rows a custom plan sees)."""
+    if not bare_select(node):
+        return False
     found = _key_read_table(node, catalog, ctes)
     if found is None:
         return False
@@ -113,12 +117,14 @@ def _key_read(node: Any, catalog: Catalog, ctes: frozenset[str], *, cached_plan:
     return True
 
 
-def _key_read_table(node: Any, catalog: Catalog, ctes: frozenset[str]) -> tuple[CowTable, str, bool] | None:
+def _key_read_table(
+    node: ast.SelectStmt, catalog: Catalog, ctes: frozenset[str]
+) -> tuple[CowTable, str, bool] | None:
     """(the table, its name in the statement, whether the statement names it unaliased) of a key read's only
     FROM item: a keyed CoW table without row security whose key types hash, read by its own columns only."""
-    if not bare_select(node) or node.whereClause is None or not isinstance(node.fromClause[0], ast.RangeVar):
+    item = (node.fromClause or ())[0]  # bare_select: one FROM item
+    if node.whereClause is None or not isinstance(item, ast.RangeVar):
         return None
-    item = node.fromClause[0]
     if not item.inh or (item.alias is not None and item.alias.colnames):
         return None
     table = base_readable(catalog, ctes, item)
@@ -137,7 +143,9 @@ def _key_read_table(node: Any, catalog: Catalog, ctes: frozenset[str]) -> tuple[
     return table, name, qualified
 
 
-def _key_conditions(node: Any, name: str, table: CowTable, *, qualified: bool) -> list[_KeyCondition] | None:
+def _key_conditions(
+    node: ast.SelectStmt, name: str, table: CowTable, *, qualified: bool
+) -> list[_KeyCondition] | None:
     """The WHERE's restrictions of key columns, when they bound every key column (one set of values, or a
     lower and an upper bound) and one of them has a parameter; else None."""
     conditions = [
@@ -168,7 +176,7 @@ def _hidden_base_rows(table: CowTable) -> str:
     )
 
 
-def _key_read_source(table: CowTable, name: str, conditions: list[_KeyCondition]) -> Any:
+def _key_read_source(table: CowTable, name: str, conditions: list[_KeyCondition]) -> ast.SelectStmt:
     """``WITH _cow_versions AS MATERIALIZED (…) SELECT FROM (base UNION ALL versions) AS name``: the
     statement whose WITH and FROM replace the client's, the versions restricted by the key conditions."""
     cols = ", ".join(quote(c.name) for c in table.columns)
@@ -176,25 +184,26 @@ def _key_read_source(table: CowTable, name: str, conditions: list[_KeyCondition]
     # The base branch's columns are the table's own (*): if app DDL on another connection changed them
     # since the catalog was read, the statement fails (the branches differ) instead of silently reading
     # the old columns, and the relay checks the catalog before its next rewritten statement.
-    new = parse(
+    new = select(
         f"WITH {_VERSIONS} AS MATERIALIZED (SELECT {cols}, _cow_deleted FROM {changes}"
         f" WHERE _cow_session = {CURRENT_SESSION} AND _cow_current)"
         f" SELECT FROM (SELECT _cow_b.* FROM {quote(table.schema)}.{quote(table.name)} AS _cow_b"
         f" WHERE {_hidden_base_rows(table)}"
         f" UNION ALL SELECT {cols} FROM {_VERSIONS} WHERE NOT _cow_deleted) AS {quote(name)}"
     )
-    versions = new.withClause.ctes[0].ctequery
+    versions = only_cte(new).ctequery
+    assert isinstance(versions, ast.SelectStmt)
     versions.whereClause = all_of(versions.whereClause, *(c.expr for c in conditions))
     return new
 
 
-def _opaque_ranges(node: Any, new: Any, conditions: list[_KeyCondition]) -> None:
+def _opaque_ranges(node: ast.SelectStmt, new: ast.SelectStmt, conditions: list[_KeyCondition]) -> None:
     """For a cached plan: the key ranges with a parameter move from the client's WHERE into the base
     branch, each ``$n`` written ``(SELECT $n)``."""
     opaque = [c for c in conditions if c.ranged and c.has_param]
     if not opaque:
         return
-    base = new.fromClause[0].subquery.larg
+    base = (new.fromClause or ())[0].subquery.larg  # the template's base branch
     base.whereClause = all_of(*(_OpaqueParams()(copy_tree(c.expr)) for c in opaque), base.whereClause)
     rest = [e for e in conjuncts(node.whereClause) if not any(e is c.source for c in opaque)]
     node.whereClause = rest[0] if len(rest) == 1 else all_of(*rest) if rest else None
@@ -206,7 +215,7 @@ def _key_condition(expr: ast.Node, name: str, table: CowTable, *, qualified: boo
     if not isinstance(expr, ast.A_Expr) or operator_of(expr) is None:
         return None
     kind, op = expr.kind, operator_of(expr)
-    rexpr: Any = expr.rexpr
+    rexpr: ast.Node | tuple[ast.Node, ...] | None = expr.rexpr  # a list for IN and BETWEEN
     flipped = False
     column = _key_column(expr.lexpr, name, table, qualified=qualified)
     if column is None and kind == A_Expr_Kind.AEXPR_OP:
@@ -224,7 +233,7 @@ def _key_condition(expr: ast.Node, name: str, table: CowTable, *, qualified: boo
     values = tuple(rexpr) if isinstance(rexpr, (list, tuple)) else (rexpr,)
     if not all(plain_condition(v) for v in values):
         return None
-    params: list[Any] = []
+    params: list[ast.ParamRef] = []
 
     class Params(Visitor):
         def visit_ParamRef(self, _: Ancestor, ref: ast.ParamRef) -> None:
@@ -241,7 +250,7 @@ def _key_condition(expr: ast.Node, name: str, table: CowTable, *, qualified: boo
     return _KeyCondition(new, column, bound, bool(params), expr, ranged)
 
 
-def _key_column(node: ast.Node | None, name: str, table: CowTable, *, qualified: bool) -> str | None:
+def _key_column(node: object, name: str, table: CowTable, *, qualified: bool) -> str | None:
     """The key column ``node`` names (``c``, ``t.c``, ``s.t.c``), else None."""
     if not isinstance(node, ast.ColumnRef) or not plain_condition(node, name, table, qualified=qualified):
         return None
@@ -249,17 +258,17 @@ def _key_column(node: ast.Node | None, name: str, table: CowTable, *, qualified:
     return column if column in table.key else None
 
 
-def _only_own_columns(node: Any, name: str, table: CowTable, *, qualified: bool) -> bool:
+def _only_own_columns(node: ast.SelectStmt, name: str, table: CowTable, *, qualified: bool) -> bool:
     """Whether every column reference of a one-table SELECT names one of ``table``'s columns (``*`` and
     ``t.*`` as targets too), with no subquery: no whole-row reference, system column or outer scope."""
     stars = {("*",), (name, "*")} | (
         {(s, name, "*") for s in (table.schema, table.overlay_schema)} if qualified else set()
     )
 
-    def foreign(ref: Any) -> bool:
+    def foreign(ref: ast.ColumnRef) -> bool:
         return not plain_condition(ref, name, table, qualified=qualified)
 
-    for target in node.targetList:
+    for target in node.targetList or ():
         ref = target.val
         fields = tuple(
             "*" if isinstance(f, ast.A_Star) else getattr(f, "sval", None)
@@ -276,8 +285,8 @@ class _OpaqueParams(Visitor):
     """Each ``$n`` written ``(SELECT $n)``: the same value, which the planner does not see when it plans
     (an initplan's output), in custom plans as in the generic one."""
 
-    def visit_ParamRef(self, _: Ancestor, ref: ast.ParamRef) -> Any:
-        return parse(f"SELECT (SELECT ${ref.number})").targetList[0].val
+    def visit_ParamRef(self, _: Ancestor, ref: ast.ParamRef) -> Visit:
+        return expression(f"SELECT (SELECT ${ref.number})")
 
 
 def detect(scan: Scan, stmt: JsonNode) -> bool:

@@ -4,7 +4,6 @@ read whole (docs/rewrites.md, "Key joins of CoW tables")."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from pglast import ast
 from pglast.enums import (
@@ -18,6 +17,7 @@ from proxy.sql.jsontree import JsonNode, any_select, from_relations
 from proxy.sql.rewrites.base import Context, Rule, Scan, Step
 from proxy.sql.rewrites.nodes import (
     QUALIFIED_NAME_KINDS,
+    Visit,
     conjuncts,
     first_range,
     operator_of,
@@ -34,8 +34,8 @@ from proxy.sql.rewrites.tables import (
 
 def _join_tree_ranges(from_clause: Sequence[ast.Node]) -> tuple[list[ast.RangeVar], list[ast.JoinExpr]]:
     """The RangeVars and the JoinExprs of a FROM list, through unaliased joins."""
-    ranges: list[Any] = []
-    joins: list[Any] = []
+    ranges: list[ast.RangeVar] = []
+    joins: list[ast.JoinExpr] = []
     stack: list[ast.Node | None] = list(from_clause)
     while stack:
         item = stack.pop()
@@ -143,12 +143,17 @@ class _LateralJoins(Visitor):
         for conjunct in conjuncts(node.whereClause):
             if not isinstance(conjunct, ast.A_Expr) or conjunct.kind not in _RESTRICTING:
                 continue
-            sides: list[Any] = [conjunct.lexpr, conjunct.rexpr]
+            sides = (conjunct.lexpr, conjunct.rexpr)  # rexpr: a list for IN and BETWEEN
             for column, values in (sides, sides[::-1]):
-                if qualifier(column) == name and not reads_relations(values, names):
+                if (
+                    isinstance(column, ast.ColumnRef)
+                    and qualifier(column) == name
+                    and values is not None
+                    and not reads_relations(values, names)
+                ):
                     restricted = True
                     if conjunct.kind != A_Expr_Kind.AEXPR_BETWEEN and operator_of(conjunct) == "=":
-                        pinned.add(column.fields[-1].sval)
+                        pinned.add((column.fields or ())[-1].sval)
         table = cow_range(self.catalog, self.ctes, driver)
         if table is not None and any(set(key) <= pinned for key in row_keys(table)):
             return "pinned"
@@ -181,7 +186,7 @@ class _LateralJoins(Visitor):
                 continue
             for mine, other in ((conjunct.lexpr, conjunct.rexpr), (conjunct.rexpr, conjunct.lexpr)):
                 column = _own_column(mine, name, table)
-                if column is not None and not reads_relations(other, {name}):
+                if column is not None and other is not None and not reads_relations(other, {name}):
                     keyed.add(column)
         if not keyed & table.indexed and not any(set(key) <= keyed for key in row_keys(table)):
             return
@@ -192,7 +197,7 @@ class _LateralJoins(Visitor):
         join.quals = _TRUE
         self.changed = True
 
-    def visit_CreateFunctionStmt(self, _: Ancestor, node: ast.CreateFunctionStmt) -> Any:
+    def visit_CreateFunctionStmt(self, _: Ancestor, node: ast.CreateFunctionStmt) -> Visit:
         return Skip
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import lru_cache
-from typing import Any, TypeVar, cast
+from typing import Any, TypeGuard, TypeVar, cast
 
 import pglast
 from pglast import ast
@@ -26,6 +26,13 @@ def quote(name: str) -> str:
 
 
 _T = TypeVar("_T")
+_N = TypeVar("_N", bound=ast.Node)
+
+# What a visitor method returns: Skip (do not walk below this node), a replacement node, or None (go on).
+Visit = type[Skip] | ast.Node | None
+
+# A node or a node list (pglast's list fields are tuples; rules build lists too).
+NodeOrNodes = ast.Node | Sequence[ast.Node]
 
 
 def copy_tree(node: _T) -> _T:
@@ -36,7 +43,7 @@ def copy_tree(node: _T) -> _T:
     return cast(_T, _copy(node))
 
 
-def _copy(node: Any) -> Any:
+def _copy(node: object) -> object:
     if isinstance(node, ast.Node):
         kind: Any = type(node)  # its __slots__ name every field (pglast's stubs do not declare them)
         new = object.__new__(kind)
@@ -56,13 +63,49 @@ _MISSING = object()
 
 
 def parse(sql: str) -> Any:
+    # Any: a template's statement kind is fixed by its text, which the stubs cannot see (parse_as checks it)
     return pglast.parse_sql(sql)[0].stmt
 
 
+def parse_as(kind: type[_N], sql: str) -> _N:
+    """The one statement of a template, which is a ``kind`` (a template's own text fixes it)."""
+    node = pglast.parse_sql(sql)[0].stmt
+    if not isinstance(node, kind):
+        raise TypeError(f"template parsed as {type(node).__name__}, not {kind.__name__}")
+    return node
+
+
+def select(sql: str) -> ast.SelectStmt:
+    return parse_as(ast.SelectStmt, sql)
+
+
+def expression(sql: str) -> ast.Node:
+    """The expression of a one-column ``SELECT expr`` template."""
+    value = target(select(sql), 0).val
+    assert value is not None  # a ResTarget of a SELECT list always has its expression
+    return value
+
+
+def target(node: ast.SelectStmt, index: int) -> ast.ResTarget:
+    item = (node.targetList or ())[index]
+    assert isinstance(item, ast.ResTarget)
+    return item
+
+
+def only_cte(node: ast.SelectStmt) -> ast.CommonTableExpr:
+    """The first CTE of a template's WITH."""
+    ctes = node.withClause.ctes if node.withClause is not None else None
+    cte = (ctes or ())[0]
+    assert isinstance(cte, ast.CommonTableExpr)
+    return cte
+
+
 @lru_cache(maxsize=256)
-def type_name(type_name: str) -> Any:
+def type_name(type_name: str) -> ast.TypeName:
     # Shared between trees: nothing edits TypeName nodes after they are spliced in.
-    return parse(f"SELECT CAST(NULL AS {type_name})").targetList[0].val.typeName
+    cast_ = expression(f"SELECT CAST(NULL AS {type_name})")
+    assert isinstance(cast_, ast.TypeCast) and cast_.typeName is not None
+    return cast_.typeName
 
 
 def and_(left: ast.Node, right: ast.Node) -> ast.BoolExpr:
@@ -164,7 +207,7 @@ def unqualified(where: ast.Node) -> ast.Node:
     return where
 
 
-def bare_select(node: Any) -> bool:
+def bare_select(node: ast.Node | None) -> TypeGuard[ast.SelectStmt]:
     """A SELECT with targets and one FROM item, and only WHERE, ORDER BY, LIMIT and OFFSET besides: no set
     operation, WITH, INTO, DISTINCT, GROUP BY, HAVING, window or locking clause."""
     return (
@@ -197,7 +240,7 @@ def plain_condition(
         return len(fields) == 1 or (len(fields) == 2 and fields[0] == name)
 
     class Check(Visitor):
-        def visit(self, _: Ancestor, node: ast.Node) -> Any:
+        def visit(self, _: Ancestor, node: ast.Node) -> Visit:
             nonlocal plain
             if isinstance(node, ast.ColumnRef):
                 plain = plain and own([getattr(f, "sval", None) for f in node.fields or ()])
@@ -231,7 +274,7 @@ def first_range(node: ast.SelectStmt) -> ast.RangeVar | None:
     return first if isinstance(first, ast.RangeVar) else None
 
 
-def conjuncts(expr: ast.Node | None) -> Sequence[Any]:
+def conjuncts(expr: ast.Node | None) -> Sequence[ast.Node]:
     """The top-level AND terms of a condition (none for a missing one)."""
     if expr is None:
         return ()
@@ -259,19 +302,19 @@ def qualifier(node: ast.Node | None) -> str | None:
     return fields[-2] if len(fields) >= 2 and None not in fields else None
 
 
-def reads_relations(node: Any, names: set[str]) -> bool:
+def reads_relations(node: NodeOrNodes, names: set[str]) -> bool:
     """Whether ``node`` may read a column of the FROM items ``names`` (unqualified columns and subqueries
     count: conservative)."""
     return subquery_or_column(node, lambda ref: qualifier(ref) in names or len(ref.fields or ()) < 2)
 
 
-def subquery_or_column(node: Any, test: Callable[[Any], bool]) -> bool:
+def subquery_or_column(node: NodeOrNodes, test: Callable[[ast.ColumnRef], bool]) -> bool:
     """Whether ``node`` (or a list of nodes) holds a subquery, or a column reference for which ``test``
     holds."""
     found = False
 
     class Refs(Visitor):
-        def visit_SubLink(self, _: Ancestor, sub: ast.SubLink) -> Any:
+        def visit_SubLink(self, _: Ancestor, sub: ast.SubLink) -> Visit:
             nonlocal found
             found = True
             return Skip
@@ -280,7 +323,7 @@ def subquery_or_column(node: Any, test: Callable[[Any], bool]) -> bool:
             nonlocal found
             found = found or test(ref)
 
-    if isinstance(node, (list, tuple)):
+    if not isinstance(node, ast.Node):
         return any(subquery_or_column(item, test) for item in node)
     Refs()(node)
     return found

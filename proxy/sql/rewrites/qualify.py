@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pglast import ast
 from pglast.visitors import Ancestor, Skip, Visitor
 
@@ -13,6 +11,7 @@ from proxy.sql.jsontree import JsonNode
 from proxy.sql.rewrites.base import RELATION, Context, Rule, Scan, Step
 from proxy.sql.rewrites.nodes import (
     QUALIFIED_NAME_KINDS,
+    Visit,
 )
 from proxy.sql.rewrites.tables import (
     MERGE_ON_VIEWS,
@@ -44,7 +43,7 @@ class _Qualify(Visitor):
             node.fields = tuple(fields)
             self.changed = True
 
-    def visit_CreateFunctionStmt(self, _: Ancestor, node: ast.CreateFunctionStmt) -> Any:
+    def visit_CreateFunctionStmt(self, _: Ancestor, node: ast.CreateFunctionStmt) -> Visit:
         return Skip
 
 

@@ -22,7 +22,7 @@ from proxy.errors import RewriteError
 from proxy.sql.catalog import Catalog, CowTable
 from proxy.sql.jsontree import JsonNode
 from proxy.sql.rewrites.base import Context, Rule, Scan, Step
-from proxy.sql.rewrites.nodes import QUALIFIED_NAME_KINDS, copy_tree
+from proxy.sql.rewrites.nodes import QUALIFIED_NAME_KINDS, Visit, copy_tree
 from proxy.sql.rewrites.tables import cow_range, unsupported
 
 _STRENGTH_SQL = {
@@ -123,7 +123,7 @@ class _RowLocks(Visitor):
         qualifier = (str(node.schemaname), relname) if node.schemaname else (relname,)
         return _Item((relname,), qualifier, table, nullable, is_cte)
 
-    def visit_CreateFunctionStmt(self, _: Ancestor, node: ast.CreateFunctionStmt) -> Any:
+    def visit_CreateFunctionStmt(self, _: Ancestor, node: ast.CreateFunctionStmt) -> Visit:
         return Skip
 
 
@@ -147,7 +147,7 @@ class _AggregateFinder(Visitor):
         if node.over is not None or node.agg_star or node.agg_distinct or name in _AGGREGATES:
             self.found = True
 
-    def visit_SubLink(self, _: Ancestor, node: ast.SubLink) -> Any:
+    def visit_SubLink(self, _: Ancestor, node: ast.SubLink) -> Visit:
         return Skip  # a subquery's aggregates are its own
 
 

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pglast import ast
 
 from proxy.sql.catalog import Catalog
@@ -35,7 +33,7 @@ def _add_triggers(catalog: Catalog, node: ast.ConstraintsSetStmt) -> bool:
     and ``catalog.schema.name`` (PostgreSQL's 0A000) stay as they are."""
     names = list(node.constraints or ())
     present = {r.relname for r in names if r.schemaname == CHANGES_SCHEMA and not r.catalogname}
-    added: list[Any] = []
+    added: list[ast.RangeVar] = []
     for relation in names:
         if relation.catalogname or relation.schemaname == CHANGES_SCHEMA:
             continue
