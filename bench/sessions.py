@@ -7,7 +7,9 @@
 
 Without --dsn an embedded PostgreSQL is started. The layer is installed on `pgbench -i` tables. For each
 workload (`-S` or TPC-B, a pgbench query mode) and each N, N pgbench processes run at once (`-c 1` each),
-against every target in turn, round by round (so load from other jobs hits all alike):
+against every target in turn, round by round (so load from other jobs hits all alike; the order of the targets
+turns by one per round and workload, so that none is always first or last, e.g. right after pgbench's
+initialisation or the previous target's checkpoint):
 
 - `session/direct`: each process in its own session without the proxy: `PGOPTIONS` sets `cow.session_id`
   and the overlay `search_path` (what `cow.use_session` sets) directly on PostgreSQL;
@@ -281,8 +283,8 @@ def main() -> None:
             ]
             results: dict[tuple[str, str, int, str], list[Run]] = {}
             for round_no in range(args.rounds):
-                for name, mode, n, flags in workloads:
-                    for target in targets:
+                for index, (name, mode, n, flags) in enumerate(workloads):
+                    for target in _rotated(targets, round_no + index):
                         run = run_sessions(Bench(tool, user, database, args.seconds, path), target, n, flags)
                         results.setdefault((name, mode, n, target.name), []).append(run)
                         print(
@@ -293,6 +295,11 @@ def main() -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
     report(results, targets, workloads)
+
+
+def _rotated(targets: list[Target], turn: int) -> list[Target]:
+    start = turn % len(targets)
+    return targets[start:] + targets[:start]
 
 
 def report(
