@@ -12,14 +12,16 @@ column PostgreSQL also names ``regclass``) and the statement its shape.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TypeGuard
 
 from pglast import ast
 from pglast.enums import CoercionForm, SQLValueFunctionOp, SubLinkType
-from pglast.visitors import Skip, Visitor
+from pglast.visitors import Ancestor, Skip, Visitor
 
-from proxy.sql.jsontree import JsonNode
+from proxy.sql.jsontree import JsonNode, svals
 from proxy.sql.rewrites.base import Context, Rule, Scan, Step
+from proxy.sql.rewrites.nodes import Visit
 
 LAYER_SCHEMA = "cow"
 
@@ -61,11 +63,11 @@ def shows_search_path(name: object) -> bool:
     return isinstance(name, str) and name.lower() == "search_path"
 
 
-def _names(node: Any) -> list[str]:
+def _names(node: Sequence[ast.Node] | None) -> list[str]:
     return [str(n.sval).lower() for n in node or () if isinstance(n, ast.String)]
 
 
-def _call(name: str, args: tuple[Any, ...] = ()) -> ast.FuncCall:
+def _call(name: str, args: tuple[ast.Node, ...] = ()) -> ast.FuncCall:
     return ast.FuncCall(
         funcname=(ast.String(sval=LAYER_SCHEMA), ast.String(sval=name)),
         args=args or None,
@@ -73,13 +75,13 @@ def _call(name: str, args: tuple[Any, ...] = ()) -> ast.FuncCall:
     )
 
 
-def _scalar(expr: Any) -> ast.SubLink:
+def _scalar(expr: ast.Node) -> ast.SubLink:
     """``(SELECT expr)``: computed once per execution (an initplan), and named as ``expr`` is."""
     select = ast.SelectStmt(targetList=(ast.ResTarget(val=expr),))
     return ast.SubLink(subLinkType=SubLinkType.EXPR_SUBLINK, subselect=select)
 
 
-def _constant(node: Any) -> bool:
+def _constant(node: ast.Node | None) -> TypeGuard[ast.A_Const | ast.ParamRef]:
     return (isinstance(node, ast.A_Const) and isinstance(node.val, ast.String)) or isinstance(
         node, ast.ParamRef
     )
@@ -89,7 +91,7 @@ class _Introspection(Visitor):
     def __init__(self) -> None:
         self.changed = False
 
-    def visit_FuncCall(self, _: Any, node: Any) -> Any:
+    def visit_FuncCall(self, _: Ancestor, node: ast.FuncCall) -> Visit:
         name = function_name(_names(node.funcname))
         args = tuple(node.args or ())
         if name is None or len(args) not in FUNCTIONS[name] or node.agg_star or node.over is not None:
@@ -111,7 +113,7 @@ class _Introspection(Visitor):
         return None
 
     @staticmethod
-    def _current_setting(node: Any) -> bool:
+    def _current_setting(node: ast.FuncCall) -> bool:
         """``current_setting('search_path'[, missing_ok])``."""
         names = _names(node.funcname)
         args = tuple(node.args or ())
@@ -123,21 +125,23 @@ class _Introspection(Visitor):
             and shows_search_path(args[0].val.sval)
         )
 
-    def visit_SQLValueFunction(self, _: Any, node: Any) -> Any:
+    def visit_SQLValueFunction(self, _: Ancestor, node: ast.SQLValueFunction) -> Visit:
         if node.op == SQLValueFunctionOp.SVFOP_CURRENT_SCHEMA:
             self.changed = True
             return _scalar(_call("current_schema"))
         return None
 
-    def visit_TypeCast(self, _: Any, node: Any) -> Any:
+    def visit_TypeCast(self, _: Ancestor, node: ast.TypeCast) -> Visit:
         type_name = node.typeName
-        target = cast_type(_names(type_name.names)) if type_name is not None else None
+        if type_name is None:
+            return None
+        target = cast_type(_names(type_name.names))
         if target is None or type_name.arrayBounds or not _constant(node.arg):
             return None
         self.changed = True
         return _scalar(_call(target, (node.arg,)))
 
-    def visit_CreateFunctionStmt(self, _: Any, node: Any) -> Any:
+    def visit_CreateFunctionStmt(self, _: Ancestor, node: ast.CreateFunctionStmt) -> Visit:
         return Skip
 
 
@@ -156,8 +160,8 @@ _STATEMENTS = (
 )
 
 
-def _json_names(items: Any) -> list[str]:
-    return [str(i["String"]["sval"]).lower() for i in items or () if isinstance(i, dict) and "String" in i]
+def _json_names(items: object) -> list[str]:
+    return [name.lower() for name in svals(items)]
 
 
 def detect(scan: Scan, node: JsonNode) -> bool:
@@ -197,7 +201,7 @@ RULE = Rule(
 )
 
 
-def _regclass_outputs(node: Any) -> bool:
+def _regclass_outputs(node: ast.Node) -> bool:
     """The statement's own result columns ``expr::regclass`` (an oid shown as a name: psql's "Referenced by")
     become ``cow.regclass_name(expr)``, the name as outside the session (as text), under the column name
     PostgreSQL gives the cast. Only result columns: elsewhere the value is compared as a regclass."""
@@ -213,6 +217,8 @@ def _regclass_outputs(node: Any) -> bool:
             cast = target.val
             if not isinstance(cast, ast.TypeCast) or cast.typeName is None or cast.typeName.arrayBounds:
                 continue
+            if cast.arg is None:  # (the parser always sets it)
+                continue
             if cast_type(_names(cast.typeName.names)) != "regclass":
                 continue
             if target.name is None:
@@ -223,7 +229,7 @@ def _regclass_outputs(node: Any) -> bool:
     return changed
 
 
-def _column_name(expr: Any) -> str:
+def _column_name(expr: ast.Node) -> str:
     """The name PostgreSQL gives ``expr::regclass`` (FigureColname: the column's or the function's, else the
     type's)."""
     fields = tuple(expr.fields or ()) if isinstance(expr, ast.ColumnRef) else ()

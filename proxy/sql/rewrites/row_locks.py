@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeGuard
 
 from pglast import ast
 from pglast.enums import JoinType, LimitOption, LockClauseStrength, SetOperation
@@ -93,10 +93,10 @@ class _RowLocks(Visitor):
         args = [_lock_arg(item) for item in cow]
         _wrap_output_column(node, items, args, self.merged)
 
-    def _items(self, from_clause: Sequence[Any]) -> list[_Item]:
+    def _items(self, from_clause: Sequence[ast.Node]) -> list[_Item]:
         items: list[_Item] = []
         self.merged = False
-        stack: list[tuple[Any, bool]] = [(f, False) for f in reversed(from_clause)]
+        stack: list[tuple[ast.Node | None, bool]] = [(f, False) for f in reversed(from_clause)]
         while stack:
             item, nullable = stack.pop()
             if isinstance(item, ast.JoinExpr) and item.alias is None:
@@ -260,7 +260,7 @@ def _lock_in_subquery(node: ast.SelectStmt, item: _Item) -> None:
     node.limitOption = LimitOption.LIMIT_OPTION_DEFAULT
 
 
-def _is_star(node: Any) -> bool:
+def _is_star(node: ast.Node | None) -> TypeGuard[ast.ColumnRef]:
     return isinstance(node, ast.ColumnRef) and any(isinstance(f, ast.A_Star) for f in node.fields or ())
 
 
@@ -299,7 +299,7 @@ def _wrap_output_column(
             sort.node = _qualified(original, items)
 
 
-def _qualified(value: Any, items: list[_Item]) -> Any:
+def _qualified(value: ast.Node, items: list[_Item]) -> ast.Node:
     """A copy of ``value``; a bare column name qualified by the one FROM item that has the column."""
     fields = tuple(value.fields or ()) if isinstance(value, ast.ColumnRef) else ()
     if len(fields) != 1:
@@ -311,11 +311,11 @@ def _qualified(value: Any, items: list[_Item]) -> Any:
     return _ref(*found[0].qualifier, column or "")
 
 
-def _field(field: Any) -> str | None:
+def _field(field: object) -> str | None:
     return field.sval if isinstance(field, ast.String) else None
 
 
-def _column_name(value: Any) -> str:
+def _column_name(value: ast.Node | None) -> str:
     """The name PostgreSQL gives an output column without an alias (the common cases of FigureColname)."""
     if isinstance(value, ast.ColumnRef) and value.fields:
         return _field(value.fields[-1]) or "?column?"
@@ -337,7 +337,8 @@ def _expand_star(star: ast.ColumnRef, items: list[_Item], merged: bool) -> list[
     return [
         ast.ResTarget(val=_ref(*item.qualifier, column.name))
         for item in covered
-        for column in item.table.columns  # type: ignore[union-attr]
+        if item.table is not None  # (all are: checked above)
+        for column in item.table.columns
     ]
 
 
