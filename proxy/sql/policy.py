@@ -216,6 +216,48 @@ class PolicyCheck:
             handler(self, node)
         elif name[-4:] == "Stmt" and name not in _ALLOWED:
             self.refuse(_statement_rule(name), statement_name(name, node))
+            self._ddl_names(node)
+        if name in _NAMING_CREATES:
+            self._ddl_names(node)
+        if name in _CREATED_NAME:
+            self._unqualified_create(name, node)
+
+    def _unqualified_create(self, name: str, node: JsonNode) -> None:
+        """In a session the physical search_path begins with the layer's overlay schema: an object created
+        by an unqualified name (DDL a deployment lets through) would be made there, outside every session
+        and the layer's reach, and the rows written to such a table would stay when the session goes."""
+        field, kind = _CREATED_NAME[name]
+        value = node.get(field)
+        if kind == "relation":
+            target = child(node, "into", "rel") if field == "into" else value
+            unqualified = isinstance(target, dict) and target.get("schemaname") is None
+            unqualified = unqualified and isinstance(target, dict) and target.get("relpersistence") != "t"
+            shown = str(target.get("relname", "")) if isinstance(target, dict) else ""
+        elif kind == "names":
+            names = svals(value)
+            unqualified, shown = len(names) == 1, ".".join(names)
+        else:  # an extension: its objects go to the creation schema unless SCHEMA is given
+            options = [child(item, "DefElem").get("defname") for item in children(node, "options")]
+            unqualified, shown = "schema" not in options, str(value)
+        if unqualified:
+            self.refuse(
+                "layer",
+                f"{statement_name(name, node)} {shown} without a schema (in a session it would be "
+                "made in the layer's overlay schema; name the schema, e.g. public.x)",
+            )
+
+    def _ddl_names(self, node: JsonNode) -> None:
+        """DDL a deployment lets through (``ddl``, ``function`` lifted) still may not name the layer's
+        schemas or its triggers. There a schema is often named by a string, not a relation (DROP SCHEMA cow,
+        ALTER SCHEMA … RENAME, GRANT … ON SCHEMA, a function's qualified name, DROP TABLE's list of names),
+        which the relation check does not see."""
+        for value in _ddl_name_strings(node):
+            if layer_schema(value):
+                self.refuse("layer", f"DDL naming the layer's schema {value}")
+                return
+            if value.lower() in LAYER_TRIGGERS:
+                self.refuse("layer", f"DDL naming the layer's trigger {value}")
+                return
 
     def relation(self, node: JsonNode) -> None:
         """A RangeVar (a relation named anywhere in the statement)."""
@@ -282,6 +324,7 @@ class PolicyCheck:
         into = child(node, "intoClause")
         if into and child(into, "rel").get("relpersistence") != "t":
             self.refuse("ddl", "SELECT INTO")
+            self._unqualified_create("CreateTableAsStmt", {"into": into})
 
     def _write(self, node: JsonNode) -> None:
         self._catalog_write(child(node, "relation"))
@@ -306,6 +349,53 @@ class PolicyCheck:
 
     def _create_function(self, node: JsonNode) -> None:
         self.refuse("function", statement_name("CreateFunctionStmt", node))
+
+
+# Statements with a handler of their own that name objects to create (the rest: visit's DDL branch).
+_NAMING_CREATES = frozenset({"CreateStmt", "CreateTableAsStmt", "CreateFunctionStmt"})
+# Statements that create an object in the creation schema: the field naming it, and how it is named.
+_CREATED_NAME: dict[str, tuple[str, str]] = {
+    "CreateStmt": ("relation", "relation"),
+    "CreateTableAsStmt": ("into", "relation"),
+    "ViewStmt": ("view", "relation"),
+    "CreateSeqStmt": ("sequence", "relation"),
+    "CompositeTypeStmt": ("typevar", "relation"),
+    "CreateFunctionStmt": ("funcname", "names"),
+    "DefineStmt": ("defnames", "names"),
+    "CreateEnumStmt": ("typeName", "names"),
+    "CreateRangeStmt": ("typeName", "names"),
+    "CreateDomainStmt": ("domainname", "names"),
+    "CreateStatsStmt": ("defnames", "names"),
+    "CreateConversionStmt": ("conversion_name", "names"),
+    "CreateOpClassStmt": ("opclassname", "names"),
+    "CreateOpFamilyStmt": ("opfamilyname", "names"),
+    "CreateExtensionStmt": ("extname", "extension"),
+}
+# A DDL statement's fields that hold a schema's or trigger's name as a plain string (not a String node).
+_NAME_FIELDS = ("subname", "newschema", "schemaname", "trigname")
+# The layer's triggers outside its schemas: its DDL event triggers, the base tables' guard.
+LAYER_TRIGGERS = frozenset({"cow_ddl_start", "cow_ddl_end", "cow_guard"})
+
+
+def _ddl_name_strings(node: object) -> Iterable[str]:
+    """The identifiers in a DDL statement's tree: String nodes and schema fields, not literals."""
+    if isinstance(node, list):
+        for item in node:
+            yield from _ddl_name_strings(item)
+        return
+    if not isinstance(node, dict):
+        return
+    for key, value in node.items():
+        if key == "A_Const":
+            continue  # a literal (a comment's text, a default), not a name
+        if key == "String" and isinstance(value, dict):
+            sval = value.get("sval")
+            if isinstance(sval, str):
+                yield sval
+        elif key in _NAME_FIELDS and isinstance(value, str):
+            yield value
+        elif isinstance(value, (dict, list)):
+            yield from _ddl_name_strings(value)
 
 
 def _statement_rule(name: str) -> str:

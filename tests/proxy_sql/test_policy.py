@@ -131,8 +131,10 @@ REFUSED = [
     ("GRANT ALL ON issues TO PUBLIC", "ddl"),
     ("CREATE EXTENSION dblink", "ddl"),
     ("CREATE ROLE r SUPERUSER", "ddl"),
-    ("CREATE FUNCTION f() RETURNS text LANGUAGE sql AS $$ SELECT set_config('cow.session_id', '', x) $$",
-     "function"),
+    (
+        "CREATE FUNCTION f() RETURNS text LANGUAGE sql AS $$ SELECT set_config('cow.session_id', '', x) $$",
+        "function",
+    ),
     ("CREATE PROCEDURE p() LANGUAGE sql AS $$ SELECT 1 $$", "function"),
     ("DO $$ BEGIN RAISE NOTICE 'x'; END $$", "do"),
     ("SELECT query_to_xml('SELECT * FROM cow.sessions', true, false, '')", "dynamic"),
@@ -155,6 +157,83 @@ REFUSED = [
 ]
 
 
+# DDL that names a layer schema by a string (not a relation): refused by the layer rule with everything
+# else lifted (a superuser's CREATE OR REPLACE FUNCTION cow._bound() would end the binding).
+LAYER_DDL = [
+    "DROP SCHEMA cow CASCADE",
+    "DROP SCHEMA IF EXISTS cow_changes",
+    "DROP TABLE cow.sessions",
+    "DROP VIEW cow_overlay_public.items",
+    "ALTER SCHEMA cow RENAME TO x",
+    "ALTER TABLE cow.sessions RENAME TO y",
+    "ALTER TABLE issues SET SCHEMA cow_overlay_public",
+    "ALTER FUNCTION cow.use_session(text, text) RENAME TO z",
+    "CREATE OR REPLACE FUNCTION cow._bound() RETURNS text LANGUAGE sql AS 'SELECT NULL'",
+    "CREATE SCHEMA cow_overlay_x",
+    "GRANT ALL ON SCHEMA cow TO PUBLIC",
+    "GRANT ALL ON ALL TABLES IN SCHEMA cow_changes TO PUBLIC",
+    "ALTER DEFAULT PRIVILEGES IN SCHEMA cow GRANT ALL ON TABLES TO PUBLIC",
+    "COMMENT ON SCHEMA cow IS 'x'",
+    "ALTER EVENT TRIGGER cow_ddl_end DISABLE",
+    "DROP EVENT TRIGGER cow_ddl_start",
+    "DROP TRIGGER cow_guard ON issues",
+]
+# In a session an unqualified name would be created in the layer's overlay schema (the first of the
+# physical search_path): refused by the layer rule, with everything lifted.
+UNQUALIFIED_CREATES = [
+    "CREATE TABLE extra (id int PRIMARY KEY)",
+    "CREATE UNLOGGED TABLE extra (id int)",
+    "CREATE TABLE extra AS SELECT 1 AS id",
+    "CREATE MATERIALIZED VIEW mv AS SELECT 1 AS id",
+    "SELECT 1 AS id INTO extra",
+    "CREATE VIEW v AS SELECT 1 AS id",
+    "CREATE SEQUENCE sq",
+    "CREATE TYPE ty AS (a int)",
+    "CREATE TYPE en AS ENUM ('a')",
+    "CREATE DOMAIN dm AS int",
+    "CREATE FUNCTION f() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+    "CREATE AGGREGATE ag (int) (sfunc = int4pl, stype = int)",
+    "CREATE EXTENSION pg_trgm",
+]
+
+
+@pytest.mark.parametrize("sql", UNQUALIFIED_CREATES)
+def test_lifted_ddl_may_not_create_by_an_unqualified_name(sql: str) -> None:
+    result = analyze(sql, policy=Policy(ALLOWABLE))
+    assert result.error is not None and 'rule "layer"' in result.error[1], result.error
+    assert "without a schema" in result.error[1]
+    qualified = sql.replace(" extra", " public.extra").replace("VIEW mv", "VIEW public.mv")
+    qualified = qualified.replace("VIEW v ", "VIEW public.v ").replace("SEQUENCE sq", "SEQUENCE public.sq")
+    qualified = qualified.replace("TYPE ty", "TYPE public.ty").replace("TYPE en", "TYPE public.en")
+    qualified = qualified.replace("DOMAIN dm", "DOMAIN public.dm").replace(
+        "FUNCTION f(", "FUNCTION public.f("
+    )
+    qualified = qualified.replace("AGGREGATE ag", "AGGREGATE public.ag").replace(
+        "pg_trgm", "pg_trgm SCHEMA public"
+    )
+    assert analyze(qualified, policy=Policy(ALLOWABLE)).error is None, qualified
+
+
+def test_temporary_objects_need_no_schema() -> None:
+    for sql in (
+        "CREATE TEMP TABLE scratch (id int)",
+        "CREATE TEMP VIEW tv AS SELECT 1",
+        "CREATE TEMP SEQUENCE ts",
+    ):
+        assert analyze(sql, policy=Policy(ALLOWABLE)).error is None, sql
+
+
+# ... and DDL that only looks alike: allowed when ddl is lifted.
+NOT_LAYER_DDL = [
+    "CREATE TABLE public.extra (cow int, cow_changes text DEFAULT 'cow')",
+    "COMMENT ON TABLE issues IS 'cow'",
+    "ALTER TABLE extra ADD COLUMN cow_overlay_x int",
+    "CREATE TRIGGER audit AFTER INSERT ON extra FOR EACH ROW EXECUTE FUNCTION audit_row()",
+    "CREATE INDEX ON extra (cow_changes)",
+    "DROP TABLE extra",
+]
+
+
 @pytest.mark.parametrize(("sql", "rule"), REFUSED)
 def test_refused_naming_the_rule(sql: str, rule: str) -> None:
     result = analyze(sql)
@@ -165,10 +244,12 @@ def test_refused_naming_the_rule(sql: str, rule: str) -> None:
     assert analyze(sql, in_session=False).error is None  # untagged connections are not judged
 
 
-@pytest.mark.parametrize(("sql", "rule"), [(s, r) for s, r in REFUSED if r != "layer"])
+@pytest.mark.parametrize(("sql", "rule"), [(s, r) for s, r in REFUSED if r != "layer" and s not in LAYER_DDL])
 def test_rules_can_be_lifted(sql: str, rule: str) -> None:
     result = analyze(sql, policy=Policy(frozenset({rule})))
-    assert result.error is None or 'rule "' not in result.error[1], result.error
+    # (Lifted, an unqualified CREATE still meets the layer rule: in a session it would land in the overlay.)
+    unqualified = result.error is not None and "without a schema" in result.error[1]
+    assert result.error is None or 'rule "' not in result.error[1] or unqualified, result.error
 
 
 def test_the_layer_rule_cannot_be_lifted() -> None:
@@ -176,6 +257,17 @@ def test_the_layer_rule_cannot_be_lifted() -> None:
         Policy.from_names(["layer"])
     everything = Policy(ALLOWABLE)
     assert 'rule "layer"' in (analyze("SELECT * FROM cow.sessions", policy=everything).error or ("", ""))[1]
+
+
+@pytest.mark.parametrize("sql", LAYER_DDL)
+def test_lifted_ddl_still_may_not_name_the_layer(sql: str) -> None:
+    result = analyze(sql, policy=Policy(ALLOWABLE))
+    assert result.error is not None and 'rule "layer"' in result.error[1], result.error
+
+
+@pytest.mark.parametrize("sql", NOT_LAYER_DDL)
+def test_lifted_ddl_that_does_not_name_the_layer(sql: str) -> None:
+    assert analyze(sql, policy=Policy(ALLOWABLE)).error is None
 
 
 def test_lifted_do_still_judges_the_statements_inside() -> None:
