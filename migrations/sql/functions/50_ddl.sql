@@ -26,6 +26,31 @@ LANGUAGE sql IMMUTABLE AS $$
                                                            'abcdefghijklmnopqrstuvwxyz'))) AS t(v)) END
 $$;
 
+-- Whether SQL text p_sql is one ALTER TABLE or DROP TABLE of relations that can only be the backend's
+-- temporary ones: every name it gives (unquoted, bare or pg_temp-qualified) is a relation in no schema but
+-- a temporary one (or in none: DROP TABLE IF EXISTS of a table not made yet). Such a statement changes
+-- nothing of the layer's (no permanent object depends on a temporary table), so the event triggers leave
+-- the overlay alone; otherwise cow._ddl_start, finding no overlay view named in the text, would drop and
+-- rebuild them all. Any other text (a comment first, quotes, several statements, DDL run by a function):
+-- false, the general path.
+CREATE OR REPLACE FUNCTION cow._temp_only_ddl(p_sql text) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    WITH m AS (
+        SELECT regexp_match(p_sql,
+            '^\s*(?:DROP\s+TABLE\s+(?:IF\s+EXISTS\s+)?((?:pg_temp\s*\.\s*)?[a-z_][a-z0-9_$]*'
+            '(?:\s*,\s*(?:pg_temp\s*\.\s*)?[a-z_][a-z0-9_$]*)*)\s*(?:CASCADE|RESTRICT)?'
+            '|ALTER\s+TABLE\s+(?:IF\s+EXISTS\s+)?(?:ONLY\s+)?((?:pg_temp\s*\.\s*)?[a-z_][a-z0-9_$]*)\s[^;]*)'
+            '\s*;?\s*$', 'i') AS g
+    ), names AS (
+        SELECT lower(regexp_replace(btrim(n), '^pg_temp\s*\.\s*', '', 'i'))::name AS relname
+        FROM m, unnest(string_to_array(coalesce(m.g[1], m.g[2]), ',')) AS n
+    )
+    SELECT count(*) > 0 AND bool_and(NOT EXISTS (
+        SELECT 1 FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace
+        WHERE c.relname = names.relname AND s.nspname !~ '^pg_(toast_)?temp_'))
+    FROM names
+$$;
+
 CREATE OR REPLACE FUNCTION cow._ddl_start() RETURNS event_trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET client_min_messages = warning AS $gen$
 DECLARE
@@ -39,6 +64,10 @@ BEGIN
     END IF;
     -- The overlay views depend on the base columns: drop them so that DROP COLUMN, ALTER COLUMN TYPE and
     -- DROP TABLE of the app are not blocked; ddl_command_end recreates them (the changes tables stay).
+    IF tg_tag IN ('ALTER TABLE', 'DROP TABLE') AND cow._temp_only_ddl(current_query()) THEN
+        PERFORM set_config('cow._ddl_dropped', 'temp', true);  -- (for cow._ddl_end: nothing to rebuild)
+        RETURN;
+    END IF;
     IF tg_tag IN ('ALTER TABLE', 'DROP TABLE', 'DROP SCHEMA', 'ALTER SCHEMA', 'ALTER TYPE', 'DROP TYPE', 'ALTER DOMAIN',
                   'DROP DOMAIN', 'DROP SEQUENCE', 'DROP FUNCTION', 'DROP VIEW', 'ALTER VIEW',
                   'DROP MATERIALIZED VIEW', 'DROP COLLATION', 'DROP OWNED') THEN
@@ -98,6 +127,16 @@ BEGIN
         END IF;
     END IF;
     IF current_setting('cow.in_layer', true) = 'on' THEN
+        RETURN;
+    END IF;
+    -- An application's temporary tables (and their indexes, sequences, views) are none of the layer's: a
+    -- CREATE TEMP TABLE ran a refresh, whose GRANTs on the overlay schemas made concurrent ones fail
+    -- ('tuple concurrently updated'). (bool_and of no command, a DROP's: NULL.)
+    IF current_setting('cow._ddl_dropped', true) = 'temp' THEN
+        PERFORM set_config('cow._ddl_dropped', '', true);
+        RETURN;
+    END IF;
+    IF (SELECT bool_and(d.schema_name = 'pg_temp') FROM pg_event_trigger_ddl_commands() d) THEN
         RETURN;
     END IF;
     IF tg_tag IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO', 'ALTER TABLE', 'DROP TABLE', 'CREATE INDEX',
