@@ -21,8 +21,8 @@ from proxy.sql.rewrites.nodes import (
     bare_select,
     conjuncts,
     copy_tree,
+    cte_query,
     expression,
-    only_cte,
     operator_of,
     plain_condition,
     quote,
@@ -191,8 +191,7 @@ def _key_read_source(table: CowTable, name: str, conditions: list[_KeyCondition]
         f" WHERE {_hidden_base_rows(table)}"
         f" UNION ALL SELECT {cols} FROM {_VERSIONS} WHERE NOT _cow_deleted) AS {quote(name)}"
     )
-    versions = only_cte(new).ctequery
-    assert isinstance(versions, ast.SelectStmt)
+    versions = cte_query(new, 0, ast.SelectStmt)
     versions.whereClause = all_of(versions.whereClause, *(c.expr for c in conditions))
     return new
 

@@ -92,12 +92,30 @@ def target(node: ast.SelectStmt, index: int) -> ast.ResTarget:
     return item
 
 
-def only_cte(node: ast.SelectStmt) -> ast.CommonTableExpr:
-    """The first CTE of a template's WITH."""
-    ctes = node.withClause.ctes if node.withClause is not None else None
-    cte = (ctes or ())[0]
+# Statements a template may give, with a WITH the rules fill in.
+WithStatement = ast.SelectStmt | ast.InsertStmt | ast.UpdateStmt | ast.DeleteStmt | ast.MergeStmt
+
+
+def template_with(node: WithStatement) -> ast.WithClause:
+    """A template's WITH (its text has one)."""
+    if node.withClause is None:
+        raise TypeError(f"template {type(node).__name__} without WITH")
+    return node.withClause
+
+
+def only_cte(node: WithStatement, index: int = 0) -> ast.CommonTableExpr:
+    """The ``index``-th CTE of a template's WITH."""
+    cte = (template_with(node).ctes or ())[index]
     assert isinstance(cte, ast.CommonTableExpr)
     return cte
+
+
+def cte_query(node: WithStatement, index: int, kind: type[_N]) -> _N:
+    """The query of a template's ``index``-th CTE, which is a ``kind``."""
+    query = only_cte(node, index).ctequery
+    if not isinstance(query, kind):
+        raise TypeError(f"template CTE {index} is {type(query).__name__}, not {kind.__name__}")
+    return query
 
 
 @lru_cache(maxsize=256)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from pglast import ast
 from pglast.enums import (
@@ -21,8 +20,12 @@ from proxy.sql.jsontree import JsonNode
 from proxy.sql.rewrites.base import Context, Rule, Scan, Step
 from proxy.sql.rewrites.nodes import (
     and_,
-    parse,
+    cte_query,
+    expression,
+    only_cte,
+    parse_as,
     quote,
+    template_with,
     type_name,
 )
 from proxy.sql.rewrites.tables import (
@@ -38,12 +41,15 @@ def _match(left: str, right: str, key: UniqueKey) -> str:
     return " AND ".join(f"{left}.{quote(c)} {op} {right}.{quote(c)}" for c in key.columns)
 
 
-def _expand_stars(targets: Sequence[Any], alias: str, columns: Sequence[str]) -> tuple[Any, ...]:
+def _expand_stars(
+    targets: Sequence[ast.ResTarget], alias: str, columns: Sequence[str]
+) -> tuple[ast.ResTarget, ...]:
     """A RETURNING list with ``*`` / ``alias.*`` spelled out as the table's columns."""
-    out: list[Any] = []
+    out: list[ast.ResTarget] = []
     for target in targets:
-        fields: tuple[Any, ...] = tuple(getattr(target.val, "fields", None) or ())
-        star = isinstance(target.val, ast.ColumnRef) and bool(fields) and isinstance(fields[-1], ast.A_Star)
+        value = target.val
+        fields = tuple(value.fields or ()) if isinstance(value, ast.ColumnRef) else ()
+        star = bool(fields) and isinstance(fields[-1], ast.A_Star)
         if star and (len(fields) == 1 or (len(fields) == 2 and getattr(fields[0], "sval", None) == alias)):
             out.extend(
                 ast.ResTarget(val=ast.ColumnRef(fields=(ast.String(sval=alias), ast.String(sval=c))))
@@ -54,17 +60,21 @@ def _expand_stars(targets: Sequence[Any], alias: str, columns: Sequence[str]) ->
     return tuple(out)
 
 
+# What an ON CONFLICT insert becomes (a SELECT: DO UPDATE with RETURNING).
+_Rewritten = ast.InsertStmt | ast.SelectStmt | ast.MergeStmt
+
+
 @dataclass(frozen=True)
 class _Upsert:
     """One ON CONFLICT rewrite's parts: the client's statement and clause, the arbiter keys, the input rows
     as a SELECT (``rows_select``), the overlay view and the alias the client's expressions use, the helper
     CTEs' names, and SQL fragments every form shares."""
 
-    stmt: Any
-    clause: Any
+    stmt: ast.InsertStmt
+    clause: ast.OnConflictClause
     keys: list[UniqueKey]
-    rows_select: Any
-    returning: Any
+    rows_select: ast.SelectStmt
+    returning: ast.ReturningClause | None
     view: str
     alias: str
     qalias: str
@@ -93,8 +103,10 @@ class _Upserts:
         where no tag fix can follow it, so only DO NOTHING (whose own tag is right) is allowed there."""
         if not isinstance(node, ast.ExplainStmt | ast.PrepareStmt):
             return 0
-        query: Any = node.query
-        table = self._cow(query.relation) if isinstance(query, ast.InsertStmt) else None
+        query = node.query
+        if not isinstance(query, ast.InsertStmt):
+            return 0
+        table = self._cow(query.relation)
         if table is None or query.onConflictClause is None:
             return 0
         prepare = isinstance(node, ast.PrepareStmt)
@@ -107,19 +119,19 @@ class _Upserts:
     def hoist_ctes(self, node: ast.Node) -> int:
         """Rewrites ON CONFLICT inserts in the statement's WITH (the get-or-create idiom); data-modifying
         CTEs must be top-level, so the helpers are hoisted next to the CTE. Returns how many."""
-        with_clause = getattr(node, "withClause", None)
+        with_clause: ast.WithClause | None = getattr(node, "withClause", None)  # (statements without one too)
         if with_clause is None:
             return 0
         count = 0
-        ctes: list[Any] = []
-        for cte in with_clause.ctes:
+        ctes: list[ast.CommonTableExpr] = []
+        for cte in with_clause.ctes or ():
             query = cte.ctequery
             table = self._cow(query.relation) if isinstance(query, ast.InsertStmt) else None
-            if table is not None and query.onConflictClause is not None:
+            if isinstance(query, ast.InsertStmt) and table is not None and query.onConflictClause is not None:
                 count += 1
                 final, _ = self._on_conflict(query, table, suffix=f"_{count}", nested=True)
-                ctes.extend(final.withClause.ctes)
-                if final.withClause.recursive:
+                ctes.extend(template_with(final).ctes or ())
+                if template_with(final).recursive:
                     with_clause.recursive = True
                 final.withClause = None
                 cte.ctequery = final
@@ -142,10 +154,11 @@ class _Upserts:
         Nested()(node)
 
     def _on_conflict(
-        self, stmt: Any, table: CowTable, suffix: str = "", nested: bool = False
-    ) -> tuple[Any, tuple[str, str] | None]:
+        self, stmt: ast.InsertStmt, table: CowTable, suffix: str = "", nested: bool = False
+    ) -> tuple[_Rewritten, tuple[str, str] | None]:
         """The statement replacing ``stmt``; its WITH holds the helper CTEs (named with ``suffix``)."""
         plan = self._plan(stmt, table, suffix)
+        new: _Rewritten
         if plan.clause.action == OnConflictAction.ONCONFLICT_NOTHING:
             new, tag_map = self._do_nothing(plan), None
         elif plan.returning is None and self.version >= MERGE_ON_VIEWS and not nested:
@@ -155,13 +168,17 @@ class _Upserts:
         self._prepend_ctes(new, stmt)
         return new, tag_map
 
-    def _plan(self, stmt: Any, table: CowTable, suffix: str) -> _Upsert:
+    def _plan(self, stmt: ast.InsertStmt, table: CowTable, suffix: str) -> _Upsert:
         """What every form of the rewrite needs: the input rows, the arbiter keys, the names."""
         columns, rows_select = self._conflict_input(stmt, table)
         clause = stmt.onConflictClause
+        if clause is None:
+            raise TypeError("an ON CONFLICT rewrite of an INSERT without ON CONFLICT")
         keys = self._arbiters(clause, table, columns)
         view = overlay(table)
-        alias = stmt.relation.alias.aliasname if stmt.relation.alias is not None else table.name
+        relation = stmt.relation  # (an INSERT always has its target)
+        named = relation.alias.aliasname if relation is not None and relation.alias is not None else None
+        alias = named or table.name
         rows, inp, upd, ins = (
             f"{n}{suffix}" for n in ("cow_rows", "cow_input", "cow_updated", "cow_inserted")
         )
@@ -188,7 +205,7 @@ class _Upserts:
         )
 
     @staticmethod
-    def _do_nothing(p: _Upsert) -> Any:
+    def _do_nothing(p: _Upsert) -> ast.InsertStmt:
         """``DO NOTHING``: an INSERT of the rows that collide with nothing."""
         if len(p.keys) <= 1:
             # A row colliding with an earlier input row is skipped, as PostgreSQL does (it sees the rows the
@@ -220,8 +237,8 @@ class _Upserts:
                 f"(SELECT cow_picked FROM {p.walk} ORDER BY cow_ord DESC LIMIT 1) AS cow_final "
                 "WHERE excluded.cow_ord = ANY (cow_final.cow_picked) ORDER BY excluded.cow_ord"
             )
-        new = parse(sql)
-        new.withClause.ctes[0].ctequery = p.rows_select
+        new = parse_as(ast.InsertStmt, sql)
+        only_cte(new).ctequery = p.rows_select
         new.returningClause = p.returning
         new.override = p.stmt.override
         return new
@@ -236,27 +253,28 @@ class _Upserts:
             f"{_match('cow_a', 'cow_b', key)} AND cow_a.cow_ord <> cow_b.cow_ord)"
         )
 
-    def _merge(self, p: _Upsert) -> Any:
+    def _merge(self, p: _Upsert) -> ast.MergeStmt:
         """``DO UPDATE`` without RETURNING on PostgreSQL 17+, which runs MERGE on the view: one statement
         whose count is inserted + updated rows."""
         # MATERIALIZED: inlined into MERGE, the scalar subquery trips a planner bug in PostgreSQL 18 ("wrong
         # varnullingrels", XX000).
-        new = parse(
+        new = parse_as(
+            ast.MergeStmt,
             f"WITH {p.rows} AS (SELECT 1), "
             f"{p.inp} AS MATERIALIZED (SELECT * FROM {p.rows} WHERE {self._twice(p)} IS NULL) "
             f"MERGE INTO {p.view} AS {p.qalias} USING {p.inp} AS excluded "
             f"ON {_match(p.qalias, 'excluded', p.keys[0])} "
             "WHEN MATCHED THEN UPDATE SET cow_placeholder = 1 "
-            f"WHEN NOT MATCHED THEN INSERT ({p.column_list}) VALUES ({p.picked})"
+            f"WHEN NOT MATCHED THEN INSERT ({p.column_list}) VALUES ({p.picked})",
         )
-        new.withClause.ctes[0].ctequery = p.rows_select
-        matched, not_matched = new.mergeWhenClauses
+        only_cte(new).ctequery = p.rows_select
+        matched, not_matched = new.mergeWhenClauses or ()
         matched.targetList = p.clause.targetList
         matched.condition = p.clause.whereClause
         not_matched.override = p.stmt.override
         return new
 
-    def _update_then_insert(self, p: _Upsert, table: CowTable) -> tuple[Any, tuple[str, str] | None]:
+    def _update_then_insert(self, p: _Upsert, table: CowTable) -> tuple[_Rewritten, tuple[str, str] | None]:
         """``DO UPDATE``: a data-modifying CTE updates the colliding rows, then the others are inserted."""
         key = p.keys[0]
         update = (
@@ -273,59 +291,64 @@ class _Upserts:
             f"{p.upd} AS ({update} RETURNING 1)"
         )
         tag_map: tuple[str, str] | None
+        new: ast.InsertStmt | ast.SelectStmt
         if p.returning is None:
             # Without RETURNING the INSERT is the statement, so no rows reach the client; its tag counts the
             # inserted rows only (see docs/rewrites.md).
-            new = parse(f"{head} {insert}")
-            insert_node = new
-            update_node = new.withClause.ctes[2].ctequery
+            new = insert_node = parse_as(ast.InsertStmt, f"{head} {insert}")
+            update_node = cte_query(new, 2, ast.UpdateStmt)
             update_node.returningClause = None
             tag_map = None
         else:
             # Both parts return whole rows with the input position, so the client's RETURNING list is
             # evaluated once over them in input order, as PostgreSQL returns them (inserted rows find their
             # position through the conflict key they were inserted with).
-            new = parse(
+            new = parse_as(
+                ast.SelectStmt,
                 f"{head}, {p.ins} AS ({insert} RETURNING {p.qalias}.*) "
                 f"SELECT 1 FROM (SELECT * FROM {p.upd} UNION ALL SELECT cow_i.cow_ord, cow_r.* "
                 f"FROM {p.ins} AS cow_r LEFT JOIN {p.inp} AS cow_i ON {_match('cow_r', 'cow_i', key)}) "
-                f"AS {p.qalias} ORDER BY {p.qalias}.cow_ord"
+                f"AS {p.qalias} ORDER BY {p.qalias}.cow_ord",
             )
-            insert_node = new.withClause.ctes[3].ctequery
-            update_node = new.withClause.ctes[2].ctequery
-            update_node.returningClause = parse(
-                f"UPDATE x SET y = 1 RETURNING excluded.cow_ord, {p.qalias}.*"
+            insert_node = cte_query(new, 3, ast.InsertStmt)
+            update_node = cte_query(new, 2, ast.UpdateStmt)
+            update_node.returningClause = parse_as(
+                ast.UpdateStmt, f"UPDATE x SET y = 1 RETURNING excluded.cow_ord, {p.qalias}.*"
             ).returningClause
-            # pglast 8 wraps RETURNING in a ReturningClause (PostgreSQL 18), earlier versions give the list
-            exprs = getattr(p.returning, "exprs", p.returning)
+            # pglast 8 wraps RETURNING in a ReturningClause (PostgreSQL 18)
+            exprs: Sequence[ast.ResTarget] = p.returning.exprs or ()
             new.targetList = _expand_stars(exprs, p.alias, [c.name for c in table.columns])
             tag_map = ("SELECT", "INSERT 0")
-        new.withClause.ctes[0].ctequery = p.rows_select
+        only_cte(new).ctequery = p.rows_select
         insert_node.override = p.stmt.override
         # SET and WHERE keep the client's names: with the input aliased EXCLUDED, a bare column name is
         # ambiguous exactly where PostgreSQL's ON CONFLICT finds it ambiguous (42702).
         update_node.targetList = p.clause.targetList
         if p.clause.whereClause is not None:
+            assert update_node.whereClause is not None  # the template's key match
             update_node.whereClause = and_(update_node.whereClause, p.clause.whereClause)
         return new, tag_map
 
     @staticmethod
-    def _prepend_ctes(new: Any, stmt: Any) -> None:
+    def _prepend_ctes(new: _Rewritten, stmt: ast.InsertStmt) -> None:
         if stmt.withClause is not None:
-            new.withClause.ctes = tuple(stmt.withClause.ctes) + tuple(new.withClause.ctes)
-            new.withClause.recursive = bool(stmt.withClause.recursive or new.withClause.recursive)
+            helpers = template_with(new)
+            helpers.ctes = tuple(stmt.withClause.ctes or ()) + tuple(helpers.ctes or ())
+            helpers.recursive = bool(stmt.withClause.recursive or helpers.recursive)
 
-    def _conflict_input(self, stmt: Any, table: CowTable) -> tuple[list[str], Any]:
+    def _conflict_input(self, stmt: ast.InsertStmt, table: CowTable) -> tuple[list[str], ast.SelectStmt]:
         """The INSERT's columns, and a SELECT of its rows as (cow_ord, columns...) typed like the table."""
         if stmt.cols:
-            if any(rt.indirection for rt in stmt.cols):
+            cols = stmt.cols
+            if any(rt.indirection for rt in cols):
                 raise unsupported("INSERT ... ON CONFLICT into subfields or array elements")
-            columns = [rt.name for rt in stmt.cols]
+            columns = [rt.name for rt in cols]
         else:
             columns = [c.name for c in table.columns]
         source = stmt.selectStmt
         if source is None:
             raise unsupported("INSERT ... DEFAULT VALUES ON CONFLICT")
+        assert isinstance(source, ast.SelectStmt)  # VALUES and set operations are SelectStmts too
         plain_values = (
             source.valuesLists is not None
             and source.sortClause is None
@@ -334,23 +357,24 @@ class _Upserts:
             and source.withClause is None
         )
         if plain_values:
-            return self._values_input(stmt, table, columns, [list(r) for r in source.valuesLists])
+            return self._values_input(stmt, table, columns, [list(r) for r in source.valuesLists or ()])
         if self._excluded_extra(stmt.onConflictClause, table, columns):
             raise unsupported("EXCLUDED of a column an INSERT ... SELECT does not give")
         types = self._column_types(table, columns)
         casts = ", ".join(
             f"CAST(cow_s.{quote(c)} AS {t}) AS {quote(c)}" for c, t in zip(columns, types, strict=True)
         )
-        select = parse(
+        select = parse_as(
+            ast.SelectStmt,
             f"SELECT row_number() OVER () AS cow_ord, {casts} FROM (SELECT 1) AS cow_s "
-            f"({', '.join(quote(c) for c in columns)})"
+            f"({', '.join(quote(c) for c in columns)})",
         )
-        select.fromClause[0].subquery = source
+        (select.fromClause or ())[0].subquery = source
         return columns, select
 
     def _values_input(
-        self, stmt: Any, table: CowTable, columns: list[str], rows: list[list[Any]]
-    ) -> tuple[list[str], Any]:
+        self, stmt: ast.InsertStmt, table: CowTable, columns: list[str], rows: list[list[ast.Node]]
+    ) -> tuple[list[str], ast.SelectStmt]:
         """A plain VALUES list as a typed SELECT, its DEFAULTs and the EXCLUDED-only columns spelled out."""
         width = len(rows[0])
         if width > len(columns):
@@ -377,11 +401,11 @@ class _Upserts:
             for i, r in enumerate(rows)
         )
         names = ", ".join(["cow_ord", *(quote(c) for c in columns)])
-        select = parse(f"SELECT * FROM (VALUES (1)) AS cow_v ({names})")
-        select.fromClause[0].subquery.valuesLists = lists
+        select = parse_as(ast.SelectStmt, f"SELECT * FROM (VALUES (1)) AS cow_v ({names})")
+        (select.fromClause or ())[0].subquery.valuesLists = lists
         return columns, select
 
-    def _fill_defaults(self, table: CowTable, columns: list[str], rows: list[list[Any]]) -> list[int]:
+    def _fill_defaults(self, table: CowTable, columns: list[str], rows: list[list[ast.Node]]) -> list[int]:
         """The positions to keep. A column that is DEFAULT in every row is left to the view's default;
         elsewhere DEFAULT becomes the column's default expression, evaluated per row as PostgreSQL does
         (conflicting rows included)."""
@@ -406,8 +430,7 @@ class _Upserts:
                 f"DEFAULT or EXCLUDED for {table.name}.{name} (generated) in INSERT ... ON CONFLICT"
             )
         # catalog SQL from pg_get_expr, not client text
-        default: ast.Node = parse(f"SELECT {column.default or 'NULL'}").targetList[0].val
-        return default
+        return expression(f"SELECT {column.default or 'NULL'}")
 
     @staticmethod
     def _excluded_extra(
@@ -420,7 +443,7 @@ class _Upserts:
 
         class Refs(Visitor):
             def visit_ColumnRef(self, _: Ancestor, node: ast.ColumnRef) -> None:
-                fields: tuple[Any, ...] = tuple(node.fields or ())
+                fields = tuple(node.fields or ())
                 if len(fields) != 2 or not all(isinstance(f, ast.String) for f in fields):
                     return
                 name = str(fields[1].sval)
@@ -507,7 +530,7 @@ def apply(ctx: Context, node: ast.Node) -> Step | None:
     found = ctx.count(RULE.name)
     if found is None or found > hoisted + (table is not None):
         upserts.refuse_nested(node)
-    if table is not None:
+    if table is not None and isinstance(node, ast.InsertStmt):  # (table: only for an INSERT)
         new, tag_map = upserts._on_conflict(node, table)
         return Step(new, tag_map)
     return Step(node) if hoisted else None
