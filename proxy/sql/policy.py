@@ -8,7 +8,8 @@ Anything else is refused with 42501 and a message that names the rule it broke:
 
 - ``layer``: a reference to the layer's schemas (``cow``, ``cow_changes``, ``cow_overlay_*``): its registry,
   changes tables, functions and overlay views by name. Never allowed.
-- ``ddl``: CREATE, ALTER, DROP, GRANT, COMMENT, … (temporary tables excepted).
+- ``ddl``: CREATE, ALTER, DROP, GRANT, COMMENT, … (temporary tables excepted: made by CREATE TEMP, or
+  named ``pg_temp.x`` in ALTER TABLE, CREATE INDEX and DROP).
 - ``function``: CREATE or ALTER of a function or procedure (its body would run SQL the proxy never sees).
 - ``do``: a DO block.
 - ``dynamic``: SQL run from text the proxy cannot read first: a DO block whose body is not PL/pgSQL or
@@ -215,7 +216,8 @@ class PolicyCheck:
         if handler is not None:
             handler(self, node)
         elif name[-4:] == "Stmt" and name not in _ALLOWED:
-            self.refuse(_statement_rule(name), statement_name(name, node))
+            if not _temporary_target(name, node):
+                self.refuse(_statement_rule(name), statement_name(name, node))
             self._ddl_names(node)
         if name in _NAMING_CREATES:
             self._ddl_names(node)
@@ -375,6 +377,25 @@ _CREATED_NAME: dict[str, tuple[str, str]] = {
 _NAME_FIELDS = ("subname", "newschema", "schemaname", "trigname")
 # The layer's triggers outside its schemas: its DDL event triggers, the base tables' guard.
 LAYER_TRIGGERS = frozenset({"cow_ddl_start", "cow_ddl_end", "cow_guard"})
+
+
+# Drops of these whose every name is pg_temp-qualified touch only the backend's own temporary objects.
+_TEMPORARY_DROPS = frozenset({"OBJECT_TABLE", "OBJECT_INDEX", "OBJECT_VIEW", "OBJECT_SEQUENCE"})
+
+
+def _temporary_target(name: str, node: JsonNode) -> bool:
+    """DDL on the connection's own temporary tables, named ``pg_temp.x`` (the alias of this backend's
+    temporary schema, nothing else: no permanent object depends on a temporary one), is the application's
+    at any time, like CREATE TEMP TABLE. (An unqualified name may be a permanent table's: still refused.)"""
+    if name in ("AlterTableStmt", "IndexStmt"):
+        schema = child(node, "relation").get("schemaname")
+        return isinstance(schema, str) and schema.lower() == "pg_temp"
+    if name == "DropStmt" and node.get("removeType") in _TEMPORARY_DROPS:
+        names = [
+            [n.lower() for n in svals(child(item, "List").get("items"))] for item in children(node, "objects")
+        ]
+        return bool(names) and all(len(n) == 2 and n[0] == "pg_temp" for n in names)
+    return False
 
 
 def _ddl_name_strings(node: object) -> Iterable[str]:

@@ -40,6 +40,12 @@ def test_ddl_is_refused_naming_its_rule_and_temporary_tables_are_allowed(
         conn.execute("CREATE TEMP TABLE scratch (id int PRIMARY KEY, v text)")
         conn.execute("INSERT INTO scratch SELECT id, email FROM customers")
         assert conn.execute("SELECT count(*) FROM scratch").fetchone() == (3,)
+        conn.execute("ALTER TABLE pg_temp.scratch ADD COLUMN w int")
+        conn.execute("CREATE INDEX ON pg_temp.scratch (v)")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match='rule "ddl"'):
+            conn.execute("DROP TABLE scratch")  # (unqualified: it might name a permanent table)
+        conn.execute("DROP TABLE pg_temp.scratch")
+        conn.execute("CREATE TEMP TABLE scratch2 (id int)")
         conn.execute("DISCARD TEMP")
         conn.execute("INSERT INTO customers (email, name) VALUES ('in-session@x', 'S')")
     assert relations(layer_db) == before

@@ -214,6 +214,28 @@ def test_lifted_ddl_may_not_create_by_an_unqualified_name(sql: str) -> None:
     assert analyze(qualified, policy=Policy(ALLOWABLE)).error is None, qualified
 
 
+def test_ddl_on_pg_temp_qualified_names_is_the_applications() -> None:
+    """pg_temp is this backend's temporary schema: ALTER, CREATE INDEX and DROP of pg_temp.x pass with the
+    default policy; unqualified (maybe a permanent table) or mixed with another schema they do not."""
+    for sql in (
+        "ALTER TABLE pg_temp.scratch ADD COLUMN w int",
+        "CREATE INDEX ON pg_temp.scratch (id)",
+        "DROP TABLE pg_temp.scratch, PG_TEMP.other",
+        "DROP INDEX IF EXISTS pg_temp.scratch_id_idx",
+        "DROP VIEW pg_temp.tv",
+    ):
+        assert analyze(sql).error is None, sql
+    for sql in (
+        "DROP TABLE scratch",
+        "DROP TABLE pg_temp.scratch, public.issues",
+        "ALTER TABLE scratch ADD COLUMN w int",
+        "DROP SCHEMA pg_temp",
+        "DROP FUNCTION pg_temp.f()",
+    ):
+        result = analyze(sql)
+        assert result.error is not None and 'rule "ddl"' in result.error[1], sql
+
+
 def test_temporary_objects_need_no_schema() -> None:
     for sql in (
         "CREATE TEMP TABLE scratch (id int)",
