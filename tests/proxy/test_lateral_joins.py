@@ -149,12 +149,16 @@ def test_a_join_of_four_views_is_planned_like_the_plain_tables(
         setup.execute("ANALYZE")
     with psycopg.connect(proxy.dsn(layer_db, options="-c%20cow.session_id%3Dplan"), autocommit=True) as conn:
         conn.execute("SET max_parallel_workers_per_gather = 0")
-        assert most_rows(conn, query) <= 100  # index probes along the chain, as on the plain tables
-    # Without the proxy the same statement reads whole views: what the rewrite is for.
+        proxied = most_rows(conn, query)
+    assert proxied <= 100  # index probes along the chain, as on the plain tables
+    # Without the proxy the same statement reads far more of the views: what the rewrite is for. (How much
+    # more depends on the server's plan: whole views on 18, 764 rows on 15 since the views' anti join is
+    # keyed by _cow_b.)
     with psycopg.connect(layer_db, autocommit=True) as direct:
         direct.execute("SELECT cow.use_session('plan')")
         direct.execute("SET max_parallel_workers_per_gather = 0")
-        assert most_rows(direct, query) >= 5000
+        unrewritten = most_rows(direct, query)
+    assert unrewritten >= 5 * proxied, (proxied, unrewritten)
 
 
 def test_two_tables_join_laterally_when_the_joined_one_is_far_larger(databases: tuple[str, str]) -> None:
