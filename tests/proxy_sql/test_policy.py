@@ -236,6 +236,20 @@ def test_ddl_on_pg_temp_qualified_names_is_the_applications() -> None:
         assert result.error is not None and 'rule "ddl"' in result.error[1], sql
 
 
+def test_lifted_ddl_on_a_cow_tables_name_is_refused() -> None:
+    """In a session a CoW table's name resolves to its overlay view: DROP VIEW and GRANT/REVOKE on it would
+    act on the view every session reads (0A000, as the other DDL on a CoW table); other tables' pass."""
+    for sql in (
+        "DROP VIEW issues",
+        "GRANT SELECT ON issues TO PUBLIC",
+        "REVOKE ALL ON public.issues FROM PUBLIC",
+    ):
+        result = analyze(sql, policy=Policy(ALLOWABLE))
+        assert result.error is not None and result.error[0] == "0A000", sql
+    for sql in ("DROP VIEW public.report", "GRANT SELECT ON public.extra TO PUBLIC"):
+        assert analyze(sql, policy=Policy(ALLOWABLE)).error is None, sql
+
+
 def test_temporary_objects_need_no_schema() -> None:
     for sql in (
         "CREATE TEMP TABLE scratch (id int)",

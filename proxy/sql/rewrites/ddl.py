@@ -24,8 +24,11 @@ NODES = frozenset(
         "CreatePolicyStmt",
         "AlterPolicyStmt",
         "DropStmt",
+        "GrantStmt",
     }
 )
+# Drops by a name that, in a session, resolves to a CoW table's overlay view (first on the physical path).
+_DROPS = frozenset({ObjectType.OBJECT_TABLE, ObjectType.OBJECT_VIEW})
 
 
 def detect(scan: Scan, node: JsonNode) -> bool:
@@ -47,7 +50,10 @@ def apply(ctx: Context, node: ast.Node) -> Step | None:
         relations.append(node.relation)
     elif isinstance(node, ast.CreatePolicyStmt | ast.AlterPolicyStmt):
         relations.append(node.table)
-    elif isinstance(node, ast.DropStmt) and node.removeType == ObjectType.OBJECT_TABLE:
+    elif isinstance(node, ast.GrantStmt) and node.objtype == ObjectType.OBJECT_TABLE:
+        # GRANT/REVOKE … ON t would change the privileges of its overlay view, which every session reads.
+        relations.extend(o for o in node.objects or () if isinstance(o, ast.RangeVar))
+    elif isinstance(node, ast.DropStmt) and node.removeType in _DROPS:
         for name in node.objects or ():
             parts = [p.sval for p in name if isinstance(p, ast.String)]
             relations.append(
