@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+# Any at this one boundary: parsed JSON is heterogenous; the helpers below check each step of a path
+# (isinstance) instead of the type system.
 JsonNode = dict[str, Any]
 
 
@@ -23,7 +25,7 @@ def child(node: object, *path: str) -> JsonNode:
 
 
 def children(node: object, key: str) -> list[Any]:
-    """The list in field ``key`` of ``node`` (``[]`` when absent)."""
+    """The list in field ``key`` of ``node`` (``[]`` when absent; its items: JSON values of any kind)."""
     value = node.get(key) if isinstance(node, dict) else None
     return value if isinstance(value, list) else []
 

@@ -9,7 +9,7 @@ from proxy.sql.catalog import CowTable
 from proxy.sql.jsontree import JsonNode
 from proxy.sql.rewrites.base import Context, Rule, Scan, Step
 from proxy.sql.rewrites.nodes import (
-    parse,
+    parse_select,
     quote,
 )
 from proxy.sql.rewrites.tables import (
@@ -36,7 +36,7 @@ def _from_view(node: ast.CopyStmt, table: CowTable) -> None:
         columns = [a.sval for a in node.attlist]
     else:  # COPY leaves generated columns out when no list is given
         columns = [c.name for c in table.columns if not c.generated]
-    node.query = parse(f"SELECT {', '.join(quote(c) for c in columns)} FROM {overlay(table)}")
+    node.query = parse_select(f"SELECT {', '.join(quote(c) for c in columns)} FROM {overlay(table)}")
     node.relation = None
     node.attlist = None
 

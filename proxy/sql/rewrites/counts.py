@@ -23,7 +23,7 @@ from proxy.sql.rewrites.nodes import (
     bare_select,
     copy_tree,
     function_name,
-    parse,
+    parse_select,
     plain_condition,
     quote,
     range_name,
@@ -124,18 +124,18 @@ class _SplitCounts(Visitor):
         )
         column = quote((node.targetList or ())[0].name or "count")
         if count.offset is None and count.limit is None:
-            new = parse(f"SELECT {split} AS {column}")
-            parts = new.targetList[0].val
+            new = parse_select(f"SELECT {split} AS {column}")
+            parts = (new.targetList or ())[0].val
         else:
             # The rows OFFSET skips and LIMIT cuts; the subquery in WHERE lets PostgreSQL reject a negative
             # OFFSET or LIMIT (2201X, 2201W) as it would the client's query.
-            new = parse(
+            new = parse_select(
                 f"SELECT LEAST(GREATEST(_cow_n.n - COALESCE(CAST(_cow_off AS bigint), 0), 0),"
                 f" COALESCE(CAST(_cow_lim AS bigint), _cow_n.n))"
                 f" AS {column} FROM (SELECT {split} AS n) AS _cow_n"
                 f" WHERE (SELECT count(*) FROM (SELECT 1 LIMIT _cow_lim OFFSET _cow_off) AS _cow_v) >= 0"
             )
-            parts = new.fromClause[0].subquery.targetList[0].val
+            parts = (new.fromClause or ())[0].subquery.targetList[0].val
             _Placeholders({"_cow_off": count.offset, "_cow_lim": count.limit})(new)
         if where is not None:
             # a copy of the client's condition in each part (the deparser writes shared nodes thrice too,

@@ -24,10 +24,10 @@ from proxy.sql.rewrites.nodes import (
     cte_query,
     expression,
     operator_of,
+    parse_select,
     plain_condition,
     quote,
     range_name,
-    select,
     subquery_or_column,
 )
 from proxy.sql.rewrites.tables import (
@@ -184,7 +184,7 @@ def _key_read_source(table: CowTable, name: str, conditions: list[_KeyCondition]
     # The base branch's columns are the table's own (*): if app DDL on another connection changed them
     # since the catalog was read, the statement fails (the branches differ) instead of silently reading
     # the old columns, and the relay checks the catalog before its next rewritten statement.
-    new = select(
+    new = parse_select(
         f"WITH {_VERSIONS} AS MATERIALIZED (SELECT {cols}, _cow_deleted FROM {changes}"
         f" WHERE _cow_session = {CURRENT_SESSION} AND _cow_current)"
         f" SELECT FROM (SELECT _cow_b.* FROM {quote(table.schema)}.{quote(table.name)} AS _cow_b"

@@ -21,7 +21,7 @@ from proxy.sql.rewrites.nodes import (
     conjuncts,
     first_range,
     operator_of,
-    parse,
+    parse_select,
     qualifier,
     range_name,
     reads_relations,
@@ -59,7 +59,7 @@ LATERAL_MIN_TABLES = 3
 LATERAL_SIZE_RATIO = 50
 
 
-_TRUE = parse("SELECT 1 FROM a JOIN b ON true").fromClause[0].quals
+_TRUE = (parse_select("SELECT 1 FROM a JOIN b ON true").fromClause or ())[0].quals
 
 
 _RESTRICTING = frozenset(
@@ -190,7 +190,7 @@ class _LateralJoins(Visitor):
                     keyed.add(column)
         if not keyed & table.indexed and not any(set(key) <= keyed for key in row_keys(table)):
             return
-        sub = parse("SELECT * FROM x OFFSET 0")
+        sub = parse_select("SELECT * FROM x OFFSET 0")
         sub.fromClause = (rarg,)
         sub.whereClause = quals
         join.rarg = ast.RangeSubselect(lateral=True, subquery=sub, alias=ast.Alias(aliasname=name))

@@ -62,11 +62,6 @@ def _copy(node: object) -> object:
 _MISSING = object()
 
 
-def parse(sql: str) -> Any:
-    # Any: a template's statement kind is fixed by its text, which the stubs cannot see (parse_as checks it)
-    return pglast.parse_sql(sql)[0].stmt
-
-
 def parse_as(kind: type[_N], sql: str) -> _N:
     """The one statement of a template, which is a ``kind`` (a template's own text fixes it)."""
     node = pglast.parse_sql(sql)[0].stmt
@@ -75,13 +70,13 @@ def parse_as(kind: type[_N], sql: str) -> _N:
     return node
 
 
-def select(sql: str) -> ast.SelectStmt:
+def parse_select(sql: str) -> ast.SelectStmt:
     return parse_as(ast.SelectStmt, sql)
 
 
 def expression(sql: str) -> ast.Node:
     """The expression of a one-column ``SELECT expr`` template."""
-    value = target(select(sql), 0).val
+    value = target(parse_select(sql), 0).val
     assert value is not None  # a ResTarget of a SELECT list always has its expression
     return value
 

@@ -13,7 +13,7 @@ from proxy.sql.catalog import CowTable
 from proxy.sql.jsontree import JsonNode
 from proxy.sql.rewrites.base import Context, Rule, Scan, Step
 from proxy.sql.rewrites.nodes import (
-    parse,
+    parse_as,
 )
 from proxy.sql.rewrites.tables import (
     overlay,
@@ -79,7 +79,7 @@ def _deletes(ctx: Context, node: ast.TruncateStmt) -> ast.Node | None:
         previous = f"cow_truncate_{i}"
     gate = f" WHERE (SELECT count(*) FROM {previous}) >= 0" if previous else ""
     last = f"DELETE FROM {overlay(order[-1])}{gate}"
-    deletes: ast.DeleteStmt = parse((f"WITH {', '.join(ctes)} " if ctes else "") + last)
+    deletes = parse_as(ast.DeleteStmt, (f"WITH {', '.join(ctes)} " if ctes else "") + last)
     return deletes
 
 
