@@ -124,6 +124,19 @@ def server(dsn: str | None, socket_dir: str | None) -> Iterator[tuple[str, str, 
         yield srv.dsn(), srv.host, srv.port, str(srv.bindir), str(sockets)
 
 
+def bind_arguments(db_dsn: str, stack: contextlib.ExitStack) -> tuple[str, ...]:
+    """A fresh binding secret for the database, in a file that lives as long as ``stack``: the proxy's
+    arguments to bind with it (``cowproxy serve --bind-secret-file``)."""
+    secret = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "bind-secret"
+    subprocess.run(
+        [sys.executable, "-m", "cowproxy", "secret", "--rotate", "--file", str(secret), "--dsn", db_dsn],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+    )
+    return ("--bind-secret-file", str(secret))
+
+
 @contextlib.contextmanager
 def cowproxy(
     upstream: str, transport: str, root: Path = ROOT, name: str = "cowproxy", extra: tuple[str, ...] = ()

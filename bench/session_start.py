@@ -22,7 +22,6 @@ import importlib.util
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -51,18 +50,6 @@ def make_database(dsn: str, name: str, tables: int) -> str:
     return db
 
 
-def bind_arguments(db: str, stack: contextlib.ExitStack) -> tuple[str, ...]:
-    """A fresh binding secret for ``db`` in a file that lives as long as ``stack``: the proxies' arguments."""
-    secret = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "bind-secret"
-    subprocess.run(
-        [sys.executable, "-m", "cowproxy", "secret", "--rotate", "--file", str(secret), "--dsn", db],
-        check=True,
-        capture_output=True,
-        cwd=ROOT,
-    )
-    return ("--bind-secret-file", str(secret))
-
-
 def first_statement(host: str, port: int, database: str, session: str) -> float:
     started = time.perf_counter()
     dsn = f"postgresql://postgres@{host}:{port}/{database}?options=-c%20cow.session_id%3D{session}"
@@ -87,7 +74,7 @@ def main() -> None:
             make_database(dsn, name, tables)
             with contextlib.ExitStack() as stack:
                 extra = (
-                    bind_arguments(urlsplit(dsn)._replace(path="/" + name).geturl(), stack)
+                    bp.bind_arguments(urlsplit(dsn)._replace(path="/" + name).geturl(), stack)
                     if args.bind
                     else ()
                 )

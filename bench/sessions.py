@@ -46,7 +46,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,19 +179,6 @@ def proxies(
         yield Proxies(mine, base, many, reads, python)
 
 
-def bind_arguments(db_dsn: str, stack: contextlib.ExitStack) -> tuple[str, ...]:
-    """A fresh binding secret for the database, in a file that lives as long as ``stack``: the proxy's
-    arguments to bind with it."""
-    secret = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "bind-secret"
-    subprocess.run(
-        [sys.executable, "-m", "cowproxy", "secret", "--rotate", "--file", str(secret), "--dsn", db_dsn],
-        check=True,
-        capture_output=True,
-        cwd=ROOT,
-    )
-    return ("--bind-secret-file", str(secret))
-
-
 def overlay_path(dsn: str) -> str:
     """The search_path cow.use_session sets (what a session without the proxy puts in PGOPTIONS)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -250,7 +236,7 @@ def main() -> None:
         path = overlay_path(db_dsn)
         extra = tuple(args.proxy_args.split())
         secret_dir = contextlib.ExitStack()
-        own = bind_arguments(db_dsn, secret_dir) if args.bind else ()
+        own = bp.bind_arguments(db_dsn, secret_dir) if args.bind else ()
         reads_dsn = db_dsn if args.reads else None
         with (
             secret_dir,
