@@ -123,6 +123,7 @@ def read_startup_tags(startup: StartupMessage) -> StartupTags:
             kept.extend(words[i : i + consumed])
             i += consumed
         startup = startup.replace("options", join_options(kept) if kept else None)
+    startup, session, operation = _parameter_tags(startup, session, operation, refused)
     app = startup.get("application_name")
     if session is None and app is not None and app.startswith(APP_NAME_PREFIX):
         session = app[len(APP_NAME_PREFIX) :] or None
@@ -138,6 +139,36 @@ def read_startup_tags(startup: StartupMessage) -> StartupTags:
         if session is None:
             raise TagError("cow.operation_id given without cow.session_id")
     return StartupTags(Tags(session, operation), startup)
+
+
+# What PostgreSQL does not take as a setting when it is a startup parameter of its own.
+_NOT_SETTINGS = frozenset({"user", "database", "options", "replication"})
+
+
+def _parameter_tags(
+    startup: StartupMessage, session: str | None, operation: str | None, refused: list[str]
+) -> tuple[StartupMessage, str | None, str | None]:
+    """The cow settings given as startup parameters of their own (asyncpg's ``server_settings``, libpq
+    keywords in a connection string): PostgreSQL applies every such parameter as a setting, so
+    ``cow.session_id`` there is a tag as in ``options`` (and is not sent upstream, where it would set the
+    setting behind the proxy's back); other ``cow.*`` settings and ``_REFUSED_AT_STARTUP`` join ``refused``.
+    Given both ways, the two must agree."""
+    for key, value in startup.params:
+        name = key.strip().lower().replace("-", "_")
+        if name in _NOT_SETTINGS:
+            continue
+        if name in (SESSION_GUC, OPERATION_GUC):
+            given = session if name == SESSION_GUC else operation
+            if given is not None and value and value != given:
+                raise TagError(f"cowproxy: {name} given twice at startup, as {given!r} and {value!r}")
+            if name == SESSION_GUC:
+                session = given or value or None
+            else:
+                operation = given or value or None
+            startup = startup.replace(key, None)
+        elif name.startswith("cow.") or name in _REFUSED_AT_STARTUP:
+            refused.append(name)
+    return startup, session, operation
 
 
 # -- comment tags --------------------------------------------------------------------------------------

@@ -283,6 +283,30 @@ def test_startup_tags() -> None:
         tags(user="u", options="-c cow.session_id=" + "x" * 129)
 
 
+def test_startup_tags_as_parameters_of_their_own() -> None:
+    """asyncpg's server_settings and libpq keywords send settings as startup parameters, not in options."""
+
+    def tags(*params: tuple[str, str]) -> tuple[Tags, p.StartupMessage]:
+        found = read_startup_tags(p.StartupMessage(p.PROTOCOL_3_0, (("user", "u"), *params)))
+        return found.tags, found.startup
+
+    t, s = tags(("cow.session_id", "P1"), ("cow.operation_id", "o.2"), ("work_mem", "4MB"))
+    assert t == Tags("P1", "o.2")
+    assert s.params == (("user", "u"), ("work_mem", "4MB"))  # the tags do not go upstream
+    t, s = tags(("options", "-c cow.session_id=P2"), ("cow.session_id", "P2"))
+    assert t == Tags("P2", None) and s.params == (("user", "u"),)
+    t, _ = tags(("options", "-c cow.session_id=P3"), ("cow.operation_id", "o.3"))
+    assert t == Tags("P3", "o.3")
+    with pytest.raises(TagError, match="given twice"):
+        tags(("options", "-c cow.session_id=P4"), ("cow.session_id", "other"))
+    with pytest.raises(TagError):
+        tags(("cow.operation_id", "o.4"))
+    for setting in (("session_replication_role", "replica"), ("cow.app_search_path", "public")):
+        with pytest.raises(PolicyError, match='rule "session"'):
+            tags(("cow.session_id", "P5"), setting)
+        tags(setting)  # untagged: the client's business
+
+
 @pytest.mark.parametrize(
     "options",
     [

@@ -251,6 +251,26 @@ def test_asyncpg_prepared_in_session(proxy: RunningProxy, layer_db: str) -> None
     assert len(base_customers(layer_db)) == BASE_CUSTOMERS
 
 
+def test_asyncpg_server_settings_tag_the_connection(proxy: RunningProxy, layer_db: str) -> None:
+    """``server_settings={"cow.session_id": …}`` sends the tag as a startup parameter of its own: a tag like
+    one in ``options`` (before, it went upstream as a bare setting and the proxy saw an untagged client)."""
+
+    async def main() -> None:
+        settings = {"cow.session_id": "s10", "cow.operation_id": "op10"}
+        conn = await asyncpg.connect(proxy.dsn(layer_db), server_settings=settings)
+        try:
+            await conn.execute("INSERT INTO customers (email, name) VALUES ($1, $2)", "ss@x", "n")
+            assert await conn.fetchval("SELECT count(*) FROM customers") == BASE_CUSTOMERS + 1
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.execute("SELECT cow.discard_session('s10')")  # the policy of a tagged connection
+        finally:
+            await conn.close()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+    assert changes(layer_db, "s10") == [("op10", "customers", "ss@x")]
+    assert len(base_customers(layer_db)) == BASE_CUSTOMERS
+
+
 def test_tagged_connection_without_layer_fails_closed(
     proxy: RunningProxy, empty_db: str, caplog: pytest.LogCaptureFixture
 ) -> None:
