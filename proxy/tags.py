@@ -27,6 +27,16 @@ APP_NAME_PREFIX = "cow:"
 _REFUSED_AT_STARTUP = frozenset({"session_authorization", "session_replication_role"})
 
 
+def _setting_name(name: str) -> str:
+    """A setting's name as PostgreSQL reads it (case-insensitive; ``-`` for ``_`` in ``--name=value``)."""
+    return name.strip().lower().replace("-", "_")
+
+
+def _leaves_session(name: str) -> bool:
+    """A setting a connection tagged at startup may not bring along (rule ``session``)."""
+    return name.startswith("cow.") or name in _REFUSED_AT_STARTUP
+
+
 @dataclass(frozen=True)
 class Tags:
     """The session (None: untagged) and operation (None: a fresh one per top-level transaction)."""
@@ -108,7 +118,7 @@ def read_startup_tags(startup: StartupMessage) -> StartupTags:
                 setting = word[2:]
             if setting is not None and "=" in setting:
                 name, _, value = setting.partition("=")
-                name = name.strip().lower().replace("-", "_") if name.lower().startswith("cow") else name
+                name = _setting_name(name) if name.lower().startswith("cow") else name
                 if name == SESSION_GUC:
                     session = value or None
                     i += consumed
@@ -117,8 +127,8 @@ def read_startup_tags(startup: StartupMessage) -> StartupTags:
                     operation = value or None
                     i += consumed
                     continue
-                guc = name.strip().lower().replace("-", "_")  # (PostgreSQL's spelling of --name=value)
-                if guc.startswith("cow.") or guc in _REFUSED_AT_STARTUP:
+                guc = _setting_name(name)
+                if _leaves_session(guc):
                     refused.append(guc)
             kept.extend(words[i : i + consumed])
             i += consumed
@@ -154,7 +164,7 @@ def _parameter_tags(
     setting behind the proxy's back); other ``cow.*`` settings and ``_REFUSED_AT_STARTUP`` join ``refused``.
     Given both ways, the two must agree."""
     for key, value in startup.params:
-        name = key.strip().lower().replace("-", "_")
+        name = _setting_name(key)
         if name in _NOT_SETTINGS:
             continue
         if name in (SESSION_GUC, OPERATION_GUC):
@@ -166,7 +176,7 @@ def _parameter_tags(
             else:
                 operation = given or value or None
             startup = startup.replace(key, None)
-        elif name.startswith("cow.") or name in _REFUSED_AT_STARTUP:
+        elif _leaves_session(name):
             refused.append(name)
     return startup, session, operation
 
