@@ -45,45 +45,56 @@ def insert(dsn: str, email: str) -> None:
         conn.execute("INSERT INTO customers (email, name) VALUES (%s, 'w')", (email,))
 
 
-def test_two_workers_share_the_port_the_routes_and_add_up(pg_server: PgServer, layer_db: str) -> None:
-    # Worker i listens for metrics and admin on the given port + i: both runs must be free.
-    port, metrics, admin = free_port(), free_port_run(2), free_port_run(2)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "cowproxy",
-            "serve",
-            "--workers",
-            "2",
-            "--upstream",
-            f"{pg_server.host}:{pg_server.port}",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--metrics",
-            f"127.0.0.1:{metrics}",
-            "--admin",
-            f"127.0.0.1:{admin}",
-            "--state-dsn",
-            layer_db,
-        ],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+def _serve_two_workers(pg_server: PgServer, layer_db: str) -> tuple[subprocess.Popen[str], int, int, int]:
+    """``cowproxy serve --workers 2`` on free ports. Worker i listens for metrics and admin on the given
+    port + i: both runs must be free. Another suite on the machine may take one between the check and the
+    bind; then the server exits saying so, and new ports are tried (at most three times)."""
+    for _ in range(3):
+        port, metrics, admin = free_port(), free_port_run(2), free_port_run(2)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "cowproxy",
+                "serve",
+                "--workers",
+                "2",
+                "--upstream",
+                f"{pg_server.host}:{pg_server.port}",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--metrics",
+                f"127.0.0.1:{metrics}",
+                "--admin",
+                f"127.0.0.1:{admin}",
+                "--state-dsn",
+                layer_db,
+            ],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
-        def up() -> bool:
+        def up(metrics: int = metrics) -> bool:
             try:
                 return all(samples(m) is not None for m in (metrics, metrics + 1))
             except OSError:
                 return False
 
         # Two workers each import the proxy and load the catalog: slow on a loaded 2-core machine.
-        if not wait_for(lambda: up() or proc.poll() is not None, 90) or not up():
-            proc.kill()
-            pytest.fail(f"workers not up (exit {proc.poll()}): {proc.communicate(timeout=10)[1][-2000:]}")
+        if wait_for(lambda proc=proc: up() or proc.poll() is not None, 90) and up():
+            return proc, port, metrics, admin
+        proc.kill()
+        err = proc.communicate(timeout=10)[1]
+        if "address already in use" not in err:
+            pytest.fail(f"workers not up (exit {proc.poll()}): {err[-2000:]}")
+    pytest.fail("workers not up: three runs of free ports were taken before the workers could bind them")
+
+
+def test_two_workers_share_the_port_the_routes_and_add_up(pg_server: PgServer, layer_db: str) -> None:
+    proc, port, metrics, admin = _serve_two_workers(pg_server, layer_db)
+    try:
         through = f"postgresql://postgres@127.0.0.1:{port}/{dbname(layer_db)}"
         # A route made through worker 1's admin API: every connection, whichever worker takes it, obeys.
         admin_request(
