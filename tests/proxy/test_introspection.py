@@ -7,9 +7,12 @@ equal. Object ids differ between the databases, so questions return names, kinds
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -20,6 +23,8 @@ from tests.fix_db import PgServer, install_layer_at, outcome
 from tests.fix_proxy import RunningProxy
 
 pytestmark = pytest.mark.timeout(120)
+
+DJANGO_INTROSPECT = Path(__file__).with_name("django_introspect.py")
 
 SCHEMA = """
 CREATE TABLE authors (id serial PRIMARY KEY, name text NOT NULL UNIQUE);
@@ -275,3 +280,27 @@ def test_regclass_output_names_as_outside(proxy: RunningProxy, twins: tuple[str,
         got = conn.execute(sql)
         assert [d.name for d in got.description] == ["regclass", "oid", "r", "conrelid"]
         assert got.fetchall() == [tuple(str(v) for v in row) for row in expected.fetchall()]
+
+
+def test_django_introspection(proxy: RunningProxy, twins: tuple[str, str]) -> None:
+    """Django's ``connection.introspection`` (inspectdb, the autodetector, the test runner's flush and
+    sequence reset) answers in a session as on the plain database."""
+    layer, plain = twins
+
+    def introspect(url: str) -> dict[str, Any]:
+        done = subprocess.run(
+            [sys.executable, str(DJANGO_INTROSPECT), url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        found: dict[str, Any] = json.loads(done.stdout)
+        return found
+
+    expected = introspect(plain)
+    assert [name for name, _ in expected["tables"]] == ["authors", "book_titles", "books"]
+    assert expected["described"]["books"]["primary_key"] == "id"
+    assert expected["sequence_reset"] == [[[1]]]
+    assert introspect(_session(proxy, layer)) == expected
