@@ -9,6 +9,7 @@ import re
 
 from proxy.errors import ProxyError
 from proxy.sql import (
+    CATALOG_DELTA_QUERY,
     CATALOG_QUERY,
     CATALOG_VERSION_QUERY,
     Analysis,
@@ -93,6 +94,7 @@ class ProxyAnalyzer:
 
     catalog_query: str | None = CATALOG_QUERY  # None: the relay loads no catalog (unit tests)
     catalog_version_query: str | None = CATALOG_VERSION_QUERY
+    catalog_delta_query: str | None = CATALOG_DELTA_QUERY  # a reload given the stamps already held
 
     def __init__(self, cache_size: int = 4096, policy: Policy = DEFAULT_POLICY) -> None:
         self._analyzer = Analyzer(cache_size=cache_size, policy=policy)
@@ -103,9 +105,9 @@ class ProxyAnalyzer:
         return Catalog.empty()
 
     @staticmethod
-    def catalog_from_rows(rows: list[tuple[str | None, ...]]) -> Catalog:
+    def catalog_from_rows(rows: list[tuple[str | None, ...]], held: Catalog | None = None) -> Catalog:
         try:
-            return Catalog.from_rows(rows)
+            return Catalog.from_rows(rows, held)
         except (ProxyError, ValueError, IndexError):
             return Catalog.empty()
 

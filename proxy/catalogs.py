@@ -6,8 +6,9 @@ query and its decoding, and every connection its own analysis cache entries (the
 by the catalog object). Here one catalog is kept per (database, user) with the version it was read at
 (``CATALOG_VERSION_QUERY``): a connection that reads the same version takes the catalog already read, so a
 connection's start costs one small version query, and after app DDL only the first connection that sees
-the new version reads the catalog again. The user is part of the key because what the catalog query sees
-may depend on privileges.
+the new version reads the catalog again, and only the documents of the tables whose registry stamps
+changed (``CATALOG_DELTA_QUERY``; the rest come from the latest catalog read). The user is part of the key
+because what the catalog query sees may depend on privileges.
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ class SharedCatalogs:
         self.loads += 1
         self._latest[key] = (version, catalog)
 
+    def latest(self, key: tuple[str, str]) -> Any | None:
+        """The latest catalog read, whatever its version: a reload reads only what changed since."""
+        found = self._latest.get(key)
+        return None if found is None else found[1]
+
 
 @dataclass(frozen=True)
 class CatalogStore:
@@ -53,6 +59,9 @@ class CatalogStore:
     def put(self, version: str | None, catalog: Any) -> None:
         if version is not None:
             self.shared.put(self.key, version, catalog)
+
+    def latest(self) -> Any | None:
+        return self.shared.latest(self.key)
 
 
 def private_store() -> CatalogStore:

@@ -27,7 +27,7 @@ from proxy import protocol as p
 from proxy.analysis import ProxyAnalyzer, query_kind
 from proxy.catalogs import CatalogStore, private_store
 from proxy.errors import ProtocolError, TagError
-from proxy.sql import Analysis
+from proxy.sql import Analysis, Catalog
 from proxy.sql.rewrites import app_path
 from proxy.tags import UNTAGGED, Tags
 
@@ -1021,10 +1021,18 @@ class Relay:
         self.catalog_loads += 1
         rows: list[tuple[str | None, ...]] = []
         version: list[tuple[str | None, ...]] = []
+        held = self._held_catalog()
+        params: tuple[str, ...] = ()
+        if held is not None and self.analysis.catalog_delta_query is not None:
+            # Its stamps as a text[] literal (digits and colons: nothing to quote).
+            query, params = self.analysis.catalog_delta_query, ("{" + ",".join(held.by_stamp) + "}",)
+        else:
+            held = None
 
         def done(ok: bool) -> None:
             self.catalog_loading = False
-            self.catalog = self.analysis.catalog_from_rows(rows) if ok else self.analysis.empty_catalog()
+            empty = self.analysis.empty_catalog()
+            self.catalog = self.analysis.catalog_from_rows(rows, held) if ok else empty
             self.catalog_version = version[0][0] if ok and version else None
             self._catalog_checked = ok
             if ok:
@@ -1033,7 +1041,14 @@ class Relay:
         if version_query is not None:
             close = self._queue_query(CATALOG_VERSION_STATEMENT, version_query, forward, capture=version)
             self._injected(close, Kind.CLOSE, forward)
-        return self._queue_query(CATALOG_STATEMENT, query, forward, on_done=done, capture=rows)
+        return self._queue_query(CATALOG_STATEMENT, query, forward, params=params, on_done=done, capture=rows)
+
+    def _held_catalog(self) -> Catalog | None:
+        """The catalog a reload starts from: the process's latest for this database, else the connection's."""
+        for held in (self.catalogs.latest(), self.catalog):
+            if isinstance(held, Catalog) and held.by_stamp:
+                return held
+        return None
 
     def _check_catalog(self, trigger: bytes) -> None:
         """Queue the catalog's version query ahead of the trigger (and a reload if it changed); hold.

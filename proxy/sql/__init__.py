@@ -14,6 +14,7 @@ from proxy.sql.analyze import (
     statement_kind,
 )
 from proxy.sql.catalog import (
+    CATALOG_DELTA_QUERY,
     CATALOG_QUERY,
     CATALOG_VERSION_QUERY,
     Catalog,
@@ -26,6 +27,7 @@ from proxy.sql.catalog import (
 from proxy.tags import Tags, read_comment_tags, strip_edge_comments
 
 __all__ = [
+    "CATALOG_DELTA_QUERY",
     "CATALOG_QUERY",
     "CATALOG_VERSION_QUERY",
     "ID_PATTERN",

@@ -19,9 +19,9 @@ from proxy.errors import ProxyError
 # constraint, or ``left(name, 50) || '_' || n`` when two constraints of one name but different modes meet
 # there (cow._defer_trigger). Works on PostgreSQL 15+ (indnullsnotdistinct). Fails with 42P01 or
 # 3F000 when the layer is not installed: the caller then uses ``Catalog.empty()``.
-CATALOG_QUERY = """\
+_CATALOG_TEMPLATE = """\
 SELECT t.table_schema::text, t.table_name::text, t.overlay_schema::text,
-  json_build_object(
+  {document_start}json_build_object(
     -- The primary key only (what GROUP BY's functional dependency needs), not a unique index the layer keys
     -- a table without one by.
     'pk', to_json(CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_index pi WHERE pi.indrelid = c.oid
@@ -103,13 +103,24 @@ SELECT t.table_schema::text, t.table_name::text, t.overlay_schema::text,
                                   AND (o.conrelid = c.oid OR o.confrelid = c.oid))))
       JOIN pg_catalog.pg_namespace an ON an.oid = ac.connamespace
       WHERE g.relid = c.oid)
-  )::text,
-  current_setting('server_version_num')
+  )::text{document_end},
+  current_setting('server_version_num'),
+  r.id::text || ':' || r.xmin::text
 FROM cow.tables t
 JOIN pg_catalog.pg_namespace n ON n.nspname = t.table_schema
 JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = t.table_name
 LEFT JOIN cow.registry r ON r.relid = c.oid
 ORDER BY t.table_schema = 'public' DESC, t.table_schema, t.table_name"""
+
+# The stamp (last column) is the table's registry row version: cow.refresh rewrites that row whenever the
+# table's signature changes, so a table whose stamp the reader already holds has the same document. The
+# delta query takes the stamps held ($1, a text[]) and leaves their documents NULL: after one table's DDL a
+# reload reads one document instead of every table's (Catalog.from_rows takes the rest from the catalog
+# held). CASE evaluates the document's subqueries only in the branch taken.
+CATALOG_QUERY = _CATALOG_TEMPLATE.replace("{document_start}", "").replace("{document_end}", "")
+CATALOG_DELTA_QUERY = _CATALOG_TEMPLATE.replace(
+    "{document_start}", "CASE WHEN r.id::text || ':' || r.xmin::text = ANY ($1::text[]) THEN NULL ELSE "
+).replace("{document_end}", " END")
 
 
 # A fingerprint of the registry the catalog is built from: it changes whenever the layer enables, drops or
@@ -189,6 +200,7 @@ class CowTable:
     row_security: bool = False
     rows: float = -1  # pg_class.reltuples of the base table when the catalog was read; -1: unknown
     changes_rows: float = -1  # the same of its changes table
+    stamp: str | None = field(default=None, compare=False)  # its registry row version (CATALOG_QUERY)
 
     @property
     def qualified(self) -> str:
@@ -239,64 +251,26 @@ class Catalog:
         return cls(tables={}, ident=0)
 
     @classmethod
-    def from_rows(cls, rows: Sequence[Sequence[str | None]]) -> Catalog:
-        """Build from the rows of ``CATALOG_QUERY`` (text columns, as the simple protocol returns them)."""
+    def from_rows(cls, rows: Sequence[Sequence[str | None]], held: Catalog | None = None) -> Catalog:
+        """Build from the rows of ``CATALOG_QUERY`` (text columns, as the simple protocol returns them), or
+        of ``CATALOG_DELTA_QUERY`` given ``held``, the catalog whose stamps it was sent."""
         tables: dict[tuple[str, str], CowTable] = {}
         version = 0
+        reuse = held.by_stamp if held is not None else {}
         for row in rows:
             try:
-                schema, name, overlay, doc = row[:4]
                 if len(row) > 4 and row[4]:
                     version = int(row[4])
-                if schema is None or name is None or overlay is None or doc is None:
-                    raise ValueError("NULL in a catalog row")
-                info: dict[str, Any] = json.loads(doc)
-                table = CowTable(
-                    schema=schema,
-                    name=name,
-                    overlay_schema=overlay,
-                    pk=tuple(info.get("pk") or ()),
-                    columns=tuple(
-                        Column(
-                            c["name"],
-                            c["type"],
-                            bool(c["generated"]),
-                            bool(c["identity"]),
-                            bool(c.get("identity_always")),
-                            c.get("default"),
-                        )
-                        for c in info["columns"]
-                    ),
-                    unique=tuple(
-                        UniqueKey(
-                            name=u["name"],
-                            columns=tuple(u["columns"]),
-                            is_constraint=bool(u["constraint"]),
-                            nulls_not_distinct=bool(u["nulls_not_distinct"]),
-                            partial=bool(u["partial"]),
-                            expressions=bool(u["expressions"]),
-                        )
-                        for u in info["unique"]
-                    ),
-                    referenced_by=tuple(
-                        ReferencingKey(r["schema"], r["table"], r["name"], r["on_delete"])
-                        for r in info["referenced_by"]
-                    ),
-                    deferrable=tuple(
-                        DeferrableKey(d["schema"], d["name"], d["trigger"])
-                        for d in info.get("deferrable") or ()
-                    ),
-                    indexed=frozenset(info.get("indexed") or ()),
-                    key=tuple(info.get("key") or ()),
-                    changes_table=info.get("changes"),
-                    row_security=bool(info.get("row_security")),
-                    rows=float(info.get("rows", -1)),
-                    changes_rows=float(-1 if info.get("changes_rows") is None else info["changes_rows"]),
-                )
+                table = _held_table(row, reuse) or _table_from_row(row)
             except (ValueError, KeyError, TypeError) as exc:
                 raise CatalogError(f"malformed CoW catalog row {row!r}: {exc}") from exc
-            tables[(schema, name)] = table
+            tables[(table.schema, table.name)] = table
         return cls(tables=tables, ident=_ident_for(rows), server_version_num=version)
+
+    @property
+    def by_stamp(self) -> Mapping[str, CowTable]:
+        """Its tables by registry stamp (tables read without one are left out)."""
+        return {t.stamp: t for t in self.tables.values() if t.stamp is not None}
 
     @property
     def has_cow_tables(self) -> bool:
@@ -342,6 +316,65 @@ class Catalog:
     def schema_pattern(self) -> re.Pattern[str] | None:
         """A sieve matching any app schema name as a word (the fast path's in-session check)."""
         return _schema_pattern(self.schemas)
+
+
+def _held_table(row: Sequence[str | None], held: Mapping[str, CowTable]) -> CowTable | None:
+    """The held table of a delta row whose document the server left out (its stamp was sent)."""
+    if len(row) < 4 or row[3] is not None:
+        return None
+    stamp = row[5] if len(row) > 5 else None
+    table = held.get(stamp) if stamp is not None else None
+    if table is None or (table.schema, table.name, table.overlay_schema) != tuple(row[:3]):
+        raise ValueError("no document and no held table of that stamp")
+    return table
+
+
+def _table_from_row(row: Sequence[str | None]) -> CowTable:
+    schema, name, overlay, doc = row[:4]
+    if schema is None or name is None or overlay is None or doc is None:
+        raise ValueError("NULL in a catalog row")
+    info: dict[str, Any] = json.loads(doc)
+    return CowTable(
+        schema=schema,
+        name=name,
+        overlay_schema=overlay,
+        pk=tuple(info.get("pk") or ()),
+        columns=tuple(
+            Column(
+                c["name"],
+                c["type"],
+                bool(c["generated"]),
+                bool(c["identity"]),
+                bool(c.get("identity_always")),
+                c.get("default"),
+            )
+            for c in info["columns"]
+        ),
+        unique=tuple(
+            UniqueKey(
+                name=u["name"],
+                columns=tuple(u["columns"]),
+                is_constraint=bool(u["constraint"]),
+                nulls_not_distinct=bool(u["nulls_not_distinct"]),
+                partial=bool(u["partial"]),
+                expressions=bool(u["expressions"]),
+            )
+            for u in info["unique"]
+        ),
+        referenced_by=tuple(
+            ReferencingKey(r["schema"], r["table"], r["name"], r["on_delete"]) for r in info["referenced_by"]
+        ),
+        deferrable=tuple(
+            DeferrableKey(d["schema"], d["name"], d["trigger"]) for d in info.get("deferrable") or ()
+        ),
+        indexed=frozenset(info.get("indexed") or ()),
+        key=tuple(info.get("key") or ()),
+        changes_table=info.get("changes"),
+        row_security=bool(info.get("row_security")),
+        rows=float(info.get("rows", -1)),
+        changes_rows=float(-1 if info.get("changes_rows") is None else info["changes_rows"]),
+        stamp=row[5] if len(row) > 5 else None,
+    )
 
 
 _pattern_cache: dict[frozenset[str], re.Pattern[str] | None] = {}

@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from proxy.sql import CATALOG_QUERY, Catalog
 from tests.fix_proxy import RunningProxy
 
 pytestmark = pytest.mark.timeout(60)
@@ -163,3 +164,34 @@ def direct_count(dsn: str) -> int:
         row = direct.execute("SELECT count(*) FROM later").fetchone()
         assert row is not None
         return int(row[0])
+
+
+def test_a_reload_reads_only_the_tables_that_changed(proxy: RunningProxy, layer_db: str) -> None:
+    """After one table's DDL the reload takes the other tables as they were read (the same objects) and
+    reads the changed table's document and a new table's; every reload equals a full read."""
+
+    def catalog() -> Any:
+        return proxy.run(lambda: next(c.relay.catalog for c in proxy.server.connections.values() if c.relay))
+
+    with psycopg.connect(layer_db, autocommit=True) as direct:
+        direct.execute("CREATE TABLE doomed (id int PRIMARY KEY); CREATE TABLE aside (id int PRIMARY KEY)")
+    with tagged(proxy, layer_db) as conn, psycopg.connect(layer_db, autocommit=True) as direct:
+        before = catalog().tables
+        assert {("public", "customers"), ("public", "aside"), ("public", "doomed")} <= set(before)
+        direct.execute("ALTER TABLE customers ADD COLUMN nickname text")
+        direct.execute("CREATE TABLE later (id int PRIMARY KEY)")
+        conn.execute("TRUNCATE orders")  # checks the version: changed, so it reloads
+        after = catalog().tables
+        assert relay_counters(proxy) == [(1, 2)]
+        assert after[("public", "aside")] is before[("public", "aside")]
+        assert after[("public", "customers")] is not before[("public", "customers")]
+        assert after[("public", "customers")].column("nickname") is not None
+        assert dict(after) == full_read(direct)
+        direct.execute("DROP TABLE doomed")
+        conn.execute("TRUNCATE orders")
+        assert ("public", "doomed") not in catalog().tables
+        assert dict(catalog().tables) == full_read(direct)
+
+
+def full_read(conn: psycopg.Connection[Any]) -> dict[tuple[str, str], Any]:
+    return dict(Catalog.from_rows(conn.execute(CATALOG_QUERY).fetchall()).tables)
