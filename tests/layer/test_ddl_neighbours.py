@@ -126,3 +126,73 @@ def test_a_dropped_foreign_key_no_longer_acts_in_a_session(create_database: Call
         conn.execute("SELECT cow.use_session('s')")
         assert conn.execute("DELETE FROM parent WHERE id = 2").rowcount == 1
         assert conn.execute("SELECT kept_id FROM child").fetchall() == [(2,)]
+
+
+# Functions in cow_changes that belong to no registered table's changes table (named t<id>_*).
+ORPHANS = """
+SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+WHERE n.nspname = 'cow_changes'
+  AND NOT EXISTS (SELECT 1 FROM cow.registry g WHERE starts_with(p.proname, g.changes_table || '_'))
+"""
+
+# DROP TABLE: the dropped tables leave the registry, their FOREIGN KEY neighbours are brought in step, and no
+# other table is touched (each drop rebuilt every table's triggers: seconds at a few hundred tables).
+# (statement, the tables it drops, their neighbours)
+DROPS = {
+    "drop a table": ("DROP TABLE loner", {"loner"}, set()),
+    "drop a referencing table": ("DROP TABLE grandchild", {"grandchild"}, {"child"}),
+    "drop a referenced table and its foreign keys": (
+        "DROP TABLE child CASCADE",
+        {"child"},
+        {"grandchild", "parent"},
+    ),
+    "drop two tables": ("DROP TABLE loner, grandchild", {"loner", "grandchild"}, {"child"}),
+}
+
+# The row versions of each overlay view's triggers: a rebuilt trigger (CREATE OR REPLACE) has a new one.
+TRIGGERS = """
+SELECT c.relname, array_agg(t.xmin::text ORDER BY t.oid)
+FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname IN (SELECT overlay_schema FROM cow.schemas) AND NOT t.tgisinternal GROUP BY c.relname
+"""
+
+
+@pytest.mark.parametrize("statement", list(DROPS), ids=list(DROPS))
+def test_a_dropped_table_leaves_what_a_full_regeneration_makes(
+    create_database: Callable[..., str], statement: str
+) -> None:
+    sql, dropped, neighbours = DROPS[statement]
+    dsn = create_database()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(SCHEMA + EXTRA)
+    install_layer_at(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        triggers = dict(conn.execute(TRIGGERS).fetchall())
+        conn.execute(sql)
+        targeted = _objects(conn)
+        orphans = conn.execute(ORPHANS).fetchall()
+        kept = dict(conn.execute(TRIGGERS).fetchall())
+        conn.execute("SELECT count(*) FROM cow.refresh(true)")
+        full = _objects(conn)
+    assert _diff(targeted, full) == []
+    assert orphans == []
+    assert {name.split()[1] for name in full if name.startswith("registry ")} & dropped == set()
+    assert {name for name in triggers if kept.get(name) != triggers[name]} <= dropped | neighbours
+
+
+def test_a_refresh_drops_functions_left_by_tables_dropped_before(create_database: Callable[..., str]) -> None:
+    """Older layers left a dropped table's constraint-trigger functions (t<id>_fkcheck, _mark, _dfr)."""
+    dsn = create_database()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(SCHEMA + EXTRA)
+    install_layer_at(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "SET cow.in_layer = on; CREATE FUNCTION cow_changes.t999_fkcheck() RETURNS trigger "
+            "LANGUAGE plpgsql AS 'BEGIN RETURN NULL; END'; RESET cow.in_layer"
+        )
+        assert conn.execute(ORPHANS).fetchall() == [("t999_fkcheck",)]
+        before = _objects(conn)
+        conn.execute("SELECT count(*) FROM cow.refresh()")
+        assert conn.execute(ORPHANS).fetchall() == []
+        assert _diff(before, _objects(conn)) == ["function cow_changes.t999_fkcheck()"]

@@ -84,13 +84,7 @@ BEGIN
             USING ERRCODE = 'feature_not_supported',
                   HINT = 'commit or discard those sessions first (their changes were recorded for the table as it was)';
     END IF;
-    EXECUTE format('DROP VIEW IF EXISTS %I.%I CASCADE', r.overlay_schema, r.table_name);
-    EXECUTE format('DROP TABLE IF EXISTS cow_changes.%I CASCADE', r.changes_table);
-    EXECUTE format('DROP FUNCTION IF EXISTS cow_changes.%I(), cow_changes.%I(), cow_changes.%I(), cow_changes.%I(), '
-                   'cow_changes.%I(), cow_changes.%I()', r.changes_table || '_ins', r.changes_table || '_upd',
-                   r.changes_table || '_del', r.changes_table || '_mark', r.changes_table || '_fkcheck',
-                   r.changes_table || '_dfr');
-    DELETE FROM cow.registry WHERE id = p_id;
+    PERFORM cow._unregister(p_id);
 END $$;
 
 -- cow._register of a table already in the registry: when its kind changed (a primary key added to a keyless

@@ -184,16 +184,19 @@ DECLARE
 BEGIN
     PERFORM set_config('cow.in_layer', 'on', true);
     -- Tables that are gone, or moved out of the enabled schemas.
-    FOR x IN SELECT g.* FROM cow.registry g
+    FOR x IN SELECT g.id FROM cow.registry g
              WHERE NOT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                                JOIN cow.schemas s ON s.schema_name = n.nspname
                                WHERE c.oid = g.relid AND NOT c.relname = ANY (s.excluded)) LOOP
-        EXECUTE format('DROP VIEW IF EXISTS %I.%I CASCADE', x.overlay_schema, x.table_name);
-        EXECUTE format('DROP TABLE IF EXISTS cow_changes.%I CASCADE', x.changes_table);
-        EXECUTE format('DROP FUNCTION IF EXISTS cow_changes.%I(), cow_changes.%I(), cow_changes.%I()',
-                       x.changes_table || '_ins', x.changes_table || '_upd', x.changes_table || '_del');
-        DELETE FROM cow.registry WHERE id = x.id;
+        PERFORM cow._unregister(x.id);
         rebuilt := true;
+    END LOOP;
+    -- Functions of changes tables that are gone (a table's drop left its constraint-trigger functions behind
+    -- before cow._unregister dropped them by prefix).
+    FOR x IN SELECT p.oid::regprocedure AS f FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+             WHERE n.nspname = 'cow_changes'
+               AND substring(p.proname FROM '^(t[0-9]+)_') NOT IN (SELECT g.changes_table FROM cow.registry g) LOOP
+        EXECUTE format('DROP FUNCTION IF EXISTS %s', x.f);
     END LOOP;
     -- Keyed tables whose key (cow._key_index) now has other columns (a primary key added on other columns, the
     -- key index dropped or a key column made nullable while another unique index qualifies, REPLICA
@@ -473,14 +476,62 @@ BEGIN
     END LOOP;
 END $gen$;
 
--- App DDL on some tables only (ALTER TABLE, CREATE INDEX, CREATE TABLE: the event trigger passes the tables
--- its commands name): what cow.refresh does for them, or a full cow.refresh when one of them left the enabled
--- schemas, changed its key or is not a plain table. Layer work independent of the number of enabled tables.
+-- What the layer made for registry entry p_id (its overlay view, its changes table and every function generated
+-- for it, cow_changes.<changes table>_*), and the entry. The caller decides whether sessions' changes to the
+-- table may go (a dropped table's go with it).
+CREATE OR REPLACE FUNCTION cow._unregister(p_id int) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r cow.registry%ROWTYPE;
+    f regprocedure;
+BEGIN
+    SELECT * INTO STRICT r FROM cow.registry WHERE id = p_id;
+    EXECUTE format('DROP VIEW IF EXISTS %I.%I CASCADE', r.overlay_schema, r.table_name);
+    EXECUTE format('DROP TABLE IF EXISTS cow_changes.%I CASCADE', r.changes_table);
+    -- By prefix: which trigger functions a table has depends on its constraints (_fkcheck, _mark, _dfr), and
+    -- the table's drop leaves them (changes tables are named t<id>, so the prefix is the table's alone).
+    FOR f IN SELECT p.oid::regprocedure FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+             WHERE n.nspname = 'cow_changes' AND starts_with(p.proname, r.changes_table || '_') LOOP
+        EXECUTE format('DROP FUNCTION IF EXISTS %s', f);
+    END LOOP;
+    DELETE FROM cow.registry WHERE id = p_id;
+END $$;
+
+-- The tables of p_rels that no longer exist (DROP TABLE) leave the registry (cow._unregister); returns p_rels
+-- with their FOREIGN KEY neighbours as of their last build (registry.neighbours, either side), whose triggers
+-- and signatures the drop changed (a CASCADE drops the constraints that referenced them).
+CREATE OR REPLACE FUNCTION cow._unregister_dropped(p_rels oid[]) RETURNS oid[]
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    gone int[];
+    gone_rels oid[];
+    x int;
+BEGIN
+    SELECT array_agg(g.id), array_agg(g.relid) INTO gone, gone_rels FROM cow.registry g
+    WHERE g.relid = ANY (p_rels) AND NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = g.relid);
+    IF gone IS NULL THEN
+        RETURN p_rels;
+    END IF;
+    p_rels := p_rels || ARRAY(SELECT n FROM cow.registry g, unnest(g.neighbours) AS n WHERE g.id = ANY (gone))
+                     || ARRAY(SELECT g.relid FROM cow.registry g WHERE g.neighbours && gone_rels);
+    FOREACH x IN ARRAY gone LOOP
+        PERFORM cow._unregister(x);
+    END LOOP;
+    RETURN ARRAY(SELECT DISTINCT r FROM unnest(p_rels) AS r WHERE NOT r = ANY (gone_rels));
+END $$;
+
+-- App DDL on some tables only (ALTER TABLE, CREATE INDEX, CREATE TABLE, DROP TABLE: the event trigger passes
+-- the tables its commands name): what cow.refresh does for them, or a full cow.refresh when one of them left
+-- the enabled schemas, changed its key or is not a plain table. Layer work independent of the number of
+-- enabled tables.
 CREATE OR REPLACE FUNCTION cow._refresh_for_ddl(p_rels oid[]) RETURNS SETOF text
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET client_min_messages = warning AS $gen$
 DECLARE
     prev text := current_setting('cow.in_layer', true);
 BEGIN
+    PERFORM set_config('cow.in_layer', 'on', true);
+    p_rels := cow._unregister_dropped(p_rels);
+    PERFORM set_config('cow.in_layer', coalesce(prev, ''), true);
     IF EXISTS (SELECT 1 FROM cow.registry g WHERE g.relid = ANY (p_rels)
                AND (NOT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                                 JOIN cow.schemas s ON s.schema_name = n.nspname

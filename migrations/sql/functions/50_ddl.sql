@@ -159,6 +159,10 @@ BEGIN
             LEFT JOIN pg_index i ON i.indexrelid = c.oid
             LEFT JOIN pg_class t ON t.oid = coalesce(i.indrelid, c.oid);
             rels := coalesce(rels, '{}') || coalesce(string_to_array(nullif(dropped, ''), ',')::oid[], '{}');
+        ELSIF tg_tag = 'DROP TABLE' AND dropped NOT IN ('all', '') THEN
+            -- (A drop reports no command here: the tables are those whose views cow._ddl_start dropped.)
+            rels := string_to_array(dropped, ',')::oid[];
+            targeted := true;
         END IF;
         IF coalesce(targeted, false) THEN
             FOR note IN SELECT * FROM cow._refresh_for_ddl(rels) LOOP
