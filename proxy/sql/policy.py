@@ -376,7 +376,7 @@ _CREATED_NAME: dict[str, tuple[str, str]] = {
 # A DDL statement's fields that hold a schema's or trigger's name as a plain string (not a String node).
 _NAME_FIELDS = ("subname", "newschema", "schemaname", "trigname")
 # The layer's triggers outside its schemas: its DDL event triggers, the base tables' guard.
-LAYER_TRIGGERS = frozenset({"cow_ddl_start", "cow_ddl_end", "cow_guard"})
+LAYER_TRIGGERS = frozenset({"cow_ddl_start", "cow_ddl_end", "cow_ddl_drop", "cow_guard"})
 
 
 # Drops of these whose every name is pg_temp-qualified touch only the backend's own temporary objects.

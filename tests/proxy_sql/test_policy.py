@@ -176,6 +176,7 @@ LAYER_DDL = [
     "COMMENT ON SCHEMA cow IS 'x'",
     "ALTER EVENT TRIGGER cow_ddl_end DISABLE",
     "DROP EVENT TRIGGER cow_ddl_start",
+    "DROP EVENT TRIGGER cow_ddl_drop",
     "DROP TRIGGER cow_guard ON issues",
 ]
 # In a session an unqualified name would be created in the layer's overlay schema (the first of the

@@ -445,6 +445,7 @@ BEGIN
     END LOOP;
     DROP EVENT TRIGGER IF EXISTS cow_ddl_start;
     DROP EVENT TRIGGER IF EXISTS cow_ddl_end;
+    DROP EVENT TRIGGER IF EXISTS cow_ddl_drop;
     FOR x IN SELECT tgrelid::regclass AS rel FROM pg_trigger WHERE tgname = 'cow_guard'
              AND tgfoid = 'cow.guard()'::regprocedure LOOP
         EXECUTE format('DROP TRIGGER cow_guard ON %s', x.rel);

@@ -51,6 +51,55 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     FROM names
 $$;
 
+-- Whether ALTER TABLE / DROP TABLE text p_sql (which names no overlay view) is about relations outside the
+-- layer: a candidate name of it (cow._name_candidates) is a relation of a schema the layer does not enable, and
+-- none is an enabled table's. Then the layer has nothing to drop or rebuild (it dropped every overlay view and
+-- rebuilt every table: at about 600 tables PostgreSQL's lock table ran out and the app's DDL failed). Without
+-- such a name (DDL run inside a function, a quoted name) the caller takes the general path.
+CREATE OR REPLACE FUNCTION cow._names_other_relation(p_sql text) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    WITH c AS (SELECT unnest(cow._name_candidates(p_sql)) AS relname)
+    SELECT EXISTS (SELECT 1 FROM pg_class r JOIN c ON r.relname = c.relname
+                   JOIN pg_namespace n ON n.oid = r.relnamespace
+                   WHERE r.relkind IN ('r', 'p', 'v', 'm', 'f')
+                     AND n.nspname NOT IN (SELECT schema_name FROM cow.schemas)
+                     AND n.nspname NOT IN (SELECT overlay_schema FROM cow.schemas)
+                     AND n.nspname NOT IN ('cow', 'cow_changes', 'pg_catalog', 'information_schema'))
+       AND NOT EXISTS (SELECT 1 FROM cow.registry g JOIN c ON g.table_name = c.relname::text)
+$$;
+
+-- The enabled tables of the indexes DROP INDEX text p_sql names (NULL when it has a quoted name).
+CREATE OR REPLACE FUNCTION cow._indexed_tables(p_sql text) RETURNS oid[]
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE WHEN cow._name_candidates(p_sql) IS NOT NULL THEN
+        ARRAY(SELECT DISTINCT i.indrelid FROM pg_class r JOIN pg_index i ON i.indexrelid = r.oid
+              JOIN cow.registry g ON g.relid = i.indrelid
+              WHERE r.relname = ANY (cow._name_candidates(p_sql)) AND r.relkind = 'i') END
+$$;
+
+-- The enabled tables a DROP changed (sql_drop): a dropped column, default, constraint, index, trigger, policy
+-- or rule of a base table, as the names of pg_event_trigger_dropped_objects() give them, collected for
+-- cow._ddl_end in the transaction-local GUC cow._ddl_touched (DROP TYPE … CASCADE drops a column, DROP
+-- FUNCTION … CASCADE a default: those tables are regenerated, no other).
+CREATE OR REPLACE FUNCTION cow._ddl_drop() RETURNS event_trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
+DECLARE
+    touched text;
+BEGIN
+    IF current_setting('cow.in_layer', true) = 'on' THEN
+        RETURN;
+    END IF;
+    SELECT string_agg(DISTINCT g.relid::text, ',') INTO touched
+    FROM pg_event_trigger_dropped_objects() d
+    JOIN cow.registry g ON g.table_schema = d.address_names[1] AND g.table_name = d.address_names[2]
+    WHERE d.object_type IN ('table column', 'default value', 'table constraint', 'trigger', 'policy', 'rule')
+      AND cardinality(d.address_names) >= 3;
+    IF touched IS NOT NULL THEN
+        PERFORM set_config('cow._ddl_touched',
+                           concat_ws(',', nullif(current_setting('cow._ddl_touched', true), ''), touched), true);
+    END IF;
+END $gen$;
+
 CREATE OR REPLACE FUNCTION cow._ddl_start() RETURNS event_trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET client_min_messages = warning AS $gen$
 DECLARE
@@ -68,9 +117,25 @@ BEGIN
         PERFORM set_config('cow._ddl_dropped', 'temp', true);  -- (for cow._ddl_end: nothing to rebuild)
         RETURN;
     END IF;
-    IF tg_tag IN ('ALTER TABLE', 'DROP TABLE', 'DROP SCHEMA', 'ALTER SCHEMA', 'ALTER TYPE', 'DROP TYPE', 'ALTER DOMAIN',
-                  'DROP DOMAIN', 'DROP SEQUENCE', 'DROP FUNCTION', 'DROP VIEW', 'ALTER VIEW',
-                  'DROP MATERIALIZED VIEW', 'DROP COLLATION', 'DROP OWNED') THEN
+    IF tg_tag = 'DROP INDEX' THEN
+        -- (Its tables' index mirrors follow at ddl_command_end; the views do not depend on indexes.)
+        PERFORM set_config('cow._ddl_dropped',
+                           coalesce(array_to_string(cow._indexed_tables(current_query()), ','), 'all'), true);
+        RETURN;
+    END IF;
+    IF tg_tag IN ('ALTER TABLE', 'DROP TABLE') AND NOT EXISTS (
+           SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+           JOIN cow.schemas s ON s.overlay_schema = n.nspname
+           WHERE c.relname = ANY (cow._name_candidates(current_query())) AND c.relkind = 'v')
+       AND cow._names_other_relation(current_query()) THEN
+        PERFORM set_config('cow._ddl_dropped', '', true);
+        RETURN;
+    END IF;
+    -- The other drops (types, domains, sequences, functions, collations, views) and ALTER TYPE/DOMAIN/VIEW need
+    -- no view dropped first: an overlay view depends on such an object only where its base table does, so a
+    -- RESTRICT fails as on the plain table and a CASCADE takes the overlay view (or its default) along;
+    -- cow._ddl_end rebuilds what went (cow._ddl_drop names the tables).
+    IF tg_tag IN ('ALTER TABLE', 'DROP TABLE', 'DROP SCHEMA', 'ALTER SCHEMA', 'DROP OWNED') THEN
         PERFORM set_config('cow.in_layer', 'on', true);
         -- ALTER TABLE and DROP TABLE change only tables their text names: drop only the views of those (each
         -- app DDL statement rebuilt every enabled table's view). A statement that names none (DDL run by a
@@ -159,15 +224,33 @@ BEGIN
             LEFT JOIN pg_index i ON i.indexrelid = c.oid
             LEFT JOIN pg_class t ON t.oid = coalesce(i.indrelid, c.oid);
             rels := coalesce(rels, '{}') || coalesce(string_to_array(nullif(dropped, ''), ',')::oid[], '{}');
-        ELSIF tg_tag = 'DROP TABLE' AND dropped NOT IN ('all', '') THEN
-            -- (A drop reports no command here: the tables are those whose views cow._ddl_start dropped.)
-            rels := string_to_array(dropped, ',')::oid[];
+        ELSIF tg_tag IN ('DROP TABLE', 'DROP INDEX') AND dropped <> 'all' THEN
+            -- (A drop reports no command here: the tables are those whose views cow._ddl_start dropped, or
+            -- whose indexes the text names.)
+            rels := coalesce(string_to_array(nullif(dropped, ''), ',')::oid[], '{}');
+            targeted := true;
+        ELSIF tg_tag IN ('ALTER TYPE', 'DROP TYPE', 'ALTER DOMAIN', 'DROP DOMAIN', 'DROP SEQUENCE', 'DROP FUNCTION',
+                         'DROP COLLATION', 'CREATE VIEW', 'ALTER VIEW', 'DROP VIEW', 'CREATE MATERIALIZED VIEW',
+                         'DROP MATERIALIZED VIEW') THEN
+            -- The tables whose base columns, defaults or constraints a CASCADE dropped (cow._ddl_drop), and
+            -- those whose overlay view went with it; the twins of app views follow below.
+            rels := coalesce(string_to_array(nullif(current_setting('cow._ddl_touched', true), ''), ',')::oid[],
+                             '{}')
+                    || ARRAY(SELECT g.relid FROM cow.registry g
+                             WHERE NOT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                                               WHERE n.nspname = g.overlay_schema AND c.relname = g.table_name));
             targeted := true;
         END IF;
+        PERFORM set_config('cow._ddl_touched', '', true);
         IF coalesce(targeted, false) THEN
             FOR note IN SELECT * FROM cow._refresh_for_ddl(rels) LOOP
                 RAISE NOTICE 'cowproxy: %', note;
             END LOOP;
+            IF tg_tag LIKE '% VIEW' THEN
+                FOR note IN SELECT * FROM cow._app_views_changed() LOOP
+                    RAISE NOTICE 'cowproxy: %', note;
+                END LOOP;
+            END IF;
         ELSE
             FOR note IN SELECT * FROM cow._refresh() LOOP
                 RAISE NOTICE 'cowproxy: %', note;
@@ -176,8 +259,22 @@ BEGIN
     END IF;
 END $gen$;
 
+-- The twins after DDL of app views (cow._build_twins, with the layer's own DDL kept from its event triggers).
+CREATE OR REPLACE FUNCTION cow._app_views_changed() RETURNS SETOF text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET client_min_messages = warning AS $gen$
+DECLARE
+    prev text := current_setting('cow.in_layer', true);
+BEGIN
+    PERFORM set_config('cow.in_layer', 'on', true);
+    RETURN QUERY SELECT * FROM cow._build_twins();
+    PERFORM set_config('cow.in_layer', coalesce(prev, ''), true);
+END $gen$;
+
 DO $$
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'cow_ddl_drop') THEN
+        CREATE EVENT TRIGGER cow_ddl_drop ON sql_drop EXECUTE FUNCTION cow._ddl_drop();
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'cow_ddl_start') THEN
         CREATE EVENT TRIGGER cow_ddl_start ON ddl_command_start EXECUTE FUNCTION cow._ddl_start();
     END IF;
