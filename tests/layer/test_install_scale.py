@@ -165,3 +165,39 @@ async def _install(dsn: str) -> None:
         await install_layer(conn)
     finally:
         await conn.close()
+
+
+def test_app_ddl_of_other_objects_fits_a_small_lock_table(many_tables: str) -> None:
+    """DDL that took the full refresh in the app's transaction (every overlay view dropped and every table
+    rebuilt) ran out of this lock table, as PostgreSQL's default one runs out at about 600 tables."""
+    asyncio.run(_install(many_tables))
+    statements = [
+        "CREATE SCHEMA other",
+        "CREATE TABLE other.plain (id int PRIMARY KEY)",
+        "ALTER TABLE other.plain ADD COLUMN v int",
+        "CREATE TYPE mood AS ENUM ('a', 'b')",
+        "CREATE SEQUENCE tick",
+        "ALTER TABLE t7 ADD COLUMN m mood, ADD COLUMN n bigint DEFAULT nextval('tick')",
+        "CREATE VIEW t7_view AS SELECT id, m FROM t7",
+        "CREATE INDEX t7_n ON t7 (n)",
+        "DROP INDEX t7_n",
+        "DROP VIEW t7_view",
+        "DROP SEQUENCE tick CASCADE",
+        "DROP TYPE mood CASCADE",
+        "DROP TABLE other.plain",
+        "DROP TABLE t119",
+    ]
+    with psycopg.connect(many_tables, autocommit=True) as conn:
+        for sql in statements:
+            conn.execute(sql)
+        columns = (
+            "SELECT column_name, column_default FROM information_schema.columns WHERE table_schema = %s "
+            "AND table_name = 't7' ORDER BY ordinal_position"
+        )
+        overlay = conn.execute(columns, ("cow_overlay_public",)).fetchall()
+        assert overlay == conn.execute(columns, ("public",)).fetchall()
+        assert [name for name, _ in overlay] == ["id", "code", "qty", "parent_id", "n"]  # m went with mood
+        assert conn.execute("SELECT count(*) FROM cow.registry").fetchone() == (TABLES - 1,)
+        conn.execute("SELECT cow.use_session('s')")
+        conn.execute("INSERT INTO t7 (code) VALUES ('x')")
+        assert conn.execute("SELECT count(*) FROM t7").fetchone() == (1,)
