@@ -231,6 +231,13 @@ OTHER_DDL = {
     "rename an app view": ("ALTER VIEW loner_v RENAME TO loner_view", set()),
     "drop an app view": ("DROP VIEW loner_v", set()),
     "drop an unused type": ("CREATE TYPE unused AS (a int); DROP TYPE unused", set()),
+    "grant on a table": ("GRANT SELECT, UPDATE (v) ON loner TO PUBLIC", {"loner"}),
+    "revoke on tables": ("REVOKE ALL ON TABLE loner, other.plain FROM PUBLIC", {"loner"}),
+    "grant outside the layer": ("GRANT SELECT ON other.plain TO PUBLIC", set()),
+    "grant on every table": (
+        "GRANT SELECT ON ALL TABLES IN SCHEMA public TO PUBLIC",
+        {"parent", "child", "events", "grandchild", "loner", "moods"},
+    ),
 }
 
 

@@ -68,6 +68,16 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
        AND NOT EXISTS (SELECT 1 FROM cow.registry g JOIN c ON g.table_name = c.relname::text)
 $$;
 
+-- Whether GRANT/REVOKE text p_sql is about tables it names: ON [TABLE] names, not ALL TABLES IN SCHEMA, and
+-- at least one name is a relation (else it ran inside a function: the caller takes the general path).
+CREATE OR REPLACE FUNCTION cow._names_tables_only(p_sql text) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT (SELECT bool_and(d.object_type = 'TABLE') FROM pg_event_trigger_ddl_commands() d)
+       AND p_sql !~* '\mALL\s+TABLES\M'
+       AND (EXISTS (SELECT 1 FROM cow.registry g WHERE g.table_name = ANY (cow._name_candidates(p_sql)::text[]))
+            OR cow._names_other_relation(p_sql))
+$$;
+
 -- The enabled tables of the indexes DROP INDEX text p_sql names (NULL when it has a quoted name).
 CREATE OR REPLACE FUNCTION cow._indexed_tables(p_sql text) RETURNS oid[]
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
@@ -228,6 +238,12 @@ BEGIN
             -- (A drop reports no command here: the tables are those whose views cow._ddl_start dropped, or
             -- whose indexes the text names.)
             rels := coalesce(string_to_array(nullif(dropped, ''), ',')::oid[], '{}');
+            targeted := true;
+        ELSIF tg_tag IN ('GRANT', 'REVOKE') AND cow._names_tables_only(current_query()) THEN
+            -- (A GRANT reports no object: the tables are the enabled ones its text names; their views take the
+            -- new privileges, cow._signature covers them.)
+            rels := ARRAY(SELECT g.relid FROM cow.registry g
+                          WHERE g.table_name = ANY (cow._name_candidates(current_query())::text[]));
             targeted := true;
         ELSIF tg_tag IN ('ALTER TYPE', 'DROP TYPE', 'ALTER DOMAIN', 'DROP DOMAIN', 'DROP SEQUENCE', 'DROP FUNCTION',
                          'DROP COLLATION', 'CREATE VIEW', 'ALTER VIEW', 'DROP VIEW', 'CREATE MATERIALIZED VIEW',
