@@ -39,7 +39,7 @@
 /* What proxy/fastrelay.py expects (API_VERSION there): bump both when the module's functions or the tuples
  * they take or return change, so that a stale build (an editable install not rebuilt after a pull) is
  * reported and left unused instead of failing at the first call. */
-#define API_VERSION 4
+#define API_VERSION 5
 #define BUF_CAP (64 * 1024 + 5) /* a whole Query of up to 64 KiB with its header; larger ones go to Python */
 #define MAX_INFLIGHT 128        /* pipelined queries in flight before the client stops being read */
 #define QCAP 1024               /* replies owed (Relay.pending); a full queue hands the connection back */
@@ -89,7 +89,8 @@ typedef struct {
 } table_t;
 
 /* A decision Python made for one statement text of a tagged connection (Relay.decisions): forward it as is,
- * counted as kind with these writes. Keyed by the message type ('Q' or 'P') and the text. */
+ * counted as kind with these writes. Keyed by the message type ('Q' or 'P') and the text, or by the
+ * lower-case type ('q' or 'p') and the text's shape: every text of that shape (see shape_key). */
 typedef struct {
     uint64_t hash;
     unsigned char *key; /* NULL: an empty slot */
@@ -103,6 +104,7 @@ typedef struct {
 typedef struct {
     decision_t *v;
     size_t cap; /* a power of two, at least twice the entries */
+    int shapes; /* entries keyed by a shape ('q', 'p': proxy/sql/shapes.py) */
 } dtable_t;
 
 /* What a forwarded client message will be answered with (Relay.pending; the kind letters of Kind). */
@@ -214,6 +216,7 @@ typedef struct {
     int notify;
     long nconns;
     unsigned char *scratch;
+    unsigned char *shape; /* a text's shape key (BUF_CAP: no longer than the text) */
     /* statement kinds, from the Python table */
     word_t words[MAX_WORDS];
     int nwords, nkinds, kind_utility, kind_other;
@@ -222,6 +225,7 @@ typedef struct {
     unsigned long long statements_tagged[MAX_KINDS];
     unsigned long long writes[MAX_WRITE_SLOTS];
     unsigned long long decision_hits; /* tagged texts taken by a decision (Python's analysis cache hits) */
+    unsigned long long shape_hits;    /* of those, taken by their shape's */
     unsigned long long reads_done, reads_dropped; /* read records made; dropped (a full ring) */
     unsigned long long reads_dropped_told;        /* of those, already reported by take_reads */
     unsigned long long bytes_up, bytes_down;
@@ -367,6 +371,158 @@ static int has_comment_opener(const unsigned char *s, size_t n) {
     return 0;
 }
 
+/* ---- literal-normalised keys: proxy/sql/shapes.py's lexer, byte for byte (see its docstring) ---- */
+
+#define SHAPE_INT 0xff /* an integer the server lexes as one (ICONST) */
+#define SHAPE_NUM 0xfe /* any other numeric literal */
+#define SHAPE_STR 0xfd /* a plain string literal 'x' without a backslash */
+
+static int is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
+static int ident_start(unsigned char c) { return is_alpha(c) || c == '_' || c >= 0x80; }
+static int ident_cont(unsigned char c) { return ident_start(c) || is_digit(c) || c == '$'; }
+static int dollar_cont(unsigned char c) { return ident_start(c) || is_digit(c); }
+
+/* The end of the run quoted by s[i] (a doubled quote stays inside), or 0: unterminated. With escapes, a
+ * backslash takes the next byte (E'...'); *backslash tells whether one was inside. */
+static size_t quoted_end(const unsigned char *s, size_t i, size_t n, int escapes, int *backslash) {
+    unsigned char q = s[i];
+    for (size_t j = i + 1; j < n; j++) {
+        if (s[j] == '\\') {
+            *backslash = 1;
+            if (escapes) j++;
+        } else if (s[j] == q) {
+            if (j + 1 < n && s[j + 1] == q) j++;
+            else return j + 1;
+        }
+    }
+    return 0;
+}
+
+/* The end of the nested block comment opened at i, or 0: unterminated. */
+static size_t comment_end(const unsigned char *s, size_t i, size_t n) {
+    int depth = 0;
+    for (size_t j = i + 2; j + 1 < n;) {
+        if (s[j] == '/' && s[j + 1] == '*') {
+            depth++;
+            j += 2;
+        } else if (s[j] == '*' && s[j + 1] == '/') {
+            if (depth == 0) return j + 2;
+            depth--;
+            j += 2;
+        } else {
+            j++;
+        }
+    }
+    return 0;
+}
+
+/* The end of E'', B'', X'', N'', U&'' or U&"" when the one-letter identifier at i starts one, else i + 1;
+ * 0: unterminated (or a backslash in a plain string: no key). */
+static size_t prefixed_end(const unsigned char *s, size_t i, size_t n) {
+    unsigned char c = s[i] | 0x20;
+    int backslash = 0;
+    size_t end;
+    if (i + 1 < n && s[i + 1] == '\'' && c == 'e') return quoted_end(s, i + 1, n, 1, &backslash);
+    if (i + 1 < n && s[i + 1] == '\'' && (c == 'b' || c == 'x' || c == 'n')) {
+        end = quoted_end(s, i + 1, n, 0, &backslash);
+        return backslash ? 0 : end;
+    }
+    if (c == 'u' && i + 2 < n && s[i + 1] == '&' && (s[i + 2] == '\'' || s[i + 2] == '"'))
+        return quoted_end(s, i + 2, n, 0, &backslash);
+    return i + 1;
+}
+
+/* The class of the number at s[i..end), or 0: kept verbatim. */
+static int number_class(const unsigned char *s, size_t i, size_t end, size_t n) {
+    if (end < n && (ident_cont(s[end]) || s[end] == '.')) return 0;
+    if (s[i] == '.' && i > 0 && s[i - 1] == '.') return 0;
+    size_t k = i;
+    while (k < end && s[k] == '0') k++;
+    uint64_t v = 0;
+    for (size_t j = k; j < end; j++) {
+        if (!is_digit(s[j])) return SHAPE_NUM;
+        if (j - k >= 10) return SHAPE_NUM;
+        v = v * 10 + (uint64_t)(s[j] - '0');
+    }
+    return v <= 2147483647u ? SHAPE_INT : SHAPE_NUM;
+}
+
+/* The end of the number starting at i (a digit, or a dot before one). */
+static size_t number_end(const unsigned char *s, size_t i, size_t n) {
+    size_t j = i;
+    while (j < n && is_digit(s[j])) j++;
+    if (j < n && s[j] == '.') {
+        j++;
+        while (j < n && is_digit(s[j])) j++;
+    }
+    if (j < n && (s[j] == 'e' || s[j] == 'E')) {
+        size_t k = j + 1;
+        if (k < n && (s[k] == '+' || s[k] == '-')) k++;
+        if (k < n && is_digit(s[k])) {
+            while (k < n && is_digit(s[k])) k++;
+            j = k;
+        }
+    }
+    return j;
+}
+
+/* The key of s[0..n) written to out (room for n bytes); its length, or -1: no key (no literal, or a text the
+ * lexer does not follow: an unterminated quote or comment, a backslash in a plain string). */
+static long shape_key(const unsigned char *s, size_t n, unsigned char *out) {
+    size_t i = 0, o = 0, end;
+    int literals = 0;
+    while (i < n) {
+        unsigned char c = s[i];
+        int cls = 0;
+        if (c == '-' && i + 1 < n && s[i + 1] == '-') {
+            end = i + 2;
+            while (end < n && s[end] != '\n' && s[end] != '\r') end++;
+        } else if (c == '/' && i + 1 < n && s[i + 1] == '*') {
+            if ((end = comment_end(s, i, n)) == 0) return -1;
+        } else if (ident_start(c)) {
+            end = i + 1;
+            while (end < n && ident_cont(s[end])) end++;
+            if (end == i + 1 && (end = prefixed_end(s, i, n)) == 0) return -1;
+        } else if (is_digit(c) || (c == '.' && i + 1 < n && is_digit(s[i + 1]))) {
+            end = number_end(s, i, n);
+            cls = number_class(s, i, end, n);
+        } else if (c == '\'' || c == '"') {
+            int backslash = 0;
+            if ((end = quoted_end(s, i, n, 0, &backslash)) == 0) return -1;
+            if (c == '\'') {
+                if (backslash) return -1;
+                cls = SHAPE_STR;
+            }
+        } else if (c == '$' && i + 1 < n && is_digit(s[i + 1])) {
+            end = i + 1;
+            while (end < n && is_digit(s[end])) end++;
+        } else if (c == '$') {
+            size_t t = i + 1;
+            if (t < n && ident_start(s[t]))
+                while (t < n && dollar_cont(s[t])) t++;
+            if (t < n && s[t] == '$') { /* a dollar quote: its delimiter s[i..t] again closes it */
+                size_t dl = t + 1 - i, k = t + 1;
+                while (k + dl <= n && memcmp(s + k, s + i, dl) != 0) k++;
+                if (k + dl > n) return -1;
+                end = k + dl;
+            } else {
+                end = i + 1;
+            }
+        } else {
+            end = i + 1;
+        }
+        if (cls) {
+            out[o++] = (unsigned char)cls;
+            literals++;
+        } else {
+            memcpy(out + o, s + i, end - i);
+            o += end - i;
+        }
+        i = end;
+    }
+    return literals ? (long)o : -1;
+}
+
 static uint64_t fnv1a(unsigned char type, const unsigned char *s, size_t n) {
     uint64_t h = 1469598103934665603ULL;
     h = (h ^ type) * 1099511628211ULL;
@@ -385,11 +541,23 @@ static decision_t *decision_find(dtable_t *t, unsigned char type, const unsigned
     }
 }
 
+/* The decision for a text of a tagged connection: its exact text's, else its shape's. */
+static decision_t *decision_for(Engine *e, conn_t *c, unsigned char type, const unsigned char *text, size_t len) {
+    decision_t *d = decision_find(&c->dec, type, text, len);
+    if (d != NULL || c->dec.shapes == 0) return d;
+    long klen = shape_key(text, len, e->shape);
+    if (klen < 0) return NULL;
+    d = decision_find(&c->dec, (unsigned char)(type | 0x20), e->shape, (size_t)klen);
+    if (d != NULL) e->shape_hits++;
+    return d;
+}
+
 static void dtable_free(dtable_t *t) {
     for (size_t i = 0; i < t->cap; i++) free(t->v[i].key);
     free(t->v);
     t->v = NULL;
     t->cap = 0;
+    t->shapes = 0;
 }
 
 /* A statement of a tagged connection counted (its kind and writes), as Relay's hooks count it. */
@@ -787,7 +955,7 @@ static int take_extended(Engine *e, conn_t *c, const unsigned char *m, size_t to
         size_t len = (size_t)(p2 - p1 - 1);
         if (has_comment_opener(text, len)) return 0; /* a comment may carry tags */
         decision_t *d = NULL;
-        if (c->tagged && (d = decision_find(&c->dec, 'P', text, len)) == NULL) return 0; /* Python decides */
+        if (c->tagged && (d = decision_for(e, c, 'P', text, len)) == NULL) return 0; /* Python decides */
         stmt_t *st = stmt_new(d ? d->kind : text_kind(e, text, len), 0, -1, text, len);
         if (st == NULL) return 0;
         if (d != NULL) {
@@ -868,7 +1036,7 @@ static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_
                 break;
             }
             if (c->tagged) {
-                decision_t *d = decision_find(&c->dec, 'Q', buf + pos + 5, (size_t)total - 6);
+                decision_t *d = decision_for(e, c, 'Q', buf + pos + 5, (size_t)total - 6);
                 if (d == NULL) { /* Python decides */
                     stop_client(c, type);
                     break;
@@ -1357,7 +1525,7 @@ static int decisions_load(Engine *e, dtable_t *t, PyObject *items) {
             Py_DECREF(seq);
             return -1;
         }
-        if (len < 1 || (key[0] != 'Q' && key[0] != 'P') || kind < 0 || kind >= e->nkinds) {
+        if (len < 1 || strchr("QPqp", key[0]) == NULL || key[0] == 0 || kind < 0 || kind >= e->nkinds) {
             Py_DECREF(seq);
             PyErr_SetString(PyExc_ValueError, "bad decision");
             return -1;
@@ -1375,6 +1543,7 @@ static int decisions_load(Engine *e, dtable_t *t, PyObject *items) {
             return -1;
         }
         memcpy(d.key, key, (size_t)len);
+        if (key[0] == 'q' || key[0] == 'p') t->shapes++;
         size_t j = d.hash & (cap - 1);
         while (t->v[j].key != NULL) j = (j + 1) & (cap - 1);
         t->v[j] = d;
@@ -1488,7 +1657,8 @@ static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
     Py_DECREF(seq);
 
     e->scratch = malloc(BUF_CAP);
-    if (e->scratch == NULL) {
+    e->shape = malloc(BUF_CAP);
+    if (e->scratch == NULL || e->shape == NULL) {
         PyErr_NoMemory();
         return -1;
     }
@@ -1551,6 +1721,7 @@ static void engine_shutdown(Engine *e) {
 static void engine_dealloc(Engine *e) {
     engine_shutdown(e);
     free(e->scratch);
+    free(e->shape);
     Py_TYPE(e)->tp_free((PyObject *)e);
 }
 
@@ -1786,7 +1957,7 @@ static PyObject *engine_stats(Engine *e, PyObject *unused) {
     memcpy(statements, e->statements, sizeof(statements));
     memcpy(tagged, e->statements_tagged, sizeof(tagged));
     memcpy(writes, e->writes, sizeof(writes));
-    unsigned long long hits = e->decision_hits, reads_done = e->reads_done;
+    unsigned long long hits = e->decision_hits, reads_done = e->reads_done, shape_hits = e->shape_hits;
     memcpy(latency, e->latency, sizeof(latency));
     memcpy(errors, e->error_count, sizeof(errors));
     memcpy(classes, e->error_class, sizeof(classes));
@@ -1810,7 +1981,8 @@ static PyObject *engine_stats(Engine *e, PyObject *unused) {
         Py_XDECREF(v);
         if (bad) goto fail;
     }
-    return Py_BuildValue("(NKKNNdlNNKK)", st, up, down, err, lat, lsum, nconns, tg, wr, hits, reads_done);
+    return Py_BuildValue("(NKKNNdlNNKKK)", st, up, down, err, lat, lsum, nconns, tg, wr, hits, reads_done,
+                         shape_hits);
 fail:
     Py_XDECREF(tg);
     Py_XDECREF(wr);
@@ -1858,7 +2030,7 @@ static PyMethodDef engine_methods[] = {
     {"states", (PyCFunction)engine_states, METH_NOARGS, "{conn_id: (status, replies owed + open batch)}"},
     {"stats", (PyCFunction)engine_stats, METH_NOARGS,
      "(statements by kind, bytes up, bytes down, {sqlstate class: n}, latency counts, latency sum, conns, "
-     "tagged statements by kind, writes by slot, decision hits, read records made)"},
+     "tagged statements by kind, writes by slot, decision hits, read records made, of the hits by shape)"},
     {"kind", (PyCFunction)engine_kind, METH_O, "kind index of a Query message (as query_kind)"},
     {"accepts", (PyCFunction)engine_accepts, METH_O, "whether a whole Query message would be relayed in C"},
     {"close", (PyCFunction)engine_close, METH_NOARGS, "stop the thread (connections are dropped)"},
@@ -1876,8 +2048,30 @@ static PyTypeObject EngineType = {
     .tp_methods = engine_methods,
 };
 
+/* shape_key(text) -> bytes | None: the key decisions of shapes are looked up by (tests compare it with
+ * proxy/sql/shapes.py). */
+static PyObject *module_shape_key(PyObject *unused, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    unsigned char *out = malloc(view.len > 0 ? (size_t)view.len : 1);
+    if (out == NULL) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    long len = shape_key(view.buf, (size_t)view.len, out);
+    PyBuffer_Release(&view);
+    PyObject *key = len < 0 ? Py_NewRef(Py_None) : PyBytes_FromStringAndSize((const char *)out, len);
+    free(out);
+    return key;
+}
+
+static PyMethodDef module_methods[] = {
+    {"shape_key", module_shape_key, METH_O, "shape_key(text) -> the text's shape key, or None (no literal)"},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "proxy._fastrelay", "cowproxy's fast relay (an epoll thread in C).", -1, NULL,
+    PyModuleDef_HEAD_INIT, "proxy._fastrelay", "cowproxy's fast relay (an epoll thread in C).", -1, module_methods,
 };
 
 PyMODINIT_FUNC PyInit__fastrelay(void) {

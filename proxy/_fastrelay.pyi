@@ -36,8 +36,10 @@ Handback = tuple[
 # recorded reads)
 Known = tuple[bytes, int, int, bool, Sequence[int], bool]
 # (message type + text, kind index, write slots, a recorded read): a text of a tagged connection forwarded
-# as is
+# as is (a lower-case type: the text's shape key, for every text of that shape)
 Decision = tuple[bytes, int, Sequence[int], bool]
+
+def shape_key(text: bytes, /) -> bytes | None: ...
 
 class Engine:
     def __init__(
@@ -70,7 +72,7 @@ class Engine:
     def stats(
         self,
     ) -> tuple[
-        list[int], int, int, dict[str, int], list[int], float, int, list[int], list[int], int, int
+        list[int], int, int, dict[str, int], list[int], float, int, list[int], list[int], int, int, int
     ]: ...
     def kind(self, message: bytes, /) -> int: ...
     def accepts(self, message: bytes, /) -> bool: ...

@@ -135,6 +135,11 @@ class ProxyAnalyzer:
         verdict = self.analyze(prefix, catalog, True)
         return not verdict.tampers and verdict.error is None and verdict.rewritten is None
 
+    def shape(self, sql: str, catalog: Catalog | None, verdict: Analysis) -> bytes | None:
+        """The literal-normalised key under which a session's ``verdict`` for ``sql`` holds for every text
+        of that shape (``proxy.sql.Analyzer.shape``), or None."""
+        return self._analyzer.shape(sql, catalog or Catalog.empty(), verdict)
+
     def analyze(
         self, sql: str, catalog: Catalog | None, in_session: bool, *, prepared: bool = False
     ) -> Analysis:

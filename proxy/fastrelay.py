@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from proxy._fastrelay import Engine
     from proxy._fastrelay import Handback as RawHandback
 
-API_VERSION = 4  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
+API_VERSION = 5  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
 
 try:
     from proxy import _fastrelay
@@ -80,7 +80,8 @@ class Handback:
 # Executes are reads of a recorded session)
 Known = tuple[bytes, int, int, bool, tuple[int, ...], bool]
 # A statement text of a tagged connection that C forwards as is: (message type + text, kind index, write
-# slots, a read of a recorded session) — Relay.decisions.
+# slots, a read of a recorded session) — Relay.decisions; a lower-case type: the key is the text's shape, and
+# the decision holds for every text of that shape (proxy/sql/shapes.py).
 Decision = tuple[bytes, int, tuple[int, ...], bool]
 MAX_WRITE_SLOTS = 256
 STMT_WRITES = 4
@@ -94,6 +95,7 @@ class FastCounts:
     statements: dict[tuple[str, bool], int]
     writes: dict[tuple[str, str], int]  # of tagged connections, by (table, kind)
     decision_hits: int  # tagged texts C took by a cached decision (analysis cache hits)
+    shape_hits: int  # of those, taken by the decision of their shape (proxy/sql/shapes.py)
     reads: int  # read records of recorded sessions made on the C relay
     bytes_up: int
     bytes_down: int
@@ -158,6 +160,12 @@ class FastRelay:
             record,
         )
 
+    @staticmethod
+    def shape_key(text: bytes) -> bytes | None:
+        """The C relay's shape key of a statement text (None: no literal, or not followed)."""
+        assert _fastrelay is not None
+        return _fastrelay.shape_key(text)
+
     def kind_index(self, kind: str) -> int | None:
         """The C relay's index of a statement kind (None: one it does not count)."""
         try:
@@ -188,7 +196,7 @@ class FastRelay:
         return self.kinds[self.engine.kind(message)]
 
     def counts(self) -> FastCounts:
-        statements, up, down, errors, latency, latency_sum, conns, tagged, writes, hits, reads = (
+        statements, up, down, errors, latency, latency_sum, conns, tagged, writes, hits, reads, shapes = (
             self.engine.stats()
         )
         counted = {(kind, False): n for kind, n in zip(self.kinds, statements, strict=True) if n}
@@ -197,6 +205,7 @@ class FastRelay:
             counted,
             {key: writes[slot] for key, slot in self.write_slots.items() if writes[slot]},
             hits,
+            shapes,
             reads,
             up,
             down,

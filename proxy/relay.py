@@ -714,8 +714,13 @@ class Relay:
         if self._decisions_catalog is not self.catalog:
             self.decisions.clear()
             self._decisions_catalog = self.catalog
-        if len(self.decisions) < MAX_DECISIONS:
-            self.decisions[kind + sql.encode()] = verdict
+        if len(self.decisions) >= MAX_DECISIONS or kind + sql.encode() in self.decisions:
+            return
+        # Its shape, when no literal's value can change the verdict: one entry for every text of the shape
+        # (the simple protocol's ever-new texts), keyed by the lower-case type (proxy/sql/shapes.py).
+        shape = self.analysis.shape(sql, self.catalog, verdict)
+        key = kind.lower() + shape if shape is not None else kind + sql.encode()
+        self.decisions[key] = verdict
 
     def at_rest(self) -> bool:
         """May the C relay carry on from here: nothing in flight, held or mid-batch, the tags in force
@@ -1222,10 +1227,13 @@ class Relay:
         for key, verdict in self.decisions.items():
             if verdict.resolves_writes and not self.path_clean:
                 continue  # the server is to say where its names resolve first (_path_hold)
+            records = self._records(self.txn_tags, verdict)
+            if records and key[:1].islower():
+                continue  # a read record names its text: a shape has none
             kind = kind_index(verdict.kind)
             found = slots(verdict.writes)
             if kind is not None and found is not None:
-                rows.append((key, kind, found, self._records(self.txn_tags, verdict)))
+                rows.append((key, kind, found, records))
         return rows
 
     def resume_from_fast(

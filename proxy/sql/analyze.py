@@ -22,7 +22,8 @@ from proxy.errors import RewriteError
 from proxy.sql.catalog import Catalog
 from proxy.sql.jsontree import JsonNode, svals
 from proxy.sql.policy import DEFAULT_POLICY, FAST_PATH_WORDS, Policy, PolicyCheck
-from proxy.sql.rewrites import DETECTORS, RELATION, STATEMENT, Rewriter, app_path, introspection
+from proxy.sql.rewrites import DETECTORS, RELATION, RULES, STATEMENT, Rewriter, app_path, introspection
+from proxy.sql.shapes import Shape, lex, literals_irrelevant
 from proxy.tags import strip_edge_comments
 
 RETURNING_MARK = "/*cow_returning*/ "  # (migrations/sql/functions/38_rls.sql reads it)
@@ -595,6 +596,8 @@ class Analyzer:
         self.hits = 0
         self.misses = 0
         self._cache: OrderedDict[tuple[str, bool, int, int, bool], tuple[Analysis, Analysis]] = OrderedDict()
+        # (shape key, catalog ident) -> what every text of the shape is analysed as, None: not provably one
+        self._shapes: OrderedDict[tuple[bytes, int], Analysis | None] = OrderedDict()
 
     def analyze(
         self,
@@ -625,6 +628,86 @@ class Analyzer:
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
         return result
+
+    def shape(self, sql: str, catalog: Catalog, verdict: Analysis) -> bytes | None:
+        """The literal-normalised key (proxy/sql/shapes.py) under which ``verdict``, a session's verdict for
+        ``sql`` that forwards it as it is, holds for every text of that shape; None when ``sql`` has no
+        literal or its literals may matter (then only the exact text can be cached)."""
+        text = sql.encode()
+        found = lex(text)
+        if found is None or not found.literals:
+            return None
+        key = (found.key, catalog.ident)
+        if key in self._shapes:
+            self._shapes.move_to_end(key)
+            base = self._shapes[key]
+        else:
+            version = self.server_version_num or catalog.server_version_num
+            base = self._shapes[key] = _shape_verdict(sql, found, catalog, version, self.policy)
+            if len(self._shapes) > self.cache_size:
+                self._shapes.popitem(last=False)
+        if base is None or _shape_fields(base) != _shape_fields(verdict):
+            return None  # (the fast path's verdict and the parse's disagree: not a case to cache)
+        return found.key
+
+
+def _shape_fields(verdict: Analysis) -> tuple[object, ...]:
+    return (
+        verdict.kind,
+        verdict.writes,
+        verdict.unqualified_writes,
+        verdict.executes,
+        verdict.rewritten,
+        verdict.tampers,
+        verdict.error,
+        verdict.tag_map,
+        verdict.catalog_dependent,
+        verdict.path_change,
+    )
+
+
+# Rules whose detection may fire on a statement whose shape is still cached (when they leave it unchanged).
+_LITERAL_BLIND = frozenset(rule.name for rule in RULES if rule.literal_blind)
+
+
+def _shape_verdict(sql: str, shape: Shape, catalog: Catalog, version: int, policy: Policy) -> Analysis | None:
+    """What the analysis of ``sql`` decides in a session, when that cannot depend on its literals' values:
+    nothing is refused, tampered with or rewritten, no rule that may read a constant's value looks at it
+    (``Rule.literal_blind``), and every literal is data only (``literals_irrelevant``); else None. Parsed
+    whole, not comment-stripped: the literals' locations are offsets into its bytes."""
+    try:
+        stmts = json.loads(parse_sql_json(sql)).get("stmts") or []
+    except (ParseError, UnicodeError, ValueError):
+        return None
+    if not stmts or not literals_irrelevant(sql.encode(), stmts, shape):
+        return None
+    inspection = _Inspection(catalog, True, policy)
+    inspection.walk(stmts)
+    if inspection.watch:
+        for raw in stmts:
+            inspection.detect(STATEMENT, raw["stmt"])
+    if (
+        not inspection.found.keys() <= _LITERAL_BLIND
+        or inspection.tampers
+        or inspection.error is not None
+        or inspection.unlayered is not None
+        or inspection.path_sets
+        or inspection.path_change
+        or inspection.returning_rls
+        or inspection.catalog_dependent
+        or (inspection.policy is not None and inspection.policy.refusal is not None)
+    ):
+        return None
+    if inspection.found:  # the rules run, as on any text of the shape, and must leave it as it is
+        full = _analyze_parsed(sql, catalog, True, version, False, policy=policy)
+        return full if full.rewritten is None and full.error is None and full.tag_map is None else None
+    kinds = [_kind(name, "intoClause" in fields) for raw in stmts for name, fields in raw["stmt"].items()]
+    return Analysis(
+        kind=kinds[0] if len(kinds) == 1 else "multi",
+        writes=tuple(inspection.writes),
+        unqualified_writes=tuple(inspection.unqualified),
+        executes=inspection.executes and inspection.watch,
+    )
 
 
 def _analyze_parsed(

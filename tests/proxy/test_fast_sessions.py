@@ -171,9 +171,16 @@ def session_pair(pg_server: PgServer, create_database: Any) -> Any:
         yield dsn, fast, slow
 
 
-# {o}: another session of this run (a comment tag switches to it for one statement or transaction).
+# {o}: another session of this run (a comment tag switches to it for one statement or transaction); {n}: a
+# literal that differs in each round (its texts are new: C takes them by their shape's decision).
 _SESSION_TEXTS = st.sampled_from(
     [
+        "SELECT v FROM t WHERE id = {n}",
+        "UPDATE t SET v = 'v{n}' WHERE id = -{n} OR id = {n} - 10",
+        "INSERT INTO t VALUES (1{n}, 'n{n}')",
+        "SELECT v, 1.{n} FROM t WHERE v = 'v{n}' -- {n}",
+        "SELECT set_config('application_name', 'a{n}', false)",
+        "SELECT '{n}'::regclass",
         "SELECT v FROM t WHERE id = 3",
         "SELECT count(*) FROM t",
         "SELECT id, v FROM t ORDER BY id LIMIT 3",
@@ -212,21 +219,28 @@ def test_fast_relay_matches_the_python_relay_in_sessions(
     replies = []
     engine = fast.server.fast
     assert engine is not None
-    hits = engine.counts().decision_hits
+    hits, shapes = engine.counts().decision_hits, engine.counts().shape_hits
     for proxy, side in ((slow, "s"), (fast, "f")):
         other = f"o{run}{side}"
-        messages = [_message(kind, text.replace("{o}", other)) for kind, text in stream] * 2
+        messages = [
+            _message(kind, text.replace("{o}", other).replace("{n}", str(11 + round_)))
+            for round_ in range(2)
+            for kind, text in stream
+        ]
         messages.append(p.encode_query("SELECT id, v FROM t ORDER BY id"))
         replies.append(_exchange(proxy, database, messages, pipelined, session=f"h{run}{side}"))
     assert replies[1] == replies[0]
     assert wait_for(lambda: not fast.server.connections and not slow.server.connections)
     _decided.append(engine.counts().decision_hits - hits)
+    _shaped.append(engine.counts().shape_hits - shapes)
 
 
 _decided: list[int] = []  # decisions C took, per example of the comparison above
+_shaped: list[int] = []  # of those, by a shape's decision
 
 
 def test_the_comparison_ran_decisions_on_the_fast_relay() -> None:
     if not _decided:
         pytest.skip("the comparison did not run in this session")
     assert sum(_decided) > 0, _decided
+    assert sum(_shaped) > 0, _shaped

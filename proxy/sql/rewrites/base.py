@@ -81,10 +81,13 @@ class Rule:
     """One rewrite: ``name`` (what ``Context.found`` counts), ``nodes`` (the JSON node names, or RELATION /
     STATEMENT, the walk shows ``detect``), ``detect`` (cheap: may this rule change the statement?) and
     ``apply`` (the AST rewrite, or a refusal by ``RewriteError``; None: unchanged). ``count_all``: detection
-    goes on after a first yes (the rule needs the count)."""
+    goes on after a first yes (the rule needs the count). ``literal_blind``: ``apply`` decides on the
+    statement's structure and the catalog, never on a constant's value, so a statement it leaves unchanged
+    may be cached by its shape (proxy/sql/shapes.py); say so only of a rule read for that."""
 
     name: str
     nodes: frozenset[str]
     detect: Callable[[Scan, JsonNode], bool]
     apply: Callable[[Context, ast.Node], Step | None]
     count_all: bool = False
+    literal_blind: bool = False

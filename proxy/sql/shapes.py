@@ -1,0 +1,319 @@
+"""Literal-normalised keys of statement texts ("shapes"), and the proof that a shape's literals cannot change
+what the analysis decides.
+
+Clients that bind parameters on their side (the simple protocol: pgbench ``-M simple``, psql, Django's
+client-side binding, Rails) send texts that differ only in their constants, so a decision cached per exact
+text is never reused. ``lex`` gives a text's *shape*: the text with each numeric literal and each plain
+string literal replaced by one byte that names its token class (``INT``, ``NUM``, ``STR``: bytes no UTF-8
+text contains, so a key is never ambiguous). The C relay computes the same key with the same lexer
+(``shape_key`` in ``proxy/_fastrelay.c``) and looks up the decision Python made for the shape.
+
+The lexer follows PostgreSQL's (``scan.l``) where a literal's boundaries are concerned, and keeps
+verbatim whatever it is not sure of:
+
+- a number followed by an identifier character, ``$`` or ``.`` (PostgreSQL 16's ``0x1F``, ``1_000``,
+  ``1..2``, older servers' ``1abc``), or a ``.5`` right after a dot;
+- E'', U&'', B'', X'', N'' strings and dollar quotes, quoted identifiers, ``$n`` and comments (``--`` up to
+  a newline or carriage return, ``/* */`` nested): a comment tag is never normalised away;
+- a text with an unterminated quote or comment, or with a backslash in a plain string, gets no key at all:
+  with ``standard_conforming_strings`` off the server would end that string elsewhere.
+
+The integer class is the server's: digits only and at most 2147483647 (a larger one is a NUM to the server),
+so two texts with one key also parse to the same tree but for the values of their constants.
+
+``literals_irrelevant`` is the other half: it maps each literal to its ``A_Const`` in the JSON parse tree
+(by byte location; a unary minus moves the constant's location to the sign) and accepts the shape only when
+every one sits where the analysis never reads a value (proxy/sql/analyze.py, policy.py, rewrites/): in
+expressions of SELECT, INSERT, UPDATE and DELETE, through a small list of value functions and casts to
+plain types, and not as an ordinal (ORDER BY 1, GROUP BY 1, DISTINCT ON). Casts to reg* types or oid,
+functions that take names (``set_config``, ``nextval``, ``to_regclass`` …), any other statement type and
+any catalog relation make the shape fail; the relay then caches the exact text only, as before.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.sql.jsontree import JsonNode, svals
+
+INT = 0xFF  # an integer the server lexes as one (ICONST)
+NUM = 0xFE  # any other numeric literal (FCONST)
+STR = 0xFD  # a plain string literal 'x' (no backslash)
+INT_MAX = 2147483647
+
+# One token at a position; the order of the alternatives decides (a comment before an operator, …).
+# Possessive loops: an unterminated quote fails at once instead of backtracking over its content.
+_TOKEN = re.compile(
+    rb"""
+      (?P<plain>[^-/'"$.0-9A-Za-z_\x80-\xff]++)
+    | (?P<line>--[^\n\r]*+)
+    | (?P<ident>[A-Za-z_\x80-\xff][A-Za-z0-9_$\x80-\xff]*+)
+    | (?P<number>(?:[0-9]++(?:\.[0-9]*+)?|\.[0-9]++)(?:[eE][+-]?[0-9]++)?)
+    | (?P<string>'(?:[^']++|'')*+')
+    | (?P<quoted>"(?:[^"]++|"")*+")
+    | (?P<param>\$[0-9]++)
+    | (?P<dollar>\$(?:[A-Za-z_\x80-\xff][A-Za-z0-9_\x80-\xff]*+)?\$)
+    | (?P<block>/\*)
+    | (?P<other>[-/.$])
+    """,
+    re.X,
+)
+_PLAIN_STRING = re.compile(rb"'(?:[^']++|'')*+'")
+_QUOTED = re.compile(rb"\"(?:[^\"]++|\"\")*+\"")
+_ESCAPED_STRING = re.compile(rb"'(?:[^'\\]++|\\.|'')*+'", re.S)  # E'…': a backslash escapes any byte
+_IDENT_OR_DOT = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_$.") | frozenset(
+    range(0x80, 0x100)
+)
+_DOT = ord(".")
+_MINUS = ord("-")
+
+
+@dataclass(frozen=True, slots=True)
+class Literal:
+    start: int  # byte offsets in the text
+    end: int
+    kind: int  # INT, NUM or STR
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    key: bytes
+    literals: tuple[Literal, ...]
+
+
+class _Unfollowed(Exception):
+    """A text the lexer does not follow to its end (no key)."""
+
+
+def lex(text: bytes) -> Shape | None:
+    """The shape of a statement text (UTF-8, no NUL), or None when the lexer does not follow it."""
+    key = bytearray()
+    literals: list[Literal] = []
+    try:
+        for start, end, kind in _tokens(text):
+            if kind is None:
+                key += text[start:end]
+            else:
+                key.append(kind)
+                literals.append(Literal(start, end, kind))
+    except _Unfollowed:
+        return None
+    return Shape(bytes(key), tuple(literals))
+
+
+def _tokens(text: bytes) -> Iterator[tuple[int, int, int | None]]:
+    """(start, end, literal class or None for verbatim bytes), covering the text."""
+    pos, n = 0, len(text)
+    while pos < n:
+        match = _TOKEN.match(text, pos)
+        if match is None:
+            raise _Unfollowed  # an unterminated string or quoted identifier
+        group, end = match.lastgroup, match.end()
+        kind: int | None = None
+        if group == "ident" and end - pos == 1:
+            end = _prefixed(text, pos, end)
+        elif group == "number":
+            kind = _number(text, pos, end)
+        elif group == "string":
+            if b"\\" in text[pos:end]:
+                raise _Unfollowed
+            kind = STR
+        elif group == "dollar":
+            close = text.find(text[pos:end], end)
+            if close < 0:
+                raise _Unfollowed
+            end = close + (end - pos)
+        elif group == "block":
+            end = _comment_end(text, pos)
+        yield pos, end, kind
+        pos = end
+
+
+def _prefixed(text: bytes, pos: int, end: int) -> int:
+    """The end of E'…', B'…', X'…', N'…', U&'…' or U&"…" when the one-letter identifier at ``pos`` starts one
+    (kept verbatim), else ``end``."""
+    letter = text[pos : pos + 1].lower()
+    rest = text[end : end + 2]
+    if letter == b"e" and rest[:1] == b"'":
+        match = _ESCAPED_STRING.match(text, end)
+    elif letter in (b"b", b"x", b"n") and rest[:1] == b"'":
+        match = _PLAIN_STRING.match(text, end)
+        if match is not None and b"\\" in match.group():
+            raise _Unfollowed  # (N'…' is a plain string to the server: the same rule)
+    elif letter == b"u" and rest in (b"&'", b'&"'):
+        match = (_PLAIN_STRING if rest == b"&'" else _QUOTED).match(text, end + 1)
+    else:
+        return end
+    if match is None:
+        raise _Unfollowed
+    return match.end()
+
+
+def _number(text: bytes, pos: int, end: int) -> int | None:
+    """The class of the number at [pos, end), or None to keep it verbatim (see the module's list)."""
+    if end < len(text) and text[end] in _IDENT_OR_DOT:
+        return None
+    if text[pos] == _DOT and pos > 0 and text[pos - 1] == _DOT:
+        return None
+    token = text[pos:end]
+    if not token.isdigit():
+        return NUM
+    digits = token.lstrip(b"0")
+    return INT if len(digits) <= 10 and int(digits or b"0") <= INT_MAX else NUM
+
+
+def _comment_end(text: bytes, pos: int) -> int:
+    """The end of the (nested) block comment opened at ``pos``."""
+    depth, i, n = 0, pos + 2, len(text)
+    while i < n - 1:
+        pair = text[i : i + 2]
+        if pair == b"/*":
+            depth += 1
+            i += 2
+        elif pair == b"*/":
+            if depth == 0:
+                return i + 2
+            depth -= 1
+            i += 2
+        else:
+            i += 1
+    raise _Unfollowed
+
+
+# ---- the proof on the parse tree --------------------------------------------------------------------------
+
+# Statements whose expressions' literal values no part of the analysis reads (their relations and columns
+# it does read: those are identifiers, verbatim in the key).
+_STATEMENTS = frozenset({"SelectStmt", "InsertStmt", "UpdateStmt", "DeleteStmt"})
+# Statements that may stand beside them (BEGIN …; COMMIT): their constants come from keywords, and a
+# literal of theirs (PREPARE TRANSACTION 'x') is no A_Const, so it fails the proof.
+_ALLOWED = _STATEMENTS | {"TransactionStmt"}
+# Nodes through which a literal's value stays a value: operators, boolean logic, row and array
+# constructors, CASE, COALESCE, subqueries, the targets of SELECT and UPDATE, VALUES lists.
+_TRANSPARENT = frozenset(
+    {
+        *_STATEMENTS, "ResTarget", "A_Expr", "BoolExpr", "NullTest", "BooleanTest", "SubLink", "CaseExpr",
+        "CaseWhen", "CoalesceExpr", "MinMaxExpr", "A_ArrayExpr", "RowExpr", "List", "A_Indirection",
+        "A_Indices", "JoinExpr", "RangeSubselect", "CommonTableExpr", "MultiAssignRef", "SortBy",
+        "CollateClause",
+    }
+)  # fmt: skip
+# Functions of values only (in pg_catalog): none takes a name or runs SQL, so a constant argument is data.
+_VALUE_FUNCTIONS = frozenset(
+    {
+        "lower", "upper", "length", "char_length", "octet_length", "abs", "round", "trunc", "floor", "ceil",
+        "ceiling", "mod", "power", "sqrt", "concat", "concat_ws", "substring", "substr", "replace", "btrim",
+        "ltrim", "rtrim", "lpad", "rpad", "left", "right", "strpos", "position", "md5", "date_trunc",
+        "date_part", "extract", "to_char", "to_date", "to_timestamp", "to_number", "make_date",
+        "make_interval", "age", "now", "jsonb_build_object", "json_build_object", "jsonb_build_array",
+        "json_build_array", "array_length", "cardinality", "count", "sum", "avg", "min", "max",
+        "string_agg", "array_agg", "timezone",
+    }
+)  # fmt: skip
+# Casts of a constant to these types read no name (unlike regclass, regtype, oid, …).
+_PLAIN_TYPES = frozenset(
+    {
+        "bool", "boolean", "int2", "int4", "int8", "smallint", "integer", "int", "bigint", "numeric",
+        "decimal", "float4", "float8", "real", "text", "varchar", "bpchar", "char", "date", "time", "timetz",
+        "timestamp", "timestamptz", "interval", "json", "jsonb", "uuid", "bytea", "inet", "cidr",
+    }
+)  # fmt: skip
+# Fields whose directly held constant is an ordinal (a position in the SELECT list), not a value.
+_ORDINAL_FIELDS = frozenset({"groupClause", "distinctClause"})
+_CATALOG_SCHEMAS = frozenset({"pg_catalog", "information_schema"})
+
+
+class _Refused(Exception):
+    """The statement is not one whose literals the proof can judge."""
+
+
+def literals_irrelevant(text: bytes, stmts: list[Any], shape: Shape) -> bool:
+    """Whether no literal of ``shape`` (of ``text``, whose JSON parse tree has the statements ``stmts``)
+    can change what the analysis decides: each one is an ``A_Const`` the analysis never reads the value of,
+    and nothing else in the statement calls for a closer look (module docstring)."""
+    consts: dict[int, bool] = {}  # A_Const location -> its value is data only
+    try:
+        for raw in stmts:
+            _walk(raw.get("stmt"), True, consts)
+    except _Refused:
+        return False
+    return all(_const_of(text, literal, consts) for literal in shape.literals)
+
+
+def _const_of(text: bytes, literal: Literal, consts: dict[int, bool]) -> bool:
+    """Whether the literal is an A_Const whose value is data only: at its own location or, negated by a
+    unary minus, at the sign before it (only minus signs and whitespace between)."""
+    if literal.start in consts:
+        return consts[literal.start]
+    for location in range(literal.start - 1, -1, -1):
+        if text[location] not in b"- \t\n\r\f\v":
+            return False
+        if text[location] == _MINUS and location in consts:
+            return consts[location]
+    return False
+
+
+def _walk(node: object, safe: bool, consts: dict[int, bool], ordinal: bool = False) -> None:
+    """Records every A_Const below ``node`` with whether its value is data only (``safe``: all the way up
+    through transparent nodes; ``ordinal``: a constant directly in a list of positions)."""
+    if isinstance(node, list):
+        for item in node:
+            _walk(item, safe, consts, ordinal)
+        return
+    if not isinstance(node, dict):
+        return
+    if len(node) != 1 or not next(iter(node))[:1].isupper():
+        # the fields of a node of fixed type (a relation, a type name, an ON CONFLICT clause)
+        _relation(node)
+        for key, value in node.items():
+            _walk(value, safe, consts, key in _ORDINAL_FIELDS)
+        return
+    ((name, body),) = node.items()
+    if not isinstance(body, dict):
+        return
+    _relation(body)
+    if name == "A_Const":
+        location = body.get("location")
+        if isinstance(location, int):
+            consts[location] = consts.get(location, True) and safe and not ordinal
+        return
+    if name.endswith("Stmt") and (name not in _ALLOWED or "intoClause" in body):
+        raise _Refused
+    inner = safe and _passes_values(name, body)
+    for key, value in body.items():
+        if name == "SortBy" and key == "node":
+            _walk(value, inner, consts, True)  # ORDER BY 1: a position
+        else:
+            _walk(value, inner, consts, key in _ORDINAL_FIELDS)
+
+
+def _passes_values(name: str, body: JsonNode) -> bool:
+    """Whether a constant below this node stays data to the analysis."""
+    if name == "FuncCall":
+        names = [n.lower() for n in svals(body.get("funcname"))]
+        return _builtin(names) in _VALUE_FUNCTIONS
+    if name == "TypeCast":
+        type_name = body.get("typeName")
+        names = [n.lower() for n in svals(type_name.get("names"))] if isinstance(type_name, dict) else []
+        return _builtin(names) in _PLAIN_TYPES
+    return name in _TRANSPARENT
+
+
+def _builtin(names: list[str]) -> str | None:
+    if len(names) == 1 or (len(names) == 2 and names[0] == "pg_catalog"):
+        return names[-1]
+    return None
+
+
+def _relation(node: JsonNode) -> None:
+    """Refuses a catalog relation: its reads may be rewritten for what literals name (introspection.py)."""
+    if "relname" not in node:
+        return
+    schema, name = node.get("schemaname"), node.get("relname")
+    if isinstance(schema, str) and schema.lower() in _CATALOG_SCHEMAS:
+        raise _Refused
+    if schema is None and isinstance(name, str) and name.lower().startswith("pg_"):
+        raise _Refused

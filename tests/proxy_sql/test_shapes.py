@@ -1,0 +1,254 @@
+"""Literal-normalised keys (proxy/sql/shapes.py): the lexer on bytes, the C relay's lexer against it, and the
+proof that a shape's literals cannot change the analysis' verdict."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.fastrelay import AVAILABLE, UNAVAILABLE, FastRelay
+from proxy.sql import Analyzer
+from proxy.sql.analyze import _shape_fields
+from proxy.sql.shapes import INT, NUM, STR, lex
+
+from .catalogs import sample_catalog
+
+CATALOG = sample_catalog()
+INT_, NUM_, STR_ = bytes([INT]), bytes([NUM]), bytes([STR])
+
+
+def key(text: bytes) -> bytes | None:
+    """Python's key as the C relay gives it: None also when there is no literal."""
+    shape = lex(text)
+    return shape.key if shape is not None and shape.literals else None
+
+
+LEXED = [
+    (b"SELECT 1", b"SELECT " + INT_),
+    (b"SELECT -1, - 2", b"SELECT -" + INT_ + b", - " + INT_),
+    (b"SELECT 1e5, 1E-5, 1.5, .5, 1., 1.e3", b"SELECT " + b", ".join([NUM_] * 6)),
+    # the server's integer class: at most 2147483647, leading zeros aside
+    (
+        b"SELECT 2147483647, 2147483648, 0002147483647, 00000000000",
+        b"SELECT " + b", ".join([INT_, NUM_, INT_, INT_]),
+    ),
+    (b'SELECT x1, _2, a$1, "1", "a""2"', None),
+    (b"SELECT $1, $12 + 3", b"SELECT $1, $12 + " + INT_),
+    (b"SELECT 'a', 'it''s', ''", b"SELECT " + b", ".join([STR_] * 3)),
+    (b"SELECT 'a\\b'", None),  # standard_conforming_strings off would end it elsewhere: no key
+    (b"SELECT E'\\'', e'\\\\', E'''', 4", b"SELECT E'\\'', e'\\\\', E'''', " + INT_),
+    (
+        b"SELECT U&'d\\0061t', U&\"x\", B'101', X'1F', N'x', 1",
+        b"SELECT U&'d\\0061t', U&\"x\", B'101', X'1F', N'x', " + INT_,
+    ),
+    (b"SELECT N'a\\'", None),
+    (b"SELECT $$a 'b' 1$$, $t$ $$ 2 $t$, 3", b"SELECT $$a 'b' 1$$, $t$ $$ 2 $t$, " + INT_),
+    (b"SELECT $a$b$c$a$, 4", b"SELECT $a$b$c$a$, " + INT_),
+    (b"SELECT 1 -- 2 'x\n, 3", b"SELECT " + INT_ + b" -- 2 'x\n, " + INT_),
+    (b"SELECT 1 -- 2\r, 3", b"SELECT " + INT_ + b" -- 2\r, " + INT_),
+    (b"/*cow_session='s1'*/ SELECT 1", b"/*cow_session='s1'*/ SELECT " + INT_),
+    (
+        b"SELECT 1 /*cow_session=7,cow_operation='o1'*/",
+        b"SELECT " + INT_ + b" /*cow_session=7,cow_operation='o1'*/",
+    ),
+    (b"SELECT /* a /* 1 */ '2' */ 3", b"SELECT /* a /* 1 */ '2' */ " + INT_),
+    (b"SELECT /**/ 1, /*/ 2 */ 3", b"SELECT /**/ " + INT_ + b", /*/ 2 */ " + INT_),
+    # what another server version lexes otherwise stays verbatim
+    (b"SELECT 0x1F, 1_000, 1..2, 1abc, 1e, 5$", None),
+    (b"SELECT 1.5.2", b"SELECT 1.5" + NUM_),  # (the server too reads 1.5 and .2)
+    (
+        b"SELECT 1::text, '2'::int, 3::regclass",
+        b"SELECT " + INT_ + b"::text, " + STR_ + b"::int, " + INT_ + b"::regclass",
+    ),
+    (b"SELECT a-1, a--1\n", b"SELECT a-" + INT_ + b", a--1\n"),
+    (b"SELECT \xc3\xa91, 1\xc3\xa9", None),
+    (b"SELECT '\xc3\xa9', 2", b"SELECT " + STR_ + b", " + INT_),
+    (b"SELECT 'a'\n'b'", b"SELECT " + STR_ + b"\n" + STR_),
+    (b"SELECT e1, E 'x'", b"SELECT e1, E " + STR_),
+    (b"SELECT u&1, U & 'x'", b"SELECT u&" + INT_ + b", U & " + STR_),
+    (b"SELECT 'unterminated", None),
+    (b'SELECT "x', None),
+    (b"SELECT 1 /* x", None),
+    (b"SELECT $$x", None),
+    (b"SELECT E'x\\'", None),
+    (b"SELECT 1 /* a /* b */", None),
+    (b"END", None),
+    (b"", None),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), LEXED)
+def test_the_lexer_on_bytes(text: bytes, expected: bytes | None) -> None:
+    assert key(text) == expected
+
+
+@pytest.mark.skipif(not AVAILABLE, reason=f"{UNAVAILABLE}")
+@pytest.mark.parametrize(("text", "expected"), LEXED)
+def test_the_c_lexer_on_bytes(text: bytes, expected: bytes | None) -> None:
+    assert FastRelay.shape_key(text) == expected
+
+
+def test_literal_spans_are_what_the_key_replaced() -> None:
+    text = b"UPDATE t SET v = 'it''s' WHERE id = -12 AND f > 1.5"
+    shape = lex(text)
+    assert shape is not None
+    assert [text[x.start : x.end] for x in shape.literals] == [b"'it''s'", b"12", b"1.5"]
+    assert [x.kind for x in shape.literals] == [STR, INT, NUM]
+
+
+# Fragments that meet at every lexing decision: quotes, escapes, prefixes, dollar quotes, comments, numbers
+# next to identifiers, dots and signs.
+_FRAGMENTS = st.sampled_from(
+    [
+        "SELECT ", " ", "1", "42", "2147483648", "'", "''", "'x'", "\\", "E", "e'", "U&", "&", '"', '""', "$",
+        "$1", "$$", "$a$", "--", "\n", "\r", "/*", "*/", "-", ".", "..", "e5", "E+", "0x", "_", "\u00e9",
+        "x1", ",", "(", ")", "::", ";", "N'", "b'", "*", "/",
+    ]
+)  # fmt: skip
+
+
+@pytest.mark.skipif(not AVAILABLE, reason=f"{UNAVAILABLE}")
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(_FRAGMENTS, max_size=24))
+def test_the_c_lexer_matches_pythons(fragments: list[str]) -> None:
+    text = "".join(fragments).encode()
+    assert FastRelay.shape_key(text) == key(text)
+
+
+@given(st.lists(_FRAGMENTS, max_size=24))
+def test_a_key_is_the_text_with_its_literals_replaced(fragments: list[str]) -> None:
+    text = "".join(fragments).encode()
+    shape = lex(text)
+    if shape is None:
+        return
+    rebuilt, at = bytearray(), 0
+    for literal in shape.literals:
+        rebuilt += text[at : literal.start] + bytes([literal.kind])
+        at = literal.end
+    assert bytes(rebuilt + text[at:]) == shape.key
+
+
+# ---- the proof: which shapes may stand for all their texts
+
+
+def shaped(sql: str) -> bytes | None:
+    analyzer = Analyzer()
+    return analyzer.shape(sql, CATALOG, analyzer.analyze(sql, CATALOG, True))
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT abalance FROM pgbench_accounts WHERE aid = 81234",
+        "UPDATE pgbench_accounts SET abalance = abalance + -4076 WHERE aid = 81234",
+        "INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (5, 1, 6160, -4076, now())",
+        "SELECT id, name FROM projects WHERE name = 'cow.sessions' AND budget > 1.5 LIMIT 21",
+        "UPDATE issues SET title = 'x', points = 3 WHERE id = 7",
+        "DELETE FROM comments WHERE issue_id IN (1, 2, 3)",
+        "INSERT INTO comments (issue_id, body) VALUES (1, 'a@b'), (2, 'c@d') RETURNING id",
+        "SELECT id FROM issues WHERE created > '2024-01-01'::date AND lower(title) LIKE 'a%' ORDER BY id",
+        "SELECT id FROM issues WHERE title = 'x' ORDER BY points + 1",
+        "SELECT CASE WHEN points > 3 THEN 'big' ELSE 'small' END FROM issues WHERE id = - 5",
+        "SELECT id FROM issues WHERE project_id = (SELECT id FROM projects WHERE name = 'p')",
+        "SELECT name FROM projects WHERE id = 5",  # key_reads looks (no $n: not a key read)
+        # lateral looks, leaves it
+        "SELECT i.title FROM issues i JOIN comments c ON c.issue_id = i.id WHERE c.body = 'x'",
+    ],
+)
+def test_shapes_whose_literals_are_data(sql: str) -> None:
+    shape = lex(sql.encode())
+    assert shape is not None
+    assert shaped(sql) == shape.key
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT 'cow.sessions'::regclass",  # a name, resolved on the path
+        "SELECT 16384::regclass",
+        "SELECT 16384::oid",
+        "SELECT regclass 'issues'",
+        "SELECT 'issues'::my_domain",  # (a domain may be over regclass)
+        "SELECT set_config('cow.session_id', 'x', false)",
+        "SELECT nextval('cow.x')",
+        "SELECT to_regclass('issues')",
+        "SELECT has_table_privilege('issues', 'select')",
+        "SELECT current_setting('cow.session_id')",
+        "SELECT relname FROM pg_class WHERE oid = 5",
+        "SELECT table_name FROM information_schema.tables WHERE table_name = 'x'",
+        "SELECT id FROM issues ORDER BY 1",  # an ordinal, not a value
+        "SELECT project_id, count(*) FROM issues GROUP BY 1",
+        "SELECT DISTINCT ON (1) id FROM issues",
+        "SELECT count(1) FROM issues",  # a rule's detection fired (counts)
+        "INSERT INTO issues (id) VALUES (1) ON CONFLICT (id) DO UPDATE SET points = 2",
+        "SET statement_timeout = 5",
+        "SET search_path = 'public'",
+        "DO $$BEGIN PERFORM 1; END$$",
+        "PREPARE TRANSACTION 'x'",
+        "COPY issues FROM '/tmp/x'",
+        "SELECT 'a'\n'b'",  # one constant of two tokens
+        "SELECT 1 INTO t2",
+        "EXPLAIN SELECT 1",
+        "SELECT id FROM issues WHERE id = 1 FOR UPDATE",  # row locks: rewritten
+        "SELECT pg_terminate_backend(5)",
+        "SELECT name FROM projects WHERE id = $1 AND budget > 5",  # a key read: rewritten
+        "SELECT dblink('x', 'y')",
+        "SELECT * FROM generate_series(1, 5)",
+        "SELECT id FROM issues WHERE title = 'x' COLLATE \"C\" AND 1 = 1",
+    ],
+)
+def test_shapes_whose_literals_may_matter(sql: str) -> None:
+    if sql.endswith('COLLATE "C" AND 1 = 1'):
+        assert shaped(sql) is not None  # (a collation is a name, but no literal's)
+        return
+    assert shaped(sql) is None
+
+
+def test_a_text_without_literals_has_no_shape() -> None:
+    assert shaped("SELECT id FROM issues") is None
+    assert shaped("BEGIN") is None
+
+
+# Statements with literals in many places, among them some the proof refuses; {i} an integer, {f} a
+# number, {s} a string.
+_TEMPLATES = [
+    "SELECT id FROM issues WHERE id = {i}",
+    "SELECT id FROM issues WHERE title = {s} AND points > {f}",
+    "UPDATE issues SET points = points + {i} WHERE id = {i}",
+    "INSERT INTO comments (issue_id, body) VALUES ({i}, {s})",
+    "DELETE FROM comments WHERE id = -{i}",
+    "SELECT {s}::regclass",
+    "SELECT id FROM issues ORDER BY {i}",
+    "SELECT set_config({s}, {s}, false)",
+    "SELECT count({i}) FROM issues",
+    "INSERT INTO issues (id) VALUES ({i}) ON CONFLICT (id) DO NOTHING",
+    "SELECT relname FROM pg_class WHERE relname = {s}",
+    "SELECT id FROM issues WHERE project_id = {i} FOR SHARE",
+    "SELECT lower({s}), {f}::numeric, {s}::date FROM projects LIMIT {i}",
+    "SET search_path = {s}",
+    "SELECT name FROM projects WHERE id = {i}",
+    "SELECT name FROM projects WHERE id = $1 AND budget > {f}",
+    "SELECT i.title FROM issues i JOIN comments c ON c.issue_id = i.id WHERE i.id = {i} AND c.body = {s}",
+]
+_STRINGS = st.sampled_from(["x", "", "cow.sessions", "public", "it's", "cow_changes.t", "search_path", "1"])
+_LITERALS = st.fixed_dictionaries(
+    {
+        "i": st.integers(min_value=0, max_value=2**31 - 1).map(str),
+        "f": st.sampled_from(["1.5", ".5", "1e5", "99999999999"]),
+        "s": _STRINGS.map(lambda v: "'" + v.replace("'", "''") + "'"),
+    }
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(template=st.sampled_from(_TEMPLATES), first=_LITERALS, second=_LITERALS)
+def test_texts_of_one_shape_get_the_shapes_verdict(template: str, first: dict, second: dict) -> None:
+    """Where a shape is accepted, every text of it is analysed as the first one was (fresh analyzers: no
+    cache between them)."""
+    one, two = template.format(**first), template.format(**second)
+    analyzed = Analyzer().analyze(one, CATALOG, True)
+    shape = Analyzer().shape(one, CATALOG, analyzed)
+    assert shape is None or shape == key(two.encode())
+    if shape is not None:
+        assert _shape_fields(Analyzer().analyze(two, CATALOG, True)) == _shape_fields(analyzed)
