@@ -197,6 +197,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--sessions", default="1,8,64", help="N: concurrent sessions (comma-separated)")
     parser.add_argument("--scale", type=int, default=10)
+    parser.add_argument(
+        "--database",
+        default="cowproxy_bench_sessions",
+        help="the scratch database (dropped and made anew): two runs on one server need two names",
+    )
     parser.add_argument("--workloads", default="-S,tpcb", help="-S, tpcb or both")
     parser.add_argument("--modes", default="prepared,extended,simple", help="pgbench -M query modes")
     parser.add_argument("--baseline", help="another checkout of cowproxy: one more target, session/cp-base")
@@ -217,7 +222,7 @@ def main() -> None:
     with bp.server(args.dsn, None) as (dsn, host, port, bindir, _sockets):
         tool = os.path.join(bindir, "pgbench") if bindir else (shutil.which("pgbench") or "pgbench")
         user = urlsplit(dsn).username or "postgres"
-        database = "cowproxy_bench_sessions"
+        database = args.database
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {database}")
             conn.execute(f"CREATE DATABASE {database}")
