@@ -307,8 +307,11 @@ def report(
     names = [t.name for t in targets]
     header = "".join(f"{n:>16}" for n in names)
     reads_head = "  reads ratio  rec ratio  cpu/txn py  cpu/txn reads" if "session/reads" in names else ""
+    # the baseline's CPU beside this checkout's: on a shared machine the steadier figure than the TPS
+    base_head = "  cpu/txn base" if "session/cp-base" in names else ""
     print(
         f"{'workload':20}{header}  sess ratio  plain ratio  +µs/stmt sess  +µs/stmt plain  cpu/txn sess"
+        + base_head
         + reads_head
     )
     for name, mode, n, _flags in workloads:
@@ -319,6 +322,7 @@ def report(
         sess = tps["session/proxy"] / tps["session/direct"]
         plain = f"{tps['plain/proxy'] / tps['plain/direct']:.2f}" if "plain/proxy" in tps else "-"
         cpu = cpu_per_txn(results[(name, mode, n, "session/proxy")])
+        base_col = f"  {cpu_per_txn(results[(name, mode, n, 'session/cp-base')]):>12}" if base_head else ""
         reads_cols = ""
         if "session/reads" in tps:
             reads_cols = (
@@ -331,7 +335,7 @@ def report(
             f"{name + ' ' + mode + ' N=' + str(n):20}{row}  {sess:10.2f}  {plain:>11}  "
             f"{added(tps, 'session/proxy', 'session/direct', n, stmts):>13}  "
             f"{added(tps, 'plain/proxy', 'plain/direct', n, stmts):>14}  "
-            f"{cpu:>12}" + reads_cols
+            f"{cpu:>12}" + base_col + reads_cols
         )
 
 
