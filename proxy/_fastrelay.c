@@ -376,6 +376,7 @@ static int has_comment_opener(const unsigned char *s, size_t n) {
 #define SHAPE_INT 0xff /* an integer the server lexes as one (ICONST) */
 #define SHAPE_NUM 0xfe /* any other numeric literal */
 #define SHAPE_STR 0xfd /* a plain string literal 'x' without a backslash */
+#define MAX_DOLLAR_TAG 64 /* a longer dollar-quote delimiter: no key (shapes.MAX_DOLLAR_TAG) */
 
 static int is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
 static int ident_start(unsigned char c) { return is_alpha(c) || c == '_' || c >= 0x80; }
@@ -502,6 +503,7 @@ static long shape_key(const unsigned char *s, size_t n, unsigned char *out) {
                 while (t < n && dollar_cont(s[t])) t++;
             if (t < n && s[t] == '$') { /* a dollar quote: its delimiter s[i..t] again closes it */
                 size_t dl = t + 1 - i, k = t + 1;
+                if (dl > MAX_DOLLAR_TAG) return -1; /* (a long one could make this search quadratic) */
                 while (k + dl <= n && memcmp(s + k, s + i, dl) != 0) k++;
                 if (k + dl > n) return -1;
                 end = k + dl;

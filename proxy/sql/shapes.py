@@ -15,8 +15,9 @@ verbatim whatever it is not sure of:
   ``1..2``, older servers' ``1abc``), or a ``.5`` right after a dot;
 - E'', U&'', B'', X'', N'' strings and dollar quotes, quoted identifiers, ``$n`` and comments (``--`` up to
   a newline or carriage return, ``/* */`` nested): a comment tag is never normalised away;
-- a text with an unterminated quote or comment, or with a backslash in a plain string, gets no key at all:
-  with ``standard_conforming_strings`` off the server would end that string elsewhere.
+- a text with an unterminated quote or comment, or with a backslash in a plain string, gets no key at all
+  (with ``standard_conforming_strings`` off the server would end that string elsewhere), nor does one with
+  a dollar-quote delimiter longer than ``MAX_DOLLAR_TAG``.
 
 The integer class is the server's: digits only and at most 2147483647 (a larger one is a NUM to the server),
 so two texts with one key also parse to the same tree but for the values of their constants.
@@ -43,6 +44,9 @@ INT = 0xFF  # an integer the server lexes as one (ICONST)
 NUM = 0xFE  # any other numeric literal (FCONST)
 STR = 0xFD  # a plain string literal 'x' (no backslash)
 INT_MAX = 2147483647
+# A longer dollar-quote delimiter gives no key: C searches for its end byte by byte, and a crafted text could
+# make that search quadratic in the C relay's thread.
+MAX_DOLLAR_TAG = 64
 
 # One token at a position; the order of the alternatives decides (a comment before an operator, …).
 # Possessive loops: an unterminated quote fails at once instead of backtracking over its content.
@@ -122,6 +126,8 @@ def _tokens(text: bytes) -> Iterator[tuple[int, int, int | None]]:
                 raise _Unfollowed
             kind = STR
         elif group == "dollar":
+            if end - pos > MAX_DOLLAR_TAG:
+                raise _Unfollowed
             close = text.find(text[pos:end], end)
             if close < 0:
                 raise _Unfollowed

@@ -45,6 +45,11 @@ LEXED = [
     (b"SELECT N'a\\'", None),
     (b"SELECT $$a 'b' 1$$, $t$ $$ 2 $t$, 3", b"SELECT $$a 'b' 1$$, $t$ $$ 2 $t$, " + INT_),
     (b"SELECT $a$b$c$a$, 4", b"SELECT $a$b$c$a$, " + INT_),
+    (
+        b"SELECT $" + b"t" * 62 + b"$x$" + b"t" * 62 + b"$, 4",
+        b"SELECT $" + b"t" * 62 + b"$x$" + b"t" * 62 + b"$, " + INT_,
+    ),
+    (b"SELECT $" + b"t" * 63 + b"$x$" + b"t" * 63 + b"$, 4", None),  # (a delimiter of 65 bytes)
     (b"SELECT 1 -- 2 'x\n, 3", b"SELECT " + INT_ + b" -- 2 'x\n, " + INT_),
     (b"SELECT 1 -- 2\r, 3", b"SELECT " + INT_ + b" -- 2\r, " + INT_),
     (b"/*cow_session='s1'*/ SELECT 1", b"/*cow_session='s1'*/ SELECT " + INT_),
