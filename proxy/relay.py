@@ -717,8 +717,10 @@ class Relay:
         if len(self.decisions) >= MAX_DECISIONS or kind + sql.encode() in self.decisions:
             return
         # Its shape, when no literal's value can change the verdict: one entry for every text of the shape
-        # (the simple protocol's ever-new texts), keyed by the lower-case type (proxy/sql/shapes.py).
-        shape = self.analysis.shape(sql, self.catalog, verdict)
+        # (the simple protocol's ever-new texts), keyed by the lower-case type (proxy/sql/shapes.py). Not
+        # for a read that is recorded: its record names the text, which C finds by the exact one only.
+        records = self._records(self.txn_tags, verdict)
+        shape = None if records else self.analysis.shape(sql, self.catalog, verdict)
         key = kind.lower() + shape if shape is not None else kind + sql.encode()
         self.decisions[key] = verdict
 
