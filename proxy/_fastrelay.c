@@ -433,10 +433,11 @@ static size_t prefixed_end(const unsigned char *s, size_t i, size_t n) {
     return i + 1;
 }
 
-/* The class of the number at s[i..end), or 0: kept verbatim. */
+/* The class of the number at s[i..end); 0: kept verbatim (a dot after it); -1: no key (an identifier
+ * character or $ after it: 0x1F, 1_000). */
 static int number_class(const unsigned char *s, size_t i, size_t end, size_t n) {
-    if (end < n && (ident_cont(s[end]) || s[end] == '.')) return 0;
-    if (s[i] == '.' && i > 0 && s[i - 1] == '.') return 0;
+    if (end < n && ident_cont(s[end])) return -1;
+    if (end < n && s[end] == '.') return 0;
     size_t k = i;
     while (k < end && s[k] == '0') k++;
     uint64_t v = 0;
@@ -452,7 +453,7 @@ static int number_class(const unsigned char *s, size_t i, size_t end, size_t n) 
 static size_t number_end(const unsigned char *s, size_t i, size_t n) {
     size_t j = i;
     while (j < n && is_digit(s[j])) j++;
-    if (j < n && s[j] == '.') {
+    if (j < n && s[j] == '.' && !(j + 1 < n && s[j + 1] == '.')) { /* (1..2: 1, "..", 2 as the server's) */
         j++;
         while (j < n && is_digit(s[j])) j++;
     }
@@ -484,9 +485,11 @@ static long shape_key(const unsigned char *s, size_t n, unsigned char *out) {
             end = i + 1;
             while (end < n && ident_cont(s[end])) end++;
             if (end == i + 1 && (end = prefixed_end(s, i, n)) == 0) return -1;
+        } else if (c == '.' && i + 1 < n && s[i + 1] == '.') {
+            end = i + 2;
         } else if (is_digit(c) || (c == '.' && i + 1 < n && is_digit(s[i + 1]))) {
             end = number_end(s, i, n);
-            cls = number_class(s, i, end, n);
+            if ((cls = number_class(s, i, end, n)) < 0) return -1;
         } else if (c == '\'' || c == '"') {
             int backslash = 0;
             if ((end = quoted_end(s, i, n, 0, &backslash)) == 0) return -1;

@@ -11,13 +11,14 @@ text contains, so a key is never ambiguous). The C relay computes the same key w
 The lexer follows PostgreSQL's (``scan.l``) where a literal's boundaries are concerned, and keeps
 verbatim whatever it is not sure of:
 
-- a number followed by an identifier character, ``$`` or ``.`` (PostgreSQL 16's ``0x1F``, ``1_000``,
-  ``1..2``, older servers' ``1abc``), or a ``.5`` right after a dot;
+- a number followed by a dot (``1.5.2``); ``..`` is a token of its own, as the server's (``1..2`` is 1,
+  .., 2);
 - E'', U&'', B'', X'', N'' strings and dollar quotes, quoted identifiers, ``$n`` and comments (``--`` up to
   a newline or carriage return, ``/* */`` nested): a comment tag is never normalised away;
 - a text with an unterminated quote or comment, or with a backslash in a plain string, gets no key at all
   (with ``standard_conforming_strings`` off the server would end that string elsewhere), nor does one with
-  a dollar-quote delimiter longer than ``MAX_DOLLAR_TAG``.
+  a dollar-quote delimiter longer than ``MAX_DOLLAR_TAG`` or a number run into an identifier character or
+  ``$`` (``0x1F``, ``1_000``: one number to PostgreSQL 16, an error to 15, ``1abc`` to older ones).
 
 The integer class is the server's: digits only and at most 2147483647 (a larger one is a NUM to the server),
 so two texts with one key also parse to the same tree but for the values of their constants.
@@ -55,20 +56,20 @@ _TOKEN = re.compile(
       (?P<plain>[^-/'"$.0-9A-Za-z_\x80-\xff]++)
     | (?P<line>--[^\n\r]*+)
     | (?P<ident>[A-Za-z_\x80-\xff][A-Za-z0-9_$\x80-\xff]*+)
-    | (?P<number>(?:[0-9]++(?:\.[0-9]*+)?|\.[0-9]++)(?:[eE][+-]?[0-9]++)?)
+    | (?P<number>(?:[0-9]++(?:\.(?!\.)[0-9]*+)?|\.[0-9]++)(?:[eE][+-]?[0-9]++)?)
     | (?P<string>'(?:[^']++|'')*+')
     | (?P<quoted>"(?:[^"]++|"")*+")
     | (?P<param>\$[0-9]++)
     | (?P<dollar>\$(?:[A-Za-z_\x80-\xff][A-Za-z0-9_\x80-\xff]*+)?\$)
     | (?P<block>/\*)
-    | (?P<other>[-/.$])
+    | (?P<other>\.\.|[-/.$])
     """,
     re.X,
 )
 _PLAIN_STRING = re.compile(rb"'(?:[^']++|'')*+'")
 _QUOTED = re.compile(rb"\"(?:[^\"]++|\"\")*+\"")
 _ESCAPED_STRING = re.compile(rb"'(?:[^'\\]++|\\.|'')*+'", re.S)  # E'…': a backslash escapes any byte
-_IDENT_OR_DOT = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_$.") | frozenset(
+_IDENT = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_$") | frozenset(
     range(0x80, 0x100)
 )
 _DOT = ord(".")
@@ -159,10 +160,10 @@ def _prefixed(text: bytes, pos: int, end: int) -> int:
 
 
 def _number(text: bytes, pos: int, end: int) -> int | None:
-    """The class of the number at [pos, end), or None to keep it verbatim (see the module's list)."""
-    if end < len(text) and text[end] in _IDENT_OR_DOT:
-        return None
-    if text[pos] == _DOT and pos > 0 and text[pos - 1] == _DOT:
+    """The class of the number at [pos, end), or None to keep it verbatim (a dot after it)."""
+    if end < len(text) and text[end] in _IDENT:
+        raise _Unfollowed  # (0x1F, 1_000: a number to a newer server, an error to an older one)
+    if end < len(text) and text[end] == _DOT:
         return None
     token = text[pos:end]
     if not token.isdigit():

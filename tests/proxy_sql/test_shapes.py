@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pglast.parser import ParseError, scan
 
 from proxy.fastrelay import AVAILABLE, UNAVAILABLE, FastRelay
 from proxy.sql import Analyzer
@@ -60,7 +61,8 @@ LEXED = [
     (b"SELECT /* a /* 1 */ '2' */ 3", b"SELECT /* a /* 1 */ '2' */ " + INT_),
     (b"SELECT /**/ 1, /*/ 2 */ 3", b"SELECT /**/ " + INT_ + b", /*/ 2 */ " + INT_),
     # what another server version lexes otherwise stays verbatim
-    (b"SELECT 0x1F, 1_000, 1..2, 1abc, 1e, 5$", None),
+    (b"SELECT 0x1F, 1_000, 1abc, 1e, 5$", None),
+    (b"SELECT 1..2, ..1.5, ...5", b"SELECT 1.." + INT_ + b", .." + NUM_ + b", .." + NUM_),
     (b"SELECT 1.5.2", b"SELECT 1.5" + NUM_),  # (the server too reads 1.5 and .2)
     (
         b"SELECT 1::text, '2'::int, 3::regclass",
@@ -119,6 +121,44 @@ _FRAGMENTS = st.sampled_from(
 def test_the_c_lexer_matches_pythons(fragments: list[str]) -> None:
     text = "".join(fragments).encode()
     assert FastRelay.shape_key(text) == key(text)
+
+
+@pytest.mark.skipif(not AVAILABLE, reason=f"{UNAVAILABLE}")
+@settings(max_examples=1000, deadline=None)
+@given(st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=64))
+def test_the_c_lexer_matches_pythons_on_any_text(text: str) -> None:
+    assert FastRelay.shape_key(text.encode()) == key(text.encode())
+
+
+_TOKEN_NAMES = {INT: "ICONST", NUM: "FCONST", STR: "SCONST"}
+_CONSTANTS = frozenset({"SCONST", "BCONST", "XCONST", "USCONST"})
+# Whole tokens beside the fragments: more of the texts then lex to the end.
+_WHOLE = st.sampled_from(["'ab'", "E'\\''", "$$x$$", '"q"', "1.5", "7", " -- c\n", "/* c */", "x", "$2"])
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(_FRAGMENTS | _WHOLE, max_size=16))
+def test_each_literal_is_a_token_of_the_servers_class(fragments: list[str]) -> None:
+    """PostgreSQL's own lexer (pglast's, of 18) as the oracle: every span the key replaces is one literal
+    token of that class (a plain string may also be a part of a constant continued on the next line)."""
+    text = "SELECT " + "".join(fragments)
+    shape = lex(text.encode())
+    if shape is None or not shape.literals:
+        return
+    try:
+        tokens = scan(text)
+    except ParseError:
+        return  # (the server refuses the text whatever its literals)
+    offsets = [len(text[:i].encode()) for i in range(len(text) + 1)]  # scan counts characters
+    spans = {(offsets[t.start], offsets[t.end + 1]): t.name for t in tokens}
+    assert shape is not None
+    for literal in shape.literals:
+        name = spans.get((literal.start, literal.end))
+        if name is None and literal.kind == STR:  # (no A_Const starts there: the proof refuses it)
+            inside = [n for (a, b), n in spans.items() if a <= literal.start and literal.end <= b]
+            assert len(inside) == 1 and inside[0] in _CONSTANTS, (text, literal)
+        else:
+            assert name == _TOKEN_NAMES[literal.kind], (text, literal, name)
 
 
 @given(st.lists(_FRAGMENTS, max_size=24))
