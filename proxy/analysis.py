@@ -20,6 +20,7 @@ from proxy.sql import (
     split_trailing_reset,
 )
 from proxy.sql.policy import DEFAULT_POLICY, Policy
+from proxy.sql.shapes import KeyFunction
 from proxy.tags import Tags
 
 # Untagged statements need no rewrite and no tamper check: only their kind, for the metrics. A full parse
@@ -96,8 +97,15 @@ class ProxyAnalyzer:
     catalog_version_query: str | None = CATALOG_VERSION_QUERY
     catalog_delta_query: str | None = CATALOG_DELTA_QUERY  # a reload given the stamps already held
 
-    def __init__(self, cache_size: int = 4096, policy: Policy = DEFAULT_POLICY) -> None:
-        self._analyzer = Analyzer(cache_size=cache_size, policy=policy)
+    def __init__(
+        self, cache_size: int = 4096, policy: Policy = DEFAULT_POLICY, shape_key: KeyFunction | None = None
+    ) -> None:
+        """``shape_key``: the C relay's, when it is built (Python's lexer otherwise)."""
+        self._analyzer = (
+            Analyzer(cache_size=cache_size, policy=policy, key=shape_key)
+            if shape_key is not None
+            else Analyzer(cache_size=cache_size, policy=policy)
+        )
         self._untagged: dict[str, Analysis] = {}
 
     @staticmethod

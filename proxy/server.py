@@ -857,7 +857,11 @@ class ProxyServer:
     def __init__(self, config: ProxyConfig, metrics: Metrics | None = None) -> None:
         self.config = config
         self.metrics = metrics or Metrics()
-        self.analysis = ProxyAnalyzer(cache_size=config.parse_cache_size, policy=config.session_allow)
+        self.analysis = ProxyAnalyzer(
+            cache_size=config.parse_cache_size,
+            policy=config.session_allow,
+            shape_key=FastRelay.shape_key if FAST_RELAY_UNAVAILABLE is None else None,
+        )
         self.catalogs = SharedCatalogs()  # one CoW catalog per database (and user), for every connection
         self.connections: dict[int, ClientConnection] = {}
         self.routes: dict[str, Tags] = {}

@@ -23,7 +23,8 @@ from proxy.sql.catalog import Catalog
 from proxy.sql.jsontree import JsonNode, svals
 from proxy.sql.policy import DEFAULT_POLICY, FAST_PATH_WORDS, Policy, PolicyCheck
 from proxy.sql.rewrites import DETECTORS, RELATION, RULES, STATEMENT, Rewriter, app_path, introspection
-from proxy.sql.shapes import Shape, lex, literals_irrelevant
+from proxy.sql.shapes import KeyFunction, Shape, lex, literals_irrelevant
+from proxy.sql.shapes import key as shape_key
 from proxy.tags import strip_edge_comments
 
 RETURNING_MARK = "/*cow_returning*/ "  # (migrations/sql/functions/38_rls.sql reads it)
@@ -588,9 +589,14 @@ class Analyzer:
     """
 
     def __init__(
-        self, cache_size: int = 4096, server_version_num: int = 0, policy: Policy = DEFAULT_POLICY
+        self,
+        cache_size: int = 4096,
+        server_version_num: int = 0,
+        policy: Policy = DEFAULT_POLICY,
+        key: KeyFunction = shape_key,
     ) -> None:
         self.cache_size = cache_size
+        self._key = key  # of shapes (proxy/sql/shapes.py)
         self.policy = policy
         self.server_version_num = server_version_num
         self.hits = 0
@@ -634,21 +640,24 @@ class Analyzer:
         ``sql`` that forwards it as it is, holds for every text of that shape; None when ``sql`` has no
         literal or its literals may matter (then only the exact text can be cached)."""
         text = sql.encode()
-        found = lex(text)
-        if found is None or not found.literals:
+        shape = self._key(text)
+        if shape is None:
             return None
-        key = (found.key, catalog.ident)
+        key = (shape, catalog.ident)
         if key in self._shapes:
             self._shapes.move_to_end(key)
             base = self._shapes[key]
         else:
+            found = lex(text)  # the literals' places, for the proof (the key function gives none)
             version = self.server_version_num or catalog.server_version_num
-            base = self._shapes[key] = _shape_verdict(sql, found, catalog, version, self.policy)
+            base = self._shapes[key] = (
+                _shape_verdict(sql, found, catalog, version, self.policy) if found is not None else None
+            )
             if len(self._shapes) > self.cache_size:
                 self._shapes.popitem(last=False)
         if base is None or _shape_fields(base) != _shape_fields(verdict):
             return None  # (the fast path's verdict and the parse's disagree: not a case to cache)
-        return found.key
+        return shape
 
 
 def _shape_fields(verdict: Analysis) -> tuple[object, ...]:

@@ -109,8 +109,7 @@ TAMPERS = [
     "DO $$ DECLARE x text; BEGIN x := set_config('search_path', 'public', false); END $$",
     "DO $$ BEGIN EXECUTE format('SET %I = %L', 'cow.session_id', 'x'); END $$",
     "DO $$ DECLARE q text := 'SET ROLE ' || 'admin'; BEGIN EXECUTE q; END $$",  # dynamic: the word search
-    "DO $$ BEGIN EXECUTE 'DO $i$ BEGIN PERFORM set_config(''cow.session_id'', ''o'', true); END $i$'; "
-    "END $$",
+    "DO $$ BEGIN EXECUTE 'DO $i$ BEGIN PERFORM set_config(''cow.session_id'', ''o'', true); END $i$'; END $$",
     "DO LANGUAGE plperl $$ spi_exec_query('SET search_path TO public') $$",
     "/*cow_session='S'*/ SET cow.session_id = 'x'",
 ]
@@ -401,10 +400,7 @@ _HAS_VERSION = (
     "EXISTS (SELECT 1 FROM cow_changes.t{n} AS _cow_x WHERE _cow_x._cow_session = "
     "(SELECT cow._session()) AND _cow_x._cow_current AND {keys})"
 )
-_LIVE = (
-    "{a}._cow_session = (SELECT cow._session()) AND {a}._cow_current "
-    "AND NOT {a}._cow_deleted"
-)
+_LIVE = "{a}._cow_session = (SELECT cow._session()) AND {a}._cow_current AND NOT {a}._cow_deleted"
 
 
 def _split(

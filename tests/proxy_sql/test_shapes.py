@@ -11,18 +11,12 @@ from pglast.parser import ParseError, scan
 from proxy.fastrelay import AVAILABLE, UNAVAILABLE, FastRelay
 from proxy.sql import Analyzer
 from proxy.sql.analyze import _shape_fields
-from proxy.sql.shapes import INT, NUM, STR, lex
+from proxy.sql.shapes import INT, NUM, STR, key, lex
 
 from .catalogs import sample_catalog
 
 CATALOG = sample_catalog()
 INT_, NUM_, STR_ = bytes([INT]), bytes([NUM]), bytes([STR])
-
-
-def key(text: bytes) -> bytes | None:
-    """Python's key as the C relay gives it: None also when there is no literal."""
-    shape = lex(text)
-    return shape.key if shape is not None and shape.literals else None
 
 
 LEXED = [
