@@ -31,7 +31,7 @@ import asyncpg
 from pglast.parser import ParseError, fingerprint, parse_sql_json
 
 from cowproxy.ids import valid_id
-from proxy.relay import PendingRead
+from proxy.relay import PendingRead, ReadsCallback
 from proxy.sql.catalog import Catalog
 from proxy.tags import strip_edge_comments
 
@@ -266,11 +266,11 @@ class ReadRecorder:
 
     def for_connection(
         self, database: str, catalog: Callable[[], Catalog | None]
-    ) -> Callable[[PendingRead, int | None, float], None]:
+    ) -> ReadsCallback:
         """The relay's ``reads`` callback for one client connection to ``database``."""
         offer = self.offer
 
-        def ended(read: PendingRead, rows: int | None, seconds: float) -> None:
+        def ended(read: PendingRead, rows: int | None, seconds: float, at: float) -> None:
             offer(
                 ReadRecord(
                     database,
@@ -279,7 +279,7 @@ class ReadRecorder:
                     read.sql,
                     read.params,
                     rows,
-                    time.time(),
+                    at,
                     int(seconds * 1e6),
                     catalog(),
                 )

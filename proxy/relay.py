@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import enum
 import re
+import secrets
 import struct
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any, NamedTuple, Protocol
 
@@ -41,6 +42,10 @@ INJECT_STATEMENT = "__cowproxy_inject"
 WRITABLE_STATEMENT = "__cowproxy_writable"
 BEGIN_WRITABLE_SQL = "BEGIN READ WRITE"
 CATALOG_STATEMENT = "__cowproxy_catalog"
+# Asked before the end of a transaction that read with no operation id in force and may have written: the
+# layer's operation for its writes is 'xact:' and this id (cow._write_operation), which its reads then take.
+XACT_STATEMENT = "__cowproxy_xact"
+XACT_SQL = "SELECT pg_current_xact_id_if_assigned()"
 CATALOG_VERSION_STATEMENT = "__cowproxy_catalog_version"
 PATH_STATEMENT = "__cowproxy_path"
 # Named statements the proxy prepares for a client's unnamed ones (see Relay._promote): their prefix, and how
@@ -139,6 +144,35 @@ class PendingRead(NamedTuple):
     params: bytes | None
 
 
+# A read of a transaction still open, waiting for the transaction's operation: (the read, rows, seconds,
+# wall-clock end).
+HeldRead = tuple[PendingRead, int | None, float, float]
+ReadsCallback = Callable[[PendingRead, int | None, float, float], None]
+
+
+def new_read_ids() -> str:
+    """The prefix of a connection's read-only transaction ids (``<prefix>.<n>``): unique per connection,
+    so that two connections' transactions never share an operation."""
+    return "readonly:" + secrets.token_hex(6)
+
+
+@dataclass(slots=True)
+class TxnReads:
+    """The operation of a connection's reads with no operation id in force: its transaction's. That is the
+    one the layer gives the transaction's writes, 'xact:' and the server's transaction id (asked before the
+    transaction's end: ``Relay._ask_xact``), or, when it has none (it wrote nothing), ``read_ids`` + '.' +
+    the transaction's number on this connection. The records wait in ``held`` until then."""
+
+    read_ids: str
+    count: int = 0  # transactions ended on this connection (ReadyForQuery with status I)
+    # Sent since the connection was last idle (no reply owed, status I): reads with no operation id, and
+    # whether a statement that may write went too (then the server is asked at the transaction's end).
+    reads: int = 0
+    wrote: bool = False
+    held: list[HeldRead] = field(default_factory=list)
+    xid: str | None = None  # the server's answer for the open transaction
+
+
 class Hooks(Protocol):
     """Where the relay reports what it sees (metrics, logs)."""
 
@@ -222,7 +256,8 @@ class Relay:
         *,
         catalogs: CatalogStore | None = None,
         bind_secret: str | None = None,
-        reads: Callable[[PendingRead, int | None, float], None] | None = None,
+        reads: ReadsCallback | None = None,
+        read_ids: str | None = None,
     ) -> None:
         self.analysis = analysis
         self.catalogs = catalogs or private_store()  # the catalog read by other connections (same database)
@@ -234,10 +269,7 @@ class Relay:
         # it), or, without a secret, cow.use_session (the GUCs only).
         self.bind_secret = bind_secret
         self.join_sql = USE_SESSION_SQL if bind_secret is None else BIND_SESSION_SQL
-        # Read traces (proxy/reads.py): called with each read of a tagged session as it ends (its row
-        # count from CommandComplete, its duration in seconds); None: not recorded.
-        self.reads = reads
-        self._bind_params: dict[str, bytes] = {}  # portal -> its Bind's parameters, while reads are recorded
+        self._init_reads(reads, read_ids)
         self.to_server: list[bytes] = []
         self.to_client: list[bytes] = []
         self.status = "I"  # transaction status of the last ReadyForQuery
@@ -286,6 +318,13 @@ class Relay:
         self.scanner = p.ServerScanner(self._classify, self._handle, self._on_pass, runs=b"Dd")
         self._batch_started = 0.0
         self._query_entry = Entry(Kind.QUERY)  # reused by fast_query when nothing is in flight
+
+    def _init_reads(self, reads: ReadsCallback | None, read_ids: str | None) -> None:
+        # Read traces (proxy/reads.py): called with each read of a tagged session as it ends (its row
+        # count from CommandComplete, its duration in seconds, the wall-clock end); None: not recorded.
+        self.reads = reads
+        self._bind_params: dict[str, bytes] = {}  # portal -> its Bind's parameters, while reads are recorded
+        self.txn = TxnReads(read_ids or new_read_ids())
 
     # ------------------------------------------------------------------------------------------------
     # Tags
@@ -368,6 +407,8 @@ class Relay:
                 # The server ignores a Sync inside COPY FROM STDIN: no ReadyForQuery will answer it.
                 self.to_server.append(frame.raw)
                 return
+            if self.status == "I" and self.reads is not None and self._wants_xact():
+                self._ask_xact(standalone=False)  # (the Sync ends an implicit transaction)
             self.mid_batch = False
             self._push(Entry(Kind.SYNC, started=self._batch_started or time.perf_counter()))
             self._batch_started = 0.0
@@ -614,13 +655,18 @@ class Relay:
         sent = verdict.rewritten if tags.tagged else None
         if tags.tagged and sent is None:
             self._decide(b"Q", query.sql, verdict)
+        read = self._pending_read(tags, verdict, query.sql, None)
+        if self.reads is not None:
+            if verdict.kind == "transaction" and not self.mid_batch and self._wants_xact():
+                self._ask_xact(standalone=True)
+            self._txn_sent(verdict, read)
         self._push(
             Entry(
                 Kind.QUERY,
                 tag_map=verdict.tag_map,
                 started=time.perf_counter(),
                 rewritten=sent is not None,
-                read=self._pending_read(tags, verdict, query.sql, None),
+                read=read,
             )
         )
         if sent is not None:
@@ -692,6 +738,8 @@ class Relay:
             if self.reads is not None and statement.sql is not None:
                 # The parameters (after the portal's name): with the text, the identity of the read.
                 self._bind_params[bind.portal] = frame.body[frame.body.index(0) + 1 :]
+        if statement is not None and statement.verdict.kind == "transaction" and self._wants_xact():
+            self._ask_xact(standalone=False)  # (a COMMIT, or a ROLLBACK: its reads' operation either way)
         alias = self.unnamed_alias
         if alias is not None and not bind.statement:
             self._extended(
@@ -815,6 +863,8 @@ class Relay:
             if statement.sql is not None:
                 params = self._bind_params.get(execute.portal)
                 read = self._pending_read(self.txn_tags, verdict, statement.sql, params)
+        if self.reads is not None:
+            self._txn_sent(statement.verdict if statement is not None else None, read)
         entry = Entry(Kind.EXECUTE, tag_map=tag_map, read=read)
         if read is not None:
             entry.started = time.perf_counter()
@@ -843,7 +893,72 @@ class Relay:
         entry.read = None  # (a simple query's entry waits on for ReadyForQuery)
         command, _, count = tag.partition(" ")
         rows = int(count) if command == "SELECT" and count.isdigit() else None
-        self.reads(read, rows, time.perf_counter() - entry.started)
+        if read.operation is None:  # (its transaction's operation is known at its end: _txn_ended)
+            self.txn.held.append((read, rows, time.perf_counter() - entry.started, time.time()))
+        else:
+            self.reads(read, rows, time.perf_counter() - entry.started, time.time())
+
+    # ------------------------------------------------------------------------------------------------
+    # The operation of reads with no operation id (docs/proxy.md, "Read traces")
+
+    def _txn_sent(self, verdict: Analysis | None, read: PendingRead | None) -> None:
+        """A statement of a recorded connection goes out: count a read with no operation id, or note that
+        the transaction may write (anything but a read or a transaction statement; conservative: a
+        statement the relay knows nothing of counts as one)."""
+        if read is not None:
+            if read.operation is None:
+                self.txn.reads += 1
+        elif verdict is None or not (
+            verdict.kind == "transaction" or (verdict.kind == "select" and not verdict.writes)
+        ):
+            self.txn.wrote = True
+
+    def _wants_xact(self) -> bool:
+        """Ask the server for the transaction's id before the message that may end it: it read with no
+        operation id and may have written. Not when the status is not current (a reply that ends with
+        ReadyForQuery is still owed: a pipelined failure would make the question fail and the server skip
+        the client's COMMIT), nor in a failed block (the writes are gone) or a batch the server skips."""
+        return (
+            self.txn.reads > 0
+            and self.txn.wrote
+            and self.status != "E"
+            and not self.skip_until_sync
+            and self.copy_in is None
+            and not any(entry.kind in _ENDS_WITH_READY for entry in self.pending)
+        )
+
+    def _ask_xact(self, standalone: bool) -> None:
+        """Queue ``pg_current_xact_id_if_assigned()`` ahead of the client's message; its replies never reach
+        the client. Inside the client's batch (``standalone`` False) a failure is the client's to see (the
+        server then skips its batch, as a failed statement of its own would make it); before a simple Query
+        it is a batch of its own, ending with Sync."""
+        found: list[tuple[str | None, ...]] = []
+
+        def learned(ok: bool) -> None:
+            if ok and found:
+                self.txn.xid = found[0][0]
+            elif not ok:
+                self._injection_error = None  # (not a join's failure: nothing held is to be refused for it)
+
+        close = self._queue_query(XACT_STATEMENT, XACT_SQL, not standalone, on_done=learned, capture=found)
+        self._injected(close, Kind.CLOSE, not standalone)
+        if standalone:
+            self._injected(p.SYNC, Kind.SYNC, False)
+
+    def _txn_ended(self) -> None:
+        """ReadyForQuery with status I: the held reads take the transaction's operation."""
+        txn = self.txn
+        if txn.held:
+            assert self.reads is not None
+            operation = f"xact:{txn.xid}" if txn.xid else f"{txn.read_ids}.{txn.count}"
+            for read, rows, seconds, ended in txn.held:
+                self.reads(read._replace(operation=operation), rows, seconds, ended)
+            txn.held.clear()
+        txn.xid = None
+        txn.count += 1
+        if not self.pending:
+            txn.reads = 0
+            txn.wrote = False
 
     def _refuse(self, trigger: bytes, error: bytes) -> None:
         """Send a failing statement in place of the client's, and report ``error`` for it."""
@@ -1341,6 +1456,8 @@ class Relay:
             self.mid_batch = False
         if head.read is not None:
             self._fast_read_done(head, data, end)
+        if status == "I" and self.reads is not None:
+            self._txn_ended()
         self.hooks.latency(perf_counter() - head.started)
         return True
 
@@ -1483,6 +1600,8 @@ class Relay:
         applied.error_since = False
         if status == "I" and not self.pending:
             self.mid_batch = False
+        if status == "I" and self.reads is not None:
+            self._txn_ended()
         if status == "I" and self._path_changed_in_txn:
             self._path_changed_in_txn = False  # (ended: committed, or rolled back to what it was before)
             self.path_clean = False

@@ -55,10 +55,21 @@ def c_reads(proxy: RunningProxy) -> int:
 
 
 def recorded(db: str, session: str) -> list[tuple[Any, ...]]:
+    """The session's reads in order; the operations of transactions (``xact:`` and the server's
+    transaction id, ``readonly:`` and the connection's) by their order of first appearance, which two runs
+    share."""
     with psycopg.connect(db, autocommit=True) as conn:
-        return conn.execute(
+        rows = conn.execute(
             f"SELECT {COLUMNS} FROM cow.reads WHERE session = %s ORDER BY seq", (session,)
         ).fetchall()
+    seen: dict[str, str] = {}
+    out = []
+    for operation, *rest in rows:
+        if operation is not None and operation.startswith(("xact:", "readonly:")):
+            kind = operation.split(":")[0]
+            operation = seen.setdefault(operation, f"{kind}#{len(seen)}")
+        out.append((operation, *rest))
+    return out
 
 
 def _psycopg_reads(conn: psycopg.Connection[Any], prepare: bool | None) -> None:

@@ -233,3 +233,41 @@ def test_a_session_that_only_reads_is_registered_and_can_be_discarded(
         conn.execute("SELECT * FROM customers").fetchall()
     flush(recording)
     assert reads(layer_db, "ro1") == []
+
+
+def change_operations(db: str, session: str) -> list[str]:
+    with psycopg.connect(db, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT operation_id FROM cow.session_changes(%s) ORDER BY seq", (session,)
+        ).fetchall()
+        return [r[0] for r in rows]
+
+
+def test_reads_without_an_operation_id_take_their_transactions(recording: RunningProxy, layer_db: str) -> None:
+    """No operation id in force: a read in a transaction that writes gets the layer's operation of those
+    writes ('xact:' and the transaction id), whether it comes before or after the first write, by prepared,
+    extended or simple statements; a read-only transaction gets an id of its own."""
+    with psycopg.connect(tagged(recording, layer_db, "nx1")) as conn:
+        conn.execute("SELECT name FROM customers WHERE id = %s", (1,), prepare=True).fetchone()
+        conn.execute("UPDATE customers SET score = 3 WHERE id = %s", (1,))
+        conn.execute("SELECT name FROM customers WHERE id = %s", (2,), prepare=True).fetchone()
+        conn.commit()  # (psycopg: COMMIT as a simple query)
+        conn.execute("SELECT count(*) FROM orders").fetchone()  # a transaction that only reads
+        conn.commit()
+        cur = psycopg.ClientCursor(conn)  # simple protocol, literals
+        cur.execute("SELECT name FROM customers WHERE id = 3")
+        cur.execute("UPDATE customers SET score = 4 WHERE id = 3")
+        conn.commit()
+    with psycopg.connect(tagged(recording, layer_db, "nx1"), autocommit=True) as conn:
+        # Implicit transactions: a read alone, and a read and a write in one extended batch.
+        conn.execute("SELECT name FROM customers WHERE id = %s", (2,)).fetchone()
+        with conn.pipeline():
+            conn.execute("SELECT name FROM customers WHERE id = %s", (3,))
+            conn.execute("UPDATE customers SET score = 5 WHERE id = %s", (2,))
+    flush(recording)
+    got = [r["operation"] for r in reads(layer_db, "nx1")]
+    first, second, third = dict.fromkeys(change_operations(layer_db, "nx1"))
+    assert all(op.startswith("xact:") for op in (first, second, third))
+    ro_txn, lone = got[2], got[4]
+    assert got == [first, first, ro_txn, second, lone, third]
+    assert ro_txn.startswith("readonly:") and lone.startswith("readonly:") and ro_txn != lone

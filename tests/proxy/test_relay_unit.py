@@ -446,7 +446,7 @@ def _recording(tags: Tags) -> tuple[Relay, list[tuple[str, str, str | None, byte
     """A relay whose ``reads`` callback collects (sql, session, operation, params, rows)."""
     seen: list[tuple[str, str, str | None, bytes | None, int | None]] = []
 
-    def ended(read: Any, rows: int | None, seconds: float) -> None:
+    def ended(read: Any, rows: int | None, seconds: float, at: float) -> None:
         assert seconds >= 0
         seen.append((read.sql, read.session, read.operation, read.params, rows))
 
