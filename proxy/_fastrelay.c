@@ -39,7 +39,7 @@
 /* What proxy/fastrelay.py expects (API_VERSION there): bump both when the module's functions or the tuples
  * they take or return change, so that a stale build (an editable install not rebuilt after a pull) is
  * reported and left unused instead of failing at the first call. */
-#define API_VERSION 5
+#define API_VERSION 6
 #define BUF_CAP (64 * 1024 + 5) /* a whole Query of up to 64 KiB with its header; larger ones go to Python */
 #define MAX_INFLIGHT 128        /* pipelined queries in flight before the client stops being read */
 #define QCAP 1024               /* replies owed (Relay.pending); a full queue hands the connection back */
@@ -120,6 +120,7 @@ typedef struct {
     int state; /* 0: in flight, 1: done, 2: failed or no CommandComplete (nothing to record) */
     long long rows; /* of "SELECT n", or -1 */
     double started, wall; /* monotonic at the Execute or Query; wall clock at its CommandComplete */
+    long long txn;        /* its transaction: conn_t.txn at its CommandComplete */
     long long duration_us;
     unsigned char *params; /* the Bind's, or NULL */
     size_t plen;
@@ -158,6 +159,14 @@ struct conn {
     table_t stmts, portals;
     int tagged;      /* in a session (startup tags): only texts with a decision are taken */
     ring_t reads;    /* its reads, when its session's reads are recorded */
+    /* Reads with no operation id take their transaction's (Relay.txn, TxnReads): resolve is the kind index
+     * of transaction statements (-1: an operation id is in force, nothing to resolve). txn counts the
+     * ReadyForQuery with status I; txn_reads and txn_wrote, what was sent since the connection was last
+     * idle: such a transaction's end (a transaction statement, a Sync with status I) is handed back, for
+     * Python to ask the server its transaction id first. */
+    int resolve;
+    long long txn;
+    int txn_reads, txn_wrote;
     long long cur_rec; /* the record whose CommandComplete body is being read, or -1 */
     dtable_t dec;    /* Relay.decisions, given at adoption */
     unsigned long taken; /* client messages taken since adoption */
@@ -195,6 +204,8 @@ typedef struct handback {
     unsigned long taken;
     ring_t reads; /* moved from the connection: the done ones and those the owed replies will finish */
     long long *qrec; /* per owed reply: its record, or -1 (NULL: none) */
+    long long txn;
+    int txn_reads, txn_wrote;
     struct handback *next;
 } handback_t;
 
@@ -705,6 +716,8 @@ static long long read_start(Engine *e, conn_t *c, long ref, const unsigned char 
         rec->plen = plen;
     }
     rec->ref = ref;
+    rec->txn = c->txn;
+    c->txn_reads++;
     rec->state = 0;
     rec->rows = -1;
     rec->started = now();
@@ -725,6 +738,7 @@ static void read_done(Engine *e, conn_t *c, long long seq, const unsigned char *
     }
     double t = now();
     rec->rows = rows;
+    rec->txn = c->txn;
     rec->wall = wall_now();
     rec->duration_us = (long long)((t - rec->started) * 1e6);
     rec->state = 1;
@@ -773,6 +787,14 @@ static void push_extended(conn_t *c, char kind, long long rec) {
     }
     push_rec(c, kind, 0.0, rec);
 }
+
+/* A statement goes out (Relay._txn_sent): anything but a recorded read or a transaction statement may write. */
+static void txn_sent(conn_t *c, int kind, long read) {
+    if (c->resolve >= 0 && read == NO_READ && kind != c->resolve) c->txn_wrote = 1;
+}
+
+/* A message that may end a transaction whose reads' operation Python is to learn (Relay._wants_xact). */
+static int txn_end_for_python(conn_t *c) { return c->resolve >= 0 && c->txn_reads && c->txn_wrote; }
 
 static void update_masks(Engine *e, conn_t *c) {
     uint32_t want[2];
@@ -827,6 +849,9 @@ static handback_t *make_handback(Engine *e, conn_t *c, const char *reason, int e
         h->stmts = c->stmts; /* moved: Python rebuilds Relay.statements/portals from them */
         h->portals = c->portals;
         h->taken = c->taken;
+        h->txn = c->txn;
+        h->txn_reads = c->txn_reads;
+        h->txn_wrote = c->txn_wrote;
         memset(&c->stmts, 0, sizeof(c->stmts));
         memset(&c->portals, 0, sizeof(c->portals));
         if (c->reads.v != NULL) { /* moved too: Python records the done reads, and resumes the owed ones */
@@ -944,6 +969,7 @@ static int take_extended(Engine *e, conn_t *c, const unsigned char *m, size_t to
     if (type == 'H') return 1; /* Flush: nothing owed for it */
     if (c->qlen >= QCAP - 1) return 0;
     if (type == 'S') {
+        if (c->status == 'I' && !c->skip && txn_end_for_python(c)) return 0; /* an implicit transaction's end */
         c->skip = 0;
         c->mid_batch = 0;
         push(c, 'S', c->batch_started ? c->batch_started : now());
@@ -978,6 +1004,7 @@ static int take_extended(Engine *e, conn_t *c, const unsigned char *m, size_t to
     case 'B': {
         if ((p1 = cstring(b, 0, n)) < 0 || (p2 = cstring(b, (size_t)p1, n)) < 0) return 0;
         named_t *st = table_find(&c->stmts, b + p1, (size_t)(p2 - p1 - 1));
+        if (st != NULL && st->s->kind == c->resolve && txn_end_for_python(c)) return 0;
         if (st != NULL && (st->s->pyonly || table_set(&c->portals, b, (size_t)p1 - 1, st->s) < 0)) return 0;
         if (st != NULL && c->reads.v != NULL) {
             /* The parameters (after the portal's name): with the text, the identity of the read. */
@@ -995,6 +1022,9 @@ static int take_extended(Engine *e, conn_t *c, const unsigned char *m, size_t to
             if (c->tagged) count_tagged(e, portal->s->kind, portal->s->nslots, portal->s->slots);
             else e->statements[portal->s->kind]++;
             rec = read_start(e, c, portal->s->read, portal->params, portal->plen);
+            txn_sent(c, portal->s->kind, portal->s->read);
+        } else if (c->resolve >= 0) {
+            c->txn_wrote = 1; /* (a portal Python knows nothing of) */
         }
         break;
     }
@@ -1042,13 +1072,14 @@ static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_
             }
             if (c->tagged) {
                 decision_t *d = decision_for(e, c, 'Q', buf + pos + 5, (size_t)total - 6);
-                if (d == NULL) { /* Python decides */
+                if (d == NULL || (d->kind == c->resolve && txn_end_for_python(c))) { /* Python decides */
                     stop_client(c, type);
                     break;
                 }
                 e->decision_hits++;
                 count_tagged(e, d->kind, d->nslots, d->slots);
                 push_rec(c, 'Q', now(), read_start(e, c, d->read, NULL, 0));
+                txn_sent(c, d->kind, d->read);
             } else {
                 e->statements[text_kind(e, buf + pos + 5, (size_t)total - 6)]++;
                 push(c, 'Q', now());
@@ -1184,6 +1215,10 @@ static void server_message(Engine *e, conn_t *c) {
             e->latency_sum += seconds;
         }
         if (c->status == 'I' && c->qlen == 0) c->mid_batch = 0;
+        if (c->status == 'I') { /* (Relay._txn_ended) */
+            c->txn++;
+            if (c->qlen == 0) c->txn_reads = c->txn_wrote = 0;
+        }
         break;
     }
     case 'E': { /* Relay._error: in the extended protocol the server now skips everything up to Sync */
@@ -1404,7 +1439,7 @@ static PyObject *read_tuple(const rec_t *rec) {
         Py_XDECREF(params);
         return NULL;
     }
-    return Py_BuildValue("(lNdLN)", rec->ref, rows, rec->wall, rec->duration_us, params);
+    return Py_BuildValue("(lNdLNL)", rec->ref, rows, rec->wall, rec->duration_us, params, rec->txn);
 }
 
 /* Append the done records of recs[0..n) to list (the failed ones are skipped). */
@@ -1462,8 +1497,9 @@ static PyObject *handback_tuple(handback_t *h) {
         Py_XDECREF(owed);
         return NULL;
     }
-    return Py_BuildValue("(LsisiiNsiiNNkNN)", h->id, h->reason, h->err, status, h->inflight, h->untaken, data,
-                         h->kinds, h->mid_batch, h->skip, stmts, portals, h->taken, done, owed);
+    return Py_BuildValue("(LsisiiNsiiNNkNNLii)", h->id, h->reason, h->err, status, h->inflight, h->untaken,
+                         data, h->kinds, h->mid_batch, h->skip, stmts, portals, h->taken, done, owed, h->txn,
+                         h->txn_reads, h->txn_wrote);
 }
 
 static void free_handback(handback_t *h) {
@@ -1752,14 +1788,19 @@ static PyObject *engine_adopt(Engine *e, PyObject *args) {
     int cfd, sfd;
     unsigned long long max_message;
     PyObject *stmts = NULL, *portals = NULL, *decisions = NULL;
-    int tagged = 0, record = 0;
-    if (!PyArg_ParseTuple(args, "LiiK|OOpOp", &id, &cfd, &sfd, &max_message, &stmts, &portals, &tagged,
-                          &decisions, &record))
+    int tagged = 0, record = 0, resolve = -1, txn_reads = 0, txn_wrote = 0;
+    long long txn = 0;
+    if (!PyArg_ParseTuple(args, "LiiK|OOpOpiLip", &id, &cfd, &sfd, &max_message, &stmts, &portals, &tagged,
+                          &decisions, &record, &resolve, &txn, &txn_reads, &txn_wrote))
         return NULL;
     CHECK_STARTED(e);
     conn_t *c = calloc(1, sizeof(*c));
     if (c == NULL) return PyErr_NoMemory();
     c->tagged = tagged;
+    c->resolve = record ? resolve : -1;
+    c->txn = txn;
+    c->txn_reads = txn_reads;
+    c->txn_wrote = txn_wrote;
     c->cur_rec = -1;
     if (record && (c->reads.v = malloc(sizeof(rec_t) * READ_CAP)) == NULL) {
         free_conn(c);
@@ -1876,7 +1917,10 @@ typedef struct taken_reads {
 static taken_reads_t *take_ring(conn_t *c) {
     ring_t *r = &c->reads;
     long long n = 0;
-    while (r->base + n < r->end && r->v[(r->base + n) % READ_CAP].state != 0) n++;
+    /* (Resolving: only those of ended transactions; the open one's wait for its end, or the hand-back.) */
+    while (r->base + n < r->end && r->v[(r->base + n) % READ_CAP].state != 0 &&
+           (c->resolve < 0 || r->v[(r->base + n) % READ_CAP].txn < c->txn))
+        n++;
     if (n == 0) return NULL;
     taken_reads_t *t = malloc(sizeof(*t));
     rec_t *v = t != NULL ? malloc(sizeof(rec_t) * (size_t)n) : NULL;

@@ -7,14 +7,15 @@ API_VERSION: int
 # its Bind parameters, or None)
 Named = tuple[bytes, int, bytes | None, bytes | None]
 # A read record: (index of Python's statement, or -(decision index + 1); rows of SELECT n or None; wall-clock
-# end; duration in µs; Bind parameters or None)
-Read = tuple[int, int | None, float, int, bytes | None]
+# end; duration in µs; Bind parameters or None; its transaction's number on the connection)
+Read = tuple[int, int | None, float, int, bytes | None, int]
 # A read still in flight at hand-back: (position among the replies owed, ref as in Read, monotonic start,
 # Bind parameters or None)
 OwedRead = tuple[int, int, float, bytes | None]
 # (conn_id, reason, errno, status, inflight, untaken message type or -1, client bytes not forwarded,
 # kinds of the replies owed, mid_batch, skip_until_sync, statements, portals, client messages taken,
-# read records, reads in flight)
+# read records, reads in flight, transactions ended, reads with no operation id and a statement that may
+# write sent since the connection was last idle)
 Handback = tuple[
     int,
     str,
@@ -31,6 +32,9 @@ Handback = tuple[
     int,
     list[Read],
     list[OwedRead],
+    int,
+    int,
+    int,
 ]
 # (name, index of Python's statement, kind index, only Python may bind it, write slots, its Executes are
 # recorded reads)
@@ -62,6 +66,10 @@ class Engine:
         tagged: bool = ...,
         decisions: Sequence[Decision] = ...,
         record: bool = ...,
+        resolve: int = ...,
+        txn: int = ...,
+        txn_reads: int = ...,
+        txn_wrote: bool = ...,
         /,
     ) -> None: ...
     def recall(self, conn_id: int, /) -> Handback | None: ...

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from proxy._fastrelay import Engine
     from proxy._fastrelay import Handback as RawHandback
 
-API_VERSION = 5  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
+API_VERSION = 6  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
 
 try:
     from proxy import _fastrelay
@@ -43,9 +43,10 @@ AVAILABLE = _fastrelay is not None
 Named = tuple[bytes, int, bytes | None, bytes | None]
 
 # A read record made on the C relay: (Python's statement index, or -(decision index + 1); rows of SELECT n or
-# None; wall-clock end; duration in µs; Bind parameters or None); and one in flight at hand-back: (position
-# among the replies owed, ref, monotonic start, Bind parameters or None).
-FastRead = tuple[int, int | None, float, int, bytes | None]
+# None; wall-clock end; duration in µs; Bind parameters or None; its transaction's number on the connection,
+# as Relay.txn counts them); and one in flight at hand-back: (position among the replies owed, ref, monotonic
+# start, Bind parameters or None).
+FastRead = tuple[int, int | None, float, int, bytes | None, int]
 OwedRead = tuple[int, int, float, bytes | None]
 
 
@@ -69,11 +70,16 @@ class Handback:
     taken: int  # client messages C took during its stay
     reads: list[FastRead]  # read records done during the stay (see FastRelay.take_reads)
     owed_reads: list[OwedRead]  # (position in ``owed``, ref, started, Bind parameters): reads in flight
+    # Relay.txn as C left it: transactions ended, reads with no operation id and a statement that may write
+    # sent since the connection was last idle.
+    txn: int
+    txn_reads: int
+    txn_wrote: bool
 
     @classmethod
     def from_tuple(cls, raw: RawHandback) -> Handback:
-        # C sends the two flags as ints
-        return cls(*raw[:8], bool(raw[8]), bool(raw[9]), *raw[10:])
+        # C sends the flags as ints
+        return cls(*raw[:8], bool(raw[8]), bool(raw[9]), *raw[10:17], bool(raw[17]))
 
 
 # What Python knows at adoption: (name, index, kind index, only Python may bind it, write slots, its
@@ -146,8 +152,15 @@ class FastRelay:
         tagged: bool = False,
         decisions: list[Decision] | None = None,
         record: bool = False,
+        resolve: bool = False,
+        txn: tuple[int, int, bool] = (0, 0, False),
     ) -> None:
-        """``record``: its session's reads are recorded (the statements and decisions say which are reads)."""
+        """``record``: its session's reads are recorded (the statements and decisions say which are reads).
+        ``resolve``: they have no operation id, and take their transaction's: C hands back the end of a
+        transaction that read and may have written (docs/proxy.md). ``txn``: Relay.txn's (count, reads,
+        wrote)."""
+        kind = self.kind_index("transaction") if resolve else None
+        count, reads, wrote = txn
         self.engine.adopt(
             conn_id,
             client_fd,
@@ -158,6 +171,10 @@ class FastRelay:
             tagged,
             decisions or [],
             record,
+            -1 if kind is None else kind,
+            count,
+            reads,
+            wrote,
         )
 
     @staticmethod

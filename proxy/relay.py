@@ -901,6 +901,16 @@ class Relay:
     # ------------------------------------------------------------------------------------------------
     # The operation of reads with no operation id (docs/proxy.md, "Read traces")
 
+    def release_held(self) -> None:
+        """The held reads' transaction ended: they take its operation (``TxnReads``)."""
+        txn = self.txn
+        if txn.held:
+            assert self.reads is not None
+            operation = f"xact:{txn.xid}" if txn.xid else f"{txn.read_ids}.{txn.count}"
+            for read, rows, seconds, ended in txn.held:
+                self.reads(read._replace(operation=operation), rows, seconds, ended)
+            txn.held.clear()
+
     def _txn_sent(self, verdict: Analysis | None, read: PendingRead | None) -> None:
         """A statement of a recorded connection goes out: count a read with no operation id, or note that
         the transaction may write (anything but a read or a transaction statement; conservative: a
@@ -947,13 +957,8 @@ class Relay:
 
     def _txn_ended(self) -> None:
         """ReadyForQuery with status I: the held reads take the transaction's operation."""
+        self.release_held()
         txn = self.txn
-        if txn.held:
-            assert self.reads is not None
-            operation = f"xact:{txn.xid}" if txn.xid else f"{txn.read_ids}.{txn.count}"
-            for read, rows, seconds, ended in txn.held:
-                self.reads(read._replace(operation=operation), rows, seconds, ended)
-            txn.held.clear()
         txn.xid = None
         txn.count += 1
         if not self.pending:

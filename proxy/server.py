@@ -487,6 +487,7 @@ class ClientConnection(asyncio.Protocol):
         # In a session (startup tags or the database's route) C takes only the texts Python has decided on.
         tagged = relay.txn_tags.tagged
         record = tagged and relay.reads is not None  # (C records its reads: see fast_reads)
+        txn = relay.txn
         statements, portals, self._fast_statements = relay.export_statements(fast.kind_index, fast.slots)
         decisions = relay.export_decisions(fast.kind_index, fast.slots) if tagged else []
         client.pause_reading()
@@ -502,6 +503,8 @@ class ClientConnection(asyncio.Protocol):
                 tagged=tagged,
                 decisions=decisions,
                 record=record,
+                resolve=record and relay.txn_tags.operation is None,
+                txn=(txn.count, txn.reads, txn.wrote),
             )
         except (OSError, ValueError) as exc:
             log_event(logging.WARNING, "fast_relay_adopt_failed", conn=self.id, error=exc)
@@ -533,27 +536,48 @@ class ClientConnection(asyncio.Protocol):
         sql = self._read_text(ref)
         return None if sql is None or session is None else PendingRead(sql, session, operation, params)
 
-    def fast_reads(self, records: list[FastRead]) -> None:
+    def fast_reads(self, records: list[FastRead], open_txn: int | None = None) -> None:
         """Read records the C relay made for this connection: into the recorder, as the relay's ``reads``
-        callback would have put them."""
-        recorder = self.server.reads
-        if recorder is None or self._fast_reads is None or self._fast_reads[0].session is None:
+        callback would have put them. With no operation id in force, a record takes its transaction's
+        (Relay.txn): one that ended on C wrote nothing (C hands back the end of one that may have written),
+        so its read-only id; those of ``open_txn`` (at hand-back: still open) wait in the relay, after what
+        it held at adoption."""
+        recorder, relay, stay = self.server.reads, self.relay, self._fast_reads
+        if recorder is None or relay is None or stay is None or stay[0].session is None:
             return
-        session, operation = self._fast_reads[0].session, self._fast_reads[0].operation
+        session, operation = stay[0].session, stay[0].operation
         database, catalog, text = self.database, self._catalog(), self._read_text
+        txn = relay.txn
+        if txn.held and (records if open_txn is None else open_txn > txn.count):
+            relay.release_held()  # (their transaction, open at adoption, ended on C)
         batch = []
-        for ref, rows, ended, duration_us, params in records:
+        for ref, rows, ended, duration_us, params, number in records:
             sql = text(ref)
-            if sql is not None:
-                batch.append(
-                    ReadRecord(database, session, operation, sql, params, rows, ended, duration_us, catalog)
-                )
+            if sql is None:
+                continue
+            op = operation
+            if op is None:
+                if number == open_txn:
+                    txn.held.append((PendingRead(sql, session, None, params), rows, duration_us / 1e6, ended))
+                    continue
+                op = f"{txn.read_ids}.{number}"
+            batch.append(ReadRecord(database, session, op, sql, params, rows, ended, duration_us, catalog))
         recorder.offer_many(batch)
+
+    def _resume_reads(self, handback: Handback) -> None:
+        """The records of a hand-back, and the relay's count of transactions (and what the open one sent)
+        as C left them."""
+        self.fast_reads(handback.reads, handback.txn)
+        relay = self.relay
+        if relay is not None:
+            relay.txn.count = handback.txn
+            if self._fast_reads is not None and self._fast_reads[0].operation is None:
+                relay.txn.reads, relay.txn.wrote = handback.txn_reads, handback.txn_wrote
 
     def from_fast(self, handback: Handback) -> None:
         """The C relay gave the connection back: resume in Python from the state it reports."""
         self.fast = False
-        self.fast_reads(handback.reads)
+        self._resume_reads(handback)
         owed_reads = []
         for position, ref, started, params in handback.owed_reads:
             read = self._read_of(ref, params)

@@ -65,10 +65,10 @@ def recorded(db: str, session: str) -> list[tuple[Any, ...]]:
     seen: dict[str, str] = {}
     out = []
     for operation, *rest in rows:
+        shown = operation
         if operation is not None and operation.startswith(("xact:", "readonly:")):
-            kind = operation.split(":")[0]
-            operation = seen.setdefault(operation, f"{kind}#{len(seen)}")
-        out.append((operation, *rest))
+            shown = seen.setdefault(operation, f"{operation.split(':')[0]}#{len(seen)}")
+        out.append((shown, *rest))
     return out
 
 
@@ -311,3 +311,33 @@ def test_flush_and_the_queued_gauge_see_records_still_in_the_c_relay(
         assert all(len(rows) == 2 for rows in more)
         flush(proxy)  # (nothing took them before)
         assert len(recorded(layer_db, "frq")) == 26
+
+
+def test_reads_without_an_operation_id_on_the_c_relay_take_their_transactions(
+    pg_server: PgServer, layer_db: str
+) -> None:
+    """No operation id in force, prepared statements on the C relay: each transaction's reads take the
+    operation of its writes (C hands back its COMMIT, Python asks the server first), and each read-only
+    transaction (ended on C) gets an id of its own."""
+    with (
+        run_proxy(pg_server, reads_dsn=pg_server.dsn) as proxy,
+        psycopg.connect(tagged(proxy, layer_db, "fxo")) as conn,
+    ):
+        for i in range(4):
+            conn.execute(BY_TIER, ("pro",), prepare=True).fetchall()
+            conn.execute("UPDATE customers SET score = %s WHERE id = 1", (i,), prepare=True)
+            conn.execute(BY_TIER, ("basic",), prepare=True).fetchall()
+            conn.commit()
+        made = c_reads(proxy)
+        for _ in range(3):
+            conn.execute(BY_TIER, ("basic",), prepare=True).fetchall()
+            conn.commit()
+        assert c_reads(proxy) > made >= 1
+        flush(proxy)
+    with psycopg.connect(layer_db, autocommit=True) as db:
+        ops = [r[0] for r in db.execute("SELECT operation FROM cow.reads WHERE session = 'fxo' ORDER BY seq")]
+        writes = db.execute("SELECT operation_id FROM cow.session_changes('fxo') ORDER BY seq").fetchall()
+    xacts = list(dict.fromkeys(r[0] for r in writes))
+    assert len(xacts) == 4 and all(x.startswith("xact:") for x in xacts)
+    assert ops[:8] == [x for x in xacts for _ in range(2)]
+    assert len(set(ops[8:])) == 3 and all(op.startswith("readonly:") for op in ops[8:])

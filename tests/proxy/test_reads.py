@@ -243,7 +243,9 @@ def change_operations(db: str, session: str) -> list[str]:
         return [r[0] for r in rows]
 
 
-def test_reads_without_an_operation_id_take_their_transactions(recording: RunningProxy, layer_db: str) -> None:
+def test_reads_without_an_operation_id_take_their_transactions(
+    recording: RunningProxy, layer_db: str
+) -> None:
     """No operation id in force: a read in a transaction that writes gets the layer's operation of those
     writes ('xact:' and the transaction id), whether it comes before or after the first write, by prepared,
     extended or simple statements; a read-only transaction gets an id of its own."""
