@@ -20,6 +20,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import struct
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
@@ -66,6 +67,30 @@ COLUMNS = (
     "duration_us",
 )
 _CACHE = 4096
+# The batch goes as one binary COPY built here (no per-record Python objects for asyncpg to encode): the
+# columns a statement's shape fixes first, then the record's own.
+COPY_COLUMNS = (
+    "fingerprint",
+    "statement",
+    "relations",
+    "session",
+    "operation",
+    "at",
+    "identity",
+    "rows",
+    "duration_us",
+)
+_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)  # signature, flags, header extension length
+_COPY_TRAILER = b"\xff\xff"
+_NULL = b"\xff\xff\xff\xff"
+_FIELDS = struct.pack("!h", len(COPY_COLUMNS))
+_LENGTH = struct.Struct("!i")
+# The record's last four fields: at (timestamptz: µs since 2000-01-01), identity (16 hex digits), rows,
+# duration_us; the same with rows NULL.
+_TAIL = struct.Struct("!iqi16siqiq")
+_TAIL_NO_ROWS = struct.Struct("!iqi16s4siq")
+_PG_EPOCH = 946_684_800  # 2000-01-01 in Unix time
+_TEXT_OID = 25
 
 
 class ReadRecord(NamedTuple):
@@ -90,6 +115,39 @@ class ReadShape:
     fingerprint: str
     relations: tuple[str, ...]
     text: str = ""  # as kept in cow.reads: tag comments stripped, at most MAX_TEXT characters
+
+
+@dataclass(frozen=True, slots=True)
+class _CopyShape:
+    """A shape as the binary COPY needs it, made once per text: the row's start (field count, fingerprint,
+    text, tables) and the identity's digest of the text (``identity``), to be continued by the parameters."""
+
+    head: bytes
+    digest: Any  # hashlib's blake2b of the text (copied per record: the text is hashed once)
+    bare: bytes  # the identity of the text without parameters
+
+
+def _copy_text(value: str) -> bytes:
+    data = value.encode()
+    return _LENGTH.pack(len(data)) + data
+
+
+def _copy_text_array(items: tuple[str, ...]) -> bytes:
+    """text[] in PostgreSQL's binary format (one dimension from 1; none for an empty array)."""
+    if items:
+        body = struct.pack("!iiiii", 1, 0, _TEXT_OID, len(items), 1) + b"".join(map(_copy_text, items))
+    else:
+        body = struct.pack("!iii", 0, 0, _TEXT_OID)
+    return _LENGTH.pack(len(body)) + body
+
+
+def copy_shape(shape: ReadShape) -> _CopyShape:
+    digest = hashlib.blake2b(shape.text.encode(), digest_size=8)
+    return _CopyShape(
+        _FIELDS + _copy_text(shape.fingerprint) + _copy_text(shape.text) + _copy_text_array(shape.relations),
+        digest,
+        digest.hexdigest().encode(),
+    )
 
 
 def _range_vars(tree: Any) -> Iterator[tuple[str | None, str]]:
@@ -170,6 +228,16 @@ class _Shapes:
         self.size = size
         self._texts: OrderedDict[tuple[str, int], ReadShape] = OrderedDict()
         self._relations: OrderedDict[tuple[str, int], tuple[str, ...]] = OrderedDict()
+        self._copies: dict[ReadShape, _CopyShape] = {}  # (bounded with _texts: cleared when it is full)
+
+    def copy(self, sql: str, catalog: Catalog | None) -> _CopyShape:
+        shape = self.get(sql, catalog)
+        found = self._copies.get(shape)
+        if found is None:
+            if len(self._copies) >= self.size:
+                self._copies.clear()
+            found = self._copies[shape] = copy_shape(shape)
+        return found
 
     def get(self, sql: str, catalog: Catalog | None) -> ReadShape:
         key = (sql, catalog.ident if catalog is not None else 0)
@@ -193,6 +261,35 @@ class _Shapes:
 def _bound(cache: OrderedDict[Any, Any], size: int) -> None:
     if len(cache) > size:
         cache.popitem(last=False)
+
+
+def encode_copy(records: list[ReadRecord], shapes: _Shapes) -> bytes:
+    """The records as one binary COPY of ``COPY_COLUMNS`` (the rows ``record_row`` describes)."""
+    parts = [_COPY_HEADER]
+    append = parts.append
+    sessions: dict[str, bytes] = {}
+    shape_of = shapes.copy
+    for _, session, operation, sql, params, rows, ended, duration_us, catalog in records:
+        shape = shape_of(sql, catalog)
+        who = sessions.get(session)
+        if who is None:
+            who = sessions[session] = _copy_text(session)
+        if params is None:
+            ident = shape.bare
+        else:
+            digest = shape.digest.copy()
+            digest.update(b"\0" + params)
+            ident = digest.hexdigest().encode()
+        started = int((ended - _PG_EPOCH) * 1e6) - duration_us
+        append(shape.head)
+        append(who)
+        append(_NULL if operation is None else _copy_text(operation))
+        if rows is None:
+            append(_TAIL_NO_ROWS.pack(8, started, 16, ident, _NULL, 8, duration_us))
+        else:
+            append(_TAIL.pack(8, started, 16, ident, 8, rows, 8, duration_us))
+    append(_COPY_TRAILER)
+    return b"".join(parts)
 
 
 def record_row(record: ReadRecord, shape: ReadShape) -> tuple[Any, ...]:
@@ -264,9 +361,7 @@ class ReadRecorder:
             if was_empty:
                 self._wake.set()
 
-    def for_connection(
-        self, database: str, catalog: Callable[[], Catalog | None]
-    ) -> ReadsCallback:
+    def for_connection(self, database: str, catalog: Callable[[], Catalog | None]) -> ReadsCallback:
         """The relay's ``reads`` callback for one client connection to ``database``."""
         offer = self.offer
 
@@ -319,29 +414,33 @@ class ReadRecorder:
         for record in batch:
             by_database.setdefault(record.database, []).append(record)
         for database, records in by_database.items():
-            rows = [record_row(r, self._shapes.get(r.sql, r.catalog)) for r in records]
+            data = encode_copy(records, self._shapes)
             try:
                 conn = await self._connection(database)
                 sessions = sorted(s for s in {r.session for r in records} if valid_id(s))
                 async with conn.transaction():
-                    await conn.copy_records_to_table(
-                        "reads", schema_name="cow", columns=COLUMNS, records=rows
+                    await conn.copy_to_table(  # (a memoryview: bytes would be taken for a path)
+                        "reads",
+                        schema_name="cow",
+                        columns=COPY_COLUMNS,
+                        source=memoryview(data),
+                        format="binary",
                     )
                     await conn.execute(_REGISTER, sessions)
             except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                self.dropped["write_failed"] += len(rows)
+                self.dropped["write_failed"] += len(records)
                 await self._forget(database)
                 if database not in self._failing:
                     self._failing.add(database)
                     log.warning(
                         "event=reads_write_failed database=%s records=%d error=%r",
                         database,
-                        len(rows),
+                        len(records),
                         str(exc),
                     )
                 continue
             self._failing.discard(database)
-            self.recorded += len(rows)
+            self.recorded += len(records)
 
     async def _connection(self, database: str) -> Any:
         conn = self._conns.get(database)

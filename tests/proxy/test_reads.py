@@ -4,6 +4,7 @@ the session; ``cowproxy session reads`` lists it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -11,13 +12,16 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import asyncpg
 import psycopg
 import pytest
 
+from proxy.reads import COLUMNS, COPY_COLUMNS, ReadRecord, _Shapes, encode_copy, record_row
 from tests.fix_db import PgServer
 from tests.fix_proxy import RunningProxy, run_proxy
 from tests.layer.test_cli import cli, one_error_line
 from tests.proxy.test_fast_relay import scrape
+from tests.proxy_sql.catalogs import sample_catalog
 
 pytestmark = pytest.mark.timeout(120)
 BOTH_RELAYS = True  # (tests/fix_proxy.py: each test on the C relay and on the Python relay)
@@ -273,3 +277,37 @@ def test_reads_without_an_operation_id_take_their_transactions(
     ro_txn, lone = got[2], got[4]
     assert got == [first, first, ro_txn, second, lone, third]
     assert ro_txn.startswith("readonly:") and lone.startswith("readonly:") and ro_txn != lone
+
+
+def test_the_binary_copy_writes_the_rows_record_row_describes(layer_db: str) -> None:
+    """The writer's COPY (built as bytes) stores what the per-record tuples would: texts with any
+    characters, NULL and non-NULL operations and rows, tables or none, parameters or none."""
+    catalog = sample_catalog()
+    now = time.time()
+    keyed = "SELECT * FROM projects p JOIN issues i ON i.project_id = p.id WHERE p.id = $1"
+    odd = "SELECT 'tab\there', E'\\\\N', 'é' FROM projects"
+    records = [
+        ReadRecord("d", "cp1", "op1", keyed, b"\0\x01\0\0\0\x011", 1, now, 7, catalog),
+        ReadRecord("d", "cp1", None, odd, None, None, now, 12, catalog),
+        ReadRecord("d", "cp1", "xact:99", "SELECT 1", b"", 0, now + 1, 1_000_000, None),
+    ]
+    shapes = _Shapes()
+    expected = [record_row(r, shapes.get(r.sql, r.catalog)) for r in records]
+
+    async def write() -> list[tuple[Any, ...]]:
+        conn = await asyncpg.connect(layer_db)
+        try:
+            data = encode_copy(records, shapes)
+            await conn.copy_to_table(
+                "reads", schema_name="cow", columns=COPY_COLUMNS, source=memoryview(data), format="binary"
+            )
+            columns = ", ".join(COLUMNS)
+            got = await conn.fetch(f"SELECT {columns} FROM cow.reads WHERE session = 'cp1' ORDER BY seq")
+            return [tuple(r) for r in got]
+        finally:
+            await conn.close()
+
+    got = asyncio.run(write())
+    assert [g[:2] + g[3:] for g in got] == [e[:2] + e[3:] for e in expected]
+    assert got[0][6] == ["public.projects", "public.issues"] and got[2][6] == []
+    assert all(abs((g[2] - e[2]).total_seconds()) < 2e-6 for g, e in zip(got, expected, strict=True))
