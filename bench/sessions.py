@@ -3,7 +3,7 @@
     .venv/bin/python bench/sessions.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
         [--seconds 5] [--rounds 2] [--sessions 1,8,64] [--scale 10] [--workloads=-S,tpcb]
         [--modes prepared,extended,simple] [--baseline CHECKOUT] [--proxy-args "--workers 2"] [--bind]
-        [--reads]
+        [--reads] [--operation]
 
 Without --dsn an embedded PostgreSQL is started. The layer is installed on `pgbench -i` tables. For each
 workload (`-S` or TPC-B, a pgbench query mode) and each N, N pgbench processes run at once (`-c 1` each),
@@ -89,6 +89,7 @@ class Bench:
     database: str
     seconds: int
     path: str  # the overlay search_path (sessions without the proxy)
+    operation: bool = False  # each process with an operation id of its own too (--operation)
 
 
 def run_sessions(bench: Bench, target: Target, n: int, flags: list[str]) -> Run:
@@ -100,6 +101,8 @@ def run_sessions(bench: Bench, target: Target, n: int, flags: list[str]) -> Run:
         env = dict(os.environ)
         if target.tagged:
             options = f"-c cow.session_id=bench_{target.name.replace('/', '_')}_{i}"
+            if bench.operation:
+                options += f" -c cow.operation_id=op{i}"
             if target.direct:  # no proxy: what cow.use_session sets, set directly
                 options += f" -c search_path={path.replace(' ', '')}"
             env["PGOPTIONS"] = options
@@ -212,6 +215,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--reads", action="store_true", help="two more targets: session/reads (recording) and session/python"
     )
+    parser.add_argument(
+        "--operation",
+        action="store_true",
+        help="each process's session with an operation id (without: reads take their transaction's)",
+    )
     return parser.parse_args()
 
 
@@ -276,7 +284,9 @@ def main() -> None:
             for round_no in range(args.rounds):
                 for index, (name, mode, n, flags) in enumerate(workloads):
                     for target in _rotated(targets, round_no + index):
-                        run = run_sessions(Bench(tool, user, database, args.seconds, path), target, n, flags)
+                        run = run_sessions(
+                            Bench(tool, user, database, args.seconds, path, args.operation), target, n, flags
+                        )
                         results.setdefault((name, mode, n, target.name), []).append(run)
                         print(
                             f"round {round_no + 1} {name:4} {mode:8} N={n:<3} {target.name:16} "

@@ -40,6 +40,10 @@
  * they take or return change, so that a stale build (an editable install not rebuilt after a pull) is
  * reported and left unused instead of failing at the first call. */
 #define API_VERSION 6
+/* Relay.XACT_STATEMENT and XACT_SQL: asked before the end of a transaction whose reads' operation is its. */
+#define XACT_NAME "__cowproxy_xact"
+#define XACT_SQL "SELECT pg_current_xact_id_if_assigned()"
+#define XACT_ENTRIES 6 /* Close S, Parse, Bind, Execute, Close P, Close S (Relay._queue_query's shape) */
 #define BUF_CAP (64 * 1024 + 5) /* a whole Query of up to 64 KiB with its header; larger ones go to Python */
 #define MAX_INFLIGHT 128        /* pipelined queries in flight before the client stops being read */
 #define QCAP 1024               /* replies owed (Relay.pending); a full queue hands the connection back */
@@ -110,6 +114,7 @@ typedef struct {
 /* What a forwarded client message will be answered with (Relay.pending; the kind letters of Kind). */
 typedef struct {
     char kind; /* Q S P B D E C */
+    char inj;  /* the proxy's own (the transaction id asked): its replies never reach the client */
     double started;
     long long rec; /* the read record this Query or Execute finishes (a sequence number), or -1 */
 } entry_t;
@@ -121,6 +126,7 @@ typedef struct {
     long long rows; /* of "SELECT n", or -1 */
     double started, wall; /* monotonic at the Execute or Query; wall clock at its CommandComplete */
     long long txn;        /* its transaction: conn_t.txn at its CommandComplete */
+    unsigned long long xid; /* its transaction's id, once that ended (0: none, a read-only transaction) */
     long long duration_us;
     unsigned char *params; /* the Bind's, or NULL */
     size_t plen;
@@ -167,6 +173,12 @@ struct conn {
     int resolve;
     long long txn;
     int txn_reads, txn_wrote;
+    /* The question (XACT_SQL) before that end, asked here as Relay._ask_xact does: ask is set by the
+     * message it goes before (parse_client then sends it and takes that message again: asked); inj_owed
+     * counts its replies still owed (no hand-back until they are in); the answer, for the open transaction. */
+    int ask, asked, inj_owed, inj_flushed;
+    unsigned long long txn_xid;
+    int sdrop; /* the server message being read is a reply to the question: not relayed */
     long long cur_rec; /* the record whose CommandComplete body is being read, or -1 */
     dtable_t dec;    /* Relay.decisions, given at adoption */
     unsigned long taken; /* client messages taken since adoption */
@@ -206,6 +218,7 @@ typedef struct handback {
     long long *qrec; /* per owed reply: its record, or -1 (NULL: none) */
     long long txn;
     int txn_reads, txn_wrote;
+    unsigned long long txn_xid;
     struct handback *next;
 } handback_t;
 
@@ -245,6 +258,8 @@ typedef struct {
     int nerror_classes;
     double bounds[MAX_BUCKETS];
     int nbounds;
+    unsigned char xact[256]; /* the question's messages (ask_xact): 197 bytes */
+    size_t xact_len;
     unsigned long long latency[MAX_BUCKETS + 1];
     double latency_sum;
 } Engine;
@@ -717,6 +732,7 @@ static long long read_start(Engine *e, conn_t *c, long ref, const unsigned char 
     }
     rec->ref = ref;
     rec->txn = c->txn;
+    rec->xid = 0;
     c->txn_reads++;
     rec->state = 0;
     rec->rows = -1;
@@ -739,6 +755,7 @@ static void read_done(Engine *e, conn_t *c, long long seq, const unsigned char *
     double t = now();
     rec->rows = rows;
     rec->txn = c->txn;
+    rec->xid = 0;
     rec->wall = wall_now();
     rec->duration_us = (long long)((t - rec->started) * 1e6);
     rec->state = 1;
@@ -760,6 +777,7 @@ static void read_failed(conn_t *c, long long seq) {
 static void push_rec(conn_t *c, char kind, double started, long long rec) {
     entry_t *en = &c->q[(c->head + c->qlen) % QCAP];
     en->kind = kind;
+    en->inj = 0;
     en->started = started;
     en->rec = rec;
     c->qlen++;
@@ -775,6 +793,7 @@ static entry_t pop(conn_t *c) {
     c->head = (c->head + 1) % QCAP;
     c->qlen--;
     if (en.kind == 'Q' || en.kind == 'S') c->inflight--;
+    if (en.inj) c->inj_owed--;
     if (en.rec >= 0) read_failed(c, en.rec); /* (a CommandComplete takes the record off its entry first) */
     return en;
 }
@@ -793,8 +812,21 @@ static void txn_sent(conn_t *c, int kind, long read) {
     if (c->resolve >= 0 && read == NO_READ && kind != c->resolve) c->txn_wrote = 1;
 }
 
-/* A message that may end a transaction whose reads' operation Python is to learn (Relay._wants_xact). */
-static int txn_end_for_python(conn_t *c) { return c->resolve >= 0 && c->txn_reads && c->txn_wrote; }
+/* Relay._wants_xact: before a message that may end a transaction that read with no operation id and may
+ * have written, ask the server its transaction id; only when the status is current (no ReadyForQuery owed:
+ * a pipelined failure would make the question fail and the server skip the client's COMMIT). */
+static int wants_xact(conn_t *c) {
+    return c->resolve >= 0 && c->txn_reads && c->txn_wrote && c->status != 'E' && !c->skip && !c->copy_in &&
+           c->inflight == 0;
+}
+
+/* The read records of the transaction that just ended take its id (those of older ones have theirs). */
+static void stamp_xid(conn_t *c) {
+    ring_t *r = &c->reads;
+    if (r->v == NULL || c->txn_xid == 0) return;
+    for (long long seq = r->end - 1; seq >= r->base && r->v[seq % READ_CAP].txn == c->txn; seq--)
+        if (r->v[seq % READ_CAP].state == 1) r->v[seq % READ_CAP].xid = c->txn_xid; /* (not a later one's) */
+}
 
 static void update_masks(Engine *e, conn_t *c) {
     uint32_t want[2];
@@ -852,6 +884,7 @@ static handback_t *make_handback(Engine *e, conn_t *c, const char *reason, int e
         h->txn = c->txn;
         h->txn_reads = c->txn_reads;
         h->txn_wrote = c->txn_wrote;
+        h->txn_xid = c->txn_xid;
         memset(&c->stmts, 0, sizeof(c->stmts));
         memset(&c->portals, 0, sizeof(c->portals));
         if (c->reads.v != NULL) { /* moved too: Python records the done reads, and resumes the owed ones */
@@ -884,6 +917,7 @@ static void handback(Engine *e, conn_t *c, const char *reason, int err) {
 
 static const char *ready_to_hand_back(conn_t *c) {
     if (c->out[0].len || c->out[1].len || c->cstream_left || c->shdr_have || c->sbody_left) return NULL;
+    if (c->inj_owed) return NULL; /* (Python could not tell the question's replies from the client's) */
     /* A COPY FROM STDIN waits for the client: Python takes it over with the query still in flight. Inside
      * an extended batch the server answers nothing before the client's Sync, which comes after the message
      * C does not take: Python takes over at once with the replies still owed (c->q mirrors Relay.pending). */
@@ -953,6 +987,19 @@ static void flush_out(Engine *e, conn_t *c, int side) {
     }
 }
 
+/* Relay._ask_xact inside the client's batch: the question goes before the message being taken (which is
+ * then taken again: asked); its replies are dropped (server_header), an ErrorResponse is the client's. */
+static void ask_xact(Engine *e, conn_t *c) {
+    static const char kinds[XACT_ENTRIES] = {'C', 'P', 'B', 'E', 'C', 'C'};
+    send_to(e, c, SERVER, e->xact, e->xact_len);
+    for (int i = 0; i < XACT_ENTRIES; i++) {
+        push_extended(c, kinds[i], -1);
+        c->q[(c->head + c->qlen - 1) % QCAP].inj = 1;
+    }
+    c->inj_owed += XACT_ENTRIES;
+    c->asked = 1;
+}
+
 static void stop_client(conn_t *c, unsigned char type) {
     c->stop_client = 1;
     c->untaken = type;
@@ -966,10 +1013,13 @@ static int take_extended(Engine *e, conn_t *c, const unsigned char *m, size_t to
     size_t n = total - 5;
     long p1, p2;
     long long rec = -1;
+    int asked = c->asked; /* (the question went before this message: take it now) */
+    c->asked = 0;
     if (type == 'H') return 1; /* Flush: nothing owed for it */
     if (c->qlen >= QCAP - 1) return 0;
     if (type == 'S') {
-        if (c->status == 'I' && !c->skip && txn_end_for_python(c)) return 0; /* an implicit transaction's end */
+        if (!asked && c->status == 'I' && wants_xact(c)) /* an implicit transaction's end */
+            return c->qlen + XACT_ENTRIES < QCAP - 1 ? 2 : 0;
         c->skip = 0;
         c->mid_batch = 0;
         push(c, 'S', c->batch_started ? c->batch_started : now());
@@ -1004,7 +1054,8 @@ static int take_extended(Engine *e, conn_t *c, const unsigned char *m, size_t to
     case 'B': {
         if ((p1 = cstring(b, 0, n)) < 0 || (p2 = cstring(b, (size_t)p1, n)) < 0) return 0;
         named_t *st = table_find(&c->stmts, b + p1, (size_t)(p2 - p1 - 1));
-        if (st != NULL && st->s->kind == c->resolve && txn_end_for_python(c)) return 0;
+        if (!asked && st != NULL && st->s->kind == c->resolve && wants_xact(c)) /* COMMIT, ROLLBACK, ... */
+            return c->qlen + XACT_ENTRIES < QCAP - 1 ? 2 : 0;
         if (st != NULL && (st->s->pyonly || table_set(&c->portals, b, (size_t)p1 - 1, st->s) < 0)) return 0;
         if (st != NULL && c->reads.v != NULL) {
             /* The parameters (after the portal's name): with the text, the identity of the read. */
@@ -1072,7 +1123,8 @@ static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_
             }
             if (c->tagged) {
                 decision_t *d = decision_for(e, c, 'Q', buf + pos + 5, (size_t)total - 6);
-                if (d == NULL || (d->kind == c->resolve && txn_end_for_python(c))) { /* Python decides */
+                /* (A simple-query COMMIT to ask before: Python asks, in a batch of its own.) */
+                if (d == NULL || (d->kind == c->resolve && wants_xact(c))) { /* Python decides */
                     stop_client(c, type);
                     break;
                 }
@@ -1094,7 +1146,12 @@ static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_
             pos += (size_t)total;
         } else if (!c->copy_in && total <= BUF_CAP && memchr("PBDECSH", type, 7) != NULL && type != 0) {
             if (len - pos < total) break;
-            if (!take_extended(e, c, buf + pos, (size_t)total)) {
+            int took = take_extended(e, c, buf + pos, (size_t)total);
+            if (took == 2) { /* the question first (process_client) */
+                c->ask = 1;
+                break;
+            }
+            if (!took) {
                 stop_client(c, type);
                 break;
             }
@@ -1110,9 +1167,17 @@ static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_
 
 /* Forward what can go from buf (the scratch buffer or c->cin) and keep the rest in c->cin. */
 static void process_client(Engine *e, conn_t *c, unsigned char *buf, size_t len) {
-    size_t fwd = parse_client(e, c, buf, len);
-    if (fwd) send_to(e, c, SERVER, buf, fwd);
-    if (c->dead) return;
+    size_t fwd = 0;
+    for (;;) {
+        size_t more = parse_client(e, c, buf + fwd, len - fwd);
+        if (more) send_to(e, c, SERVER, buf + fwd, more);
+        if (c->dead) return;
+        fwd += more;
+        if (!c->ask) break;
+        c->ask = 0;
+        ask_xact(e, c);
+        if (c->dead) return;
+    }
     size_t rest = len - fwd;
     if (rest && c->cin == NULL) {
         c->cin = malloc(BUF_CAP);
@@ -1216,6 +1281,8 @@ static void server_message(Engine *e, conn_t *c) {
         }
         if (c->status == 'I' && c->qlen == 0) c->mid_batch = 0;
         if (c->status == 'I') { /* (Relay._txn_ended) */
+            stamp_xid(c);
+            c->txn_xid = 0;
             c->txn++;
             if (c->qlen == 0) c->txn_reads = c->txn_wrote = 0;
         }
@@ -1251,6 +1318,15 @@ static void server_message(Engine *e, conn_t *c) {
         }
         break;
     }
+    case 'D': /* the question's answer: one column, the transaction id's digits or NULL */
+        if (c->sdrop && c->ebuf_have >= 6) {
+            int32_t n = (int32_t)be32(c->ebuf + 2);
+            unsigned long long xid = 0;
+            for (int i = 0; n > 0 && n <= 20 && i < n && 6 + i < c->ebuf_have; i++)
+                xid = xid * 10 + (unsigned long long)(c->ebuf[6 + i] - '0');
+            c->txn_xid = xid;
+        }
+        break;
     case 'C':
         if (c->cur_rec >= 0) {
             read_done(e, c, c->cur_rec, c->ebuf, c->ebuf_have);
@@ -1262,27 +1338,41 @@ static void server_message(Engine *e, conn_t *c) {
     }
 }
 
-/* Follow the server's message headers through one chunk (the chunk itself is relayed as is). */
-static int parse_server(Engine *e, conn_t *c, const unsigned char *buf, size_t len) {
-    size_t pos = 0;
+/* Follow the server's message headers through one chunk, which is relayed as is but for the replies to the
+ * question (ask_xact): those are cut out of it. Returns the length left to relay, or -1. */
+static int parse_server(Engine *e, conn_t *c, unsigned char *buf, size_t len) {
+    size_t pos = 0, w = 0;
     while (pos < len) {
         if (c->sbody_left) {
             size_t take = len - pos < c->sbody_left ? len - pos : (size_t)c->sbody_left;
-            if ((c->stype == 'E' || c->stype == 'Z' || (c->stype == 'C' && c->cur_rec >= 0)) &&
+            if ((c->stype == 'E' || c->stype == 'Z' || (c->stype == 'C' && c->cur_rec >= 0) ||
+                 (c->stype == 'D' && c->sdrop)) &&
                 c->ebuf_have < EBUF) {
                 size_t keep = take < (size_t)(EBUF - c->ebuf_have) ? take : (size_t)(EBUF - c->ebuf_have);
                 memcpy(c->ebuf + c->ebuf_have, buf + pos, keep);
                 c->ebuf_have += (int)keep;
+            }
+            if (!c->sdrop) {
+                if (w != pos) memmove(buf + w, buf + pos, take);
+                w += take;
             }
             pos += take;
             c->sbody_left -= take;
             if (c->sbody_left == 0) server_message(e, c);
             continue;
         }
+        if (c->shdr_have == 0) { /* a reply to the question (not its ErrorResponse, nor a notice): dropped */
+            entry_t *h = qhead(c);
+            c->sdrop = h != NULL && h->inj && memchr("123DCnTsI", buf[pos], 9) != NULL;
+        }
         size_t take = 5 - (size_t)c->shdr_have;
         if (take > len - pos) take = len - pos;
         memcpy(c->shdr + c->shdr_have, buf + pos, take);
         c->shdr_have += (int)take;
+        if (!c->sdrop) {
+            if (w != pos) memmove(buf + w, buf + pos, take);
+            w += take;
+        }
         pos += take;
         if (c->shdr_have == 5) {
             uint32_t ml = be32(c->shdr + 1);
@@ -1295,7 +1385,7 @@ static int parse_server(Engine *e, conn_t *c, const unsigned char *buf, size_t l
             if (c->sbody_left == 0) server_message(e, c);
         }
     }
-    return 0;
+    return (int)w;
 }
 
 static void server_read(Engine *e, conn_t *c) {
@@ -1310,16 +1400,23 @@ static void server_read(Engine *e, conn_t *c) {
         return;
     }
     e->bytes_down += (unsigned long long)n;
-    if (parse_server(e, c, e->scratch, (size_t)n) < 0) {
+    int relayed = parse_server(e, c, e->scratch, (size_t)n);
+    if (relayed < 0) {
         handback(e, c, FAILED[SERVER], EPROTO);
         return;
     }
-    send_to(e, c, CLIENT, e->scratch, (size_t)n);
+    if (relayed) send_to(e, c, CLIENT, e->scratch, (size_t)relayed);
 }
 
 /* After any event: forward client bytes a reply unblocked, re-arm, hand back when the time has come. */
 static void settle(Engine *e, conn_t *c) {
     if (c->dead) return;
+    if (c->stop_client && c->inj_owed && !c->inj_flushed) { /* to hand back: the question's replies now */
+        static const unsigned char flush[5] = {'H', 0, 0, 0, 4};
+        send_to(e, c, SERVER, flush, sizeof(flush));
+        c->inj_flushed = 1;
+        if (c->dead) return;
+    }
     if (c->cin_len && !blocked(c) && c->out[SERVER].len == 0 && !c->cstream_left) {
         process_client(e, c, c->cin, c->cin_len);
         if (c->dead) return;
@@ -1439,7 +1536,7 @@ static PyObject *read_tuple(const rec_t *rec) {
         Py_XDECREF(params);
         return NULL;
     }
-    return Py_BuildValue("(lNdLNL)", rec->ref, rows, rec->wall, rec->duration_us, params, rec->txn);
+    return Py_BuildValue("(lNdLNLK)", rec->ref, rows, rec->wall, rec->duration_us, params, rec->txn, rec->xid);
 }
 
 /* Append the done records of recs[0..n) to list (the failed ones are skipped). */
@@ -1497,9 +1594,9 @@ static PyObject *handback_tuple(handback_t *h) {
         Py_XDECREF(owed);
         return NULL;
     }
-    return Py_BuildValue("(LsisiiNsiiNNkNNLii)", h->id, h->reason, h->err, status, h->inflight, h->untaken,
+    return Py_BuildValue("(LsisiiNsiiNNkNNLiiK)", h->id, h->reason, h->err, status, h->inflight, h->untaken,
                          data, h->kinds, h->mid_batch, h->skip, stmts, portals, h->taken, done, owed, h->txn,
-                         h->txn_reads, h->txn_wrote);
+                         h->txn_reads, h->txn_wrote, h->txn_xid);
 }
 
 static void free_handback(handback_t *h) {
@@ -1634,6 +1731,38 @@ static int table_load(Engine *e, table_t *t, PyObject *items) {
     return 0;
 }
 
+/* One message: type, length, body. */
+static size_t put_message(unsigned char *out, char type, const char *body, size_t n) {
+    uint32_t len = (uint32_t)n + 4;
+    out[0] = (unsigned char)type;
+    out[1] = (unsigned char)(len >> 24);
+    out[2] = (unsigned char)(len >> 16);
+    out[3] = (unsigned char)(len >> 8);
+    out[4] = (unsigned char)len;
+    memcpy(out + 5, body, n);
+    return n + 5;
+}
+
+/* The question's messages, as Relay._queue_query sends them: Close S, Parse, Bind and Execute of the portal
+ * of the same name, Close P, Close S. */
+static size_t xact_messages(unsigned char *out) {
+    static const char close_s[] = "S" XACT_NAME;
+    static const char close_p[] = "P" XACT_NAME;
+    static const char parse[] = XACT_NAME "\0" XACT_SQL "\0\0";         /* (+ NUL: no parameter types) */
+    static const char bind[] = XACT_NAME "\0" XACT_NAME "\0\0\0\0\0\0"; /* (+ NUL: no formats, values) */
+    static const char execute[] = XACT_NAME "\0\0\0\0";                 /* (+ NUL: no row limit) */
+    size_t n = 0;
+    n += put_message(out + n, 'C', close_s, sizeof(close_s));
+    n += put_message(out + n, 'P', parse, sizeof(parse));
+    n += put_message(out + n, 'B', bind, sizeof(bind));
+    n += put_message(out + n, 'E', execute, sizeof(execute));
+    n += put_message(out + n, 'C', close_p, sizeof(close_p));
+    n += put_message(out + n, 'C', close_s, sizeof(close_s));
+    return n;
+}
+_Static_assert(6 * 5 + 3 * (sizeof(XACT_NAME) + 1) + 3 * sizeof(XACT_NAME) + sizeof(XACT_SQL) + 2 + 6 + 4 <= 256,
+               "Engine.xact holds the question");
+
 static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"words", "kinds", "utility", "other", "buckets", NULL};
     PyObject *words, *buckets;
@@ -1648,6 +1777,7 @@ static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
         PyErr_SetString(PyExc_ValueError, "bad kind indexes");
         return -1;
     }
+    e->xact_len = xact_messages(e->xact);
     e->nkinds = nkinds;
     e->kind_utility = utility;
     e->kind_other = other;

@@ -7,15 +7,15 @@ API_VERSION: int
 # its Bind parameters, or None)
 Named = tuple[bytes, int, bytes | None, bytes | None]
 # A read record: (index of Python's statement, or -(decision index + 1); rows of SELECT n or None; wall-clock
-# end; duration in µs; Bind parameters or None; its transaction's number on the connection)
-Read = tuple[int, int | None, float, int, bytes | None, int]
+# end; duration in µs; Bind parameters or None; its transaction's number on the connection; its id or 0)
+Read = tuple[int, int | None, float, int, bytes | None, int, int]
 # A read still in flight at hand-back: (position among the replies owed, ref as in Read, monotonic start,
 # Bind parameters or None)
 OwedRead = tuple[int, int, float, bytes | None]
 # (conn_id, reason, errno, status, inflight, untaken message type or -1, client bytes not forwarded,
 # kinds of the replies owed, mid_batch, skip_until_sync, statements, portals, client messages taken,
 # read records, reads in flight, transactions ended, reads with no operation id and a statement that may
-# write sent since the connection was last idle)
+# write sent since the connection was last idle, the open transaction's id or 0)
 Handback = tuple[
     int,
     str,
@@ -32,6 +32,7 @@ Handback = tuple[
     int,
     list[Read],
     list[OwedRead],
+    int,
     int,
     int,
     int,

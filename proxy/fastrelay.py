@@ -44,9 +44,9 @@ Named = tuple[bytes, int, bytes | None, bytes | None]
 
 # A read record made on the C relay: (Python's statement index, or -(decision index + 1); rows of SELECT n or
 # None; wall-clock end; duration in µs; Bind parameters or None; its transaction's number on the connection,
-# as Relay.txn counts them); and one in flight at hand-back: (position among the replies owed, ref, monotonic
-# start, Bind parameters or None).
-FastRead = tuple[int, int | None, float, int, bytes | None, int]
+# as Relay.txn counts them; the transaction's id once it ended, if C asked and it had one, else 0); and one
+# in flight at hand-back: (position among the replies owed, ref, monotonic start, Bind parameters or None).
+FastRead = tuple[int, int | None, float, int, bytes | None, int, int]
 OwedRead = tuple[int, int, float, bytes | None]
 
 
@@ -75,11 +75,12 @@ class Handback:
     txn: int
     txn_reads: int
     txn_wrote: bool
+    txn_xid: int  # the open transaction's id, when C asked and it had one (else 0)
 
     @classmethod
     def from_tuple(cls, raw: RawHandback) -> Handback:
         # C sends the flags as ints
-        return cls(*raw[:8], bool(raw[8]), bool(raw[9]), *raw[10:17], bool(raw[17]))
+        return cls(*raw[:8], bool(raw[8]), bool(raw[9]), *raw[10:17], bool(raw[17]), raw[18])
 
 
 # What Python knows at adoption: (name, index, kind index, only Python may bind it, write slots, its
@@ -156,9 +157,9 @@ class FastRelay:
         txn: tuple[int, int, bool] = (0, 0, False),
     ) -> None:
         """``record``: its session's reads are recorded (the statements and decisions say which are reads).
-        ``resolve``: they have no operation id, and take their transaction's: C hands back the end of a
-        transaction that read and may have written (docs/proxy.md). ``txn``: Relay.txn's (count, reads,
-        wrote)."""
+        ``resolve``: they have no operation id, and take their transaction's: C asks the server the
+        transaction's id before the end of one that read and may have written, as Relay does (docs/proxy.md).
+        ``txn``: Relay.txn's (count, reads, wrote)."""
         kind = self.kind_index("transaction") if resolve else None
         count, reads, wrote = txn
         self.engine.adopt(

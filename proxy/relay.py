@@ -901,7 +901,7 @@ class Relay:
     # ------------------------------------------------------------------------------------------------
     # The operation of reads with no operation id (docs/proxy.md, "Read traces")
 
-    def release_held(self) -> None:
+    def _release_held(self) -> None:
         """The held reads' transaction ended: they take its operation (``TxnReads``)."""
         txn = self.txn
         if txn.held:
@@ -957,7 +957,7 @@ class Relay:
 
     def _txn_ended(self) -> None:
         """ReadyForQuery with status I: the held reads take the transaction's operation."""
-        self.release_held()
+        self._release_held()
         txn = self.txn
         txn.xid = None
         txn.count += 1

@@ -467,6 +467,7 @@ class ClientConnection(asyncio.Protocol):
             or not self.reader.at_boundary
             or self._pause_reasons
             or self._upstream_paused
+            or relay.txn.held  # (reads of the open transaction: it ends here, which knows their operation)
         ):
             return
         upstream = self.upstream.transport if self.upstream is not None else None
@@ -539,19 +540,16 @@ class ClientConnection(asyncio.Protocol):
     def fast_reads(self, records: list[FastRead], open_txn: int | None = None) -> None:
         """Read records the C relay made for this connection: into the recorder, as the relay's ``reads``
         callback would have put them. With no operation id in force, a record takes its transaction's
-        (Relay.txn): one that ended on C wrote nothing (C hands back the end of one that may have written),
-        so its read-only id; those of ``open_txn`` (at hand-back: still open) wait in the relay, after what
-        it held at adoption."""
+        (Relay.txn): the id C learned before it ended, else its read-only id; those of ``open_txn`` (at
+        hand-back: still open) wait in the relay for its end."""
         recorder, relay, stay = self.server.reads, self.relay, self._fast_reads
         if recorder is None or relay is None or stay is None or stay[0].session is None:
             return
         session, operation = stay[0].session, stay[0].operation
         database, catalog, text = self.database, self._catalog(), self._read_text
         txn = relay.txn
-        if txn.held and (records if open_txn is None else open_txn > txn.count):
-            relay.release_held()  # (their transaction, open at adoption, ended on C)
         batch = []
-        for ref, rows, ended, duration_us, params, number in records:
+        for ref, rows, ended, duration_us, params, number, xid in records:
             sql = text(ref)
             if sql is None:
                 continue
@@ -560,7 +558,7 @@ class ClientConnection(asyncio.Protocol):
                 if number == open_txn:
                     txn.held.append((PendingRead(sql, session, None, params), rows, duration_us / 1e6, ended))
                     continue
-                op = f"{txn.read_ids}.{number}"
+                op = f"xact:{xid}" if xid else f"{txn.read_ids}.{number}"
             batch.append(ReadRecord(database, session, op, sql, params, rows, ended, duration_us, catalog))
         recorder.offer_many(batch)
 
@@ -573,6 +571,8 @@ class ClientConnection(asyncio.Protocol):
             relay.txn.count = handback.txn
             if self._fast_reads is not None and self._fast_reads[0].operation is None:
                 relay.txn.reads, relay.txn.wrote = handback.txn_reads, handback.txn_wrote
+                if handback.txn_xid:
+                    relay.txn.xid = str(handback.txn_xid)
 
     def from_fast(self, handback: Handback) -> None:
         """The C relay gave the connection back: resume in Python from the state it reports."""

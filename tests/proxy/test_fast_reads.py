@@ -316,28 +316,40 @@ def test_flush_and_the_queued_gauge_see_records_still_in_the_c_relay(
 def test_reads_without_an_operation_id_on_the_c_relay_take_their_transactions(
     pg_server: PgServer, layer_db: str
 ) -> None:
-    """No operation id in force, prepared statements on the C relay: each transaction's reads take the
-    operation of its writes (C hands back its COMMIT, Python asks the server first), and each read-only
-    transaction (ended on C) gets an id of its own."""
+    """No operation id in force, on the C relay: each transaction's reads take the operation of its writes
+    — a prepared COMMIT (C asks the server before it, as pgbench's END), a simple-query COMMIT (handed
+    back: Python asks), a pipelined implicit transaction (C asks before its Sync) — and each read-only
+    transaction gets an id of its own."""
     with (
         run_proxy(pg_server, reads_dsn=pg_server.dsn) as proxy,
-        psycopg.connect(tagged(proxy, layer_db, "fxo")) as conn,
+        psycopg.connect(tagged(proxy, layer_db, "fxo"), autocommit=True) as conn,
     ):
-        for i in range(4):
+        conn.execute(BY_TIER, ("pro",), prepare=True).fetchall()  # (decided: then taken by C)
+        assert on_fast(proxy)
+        made = c_reads(proxy)
+        for i in range(3):
+            conn.execute("BEGIN", prepare=True)
             conn.execute(BY_TIER, ("pro",), prepare=True).fetchall()
             conn.execute("UPDATE customers SET score = %s WHERE id = 1", (i,), prepare=True)
             conn.execute(BY_TIER, ("basic",), prepare=True).fetchall()
-            conn.commit()
-        made = c_reads(proxy)
-        for _ in range(3):
+            conn.execute("COMMIT", prepare=True)
+        with conn.transaction():  # (COMMIT as a simple query)
+            conn.execute(BY_TIER, ("pro",), prepare=True).fetchall()
+            conn.execute("UPDATE customers SET score = 9 WHERE id = 2", prepare=True)
+        with conn.pipeline():
+            conn.execute(BY_TIER, ("basic",), prepare=True)
+            conn.execute("UPDATE customers SET score = 8 WHERE id = 2", prepare=True)
+        for _ in range(2):
             conn.execute(BY_TIER, ("basic",), prepare=True).fetchall()
-            conn.commit()
-        assert c_reads(proxy) > made >= 1
+        assert c_reads(proxy) - made >= 6  # (the prepared transactions at least)
         flush(proxy)
     with psycopg.connect(layer_db, autocommit=True) as db:
         ops = [r[0] for r in db.execute("SELECT operation FROM cow.reads WHERE session = 'fxo' ORDER BY seq")]
         writes = db.execute("SELECT operation_id FROM cow.session_changes('fxo') ORDER BY seq").fetchall()
     xacts = list(dict.fromkeys(r[0] for r in writes))
-    assert len(xacts) == 4 and all(x.startswith("xact:") for x in xacts)
-    assert ops[:8] == [x for x in xacts for _ in range(2)]
-    assert len(set(ops[8:])) == 3 and all(op.startswith("readonly:") for op in ops[8:])
+    assert len(xacts) == 5 and all(x.startswith("xact:") for x in xacts)
+    first, rest = ops[0], ops[1:]
+    assert rest[:6] == [x for x in xacts[:3] for _ in range(2)]
+    assert rest[6:8] == xacts[3:5]
+    readonly = [first, *rest[8:]]
+    assert len(readonly) == 3 == len(set(readonly)) and all(op.startswith("readonly:") for op in readonly)

@@ -277,6 +277,11 @@ def test_reads_without_an_operation_id_take_their_transactions(
     ro_txn, lone = got[2], got[4]
     assert got == [first, first, ro_txn, second, lone, third]
     assert ro_txn.startswith("readonly:") and lone.startswith("readonly:") and ro_txn != lone
+    # Listed per operation, under the ids the writes have.
+    out = cli("session", "reads", "nx1", "--format", "json", dsn=layer_db)
+    assert out.returncode == 0, out.stderr
+    listed = [(o["operation_id"], o["statements"]) for o in json.loads(out.stdout)["operations"]]
+    assert listed == [(first, 2), (ro_txn, 1), (second, 1), (lone, 1), (third, 1)]
 
 
 def test_the_binary_copy_writes_the_rows_record_row_describes(layer_db: str) -> None:
