@@ -991,7 +991,10 @@ static void flush_out(Engine *e, conn_t *c, int side) {
  * then taken again: asked); its replies are dropped (server_header), an ErrorResponse is the client's. */
 static void ask_xact(Engine *e, conn_t *c) {
     static const char kinds[XACT_ENTRIES] = {'C', 'P', 'B', 'E', 'C', 'C'};
-    send_to(e, c, SERVER, e->xact, e->xact_len);
+    if (out_append(&c->out[SERVER], e->xact, e->xact_len) < 0) { /* (sent with the client's bytes) */
+        handback(e, c, FAILED[SERVER], ENOMEM);
+        return;
+    }
     for (int i = 0; i < XACT_ENTRIES; i++) {
         push_extended(c, kinds[i], -1);
         c->q[(c->head + c->qlen - 1) % QCAP].inj = 1;
@@ -1167,17 +1170,27 @@ static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_
 
 /* Forward what can go from buf (the scratch buffer or c->cin) and keep the rest in c->cin. */
 static void process_client(Engine *e, conn_t *c, unsigned char *buf, size_t len) {
-    size_t fwd = 0;
-    for (;;) {
-        size_t more = parse_client(e, c, buf + fwd, len - fwd);
-        if (more) send_to(e, c, SERVER, buf + fwd, more);
-        if (c->dead) return;
-        fwd += more;
-        if (!c->ask) break;
-        c->ask = 0;
-        ask_xact(e, c);
-        if (c->dead) return;
+    size_t fwd = parse_client(e, c, buf, len);
+    if (!c->ask) {
+        if (fwd) send_to(e, c, SERVER, buf, fwd);
+    } else { /* the question goes in the middle: all of it gathered, then one send */
+        size_t more = fwd;
+        fwd = 0;
+        for (;;) {
+            if (more && out_append(&c->out[SERVER], buf + fwd, more) < 0) {
+                handback(e, c, FAILED[SERVER], ENOMEM);
+                return;
+            }
+            fwd += more;
+            if (!c->ask) break;
+            c->ask = 0;
+            ask_xact(e, c);
+            if (c->dead) return;
+            more = parse_client(e, c, buf + fwd, len - fwd);
+        }
+        flush_out(e, c, SERVER);
     }
+    if (c->dead) return;
     size_t rest = len - fwd;
     if (rest && c->cin == NULL) {
         c->cin = malloc(BUF_CAP);

@@ -40,9 +40,11 @@ log = logging.getLogger("cowproxy")
 
 DEFAULT_QUEUE = 10_000  # records waiting for the writer; beyond this they are dropped (and counted)
 BATCH = 1000  # records per COPY
-# After the first record of a batch the writer waits this long for more: a COPY per read would cost the
-# proxy and the server more than the reads themselves (bench/sessions.py --reads).
-GATHER = 0.2
+# After the first record of a batch the writer waits this long for more, or until a batch is full (or a
+# flush asks): each batch costs the proxy ~0.5 ms of CPU besides its records' ~2 µs (its transaction, the
+# COPY's round trips, the session registration), which at 0.2 s was 3 µs per read at TPC-B's rate
+# (docs/benchmarks.md, "Read traces").
+GATHER = 1.0
 MAX_TEXT = 4000  # characters of a statement's text kept
 # A session that only reads is still a session: registered as the layer registers one at its first write
 # (so it can be listed, scored and discarded); reads that arrive after it was committed or discarded go, as
@@ -319,6 +321,7 @@ class ReadRecorder:
         self.queue: deque[ReadRecord] = deque()
         self.queue_size = queue_size
         self._wake = asyncio.Event()
+        self._full = asyncio.Event()  # a batch is ready (BATCH records queued, or a flush): no more gathering
         self.recorded = 0
         # (relay_full: the C relay's ring of a connection's records was full before Python took them)
         self.dropped: dict[str, int] = {"queue_full": 0, "write_failed": 0, "shutdown": 0, "relay_full": 0}
@@ -347,6 +350,8 @@ class ReadRecorder:
         queue.append(record)
         if len(queue) == 1:  # (it was empty: the writer may be waiting)
             self._wake.set()
+        elif len(queue) == BATCH:
+            self._full.set()
 
     def offer_many(self, records: list[ReadRecord]) -> None:
         """``offer`` for a batch (the C relay's records): what fits is queued, the rest dropped, counted."""
@@ -360,6 +365,8 @@ class ReadRecorder:
             queue.extend(records)
             if was_empty:
                 self._wake.set()
+            if len(queue) >= BATCH:
+                self._full.set()
 
     def for_connection(self, database: str, catalog: Callable[[], Catalog | None]) -> ReadsCallback:
         """The relay's ``reads`` callback for one client connection to ``database``."""
@@ -396,8 +403,11 @@ class ReadRecorder:
             self._busy = True
             batch: list[ReadRecord] = []
             try:
-                if len(queue) < BATCH and not self._closing:
-                    await asyncio.sleep(GATHER)
+                if len(queue) < BATCH and not self._closing and not self._full.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(GATHER):
+                            await self._full.wait()
+                self._full.clear()
                 while len(batch) < BATCH and queue:
                     batch.append(queue.popleft())
                 self._inflight = len(batch)
@@ -459,6 +469,7 @@ class ReadRecorder:
     async def flush(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109
         """Wait until every record offered or collected so far is written (or dropped), up to ``timeout``."""
         self.collect()
+        self._full.set()  # (the writer stops gathering: write what is queued now)
         deadline = time.monotonic() + timeout
         while (self.queue or self._busy) and time.monotonic() < deadline:
             if self._task is None or self._task.done():

@@ -16,7 +16,7 @@ import asyncpg
 import psycopg
 import pytest
 
-from proxy.reads import COLUMNS, COPY_COLUMNS, ReadRecord, _Shapes, encode_copy, record_row
+from proxy.reads import COLUMNS, COPY_COLUMNS, GATHER, ReadRecord, _Shapes, encode_copy, record_row
 from tests.fix_db import PgServer
 from tests.fix_proxy import RunningProxy, run_proxy
 from tests.layer.test_cli import cli, one_error_line
@@ -146,7 +146,7 @@ def test_a_full_queue_drops_and_counts_without_holding_the_relay(
             proxy.server.reads.timeout = 4  # the writer's connect waits this long, then gives up
             with psycopg.connect(tagged(proxy, layer_db, "s3", "op1"), autocommit=True) as conn:
                 conn.execute("SELECT 1").fetchone()
-                time.sleep(0.5)  # the writer has taken it and hangs connecting
+                time.sleep(GATHER + 0.3)  # the writer has taken it and hangs connecting
                 started = time.monotonic()
                 for i in range(30):
                     conn.execute("SELECT name FROM customers WHERE id = %s", (i % 3 + 1,)).fetchone()
