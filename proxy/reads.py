@@ -270,9 +270,12 @@ def encode_copy(records: list[ReadRecord], shapes: _Shapes) -> bytes:
     parts = [_COPY_HEADER]
     append = parts.append
     sessions: dict[str, bytes] = {}
-    shape_of = shapes.copy
+    seen: dict[tuple[str, int], _CopyShape] = {}  # (a batch repeats its texts; its records hold the catalogs)
     for _, session, operation, sql, params, rows, ended, duration_us, catalog in records:
-        shape = shape_of(sql, catalog)
+        key = (sql, id(catalog))
+        shape = seen.get(key)
+        if shape is None:
+            shape = seen[key] = shapes.copy(sql, catalog)
         who = sessions.get(session)
         if who is None:
             who = sessions[session] = _copy_text(session)

@@ -1,0 +1,134 @@
+"""Read traces' cost per transaction, by thread of the proxy: its Python thread (relay hand-overs, taking the
+C relay's records, the writer) and its other threads (the C relay).
+
+    .venv/bin/python bench/reads_threads.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
+        [--seconds 10] [--rounds 3] [--sessions 8] [--mode prepared] [--select-only]
+
+Without --dsn an embedded PostgreSQL is started; `pgbench -i -s 10` and the layer in a scratch database.
+Three proxies, one at a time, the order turned each round: `proxy` (no recording), `reads` (--reads-dsn;
+the sessions set no operation id, so each read takes its transaction's: the proxy asks the server before
+a transaction that read and wrote ends) and `reads_op` (--reads-dsn, each session with an operation id).
+Each runs N pgbench processes, one session each; CPU from /proc/PID/task (user + system) per transaction,
+summed over the rounds. On a shared machine the TPS swing with the load; CPU per transaction much less.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("bench_proxy", Path(__file__).with_name("proxy.py"))
+assert _spec is not None and _spec.loader is not None
+bp = importlib.util.module_from_spec(_spec)
+sys.modules["bench_proxy"] = bp
+_spec.loader.exec_module(bp)
+
+TICK = os.sysconf("SC_CLK_TCK")
+GATHER = 1.0  # proxy.reads.GATHER: the writer's longest wait before a batch
+DATABASE = "cowproxy_bench_reads_threads"
+
+
+def thread_cpu(pid: int) -> tuple[float, float]:
+    """(the main thread's CPU seconds, the other threads')."""
+    main = other = 0.0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2 :].split()
+            seconds = (int(fields[11]) + int(fields[12])) / TICK
+            if int(tid) == pid:
+                main += seconds
+            else:
+                other += seconds
+    return main, other
+
+
+def run(
+    args: argparse.Namespace, tool: str, target: bp.Target, name: str, user: str
+) -> tuple[int, float, float]:
+    """N pgbench processes through one proxy: (transactions, main thread CPU, other threads' CPU)."""
+    assert target.pid is not None
+    main0, other0 = thread_cpu(target.pid)
+    procs = []
+    for i in range(args.sessions):
+        options = f"-c cow.session_id=thr_{name}_{i}"
+        if name == "reads_op":
+            options += f" -c cow.operation_id=op{i}"
+        flags = ["-M", args.mode, *(["-S"] if args.select_only else [])]
+        cmd = [tool, "-n", "-T", str(args.seconds), "-c", "1", "-j", "1", "-h", target.host]
+        cmd += ["-p", str(target.port), "-U", user, *flags, DATABASE]
+        env = {**os.environ, "PGOPTIONS": options}
+        out = subprocess.PIPE
+        procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True))
+    txns = 0
+    for proc in procs:
+        out = proc.communicate()[0]
+        found = re.search(r"number of transactions actually processed: (\d+)", out)
+        if found is None:
+            raise SystemExit(f"pgbench failed ({name}): {out[-400:]}")
+        txns += int(found.group(1))
+    time.sleep(GATHER + 0.5)  # (the writer's last batch)
+    main1, other1 = thread_cpu(target.pid)
+    return txns, main1 - main0, other1 - other0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dsn", help="PostgreSQL (superuser); default: embedded")
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sessions", type=int, default=8)
+    parser.add_argument("--mode", default="prepared", help="pgbench -M")
+    parser.add_argument("--select-only", action="store_true", help="pgbench -S instead of TPC-B")
+    args = parser.parse_args()
+    with bp.server(args.dsn, None) as (dsn, host, port, bindir, _sockets):
+        tool = os.path.join(bindir, "pgbench") if bindir else (shutil.which("pgbench") or "pgbench")
+        user = urlsplit(dsn).username or "postgres"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
+            conn.execute(f"CREATE DATABASE {DATABASE}")
+        db_dsn = urlsplit(dsn)._replace(path="/" + DATABASE).geturl()
+        init = [tool, "-i", "-q", "-s", "10", "-h", host, "-p", str(port), "-U", user, DATABASE]
+        subprocess.run(init, check=True, capture_output=True)
+        install = [sys.executable, "-m", "cowproxy", "install", "--dsn", db_dsn]
+        subprocess.run(install, check=True, capture_output=True, cwd=ROOT)
+        reads = ("--reads-dsn", db_dsn)
+        configs = [("proxy", ()), ("reads", reads), ("reads_op", reads)]
+        totals = {name: [0, 0.0, 0.0] for name, _ in configs}
+        for round_no in range(args.rounds):
+            for k in range(len(configs)):
+                name, extra = configs[(k + round_no) % len(configs)]
+                with bp.cowproxy(f"{host}:{port}", "tcp", extra=extra, name=name) as target:
+                    txns, main_s, other_s = run(args, tool, target, name, user)
+                for i, value in enumerate((txns, main_s, other_s)):
+                    totals[name][i] += value
+                print(
+                    f"round {round_no + 1} {name:9} txns {txns:7}  python {main_s / txns * 1e6:6.1f} µs/txn"
+                    f"  other threads {other_s / txns * 1e6:6.1f} µs/txn",
+                    flush=True,
+                )
+        print(f"load average {os.getloadavg()[0]:.1f}")
+        for name, (txns, main_s, other_s) in totals.items():
+            tps = txns / args.rounds / args.seconds
+            python, other = main_s / txns * 1e6, other_s / txns * 1e6
+            total = python + other
+            cpu = f"python {python:6.1f}  other {other:6.1f}  total {total:6.1f} µs/txn"
+            print(f"{name:9} tps {tps:8.1f}  {cpu}")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
+
+
+if __name__ == "__main__":
+    main()
