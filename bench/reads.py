@@ -18,7 +18,6 @@ import asyncio
 import os
 import sys
 import time
-from collections.abc import Callable
 
 # Files in bench/ are named like the packages they measure: keep this folder off the import path.
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -29,7 +28,7 @@ import asyncpg  # noqa: E402
 from proxy import protocol as p  # noqa: E402
 from proxy.analysis import ProxyAnalyzer  # noqa: E402
 from proxy.reads import ReadRecorder  # noqa: E402
-from proxy.relay import PendingRead, Relay  # noqa: E402
+from proxy.relay import PendingRead, ReadsCallback, Relay  # noqa: E402
 from proxy.tags import Tags  # noqa: E402
 
 TAGS = Tags("bench", "op1")
@@ -48,7 +47,7 @@ class _NoCatalog(ProxyAnalyzer):
     catalog_query = None  # the benchmark plays the server: no catalog query
 
 
-def _relay(reads: Callable[[PendingRead, int | None, float], None] | None) -> Relay:
+def _relay(reads: ReadsCallback | None) -> Relay:
     relay = Relay(_NoCatalog(), TAGS, lambda: None, reads=reads)
     relay.applied.tags = TAGS  # (joined already)
     relay.client_event(p.Frame(b"P", p.encode_parse("s1", SQL)[5:], p.encode_parse("s1", SQL)))
@@ -116,7 +115,7 @@ async def writer_cost(dsn: str, records: int) -> None:
     read = PendingRead(SQL, "bench", "op1", b"\x00\x00\x00\x01\x00\x00\x00\x041234\x00\x00")
     started = time.process_time()
     for _ in range(records):
-        ended(read, 1, 0.0001)
+        ended(read, 1, 0.0001, time.time())
     offered = time.process_time()
     await recorder.flush(60)
     done = time.process_time()
