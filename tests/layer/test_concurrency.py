@@ -17,6 +17,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from proxy.rerun import RERUN_HINT
+
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -40,6 +42,7 @@ class Background:
     def __init__(self, conn: psycopg.Connection[Any], sql: str) -> None:
         self.conn = conn
         self.result: tuple[Any, ...] | None = None
+        self.hint: str | None = None
         self.thread = threading.Thread(target=self._run, args=(sql,))
         self.thread.start()
 
@@ -50,6 +53,7 @@ class Background:
             self.conn.commit()
         except psycopg.Error as exc:
             self.result = ("error", exc.diag.sqlstate, exc.diag.constraint_name)
+            self.hint = exc.diag.message_hint
             self.conn.rollback()
 
     def seen(self) -> tuple[Any, ...]:
@@ -145,6 +149,27 @@ def test_a_delete_of_a_row_another_transaction_updated_gets_40001(layer_db: str,
     )
     assert race(layer_db, first, second, statements) == ("error", "40001", None)
     assert first.execute("SELECT name FROM customers WHERE id = 2").fetchone() == ("Bobby",)
+
+
+@pytest.mark.parametrize(
+    ("isolation", "again"),
+    [(psycopg.IsolationLevel.READ_COMMITTED, True), (psycopg.IsolationLevel.REPEATABLE_READ, False)],
+    ids=["read committed", "repeatable read"],
+)
+def test_the_40001_hint_says_whether_the_statement_may_run_again(
+    layer_db: str, writers: Writers, isolation: psycopg.IsolationLevel, again: bool
+) -> None:
+    """In READ COMMITTED the plain table would have run the statement on the row's new version: the hint
+    on which the proxy runs a statement alone in its transaction again (proxy/rerun.py). In REPEATABLE READ
+    the plain table fails too (40001; here PostgreSQL's own, on the changes table): never run again."""
+    first, second = writers
+    second.isolation_level = isolation
+    first.execute("UPDATE customers SET score = score + 10 WHERE id = 2")
+    blocked = Background(second, "UPDATE customers SET score = score + 1 WHERE id = 2")
+    wait_until_blocked(layer_db, second)
+    first.commit()
+    assert blocked.seen() == ("error", "40001", None)
+    assert (blocked.hint == RERUN_HINT) is again
 
 
 def test_writers_of_different_rows_of_one_session_do_not_wait(writers: Writers) -> None:

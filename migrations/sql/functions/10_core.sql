@@ -424,6 +424,17 @@ LANGUAGE sql IMMUTABLE AS $$
     FROM unnest(cols) WITH ORDINALITY AS t(c, i)
 $$;
 
+-- The HINT of the layer's 40001 for a row that another transaction of the session changed after the statement
+-- read it (a write's, cow.lock_rows'). In READ COMMITTED the plain table would have run the statement on the
+-- row's new version (EvalPlanQual), which an INSTEAD OF trigger cannot; a statement alone in its implicit
+-- transaction left nothing when it failed, so the proxy runs it again when the HINT is exactly the READ
+-- COMMITTED one (proxy/retry.py, RERUN_HINT). In REPEATABLE READ and SERIALIZABLE the plain table fails too,
+-- so that HINT is another: such a 40001 is never run again.
+CREATE OR REPLACE FUNCTION cow._row_changed_hint() RETURNS text LANGUAGE sql STABLE
+RETURN CASE WHEN pg_catalog.current_setting('transaction_isolation') = 'read committed'
+            THEN 'Retry the transaction: in READ COMMITTED it runs on the row''s new version.'
+            ELSE 'Retry the transaction: it reads the new version.' END;
+
 CREATE OR REPLACE FUNCTION cow._raise(errcode text, message text, detail text, p_schema text, p_table text,
                                       p_constraint text DEFAULT NULL, p_column text DEFAULT NULL) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$

@@ -1161,12 +1161,15 @@ BEGIN
     END LOOP;
     ctx.dup_raise := cow._duplicate_raise(ctx.pk, (SELECT ic.relname FROM pg_class ic WHERE ic.oid = keyidx),
                                           ctx.sch, ctx.tab);
-    ctx.stale_raise := cow._raise('40001', 'could not serialize access due to concurrent update',
-                                  format('format(%L, _s, %s)',
-                                         format('Another transaction of session %%s changed the row of "%s" with '
-                                                'key (%s)=(%%s) after this statement read it.',
-                                                ctx.tab, cow._collist(ctx.pk)),
-                                         cow._keytext(ctx.pk, 'OLD')), ctx.sch, ctx.tab);
+    -- (Its HINT says whether the proxy may run a statement alone in its transaction again: cow._row_changed_hint.)
+    ctx.stale_raise := format('RAISE EXCEPTION USING ERRCODE = %L, MESSAGE = %L, DETAIL = %s, HINT = cow._row_changed_hint(), '
+                              'SCHEMA = %L, TABLE = %L;',
+                              '40001', 'could not serialize access due to concurrent update',
+                              format('format(%L, _s, %s)',
+                                     format('Another transaction of session %%s changed the row of "%s" with '
+                                            'key (%s)=(%%s) after this statement read it.',
+                                            ctx.tab, cow._collist(ctx.pk)),
+                                     cow._keytext(ctx.pk, 'OLD')), ctx.sch, ctx.tab);
     RETURN ctx;
 END $gen$;
 

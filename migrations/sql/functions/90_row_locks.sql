@@ -113,7 +113,7 @@ BEGIN
                 RAISE EXCEPTION USING ERRCODE = '40001', MESSAGE = 'could not serialize access due to concurrent update',
                     DETAIL = format('Another transaction of session "%s" changed a row of "%s" while this statement waited for its lock.',
                                     s, (SELECT g.table_name FROM cow.registry g WHERE g.changes_table = r->>0)),
-                    HINT = 'Retry the transaction: it reads the new version.';
+                    HINT = cow._row_changed_hint();
             END IF;
         END LOOP;
     END IF;

@@ -49,7 +49,7 @@ BEGIN
     VALUES (_s, _o, true, _base, 0, CASE WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object('id', OLD.id) ELSE _porig END, OLD.id, OLD.parent_id, OLD.parent_code, OLD.kept_id, OLD.later_id, OLD.up, OLD.fallback_id, OLD.qty, OLD.twice, OLD.slot, OLD.during)
     ON CONFLICT (_cow_session, id) WHERE _cow_current DO NOTHING;
     IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = '40001', MESSAGE = 'could not serialize access due to concurrent update', DETAIL = format('Another transaction of session %s changed the row of "child" with key (id)=(%s) after this statement read it.', _s, concat_ws(', ', coalesce(OLD.id::text, 'null'))), SCHEMA = 'public', TABLE = 'child';
+        RAISE EXCEPTION USING ERRCODE = '40001', MESSAGE = 'could not serialize access due to concurrent update', DETAIL = format('Another transaction of session %s changed the row of "child" with key (id)=(%s) after this statement read it.', _s, concat_ws(', ', coalesce(OLD.id::text, 'null'))), HINT = cow._row_changed_hint(), SCHEMA = 'public', TABLE = 'child';
     END IF;
     RETURN OLD;
 END $function$
@@ -418,7 +418,7 @@ BEGIN
     VALUES (_s, _o, true, _base, 0, CASE WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object('id', OLD.id) ELSE _porig END, OLD.id, OLD.parent_id, OLD.parent_code, OLD.kept_id, OLD.later_id, OLD.up, OLD.fallback_id, OLD.qty, OLD.twice, OLD.slot, OLD.during)
     ON CONFLICT (_cow_session, id) WHERE _cow_current DO NOTHING;
     IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = '40001', MESSAGE = 'could not serialize access due to concurrent update', DETAIL = format('Another transaction of session %s changed the row of "child" with key (id)=(%s) after this statement read it.', _s, concat_ws(', ', coalesce(OLD.id::text, 'null'))), SCHEMA = 'public', TABLE = 'child';
+        RAISE EXCEPTION USING ERRCODE = '40001', MESSAGE = 'could not serialize access due to concurrent update', DETAIL = format('Another transaction of session %s changed the row of "child" with key (id)=(%s) after this statement read it.', _s, concat_ws(', ', coalesce(OLD.id::text, 'null'))), HINT = cow._row_changed_hint(), SCHEMA = 'public', TABLE = 'child';
     END IF;
     _morig := CASE WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object('id', OLD.id) ELSE _porig END;
     END IF;
@@ -440,7 +440,7 @@ BEGIN
         IF (NEW.id IS DISTINCT FROM OLD.id) THEN
             RAISE EXCEPTION USING ERRCODE = '23505', MESSAGE = 'duplicate key value violates unique constraint "child_pkey"', DETAIL = format('Key (%s)=(%s) already exists.', 'id', concat_ws(', ', coalesce(NEW.id::text, 'null'))), SCHEMA = 'public', TABLE = 'child', CONSTRAINT = 'child_pkey';
         ELSE
-            RAISE EXCEPTION USING ERRCODE = '40001', MESSAGE = 'could not serialize access due to concurrent update', DETAIL = format('Another transaction of session %s changed the row of "child" with key (id)=(%s) after this statement read it.', _s, concat_ws(', ', coalesce(OLD.id::text, 'null'))), SCHEMA = 'public', TABLE = 'child';
+            RAISE EXCEPTION USING ERRCODE = '40001', MESSAGE = 'could not serialize access due to concurrent update', DETAIL = format('Another transaction of session %s changed the row of "child" with key (id)=(%s) after this statement read it.', _s, concat_ws(', ', coalesce(OLD.id::text, 'null'))), HINT = cow._row_changed_hint(), SCHEMA = 'public', TABLE = 'child';
         END IF;
     END IF;
     RETURN NEW;
@@ -652,7 +652,7 @@ BEGIN
     VALUES (_s, _o, true, _base, 0, CASE WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object('id', OLD.id) ELSE _porig END, OLD.id, OLD.code, OLD.name, OLD.span)
     ON CONFLICT (_cow_session, id) WHERE _cow_current DO NOTHING;
     IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = '40001', MESSAGE = 'could not serialize access due to concurrent update', DETAIL = format('Another transaction of session %s changed the row of "parent" with key (id)=(%s) after this statement read it.', _s, concat_ws(', ', coalesce(OLD.id::text, 'null'))), SCHEMA = 'public', TABLE = 'parent';
+        RAISE EXCEPTION USING ERRCODE = '40001', MESSAGE = 'could not serialize access due to concurrent update', DETAIL = format('Another transaction of session %s changed the row of "parent" with key (id)=(%s) after this statement read it.', _s, concat_ws(', ', coalesce(OLD.id::text, 'null'))), HINT = cow._row_changed_hint(), SCHEMA = 'public', TABLE = 'parent';
     END IF;
     UPDATE cow_overlay_public.child z SET fallback_id = DEFAULT WHERE z.fallback_id = OLD.id;
     UPDATE cow_overlay_public.child z SET parent_code = NULL WHERE z.parent_code = OLD.code;
@@ -1001,7 +1001,7 @@ BEGIN
     VALUES (_s, _o, true, _base, 0, CASE WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object('id', OLD.id) ELSE _porig END, OLD.id, OLD.code, OLD.name, OLD.span)
     ON CONFLICT (_cow_session, id) WHERE _cow_current DO NOTHING;
     IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = '40001', MESSAGE = 'could not serialize access due to concurrent update', DETAIL = format('Another transaction of session %s changed the row of "parent" with key (id)=(%s) after this statement read it.', _s, concat_ws(', ', coalesce(OLD.id::text, 'null'))), SCHEMA = 'public', TABLE = 'parent';
+        RAISE EXCEPTION USING ERRCODE = '40001', MESSAGE = 'could not serialize access due to concurrent update', DETAIL = format('Another transaction of session %s changed the row of "parent" with key (id)=(%s) after this statement read it.', _s, concat_ws(', ', coalesce(OLD.id::text, 'null'))), HINT = cow._row_changed_hint(), SCHEMA = 'public', TABLE = 'parent';
     END IF;
     _morig := CASE WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object('id', OLD.id) ELSE _porig END;
     END IF;
@@ -1023,7 +1023,7 @@ BEGIN
         IF (NEW.id IS DISTINCT FROM OLD.id) THEN
             RAISE EXCEPTION USING ERRCODE = '23505', MESSAGE = 'duplicate key value violates unique constraint "parent_pkey"', DETAIL = format('Key (%s)=(%s) already exists.', 'id', concat_ws(', ', coalesce(NEW.id::text, 'null'))), SCHEMA = 'public', TABLE = 'parent', CONSTRAINT = 'parent_pkey';
         ELSE
-            RAISE EXCEPTION USING ERRCODE = '40001', MESSAGE = 'could not serialize access due to concurrent update', DETAIL = format('Another transaction of session %s changed the row of "parent" with key (id)=(%s) after this statement read it.', _s, concat_ws(', ', coalesce(OLD.id::text, 'null'))), SCHEMA = 'public', TABLE = 'parent';
+            RAISE EXCEPTION USING ERRCODE = '40001', MESSAGE = 'could not serialize access due to concurrent update', DETAIL = format('Another transaction of session %s changed the row of "parent" with key (id)=(%s) after this statement read it.', _s, concat_ws(', ', coalesce(OLD.id::text, 'null'))), HINT = cow._row_changed_hint(), SCHEMA = 'public', TABLE = 'parent';
         END IF;
     END IF;
     IF (NEW.id IS DISTINCT FROM OLD.id) THEN
