@@ -46,6 +46,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +63,7 @@ sys.modules["bench_proxy"] = bp  # (its dataclasses look their module up)
 _spec.loader.exec_module(bp)
 
 # Statements per transaction, for the added latency per statement (BEGIN and END count, in every mode).
-_STATEMENTS = {"-S": 1, "tpcb": 7}
+_STATEMENTS = {"-S": 1, "tpcb": 7, "update": 1}
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,15 @@ def proxies(
         yield Proxies(mine, base, many, reads, python)
 
 
+# The `update` workload: one autocommit UPDATE per transaction (an ORM's save() outside a transaction block;
+# in a session such a statement is the Python relay's, which runs it again after the row-changed 40001:
+# proxy/rerun.py). The accounts of scale 1, so that any --scale has them.
+AUTOCOMMIT_UPDATE = """\\set aid random(1, 100000)
+\\set delta random(-5000, 5000)
+UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid;
+"""
+
+
 def overlay_path(dsn: str) -> str:
     """The search_path cow.use_session sets (what a session without the proxy puts in PGOPTIONS)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -205,7 +215,7 @@ def parse_args() -> argparse.Namespace:
         default="cowproxy_bench_sessions",
         help="the scratch database (dropped and made anew): two runs on one server need two names",
     )
-    parser.add_argument("--workloads", default="-S,tpcb", help="-S, tpcb or both")
+    parser.add_argument("--workloads", default="-S,tpcb", help="-S, tpcb, update (comma-separated)")
     parser.add_argument("--modes", default="prepared,extended,simple", help="pgbench -M query modes")
     parser.add_argument("--baseline", help="another checkout of cowproxy: one more target, session/cp-base")
     parser.add_argument("--proxy-args", default="", help="more arguments for cowproxy serve (both)")
@@ -273,10 +283,12 @@ def main() -> None:
             if not args.no_plain:
                 targets.append(Target("plain/direct", host, port, None, False, direct=True))
                 targets.append(Target("plain/proxy", mine.host, mine.port, mine.pid, False))
+            update = Path(secret_dir.enter_context(tempfile.TemporaryDirectory())) / "update.sql"
+            update.write_text(AUTOCOMMIT_UPDATE)
             workloads = [
                 (name, mode, n, [*flags, "-M", mode])
                 for mode in modes
-                for name, flags in (("-S", ["-S"]), ("tpcb", []))
+                for name, flags in (("-S", ["-S"]), ("tpcb", []), ("update", ["-f", str(update)]))
                 if name in args.workloads.split(",")
                 for n in counts
             ]

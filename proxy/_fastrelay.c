@@ -39,7 +39,7 @@
 /* What proxy/fastrelay.py expects (API_VERSION there): bump both when the module's functions or the tuples
  * they take or return change, so that a stale build (an editable install not rebuilt after a pull) is
  * reported and left unused instead of failing at the first call. */
-#define API_VERSION 6
+#define API_VERSION 7
 /* Relay.XACT_STATEMENT and XACT_SQL: asked before the end of a transaction whose reads' operation is its. */
 #define XACT_NAME "__cowproxy_xact"
 #define XACT_SQL "SELECT pg_current_xact_id_if_assigned()"
@@ -73,6 +73,7 @@ typedef struct stmt {
     int pyonly; /* Python must bind it (comment tags, or a kind C does not count) */
     long idx;   /* >= 0: Python's object; -1: text below */
     long read;  /* NO_READ, or what a read record names: >= 0 Python's object, < 0 -(decision index + 1) */
+    int rerun;  /* watched when it starts an implicit transaction (see starts_transaction) */
     unsigned char nslots; /* its writes (tagged connections): indexes into Engine.writes */
     unsigned short slots[STMT_WRITES];
     size_t len;
@@ -101,6 +102,7 @@ typedef struct {
     size_t len;
     int kind;
     long read; /* NO_READ, or -(its index in Python's list + 1) */
+    int rerun; /* as stmt_t.rerun */
     unsigned char nslots;
     unsigned short slots[STMT_WRITES];
 } decision_t;
@@ -181,6 +183,16 @@ struct conn {
     int sdrop; /* the server message being read is a reply to the question: not relayed */
     long long cur_rec; /* the record whose CommandComplete body is being read, or -1 */
     dtable_t dec;    /* Relay.decisions, given at adoption */
+    /* A statement Python may run again (stmt_t.rerun) that starts an implicit transaction: its Query or batch as
+     * sent (watch 1 while the batch comes, 2 from its Query or Sync until a reply shows its outcome, the client
+     * not read meanwhile). An ErrorResponse or NoticeResponse before such a reply hands the connection back
+     * before that message, with the batch and the server bytes not forwarded (sheld): Python holds them and
+     * runs the statement again after the layer's row-changed 40001 (proxy/rerun.py). */
+    int watch;
+    unsigned char *wbuf;
+    size_t wlen;
+    unsigned char *sheld;
+    size_t sheld_len;
     unsigned long taken; /* client messages taken since adoption */
     /* client side */
     unsigned char *cin; /* bytes read from the client, not forwarded (a partial or untaken message) */
@@ -219,6 +231,10 @@ typedef struct handback {
     long long txn;
     int txn_reads, txn_wrote;
     unsigned long long txn_xid;
+    unsigned char *batch; /* a watched statement's Query or batch (NULL: none), and the server bytes after */
+    size_t blen;
+    unsigned char *sdata;
+    size_t slen;
     struct handback *next;
 } handback_t;
 
@@ -681,6 +697,7 @@ static stmt_t *stmt_new(int kind, int pyonly, long idx, const unsigned char *tex
     s->pyonly = pyonly;
     s->idx = idx;
     s->read = NO_READ;
+    s->rerun = 0;
     s->nslots = 0;
     s->len = len;
     if (len) memcpy(s->text, text, len);
@@ -691,10 +708,25 @@ static stmt_t *stmt_new(int kind, int pyonly, long idx, const unsigned char *tex
 
 static int blocked(conn_t *c) {
     return c->stop_client || (c->recall && c->qlen == 0 && !c->mid_batch && c->status == 'I') ||
-           c->inflight >= MAX_INFLIGHT;
+           c->inflight >= MAX_INFLIGHT || c->watch == 2 || c->sheld != NULL;
 }
 
 static int idle_point(conn_t *c) { return c->qlen == 0 && !c->mid_batch && !c->skip; }
+
+/* A statement of a session that may fail with the layer's row-changed 40001 (stmt_t.rerun) is watched when it
+ * starts an implicit transaction (conn_t.watch): then Python may run it again after that failure, as READ
+ * COMMITTED would have run it on the row's new version (proxy/rerun.py). */
+static int starts_transaction(conn_t *c) { return c->status == 'I' && idle_point(c); }
+
+/* One client message of the watched Query or batch; one that does not fit ends the watch. */
+static void watch_add(conn_t *c, const unsigned char *m, size_t total) {
+    if (c->wbuf == NULL && (c->wbuf = malloc(BUF_CAP)) == NULL) c->watch = 0;
+    if (c->watch && c->wlen + total > BUF_CAP) c->watch = 0;
+    if (!c->watch) return;
+    memcpy(c->wbuf + c->wlen, m, total);
+    c->wlen += total;
+    if (m[0] == 'Q' || m[0] == 'S') c->watch = 2;
+}
 
 static double wall_now(void) {
     struct timespec ts;
@@ -831,7 +863,8 @@ static void stamp_xid(conn_t *c) {
 static void update_masks(Engine *e, conn_t *c) {
     uint32_t want[2];
     want[CLIENT] = (!blocked(c) && c->out[SERVER].len == 0 ? EPOLLIN : 0) | (c->out[CLIENT].len ? EPOLLOUT : 0);
-    want[SERVER] = (c->out[CLIENT].len == 0 ? EPOLLIN : 0) | (c->out[SERVER].len ? EPOLLOUT : 0);
+    want[SERVER] = (c->out[CLIENT].len == 0 && c->sheld == NULL ? EPOLLIN : 0) |
+                   (c->out[SERVER].len ? EPOLLOUT : 0);
     for (int side = 0; side < 2; side++) {
         if (want[side] != c->mask[side]) {
             struct epoll_event ev = {.events = want[side], .data.ptr = &c->end[side]};
@@ -846,6 +879,8 @@ static void free_conn(conn_t *c) {
     table_free(&c->stmts);
     table_free(&c->portals);
     free(c->cin);
+    free(c->wbuf);
+    free(c->sheld);
     free(c->out[0].buf);
     free(c->out[1].buf);
     free(c);
@@ -899,7 +934,16 @@ static handback_t *make_handback(Engine *e, conn_t *c, const char *reason, int e
             c->cin = NULL;
             e->bytes_up -= c->cin_len; /* Python counts them when it reads them */
         }
+        if (c->sheld != NULL) { /* (otherwise a watched statement is not run again: Python did not see it) */
+            h->batch = c->wbuf;
+            h->blen = c->wlen;
+            c->wbuf = NULL;
+            h->sdata = c->sheld;
+            h->slen = c->sheld_len;
+            c->sheld = NULL;
+        }
     }
+    c->watch = 0;
     c->cin_len = 0;
     detach(e, c);
     return h;
@@ -918,6 +962,7 @@ static void handback(Engine *e, conn_t *c, const char *reason, int err) {
 static const char *ready_to_hand_back(conn_t *c) {
     if (c->out[0].len || c->out[1].len || c->cstream_left || c->shdr_have || c->sbody_left) return NULL;
     if (c->inj_owed) return NULL; /* (Python could not tell the question's replies from the client's) */
+    if (c->sheld != NULL) return "rerun"; /* a watched statement's error or notice is next: Python's */
     /* A COPY FROM STDIN waits for the client: Python takes it over with the query still in flight. Inside
      * an extended batch the server answers nothing before the client's Sync, which comes after the message
      * C does not take: Python takes over at once with the replies still owed (c->q mirrors Relay.pending). */
@@ -1001,6 +1046,7 @@ static void ask_xact(Engine *e, conn_t *c) {
     }
     c->inj_owed += XACT_ENTRIES;
     c->asked = 1;
+    c->watch = 0; /* (a batch that asks it is not run again: its replies would come back to Python mid-question) */
 }
 
 static void stop_client(conn_t *c, unsigned char type) {
@@ -1040,10 +1086,12 @@ static int take_extended(Engine *e, conn_t *c, const unsigned char *m, size_t to
         if (has_comment_opener(text, len)) return 0; /* a comment may carry tags */
         decision_t *d = NULL;
         if (c->tagged && (d = decision_for(e, c, 'P', text, len)) == NULL) return 0; /* Python decides */
+        if (d != NULL && d->rerun && starts_transaction(c)) c->watch = 1, c->wlen = 0;
         stmt_t *st = stmt_new(d ? d->kind : text_kind(e, text, len), 0, -1, text, len);
         if (st == NULL) return 0;
         if (d != NULL) {
             e->decision_hits++;
+            st->rerun = d->rerun;
             st->nslots = d->nslots;
             memcpy(st->slots, d->slots, sizeof(st->slots));
             st->read = d->read;
@@ -1057,6 +1105,7 @@ static int take_extended(Engine *e, conn_t *c, const unsigned char *m, size_t to
     case 'B': {
         if ((p1 = cstring(b, 0, n)) < 0 || (p2 = cstring(b, (size_t)p1, n)) < 0) return 0;
         named_t *st = table_find(&c->stmts, b + p1, (size_t)(p2 - p1 - 1));
+        if (st != NULL && st->s->rerun && starts_transaction(c)) c->watch = 1, c->wlen = 0;
         if (!asked && st != NULL && st->s->kind == c->resolve && wants_xact(c)) /* COMMIT, ROLLBACK, ... */
             return c->qlen + XACT_ENTRIES < QCAP - 1 ? 2 : 0;
         if (st != NULL && (st->s->pyonly || table_set(&c->portals, b, (size_t)p1 - 1, st->s) < 0)) return 0;
@@ -1131,10 +1180,12 @@ static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_
                     stop_client(c, type);
                     break;
                 }
+                if (d->rerun && starts_transaction(c)) c->watch = 1, c->wlen = 0;
                 e->decision_hits++;
                 count_tagged(e, d->kind, d->nslots, d->slots);
                 push_rec(c, 'Q', now(), read_start(e, c, d->read, NULL, 0));
                 txn_sent(c, d->kind, d->read);
+                if (c->watch == 1) watch_add(c, buf + pos, (size_t)total);
             } else {
                 e->statements[text_kind(e, buf + pos + 5, (size_t)total - 6)]++;
                 push(c, 'Q', now());
@@ -1158,6 +1209,7 @@ static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_
                 stop_client(c, type);
                 break;
             }
+            if (c->watch == 1) watch_add(c, buf + pos, (size_t)total);
             c->taken++;
             pos += (size_t)total;
         } else {
@@ -1351,10 +1403,18 @@ static void server_message(Engine *e, conn_t *c) {
     }
 }
 
+/* A reply that shows how a watched statement ended (its rows, its CommandComplete, a COPY, ReadyForQuery: an
+ * error can no longer be its failure to run again), given the head of the queue before the reply. */
+static int watch_decided(unsigned char type, char head) {
+    return (type != 0 && memchr("CDIsGHWZ", type, 8) != NULL) || (type == 'T' && head == 'Q');
+}
+
 /* Follow the server's message headers through one chunk, which is relayed as is but for the replies to the
- * question (ask_xact): those are cut out of it. Returns the length left to relay, or -1. */
-static int parse_server(Engine *e, conn_t *c, unsigned char *buf, size_t len) {
+ * question (ask_xact): those are cut out of it; and a watched statement's ErrorResponse or NoticeResponse stops
+ * it there (*cut: its offset in buf, else len). Returns the length left to relay, or -1. */
+static int parse_server(Engine *e, conn_t *c, unsigned char *buf, size_t len, size_t *cut) {
     size_t pos = 0, w = 0;
+    *cut = len;
     while (pos < len) {
         if (c->sbody_left) {
             size_t take = len - pos < c->sbody_left ? len - pos : (size_t)c->sbody_left;
@@ -1374,6 +1434,10 @@ static int parse_server(Engine *e, conn_t *c, unsigned char *buf, size_t len) {
             if (c->sbody_left == 0) server_message(e, c);
             continue;
         }
+        if (c->watch == 2 && c->shdr_have == 0 && (buf[pos] == 'E' || buf[pos] == 'N')) {
+            *cut = pos;
+            return (int)w;
+        }
         if (c->shdr_have == 0) { /* a reply to the question (not its ErrorResponse, nor a notice): dropped */
             entry_t *h = qhead(c);
             c->sdrop = h != NULL && h->inj && memchr("123DCnTsI", buf[pos], 9) != NULL;
@@ -1392,6 +1456,7 @@ static int parse_server(Engine *e, conn_t *c, unsigned char *buf, size_t len) {
             if (ml < 4) return -1;
             c->shdr_have = 0;
             c->stype = c->shdr[0];
+            if (c->watch == 2 && watch_decided(c->stype, c->qlen ? qhead(c)->kind : 0)) c->watch = 0;
             server_header(c, c->stype);
             c->ebuf_have = 0;
             c->sbody_left = ml - 4;
@@ -1402,7 +1467,7 @@ static int parse_server(Engine *e, conn_t *c, unsigned char *buf, size_t len) {
 }
 
 static void server_read(Engine *e, conn_t *c) {
-    if (c->out[CLIENT].len) return;
+    if (c->out[CLIENT].len || c->sheld != NULL) return;
     ssize_t n = recv(c->fd[SERVER], e->scratch, BUF_CAP, MSG_DONTWAIT);
     if (n == 0) {
         handback(e, c, CLOSED[SERVER], 0);
@@ -1413,10 +1478,20 @@ static void server_read(Engine *e, conn_t *c) {
         return;
     }
     e->bytes_down += (unsigned long long)n;
-    int relayed = parse_server(e, c, e->scratch, (size_t)n);
+    size_t cut;
+    int relayed = parse_server(e, c, e->scratch, (size_t)n, &cut);
     if (relayed < 0) {
         handback(e, c, FAILED[SERVER], EPROTO);
         return;
+    }
+    if (cut < (size_t)n) { /* kept for Python (handed back once what comes before is sent) */
+        c->sheld = malloc((size_t)n - cut);
+        if (c->sheld == NULL) {
+            handback(e, c, FAILED[SERVER], ENOMEM);
+            return;
+        }
+        memcpy(c->sheld, e->scratch + cut, (size_t)n - cut);
+        c->sheld_len = (size_t)n - cut;
     }
     if (relayed) send_to(e, c, CLIENT, e->scratch, (size_t)relayed);
 }
@@ -1599,17 +1674,22 @@ static PyObject *handback_tuple(handback_t *h) {
     PyObject *data = PyBytes_FromStringAndSize((const char *)h->data, (Py_ssize_t)h->len);
     PyObject *stmts = table_list(&h->stmts), *portals = table_list(&h->portals);
     PyObject *done = NULL, *owed = NULL;
-    if (data == NULL || stmts == NULL || portals == NULL || handback_reads(h, &done, &owed) < 0) {
+    PyObject *batch = bytes_or_none(h->batch, h->blen);
+    PyObject *sdata = PyBytes_FromStringAndSize((const char *)h->sdata, (Py_ssize_t)h->slen);
+    if (data == NULL || stmts == NULL || portals == NULL || batch == NULL || sdata == NULL ||
+        handback_reads(h, &done, &owed) < 0) {
         Py_XDECREF(data);
         Py_XDECREF(stmts);
         Py_XDECREF(portals);
+        Py_XDECREF(batch);
+        Py_XDECREF(sdata);
         Py_XDECREF(done);
         Py_XDECREF(owed);
         return NULL;
     }
-    return Py_BuildValue("(LsisiiNsiiNNkNNLiiK)", h->id, h->reason, h->err, status, h->inflight, h->untaken,
+    return Py_BuildValue("(LsisiiNsiiNNkNNLiiKNN)", h->id, h->reason, h->err, status, h->inflight, h->untaken,
                          data, h->kinds, h->mid_batch, h->skip, stmts, portals, h->taken, done, owed, h->txn,
-                         h->txn_reads, h->txn_wrote, h->txn_xid);
+                         h->txn_reads, h->txn_wrote, h->txn_xid, batch, sdata);
 }
 
 static void free_handback(handback_t *h) {
@@ -1618,6 +1698,8 @@ static void free_handback(handback_t *h) {
     ring_free(&h->reads);
     free(h->qrec);
     free(h->data);
+    free(h->batch);
+    free(h->sdata);
     free(h);
 }
 
@@ -1645,8 +1727,8 @@ static int load_slots(PyObject *items, unsigned char *n, unsigned short *slots) 
     return 0;
 }
 
-/* Relay.decisions at adoption: [(type + text, kind, slots, recorded read)]; a read record names a decision by
- * its index in this list. */
+/* Relay.decisions at adoption: [(type + text, kind, slots, recorded read, rerun)]; a read record names a
+ * decision by its index in this list. */
 static int decisions_load(Engine *e, dtable_t *t, PyObject *items) {
     PyObject *seq = PySequence_Fast(items, "expected a sequence of (key, kind, slots)");
     if (seq == NULL) return -1;
@@ -1668,10 +1750,11 @@ static int decisions_load(Engine *e, dtable_t *t, PyObject *items) {
     for (Py_ssize_t i = 0; i < count; i++) {
         const char *key;
         Py_ssize_t len;
-        int kind, records;
+        int kind, records, rerun;
         PyObject *slots;
         decision_t d = {0};
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "y#iOp", &key, &len, &kind, &slots, &records) ||
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "y#iOpp", &key, &len, &kind, &slots, &records,
+                              &rerun) ||
             load_slots(slots, &d.nslots, d.slots) < 0) {
             Py_DECREF(seq);
             return -1;
@@ -1685,6 +1768,7 @@ static int decisions_load(Engine *e, dtable_t *t, PyObject *items) {
         d.len = (size_t)len;
         d.kind = kind;
         d.read = records ? -(long)(i + 1) : NO_READ;
+        d.rerun = rerun;
         if (decision_find(t, (unsigned char)key[0], (const unsigned char *)key + 1, (size_t)len - 1) != NULL)
             continue;
         d.key = malloc((size_t)len);
@@ -1703,7 +1787,7 @@ static int decisions_load(Engine *e, dtable_t *t, PyObject *items) {
     return 0;
 }
 
-/* Python's statements (or portals) at adoption: [(name, idx, kind, pyonly, write slots, recorded read)]. */
+/* Python's statements (or portals) at adoption: [(name, idx, kind, pyonly, write slots, recorded read, rerun)]. */
 static int table_load(Engine *e, table_t *t, PyObject *items) {
     PyObject *seq = PySequence_Fast(items, "expected a sequence of (name, idx, kind, pyonly, slots)");
     if (seq == NULL) return -1;
@@ -1711,12 +1795,12 @@ static int table_load(Engine *e, table_t *t, PyObject *items) {
         const char *name;
         Py_ssize_t len;
         long idx;
-        int kind, pyonly, records;
+        int kind, pyonly, records, rerun;
         PyObject *slots;
         unsigned char nslots = 0;
         unsigned short slot[STMT_WRITES];
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "y#lipOp", &name, &len, &idx, &kind, &pyonly,
-                              &slots, &records) ||
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "y#lipOpp", &name, &len, &idx, &kind, &pyonly,
+                              &slots, &records, &rerun) ||
             load_slots(slots, &nslots, slot) < 0) {
             Py_DECREF(seq);
             return -1;
@@ -1731,6 +1815,7 @@ static int table_load(Engine *e, table_t *t, PyObject *items) {
             st->nslots = nslots;
             memcpy(st->slots, slot, sizeof(slot));
             if (records && idx >= 0) st->read = idx; /* its Executes are reads of a recorded session */
+            st->rerun = rerun;
         }
         if (st == NULL || table_set(t, (const unsigned char *)name, (size_t)len, st) < 0) {
             free(st);

@@ -15,7 +15,8 @@ OwedRead = tuple[int, int, float, bytes | None]
 # (conn_id, reason, errno, status, inflight, untaken message type or -1, client bytes not forwarded,
 # kinds of the replies owed, mid_batch, skip_until_sync, statements, portals, client messages taken,
 # read records, reads in flight, transactions ended, reads with no operation id and a statement that may
-# write sent since the connection was last idle, the open transaction's id or 0)
+# write sent since the connection was last idle, the open transaction's id or 0, a watched statement's Query
+# or batch or None, server bytes not forwarded)
 Handback = tuple[
     int,
     str,
@@ -36,13 +37,16 @@ Handback = tuple[
     int,
     int,
     int,
+    bytes | None,
+    bytes,
 ]
 # (name, index of Python's statement, kind index, only Python may bind it, write slots, its Executes are
-# recorded reads)
-Known = tuple[bytes, int, int, bool, Sequence[int], bool]
-# (message type + text, kind index, write slots, a recorded read): a text of a tagged connection forwarded
-# as is (a lower-case type: the text's shape key, for every text of that shape)
-Decision = tuple[bytes, int, Sequence[int], bool]
+# recorded reads, watched when it starts an implicit transaction: it may be run again)
+Known = tuple[bytes, int, int, bool, Sequence[int], bool, bool]
+# (message type + text, kind index, write slots, a recorded read, watched when it starts an implicit
+# transaction): a text of a tagged connection forwarded as is (a lower-case type: the text's shape key, for
+# every text of that shape)
+Decision = tuple[bytes, int, Sequence[int], bool, bool]
 
 def shape_key(text: bytes, /) -> bytes | None: ...
 

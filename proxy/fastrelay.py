@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from proxy._fastrelay import Engine
     from proxy._fastrelay import Handback as RawHandback
 
-API_VERSION = 6  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
+API_VERSION = 7  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
 
 try:
     from proxy import _fastrelay
@@ -76,20 +76,25 @@ class Handback:
     txn_reads: int
     txn_wrote: bool
     txn_xid: int  # the open transaction's id, when C asked and it had one (else 0)
+    # Reason "rerun": the Query or batch of a statement that may be run again (proxy/rerun.py), as sent, and
+    # the server bytes from its ErrorResponse or NoticeResponse on, not forwarded (None and b"" otherwise).
+    batch: bytes | None
+    server: bytes
 
     @classmethod
     def from_tuple(cls, raw: RawHandback) -> Handback:
         # C sends the flags as ints
-        return cls(*raw[:8], bool(raw[8]), bool(raw[9]), *raw[10:17], bool(raw[17]), raw[18])
+        return cls(*raw[:8], bool(raw[8]), bool(raw[9]), *raw[10:17], bool(raw[17]), *raw[18:])
 
 
 # What Python knows at adoption: (name, index, kind index, only Python may bind it, write slots, its
-# Executes are reads of a recorded session)
-Known = tuple[bytes, int, int, bool, tuple[int, ...], bool]
+# Executes are reads of a recorded session, it may be run again after the layer's row-changed 40001:
+# watched when it starts an implicit transaction, proxy/rerun.py)
+Known = tuple[bytes, int, int, bool, tuple[int, ...], bool, bool]
 # A statement text of a tagged connection that C forwards as is: (message type + text, kind index, write
-# slots, a read of a recorded session) — Relay.decisions; a lower-case type: the key is the text's shape, and
-# the decision holds for every text of that shape (proxy/sql/shapes.py).
-Decision = tuple[bytes, int, tuple[int, ...], bool]
+# slots, a read of a recorded session, as Known's last) — Relay.decisions; a lower-case type: the key is the
+# text's shape, and the decision holds for every text of that shape (proxy/sql/shapes.py).
+Decision = tuple[bytes, int, tuple[int, ...], bool, bool]
 MAX_WRITE_SLOTS = 256
 STMT_WRITES = 4
 MAX_QUERY = _fastrelay.MAX_QUERY if _fastrelay is not None else 0

@@ -52,6 +52,7 @@ class Metrics:
         self.writes: dict[tuple[str, str], int] = {}
         self.errors: dict[str, int] = {}
         self.rewrites = 0
+        self.reruns = 0
         self.bytes_up = 0
         self.bytes_down = 0
         self.cache_hits = 0
@@ -181,6 +182,11 @@ def _statement_metrics(m: Metrics, totals: _Totals) -> Iterator[Metric]:
     rewrites = CounterMetricFamily("cowproxy_rewrites", "Statements rewritten for copy-on-write tables")
     rewrites.add_metric([], m.rewrites)
     yield rewrites
+    reruns = CounterMetricFamily(
+        "cowproxy_reruns", "Statements run again after the layer's row-changed 40001 (proxy/rerun.py)"
+    )
+    reruns.add_metric([], m.reruns)
+    yield reruns
     errors = CounterMetricFamily(
         "cowproxy_errors", "ErrorResponses sent to clients, by SQLSTATE class", labels=["sqlstate_class"]
     )
@@ -259,6 +265,9 @@ class ConnectionHooks:
 
     def rewrite(self) -> None:
         self.m.rewrites += 1
+
+    def rerun(self) -> None:
+        self.m.reruns += 1
 
     def error(self, sqlstate: str) -> None:
         self.m.count_error(sqlstate)

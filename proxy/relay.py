@@ -25,6 +25,7 @@ from time import perf_counter
 from typing import Any, NamedTuple, Protocol
 
 from proxy import protocol as p
+from proxy import rerun
 from proxy.analysis import ProxyAnalyzer, query_kind
 from proxy.catalogs import CatalogStore, private_store
 from proxy.errors import ProtocolError, TagError
@@ -98,6 +99,8 @@ _TERMINATOR: dict[int, tuple[Kind, ...]] = {
 }
 _Z = ord("Z")
 _COPY_IN = (ord("G"), ord("W"))  # CopyInResponse, CopyBothResponse
+# Replies that do not yet show whether a statement succeeded: RowDescription, NoticeResponse.
+_UNDECIDED = frozenset(b"TN")
 _FAST_KINDS = {
     "Q": Kind.QUERY,
     "S": Kind.SYNC,
@@ -118,6 +121,24 @@ _A = ord("A")
 _S = ord("S")
 
 
+def _batch_plan(messages: list[tuple[bytes, Kind]], sync: bytes) -> rerun.Plan | None:
+    """How to run an extended batch's statement again (``messages`` as sent before its ``sync``), if the batch
+    is one Execute, last, of a portal bound in it: its Binds, portal Describes, Execute and Sync (the
+    Binds' and Describes' replies the client has already: ``echo``). None: a batch of another shape."""
+    kinds = [kind for _, kind in messages]
+    if kinds.count(Kind.EXECUTE) != 1 or kinds[-1] != Kind.EXECUTE or Kind.BIND not in kinds:
+        return None
+    if any(kind not in (Kind.PARSE, Kind.BIND, Kind.DESCRIBE, Kind.EXECUTE) for kind in kinds):
+        return None
+    resend = [
+        rerun.Resend(raw, kind, kind != Kind.EXECUTE)
+        for raw, kind in messages
+        if kind in (Kind.BIND, Kind.EXECUTE) or (kind == Kind.DESCRIBE and raw[5:6] == b"P")
+    ]
+    resend.append(rerun.Resend(sync, Kind.SYNC, False))
+    return rerun.Plan(tuple(resend))
+
+
 @dataclass(slots=True)
 class Entry:
     kind: Kind
@@ -132,6 +153,10 @@ class Entry:
     rewritten: bool = False  # a Query or Parse sent with the analysis' SQL instead of the client's
     promoted: str | None = None  # a Bind or Describe sent to this proxy-owned statement (Relay._promote)
     read: PendingRead | None = None  # a tagged session's read to report when its CommandComplete comes
+    # A statement the proxy may run again (proxy/rerun.py): its replies so far, held until one shows whether
+    # it failed with the layer's row-changed 40001 (None: forwarded as they come).
+    held: list[bytes] | None = None
+    echo: bool = False  # sent again for a new run: the client already has its reply (dropped)
 
 
 class PendingRead(NamedTuple):
@@ -179,6 +204,7 @@ class Hooks(Protocol):
     def statement(self, kind: str, tagged: bool) -> None: ...
     def write(self, table: str, kind: str) -> None: ...
     def rewrite(self) -> None: ...
+    def rerun(self) -> None: ...
     def error(self, sqlstate: str) -> None: ...
     def parse_cache(self, hit: bool) -> None: ...
     def latency(self, seconds: float) -> None: ...
@@ -194,6 +220,9 @@ class NoHooks:
         pass
 
     def rewrite(self) -> None:
+        pass
+
+    def rerun(self) -> None:
         pass
 
     def error(self, sqlstate: str) -> None:
@@ -214,8 +243,8 @@ class NoHooks:
 
 Writes = tuple[tuple[str, str], ...]
 # A statement or portal as the C relay gets it: (name, index, kind index, Python only, write slots, its
-# Executes are recorded reads).
-Known = tuple[bytes, int, int, bool, tuple[int, ...], bool]
+# Executes are recorded reads, it may be run again: watched when it starts an implicit transaction).
+Known = tuple[bytes, int, int, bool, tuple[int, ...], bool, bool]
 # A statement or portal as the C relay gives it back: (name, index or -1, text prepared there or None, a
 # recorded read's portal: its Bind parameters, or None).
 Named = tuple[bytes, int, bytes | None, bytes | None]
@@ -245,6 +274,17 @@ class Relay:
     caller). ``holding`` tells the caller to stop reading from the client (bounded buffering while the
     relay waits for an injected statement).
     """
+
+    # A statement alone in its implicit transaction that may be run again (proxy/rerun.py): the extended
+    # batch's messages as sent so far (None: not such a batch), then the plan while it is in flight (what
+    # the client sends meanwhile is held: nothing may run between two runs), the statement's entry of the
+    # first run (its tag map), and whether the next ReadyForQuery ends a run that is to be run again. (Set
+    # per instance; these are the values before the first statement.)
+    _group: list[tuple[bytes, Entry]] | None = None
+    _rerun: rerun.Plan | None = None
+    _rerun_of: Entry | None = None
+    _rerun_due = False
+    reruns = 0  # new runs sent
 
     def __init__(
         self,
@@ -373,6 +413,11 @@ class Relay:
         if self.holding:
             self.held.append(event)
             return
+        if self._rerun is not None:
+            # Pipelined behind a statement that may run again: nothing may run between two runs.
+            self.holding = self._hold_until_idle = True
+            self.held.append(event)
+            return
         self._dispatch_client(event)
 
     def _dispatch_client(self, event: p.ClientEvent) -> None:
@@ -402,17 +447,7 @@ class Relay:
         elif kind == b"E":
             self._client_execute(frame)
         elif kind == b"S":
-            self.skip_until_sync = False
-            if self.copy_in == self.copy_ends:
-                # The server ignores a Sync inside COPY FROM STDIN: no ReadyForQuery will answer it.
-                self.to_server.append(frame.raw)
-                return
-            if self.status == "I" and self.reads is not None and self._wants_xact():
-                self._ask_xact(standalone=False)  # (the Sync ends an implicit transaction)
-            self.mid_batch = False
-            self._push(Entry(Kind.SYNC, started=self._batch_started or time.perf_counter()))
-            self._batch_started = 0.0
-            self.to_server.append(frame.raw)
+            self._client_sync(frame)
         elif kind == b"D":
             alias = self.unnamed_alias
             if alias is not None and frame.body == b"S\0":  # Describe of the unnamed statement
@@ -447,14 +482,97 @@ class Relay:
                 self.copy_ends += 1
             self.to_server.append(frame.raw)
 
+    def _client_sync(self, frame: p.Frame) -> None:
+        skipped, self.skip_until_sync = self.skip_until_sync, False
+        if self.copy_in == self.copy_ends:
+            # The server ignores a Sync inside COPY FROM STDIN: no ReadyForQuery will answer it.
+            self._group = None
+            self.to_server.append(frame.raw)
+            return
+        if self.status == "I" and self.reads is not None and self._wants_xact():
+            self._ask_xact(standalone=False)  # (the Sync ends an implicit transaction)
+        self.mid_batch = False
+        self._push(Entry(Kind.SYNC, started=self._batch_started or time.perf_counter()))
+        self._batch_started = 0.0
+        self.to_server.append(frame.raw)
+        self._arm_batch(frame.raw, skipped)
+
+    def _arm_batch(self, sync: bytes, skipped: bool) -> None:
+        """A Sync ends the batch: arm a new run of its statement if it is one Execute of a statement that may
+        get the layer's row-changed 40001 (proxy/rerun.py), bound in this batch, which started an implicit
+        transaction. A new run sends the batch again but its Parses and statement Describes (the statement
+        stays prepared, unnamed or named, after a failed transaction; a portal does not), and the client is
+        not sent the replies it already has."""
+        group, self._group = self._group, None
+        if group is None or skipped or not self.txn_tags.tagged:
+            return
+        if any(entry.replace_error is not None for _, entry in group):
+            return
+        plan = _batch_plan([(raw, entry.kind) for raw, entry in group], sync)
+        if plan is not None:
+            self._arm(plan, group[-1][1])
+
+    def resume_rerun(self, batch: bytes) -> None:
+        """The C relay hands back a statement that may be run again (``batch``: its Query or batch as it
+        sent it; the replies owed are in ``pending``) before a reply that may be its failure: arm it as
+        ``_client_query`` or ``_arm_batch`` would have (C took only a text or statement that may get the
+        40001, starting an implicit transaction; nothing it forwarded showed the outcome)."""
+        reader = p.ClientReader()
+        reader.expect_startup = False
+        reader.feed(batch)
+        frames = [event for event in reader.events() if isinstance(event, p.Frame) and event.kind != b"H"]
+        if len(frames) == 1 and frames[0].kind == b"Q":
+            plan: rerun.Plan | None = rerun.Plan((rerun.Resend(frames[0].raw, Kind.QUERY, False),))
+            statement = Kind.QUERY
+        elif frames and frames[-1].kind == b"S":
+            sync = frames.pop().raw
+            plan = _batch_plan([(f.raw, _FAST_KINDS.get(f.kind.decode(), Kind.FUNC)) for f in frames], sync)
+            statement = Kind.EXECUTE
+        else:
+            return
+        entry = next((e for e in self.pending if e.kind == statement and not e.injected), None)
+        if plan is not None and entry is not None:
+            self._arm(plan, entry)
+
+    def _arm(self, plan: rerun.Plan, entry: Entry) -> None:
+        """Hold the statement's replies (``entry``'s) until they show whether it is to run again, and what
+        the client sends before it has ended (``client_event``): it would run before the new run."""
+        entry.held = []
+        self._rerun = plan
+        self._rerun_of = entry
+
+    def _run_again(self) -> None:
+        """The run failed with the layer's row-changed 40001 and its ReadyForQuery came (both dropped): send
+        the statement again, as the plan says."""
+        plan, first = self._rerun, self._rerun_of
+        assert plan is not None and first is not None
+        self._rerun = plan.next()
+        self.reruns += 1
+        self.hooks.rerun()
+        now = time.perf_counter()
+        for message in plan.messages:
+            kind = Kind(message.kind)
+            if message.echo:
+                entry = Entry(kind, echo=True)
+            elif kind in (Kind.QUERY, Kind.EXECUTE):
+                entry = Entry(kind, tag_map=first.tag_map, rewritten=first.rewritten, started=now, held=[])
+            else:
+                entry = Entry(kind, started=now)
+            self._push(entry)
+            self.to_server.append(message.raw)
+
     def _push(self, entry: Entry) -> None:
         entry.copy_epoch = self.copy_ends
         self.pending.append(entry)
 
     def _extended(self, entry: Entry, raw: bytes) -> None:
         if not self.mid_batch:
+            # A batch that starts an implicit transaction may hold a statement to run again: its messages.
+            self._group = [] if self._at_transaction_start() else None
             self.mid_batch = True
             self._batch_started = time.perf_counter()
+        if self._group is not None:
+            self._group.append((raw, entry))
         self._push(entry)
         self.to_server.append(raw)
 
@@ -655,25 +773,28 @@ class Relay:
         sent = verdict.rewritten if tags.tagged else None
         if tags.tagged and sent is None:
             self._decide(b"Q", query.sql, verdict)
+        alone = tags.tagged and self._at_transaction_start() and rerun.may_rerun(verdict)
         read = self._pending_read(tags, verdict, query.sql, None)
         if self.reads is not None:
             if verdict.kind == "transaction" and not self.mid_batch and self._wants_xact():
                 self._ask_xact(standalone=True)
             self._txn_sent(verdict, read)
-        self._push(
-            Entry(
-                Kind.QUERY,
-                tag_map=verdict.tag_map,
-                started=time.perf_counter(),
-                rewritten=sent is not None,
-                read=read,
-            )
+        entry = Entry(
+            Kind.QUERY,
+            tag_map=verdict.tag_map,
+            started=time.perf_counter(),
+            rewritten=sent is not None,
+            read=read,
         )
+        self._push(entry)
         if sent is not None:
             self.hooks.rewrite()
-            self.to_server.append(p.encode_query(sent))
+            raw = p.encode_query(sent)
         else:
-            self.to_server.append(frame.raw)
+            raw = frame.raw
+        self.to_server.append(raw)
+        if alone:
+            self._arm(rerun.Plan((rerun.Resend(raw, Kind.QUERY, False),)), entry)
 
     def _client_parse(self, frame: p.Frame) -> None:
         parse = p.decode_parse(frame.body)
@@ -788,6 +909,7 @@ class Relay:
             and not applied.tentative
             and self.unnamed_alias is None
             and not self.catalog_loading
+            and self._rerun is None
             and self.scanner.idle
             and applied.tags is not None
             and applied.tags == self.txn_tags
@@ -865,6 +987,8 @@ class Relay:
                 read = self._pending_read(self.txn_tags, verdict, statement.sql, params)
         if self.reads is not None:
             self._txn_sent(statement.verdict if statement is not None else None, read)
+        if statement is None or not self.txn_tags.tagged or not rerun.may_rerun(statement.verdict):
+            self._group = None  # (only the Execute of a statement that may get the 40001 is run again)
         entry = Entry(Kind.EXECUTE, tag_map=tag_map, read=read)
         if read is not None:
             entry.started = time.perf_counter()
@@ -950,6 +1074,8 @@ class Relay:
             elif not ok:
                 self._injection_error = None  # (not a join's failure: nothing held is to be refused for it)
 
+        if not standalone:
+            self._group = None  # (asked inside the batch: a new run would go without the question)
         close = self._queue_query(XACT_STATEMENT, XACT_SQL, not standalone, on_done=learned, capture=found)
         self._injected(close, Kind.CLOSE, not standalone)
         if standalone:
@@ -1006,6 +1132,10 @@ class Relay:
             return False
         forward = not standalone
         want_catalog = tags.tagged and self.catalog is None and self._wants_catalog()
+        # A join inside the batch is part of its transaction: after a failure the tags are unknown, so the
+        # batch's statement is not run again (after checks of the catalog or the path, which change nothing,
+        # it may be).
+        self._group = None
 
         def applied(ok: bool) -> None:
             # On failure nothing changed on the server: the statement (and its transaction) rolled back.
@@ -1333,16 +1463,17 @@ class Relay:
                     or (tagged and verdict.resolves_writes and not self.path_clean)  # (_path_hold)
                 )
                 records = statement.sql is not None and self._records(self.txn_tags, verdict)
-                rows.append((name.encode(), i, kind or 0, pyonly, found or (), records))
+                again = tagged and rerun.may_rerun(verdict)
+                rows.append((name.encode(), i, kind or 0, pyonly, found or (), records, again))
             return rows
 
         return known(self.statements), known(self.portals), objects
 
     def export_decisions(
         self, kind_index: Callable[[str], int | None], slots: Callable[[Writes], tuple[int, ...] | None]
-    ) -> list[tuple[bytes, int, tuple[int, ...], bool]]:
-        """``decisions`` for the C relay: (type + text, kind index, write slots, a recorded read), those it
-        can count."""
+    ) -> list[tuple[bytes, int, tuple[int, ...], bool, bool]]:
+        """``decisions`` for the C relay: (type + text, kind index, write slots, a recorded read, it may be
+        run again: watched when it starts an implicit transaction), those it can count."""
         if self._decisions_catalog is not self.catalog:
             self.decisions.clear()
         rows = []
@@ -1355,7 +1486,7 @@ class Relay:
             kind = kind_index(verdict.kind)
             found = slots(verdict.writes)
             if kind is not None and found is not None:
-                rows.append((key, kind, found, records))
+                rows.append((key, kind, found, records, rerun.may_rerun(verdict)))
         return rows
 
     def resume_from_fast(
@@ -1440,6 +1571,7 @@ class Relay:
             or self.holding
             or self.applied.tentative
             or not self.scanner.idle
+            or self._rerun_due  # (its ReadyForQuery is dropped: _ready sends the new run)
         ):
             return False
         # The common reply: everything up to one ReadyForQuery, for one plain query or batch. Walk the
@@ -1456,6 +1588,7 @@ class Relay:
         if pos != end or data[-1] not in _STATUSES:
             return False
         pending.popleft()
+        self._rerun = self._rerun_of = None  # (no ErrorResponse: a statement that may run again succeeded)
         status = self.status = _STATUS_CHARS[data[-1]]
         if status == "I":
             self.mid_batch = False
@@ -1481,7 +1614,7 @@ class Relay:
             return p.BODY
         if self.pending:
             head = self.pending[0]
-            if head.injected or head.on_done is not None:
+            if head.injected or head.on_done is not None or head.held is not None or head.echo:
                 return p.BODY
             if kind == _C and (head.tag_map is not None or head.read is not None):
                 return p.BODY
@@ -1527,6 +1660,12 @@ class Relay:
                 if head.on_done is not None:
                     head.on_done(True)
             return raw if kind == _A else b""
+        before = b""
+        if head.echo or head.held is not None:
+            held = self._rerun_reply(head, kind, raw)
+            if held is None:
+                return b""
+            before = held
         if kind == _C and head.tag_map is not None:
             tag = p.decode_command_tag(body)
             mapped = self.analysis.map_tag(tag, head.tag_map)
@@ -1541,7 +1680,26 @@ class Relay:
             self.pending.popleft()
             if head.on_done is not None:
                 head.on_done(True)
-        return raw
+        return before + raw if before else raw
+
+    def _rerun_reply(self, head: Entry, kind: int, raw: bytes) -> bytes | None:
+        """A reply to a statement that may run again (``held``) or to a message sent again (``echo``): None
+        when it does not go to the client now, else what was held to go before it. A run's RowDescription or
+        notices wait until a row, its CommandComplete (or anything else) shows that it did not fail (then they
+        go first); a reply the client already has is dropped (its entry done)."""
+        if kind == _A:
+            return b""  # (a notification of another session's: not the statement's)
+        if head.echo:
+            kinds = _TERMINATOR.get(kind)
+            if kinds is not None and head.kind in kinds:
+                self.pending.popleft()
+            return None
+        assert head.held is not None
+        if kind in _UNDECIDED:
+            head.held.append(raw)
+            return None
+        held, head.held = head.held, None
+        return b"".join(held)
 
     @staticmethod
     def _parameter_status(body: bytes, raw: bytes) -> bytes:
@@ -1567,13 +1725,17 @@ class Relay:
             # The proxy's statement failed (a plan gone stale after app DDL: 0A000, 42601, ...): parse a new
             # one the next time rather than fail for good; the old name stays unused.
             self.promoted = {k: v for k, v in self.promoted.items() if v != head.promoted}
+        sqlstate = fields.sqlstate
         if head is not None and head.injected:
             self._injection_error = fields
             out = raw if head.forward_error else b""
         elif head is not None and head.replace_error is not None:
             out = head.replace_error
+            sqlstate = p.decode_error(out[5:]).sqlstate
+        elif head is not None and (head.held is not None or head.echo):
+            out = self._rerun_error(head, fields, raw)  # (after what was held of the run, if any)
         if out:
-            self.hooks.error(fields.sqlstate if out is raw else p.decode_error(out[5:]).sqlstate)
+            self.hooks.error(sqlstate)
         if head is not None and head.kind not in _ENDS_WITH_READY:
             # Extended protocol: the server now skips everything up to the next Sync.
             while self.pending and self.pending[0].kind != Kind.SYNC:
@@ -1585,6 +1747,18 @@ class Relay:
         for callback in callbacks:
             callback(False)
         return out
+
+    def _rerun_error(self, head: Entry, fields: p.ErrorFields, raw: bytes) -> bytes:
+        """The ErrorResponse of a statement that may run again: dropped, with what was held of the run, when
+        it is the layer's row-changed 40001 of a READ COMMITTED transaction and runs are left (its
+        ReadyForQuery then sends the new run); otherwise the client gets it after what was held."""
+        held, head.held = head.held or [], None
+        plan = self._rerun
+        if not head.echo and plan is not None and plan.left > 0 and rerun.rerunnable(fields):
+            self._rerun_due = True
+            return b""
+        self._rerun = None  # (this run's error is the client's: no other)
+        return b"".join(held) + raw
 
     def _ready(self, body: bytes, raw: bytes) -> bytes:
         status = p.decode_ready(body)
@@ -1614,6 +1788,12 @@ class Relay:
             if head.on_done is not None:
                 head.on_done(self._injection_error is None)
             return b""
+        if self._rerun is not None and head is not None:
+            if self._rerun_due:
+                self._rerun_due = False
+                self._run_again()
+                return b""
+            self._rerun = self._rerun_of = None
         if head is not None and head.started:
             self.hooks.latency(time.perf_counter() - head.started)
         if self._hold_until_idle and not self.pending:

@@ -614,6 +614,8 @@ class ClientConnection(asyncio.Protocol):
             objects=objects,
             owed_reads=owed_reads,
         )
+        if handback.batch is not None and not self._resume_rerun(relay, handback.batch, handback.server):
+            return
         if untaken != -1 and untaken not in _FAST_TYPES:
             self.fast_ok = False  # FunctionCall (or the like): stay in Python, do not bounce
         if self.transport is not None:
@@ -624,6 +626,19 @@ class ClientConnection(asyncio.Protocol):
             self.data_received(handback.data)
         if self.draining and self.idle and self.state is not State.CLOSED:
             self.close("drained", goodbye=True)
+
+    def _resume_rerun(self, relay: Relay, batch: bytes, server: bytes) -> bool:
+        """A statement that may run again, handed back before a reply that may be its failure: Python goes
+        on from there (the C relay counted those server bytes; they are not counted again). False: the
+        connection failed."""
+        relay.resume_rerun(batch)
+        try:
+            relay.server_data(server)
+        except ProxyError as exc:
+            self.fail(exc.sqlstate, str(exc))
+            return False
+        self._flush()
+        return True
 
     def _fast_state(self, states: dict[int, tuple[str, int]] | None = None) -> tuple[str, int]:
         """(transaction status, queries in flight) of a connection on the C relay."""

@@ -71,6 +71,28 @@ def test_repeated_texts_of_a_session_run_on_the_fast_relay(proxy: RunningProxy, 
     assert [e if e.endswith("@x") else "fs1-" for e in emails] == ["fs1-"] * 4 + ["fs1b@x", "fs1c@x", "fs1-"]
 
 
+def test_autocommit_writes_that_may_run_again_stay_on_the_fast_relay(
+    proxy: RunningProxy, layer_db: str
+) -> None:
+    """An autocommit UPDATE of a session may be run again (proxy/rerun.py): C watches it and keeps it while
+    it succeeds (a hand-back before each one put prepared statements on the Python relay)."""
+    c = RawClient(proxy.host, proxy.port, dbname(layer_db), options="-c cow.session_id=fs-rerun")
+    update = "UPDATE customers SET name = name || '.' WHERE id = 1"
+    assert c.query(update)[-1] == (b"Z", b"I")  # joins the session, decides the text (Python)
+    assert on_fast(proxy)
+    c.sock.sendall(p.encode_parse("upd", "UPDATE customers SET name = name || '.' WHERE id = $1") + p.SYNC)
+    assert c.read_until(b"Z")[-1] == (b"Z", b"I")
+    assert on_fast(proxy)
+    before = tagged_counted(proxy, "update")
+    for _ in range(3):
+        assert c.query(update)[-2] == (b"C", b"UPDATE 1\0")
+        c.sock.sendall(p.encode_bind("", "upd", ("1",)) + p.encode_execute("") + p.SYNC)
+        assert c.read_until(b"Z")[-2:] == [(b"C", b"UPDATE 1\0"), (b"Z", b"I")]
+    assert relays(proxy) == {"fast": 1}
+    assert tagged_counted(proxy, "update") == before + 6
+    c.sock.close()
+
+
 def test_a_comment_tag_hands_a_session_back(proxy: RunningProxy, layer_db: str) -> None:
     c = RawClient(proxy.host, proxy.port, dbname(layer_db), options="-c cow.session_id=fs2")
     insert = "INSERT INTO customers (email, name) VALUES ('{}' || md5(random()::text), 'x')"

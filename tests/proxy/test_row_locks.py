@@ -20,6 +20,7 @@ import pytest
 
 from tests.fix_db import outcome
 from tests.fix_proxy import RunningProxy
+from tests.proxy.test_fast_relay import scrape
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -368,3 +369,115 @@ def test_refusals_are_errors_not_silent_differences(
             "FOR UPDATE OF i"
         )
         assert outcome(s, sql, None) == outcome(p, sql, None) == ("ok", "SELECT 1", [(1,)])
+
+
+# An autocommit UPDATE or DELETE that another transaction of the session changed a row under: on the plain
+# table READ COMMITTED runs it on the row's new version (EvalPlanQual); in a session the layer fails it with
+# its row-changed 40001, and the proxy runs it again (proxy/rerun.py) — on both relays.
+RELAYS = pytest.mark.parametrize("proxy", [True, False], ids=["fast-relay", "python-relay"], indirect=True)
+
+
+def _put_back_item_5(conn: Conn) -> None:
+    conn.execute("DELETE FROM lk_items WHERE id = 5")
+    conn.execute("INSERT INTO lk_items (id, name) VALUES (5, 'item 5')")
+
+
+def _autocommit_write_after_a_change(side: Side, sql: str, params: tuple[Any, ...] | None) -> Any:
+    """b runs ``sql`` in autocommit while a holds item 5 (FOR UPDATE), adds 10 to its n and commits; then
+    what b got and the row (put back after). b has run ``sql`` once before: in a session the C relay then
+    has the proxy's decision for its text (the run that waits must not stay on C)."""
+    with side.pair() as (a, b):
+        waiter = pid(b)
+        outcome(b, sql, params)
+        _put_back_item_5(a)
+        a.execute("BEGIN")
+        a.execute("SELECT id FROM lk_items WHERE id = 5 FOR UPDATE")
+        write = Background(b, sql, params)
+        wait_until_blocked(side.monitor, waiter)
+        a.execute("UPDATE lk_items SET n = n + 10 WHERE id = 5")
+        a.execute("COMMIT")
+        got = write.result()
+        row = outcome(a, "SELECT id, n, name FROM lk_items WHERE id = 5", None)
+        _put_back_item_5(a)
+        return got, row
+
+
+@RELAYS
+@pytest.mark.parametrize("protocol", ["simple", "extended"])
+def test_an_autocommit_write_that_waited_runs_on_the_new_version(
+    proxy: RunningProxy, sides: tuple[Side, Side, str], protocol: str
+) -> None:
+    """Django's ``get_or_create`` tests: ``filter(...).update(...)`` waits for ``update_or_create``'s lock,
+    then must apply to the row the lock holder committed (the plain table's outcome, exactly). psycopg sends
+    a statement without parameters as a simple Query, one with parameters as Parse/Bind/Describe/Execute/Sync.
+    """
+    writes = [
+        "UPDATE lk_items SET name = 'waited', n = n + 1 WHERE id = {id}",
+        "UPDATE lk_items SET n = n + 1 WHERE id = {id} RETURNING id, n, name",
+        "UPDATE lk_items SET name = 'no' WHERE id = {id} AND n = 0",  # no longer matches
+        "DELETE FROM lk_items WHERE id = {id} AND n >= 0",
+        "DELETE FROM lk_items WHERE id = {id} AND n = 0 RETURNING id",  # no longer matches
+    ]
+    params = (5,) if protocol == "extended" else None
+    key = "%s" if params else "5"
+
+    def scenario(side: Side) -> Any:
+        return [_autocommit_write_after_a_change(side, sql.format(id=key), params) for sql in writes]
+
+    got = both(sides, scenario)
+    assert got[0] == (("ok", "UPDATE 1", None), ("ok", "SELECT 1", [(5, 11, "waited")]))
+    assert got[1] == (("ok", "UPDATE 1", [(5, 11, "item 5")]), ("ok", "SELECT 1", [(5, 11, "item 5")]))
+    assert got[2] == (("ok", "UPDATE 0", None), ("ok", "SELECT 1", [(5, 10, "item 5")]))
+    assert got[3] == (("ok", "DELETE 1", None), ("ok", "SELECT 0", []))
+    assert got[4] == (("ok", "DELETE 0", []), ("ok", "SELECT 1", [(5, 10, "item 5")]))
+    assert scrape(proxy)["cowproxy_reruns_total"] == len(writes)  # one new run each, in the session
+
+
+@RELAYS
+def test_a_40001_that_is_not_the_read_committed_one_reaches_the_client(
+    sides: tuple[Side, Side, str],
+) -> None:
+    """REPEATABLE READ in autocommit: the plain table fails the waiting UPDATE with 40001 too, and so does the
+    session, untouched (never run again). Inside a transaction block the layer's 40001 stays the client's
+    (the documented difference: the plain table would run the UPDATE on the new version; a retry of the
+    transaction does)."""
+    plain, session, _ = sides
+    repeatable = "SET default_transaction_isolation = 'repeatable read'"
+    update = "UPDATE lk_items SET n = n + 1 WHERE id = 5"
+
+    def scenario(side: Side, setup: str) -> Any:
+        with side.pair() as (a, b):
+            waiter = pid(b)
+            b.execute(setup)
+            a.execute("BEGIN")
+            a.execute("SELECT id FROM lk_items WHERE id = 5 FOR UPDATE")
+            write = Background(b, update, rows=False)
+            wait_until_blocked(side.monitor, waiter)
+            a.execute("UPDATE lk_items SET n = n + 10 WHERE id = 5")
+            a.execute("COMMIT")
+            got = write.result()
+            if setup == "BEGIN":
+                b.execute("ROLLBACK")
+            _put_back_item_5(a)
+            return got
+
+    changed = ("error", "40001", "could not serialize access due to concurrent update")
+    assert scenario(plain, repeatable) == scenario(session, repeatable) == changed
+    assert scenario(plain, "BEGIN") == ("ok", "UPDATE 1")
+    assert scenario(session, "BEGIN") == changed
+
+
+@RELAYS
+def test_an_autocommit_write_of_another_session_never_waits(
+    proxy: RunningProxy, sides: tuple[Side, Side, str]
+) -> None:
+    _, session, layer_db = sides
+    other = proxy.dsn(layer_db, options="-c%20cow.session_id%3Dlocks-other")
+    with session.connect() as a, psycopg.connect(other, autocommit=True) as b:
+        a.execute("BEGIN")
+        a.execute("SELECT id FROM lk_items WHERE id = 5 FOR UPDATE")
+        a.execute("UPDATE lk_items SET n = n + 10 WHERE id = 5")
+        for _ in range(2):  # (the second time the C relay has the text's decision)
+            assert command(b, "UPDATE lk_items SET n = n + 1 WHERE id = 5") == ("ok", "UPDATE 1")
+        assert outcome(b, "SELECT n FROM lk_items WHERE id = 5", None) == ("ok", "SELECT 1", [(2,)])
+        a.execute("ROLLBACK")
