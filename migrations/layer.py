@@ -8,9 +8,11 @@ recorded in ``cow.repeatables``).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 
@@ -126,13 +128,15 @@ async def install_layer(
     *,
     progress: ProgressCallback | None = None,
     batch: int | None = None,
+    workers: Workers | None = None,
 ) -> InstallResult:
     """Apply pending migrations and enable CoW on every table of ``schemas`` (idempotent, resumable).
 
     The migrations, function files and schema records commit first; then the tables are enabled in batches of
     ``batch`` (default: ``batch_size``), one transaction each, so that a schema of thousands of tables fits
     PostgreSQL's lock table. Each table is enabled whole in its batch (never half), and an interrupted install
-    goes on where it stopped when run again. ``progress(done, total)`` is called after each batch."""
+    goes on where it stopped when run again. ``progress(done, total)`` is called after each batch. With
+    ``workers``, several batches run at once on connections of their own."""
     schemas = list(dict.fromkeys(schemas)) or ["public"]
     notes: list[str] = []
     try:
@@ -146,7 +150,7 @@ async def install_layer(
         # An upgrade regenerates every per-table object with the new generator code (cow.refresh(true) did it
         # in one transaction).
         force = bool(done and (applied or reapplied))
-        notes.extend(await _enable_tables(conn, force, batch or await batch_size(conn), progress))
+        notes.extend(await _enable_tables(conn, force, batch or await batch_size(conn), progress, workers))
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
             # What the batches do not: tables dropped or re-keyed, index mirrors, overlay twins of app views.
@@ -156,6 +160,8 @@ async def install_layer(
             f"install needs a superuser (event triggers, app table triggers): {exc}"
         ) from exc
     except asyncpg.PostgresError as exc:
+        raise LayerError(f"install failed: {exc}") from exc
+    except (asyncpg.InterfaceError, OSError) as exc:  # a connection lost (one of the workers' too)
         raise LayerError(f"install failed: {exc}") from exc
     return InstallResult(tuple(applied), tuple(dict.fromkeys(notes)), tuple(reapplied), secret)
 
@@ -223,30 +229,184 @@ async def _add_schemas(conn: asyncpg.Connection, schemas: Sequence[str], exclude
     return None
 
 
+@dataclass(frozen=True)
+class Workers:
+    """Connections for install's batches beyond the caller's: ``connect`` opens one to the same database, and
+    ``jobs`` batches run at once (1: one at a time, on the caller's connection)."""
+
+    connect: Callable[[], Awaitable[asyncpg.Connection]]
+    jobs: int = 2
+
+
+@dataclass
+class _Batches:
+    """The batches of one install phase, shared by the connections that work them off: each takes the next
+    batch until none is left or one of them failed (the others finish their batch, which commits whole)."""
+
+    todo: deque[list[int]]
+    total: int
+    progress: ProgressCallback | None
+    done: int = 0
+    failed: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def finished(self, chunk: list[int], notes: Iterable[str]) -> None:
+        self.done += len(chunk)
+        self.notes.extend(notes)
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+
+
 async def _enable_tables(
-    conn: asyncpg.Connection, force: bool, batch: int, progress: ProgressCallback | None
+    conn: asyncpg.Connection,
+    force: bool,
+    batch: int,
+    progress: ProgressCallback | None,
+    workers: Workers | None,
 ) -> list[str]:
     """Guard every table first (a trigger each, so ``GUARDS_PER_BATCH`` times ``batch`` per transaction), then
-    enable (or, with ``force``, regenerate) the pending tables, ``batch`` per transaction."""
+    enable (or, with ``force``, regenerate) the pending tables, ``batch`` per transaction: on ``workers.jobs``
+    connections at once when given (and the layer has ``cow._refresh_batch``), then the tables whose
+    neighbours another connection enabled meanwhile, one batch at a time."""
+    await _guard_tables(conn, batch * GUARDS_PER_BATCH)
+    pending = [r[0] for r in await conn.fetch("SELECT * FROM cow._pending_tables($1)", force)]
+    links = await conn.fetch(
+        "SELECT conrelid, confrelid FROM pg_catalog.pg_constraint WHERE contype = 'f'"
+        " AND conrelid = ANY ($1::oid[]) AND confrelid = ANY ($1::oid[])",
+        pending,
+    )
+    order = linked_batches(pending, [(a, b) for a, b in links], batch)
+    batches = _Batches(deque(order), len(pending), progress)
+    if progress is not None:
+        progress(0, len(pending))
+    if workers is None or workers.jobs < 2 or len(batches.todo) < 2 or not await _has_parallel_batches(conn):
+        await _serial_batches(conn, batches, _REFRESH, force)
+        return batches.notes
+    await _parallel_batches(conn, batches, force, workers)
+    # Tables whose foreign-key neighbour another connection enabled at the same time: each one's triggers read
+    # the other as not enabled, and their signatures say so (cow._refresh_batch).
+    stale = [r[0] for r in await conn.fetch("SELECT * FROM cow._pending_tables(false)")]
+    again = _Batches(deque(_chunks(stale, batch)), len(stale), None, notes=batches.notes)
+    await _serial_batches(conn, again, _RELINK)
+    return again.notes
+
+
+def _chunks(items: list[int], size: int) -> list[list[int]]:
+    return [items[start : start + size] for start in range(0, len(items), size)]
+
+
+def linked_batches(tables: Sequence[int], links: Iterable[tuple[int, int]], size: int) -> list[list[int]]:
+    """``tables`` in batches of at most ``size``, the tables a foreign key links (``links``: pairs of tables)
+    together where they fit: a set of linked tables that fits in a batch is never split, a larger one is cut
+    in the order of a breadth-first walk. A foreign key between two batches costs a table's triggers twice
+    (made before its neighbour was enabled, then again). The sets come in the order of ``tables``."""
+    pending = set(tables)
+    near: dict[int, list[int]] = {t: [] for t in tables}
+    for a, b in links:
+        if a != b and a in pending and b in pending:
+            near[a].append(b)
+            near[b].append(a)
+    batches: list[list[int]] = []
+    current: list[int] = []
+    seen: set[int] = set()
+    for start in tables:
+        if start in seen:
+            continue
+        linked = _walk(start, near, seen)
+        if len(current) + len(linked) > size and len(linked) <= size:
+            batches.append(current)
+            current = []
+        for table in linked:
+            current.append(table)
+            if len(current) == size:
+                batches.append(current)
+                current = []
+    batches.append(current)
+    return [b for b in batches if b]
+
+
+def _walk(start: int, near: dict[int, list[int]], seen: set[int]) -> list[int]:
+    """The tables linked to ``start`` (itself first), breadth first; marks them ``seen``."""
+    order = [start]
+    seen.add(start)
+    for table in order:  # (grows while it is walked)
+        for other in near[table]:
+            if other not in seen:
+                seen.add(other)
+                order.append(other)
+    return order
+
+
+async def _guard_tables(conn: asyncpg.Connection, step: int) -> None:
     unguarded = [r[0] for r in await conn.fetch("SELECT * FROM cow._unguarded_tables()")]
-    step = batch * GUARDS_PER_BATCH
     for start in range(0, len(unguarded), step):
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
             await conn.execute("SELECT cow._guard_tables($1::oid[])", unguarded[start : start + step])
-    pending = [r[0] for r in await conn.fetch("SELECT * FROM cow._pending_tables($1)", force)]
-    notes: list[str] = []
-    if progress is not None:
-        progress(0, len(pending))
-    for start in range(0, len(pending), batch):
-        chunk = pending[start : start + batch]
+
+
+async def _has_parallel_batches(conn: asyncpg.Connection) -> bool:
+    """Whether the installed layer can run batches at once (a baseline layer of the benchmarks may not)."""
+    return bool(
+        await conn.fetchval(
+            "SELECT to_regprocedure('cow._refresh_batch(oid[], boolean, boolean)') IS NOT NULL"
+        )
+    )
+
+
+_REFRESH = "SELECT * FROM cow._refresh_tables($1::oid[], $2)"
+_RELINK = "SELECT * FROM cow._relink_tables($1::oid[])"
+
+
+async def _serial_batches(conn: asyncpg.Connection, batches: _Batches, sql: str, *args: object) -> None:
+    """One batch at a time on ``conn``: ``sql`` with the batch's tables and ``args``."""
+    while batches.todo:
+        chunk = batches.todo.popleft()
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
-            rows = await conn.fetch("SELECT * FROM cow._refresh_tables($1::oid[], $2)", chunk, force)
-            notes.extend(r[0] for r in rows)
-        if progress is not None:
-            progress(start + len(chunk), len(pending))
-    return notes
+            rows = await conn.fetch(sql, chunk, *args)
+        batches.finished(chunk, (r[0] for r in rows))
+
+
+async def _parallel_batches(
+    conn: asyncpg.Connection, batches: _Batches, force: bool, workers: Workers
+) -> None:
+    """``workers.jobs`` connections (``conn`` and new ones) work the batches off at once. ``conn`` holds the
+    install lock for all of them meanwhile (a session-level advisory lock: the other connections' transactions
+    are this install's). The first error is raised once every connection has finished its batch."""
+    extra: list[asyncpg.Connection] = []
+    await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_KEY)
+    try:
+        # (Made here, once: two batches making one schema at once collide on its name.)
+        await conn.execute("SELECT cow._overlay_schemas()")
+        for _ in range(workers.jobs - 1):
+            extra.append(await workers.connect())
+        results = await asyncio.gather(
+            *(_batch_worker(c, batches, force) for c in (conn, *extra)), return_exceptions=True
+        )
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
+        for c in extra:
+            await c.close()
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+
+
+async def _batch_worker(conn: asyncpg.Connection, batches: _Batches, force: bool) -> None:
+    """Batches on one connection, each in one REPEATABLE READ transaction without the neighbours' triggers
+    (cow._refresh_batch says why)."""
+    try:
+        while batches.todo and not batches.failed:
+            chunk = batches.todo.popleft()
+            async with conn.transaction(isolation="repeatable_read"):
+                rows = await conn.fetch(
+                    "SELECT * FROM cow._refresh_batch($1::oid[], $2, false)", chunk, force
+                )
+            batches.finished(chunk, (r[0] for r in rows))
+    except BaseException:
+        batches.failed = True
+        raise
 
 
 async def uninstall_layer(conn: asyncpg.Connection, discard_sessions: bool = False) -> None:

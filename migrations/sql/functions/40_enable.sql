@@ -215,10 +215,7 @@ BEGIN
                                                 array_to_string(x.pk_columns, ', '), array_to_string(x.key, ', ')));
         rebuilt := true;
     END LOOP;
-    FOR x IN SELECT s.overlay_schema FROM cow.schemas s LOOP
-        EXECUTE format('CREATE SCHEMA IF NOT EXISTS %I', x.overlay_schema);
-        EXECUTE format('GRANT USAGE ON SCHEMA %I TO PUBLIC', x.overlay_schema);
-    END LOOP;
+    PERFORM cow._overlay_schemas();
     -- Tables of enabled schemas (partitions get the guard only; their parent is enabled).
     FOR x IN SELECT c.oid, c.relispartition FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
              JOIN cow.schemas s ON s.schema_name = n.nspname
@@ -338,11 +335,42 @@ BEGIN
     PERFORM set_config('cow.in_layer', coalesce(prev, ''), true);
 END $$;
 
+-- The overlay schemas of the enabled schemas, made and opened to PUBLIC when they are not yet. Only then: a
+-- GRANT rewrites the schema's catalog row even when the privilege is there, and two of install's batches
+-- running at once failed on that row ("tuple concurrently updated").
+CREATE OR REPLACE FUNCTION cow._overlay_schemas() RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET client_min_messages = warning AS $gen$
+DECLARE
+    x record;
+    prev text := current_setting('cow.in_layer', true);
+BEGIN
+    PERFORM set_config('cow.in_layer', 'on', true);
+    FOR x IN SELECT s.overlay_schema FROM cow.schemas s
+             WHERE NOT EXISTS (SELECT 1 FROM pg_namespace n, aclexplode(n.nspacl) a
+                               WHERE n.nspname = s.overlay_schema AND a.grantee = 0 AND a.privilege_type = 'USAGE') LOOP
+        EXECUTE format('CREATE SCHEMA IF NOT EXISTS %I', x.overlay_schema);
+        EXECUTE format('GRANT USAGE ON SCHEMA %I TO PUBLIC', x.overlay_schema);
+    END LOOP;
+    PERFORM set_config('cow.in_layer', coalesce(prev, ''), true);
+END $gen$;
+
 -- cow.refresh for some tables only (install's batches, app DDL on one table): registers and guards them, builds
 -- the overlay views that are stale or missing (all with p_force), and the triggers of these tables and of the
 -- enabled tables a foreign key links them to (the generated triggers read their neighbours' keys and
 -- actions). Each table is enabled whole within the caller's transaction. Returns notes.
 CREATE OR REPLACE FUNCTION cow._refresh_tables(p_rels oid[], p_force boolean DEFAULT false) RETURNS SETOF text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
+BEGIN
+    RETURN QUERY SELECT * FROM cow._refresh_batch(p_rels, p_force, true);
+END $gen$;
+
+-- cow._refresh_tables, with p_linked false for install's batches that run at once on several connections:
+-- only these tables' objects are made, never a neighbour's triggers, which another batch may be writing (two
+-- transactions replacing one function: "tuple concurrently updated"). Such a batch runs in REPEATABLE READ,
+-- so that each table's triggers and the signature recorded with them read the registry as of one snapshot:
+-- a neighbour that another batch registers meanwhile leaves both tables' signatures stale, and install
+-- brings them in step afterwards, one batch at a time and with their neighbours (migrations/layer.py).
+CREATE OR REPLACE FUNCTION cow._refresh_batch(p_rels oid[], p_force boolean, p_linked boolean) RETURNS SETOF text
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET client_min_messages = warning
 SET check_function_bodies = off AS $gen$
 DECLARE
@@ -352,10 +380,7 @@ DECLARE
     prev text := current_setting('cow.in_layer', true);
 BEGIN
     PERFORM set_config('cow.in_layer', 'on', true);
-    FOR x IN SELECT s.overlay_schema FROM cow.schemas s LOOP
-        EXECUTE format('CREATE SCHEMA IF NOT EXISTS %I', x.overlay_schema);
-        EXECUTE format('GRANT USAGE ON SCHEMA %I TO PUBLIC', x.overlay_schema);
-    END LOOP;
+    PERFORM cow._overlay_schemas();
     FOR x IN SELECT c.oid, c.relispartition FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
              JOIN cow.schemas s ON s.schema_name = n.nspname
              WHERE c.oid = ANY (p_rels) AND c.relkind IN ('r', 'p') AND NOT c.relname = ANY (s.excluded)
@@ -381,13 +406,49 @@ BEGIN
             built := built || x.id;
         END IF;
     END LOOP;
-    IF built <> '{}' THEN
+    IF built <> '{}' AND p_linked THEN
         built := built || cow._build_linked_triggers(built);
+    ELSE
+        FOR x IN SELECT unnest(built) AS id ORDER BY 1 LOOP
+            PERFORM cow._build_table_triggers(x.id);
+        END LOOP;
     END IF;
     -- (Only the tables whose objects were made here: a pass over the whole registry in each of install's
     -- batches made install quadratic in the number of tables.)
     PERFORM cow._rls_sync(built || ARRAY(SELECT g.id FROM cow.registry g WHERE g.relid = ANY (p_rels)));  -- 38_rls.sql
     PERFORM cow._fire_always(built);
+    PERFORM set_config('cow.in_layer', coalesce(prev, ''), true);
+END $gen$;
+
+-- Install's step after batches that ran at once (cow._refresh_batch with p_linked false): of the tables p_rels,
+-- those whose signature is stale get their triggers again. A table's view is current then, as its batch made
+-- it moments ago (app DDL since then rebuilt it through the event trigger); what went stale is what its
+-- triggers read of a foreign-key neighbour that a concurrent batch registered. So the triggers only, ~half a
+-- table's work: the view, changes table and indexes stay. A table whose view is missing or whose columns or
+-- key differ from those the registry recorded gets everything again (cow._refresh_tables). Returns notes.
+CREATE OR REPLACE FUNCTION cow._relink_tables(p_rels oid[]) RETURNS SETOF text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET client_min_messages = warning
+SET check_function_bodies = off AS $gen$
+DECLARE
+    x record;
+    relinked int[] := '{}';
+    prev text := current_setting('cow.in_layer', true);
+BEGIN
+    PERFORM set_config('cow.in_layer', 'on', true);
+    FOR x IN SELECT g.id FROM cow.registry g, cow._base_columns(g.relid) AS b
+             WHERE g.relid = ANY (p_rels) AND g.signature IS DISTINCT FROM cow._signature(g.relid)
+               AND to_regclass(format('%I.%I', g.overlay_schema, g.table_name)) IS NOT NULL
+               AND (g.col_names, g.col_types, g.col_attnums) = (b.names, b.types, b.nums)
+               AND g.pk_columns IS NOT DISTINCT FROM coalesce(cow._pk_columns(g.relid), '{}')
+             ORDER BY g.id LOOP
+        PERFORM cow._build_table_triggers(x.id);
+        relinked := relinked || x.id;
+    END LOOP;
+    PERFORM cow._rls_sync(relinked);
+    PERFORM cow._fire_always(relinked);
+    RETURN QUERY SELECT * FROM cow._refresh_tables(ARRAY(SELECT r FROM unnest(p_rels) AS r
+                                                         WHERE NOT EXISTS (SELECT 1 FROM cow.registry g
+                                                                           WHERE g.relid = r AND g.id = ANY (relinked))));
     PERFORM set_config('cow.in_layer', coalesce(prev, ''), true);
 END $gen$;
 
