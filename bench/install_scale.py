@@ -2,12 +2,13 @@
 a baseline layer (a git ref's SQL files) against this checkout's, side by side.
 
     .venv/bin/python bench/install_scale.py --dsn postgresql://postgres@127.0.0.1:5432/postgres \\
-        [--tables 2000 5000] [--baseline REF] [--rounds 5]
+        [--tables 2000 5000] [--baseline REF] [--rounds 5] [--jobs 2] [--baseline-jobs 1]
 
 For each count: databases with that many tables (a serial key, a unique text column with its index, and a
 foreign key to the table before, in chains of ten): one for the baseline layer (``a``, ``--baseline``, default
 ``main``), one for this checkout's (``b``) and a plain copy. Then ``install_layer`` is timed on ``a`` and on
-``b`` (batched transactions, the server's default ``max_locks_per_transaction``), then ``ALTER TABLE … ADD
+``b`` (batched transactions, the server's default ``max_locks_per_transaction``; ``b`` on ``--jobs``
+connections at once, ``a`` on ``--baseline-jobs``), then ``ALTER TABLE … ADD
 COLUMN`` on one table in the middle of a chain (a parent and a child), on ``a``, ``b`` and the plain copy (the
 difference to plain is the layer's work: its event triggers). ``--baseline none`` times this checkout only.
 Prints one line per count and layer, and the ratios b/a.
@@ -25,6 +26,7 @@ import _common as common
 import asyncpg
 
 from migrations import install_layer
+from migrations.layer import Workers
 
 GROUP = 10  # tables per foreign-key chain
 
@@ -62,12 +64,12 @@ async def _alter_ms(dsn: str, table: str, rounds: int) -> float:
         await conn.close()
 
 
-async def _install_s(dsn: str, files: common.Layer) -> tuple[float, int]:
+async def _install_s(dsn: str, files: common.Layer, jobs: int) -> tuple[float, int]:
     conn = await asyncpg.connect(dsn)
     try:
         start = time.perf_counter()
         with common.installed_layer(files):
-            await install_layer(conn)
+            await install_layer(conn, workers=Workers(lambda: asyncpg.connect(dsn), jobs))
         seconds = time.perf_counter() - start
         enabled = int(await conn.fetchval("SELECT count(*) FROM cow.registry"))
         return seconds, enabled
@@ -75,7 +77,7 @@ async def _install_s(dsn: str, files: common.Layer) -> tuple[float, int]:
         await conn.close()
 
 
-async def run(dsn: str, count: int, rounds: int, layers: dict[str, common.Layer]) -> list[str]:
+async def run(dsn: str, count: int, rounds: int, layers: dict[str, tuple[common.Layer, int]]) -> list[str]:
     admin = await asyncpg.connect(dsn)
     names = {v: f"cow_install_{count}_{v}" for v in (*layers, "plain")}
     table = f"t{count // 2 + 1}"  # in a chain: a parent and a child
@@ -90,13 +92,14 @@ async def run(dsn: str, count: int, rounds: int, layers: dict[str, common.Layer]
                 await conn.close()
         plain_ms = await _alter_ms(common.with_database(dsn, names["plain"]), table, rounds)
         results = {}
-        for v, files in layers.items():
-            common.log(f"{count} tables: installing layer {v}")
-            install_s, enabled = await _install_s(common.with_database(dsn, names[v]), files)
+        for v, (files, jobs) in layers.items():
+            common.log(f"{count} tables: installing layer {v} ({jobs} connection(s))")
+            install_s, enabled = await _install_s(common.with_database(dsn, names[v]), files, jobs)
             layer_ms = await _alter_ms(common.with_database(dsn, names[v]), table, rounds)
             results[v] = (install_s, layer_ms - plain_ms)
             lines.append(
-                f"{count} tables, layer {v}: install {install_s:.1f} s ({enabled} enabled, "
+                f"{count} tables, layer {v}: install {install_s:.1f} s on {jobs} connection(s) "
+                f"({enabled} enabled, "
                 f"{count / install_s:.0f} tables/s); ALTER TABLE {table} ADD COLUMN: {layer_ms:.1f} ms with "
                 f"the layer, {plain_ms:.1f} ms plain "
                 f"(layer work {layer_ms - plain_ms:.1f} ms; median of {rounds})"
@@ -113,10 +116,10 @@ async def run(dsn: str, count: int, rounds: int, layers: dict[str, common.Layer]
 
 
 async def main(args: argparse.Namespace) -> None:
-    layers: dict[str, common.Layer] = {}
+    layers: dict[str, tuple[common.Layer, int]] = {}
     if args.baseline != "none":
-        layers["a"] = common.baseline_layer(args.baseline)
-    layers["b"] = common.this_layer()
+        layers["a"] = (common.baseline_layer(args.baseline), args.baseline_jobs)
+    layers["b"] = (common.this_layer(), args.jobs)
     for count in args.tables:
         for line in await run(args.dsn, count, args.rounds, layers):
             print(line, flush=True)
@@ -130,4 +133,11 @@ if __name__ == "__main__":
     parser.add_argument("--tables", type=int, nargs="+", default=[2000, 5000])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--baseline", default="main", help="git ref of layer a ('none': layer b only)")
+    parser.add_argument("--jobs", type=int, default=2, help="connections of layer b's install (default 2)")
+    parser.add_argument(
+        "--baseline-jobs",
+        type=int,
+        default=1,
+        help="connections of layer a's install (default 1; a layer without cow._refresh_batch uses one)",
+    )
     sys.exit(common.run_main("install_scale", main(parser.parse_args())))

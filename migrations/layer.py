@@ -270,12 +270,15 @@ async def _enable_tables(
     neighbours another connection enabled meanwhile, one batch at a time."""
     await _guard_tables(conn, batch * GUARDS_PER_BATCH)
     pending = [r[0] for r in await conn.fetch("SELECT * FROM cow._pending_tables($1)", force)]
-    links = await conn.fetch(
-        "SELECT conrelid, confrelid FROM pg_catalog.pg_constraint WHERE contype = 'f'"
-        " AND conrelid = ANY ($1::oid[]) AND confrelid = ANY ($1::oid[])",
-        pending,
-    )
-    order = linked_batches(pending, [(a, b) for a, b in links], batch)
+    links = [
+        (a, b)
+        for a, b in await conn.fetch(
+            "SELECT conrelid, confrelid FROM pg_catalog.pg_constraint WHERE contype = 'f'"
+            " AND conrelid <> confrelid AND (conrelid = ANY ($1::oid[]) OR confrelid = ANY ($1::oid[]))",
+            pending,
+        )
+    ]
+    order = linked_batches(pending, links, batch)
     batches = _Batches(deque(order), len(pending), progress)
     if progress is not None:
         progress(0, len(pending))
@@ -283,10 +286,10 @@ async def _enable_tables(
         await _serial_batches(conn, batches, _REFRESH, force)
         return batches.notes
     await _parallel_batches(conn, batches, force, workers)
-    # Tables whose foreign-key neighbour another connection enabled at the same time: each one's triggers read
-    # the other as not enabled, and their signatures say so (cow._refresh_batch).
-    stale = [r[0] for r in await conn.fetch("SELECT * FROM cow._pending_tables(false)")]
-    again = _Batches(deque(_chunks(stale, batch)), len(stale), None, notes=batches.notes)
+    # A table whose foreign-key neighbour another batch enabled may have read it as not enabled, and then its
+    # signature says so (cow._refresh_batch): those of the links between batches are checked.
+    linked = _across(order, links)
+    again = _Batches(deque(_chunks(linked, batch)), len(linked), None, notes=batches.notes)
     await _serial_batches(conn, again, _RELINK)
     return again.notes
 
@@ -323,6 +326,16 @@ def linked_batches(tables: Sequence[int], links: Iterable[tuple[int, int]], size
                 current = []
     batches.append(current)
     return [b for b in batches if b]
+
+
+def _across(batches: list[list[int]], links: Iterable[tuple[int, int]]) -> list[int]:
+    """The tables of ``links`` whose other table is in another batch, or in none (enabled before)."""
+    batch_of = {table: n for n, tables in enumerate(batches) for table in tables}
+    found: dict[int, None] = {}
+    for a, b in links:
+        if batch_of.get(a, -1) != batch_of.get(b, -1):
+            found.update(dict.fromkeys((a, b)))
+    return list(found)
 
 
 def _walk(start: int, near: dict[int, list[int]], seen: set[int]) -> list[int]:

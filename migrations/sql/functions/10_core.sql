@@ -261,45 +261,86 @@ BEGIN
     RETURN filled;
 END $$;
 
+-- (The string helpers below are plpgsql loops over simple expressions: as SQL functions, which PostgreSQL
+-- cannot inline (an aggregate over unnest), each call parsed and planned its query again: ~100 calls per
+-- table, a fifth of install's CPU. Like string_agg, a helper returns NULL for no columns unless it says.)
+
 -- "a.x = b.x AND a.y = b.y" over cols.
 CREATE OR REPLACE FUNCTION cow._eq(cols text[], l text, r text, l_cols text[] DEFAULT NULL) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT string_agg(format('%s.%I = %s.%I', l, coalesce(l_cols[i], cols[i]), r, cols[i]), ' AND ' ORDER BY i)
-    FROM generate_subscripts(cols, 1) AS i
-$$;
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    res text;
+BEGIN
+    FOR i IN coalesce(array_lower(cols, 1), 1) .. coalesce(array_upper(cols, 1), 0) LOOP
+        res := concat_ws(' AND ', res, format('%s.%I = %s.%I', l, coalesce(l_cols[i], cols[i]), r, cols[i]));
+    END LOOP;
+    RETURN res;
+END $$;
 
 -- "r.x IS NOT NULL AND r.y IS NOT NULL"
 CREATE OR REPLACE FUNCTION cow._notnull(cols text[], r text) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT string_agg(format('%s.%I IS NOT NULL', r, c), ' AND ' ORDER BY i)
-    FROM unnest(cols) WITH ORDINALITY AS t(c, i)
-$$;
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    c text;
+    res text;
+BEGIN
+    FOREACH c IN ARRAY coalesce(cols, '{}') LOOP
+        res := concat_ws(' AND ', res, format('%s.%I IS NOT NULL', r, c));
+    END LOOP;
+    RETURN res;
+END $$;
 
 -- "(NEW.x IS DISTINCT FROM OLD.x OR ...)"
 CREATE OR REPLACE FUNCTION cow._changed(cols text[]) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT '(' || string_agg(format('NEW.%I IS DISTINCT FROM OLD.%I', c, c), ' OR ' ORDER BY i) || ')'
-    FROM unnest(cols) WITH ORDINALITY AS t(c, i)
-$$;
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    c text;
+    res text;
+BEGIN
+    FOREACH c IN ARRAY coalesce(cols, '{}') LOOP
+        res := concat_ws(' OR ', res, format('NEW.%I IS DISTINCT FROM OLD.%I', c, c));
+    END LOOP;
+    RETURN '(' || res || ')';
+END $$;
 
 -- "concat_ws(', ', coalesce(r.x::text, 'null'), ...)": key values for error details.
 CREATE OR REPLACE FUNCTION cow._keytext(cols text[], r text) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT 'concat_ws('', '', ' || string_agg(format('coalesce(%s.%I::text, ''null'')', r, c), ', ' ORDER BY i) || ')'
-    FROM unnest(cols) WITH ORDINALITY AS t(c, i)
-$$;
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    c text;
+    res text;
+BEGIN
+    FOREACH c IN ARRAY coalesce(cols, '{}') LOOP
+        res := concat_ws(', ', res, format('coalesce(%s.%I::text, ''null'')', r, c));
+    END LOOP;
+    RETURN 'concat_ws('', '', ' || res || ')';
+END $$;
 
 -- "'x', r.x, 'y', r.y": the arguments of jsonb_build_object for a key (or NULL without columns).
 CREATE OR REPLACE FUNCTION cow._jsonargs(cols text[], r text) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT string_agg(format('%L, %s.%I', c, r, c), ', ' ORDER BY i) FROM unnest(cols) WITH ORDINALITY AS t(c, i)
-$$;
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    c text;
+    res text;
+BEGIN
+    FOREACH c IN ARRAY coalesce(cols, '{}') LOOP
+        res := concat_ws(', ', res, format('%L, %s.%I', c, r, c));
+    END LOOP;
+    RETURN res;
+END $$;
 
+-- "p.x, p.y" (prefix p.), '' without columns.
 CREATE OR REPLACE FUNCTION cow._collist(cols text[], prefix text DEFAULT '') RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT coalesce(string_agg(prefix || quote_ident(c), ', ' ORDER BY i), '')
-    FROM unnest(cols) WITH ORDINALITY AS t(c, i)
-$$;
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    c text;
+    res text;
+BEGIN
+    FOREACH c IN ARRAY coalesce(cols, '{}') LOOP
+        res := concat_ws(', ', res, prefix || quote_ident(c));
+    END LOOP;
+    RETURN coalesce(res, '');
+END $$;
 
 -- (The catalog helpers the generators call most, cow._attnames, cow._key_index, cow._pk_columns and
 -- cow._signature, are plpgsql: it keeps their query plans for the session, where a SQL function that cannot
@@ -319,11 +360,13 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- The relation rows are read from in a session: the overlay view of an enabled table, else the table itself.
+-- (plpgsql: its query planned once per connection, not at each of its ~10 calls per table.)
 CREATE OR REPLACE FUNCTION cow._session_rel(p_rel oid) RETURNS text
-LANGUAGE sql STABLE AS $$
-    SELECT coalesce((SELECT format('%I.%I', overlay_schema, table_name) FROM cow.registry WHERE relid = p_rel),
-                    p_rel::regclass::text)
-$$;
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN coalesce((SELECT format('%I.%I', overlay_schema, table_name) FROM cow.registry WHERE relid = p_rel),
+                    p_rel::regclass::text);
+END $$;
 
 -- The index that identifies a table's rows in the layer, its "key" (registry.pk_columns holds its columns, so the
 -- overlay view, the changes table's <t>_cur, commit, diff and scoring follow it): the primary key; else, like
@@ -411,10 +454,15 @@ BEGIN
 END $$;
 
 CREATE OR REPLACE FUNCTION cow._eq2(lcols text[], l text, rcols text[], r text) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT string_agg(format('%s.%I = %s.%I', l, lcols[i], r, rcols[i]), ' AND ' ORDER BY i)
-    FROM generate_subscripts(lcols, 1) AS i
-$$;
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    res text;
+BEGIN
+    FOR i IN coalesce(array_lower(lcols, 1), 1) .. coalesce(array_upper(lcols, 1), 0) LOOP
+        res := concat_ws(' AND ', res, format('%s.%I = %s.%I', l, lcols[i], r, rcols[i]));
+    END LOOP;
+    RETURN res;
+END $$;
 
 -- "SELECT r.a AS a, r.b AS b": a row source naming a record's fields as columns, for generated-column and CHECK
 -- expressions (which name columns bare).
@@ -437,10 +485,11 @@ RETURN CASE WHEN pg_catalog.current_setting('transaction_isolation') = 'read com
 
 CREATE OR REPLACE FUNCTION cow._raise(errcode text, message text, detail text, p_schema text, p_table text,
                                       p_constraint text DEFAULT NULL, p_column text DEFAULT NULL) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT format('RAISE EXCEPTION USING ERRCODE = %L, MESSAGE = %L%s, SCHEMA = %L, TABLE = %L%s%s;',
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN format('RAISE EXCEPTION USING ERRCODE = %L, MESSAGE = %L%s, SCHEMA = %L, TABLE = %L%s%s;',
                   errcode, message, CASE WHEN detail IS NULL THEN '' ELSE ', DETAIL = ' || detail END,
                   p_schema, p_table,
                   CASE WHEN p_constraint IS NULL THEN '' ELSE format(', CONSTRAINT = %L', p_constraint) END,
-                  CASE WHEN p_column IS NULL THEN '' ELSE format(', COLUMN = %L', p_column) END)
-$$;
+                  CASE WHEN p_column IS NULL THEN '' ELSE format(', COLUMN = %L', p_column) END);
+END $$;

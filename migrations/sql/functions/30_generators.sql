@@ -8,8 +8,10 @@
 
 -- The columns of base table rel, in attribute order: names, types as the changes table declares them (with a
 -- collation other than the type's), attribute numbers. Shared by both generators (keyed, keyless).
+-- (plpgsql: a SQL function planned its query at each call.)
 CREATE OR REPLACE FUNCTION cow._base_columns(rel oid, OUT names text[], OUT types text[], OUT nums int[])
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
     SELECT array_agg(a.attname::text ORDER BY a.attnum),
            array_agg(format_type(a.atttypid, a.atttypmod)
                      || CASE WHEN a.attcollation <> 0 AND a.attcollation <> t.typcollation
@@ -18,9 +20,10 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
                                                   WHERE co.oid = a.attcollation)
                              ELSE '' END ORDER BY a.attnum),
            array_agg(a.attnum::int ORDER BY a.attnum)
+    INTO names, types, nums
     FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
-    WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped
-$$;
+    WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped;
+END $$;
 
 -- Column p_col of changes table p_ch after app DDL added it to (p_added) or retyped it in base table p_b (key
 -- p_pk, NULL for a keyless table): the session's versions of base rows take the value the base row has now, as
