@@ -14,6 +14,7 @@ import pytest
 
 from cowproxy.main import main
 from migrations import migrations, repeatables
+from migrations.cli import _Progress
 from tests.fix_layer import SAMPLE_DATA, SAMPLE_SCHEMA
 
 
@@ -75,6 +76,48 @@ def test_install_status_uninstall(create_database: Callable[..., str]) -> None:
     one_error_line(cli("uninstall", dsn=dsn), "discard-sessions")
     assert cli("uninstall", "--discard-sessions", dsn=dsn).returncode == 0
     one_error_line(cli("uninstall", dsn=dsn), "not installed")
+
+
+def test_install_on_several_connections_prints_one_summary_line(create_database: Callable[..., str]) -> None:
+    dsn = create_database()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "\n".join(
+                f"CREATE TABLE t{i} (id int PRIMARY KEY"
+                + (f", up int REFERENCES t{i - 1} (id));" if i % 5 else ");")
+                for i in range(30)
+            )
+        )
+    result = cli("install", "--jobs", "3", dsn=dsn)
+    assert result.returncode == 0 and result.stderr == ""  # not a terminal: no progress bar
+    summary = result.stdout.strip().splitlines()[-2 if "binding secret" in result.stdout else -1]
+    assert summary.startswith("CoW enabled on schema(s): public (30 tables enabled or regenerated in ")
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM cow.registry").fetchone() == (30,)
+        assert conn.execute("SELECT count(*) FROM cow._pending_tables(false)").fetchone() == (0,)
+    for bad in ("0", "x", "99"):
+        usage = cli("install", "--jobs", bad, dsn=dsn)
+        assert usage.returncode == 2 and "--jobs: expected a number of connections from 1" in usage.stderr
+
+
+def test_install_progress_bar_on_a_terminal() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    progress = _Progress(stream)
+    for done in (0, 10, 25):
+        progress(done, 25)
+    assert stream.getvalue().split("\r")[1:] == [
+        "enabling tables [..............................] 0/25",
+        "enabling tables [############..................] 10/25",
+        "enabling tables [##############################] 25/25\n",
+    ]
+    assert progress.summary().startswith("25 tables enabled or regenerated in ")
+    quiet = io.StringIO()
+    _Progress(quiet)(10, 25)
+    assert quiet.getvalue() == ""
 
 
 def test_session_commands(layer_db: str) -> None:
