@@ -17,6 +17,7 @@ Prints one line per count and layer, and the ratios b/a.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import sys
 import time
@@ -64,16 +65,52 @@ async def _alter_ms(dsn: str, table: str, rounds: int) -> float:
         await conn.close()
 
 
-async def _install_s(dsn: str, files: common.Layer, jobs: int) -> tuple[float, int]:
+class _BackendCpu:
+    """CPU time of the install's backends (this machine's /proc; 0 for a remote server): each one's last value
+    read every 0.2 s, as a connection closed by install takes its figure with it. Unlike wall time it does not
+    count waiting for a core that other processes hold, so it tells what an idle machine would take."""
+
+    def __init__(self) -> None:
+        self.pids: list[int] = []
+        self.seen: dict[int, int] = {}
+
+    def read(self) -> None:
+        for pid in self.pids:
+            ns = common.cpu_ns(pid)
+            if ns is not None:
+                self.seen[pid] = max(ns, self.seen.get(pid, 0))
+
+    async def poll(self) -> None:
+        while True:
+            self.read()
+            await asyncio.sleep(0.2)
+
+    def seconds(self) -> float:
+        return sum(self.seen.values()) / 1e9
+
+
+async def _install_s(dsn: str, files: common.Layer, jobs: int) -> tuple[float, float, int]:
+    """Install's wall time, its backends' CPU time, and the tables enabled."""
     conn = await asyncpg.connect(dsn)
+    cpu = _BackendCpu()
+    cpu.pids.append(conn.get_server_pid())
+
+    async def connect() -> asyncpg.Connection:
+        extra = await asyncpg.connect(dsn)
+        cpu.pids.append(extra.get_server_pid())
+        return extra
+
+    poller = asyncio.create_task(cpu.poll())
     try:
         start = time.perf_counter()
         with common.installed_layer(files):
-            await install_layer(conn, workers=Workers(lambda: asyncpg.connect(dsn), jobs))
+            await install_layer(conn, workers=Workers(connect, jobs))
         seconds = time.perf_counter() - start
+        cpu.read()
         enabled = int(await conn.fetchval("SELECT count(*) FROM cow.registry"))
-        return seconds, enabled
+        return seconds, cpu.seconds(), enabled
     finally:
+        poller.cancel()
         await conn.close()
 
 
@@ -94,12 +131,12 @@ async def run(dsn: str, count: int, rounds: int, layers: dict[str, tuple[common.
         results = {}
         for v, (files, jobs) in layers.items():
             common.log(f"{count} tables: installing layer {v} ({jobs} connection(s))")
-            install_s, enabled = await _install_s(common.with_database(dsn, names[v]), files, jobs)
+            install_s, cpu_s, enabled = await _install_s(common.with_database(dsn, names[v]), files, jobs)
             layer_ms = await _alter_ms(common.with_database(dsn, names[v]), table, rounds)
             results[v] = (install_s, layer_ms - plain_ms)
             lines.append(
-                f"{count} tables, layer {v}: install {install_s:.1f} s on {jobs} connection(s) "
-                f"({enabled} enabled, "
+                f"{count} tables, layer {v}: install {install_s:.1f} s on {jobs} connection(s), backends' "
+                f"CPU {cpu_s:.1f} s ({enabled} enabled, "
                 f"{count / install_s:.0f} tables/s); ALTER TABLE {table} ADD COLUMN: {layer_ms:.1f} ms with "
                 f"the layer, {plain_ms:.1f} ms plain "
                 f"(layer work {layer_ms - plain_ms:.1f} ms; median of {rounds})"

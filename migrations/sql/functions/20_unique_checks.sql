@@ -108,9 +108,11 @@ BEGIN
             EXECUTE format('CREATE INDEX %I %s', nm, def);
         END IF;
     END LOOP;
-    FOR x IN SELECT c.relname FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace
-             WHERE s.nspname = 'cow_changes' AND c.relkind = 'i' AND c.relname LIKE r.changes_table || '\_xq%'
-               AND NOT c.relname = ANY (wanted) LOOP
+    -- (The changes table's own indexes, through pg_index's index: a LIKE on a name that is a variable cannot
+    -- use pg_class's, and scanning all of pg_class for each table made install quadratic.)
+    FOR x IN SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+             WHERE i.indrelid = to_regclass(format('cow_changes.%I', r.changes_table))
+               AND c.relname LIKE r.changes_table || '\_xq%' AND NOT c.relname = ANY (wanted) LOOP
         EXECUTE format('DROP INDEX cow_changes.%I', x.relname);
     END LOOP;
 END $gen$;

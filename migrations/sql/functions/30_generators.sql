@@ -217,8 +217,9 @@ BEGIN
                        ch, cow._collist(pk));
     END IF;
     -- Lookups for the session's UNIQUE checks.
-    FOR idx IN SELECT c.relname FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace
-               WHERE s.nspname = 'cow_changes' AND c.relkind = 'i' AND c.relname LIKE r.changes_table || '\_u%' LOOP
+    -- (Found through pg_index's index, as in cow._build_lookup_indexes.)
+    FOR idx IN SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+               WHERE i.indrelid = to_regclass(ch) AND c.relname LIKE r.changes_table || '\_u%' LOOP
         EXECUTE format('DROP INDEX cow_changes.%I', idx.relname);
     END LOOP;
     -- (Not for the key index, the primary key or the unique index that stands in for it: <t>_cur is its.)
