@@ -2,14 +2,17 @@
 C relay's records, the writer) and its other threads (the C relay).
 
     .venv/bin/python bench/reads_threads.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
-        [--seconds 10] [--rounds 3] [--sessions 8] [--mode prepared] [--select-only]
+        [--seconds 10] [--rounds 3] [--sessions 8] [--mode prepared] [--select-only] [--baseline DIR]
 
 Without --dsn an embedded PostgreSQL is started; `pgbench -i -s 10` and the layer in a scratch database.
 Three proxies, one at a time, the order turned each round: `proxy` (no recording), `reads` (--reads-dsn;
 the sessions set no operation id, so each read takes its transaction's: the proxy asks the server before
 a transaction that read and wrote ends) and `reads_op` (--reads-dsn, each session with an operation id).
-Each runs N pgbench processes, one session each; CPU from /proc/PID/task (user + system) per transaction,
-summed over the rounds. On a shared machine the TPS swing with the load; CPU per transaction much less.
+Each runs N pgbench processes, one session each; CPU from /proc/PID/task/TID/schedstat (time on a CPU, in
+ns: the clock-tick counts of stat are 10 ms steps, as much as the Python thread's whole share of a run) per
+transaction, summed over the rounds. On a shared machine the TPS swing with the load; CPU per transaction
+much less. --baseline DIR: the same three from another checkout too (a git worktree of main, its C
+extension built), side by side in each round, named base_proxy, base_reads, base_reads_op.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ bp = importlib.util.module_from_spec(_spec)
 sys.modules["bench_proxy"] = bp
 _spec.loader.exec_module(bp)
 
-TICK = os.sysconf("SC_CLK_TCK")
 GATHER = 1.0  # proxy.reads.GATHER: the writer's longest wait before a batch
+# After pgbench: the C relay's records are taken within a GATHER, then written (main: 0.1 s, then gathered).
+SETTLE = 2 * GATHER + 0.5
 DATABASE = "cowproxy_bench_reads_threads"
 
 
@@ -45,9 +49,7 @@ def thread_cpu(pid: int) -> tuple[float, float]:
     main = other = 0.0
     for tid in os.listdir(f"/proc/{pid}/task"):
         with contextlib.suppress(OSError):
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-            fields = stat[stat.rindex(")") + 2 :].split()
-            seconds = (int(fields[11]) + int(fields[12])) / TICK
+            seconds = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]) / 1e9
             if int(tid) == pid:
                 main += seconds
             else:
@@ -64,7 +66,7 @@ def run(
     procs = []
     for i in range(args.sessions):
         options = f"-c cow.session_id=thr_{name}_{i}"
-        if name == "reads_op":
+        if name.endswith("reads_op"):
             options += f" -c cow.operation_id=op{i}"
         flags = ["-M", args.mode, *(["-S"] if args.select_only else [])]
         cmd = [tool, "-n", "-T", str(args.seconds), "-c", "1", "-j", "1", "-h", target.host]
@@ -79,7 +81,7 @@ def run(
         if found is None:
             raise SystemExit(f"pgbench failed ({name}): {out[-400:]}")
         txns += int(found.group(1))
-    time.sleep(GATHER + 0.5)  # (the writer's last batch)
+    time.sleep(SETTLE)  # (the writer's last batch)
     main1, other1 = thread_cpu(target.pid)
     return txns, main1 - main0, other1 - other0
 
@@ -92,6 +94,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--mode", default="prepared", help="pgbench -M")
     parser.add_argument("--select-only", action="store_true", help="pgbench -S instead of TPC-B")
+    parser.add_argument("--baseline", type=Path, help="another checkout (e.g. a worktree of main) to run too")
     args = parser.parse_args()
     with bp.server(args.dsn, None) as (dsn, host, port, bindir, _sockets):
         tool = os.path.join(bindir, "pgbench") if bindir else (shutil.which("pgbench") or "pgbench")
@@ -105,17 +108,23 @@ def main() -> None:
         install = [sys.executable, "-m", "cowproxy", "install", "--dsn", db_dsn]
         subprocess.run(install, check=True, capture_output=True, cwd=ROOT)
         reads = ("--reads-dsn", db_dsn)
-        configs = [("proxy", ()), ("reads", reads), ("reads_op", reads)]
-        totals = {name: [0, 0.0, 0.0] for name, _ in configs}
+        configs: list[tuple[str, tuple[str, ...], Path]] = [
+            ("proxy", (), ROOT),
+            ("reads", reads, ROOT),
+            ("reads_op", reads, ROOT),
+        ]
+        if args.baseline is not None:
+            configs += [("base_" + name, extra, args.baseline.resolve()) for name, extra, _ in configs]
+        totals = {name: [0, 0.0, 0.0] for name, _, _ in configs}
         for round_no in range(args.rounds):
             for k in range(len(configs)):
-                name, extra = configs[(k + round_no) % len(configs)]
-                with bp.cowproxy(f"{host}:{port}", "tcp", extra=extra, name=name) as target:
+                name, extra, root = configs[(k + round_no) % len(configs)]
+                with bp.cowproxy(f"{host}:{port}", "tcp", root=root, extra=extra, name=name) as target:
                     txns, main_s, other_s = run(args, tool, target, name, user)
                 for i, value in enumerate((txns, main_s, other_s)):
                     totals[name][i] += value
                 print(
-                    f"round {round_no + 1} {name:9} txns {txns:7}  python {main_s / txns * 1e6:6.1f} µs/txn"
+                    f"round {round_no + 1} {name:13} txns {txns:7}  python {main_s / txns * 1e6:6.1f} µs/txn"
                     f"  other threads {other_s / txns * 1e6:6.1f} µs/txn",
                     flush=True,
                 )
@@ -125,7 +134,7 @@ def main() -> None:
             python, other = main_s / txns * 1e6, other_s / txns * 1e6
             total = python + other
             cpu = f"python {python:6.1f}  other {other:6.1f}  total {total:6.1f} µs/txn"
-            print(f"{name:9} tps {tps:8.1f}  {cpu}")
+            print(f"{name:13} tps {tps:8.1f}  {cpu}")
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
 

@@ -371,6 +371,12 @@ class ReadRecorder:
             if len(queue) >= BATCH:
                 self._full.set()
 
+    def write_soon(self) -> None:
+        """What is queued is a batch: the writer stops gathering (the C relay's records, taken once per
+        GATHER, have waited that long already; a second wait would only add a wake-up of the loop)."""
+        if self.queue:
+            self._full.set()
+
     def for_connection(self, database: str, catalog: Callable[[], Catalog | None]) -> ReadsCallback:
         """The relay's ``reads`` callback for one client connection to ``database``."""
         offer = self.offer

@@ -31,7 +31,7 @@ from proxy.errors import PolicyError, ProtocolError, ProxyError, TagError
 from proxy.fastrelay import UNAVAILABLE as FAST_RELAY_UNAVAILABLE
 from proxy.fastrelay import Decision, FastCounts, FastRead, FastRelay, Handback
 from proxy.metrics import ConnectionHooks, Metrics
-from proxy.reads import ReadRecord, ReadRecorder
+from proxy.reads import GATHER, ReadRecord, ReadRecorder
 from proxy.relay import PendingRead, Relay, Statement
 from proxy.shared import SharedRoutes
 from proxy.tags import Tags, check_id, read_startup_tags
@@ -42,8 +42,11 @@ _Q = ord("Q")
 _FAST_TYPES = frozenset(b"QPBDECSH")
 _SHORT_STINT = 4  # client messages: less than a statement's Parse/Bind/Execute/Sync
 # How often the read records of recorded sessions on the C relay are taken (also when a connection's ring
-# passes its mark, and at hand-back); the writer gathers for longer anyway (proxy/reads.py).
-_TAKE_READS = 0.1
+# passes its mark, and at hand-back): as long as the writer gathers (proxy/reads.py), and the records taken
+# by this timer are written at once (ReadRecorder.write_soon). Each wake-up of the Python thread costs
+# far more than its records at TPC-B's rates: every 0.1 s it was 3.5 µs of Python per record taken, every
+# 1 s 1.2-1.4 µs (docs/benchmarks.md, "Read traces: the cost of taking and writing records").
+_TAKE_READS = GATHER
 _ids = itertools.count(1)
 
 
@@ -1014,6 +1017,8 @@ class ProxyServer:
 
     def _reads_tick(self) -> None:
         self.take_fast_reads()
+        if self.reads is not None:
+            self.reads.write_soon()  # (they have waited a tick: no second wait in the writer)
         if self.fast is not None:
             self._reads_timer = asyncio.get_running_loop().call_later(_TAKE_READS, self._reads_tick)
 

@@ -16,7 +16,16 @@ import asyncpg
 import psycopg
 import pytest
 
-from proxy.reads import COLUMNS, COPY_COLUMNS, GATHER, ReadRecord, _Shapes, encode_copy, record_row
+from proxy.reads import (
+    COLUMNS,
+    COPY_COLUMNS,
+    GATHER,
+    ReadRecord,
+    ReadRecorder,
+    _Shapes,
+    encode_copy,
+    record_row,
+)
 from tests.fix_db import PgServer
 from tests.fix_proxy import RunningProxy, run_proxy
 from tests.layer.test_cli import cli, one_error_line
@@ -316,3 +325,35 @@ def test_the_binary_copy_writes_the_rows_record_row_describes(layer_db: str) -> 
     assert [g[:2] + g[3:] for g in got] == [e[:2] + e[3:] for e in expected]
     assert got[0][6] == ["public.projects", "public.issues"] and got[2][6] == []
     assert all(abs((g[2] - e[2]).total_seconds()) < 2e-6 for g, e in zip(got, expected, strict=True))
+
+
+def test_write_soon_ends_the_writers_gathering_and_only_with_records_queued() -> None:
+    """The C relay's records are taken once per GATHER and written at once (``write_soon``): the writer
+    does not gather a second time; records offered one by one (the Python relay) still wait GATHER for
+    company; and ``write_soon`` on an empty queue leaves the next record to gather."""
+    written: list[tuple[float, int]] = []
+
+    async def scenario() -> list[tuple[float, int]]:
+        recorder = ReadRecorder("postgresql://unused@127.0.0.1:1/x")
+
+        async def write(batch: list[ReadRecord]) -> None:
+            written.append((time.monotonic() - started, len(batch)))
+
+        recorder._write = write  # type: ignore[method-assign]
+        record = ReadRecord("d", "ws1", "op1", "SELECT 1", None, 1, time.time(), 5)
+        recorder.start()
+        started = time.monotonic()
+        recorder.write_soon()  # (nothing queued: no effect)
+        recorder.offer_many([record, record])
+        recorder.write_soon()
+        await asyncio.sleep(0.2)
+        started = time.monotonic()
+        recorder.offer(record)
+        await asyncio.sleep(GATHER + 0.3)
+        await recorder.close()
+        return written
+
+    got = asyncio.run(scenario())
+    assert [n for _, n in got] == [2, 1]
+    assert got[0][0] < 0.15  # written at once
+    assert got[1][0] >= GATHER - 0.05  # gathered
