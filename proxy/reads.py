@@ -110,6 +110,12 @@ class ReadRecord(NamedTuple):
     catalog: Catalog | None = None  # resolves the tables read
 
 
+# ``new_record(ReadRecord, (nine fields, in order))``: a ReadRecord without the generated __new__'s Python
+# frame, a third of the cost of ``ReadRecord(...)``; at one per read on the relays' paths that matters
+# (docs/benchmarks.md, "Read traces: the cost of taking and writing records").
+new_record = tuple.__new__
+
+
 @dataclass(frozen=True, slots=True)
 class ReadShape:
     """What the text of a read says: its normalised fingerprint and the CoW tables it names."""
@@ -379,22 +385,13 @@ class ReadRecorder:
 
     def for_connection(self, database: str, catalog: Callable[[], Catalog | None]) -> ReadsCallback:
         """The relay's ``reads`` callback for one client connection to ``database``."""
-        offer = self.offer
+        offer, new = self.offer, new_record
 
         def ended(read: PendingRead, rows: int | None, seconds: float, at: float) -> None:
-            offer(
-                ReadRecord(
-                    database,
-                    read.session,
-                    read.operation,
-                    read.sql,
-                    read.params,
-                    rows,
-                    at,
-                    int(seconds * 1e6),
-                    catalog(),
-                )
-            )
+            session, operation, sql, params = read.session, read.operation, read.sql, read.params
+            duration_us = int(seconds * 1e6)
+            fields = (database, session, operation, sql, params, rows, at, duration_us, catalog())
+            offer(new(ReadRecord, fields))
 
         return ended
 

@@ -31,7 +31,7 @@ from proxy.errors import PolicyError, ProtocolError, ProxyError, TagError
 from proxy.fastrelay import UNAVAILABLE as FAST_RELAY_UNAVAILABLE
 from proxy.fastrelay import Decision, FastCounts, FastRead, FastRelay, Handback
 from proxy.metrics import ConnectionHooks, Metrics
-from proxy.reads import GATHER, ReadRecord, ReadRecorder
+from proxy.reads import GATHER, ReadRecord, ReadRecorder, new_record
 from proxy.relay import PendingRead, Relay, Statement
 from proxy.shared import SharedRoutes
 from proxy.tags import Tags, check_id, read_startup_tags
@@ -549,7 +549,7 @@ class ClientConnection(asyncio.Protocol):
         if recorder is None or relay is None or stay is None or stay[0].session is None:
             return
         session, operation = stay[0].session, stay[0].operation
-        database, catalog, text = self.database, self._catalog(), self._read_text
+        database, catalog, text, new = self.database, self._catalog(), self._read_text, new_record
         txn = relay.txn
         batch = []
         for ref, rows, ended, duration_us, params, number, xid in records:
@@ -562,7 +562,9 @@ class ClientConnection(asyncio.Protocol):
                     txn.held.append((PendingRead(sql, session, None, params), rows, duration_us / 1e6, ended))
                     continue
                 op = f"xact:{xid}" if xid else f"{txn.read_ids}.{number}"
-            batch.append(ReadRecord(database, session, op, sql, params, rows, ended, duration_us, catalog))
+            batch.append(
+                new(ReadRecord, (database, session, op, sql, params, rows, ended, duration_us, catalog))
+            )
         recorder.offer_many(batch)
 
     def _resume_reads(self, handback: Handback) -> None:
