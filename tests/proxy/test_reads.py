@@ -24,6 +24,7 @@ from proxy.reads import (
     ReadRecorder,
     _Shapes,
     encode_copy,
+    new_record,
     record_row,
 )
 from tests.fix_db import PgServer
@@ -357,3 +358,13 @@ def test_write_soon_ends_the_writers_gathering_and_only_with_records_queued() ->
     assert [n for _, n in got] == [2, 1]
     assert got[0][0] < 0.15  # written at once
     assert got[1][0] >= GATHER - 0.05  # gathered
+
+
+def test_new_record_makes_the_named_tuple_the_constructor_makes() -> None:
+    """The relays make records with ``new_record(ReadRecord, fields)`` (no Python frame): the same record,
+    fields by name included, as ``ReadRecord(...)``."""
+    fields = ("d", "nr1", None, "SELECT $1", b"\0\x01\0\0\0\x011", None, 1.5, 7, None)
+    made = new_record(ReadRecord, fields)
+    assert type(made) is ReadRecord
+    assert made == ReadRecord(*fields)
+    assert (made.session, made.params, made.rows, made.duration_us) == ("nr1", fields[4], None, 7)
