@@ -13,7 +13,6 @@ block, an implicit transaction rolled back, skipping to Sync) is exactly what th
 
 from __future__ import annotations
 
-import enum
 import re
 import secrets
 import struct
@@ -27,9 +26,11 @@ from typing import Any, NamedTuple, Protocol
 from proxy import protocol as p
 from proxy import rerun
 from proxy.analysis import ProxyAnalyzer, query_kind
+from proxy.catalog_gate import CatalogGate
 from proxy.catalogs import CatalogStore, private_store
 from proxy.errors import ProtocolError, TagError
-from proxy.sql import Analysis, Catalog
+from proxy.replies import Entry, Kind
+from proxy.sql import Analysis
 from proxy.sql.rewrites import app_path
 from proxy.tags import UNTAGGED, Tags
 
@@ -42,12 +43,10 @@ INJECT_STATEMENT = "__cowproxy_inject"
 # binding, which a client whose transactions are read-only by default would otherwise refuse with 25006.
 WRITABLE_STATEMENT = "__cowproxy_writable"
 BEGIN_WRITABLE_SQL = "BEGIN READ WRITE"
-CATALOG_STATEMENT = "__cowproxy_catalog"
 # Asked before the end of a transaction that read with no operation id in force and may have written: the
 # layer's operation for its writes is 'xact:' and this id (cow._write_operation), which its reads then take.
 XACT_STATEMENT = "__cowproxy_xact"
 XACT_SQL = "SELECT pg_current_xact_id_if_assigned()"
-CATALOG_VERSION_STATEMENT = "__cowproxy_catalog_version"
 PATH_STATEMENT = "__cowproxy_path"
 # Named statements the proxy prepares for a client's unnamed ones (see Relay._promote): their prefix, and how
 # many one server connection gets (names are never reused; evicted ones stay until the connection ends).
@@ -69,19 +68,6 @@ TAMPER_MESSAGE = (
 # another connection): columns missing (42703) or added (42601: a UNION of unequal column lists), a table
 # gone (42P01), a column's type changed (42804), a prepared statement's result changed (0A000).
 _STALE_CATALOG_STATES = frozenset({"42601", "42703", "42P01", "42804", "0A000"})
-
-
-class Kind(enum.IntEnum):
-    """What a forwarded message will be answered with (and so which reply ends it)."""
-
-    QUERY = 1  # simple Query: ends with ReadyForQuery
-    FUNC = 2  # FunctionCall: ends with ReadyForQuery
-    SYNC = 3  # ends with ReadyForQuery
-    PARSE = 4  # ParseComplete
-    BIND = 5  # BindComplete
-    DESCRIBE = 6  # RowDescription or NoData (after ParameterDescription for a statement)
-    EXECUTE = 7  # CommandComplete, EmptyQueryResponse or PortalSuspended
-    CLOSE = 8  # CloseComplete
 
 
 _ENDS_WITH_READY = (Kind.QUERY, Kind.FUNC, Kind.SYNC)
@@ -137,26 +123,6 @@ def _batch_plan(messages: list[tuple[bytes, Kind]], sync: bytes) -> rerun.Plan |
     ]
     resend.append(rerun.Resend(sync, Kind.SYNC, False))
     return rerun.Plan(tuple(resend))
-
-
-@dataclass(slots=True)
-class Entry:
-    kind: Kind
-    injected: bool = False
-    replace_error: bytes | None = None  # send this instead of the server's ErrorResponse
-    forward_error: bool = False  # an injected entry whose error the client must see
-    tag_map: tuple[str, str] | None = None
-    capture: list[tuple[str | None, ...]] | None = None
-    on_done: Callable[[bool], None] | None = None  # injected: called with ok when answered
-    started: float = 0.0
-    copy_epoch: int = 0  # the client's CopyDone/CopyFail count when it was sent (see Relay._copy_started)
-    rewritten: bool = False  # a Query or Parse sent with the analysis' SQL instead of the client's
-    promoted: str | None = None  # a Bind or Describe sent to this proxy-owned statement (Relay._promote)
-    read: PendingRead | None = None  # a tagged session's read to report when its CommandComplete comes
-    # A statement the proxy may run again (proxy/rerun.py): its replies so far, held until one shows whether
-    # it failed with the layer's row-changed 40001 (None: forwarded as they come).
-    held: list[bytes] | None = None
-    echo: bool = False  # sent again for a new run: the client already has its reply (dropped)
 
 
 class PendingRead(NamedTuple):
@@ -300,7 +266,6 @@ class Relay:
         read_ids: str | None = None,
     ) -> None:
         self.analysis = analysis
-        self.catalogs = catalogs or private_store()  # the catalog read by other connections (same database)
         self.startup_tags = default_tags
         self.route = route
         self.hooks: Hooks = hooks or NoHooks()
@@ -322,13 +287,7 @@ class Relay:
         self.txn_tags: Tags = UNTAGGED  # tags in force for the current transaction
         self.statements: dict[str, Statement] = {}
         self.portals: dict[str, Statement] = {}
-        self.catalog: Any = None
-        self.catalog_loading = False
-        self.catalog_version: str | None = None  # CATALOG_VERSION_QUERY when the catalog was read
-        self._catalog_checked = False  # the catalog was found current for the statement being prepared
-        self._catalog_suspect = False  # a rewritten statement failed as a stale catalog would make it fail
-        self.catalog_checks = 0  # version queries sent for catalog-dependent statements
-        self.catalog_loads = 0
+        self.gate = CatalogGate(analysis, catalogs or private_store(), self)  # the connection's catalog
         # In a session, where writes by unqualified names resolve (_check_path): True once the server said
         # that no schema on the search_path in force lacks the layer, until a change of path or role, a join,
         # or the end of a transaction that changed either (it may have rolled back to another path).
@@ -365,6 +324,15 @@ class Relay:
         self.reads = reads
         self._bind_params: dict[str, bytes] = {}  # portal -> its Bind's parameters, while reads are recorded
         self.txn = TxnReads(read_ids or new_read_ids())
+
+    @property
+    def catalog(self) -> Any:
+        """The connection's catalog of the CoW tables (None: not read yet), as the gate holds it."""
+        return self.gate.catalog
+
+    @catalog.setter
+    def catalog(self, catalog: Any) -> None:
+        self.gate.catalog = catalog
 
     # ------------------------------------------------------------------------------------------------
     # Tags
@@ -599,35 +567,36 @@ class Relay:
             self._refuse_tags(trigger, switch)
             return None
         tags = self.desired_tags(comment)
-        need = self._needs_injection(tags) or (tags.tagged and self.catalog is None and self._wants_catalog())
+        gate = self.gate
+        need = self._needs_injection(tags) or (tags.tagged and gate.catalog is None and gate.wanted())
         if need and self.status == "E":
             # (As a tagged text: the untagged analysis takes the kind from the first word alone.)
-            need = not self._ends_failed_block(self.analysis.analyze(sql, self.catalog, True, prepared=named))
+            need = not self._ends_failed_block(self.analysis.analyze(sql, gate.catalog, True, prepared=named))
         if need and not self._inject(tags, trigger):
             self.held.appendleft(event)
             return None
-        verdict = self.analysis.analyze(sql, self.catalog, tags.tagged, prepared=named)
+        verdict = self.analysis.analyze(sql, gate.catalog, tags.tagged, prepared=named)
         if (
             tags.tagged
-            and (verdict.catalog_dependent or (self._catalog_suspect and verdict.rewritten is not None))
-            and not self._catalog_checked
-            and self._can_check_catalog()
+            and (verdict.catalog_dependent or (gate.suspect and verdict.rewritten is not None))
+            and not gate.checked
+            and gate.can_check(self.status)
         ):
             # App DDL on another connection may have changed the CoW tables: check before relying on them.
-            self._catalog_suspect = False
-            self._check_catalog(trigger)
+            gate.suspect = False
+            gate.check(trigger, self._release)
             self.held.appendleft(event)
             return None
         if tags.tagged and trigger == b"Q" and self._path_hold(verdict, trigger, event):
             return None
         self._fresh = False
-        self._catalog_checked = False
+        gate.checked = False
         if tags.tagged:
             self.hooks.parse_cache(verdict.cache_hit)
         if comment is not None or self._at_transaction_start():
             self.txn_tags = tags
         if tags.tagged:
-            if verdict.tampers and trigger == b"Q" and self.analysis.is_pool_reset(sql, self.catalog):
+            if verdict.tampers and trigger == b"Q" and self.analysis.is_pool_reset(sql, gate.catalog):
                 # A pool's reset ends the query string: let it run, and join the session again before
                 # the next statement (only simple queries: a pipelined Bind could run before the reset).
                 self.applied = _Applied(None)
@@ -717,9 +686,9 @@ class Relay:
 
     def _check_path(self, trigger: bytes, verdict: Analysis) -> None:
         """Queue ``cow._unlayered_write`` of the statement's unqualified write targets; hold (as
-        ``_check_catalog``). The answer: refuse the statement when a name resolves to a relation of a schema
-        without the layer; the path clean when no schema on it lacks the layer."""
-        standalone = self._start_injection(trigger)
+        ``CatalogGate.check``). The answer: refuse the statement when a name resolves to a relation of a
+        schema without the layer; the path clean when no schema on it lacks the layer."""
+        standalone = self.start_injection(trigger)
         if standalone is None:
             return
         forward = not standalone
@@ -743,22 +712,10 @@ class Relay:
             self._release()
 
         params = (app_path.text_array([name for name, _ in verdict.unqualified_writes]),)
-        close = self._queue_query(
+        close = self.queue_query(
             PATH_STATEMENT, app_path.UNLAYERED_WRITE_SQL, forward, params=params, capture=rows
         )
-        self._finish_injection(close, standalone, checked)
-
-    def _wants_catalog(self) -> bool:
-        return self.analysis.catalog_query is not None and not self.catalog_loading
-
-    def _can_check_catalog(self) -> bool:
-        # Not in a failed transaction block: the check would fail, and so will the statement.
-        return (
-            self.catalog is not None
-            and self._wants_catalog()
-            and self.analysis.catalog_version_query is not None
-            and self.status != "E"
-        )
+        self.finish_injection(close, standalone, checked)
 
     def _client_query(self, frame: p.Frame) -> None:
         query = p.decode_query(frame.body)
@@ -806,7 +763,7 @@ class Relay:
         tags, verdict = prepared
         if tags.tagged and verdict.rewritten is None:
             # (Also not rewritten as the other form of prepared statement: C takes any Parse of the text.)
-            other = self.analysis.analyze(parse.sql, self.catalog, True, prepared=not named)
+            other = self.analysis.analyze(parse.sql, self.gate.catalog, True, prepared=not named)
             if other.rewritten is None:
                 self._decide(b"P", parse.sql, verdict)
         comment = self._comment_tags(parse.sql)
@@ -880,16 +837,16 @@ class Relay:
             or "/*" in sql  # (C takes no text with a comment opener: it may carry tags)
         ):
             return
-        if self._decisions_catalog is not self.catalog:
+        if self._decisions_catalog is not self.gate.catalog:
             self.decisions.clear()
-            self._decisions_catalog = self.catalog
+            self._decisions_catalog = self.gate.catalog
         if len(self.decisions) >= MAX_DECISIONS or kind + sql.encode() in self.decisions:
             return
         # Its shape, when no literal's value can change the verdict: one entry for every text of the shape
         # (the simple protocol's ever-new texts), keyed by the lower-case type (proxy/sql/shapes.py). Not
         # for a read that is recorded: its record names the text, which C finds by the exact one only.
         records = self._records(self.txn_tags, verdict)
-        shape = None if records else self.analysis.shape(sql, self.catalog, verdict)
+        shape = None if records else self.analysis.shape(sql, self.gate.catalog, verdict)
         key = kind.lower() + shape if shape is not None else kind + sql.encode()
         self.decisions[key] = verdict
 
@@ -908,7 +865,7 @@ class Relay:
             and not self.closing
             and not applied.tentative
             and self.unnamed_alias is None
-            and not self.catalog_loading
+            and self.gate.at_rest()
             and self._rerun is None
             and self.scanner.idle
             and applied.tags is not None
@@ -1076,10 +1033,10 @@ class Relay:
 
         if not standalone:
             self._group = None  # (asked inside the batch: a new run would go without the question)
-        close = self._queue_query(XACT_STATEMENT, XACT_SQL, not standalone, on_done=learned, capture=found)
-        self._injected(close, Kind.CLOSE, not standalone)
+        close = self.queue_query(XACT_STATEMENT, XACT_SQL, not standalone, on_done=learned, capture=found)
+        self.injected(close, Kind.CLOSE, not standalone)
         if standalone:
-            self._injected(p.SYNC, Kind.SYNC, False)
+            self.injected(p.SYNC, Kind.SYNC, False)
 
     def _txn_ended(self) -> None:
         """ReadyForQuery with status I: the held reads take the transaction's operation."""
@@ -1127,11 +1084,11 @@ class Relay:
         At a safe point (no unfinished extended batch) the injection is its own batch ending with Sync;
         inside a batch it is followed by Flush, and a failure makes the server skip the client's batch.
         """
-        standalone = self._start_injection(trigger)
+        standalone = self.start_injection(trigger)
         if standalone is None:
             return False
         forward = not standalone
-        want_catalog = tags.tagged and self.catalog is None and self._wants_catalog()
+        want_catalog = tags.tagged and self.gate.catalog is None and self.gate.wanted()
         # A join inside the batch is part of its transaction: after a failure the tags are unknown, so the
         # batch's statement is not run again (after checks of the catalog or the path, which change nothing,
         # it may be).
@@ -1161,39 +1118,25 @@ class Relay:
         release = self._rolled_back_on_failure(finished) if writable else finished
         if writable:
             self._queue_utility(BEGIN_WRITABLE_SQL)
-        self._injected(p.encode_close("S", INJECT_STATEMENT), Kind.CLOSE, forward)  # (see _queue_query)
-        self._injected(p.encode_parse(INJECT_STATEMENT, self.join_sql), Kind.PARSE, forward)
-        self._injected(p.encode_bind(INJECT_STATEMENT, INJECT_STATEMENT, params), Kind.BIND, forward)
-        self._injected(p.encode_execute(INJECT_STATEMENT), Kind.EXECUTE, forward, on_done=applied)
-        self._injected(p.encode_close("P", INJECT_STATEMENT), Kind.CLOSE, forward)
+        self.injected(p.encode_close("S", INJECT_STATEMENT), Kind.CLOSE, forward)  # (see queue_query)
+        self.injected(p.encode_parse(INJECT_STATEMENT, self.join_sql), Kind.PARSE, forward)
+        self.injected(p.encode_bind(INJECT_STATEMENT, INJECT_STATEMENT, params), Kind.BIND, forward)
+        self.injected(p.encode_execute(INJECT_STATEMENT), Kind.EXECUTE, forward, on_done=applied)
+        self.injected(p.encode_close("P", INJECT_STATEMENT), Kind.CLOSE, forward)
         if writable:
             self._queue_utility("COMMIT")
-        on_done = release
-        if want_catalog and self.analysis.catalog_version_query is not None:
-            # The version first: when another connection has read the catalog at that version, it is
-            # taken as is (no catalog query); otherwise a second round trip reads it (_catalog_versioned).
-            self._injected(p.encode_close("S", INJECT_STATEMENT), Kind.CLOSE, forward)
-            self.catalog_loading = True
-            version: list[tuple[str | None, ...]] = []
-            close_last = self._queue_query(
-                CATALOG_VERSION_STATEMENT, self.analysis.catalog_version_query, forward, capture=version
-            )
-
-            def on_done(ok: bool) -> None:
-                self._catalog_versioned(ok, version, standalone, release)
-
-        elif want_catalog:
-            self._injected(p.encode_close("S", INJECT_STATEMENT), Kind.CLOSE, forward)
-            close_last = self._queue_catalog_load(forward)
+        if want_catalog:
+            self.injected(p.encode_close("S", INJECT_STATEMENT), Kind.CLOSE, forward)
+            close_last, on_done = self.gate.queue_first(forward, standalone, release)
         else:
-            close_last = p.encode_close("S", INJECT_STATEMENT)
-        self._finish_injection(close_last, standalone, on_done)
+            close_last, on_done = p.encode_close("S", INJECT_STATEMENT), release
+        self.finish_injection(close_last, standalone, on_done)
         return False
 
     def _queue_utility(self, sql: str) -> None:
         """Inject a parameterless utility statement into a batch of the proxy's own (at a safe point)."""
-        close = self._queue_query(WRITABLE_STATEMENT, sql, False)
-        self._injected(close, Kind.CLOSE, False)
+        close = self.queue_query(WRITABLE_STATEMENT, sql, False)
+        self.injected(close, Kind.CLOSE, False)
 
     def _rolled_back_on_failure(self, finished: Callable[[bool], None]) -> Callable[[bool], None]:
         """``finished`` of a join in a block of its own (``_inject``): when the bind failed, the server
@@ -1204,11 +1147,11 @@ class Relay:
             if ok or self.status != "E":
                 finished(ok)
                 return
-            self._injected(p.encode_query("ROLLBACK"), Kind.QUERY, False, on_done=lambda _ok: finished(False))
+            self.injected(p.encode_query("ROLLBACK"), Kind.QUERY, False, on_done=lambda _ok: finished(False))
 
         return done
 
-    def _start_injection(self, trigger: bytes) -> bool | None:
+    def start_injection(self, trigger: bytes) -> bool | None:
         """Hold the client for statements the proxy sends ahead of ``trigger``: True at a safe point (they are
         their own batch, ending with Sync), False inside a client's batch (followed by Flush; a failure makes
         the server skip the client's batch); None: a simple query must not join an unfinished batch, so the
@@ -1220,35 +1163,16 @@ class Relay:
         self._injection_error = None
         return not self.mid_batch
 
-    def _finish_injection(self, close_last: bytes, standalone: bool, on_done: Callable[[bool], None]) -> None:
+    def finish_injection(self, close_last: bytes, standalone: bool, on_done: Callable[[bool], None]) -> None:
         """End an injected batch: ``close_last``, then Sync at a safe point, or Flush inside a batch."""
         if standalone:
-            self._injected(close_last, Kind.CLOSE, False)
-            self._injected(p.SYNC, Kind.SYNC, False, on_done=on_done)
+            self.injected(close_last, Kind.CLOSE, False)
+            self.injected(p.SYNC, Kind.SYNC, False, on_done=on_done)
         else:
-            self._injected(close_last, Kind.CLOSE, True, on_done=on_done)
+            self.injected(close_last, Kind.CLOSE, True, on_done=on_done)
             self.to_server.append(p.FLUSH)
 
-    def _catalog_versioned(
-        self,
-        ok: bool,
-        version: list[tuple[str | None, ...]],
-        standalone: bool,
-        finished: Callable[[bool], None],
-    ) -> None:
-        """The first catalog version of the connection is in: take the shared catalog, or read it."""
-        current = version[0][0] if ok and version else None
-        shared = self.catalogs.get(current) if ok else None
-        if shared is not None or not ok:
-            self.catalog_loading = False
-            self.catalog = shared if shared is not None else self.analysis.empty_catalog()
-            self.catalog_version = current
-            self._catalog_checked = ok
-            finished(ok)
-            return
-        self._finish_injection(self._queue_catalog_load(not standalone), standalone, finished)
-
-    def _queue_query(
+    def queue_query(
         self,
         name: str,
         sql: str,
@@ -1262,88 +1186,14 @@ class Relay:
 
         A Close of the statement goes first: when an earlier one failed, the server skipped the rest of its
         batch, its Close with it, and a Parse of that name would fail (42P05) at every try from then on."""
-        self._injected(p.encode_close("S", name), Kind.CLOSE, forward)
-        self._injected(p.encode_parse(name, sql), Kind.PARSE, forward)
-        self._injected(p.encode_bind(name, name, params), Kind.BIND, forward)
-        self._injected(p.encode_execute(name), Kind.EXECUTE, forward, on_done=on_done, capture=capture)
-        self._injected(p.encode_close("P", name), Kind.CLOSE, forward)
+        self.injected(p.encode_close("S", name), Kind.CLOSE, forward)
+        self.injected(p.encode_parse(name, sql), Kind.PARSE, forward)
+        self.injected(p.encode_bind(name, name, params), Kind.BIND, forward)
+        self.injected(p.encode_execute(name), Kind.EXECUTE, forward, on_done=on_done, capture=capture)
+        self.injected(p.encode_close("P", name), Kind.CLOSE, forward)
         return p.encode_close("S", name)
 
-    def _queue_catalog_load(self, forward: bool) -> bytes:
-        """Inject the catalog's version, then the catalog (in that order: a change committed in between
-        only costs a reload at the next check). Returns the last Close, for the caller to send."""
-        query, version_query = self.analysis.catalog_query, self.analysis.catalog_version_query
-        assert query is not None
-        self.catalog_loading = True
-        self.catalog_loads += 1
-        rows: list[tuple[str | None, ...]] = []
-        version: list[tuple[str | None, ...]] = []
-        held = self._held_catalog()
-        params: tuple[str, ...] = ()
-        if held is not None and self.analysis.catalog_delta_query is not None:
-            # Its stamps as a text[] literal (digits and colons: nothing to quote).
-            query, params = self.analysis.catalog_delta_query, ("{" + ",".join(held.by_stamp) + "}",)
-        else:
-            held = None
-
-        def done(ok: bool) -> None:
-            self.catalog_loading = False
-            empty = self.analysis.empty_catalog()
-            self.catalog = self.analysis.catalog_from_rows(rows, held) if ok else empty
-            self.catalog_version = version[0][0] if ok and version else None
-            self._catalog_checked = ok
-            if ok:
-                self.catalogs.put(self.catalog_version, self.catalog)
-
-        if version_query is not None:
-            close = self._queue_query(CATALOG_VERSION_STATEMENT, version_query, forward, capture=version)
-            self._injected(close, Kind.CLOSE, forward)
-        return self._queue_query(CATALOG_STATEMENT, query, forward, params=params, on_done=done, capture=rows)
-
-    def _held_catalog(self) -> Catalog | None:
-        """The catalog a reload starts from: the process's latest for this database, else the connection's."""
-        for held in (self.catalogs.latest(), self.catalog):
-            if isinstance(held, Catalog) and held.by_stamp:
-                return held
-        return None
-
-    def _check_catalog(self, trigger: bytes) -> None:
-        """Queue the catalog's version query ahead of the trigger (and a reload if it changed); hold.
-
-        Like ``_inject``: its own batch at a safe point, followed by Flush inside a batch. The caller holds
-        the trigger, replayed once the catalog is known to be current.
-        """
-        assert self.analysis.catalog_version_query is not None
-        standalone = self._start_injection(trigger)
-        if standalone is None:
-            return
-        forward = not standalone
-        self.catalog_checks += 1
-        version: list[tuple[str | None, ...]] = []
-
-        def released(ok: bool) -> None:
-            self._catalog_checked = True  # also after a failure: the statement then meets the server's error
-            self._release()
-
-        def checked(ok: bool) -> None:
-            current = version[0][0] if ok and version else None
-            if not ok or current == self.catalog_version:
-                released(ok)
-                return
-            shared = self.catalogs.get(current)
-            if shared is not None:  # another connection has read it at this version
-                self.catalog, self.catalog_version = shared, current
-                released(ok)
-                return
-            # Changed: a second round trip reads the catalog (still holding the client).
-            self._finish_injection(self._queue_catalog_load(forward), standalone, released)
-
-        close = self._queue_query(
-            CATALOG_VERSION_STATEMENT, self.analysis.catalog_version_query, forward, capture=version
-        )
-        self._finish_injection(close, standalone, checked)
-
-    def _injected(
+    def injected(
         self,
         raw: bytes,
         kind: Kind,
@@ -1380,7 +1230,7 @@ class Relay:
             self._dispatch_client(event)
         if not self.holding:
             self._injection_error = None
-            self._catalog_checked = False  # it was for the statement just replayed
+            self.gate.checked = False  # it was for the statement just replayed
             self._path_checked = False
             self._path_refusal = None
 
@@ -1474,7 +1324,7 @@ class Relay:
     ) -> list[tuple[bytes, int, tuple[int, ...], bool, bool]]:
         """``decisions`` for the C relay: (type + text, kind index, write slots, a recorded read, it may be
         run again: watched when it starts an implicit transaction), those it can count."""
-        if self._decisions_catalog is not self.catalog:
+        if self._decisions_catalog is not self.gate.catalog:
             self.decisions.clear()
         rows = []
         for key, verdict in self.decisions.items():
@@ -1534,7 +1384,7 @@ class Relay:
             statement = made.get(text)
             if statement is None:
                 # Tagged: a text C took by its decision, whose verdict was not a rewrite in either form.
-                verdict = self.analysis.analyze(text.decode(), self.catalog, tagged, prepared=True)
+                verdict = self.analysis.analyze(text.decode(), self.gate.catalog, tagged, prepared=True)
                 statement = made[text] = Statement(None, verdict, text.decode() if self.reads else None)
             return statement
 
@@ -1720,7 +1570,7 @@ class Relay:
         out = raw
         callbacks: list[Callable[[bool], None]] = []
         if head is not None and head.rewritten and fields.sqlstate in _STALE_CATALOG_STATES:
-            self._catalog_suspect = True  # check the catalog before the next rewritten statement
+            self.gate.suspect = True  # check the catalog before the next rewritten statement
         if head is not None and head.promoted is not None:
             # The proxy's statement failed (a plan gone stale after app DDL: 0A000, 42601, ...): parse a new
             # one the next time rather than fail for good; the old name stays unused.

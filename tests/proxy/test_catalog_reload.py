@@ -30,7 +30,7 @@ def tagged(proxy: RunningProxy, layer_db: str) -> psycopg.Connection[Any]:
 def relay_counters(proxy: RunningProxy) -> list[tuple[int, int]]:
     return proxy.run(
         lambda: [
-            (c.relay.catalog_checks, c.relay.catalog_loads)
+            (c.relay.gate.checks, c.relay.gate.loads)
             for c in proxy.server.connections.values()
             if c.relay is not None
         ]

@@ -313,10 +313,10 @@ def test_a_failed_promoted_statement_is_prepared_anew_and_a_failed_parse_binds_n
     assert reply(r, p.message(b"1"), stale, p.encode_ready("I")) == p.message(b"1") + stale + p.encode_ready(
         "I"
     )
-    assert not r.promoted and r._catalog_suspect
+    assert not r.promoted and r.gate.suspect
     # A Parse under a new name that fails: the Bind after the Sync still names it (26000 from the server),
     # never the unnamed statement that was there before.
-    r._catalog_suspect = False
+    r.gate.suspect = False
     name2 = f"{PROMOTED_PREFIX}2"
     assert send(r, parse, p.SYNC) == p.encode_parse(name2, sent) + p.SYNC
     syntax = p.encode_error("42601", "each UNION query must have the same number of columns")
