@@ -25,10 +25,10 @@ Done = Callable[[bool], None]
 
 
 class Injector(Protocol):
-    """The injected batches the gate sends its queries in (the relay's)."""
+    """The injected batches the gate sends its queries in (``proxy.injected.InjectedBatches``)."""
 
-    def start_injection(self, trigger: bytes) -> bool | None: ...
-    def finish_injection(self, close_last: bytes, standalone: bool, on_done: Done) -> None: ...
+    def start(self, trigger: bytes) -> bool | None: ...
+    def finish(self, close_last: bytes, standalone: bool, on_done: Done) -> None: ...
     def queue_query(
         self,
         name: str,
@@ -39,7 +39,7 @@ class Injector(Protocol):
         on_done: Done | None = None,
         capture: Rows | None = None,
     ) -> bytes: ...
-    def injected(
+    def send(
         self, raw: bytes, kind: Kind, forward: bool, on_done: Done | None = None, capture: Rows | None = None
     ) -> None: ...
 
@@ -105,7 +105,7 @@ class CatalogGate:
             self.checked = ok
             finished(ok)
             return
-        self.injector.finish_injection(self.queue_load(not standalone), standalone, finished)
+        self.injector.finish(self.queue_load(not standalone), standalone, finished)
 
     def queue_load(self, forward: bool) -> bytes:
         """Inject the catalog's version, then the catalog (in that order: a change committed in between
@@ -136,7 +136,7 @@ class CatalogGate:
         injector = self.injector
         if version_query is not None:
             close = injector.queue_query(CATALOG_VERSION_STATEMENT, version_query, forward, capture=version)
-            injector.injected(close, Kind.CLOSE, forward)
+            injector.send(close, Kind.CLOSE, forward)
         return injector.queue_query(
             CATALOG_STATEMENT, query, forward, params=params, on_done=done, capture=rows
         )
@@ -156,7 +156,7 @@ class CatalogGate:
         """
         assert self.analysis.catalog_version_query is not None
         injector = self.injector
-        standalone = injector.start_injection(trigger)
+        standalone = injector.start(trigger)
         if standalone is None:
             return
         forward = not standalone
@@ -178,9 +178,9 @@ class CatalogGate:
                 released(ok)
                 return
             # Changed: a second round trip reads the catalog (still holding the client).
-            injector.finish_injection(self.queue_load(forward), standalone, released)
+            injector.finish(self.queue_load(forward), standalone, released)
 
         close = injector.queue_query(
             CATALOG_VERSION_STATEMENT, self.analysis.catalog_version_query, forward, capture=version
         )
-        injector.finish_injection(close, standalone, checked)
+        injector.finish(close, standalone, checked)

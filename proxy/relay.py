@@ -29,6 +29,7 @@ from proxy.analysis import ProxyAnalyzer, query_kind
 from proxy.catalog_gate import CatalogGate
 from proxy.catalogs import CatalogStore, private_store
 from proxy.errors import ProtocolError, TagError
+from proxy.injected import InjectedBatches
 from proxy.replies import Entry, Kind
 from proxy.sql import Analysis
 from proxy.sql.rewrites import app_path
@@ -41,7 +42,6 @@ BIND_SESSION_SQL = "SELECT cow.bind_session($1, $2, $3)"  # the secret a bound p
 INJECT_STATEMENT = "__cowproxy_inject"
 # A join between transactions runs in a read-write block of its own (Relay._inject): a bind records the
 # binding, which a client whose transactions are read-only by default would otherwise refuse with 25006.
-WRITABLE_STATEMENT = "__cowproxy_writable"
 BEGIN_WRITABLE_SQL = "BEGIN READ WRITE"
 # Asked before the end of a transaction that read with no operation id in force and may have written: the
 # layer's operation for its writes is 'xact:' and this id (cow._write_operation), which its reads then take.
@@ -287,7 +287,8 @@ class Relay:
         self.txn_tags: Tags = UNTAGGED  # tags in force for the current transaction
         self.statements: dict[str, Statement] = {}
         self.portals: dict[str, Statement] = {}
-        self.gate = CatalogGate(analysis, catalogs or private_store(), self)  # the connection's catalog
+        self.injector = InjectedBatches(self)  # the proxy's own statements, ahead of the client's
+        self.gate = CatalogGate(analysis, catalogs or private_store(), self.injector)  # its catalog
         # In a session, where writes by unqualified names resolve (_check_path): True once the server said
         # that no schema on the search_path in force lacks the layer, until a change of path or role, a join,
         # or the end of a transaction that changed either (it may have rolled back to another path).
@@ -310,7 +311,6 @@ class Relay:
         self.holding = False
         self.held: deque[p.ClientEvent] = deque()
         self._hold_until_idle = False
-        self._injection_error: p.ErrorFields | None = None
         self._fresh = False  # an injection just completed for the held statement
         self.closing = False
         # A DataRow's or CopyData's decision hangs on the head of the queue, which no message of a run moves.
@@ -688,7 +688,7 @@ class Relay:
         """Queue ``cow._unlayered_write`` of the statement's unqualified write targets; hold (as
         ``CatalogGate.check``). The answer: refuse the statement when a name resolves to a relation of a
         schema without the layer; the path clean when no schema on it lacks the layer."""
-        standalone = self.start_injection(trigger)
+        standalone = self.injector.start(trigger)
         if standalone is None:
             return
         forward = not standalone
@@ -707,15 +707,15 @@ class Relay:
                     self._path_refusal = app_path.unlayered_refusal(schema, name, kinds.get(name, "write"))
                 elif verdict.executes:
                     self._path_refusal = app_path.EXECUTE_REFUSAL
-            elif self._injection_error is None:  # (with one, _release refuses the statement with it)
+            elif self.injector.error is None:  # (with one, _release refuses the statement with it)
                 self._path_refusal = (SQLSTATE_REFUSED, app_path.UNCHECKED_MESSAGE)
             self._release()
 
         params = (app_path.text_array([name for name, _ in verdict.unqualified_writes]),)
-        close = self.queue_query(
+        close = self.injector.queue_query(
             PATH_STATEMENT, app_path.UNLAYERED_WRITE_SQL, forward, params=params, capture=rows
         )
-        self.finish_injection(close, standalone, checked)
+        self.injector.finish(close, standalone, checked)
 
     def _client_query(self, frame: p.Frame) -> None:
         query = p.decode_query(frame.body)
@@ -1029,14 +1029,16 @@ class Relay:
             if ok and found:
                 self.txn.xid = found[0][0]
             elif not ok:
-                self._injection_error = None  # (not a join's failure: nothing held is to be refused for it)
+                self.injector.error = None  # (not a join's failure: nothing held is to be refused for it)
 
         if not standalone:
             self._group = None  # (asked inside the batch: a new run would go without the question)
-        close = self.queue_query(XACT_STATEMENT, XACT_SQL, not standalone, on_done=learned, capture=found)
-        self.injected(close, Kind.CLOSE, not standalone)
+        close = self.injector.queue_query(
+            XACT_STATEMENT, XACT_SQL, not standalone, on_done=learned, capture=found
+        )
+        self.injector.send(close, Kind.CLOSE, not standalone)
         if standalone:
-            self.injected(p.SYNC, Kind.SYNC, False)
+            self.injector.send(p.SYNC, Kind.SYNC, False)
 
     def _txn_ended(self) -> None:
         """ReadyForQuery with status I: the held reads take the transaction's operation."""
@@ -1084,7 +1086,8 @@ class Relay:
         At a safe point (no unfinished extended batch) the injection is its own batch ending with Sync;
         inside a batch it is followed by Flush, and a failure makes the server skip the client's batch.
         """
-        standalone = self.start_injection(trigger)
+        injector = self.injector
+        standalone = injector.start(trigger)
         if standalone is None:
             return False
         forward = not standalone
@@ -1100,8 +1103,8 @@ class Relay:
                 self.applied = _Applied(tags, tentative=not standalone or self.status != "I")
                 self.hooks.tags_applied(tags)
                 self._path_changed()  # (joining puts the overlay path in force)
-            elif self._injection_error is not None:
-                self.hooks.tags_failed(tags, self._injection_error)
+            elif injector.error is not None:
+                self.hooks.tags_failed(tags, injector.error)
 
         def finished(ok: bool) -> None:
             self._fresh = ok
@@ -1115,96 +1118,30 @@ class Relay:
         # default_transaction_read_only, its startup options). Inside the client's transaction or batch
         # the bind is part of it, as before (a read-only one gets 25006 for a bind that has to write).
         writable = self.bind_secret is not None and standalone and self.status == "I" and not self.pending
-        release = self._rolled_back_on_failure(finished) if writable else finished
+        release = injector.rolled_back_on_failure(finished) if writable else finished
         if writable:
-            self._queue_utility(BEGIN_WRITABLE_SQL)
-        self.injected(p.encode_close("S", INJECT_STATEMENT), Kind.CLOSE, forward)  # (see queue_query)
-        self.injected(p.encode_parse(INJECT_STATEMENT, self.join_sql), Kind.PARSE, forward)
-        self.injected(p.encode_bind(INJECT_STATEMENT, INJECT_STATEMENT, params), Kind.BIND, forward)
-        self.injected(p.encode_execute(INJECT_STATEMENT), Kind.EXECUTE, forward, on_done=applied)
-        self.injected(p.encode_close("P", INJECT_STATEMENT), Kind.CLOSE, forward)
+            injector.queue_utility(BEGIN_WRITABLE_SQL)
+        injector.send(p.encode_close("S", INJECT_STATEMENT), Kind.CLOSE, forward)  # (see queue_query)
+        injector.send(p.encode_parse(INJECT_STATEMENT, self.join_sql), Kind.PARSE, forward)
+        injector.send(p.encode_bind(INJECT_STATEMENT, INJECT_STATEMENT, params), Kind.BIND, forward)
+        injector.send(p.encode_execute(INJECT_STATEMENT), Kind.EXECUTE, forward, on_done=applied)
+        injector.send(p.encode_close("P", INJECT_STATEMENT), Kind.CLOSE, forward)
         if writable:
-            self._queue_utility("COMMIT")
+            injector.queue_utility("COMMIT")
         if want_catalog:
-            self.injected(p.encode_close("S", INJECT_STATEMENT), Kind.CLOSE, forward)
+            injector.send(p.encode_close("S", INJECT_STATEMENT), Kind.CLOSE, forward)
             close_last, on_done = self.gate.queue_first(forward, standalone, release)
         else:
             close_last, on_done = p.encode_close("S", INJECT_STATEMENT), release
-        self.finish_injection(close_last, standalone, on_done)
+        injector.finish(close_last, standalone, on_done)
         return False
 
-    def _queue_utility(self, sql: str) -> None:
-        """Inject a parameterless utility statement into a batch of the proxy's own (at a safe point)."""
-        close = self.queue_query(WRITABLE_STATEMENT, sql, False)
-        self.injected(close, Kind.CLOSE, False)
-
-    def _rolled_back_on_failure(self, finished: Callable[[bool], None]) -> Callable[[bool], None]:
-        """``finished`` of a join in a block of its own (``_inject``): when the bind failed, the server
-        skipped the COMMIT and the block is aborted (status E): roll it back before the client's statement
-        is refused with the bind's error (``_injection_error`` stays: a ROLLBACK does not fail)."""
-
-        def done(ok: bool) -> None:
-            if ok or self.status != "E":
-                finished(ok)
-                return
-            self.injected(p.encode_query("ROLLBACK"), Kind.QUERY, False, on_done=lambda _ok: finished(False))
-
-        return done
-
-    def start_injection(self, trigger: bytes) -> bool | None:
-        """Hold the client for statements the proxy sends ahead of ``trigger``: True at a safe point (they are
-        their own batch, ending with Sync), False inside a client's batch (followed by Flush; a failure makes
-        the server skip the client's batch); None: a simple query must not join an unfinished batch, so the
-        client is held until the server has caught up."""
+    def hold(self, until_idle: bool) -> None:
+        """Stop reading the client (``until_idle``: until no reply is owed); what it sends meanwhile is
+        replayed by ``_release``."""
         self.holding = True
-        if trigger in (b"Q", b"F") and (self.pending or self.mid_batch):
+        if until_idle:
             self._hold_until_idle = True
-            return None
-        self._injection_error = None
-        return not self.mid_batch
-
-    def finish_injection(self, close_last: bytes, standalone: bool, on_done: Callable[[bool], None]) -> None:
-        """End an injected batch: ``close_last``, then Sync at a safe point, or Flush inside a batch."""
-        if standalone:
-            self.injected(close_last, Kind.CLOSE, False)
-            self.injected(p.SYNC, Kind.SYNC, False, on_done=on_done)
-        else:
-            self.injected(close_last, Kind.CLOSE, True, on_done=on_done)
-            self.to_server.append(p.FLUSH)
-
-    def queue_query(
-        self,
-        name: str,
-        sql: str,
-        forward: bool,
-        *,
-        params: tuple[str | None, ...] = (),
-        on_done: Callable[[bool], None] | None = None,
-        capture: list[tuple[str | None, ...]] | None = None,
-    ) -> bytes:
-        """Inject Parse/Bind/Execute/Close portal of ``sql``; return the Close of the statement (last).
-
-        A Close of the statement goes first: when an earlier one failed, the server skipped the rest of its
-        batch, its Close with it, and a Parse of that name would fail (42P05) at every try from then on."""
-        self.injected(p.encode_close("S", name), Kind.CLOSE, forward)
-        self.injected(p.encode_parse(name, sql), Kind.PARSE, forward)
-        self.injected(p.encode_bind(name, name, params), Kind.BIND, forward)
-        self.injected(p.encode_execute(name), Kind.EXECUTE, forward, on_done=on_done, capture=capture)
-        self.injected(p.encode_close("P", name), Kind.CLOSE, forward)
-        return p.encode_close("S", name)
-
-    def injected(
-        self,
-        raw: bytes,
-        kind: Kind,
-        forward: bool,
-        on_done: Callable[[bool], None] | None = None,
-        capture: list[tuple[str | None, ...]] | None = None,
-    ) -> None:
-        self.pending.append(
-            Entry(kind, injected=True, forward_error=forward, on_done=on_done, capture=capture)
-        )
-        self.to_server.append(raw)
 
     def _release(self) -> None:
         """Stop holding: replay the held client events (which may hold again)."""
@@ -1213,7 +1150,7 @@ class Relay:
         while self.held and not self.holding:
             event = self.held.popleft()
             if (
-                self._injection_error is not None
+                self.injector.error is not None
                 and isinstance(event, p.Frame)
                 and event.kind in _INJECTION_TRIGGERS
             ):
@@ -1221,15 +1158,15 @@ class Relay:
                 # error (fail closed; replaying it would only retry the switch, for ever). A refused Parse
                 # or Bind makes the server skip the rest of the client's batch, as a failed one would.
                 # Without the position: it points into the injected statement, not the client's.
-                fields = p.ErrorFields(tuple(f for f in self._injection_error.fields if f[0] not in "Ppq"))
+                fields = p.ErrorFields(tuple(f for f in self.injector.error.fields if f[0] not in "Ppq"))
                 error = p.encode_error_fields(fields)
-                self._injection_error = None
+                self.injector.error = None
                 self._refuse(event.kind, error)
                 continue
-            self._injection_error = None
+            self.injector.error = None
             self._dispatch_client(event)
         if not self.holding:
-            self._injection_error = None
+            self.injector.error = None
             self.gate.checked = False  # it was for the statement just replayed
             self._path_checked = False
             self._path_refusal = None
@@ -1577,7 +1514,7 @@ class Relay:
             self.promoted = {k: v for k, v in self.promoted.items() if v != head.promoted}
         sqlstate = fields.sqlstate
         if head is not None and head.injected:
-            self._injection_error = fields
+            self.injector.error = fields
             out = raw if head.forward_error else b""
         elif head is not None and head.replace_error is not None:
             out = head.replace_error
@@ -1636,7 +1573,7 @@ class Relay:
             self.path_clean = False
         if head is not None and head.injected:
             if head.on_done is not None:
-                head.on_done(self._injection_error is None)
+                head.on_done(self.injector.error is None)
             return b""
         if self._rerun is not None and head is not None:
             if self._rerun_due:

@@ -6,7 +6,8 @@ from typing import Any
 
 from proxy import protocol as p
 from proxy.analysis import ProxyAnalyzer, query_kind, quick_kind
-from proxy.relay import INJECT_STATEMENT, PROMOTED_PREFIX, REFUSED_SQL, WRITABLE_STATEMENT, Relay
+from proxy.injected import WRITABLE_STATEMENT
+from proxy.relay import INJECT_STATEMENT, PROMOTED_PREFIX, REFUSED_SQL, Relay
 from proxy.rerun import MAX_RERUNS, RERUN_HINT
 from proxy.tags import UNTAGGED, Tags
 from tests.proxy_sql import catalogs
