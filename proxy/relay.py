@@ -13,7 +13,6 @@ block, an implicit transaction rolled back, skipping to Sync) is exactly what th
 
 from __future__ import annotations
 
-import re
 import secrets
 import struct
 import time
@@ -34,6 +33,7 @@ from proxy.replies import Entry, Kind
 from proxy.sql import Analysis
 from proxy.sql.rewrites import app_path
 from proxy.tags import UNTAGGED, Tags
+from proxy.unnamed import Promotions
 
 # A statement that fails to parse: sent in place of a refused one (its error is replaced by ours).
 REFUSED_SQL = "cowproxy refused this statement"
@@ -48,14 +48,8 @@ BEGIN_WRITABLE_SQL = "BEGIN READ WRITE"
 XACT_STATEMENT = "__cowproxy_xact"
 XACT_SQL = "SELECT pg_current_xact_id_if_assigned()"
 PATH_STATEMENT = "__cowproxy_path"
-# Named statements the proxy prepares for a client's unnamed ones (see Relay._promote): their prefix, and how
-# many one server connection gets (names are never reused; evicted ones stay until the connection ends).
-PROMOTED_PREFIX = "__cowproxy_unnamed_"
-MAX_PROMOTED = 64
 # Statement texts of a tagged connection the C relay may forward as is (Relay.decisions), per connection.
 MAX_DECISIONS = 1024
-# Statements that may deallocate prepared statements, the proxy's with the client's (DEALLOCATE, DISCARD ALL).
-_DEALLOCATES = re.compile(rb"deallocate|discard", re.I)
 
 SQLSTATE_TOO_LARGE = "54000"
 SQLSTATE_REFUSED = "42501"
@@ -297,13 +291,7 @@ class Relay:
         self._path_checked = False  # the server answered for the statement being replayed
         self._path_refusal: tuple[str, str] | None = None  # its answer: refuse it so
         self.path_checks = 0
-        # Unnamed statements run as proxy-owned named ones (_promote): (SQL sent, parameter types) -> name,
-        # once the server has prepared it; the name the client's unnamed statement stands for; names made.
-        self.promoted: dict[tuple[str, tuple[int, ...]], str] = {}
-        self._promoting: set[tuple[str, tuple[int, ...]]] = set()  # Parse sent, not answered yet
-        self._deallocations = 0  # texts that may have deallocated them, so far
-        self.unnamed_alias: str | None = None
-        self.promotions = 0
+        self.unnamed = Promotions()  # unnamed statements run as proxy-owned named ones
         # Texts (message type + UTF-8) of this tagged connection that go out as they are, with their kind and
         # writes: what the C relay may take without asking (export_decisions). Made against ``catalog``.
         self.decisions: dict[bytes, Analysis] = {}
@@ -417,7 +405,7 @@ class Relay:
         elif kind == b"S":
             self._client_sync(frame)
         elif kind == b"D":
-            alias = self.unnamed_alias
+            alias = self.unnamed.alias
             if alias is not None and frame.body == b"S\0":  # Describe of the unnamed statement
                 self._extended(
                     Entry(Kind.DESCRIBE, promoted=alias, rewritten=True),
@@ -431,7 +419,7 @@ class Relay:
             if close.kind != "S":
                 self._bind_params.pop(close.name, None)
             if close.kind == "S" and not close.name:
-                self.unnamed_alias = None
+                self.unnamed.alias = None
             self._extended(Entry(Kind.CLOSE), frame.raw)
         elif kind == b"F":
             # A FunctionCall (the large-object API) runs with the connection's tags like any statement.
@@ -722,7 +710,7 @@ class Relay:
         prepared = self._prepare(query.sql, b"Q", frame)
         if prepared is None:
             return
-        self._forget_unnamed(frame.body)
+        self.unnamed.forget_unnamed(frame.body)
         tags, verdict = prepared
         self.hooks.statement(verdict.kind, tags.tagged)
         for table, kind in verdict.writes:
@@ -755,8 +743,8 @@ class Relay:
 
     def _client_parse(self, frame: p.Frame) -> None:
         parse = p.decode_parse(frame.body)
-        # An unnamed read may run as a named statement (_promote): analysed as one.
-        named = bool(parse.name) or self._can_promote()
+        # An unnamed read may run as a named statement (Promotions.promote): analysed as one.
+        named = bool(parse.name) or self.unnamed.can_promote()
         prepared = self._prepare(parse.sql, b"P", frame, named=named)
         if prepared is None:
             return
@@ -771,14 +759,13 @@ class Relay:
             comment if isinstance(comment, Tags) else None, verdict, parse.sql if self.reads else None
         )
         sent = verdict.rewritten if tags.tagged else None
-        self._forget_unnamed(frame.body, unnamed=not parse.name)
-        if (
-            sent is not None
-            and not parse.name
-            and verdict.kind == "select"
-            and self._promote(sent, parse.param_types)
-        ):
-            return
+        self.unnamed.forget_unnamed(frame.body, unnamed=not parse.name)
+        if sent is not None and not parse.name and verdict.kind == "select":
+            promoted = self.unnamed.promote(sent, parse.param_types)
+            if promoted is not None:
+                self.hooks.rewrite()
+                self._extended(*promoted)
+                return
         if sent is not None:
             self.hooks.rewrite()
             raw = p.encode_parse(parse.name, sent, parse.param_types)
@@ -818,7 +805,7 @@ class Relay:
                 self._bind_params[bind.portal] = frame.body[frame.body.index(0) + 1 :]
         if statement is not None and statement.verdict.kind == "transaction" and self._wants_xact():
             self._ask_xact(standalone=False)  # (a COMMIT, or a ROLLBACK: its reads' operation either way)
-        alias = self.unnamed_alias
+        alias = self.unnamed.alias
         if alias is not None and not bind.statement:
             self._extended(
                 Entry(Kind.BIND, promoted=alias, rewritten=True), p.rename_bind_statement(frame.body, alias)
@@ -864,7 +851,7 @@ class Relay:
             and not self.skip_until_sync
             and not self.closing
             and not applied.tentative
-            and self.unnamed_alias is None
+            and self.unnamed.at_rest()
             and self.gate.at_rest()
             and self._rerun is None
             and self.scanner.idle
@@ -872,61 +859,6 @@ class Relay:
             and applied.tags == self.txn_tags
             and applied.tags == self.default_tags()
         )
-
-    # ------------------------------------------------------------------------------------------------
-    # Unnamed statements as named ones
-
-    def _can_promote(self) -> bool:
-        return self.promotions < MAX_PROMOTED or bool(self.promoted)
-
-    def _promote(self, sql: str, param_types: tuple[int, ...]) -> bool:
-        """Run the client's unnamed statement (a rewritten read, ``sql``) as a named one the proxy owns.
-
-        A client that sends each statement unnamed (node-postgres, psycopg before its fifth execution)
-        makes the server parse and plan the rewrite every time; as a named statement its plan is cached
-        like a prepared one's. The first time, the Parse goes out under a new name; once the server has
-        prepared it, the client's Parse of the same text is answered by an empty unnamed statement
-        (ParseComplete in its place, and the server's unnamed statement dropped as the client expects),
-        and its Bind and Describe of the unnamed statement name the proxy's (``unnamed_alias``).
-        Returns False when the statement goes out as usual: no names left, or the same text's Parse still
-        unanswered (pipelined: it may yet fail, and a name per repetition would use up the names)."""
-        key = (sql, param_types)
-        name = self.promoted.get(key)
-        if name is not None:
-            self.hooks.rewrite()
-            self.unnamed_alias = name
-            self._extended(Entry(Kind.PARSE, rewritten=True), p.encode_parse("", ""))
-            return True
-        if self.promotions >= MAX_PROMOTED or key in self._promoting:
-            return False
-        self.promotions += 1
-        name = f"{PROMOTED_PREFIX}{self.promotions}"
-        self._promoting.add(key)
-        deallocations = self._deallocations
-
-        def prepared(ok: bool) -> None:
-            self._promoting.discard(key)
-            if ok and deallocations == self._deallocations:  # (a DEALLOCATE pipelined after it)
-                self.promoted[key] = name
-
-        self.hooks.rewrite()
-        # Until the server has prepared it the alias stands: a failed Parse leaves no unnamed statement,
-        # and a Bind of it must fail as it would (26000), not bind an older one.
-        self.unnamed_alias = name
-        self._extended(
-            Entry(Kind.PARSE, rewritten=True, on_done=prepared), p.encode_parse(name, sql, param_types)
-        )
-        return True
-
-    def _forget_unnamed(self, body: bytes, unnamed: bool = True) -> None:
-        """A Parse (``unnamed``: of the unnamed statement) or a simple Query (which drops the unnamed
-        statement): the alias ends; a text that may deallocate statements (DEALLOCATE, DISCARD ALL) drops
-        the proxy's too."""
-        if unnamed:
-            self.unnamed_alias = None
-        if (self.promoted or self._promoting) and _DEALLOCATES.search(body):
-            self.promoted.clear()
-            self._deallocations += 1
 
     def _client_execute(self, frame: p.Frame) -> None:
         execute = p.decode_execute(frame.body)
@@ -1056,7 +988,7 @@ class Relay:
             self._push(Entry(Kind.QUERY, replace_error=error, started=time.perf_counter()))
             self.to_server.append(p.encode_query(REFUSED_SQL))
         else:
-            self.unnamed_alias = None  # the failing Parse drops the server's unnamed statement
+            self.unnamed.alias = None  # the failing Parse drops the server's unnamed statement
             self._extended(Entry(Kind.PARSE, replace_error=error), p.encode_parse("", REFUSED_SQL))
 
     def _oversized(self, event: p.Oversized) -> None:
@@ -1205,8 +1137,9 @@ class Relay:
             except UnicodeDecodeError:
                 return False
         self.hooks.statement(query_kind(data), False)
-        if self.unnamed_alias is not None or self.promoted or self._promoting:
-            self._forget_unnamed(data)  # a simple Query drops the unnamed statement
+        unnamed = self.unnamed
+        if unnamed.alias is not None or unnamed.promoted or unnamed.promoting:
+            unnamed.forget_unnamed(data)  # a simple Query drops the unnamed statement
         if pending:
             pending.append(Entry(Kind.QUERY, started=perf_counter(), copy_epoch=self.copy_ends))
         else:
@@ -1299,9 +1232,7 @@ class Relay:
         with a comment opener); a recorded read's portal comes with its Bind parameters."""
         self.status = status
         tagged = self.txn_tags.tagged
-        # The client may have deallocated statements there: the proxy's are forgotten (their names unused).
-        self.promoted.clear()
-        self.unnamed_alias = None
+        self.unnamed.forget_all()  # (the client may have deallocated statements there)
         now = perf_counter()
         entries = [Entry(_FAST_KINDS[kind], started=now, copy_epoch=self.copy_ends) for kind in owed]
         for position, read, started in owed_reads or ():
@@ -1509,9 +1440,7 @@ class Relay:
         if head is not None and head.rewritten and fields.sqlstate in _STALE_CATALOG_STATES:
             self.gate.suspect = True  # check the catalog before the next rewritten statement
         if head is not None and head.promoted is not None:
-            # The proxy's statement failed (a plan gone stale after app DDL: 0A000, 42601, ...): parse a new
-            # one the next time rather than fail for good; the old name stays unused.
-            self.promoted = {k: v for k, v in self.promoted.items() if v != head.promoted}
+            self.unnamed.failed(head.promoted)  # (parsed anew the next time)
         sqlstate = fields.sqlstate
         if head is not None and head.injected:
             self.injector.error = fields

@@ -40,7 +40,7 @@ class Entry:
     started: float = 0.0
     copy_epoch: int = 0  # the client's CopyDone/CopyFail count when it was sent (see Relay._copy_started)
     rewritten: bool = False  # a Query or Parse sent with the analysis' SQL instead of the client's
-    promoted: str | None = None  # a Bind or Describe sent to this proxy-owned statement (Relay._promote)
+    promoted: str | None = None  # a Bind or Describe sent to this proxy-owned statement (proxy/unnamed.py)
     read: PendingRead | None = None  # a tagged session's read to report when its CommandComplete comes
     # A statement the proxy may run again (proxy/rerun.py): its replies so far, held until one shows whether
     # it failed with the layer's row-changed 40001 (None: forwarded as they come).

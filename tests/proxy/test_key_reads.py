@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.relay import PROMOTED_PREFIX
 from proxy.sql import CATALOG_QUERY, Analyzer, Catalog
 from proxy.sql.rewrites import KEY_READ_HASHED_ROWS
+from proxy.unnamed import PROMOTED_PREFIX
 from tests.fix_db import outcome
 from tests.fix_proxy import RunningProxy
 from tests.proxy.k_items import TABLES, k_items_writes, side_by_side

@@ -7,9 +7,10 @@ from typing import Any
 from proxy import protocol as p
 from proxy.analysis import ProxyAnalyzer, query_kind, quick_kind
 from proxy.injected import WRITABLE_STATEMENT
-from proxy.relay import INJECT_STATEMENT, PROMOTED_PREFIX, REFUSED_SQL, Relay
+from proxy.relay import INJECT_STATEMENT, REFUSED_SQL, Relay
 from proxy.rerun import MAX_RERUNS, RERUN_HINT
 from proxy.tags import UNTAGGED, Tags
+from proxy.unnamed import PROMOTED_PREFIX
 from tests.proxy_sql import catalogs
 
 
@@ -271,7 +272,7 @@ def test_an_unnamed_key_read_runs_as_a_named_statement_of_the_proxy() -> None:
     first = (p.encode_parse("", KEY_READ), bind, p.encode_execute(), p.SYNC)
     assert send(r, *first) == b"".join((p.encode_parse(name, sent), renamed, p.encode_execute(), p.SYNC))
     assert reply(r, *executed) == b"".join(executed)
-    assert r.promoted == {(sent, ()): name}
+    assert r.unnamed.promoted == {(sent, ()): name}
     # Next time: an empty unnamed statement answers the Parse; Bind and Describe name the proxy's statement.
     again = (p.encode_parse("", KEY_READ), p.message(b"D", b"S\0"), bind, p.encode_execute(), p.SYNC)
     assert send(r, *again) == b"".join(
@@ -292,7 +293,7 @@ def test_an_unnamed_key_read_runs_as_a_named_statement_of_the_proxy() -> None:
     deallocate = p.encode_query("DEALLOCATE ALL")
     assert send(r, deallocate) == deallocate
     assert reply(r, p.encode_command_complete("DEALLOCATE ALL"), p.encode_ready("I"))
-    assert not r.promoted and r.unnamed_alias is None
+    assert not r.unnamed.promoted and r.unnamed.alias is None
     name2 = f"{PROMOTED_PREFIX}2"
     assert send(r, *first) == b"".join(
         (p.encode_parse(name2, sent), p.encode_bind("", name2, ("7",)), p.encode_execute(), p.SYNC)
@@ -307,14 +308,14 @@ def test_a_failed_promoted_statement_is_prepared_anew_and_a_failed_parse_binds_n
     parse = p.encode_parse("", KEY_READ)
     send(r, parse, p.SYNC)
     reply(r, p.message(b"1"), p.encode_ready("I"))
-    assert r.promoted == {(sent, ()): name}
+    assert r.unnamed.promoted == {(sent, ()): name}
     # The plan went stale (app DDL): the Bind fails; the statement is forgotten and the catalog suspect.
     assert send(r, parse, p.encode_bind("", "", ("7",)), p.SYNC).startswith(p.encode_parse("", ""))
     stale = p.encode_error("0A000", "cached plan must not change result type")
     assert reply(r, p.message(b"1"), stale, p.encode_ready("I")) == p.message(b"1") + stale + p.encode_ready(
         "I"
     )
-    assert not r.promoted and r.gate.suspect
+    assert not r.unnamed.promoted and r.gate.suspect
     # A Parse under a new name that fails: the Bind after the Sync still names it (26000 from the server),
     # never the unnamed statement that was there before.
     r.gate.suspect = False
@@ -322,7 +323,7 @@ def test_a_failed_promoted_statement_is_prepared_anew_and_a_failed_parse_binds_n
     assert send(r, parse, p.SYNC) == p.encode_parse(name2, sent) + p.SYNC
     syntax = p.encode_error("42601", "each UNION query must have the same number of columns")
     reply(r, syntax, p.encode_ready("I"))
-    assert not r.promoted and r.unnamed_alias == name2
+    assert not r.unnamed.promoted and r.unnamed.alias == name2
     assert send(r, p.encode_bind("", "", ("7",)), p.SYNC) == p.encode_bind("", name2, ("7",)) + p.SYNC
 
 
@@ -350,7 +351,7 @@ def test_pipelined_repetitions_wait_for_the_first_promotion_and_a_deallocate_voi
     send(r, p.encode_query("DEALLOCATE ALL"))
     executed = (p.message(b"1"), p.message(b"2"), *OK_SELECT, p.encode_ready("I"))
     reply(r, *executed, *executed, p.encode_command_complete("DEALLOCATE ALL"), p.encode_ready("I"))
-    assert not r.promoted and r.promotions == 1
+    assert not r.unnamed.promoted and r.unnamed.count == 1
     assert send(r, parse, p.SYNC) == p.encode_parse(f"{PROMOTED_PREFIX}2", sent) + p.SYNC
 
 
