@@ -161,7 +161,9 @@ async def install_layer(
         ) from exc
     except asyncpg.PostgresError as exc:
         raise LayerError(f"install failed: {exc}") from exc
-    except (asyncpg.InterfaceError, OSError) as exc:  # a connection lost (one of the workers' too)
+    except (asyncpg.InterfaceError, asyncpg.InternalClientError, OSError) as exc:
+        # A connection lost, one of the workers' too (asyncpg's InternalClientError: its transaction's COMMIT
+        # was sent while the protocol still waited for the killed backend's reply).
         raise LayerError(f"install failed: {exc}") from exc
     return InstallResult(tuple(applied), tuple(dict.fromkeys(notes)), tuple(reapplied), secret)
 

@@ -133,14 +133,6 @@ BEGIN
                            coalesce(array_to_string(cow._indexed_tables(current_query()), ','), 'all'), true);
         RETURN;
     END IF;
-    IF tg_tag IN ('ALTER TABLE', 'DROP TABLE') AND NOT EXISTS (
-           SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-           JOIN cow.schemas s ON s.overlay_schema = n.nspname
-           WHERE c.relname = ANY (cow._name_candidates(current_query())) AND c.relkind = 'v')
-       AND cow._names_other_relation(current_query()) THEN
-        PERFORM set_config('cow._ddl_dropped', '', true);
-        RETURN;
-    END IF;
     -- The other drops (types, domains, sequences, functions, collations, views) and ALTER TYPE/DOMAIN/VIEW need
     -- no view dropped first: an overlay view depends on such an object only where its base table does, so a
     -- RESTRICT fails as on the plain table and a CASCADE takes the overlay view (or its default) along;
@@ -168,6 +160,12 @@ BEGIN
             named := true;
             dropped := dropped || x.relid;
         END LOOP;
+        -- (Asked only when no overlay view is named: it costs the common case nothing.)
+        IF NOT named AND tg_tag IN ('ALTER TABLE', 'DROP TABLE') AND cow._names_other_relation(current_query()) THEN
+            PERFORM set_config('cow._ddl_dropped', '', true);
+            PERFORM set_config('cow.in_layer', '', true);
+            RETURN;
+        END IF;
         FOR x IN SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                  WHERE n.nspname IN (SELECT overlay_schema FROM cow.schemas) AND c.relkind = 'v' AND NOT named LOOP
             EXECUTE format('DROP VIEW IF EXISTS %I.%I CASCADE', x.nspname, x.relname);
