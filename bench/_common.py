@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
+import importlib.util
 import os
 import re
 import subprocess
@@ -20,6 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -33,6 +35,20 @@ from migrations.embedded import embedded_postgres  # noqa: E402
 from migrations.errors import LayerError  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
+
+
+def sibling(name: str) -> ModuleType:
+    """bench/<name>.py as the module ``bench_<name>``: loaded by path (this folder is off the import path, and
+    its proxy.py is named like the package), and registered, since its dataclasses look their module up."""
+    alias = f"bench_{name}"
+    if alias not in sys.modules:
+        spec = importlib.util.spec_from_file_location(alias, os.path.join(HERE, f"{name}.py"))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[alias] = module
+        spec.loader.exec_module(module)
+    return sys.modules[alias]
+
 
 ITEMS_DDL = """
 CREATE TABLE {schema}.items (

@@ -12,22 +12,15 @@ the server's time (query round trip) and the proxy's decoding (``Catalog.from_ro
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
-import sys
 import time
-from pathlib import Path
 
-import _common  # noqa: F401  (first: takes bench/ off the import path, whose proxy.py is not the package)
+import _common as common  # first: it takes bench/ off the import path (its proxy.py is not the package)
 import psycopg
 
 from proxy.sql import CATALOG_DELTA_QUERY, CATALOG_QUERY, Catalog
 
-_spec = importlib.util.spec_from_file_location("session_start", Path(__file__).with_name("session_start.py"))
-assert _spec is not None and _spec.loader is not None
-session_start = importlib.util.module_from_spec(_spec)
-sys.modules["session_start"] = session_start
-_spec.loader.exec_module(session_start)
+session_start = common.sibling("session_start")
 
 
 def timed_read(conn: psycopg.Connection[tuple[str | None, ...]], held: Catalog | None) -> tuple[float, float]:

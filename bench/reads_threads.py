@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import os
 import re
 import shutil
@@ -29,14 +28,11 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import _common as common  # first: it takes bench/ off the import path (its proxy.py is not the package)
 import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("bench_proxy", Path(__file__).with_name("proxy.py"))
-assert _spec is not None and _spec.loader is not None
-bp = importlib.util.module_from_spec(_spec)
-sys.modules["bench_proxy"] = bp
-_spec.loader.exec_module(bp)
+bp = common.sibling("proxy")  # its server, proxy and process helpers
 
 GATHER = 1.0  # proxy.reads.GATHER: the writer's longest wait before a batch
 # After pgbench: the C relay's records are taken within a GATHER, then written (main: 0.1 s, then gathered).

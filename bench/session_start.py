@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import statistics
 import subprocess
 import sys
@@ -26,14 +25,11 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import _common as common  # first: it takes bench/ off the import path (its proxy.py is not the package)
 import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("bench_proxy", Path(__file__).with_name("proxy.py"))
-assert _spec is not None and _spec.loader is not None
-bp = importlib.util.module_from_spec(_spec)
-sys.modules["bench_proxy"] = bp
-_spec.loader.exec_module(bp)
+bp = common.sibling("proxy")  # its server, proxy and process helpers
 
 
 def make_database(dsn: str, name: str, tables: int) -> str:

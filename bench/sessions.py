@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import os
 import re
 import shutil
@@ -52,15 +51,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import _common as common  # first: it takes bench/ off the import path (its proxy.py is not the package)
 import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
-# bench/proxy.py's server, proxy and process helpers (loaded by path: the name is the package's).
-_spec = importlib.util.spec_from_file_location("bench_proxy", Path(__file__).with_name("proxy.py"))
-assert _spec is not None and _spec.loader is not None
-bp = importlib.util.module_from_spec(_spec)
-sys.modules["bench_proxy"] = bp  # (its dataclasses look their module up)
-_spec.loader.exec_module(bp)
+bp = common.sibling("proxy")  # its server, proxy and process helpers
 
 # Statements per transaction, for the added latency per statement (BEGIN and END count, in every mode).
 _STATEMENTS = {"-S": 1, "tpcb": 7, "update": 1}
