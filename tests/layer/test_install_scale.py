@@ -57,6 +57,13 @@ def many_tables(small_lock_table: str) -> Iterator[str]:
         admin.execute("DROP DATABASE IF EXISTS many WITH (FORCE)")
 
 
+def _assert_all_whole(dsn: str) -> None:
+    """Every table enabled, each whole: its view's triggers, its changes table, its guard."""
+    done = _complete(dsn)
+    assert len(done) == TABLES
+    assert all(views >= 3 and changes and guard == 1 for _, views, changes, guard in done), done
+
+
 class _Stop(Exception):
     pass
 
@@ -110,9 +117,7 @@ def test_install_in_batches_fits_a_small_lock_table_and_resumes(many_tables: str
             await conn.close()
 
     asyncio.run(run())
-    done = _complete(many_tables)
-    assert len(done) == TABLES
-    assert all(views >= 3 and changes and guard == 1 for _, views, changes, guard in done), done
+    _assert_all_whole(many_tables)
     # A session works across the tables enabled in different batches (a foreign key between them).
     with psycopg.connect(many_tables, autocommit=True) as conn:
         conn.execute("SELECT cow.use_session('s')")
@@ -363,9 +368,7 @@ def test_a_failing_connection_leaves_whole_tables_and_install_resumes(many_table
             await conn.close()
 
     asyncio.run(run())
-    done = _complete(many_tables)
-    assert len(done) == TABLES
-    assert all(views >= 3 and changes and guard == 1 for _, views, changes, guard in done), done
+    _assert_all_whole(many_tables)
     assert _stale(many_tables) == 0
 
 
