@@ -16,6 +16,7 @@ import hashlib
 import importlib.util
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,10 @@ from migrations.embedded import embedded_postgres  # noqa: E402
 from migrations.errors import LayerError  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
+
+# A benchmark stopped with SIGTERM (kill, pkill, a CI timeout) unwinds like Ctrl-C, so that its context
+# managers stop the proxies and the embedded server it started instead of leaving them running.
+signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
 
 
 def sibling(name: str) -> ModuleType:
