@@ -24,6 +24,11 @@ initialisation or the previous target's checkpoint):
   statements it takes), and `session/python`, through one with `--no-fast-relay`; the columns `reads ratio`
   (session/reads over session/proxy: the goal) and `rec ratio` (session/reads over session/python).
 
+With --pin, PostgreSQL (every process of its postmaster) and pgbench run on CPU 0 and the proxies on the
+other CPUs: the proxy on cores of its own, as on a host or pod of its own, so that the ratio shows what the
+proxy costs a session and not what sharing the server's cores costs it. Use it with the embedded server
+(without --dsn): it pins the server's processes while it runs and unpins them at the end.
+
 With --bind, this checkout's proxies hold the database's binding secret (`--bind-secret-file`): they join
 sessions with `cow.bind_session`, as in production (without it they fall back to `cow.use_session`);
 the baseline's proxy gets no secret (a checkout from before the binding has no such option).
@@ -86,6 +91,7 @@ class Bench:
     seconds: int
     path: str  # the overlay search_path (sessions without the proxy)
     operation: bool = False  # each process with an operation id of its own too (--operation)
+    pin: frozenset[int] | None = None  # the CPUs of PostgreSQL and pgbench (--pin)
 
 
 def run_sessions(bench: Bench, target: Target, n: int, flags: list[str]) -> Run:
@@ -112,6 +118,9 @@ def run_sessions(bench: Bench, target: Target, n: int, flags: list[str]) -> Run:
                 text=True,
             )
         )
+        if bench.pin is not None:  # pgbench -j 1 is one thread: pinned before it has connected, or just after
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(procs[-1].pid, bench.pin)
     tps = 0.0
     transactions = 0
     failures = []
@@ -141,6 +150,9 @@ class Proxies:
     many: bp.Target | None
     reads: bp.Target | None  # recording reads (--reads)
     python: bp.Target | None  # no C relay (--reads)
+
+    def running(self) -> list[bp.Target]:
+        return [t for t in (self.mine, self.base, self.many, self.reads, self.python) if t is not None]
 
 
 @contextlib.contextmanager
@@ -187,6 +199,54 @@ UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid;
 """
 
 
+def _process_tree(root: int) -> list[int]:
+    """``root`` and its descendants (from /proc: the postmaster's children, a proxy's workers)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # exited meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, []))
+    return tree
+
+
+def pin_tree(root: int, cpus: frozenset[int]) -> None:
+    """Every thread of ``root`` and its descendants onto ``cpus``. Threads and processes started later
+    inherit it from their parent (the postmaster forks each backend; the proxy's C relay threads)."""
+    for pid in _process_tree(root):
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                os.sched_setaffinity(int(task.name), cpus)
+
+
+def postmaster_pid(dsn: str) -> int:
+    """The server's postmaster, from postmaster.pid in its data directory (a local server)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SHOW data_directory").fetchone()
+    assert row is not None
+    return int((Path(str(row[0])) / "postmaster.pid").read_text().split()[0])
+
+
+@contextlib.contextmanager
+def pinned_server(dsn: str, cpus: frozenset[int] | None) -> Iterator[None]:
+    """Under --pin the server runs on ``cpus`` for the benchmark, and on every CPU again afterwards."""
+    if cpus is None:
+        yield
+        return
+    postmaster = postmaster_pid(dsn)
+    pin_tree(postmaster, cpus)
+    try:
+        yield
+    finally:
+        pin_tree(postmaster, frozenset(range(os.cpu_count() or 1)))
+
+
 def overlay_path(dsn: str) -> str:
     """The search_path cow.use_session sets (what a session without the proxy puts in PGOPTIONS)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -219,6 +279,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--bind", action="store_true", help="this checkout's proxies bind (a binding secret)")
     parser.add_argument(
         "--reads", action="store_true", help="two more targets: session/reads (recording) and session/python"
+    )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="PostgreSQL and pgbench on CPU 0, the proxies on the others: the proxy on cores of its own "
+        "(as on a host or pod of its own), so that sessions through it are not slowed by sharing the "
+        "server's cores (meant for the embedded server: it pins the server's processes while it runs)",
     )
     parser.add_argument(
         "--operation",
@@ -256,13 +323,18 @@ def main() -> None:
         secret_dir = contextlib.ExitStack()
         own = bp.bind_arguments(db_dsn, secret_dir) if args.bind else ()
         reads_dsn = db_dsn if args.reads else None
+        server_cpus, proxy_cpus = _pin_sets(args.pin)
         with (
             secret_dir,
             proxies(
                 f"{host}:{port}", args.baseline, extra, args.workers, own, reads_dsn=reads_dsn
             ) as running,
+            pinned_server(dsn, server_cpus),
         ):
             mine, base, many = running.mine, running.base, running.many
+            if proxy_cpus is not None:
+                for proxy in running.running():
+                    pin_tree(proxy.pid, proxy_cpus)
             targets = [
                 Target("session/direct", host, port, None, True, direct=True),
                 Target("session/proxy", mine.host, mine.port, mine.pid, True),
@@ -292,7 +364,10 @@ def main() -> None:
                 for index, (name, mode, n, flags) in enumerate(workloads):
                     for target in _rotated(targets, round_no + index):
                         run = run_sessions(
-                            Bench(tool, user, database, args.seconds, path, args.operation), target, n, flags
+                            Bench(tool, user, database, args.seconds, path, args.operation, server_cpus),
+                            target,
+                            n,
+                            flags,
                         )
                         results.setdefault((name, mode, n, target.name), []).append(run)
                         print(
@@ -303,6 +378,16 @@ def main() -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
     report(results, targets, workloads)
+
+
+def _pin_sets(pin: bool) -> tuple[frozenset[int] | None, frozenset[int] | None]:
+    """(PostgreSQL's and pgbench's CPUs, the proxies' CPUs) under --pin; (None, None) without it."""
+    if not pin:
+        return None, None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--pin needs at least 2 CPUs")
+    return frozenset(cpus[:1]), frozenset(cpus[1:])
 
 
 def _rotated(targets: list[Target], turn: int) -> list[Target]:
