@@ -412,7 +412,8 @@ def report(
     # the baseline's CPU beside this checkout's: on a shared machine the steadier figure than the TPS
     base_head = "  cpu/txn base" if "session/cp-base" in names else ""
     print(
-        f"{'workload':20}{header}  sess ratio  plain ratio  +µs/stmt sess  +µs/stmt plain  cpu/txn sess"
+        f"{'workload':20}{header}  sess ratio  plain ratio  +µs/stmt sess  +µs/stmt plain"
+        + "  cpu/txn sess  cpu/txn plain"
         + base_head
         + reads_head
     )
@@ -424,6 +425,7 @@ def report(
         sess = tps["session/proxy"] / tps["session/direct"]
         plain = f"{tps['plain/proxy'] / tps['plain/direct']:.2f}" if "plain/proxy" in tps else "-"
         cpu = cpu_per_txn(results[(name, mode, n, "session/proxy")])
+        cpu_plain = cpu_per_txn(results[(name, mode, n, "plain/proxy")]) if "plain/proxy" in tps else "-"
         base_col = f"  {cpu_per_txn(results[(name, mode, n, 'session/cp-base')]):>12}" if base_head else ""
         reads_cols = ""
         if "session/reads" in tps:
@@ -437,7 +439,7 @@ def report(
             f"{name + ' ' + mode + ' N=' + str(n):20}{row}  {sess:10.2f}  {plain:>11}  "
             f"{added(tps, 'session/proxy', 'session/direct', n, stmts):>13}  "
             f"{added(tps, 'plain/proxy', 'plain/direct', n, stmts):>14}  "
-            f"{cpu:>12}" + base_col + reads_cols
+            f"{cpu:>12}  {cpu_plain:>13}" + base_col + reads_cols
         )
 
 
