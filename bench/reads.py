@@ -27,8 +27,9 @@ import asyncpg  # noqa: E402
 
 from proxy import protocol as p  # noqa: E402
 from proxy.analysis import ProxyAnalyzer  # noqa: E402
+from proxy.read_trace import PendingRead, ReadsCallback  # noqa: E402
 from proxy.reads import ReadRecorder  # noqa: E402
-from proxy.relay import PendingRead, ReadsCallback, Relay  # noqa: E402
+from proxy.relay import Relay  # noqa: E402
 from proxy.tags import Tags  # noqa: E402
 
 TAGS = Tags("bench", "op1")

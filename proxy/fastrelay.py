@@ -44,8 +44,9 @@ Named = tuple[bytes, int, bytes | None, bytes | None]
 
 # A read record made on the C relay: (Python's statement index, or -(decision index + 1); rows of SELECT n or
 # None; wall-clock end; duration in µs; Bind parameters or None; its transaction's number on the connection,
-# as Relay.txn counts them; the transaction's id once it ended, if C asked and it had one, else 0); and one
-# in flight at hand-back: (position among the replies owed, ref, monotonic start, Bind parameters or None).
+# as Relay.trace.txn counts them; the transaction's id once it ended, if C asked and it had one, else 0);
+# and one in flight at hand-back: (position among the replies owed, ref, monotonic start, Bind parameters
+# or None).
 FastRead = tuple[int, int | None, float, int, bytes | None, int, int]
 OwedRead = tuple[int, int, float, bytes | None]
 
@@ -70,8 +71,8 @@ class Handback:
     taken: int  # client messages C took during its stay
     reads: list[FastRead]  # read records done during the stay (see FastRelay.take_reads)
     owed_reads: list[OwedRead]  # (position in ``owed``, ref, started, Bind parameters): reads in flight
-    # Relay.txn as C left it: transactions ended, reads with no operation id and a statement that may write
-    # sent since the connection was last idle.
+    # Relay.trace.txn as C left it: transactions ended, reads with no operation id and a statement that may
+    # write sent since the connection was last idle.
     txn: int
     txn_reads: int
     txn_wrote: bool
@@ -164,7 +165,7 @@ class FastRelay:
         """``record``: its session's reads are recorded (the statements and decisions say which are reads).
         ``resolve``: they have no operation id, and take their transaction's: C asks the server the
         transaction's id before the end of one that read and may have written, as Relay does (docs/proxy.md).
-        ``txn``: Relay.txn's (count, reads, wrote)."""
+        ``txn``: Relay.trace.txn's (count, reads, wrote)."""
         kind = self.kind_index("transaction") if resolve else None
         count, reads, wrote = txn
         self.engine.adopt(

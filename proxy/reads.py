@@ -32,7 +32,7 @@ import asyncpg
 from pglast.parser import ParseError, fingerprint, parse_sql_json
 
 from cowproxy.ids import valid_id
-from proxy.relay import PendingRead, ReadsCallback
+from proxy.read_trace import PendingRead, ReadsCallback
 from proxy.sql.catalog import Catalog
 from proxy.tags import strip_edge_comments
 

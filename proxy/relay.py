@@ -13,14 +13,13 @@ block, an implicit transaction rolled back, skipping to Sync) is exactly what th
 
 from __future__ import annotations
 
-import secrets
 import struct
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from time import perf_counter
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from proxy import protocol as p
 from proxy import rerun
@@ -29,6 +28,7 @@ from proxy.catalog_gate import CatalogGate
 from proxy.catalogs import CatalogStore, private_store
 from proxy.errors import ProtocolError, TagError
 from proxy.injected import InjectedBatches
+from proxy.read_trace import PendingRead, ReadsCallback, ReadTrace
 from proxy.replies import Entry, Kind
 from proxy.sql import Analysis
 from proxy.sql.rewrites import app_path
@@ -43,10 +43,6 @@ INJECT_STATEMENT = "__cowproxy_inject"
 # A join between transactions runs in a read-write block of its own (Relay._inject): a bind records the
 # binding, which a client whose transactions are read-only by default would otherwise refuse with 25006.
 BEGIN_WRITABLE_SQL = "BEGIN READ WRITE"
-# Asked before the end of a transaction that read with no operation id in force and may have written: the
-# layer's operation for its writes is 'xact:' and this id (cow._write_operation), which its reads then take.
-XACT_STATEMENT = "__cowproxy_xact"
-XACT_SQL = "SELECT pg_current_xact_id_if_assigned()"
 PATH_STATEMENT = "__cowproxy_path"
 # Statement texts of a tagged connection the C relay may forward as is (Relay.decisions), per connection.
 MAX_DECISIONS = 1024
@@ -117,45 +113,6 @@ def _batch_plan(messages: list[tuple[bytes, Kind]], sync: bytes) -> rerun.Plan |
     ]
     resend.append(rerun.Resend(sync, Kind.SYNC, False))
     return rerun.Plan(tuple(resend))
-
-
-class PendingRead(NamedTuple):
-    """A read statement of a tagged session on its way (see ``Relay.reads``; immutable, and a tuple: one
-    is made per recorded read)."""
-
-    sql: str
-    session: str
-    operation: str | None
-    params: bytes | None
-
-
-# A read of a transaction still open, waiting for the transaction's operation: (the read, rows, seconds,
-# wall-clock end).
-HeldRead = tuple[PendingRead, int | None, float, float]
-ReadsCallback = Callable[[PendingRead, int | None, float, float], None]
-
-
-def new_read_ids() -> str:
-    """The prefix of a connection's read-only transaction ids (``<prefix>.<n>``): unique per connection,
-    so that two connections' transactions never share an operation."""
-    return "readonly:" + secrets.token_hex(6)
-
-
-@dataclass(slots=True)
-class TxnReads:
-    """The operation of a connection's reads with no operation id in force: its transaction's. That is the
-    one the layer gives the transaction's writes, 'xact:' and the server's transaction id (asked before the
-    transaction's end: ``Relay._ask_xact``), or, when it has none (it wrote nothing), ``read_ids`` + '.' +
-    the transaction's number on this connection. The records wait in ``held`` until then."""
-
-    read_ids: str
-    count: int = 0  # transactions ended on this connection (ReadyForQuery with status I)
-    # Sent since the connection was last idle (no reply owed, status I): reads with no operation id, and
-    # whether a statement that may write went too (then the server is asked at the transaction's end).
-    reads: int = 0
-    wrote: bool = False
-    held: list[HeldRead] = field(default_factory=list)
-    xid: str | None = None  # the server's answer for the open transaction
 
 
 class Hooks(Protocol):
@@ -268,7 +225,8 @@ class Relay:
         # it), or, without a secret, cow.use_session (the GUCs only).
         self.bind_secret = bind_secret
         self.join_sql = USE_SESSION_SQL if bind_secret is None else BIND_SESSION_SQL
-        self._init_reads(reads, read_ids)
+        # Read traces (proxy/reads.py): None when the connection's reads are not recorded.
+        self.trace = ReadTrace(reads, read_ids)
         self.to_server: list[bytes] = []
         self.to_client: list[bytes] = []
         self.status = "I"  # transaction status of the last ReadyForQuery
@@ -305,13 +263,6 @@ class Relay:
         self.scanner = p.ServerScanner(self._classify, self._handle, self._on_pass, runs=b"Dd")
         self._batch_started = 0.0
         self._query_entry = Entry(Kind.QUERY)  # reused by fast_query when nothing is in flight
-
-    def _init_reads(self, reads: ReadsCallback | None, read_ids: str | None) -> None:
-        # Read traces (proxy/reads.py): called with each read of a tagged session as it ends (its row
-        # count from CommandComplete, its duration in seconds, the wall-clock end); None: not recorded.
-        self.reads = reads
-        self._bind_params: dict[str, bytes] = {}  # portal -> its Bind's parameters, while reads are recorded
-        self.txn = TxnReads(read_ids or new_read_ids())
 
     @property
     def catalog(self) -> Any:
@@ -417,7 +368,7 @@ class Relay:
             close = p.decode_close(frame.body)
             (self.statements if close.kind == "S" else self.portals).pop(close.name, None)
             if close.kind != "S":
-                self._bind_params.pop(close.name, None)
+                self.trace.bind_params.pop(close.name, None)
             if close.kind == "S" and not close.name:
                 self.unnamed.alias = None
             self._extended(Entry(Kind.CLOSE), frame.raw)
@@ -445,7 +396,7 @@ class Relay:
             self._group = None
             self.to_server.append(frame.raw)
             return
-        if self.status == "I" and self.reads is not None and self._wants_xact():
+        if self.status == "I" and self.trace.reads is not None and self._wants_xact():
             self._ask_xact(standalone=False)  # (the Sync ends an implicit transaction)
         self.mid_batch = False
         self._push(Entry(Kind.SYNC, started=self._batch_started or time.perf_counter()))
@@ -719,11 +670,12 @@ class Relay:
         if tags.tagged and sent is None:
             self._decide(b"Q", query.sql, verdict)
         alone = tags.tagged and self._at_transaction_start() and rerun.may_rerun(verdict)
-        read = self._pending_read(tags, verdict, query.sql, None)
-        if self.reads is not None:
+        trace = self.trace
+        read = trace.pending_read(tags, verdict, query.sql, None)
+        if trace.reads is not None:
             if verdict.kind == "transaction" and not self.mid_batch and self._wants_xact():
                 self._ask_xact(standalone=True)
-            self._txn_sent(verdict, read)
+            trace.sent(verdict, read)
         entry = Entry(
             Kind.QUERY,
             tag_map=verdict.tag_map,
@@ -756,7 +708,7 @@ class Relay:
                 self._decide(b"P", parse.sql, verdict)
         comment = self._comment_tags(parse.sql)
         self.statements[parse.name] = Statement(
-            comment if isinstance(comment, Tags) else None, verdict, parse.sql if self.reads else None
+            comment if isinstance(comment, Tags) else None, verdict, parse.sql if self.trace.reads else None
         )
         sent = verdict.rewritten if tags.tagged else None
         self.unnamed.forget_unnamed(frame.body, unnamed=not parse.name)
@@ -800,9 +752,8 @@ class Relay:
             self.txn_tags = tags  # (as _prepare does: a Bind may start a transaction)
         if statement is not None:
             self.portals[bind.portal] = statement
-            if self.reads is not None and statement.sql is not None:
-                # The parameters (after the portal's name): with the text, the identity of the read.
-                self._bind_params[bind.portal] = frame.body[frame.body.index(0) + 1 :]
+            if self.trace.reads is not None and statement.sql is not None:
+                self.trace.bound(bind.portal, frame.body)
         if statement is not None and statement.verdict.kind == "transaction" and self._wants_xact():
             self._ask_xact(standalone=False)  # (a COMMIT, or a ROLLBACK: its reads' operation either way)
         alias = self.unnamed.alias
@@ -832,7 +783,7 @@ class Relay:
         # Its shape, when no literal's value can change the verdict: one entry for every text of the shape
         # (the simple protocol's ever-new texts), keyed by the lower-case type (proxy/sql/shapes.py). Not
         # for a read that is recorded: its record names the text, which C finds by the exact one only.
-        records = self._records(self.txn_tags, verdict)
+        records = self.trace.records(self.txn_tags, verdict)
         shape = None if records else self.analysis.shape(sql, self.gate.catalog, verdict)
         key = kind.lower() + shape if shape is not None else kind + sql.encode()
         self.decisions[key] = verdict
@@ -872,10 +823,10 @@ class Relay:
                 self.hooks.write(table, kind)
             tag_map = verdict.tag_map if self.txn_tags.tagged else None
             if statement.sql is not None:
-                params = self._bind_params.get(execute.portal)
-                read = self._pending_read(self.txn_tags, verdict, statement.sql, params)
-        if self.reads is not None:
-            self._txn_sent(statement.verdict if statement is not None else None, read)
+                params = self.trace.bind_params.get(execute.portal)
+                read = self.trace.pending_read(self.txn_tags, verdict, statement.sql, params)
+        if self.trace.reads is not None:
+            self.trace.sent(statement.verdict if statement is not None else None, read)
         if statement is None or not self.txn_tags.tagged or not rerun.may_rerun(statement.verdict):
             self._group = None  # (only the Execute of a statement that may get the 40001 is run again)
         entry = Entry(Kind.EXECUTE, tag_map=tag_map, read=read)
@@ -883,104 +834,20 @@ class Relay:
             entry.started = time.perf_counter()
         self._extended(entry, frame.raw)
 
-    def _pending_read(
-        self, tags: Tags, verdict: Analysis, sql: str, params: bytes | None
-    ) -> PendingRead | None:
-        """What to report of a statement when it ends: reads (no writes) of a tagged session, if recorded."""
-        if not self._records(tags, verdict):
-            return None
-        assert tags.session is not None
-        return PendingRead(sql, tags.session, tags.operation, params)
-
-    def _records(self, tags: Tags, verdict: Analysis) -> bool:
-        return (
-            self.reads is not None
-            and tags.session is not None
-            and verdict.kind == "select"
-            and not verdict.writes
-        )
-
-    def _read_done(self, entry: Entry, tag: str) -> None:
-        read = entry.read
-        assert read is not None and self.reads is not None
-        entry.read = None  # (a simple query's entry waits on for ReadyForQuery)
-        command, _, count = tag.partition(" ")
-        rows = int(count) if command == "SELECT" and count.isdigit() else None
-        if read.operation is None:  # (its transaction's operation is known at its end: _txn_ended)
-            self.txn.held.append((read, rows, time.perf_counter() - entry.started, time.time()))
-        else:
-            self.reads(read, rows, time.perf_counter() - entry.started, time.time())
-
-    # ------------------------------------------------------------------------------------------------
-    # The operation of reads with no operation id (docs/proxy.md, "Read traces")
-
-    def _release_held(self) -> None:
-        """The held reads' transaction ended: they take its operation (``TxnReads``)."""
-        txn = self.txn
-        if txn.held:
-            assert self.reads is not None
-            operation = f"xact:{txn.xid}" if txn.xid else f"{txn.read_ids}.{txn.count}"
-            for read, rows, seconds, ended in txn.held:
-                self.reads(read._replace(operation=operation), rows, seconds, ended)
-            txn.held.clear()
-
-    def _txn_sent(self, verdict: Analysis | None, read: PendingRead | None) -> None:
-        """A statement of a recorded connection goes out: count a read with no operation id, or note that
-        the transaction may write (anything but a read or a transaction statement; conservative: a
-        statement the relay knows nothing of counts as one)."""
-        if read is not None:
-            if read.operation is None:
-                self.txn.reads += 1
-        elif verdict is None or not (
-            verdict.kind == "transaction" or (verdict.kind == "select" and not verdict.writes)
-        ):
-            self.txn.wrote = True
-
     def _wants_xact(self) -> bool:
-        """Ask the server for the transaction's id before the message that may end it: it read with no
-        operation id and may have written. Not when the status is not current (a reply that ends with
-        ReadyForQuery is still owed: a pipelined failure would make the question fail and the server skip
-        the client's COMMIT), nor in a failed block (the writes are gone) or a batch the server skips."""
-        return (
-            self.txn.reads > 0
-            and self.txn.wrote
-            and self.status != "E"
-            and not self.skip_until_sync
+        """Ask the transaction's id now (``ReadTrace.wants_xact``), if the status is current: no reply that
+        ends with ReadyForQuery owed, no batch the server skips, no COPY FROM STDIN running."""
+        current = (
+            not self.skip_until_sync
             and self.copy_in is None
             and not any(entry.kind in _ENDS_WITH_READY for entry in self.pending)
         )
+        return self.trace.wants_xact(self.status, current)
 
     def _ask_xact(self, standalone: bool) -> None:
-        """Queue ``pg_current_xact_id_if_assigned()`` ahead of the client's message; its replies never reach
-        the client. Inside the client's batch (``standalone`` False) a failure is the client's to see (the
-        server then skips its batch, as a failed statement of its own would make it); before a simple Query
-        it is a batch of its own, ending with Sync."""
-        found: list[tuple[str | None, ...]] = []
-
-        def learned(ok: bool) -> None:
-            if ok and found:
-                self.txn.xid = found[0][0]
-            elif not ok:
-                self.injector.error = None  # (not a join's failure: nothing held is to be refused for it)
-
         if not standalone:
             self._group = None  # (asked inside the batch: a new run would go without the question)
-        close = self.injector.queue_query(
-            XACT_STATEMENT, XACT_SQL, not standalone, on_done=learned, capture=found
-        )
-        self.injector.send(close, Kind.CLOSE, not standalone)
-        if standalone:
-            self.injector.send(p.SYNC, Kind.SYNC, False)
-
-    def _txn_ended(self) -> None:
-        """ReadyForQuery with status I: the held reads take the transaction's operation."""
-        self._release_held()
-        txn = self.txn
-        txn.xid = None
-        txn.count += 1
-        if not self.pending:
-            txn.reads = 0
-            txn.wrote = False
+        self.trace.ask_xact(self.injector, standalone)
 
     def _refuse(self, trigger: bytes, error: bytes) -> None:
         """Send a failing statement in place of the client's, and report ``error`` for it."""
@@ -1182,7 +1049,7 @@ class Relay:
                     or (tagged and (verdict.tag_map is not None or found is None))
                     or (tagged and verdict.resolves_writes and not self.path_clean)  # (_path_hold)
                 )
-                records = statement.sql is not None and self._records(self.txn_tags, verdict)
+                records = statement.sql is not None and self.trace.records(self.txn_tags, verdict)
                 again = tagged and rerun.may_rerun(verdict)
                 rows.append((name.encode(), i, kind or 0, pyonly, found or (), records, again))
             return rows
@@ -1200,7 +1067,7 @@ class Relay:
         for key, verdict in self.decisions.items():
             if verdict.resolves_writes and not self.path_clean:
                 continue  # the server is to say where its names resolve first (_path_hold)
-            records = self._records(self.txn_tags, verdict)
+            records = self.trace.records(self.txn_tags, verdict)
             if records and key[:1].islower():
                 continue  # a read record names its text: a shape has none
             kind = kind_index(verdict.kind)
@@ -1253,14 +1120,14 @@ class Relay:
             if statement is None:
                 # Tagged: a text C took by its decision, whose verdict was not a rewrite in either form.
                 verdict = self.analysis.analyze(text.decode(), self.gate.catalog, tagged, prepared=True)
-                statement = made[text] = Statement(None, verdict, text.decode() if self.reads else None)
+                statement = made[text] = Statement(None, verdict, text.decode() if self.trace.reads else None)
             return statement
 
         self.statements = {name.decode(): resolve(i, text) for name, i, text, _ in statements}
         self.portals = {name.decode(): resolve(i, text) for name, i, text, _ in portals}
         for name, _, _, params in portals:
             if params is not None:
-                self._bind_params[name.decode()] = params
+                self.trace.bind_params[name.decode()] = params
 
     # ------------------------------------------------------------------------------------------------
     # Server side
@@ -1310,22 +1177,13 @@ class Relay:
         status = self.status = _STATUS_CHARS[data[-1]]
         if status == "I":
             self.mid_batch = False
+        trace = self.trace
         if head.read is not None:
-            self._fast_read_done(head, data, end)
-        if status == "I" and self.reads is not None:
-            self._txn_ended()
+            trace.fast_read_done(head, data, end)
+        if status == "I" and trace.reads is not None:
+            trace.ended(not pending)
         self.hooks.latency(perf_counter() - head.started)
         return True
-
-    def _fast_read_done(self, head: Entry, data: bytes, end: int) -> None:
-        """A recorded read answered on the fast path: its CommandComplete tag from the reply's headers."""
-        pos = 0
-        while pos < end:
-            length = _INT32.unpack_from(data, pos + 1)[0]
-            if data[pos] == _C:
-                self._read_done(head, data[pos + 5 : pos + length].decode("utf-8", "replace"))
-                return
-            pos += length + 1
 
     def _classify(self, kind: int, length: int) -> int:
         if kind in (_Z, _E, _S):
@@ -1390,9 +1248,9 @@ class Relay:
             if mapped != tag:
                 raw = p.encode_command_complete(mapped)
             if head.read is not None:
-                self._read_done(head, mapped)
+                self.trace.read_done(head, mapped)
         elif kind == _C and head.read is not None:
-            self._read_done(head, p.decode_command_tag(body))
+            self.trace.read_done(head, p.decode_command_tag(body))
         kinds = _TERMINATOR.get(kind)
         if kinds is not None and head.kind in kinds:
             self.pending.popleft()
@@ -1495,8 +1353,8 @@ class Relay:
         applied.error_since = False
         if status == "I" and not self.pending:
             self.mid_batch = False
-        if status == "I" and self.reads is not None:
-            self._txn_ended()
+        if status == "I" and self.trace.reads is not None:
+            self.trace.ended(not self.pending)
         if status == "I" and self._path_changed_in_txn:
             self._path_changed_in_txn = False  # (ended: committed, or rolled back to what it was before)
             self.path_clean = False

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # (the relay imports this module: annotations only)
-    from proxy.relay import PendingRead
+    from proxy.read_trace import PendingRead
 
 
 class Kind(enum.IntEnum):

@@ -31,8 +31,9 @@ from proxy.errors import PolicyError, ProtocolError, ProxyError, TagError
 from proxy.fastrelay import UNAVAILABLE as FAST_RELAY_UNAVAILABLE
 from proxy.fastrelay import Decision, FastCounts, FastRead, FastRelay, Handback
 from proxy.metrics import ConnectionHooks, Metrics
+from proxy.read_trace import PendingRead
 from proxy.reads import GATHER, ReadRecord, ReadRecorder, new_record
-from proxy.relay import PendingRead, Relay, Statement
+from proxy.relay import Relay, Statement
 from proxy.shared import SharedRoutes
 from proxy.tags import Tags, check_id, read_startup_tags
 
@@ -470,7 +471,7 @@ class ClientConnection(asyncio.Protocol):
             or not self.reader.at_boundary
             or self._pause_reasons
             or self._upstream_paused
-            or relay.txn.held  # (reads of the open transaction: it ends here, which knows their operation)
+            or relay.trace.txn.held  # (reads of the open transaction: its end here knows their operation)
         ):
             return
         upstream = self.upstream.transport if self.upstream is not None else None
@@ -490,8 +491,8 @@ class ClientConnection(asyncio.Protocol):
             return
         # In a session (startup tags or the database's route) C takes only the texts Python has decided on.
         tagged = relay.txn_tags.tagged
-        record = tagged and relay.reads is not None  # (C records its reads: see fast_reads)
-        txn = relay.txn
+        record = tagged and relay.trace.reads is not None  # (C records its reads: see fast_reads)
+        txn = relay.trace.txn
         statements, portals, self._fast_statements = relay.export_statements(fast.kind_index, fast.slots)
         decisions = relay.export_decisions(fast.kind_index, fast.slots) if tagged else []
         client.pause_reading()
@@ -543,14 +544,14 @@ class ClientConnection(asyncio.Protocol):
     def fast_reads(self, records: list[FastRead], open_txn: int | None = None) -> None:
         """Read records the C relay made for this connection: into the recorder, as the relay's ``reads``
         callback would have put them. With no operation id in force, a record takes its transaction's
-        (Relay.txn): the id C learned before it ended, else its read-only id; those of ``open_txn`` (at
+        (Relay.trace.txn): the id C learned before it ended, else its read-only id; those of ``open_txn`` (at
         hand-back: still open) wait in the relay for its end."""
         recorder, relay, stay = self.server.reads, self.relay, self._fast_reads
         if recorder is None or relay is None or stay is None or stay[0].session is None:
             return
         session, operation = stay[0].session, stay[0].operation
         database, catalog, text, new = self.database, self._catalog(), self._read_text, new_record
-        txn = relay.txn
+        txn = relay.trace.txn
         batch = []
         for ref, rows, ended, duration_us, params, number, xid in records:
             sql = text(ref)
@@ -573,11 +574,11 @@ class ClientConnection(asyncio.Protocol):
         self.fast_reads(handback.reads, handback.txn)
         relay = self.relay
         if relay is not None:
-            relay.txn.count = handback.txn
+            relay.trace.txn.count = handback.txn
             if self._fast_reads is not None and self._fast_reads[0].operation is None:
-                relay.txn.reads, relay.txn.wrote = handback.txn_reads, handback.txn_wrote
+                relay.trace.txn.reads, relay.trace.txn.wrote = handback.txn_reads, handback.txn_wrote
                 if handback.txn_xid:
-                    relay.txn.xid = str(handback.txn_xid)
+                    relay.trace.txn.xid = str(handback.txn_xid)
 
     def from_fast(self, handback: Handback) -> None:
         """The C relay gave the connection back: resume in Python from the state it reports."""

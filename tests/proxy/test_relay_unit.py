@@ -489,7 +489,7 @@ def test_untagged_reads_and_a_relay_without_recording_report_nothing() -> None:
     assert seen == []
     plain = relay()
     send(plain, p.encode_query("SELECT 1"))
-    assert plain.reads is None and plain.pending[0].read is None
+    assert plain.trace.reads is None and plain.pending[0].read is None
 
 
 SECRET = "unit-test-binding-secret"
