@@ -28,6 +28,7 @@ from proxy.catalog_gate import CatalogGate
 from proxy.catalogs import CatalogStore, private_store
 from proxy.errors import ProtocolError, TagError
 from proxy.injected import InjectedBatches
+from proxy.path_check import PathCheck
 from proxy.read_trace import PendingRead, ReadsCallback, ReadTrace
 from proxy.replies import Entry, Kind
 from proxy.sql import Analysis
@@ -43,7 +44,6 @@ INJECT_STATEMENT = "__cowproxy_inject"
 # A join between transactions runs in a read-write block of its own (Relay._inject): a bind records the
 # binding, which a client whose transactions are read-only by default would otherwise refuse with 25006.
 BEGIN_WRITABLE_SQL = "BEGIN READ WRITE"
-PATH_STATEMENT = "__cowproxy_path"
 # Statement texts of a tagged connection the C relay may forward as is (Relay.decisions), per connection.
 MAX_DECISIONS = 1024
 
@@ -241,14 +241,7 @@ class Relay:
         self.portals: dict[str, Statement] = {}
         self.injector = InjectedBatches(self)  # the proxy's own statements, ahead of the client's
         self.gate = CatalogGate(analysis, catalogs or private_store(), self.injector)  # its catalog
-        # In a session, where writes by unqualified names resolve (_check_path): True once the server said
-        # that no schema on the search_path in force lacks the layer, until a change of path or role, a join,
-        # or the end of a transaction that changed either (it may have rolled back to another path).
-        self.path_clean = False
-        self._path_changed_in_txn = False
-        self._path_checked = False  # the server answered for the statement being replayed
-        self._path_refusal: tuple[str, str] | None = None  # its answer: refuse it so
-        self.path_checks = 0
+        self.path = PathCheck(self.injector, self._release)  # where a session's unqualified writes resolve
         self.unnamed = Promotions()  # unnamed statements run as proxy-owned named ones
         # Texts (message type + UTF-8) of this tagged connection that go out as they are, with their kind and
         # writes: what the C relay may take without asking (export_decisions). Made against ``catalog``.
@@ -549,7 +542,7 @@ class Relay:
                 return None
             if trigger == b"Q" and self._path_refused(trigger):
                 return None
-        self._path_followed(verdict)
+        self.path.followed(verdict)
         if self.applied.tentative and verdict.kind in ("transaction", "other", "multi"):
             # COMMIT/ROLLBACK (TO SAVEPOINT) decide whether a set_config done in this block survives.
             self.applied.tags = None
@@ -584,77 +577,21 @@ class Relay:
             'switch it (rule "session")',
         )
 
-    # ------------------------------------------------------------------------------------------------
-    # Where writes by unqualified names resolve (a schema on the path without the layer has no guard)
-
     def _path_hold(self, verdict: Analysis, trigger: bytes, event: p.ClientEvent) -> bool:
-        """Hold ``event`` while the server says where its write targets resolve, unless known already.
-
-        Asked when the statement runs (a simple Query, a Bind), not at a Parse: PostgreSQL resolves a
-        prepared statement's names again when the path has changed since."""
-        if (
-            not verdict.resolves_writes
-            or verdict.tampers
-            or verdict.error is not None
-            or self.path_clean
-            or self._path_checked
-            or self.status == "E"  # (a failed block: the statement fails whatever its names)
-        ):
+        """Hold ``event`` while the server says where its write targets resolve, unless known already."""
+        if not self.path.needed(verdict, self.status):
             return False
-        self._check_path(trigger, verdict)
+        self.path.check(trigger, verdict)
         self.held.appendleft(event)
         return True
 
     def _path_refused(self, trigger: bytes) -> bool:
-        """Refuse the statement just checked when the server's answer says so; the answer is used up."""
-        refusal, self._path_refusal = self._path_refusal, None
-        self._path_checked = False
+        """Refuse the statement just checked when the server's answer says so."""
+        refusal = self.path.take_refusal()
         if refusal is None:
             return False
         self._refuse(trigger, p.encode_error(*refusal))
         return True
-
-    def _path_followed(self, verdict: Analysis) -> None:
-        """A statement that may change the path or the role goes out: what was known of the path ends."""
-        if verdict.path_change or (verdict.kind == "transaction" and self._path_changed_in_txn):
-            self._path_changed()
-
-    def _path_changed(self) -> None:
-        self.path_clean = False
-        self._path_changed_in_txn = True
-
-    def _check_path(self, trigger: bytes, verdict: Analysis) -> None:
-        """Queue ``cow._unlayered_write`` of the statement's unqualified write targets; hold (as
-        ``CatalogGate.check``). The answer: refuse the statement when a name resolves to a relation of a
-        schema without the layer; the path clean when no schema on it lacks the layer."""
-        standalone = self.injector.start(trigger)
-        if standalone is None:
-            return
-        forward = not standalone
-        self.path_checks += 1
-        rows: list[tuple[str | None, ...]] = []
-        kinds = dict(verdict.unqualified_writes)
-
-        def checked(ok: bool) -> None:
-            self._path_checked = True
-            self._path_refusal = None
-            if ok and len(rows) == 1 and len(rows[0]) == 3:
-                schema, name, clean = rows[0]
-                if clean == "t":
-                    self.path_clean = True
-                elif schema is not None and name is not None:
-                    self._path_refusal = app_path.unlayered_refusal(schema, name, kinds.get(name, "write"))
-                elif verdict.executes:
-                    self._path_refusal = app_path.EXECUTE_REFUSAL
-            elif self.injector.error is None:  # (with one, _release refuses the statement with it)
-                self._path_refusal = (SQLSTATE_REFUSED, app_path.UNCHECKED_MESSAGE)
-            self._release()
-
-        params = (app_path.text_array([name for name, _ in verdict.unqualified_writes]),)
-        close = self.injector.queue_query(
-            PATH_STATEMENT, app_path.UNLAYERED_WRITE_SQL, forward, params=params, capture=rows
-        )
-        self.injector.finish(close, standalone, checked)
 
     def _client_query(self, frame: p.Frame) -> None:
         query = p.decode_query(frame.body)
@@ -740,13 +677,13 @@ class Relay:
             self.held.appendleft(frame)
             return
         if statement is None:
-            self._path_changed()  # (not the proxy's to know: perhaps a SET ROLE)
+            self.path.changed()  # (not the proxy's to know: perhaps a SET ROLE)
         elif tags.tagged and self._path_hold(statement.verdict, b"B", frame):
             return
         if tags.tagged and self._path_refused(b"P"):  # (a failing Parse: the server skips the batch)
             return
         if statement is not None:
-            self._path_followed(statement.verdict)
+            self.path.followed(statement.verdict)
         self._fresh = False
         if (statement is not None and statement.tags is not None) or self._at_transaction_start():
             self.txn_tags = tags  # (as _prepare does: a Bind may start a transaction)
@@ -768,7 +705,7 @@ class Relay:
         """Remember that this text of a tagged connection went out as it is (for the C relay)."""
         if (
             verdict.tampers
-            or verdict.path_change  # (the relay must see it: _path_followed)
+            or verdict.path_change  # (the relay must see it: PathCheck.followed)
             or verdict.error is not None
             or verdict.catalog_dependent
             or verdict.tag_map is not None
@@ -901,7 +838,7 @@ class Relay:
             if ok:
                 self.applied = _Applied(tags, tentative=not standalone or self.status != "I")
                 self.hooks.tags_applied(tags)
-                self._path_changed()  # (joining puts the overlay path in force)
+                self.path.changed()  # (joining puts the overlay path in force)
             elif injector.error is not None:
                 self.hooks.tags_failed(tags, injector.error)
 
@@ -967,8 +904,7 @@ class Relay:
         if not self.holding:
             self.injector.error = None
             self.gate.checked = False  # it was for the statement just replayed
-            self._path_checked = False
-            self._path_refusal = None
+            self.path.released()
 
     def fast_query(self, data: bytes) -> bool:
         """Take one whole simple Query of an untagged connection with the least work, if it is one.
@@ -1047,7 +983,7 @@ class Relay:
                     statement.tags is not None
                     or kind is None
                     or (tagged and (verdict.tag_map is not None or found is None))
-                    or (tagged and verdict.resolves_writes and not self.path_clean)  # (_path_hold)
+                    or (tagged and self.path.unknown_for(verdict))  # (_path_hold)
                 )
                 records = statement.sql is not None and self.trace.records(self.txn_tags, verdict)
                 again = tagged and rerun.may_rerun(verdict)
@@ -1065,7 +1001,7 @@ class Relay:
             self.decisions.clear()
         rows = []
         for key, verdict in self.decisions.items():
-            if verdict.resolves_writes and not self.path_clean:
+            if self.path.unknown_for(verdict):
                 continue  # the server is to say where its names resolve first (_path_hold)
             records = self.trace.records(self.txn_tags, verdict)
             if records and key[:1].islower():
@@ -1355,9 +1291,8 @@ class Relay:
             self.mid_batch = False
         if status == "I" and self.trace.reads is not None:
             self.trace.ended(not self.pending)
-        if status == "I" and self._path_changed_in_txn:
-            self._path_changed_in_txn = False  # (ended: committed, or rolled back to what it was before)
-            self.path_clean = False
+        if status == "I":
+            self.path.transaction_ended()
         if head is not None and head.injected:
             if head.on_done is not None:
                 head.on_done(self.injector.error is None)

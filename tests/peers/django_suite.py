@@ -46,7 +46,6 @@ SESSION = "django-peer"
 HERE = Path(__file__).resolve().parent
 
 
-
 def _words(text: str) -> tuple[str, ...]:
     return tuple(text.split())
 

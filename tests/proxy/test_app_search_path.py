@@ -308,7 +308,7 @@ def test_a_role_whose_schema_lacks_the_layer_is_followed(proxy: RunningProxy, te
 
 def path_checks(proxy: RunningProxy) -> list[int]:
     return proxy.run(
-        lambda: [c.relay.path_checks for c in proxy.server.connections.values() if c.relay is not None]
+        lambda: [c.relay.path.checks for c in proxy.server.connections.values() if c.relay is not None]
     )
 
 

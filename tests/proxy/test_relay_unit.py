@@ -630,7 +630,7 @@ def in_session() -> Relay:
     """A tagged relay already joined to its session, its search_path known to be clean (no injections)."""
     r = relay(Tags("S1"))
     r.applied.tags = r.txn_tags = Tags("S1")
-    r.path_clean = True
+    r.path.clean = True
     return r
 
 
