@@ -27,6 +27,7 @@ from proxy.analysis import ProxyAnalyzer, query_kind
 from proxy.catalog_gate import CatalogGate
 from proxy.catalogs import CatalogStore, private_store
 from proxy.errors import ProtocolError, TagError
+from proxy.held import HeldEvents
 from proxy.injected import InjectedBatches
 from proxy.path_check import PathCheck
 from proxy.read_trace import PendingRead, ReadsCallback, ReadTrace
@@ -247,9 +248,7 @@ class Relay:
         # writes: what the C relay may take without asking (export_decisions). Made against ``catalog``.
         self.decisions: dict[bytes, Analysis] = {}
         self._decisions_catalog: Any = None
-        self.holding = False
-        self.held: deque[p.ClientEvent] = deque()
-        self._hold_until_idle = False
+        self.held = HeldEvents()  # the client's events held while the proxy's statements go ahead
         self._fresh = False  # an injection just completed for the held statement
         self.closing = False
         # A DataRow's or CopyData's decision hangs on the head of the queue, which no message of a run moves.
@@ -310,13 +309,14 @@ class Relay:
     # Client side
 
     def client_event(self, event: p.ClientEvent) -> None:
-        if self.holding:
-            self.held.append(event)
+        held = self.held
+        if held.holding:
+            held.add(event)
             return
         if self._rerun is not None:
             # Pipelined behind a statement that may run again: nothing may run between two runs.
-            self.holding = self._hold_until_idle = True
-            self.held.append(event)
+            held.hold(until_idle=True)
+            held.add(event)
             return
         self._dispatch_client(event)
 
@@ -369,7 +369,7 @@ class Relay:
             # A FunctionCall (the large-object API) runs with the connection's tags like any statement.
             tags = self.desired_tags(None)
             if self._needs_injection(tags) and not self._inject(tags, b"F"):
-                self.held.appendleft(frame)
+                self.held.put_back(frame)
                 return
             self._fresh = False
             self._push(Entry(Kind.FUNC, started=time.perf_counter()))
@@ -505,7 +505,7 @@ class Relay:
             # (As a tagged text: the untagged analysis takes the kind from the first word alone.)
             need = not self._ends_failed_block(self.analysis.analyze(sql, gate.catalog, True, prepared=named))
         if need and not self._inject(tags, trigger):
-            self.held.appendleft(event)
+            self.held.put_back(event)
             return None
         verdict = self.analysis.analyze(sql, gate.catalog, tags.tagged, prepared=named)
         if (
@@ -517,7 +517,7 @@ class Relay:
             # App DDL on another connection may have changed the CoW tables: check before relying on them.
             gate.suspect = False
             gate.check(trigger, self._release)
-            self.held.appendleft(event)
+            self.held.put_back(event)
             return None
         if tags.tagged and trigger == b"Q" and self._path_hold(verdict, trigger, event):
             return None
@@ -582,7 +582,7 @@ class Relay:
         if not self.path.needed(verdict, self.status):
             return False
         self.path.check(trigger, verdict)
-        self.held.appendleft(event)
+        self.held.put_back(event)
         return True
 
     def _path_refused(self, trigger: bytes) -> bool:
@@ -674,7 +674,7 @@ class Relay:
         if need and statement is not None and self._ends_failed_block(statement.verdict):
             need = False
         if need and not self._inject(tags, b"B"):
-            self.held.appendleft(frame)
+            self.held.put_back(frame)
             return
         if statement is None:
             self.path.changed()  # (not the proxy's to know: perhaps a SET ROLE)
@@ -733,8 +733,7 @@ class Relay:
         return (
             self.status == "I"
             and not self.pending
-            and not self.holding
-            and not self.held
+            and self.held.at_rest()
             and not self.mid_batch
             and not self.skip_until_sync
             and not self.closing
@@ -872,39 +871,37 @@ class Relay:
         injector.finish(close_last, standalone, on_done)
         return False
 
+    @property
+    def holding(self) -> bool:
+        """The caller is to stop reading the client: what it sends would be held."""
+        return self.held.holding
+
     def hold(self, until_idle: bool) -> None:
         """Stop reading the client (``until_idle``: until no reply is owed); what it sends meanwhile is
         replayed by ``_release``."""
-        self.holding = True
-        if until_idle:
-            self._hold_until_idle = True
+        self.held.hold(until_idle)
 
     def _release(self) -> None:
         """Stop holding: replay the held client events (which may hold again)."""
-        self.holding = False
-        self._hold_until_idle = False
-        while self.held and not self.holding:
-            event = self.held.popleft()
-            if (
-                self.injector.error is not None
-                and isinstance(event, p.Frame)
-                and event.kind in _INJECTION_TRIGGERS
-            ):
-                # use_session failed before the statement that needed it: refuse that statement with the
-                # error (fail closed; replaying it would only retry the switch, for ever). A refused Parse
-                # or Bind makes the server skip the rest of the client's batch, as a failed one would.
-                # Without the position: it points into the injected statement, not the client's.
-                fields = p.ErrorFields(tuple(f for f in self.injector.error.fields if f[0] not in "Ppq"))
-                error = p.encode_error_fields(fields)
-                self.injector.error = None
-                self._refuse(event.kind, error)
-                continue
-            self.injector.error = None
-            self._dispatch_client(event)
-        if not self.holding:
+        self.held.replay(self._replay)
+        if not self.held.holding:
             self.injector.error = None
             self.gate.checked = False  # it was for the statement just replayed
             self.path.released()
+
+    def _replay(self, event: p.ClientEvent) -> None:
+        error = self.injector.error
+        if error is not None and isinstance(event, p.Frame) and event.kind in _INJECTION_TRIGGERS:
+            # use_session failed before the statement that needed it: refuse that statement with the error
+            # (fail closed; replaying it would only retry the switch, for ever). A refused Parse or Bind
+            # makes the server skip the rest of the client's batch, as a failed one would. Without the
+            # position: it points into the injected statement, not the client's.
+            fields = p.ErrorFields(tuple(f for f in error.fields if f[0] not in "Ppq"))
+            self.injector.error = None
+            self._refuse(event.kind, p.encode_error_fields(fields))
+            return
+        self.injector.error = None
+        self._dispatch_client(event)
 
     def fast_query(self, data: bytes) -> bool:
         """Take one whole simple Query of an untagged connection with the least work, if it is one.
@@ -913,7 +910,7 @@ class Relay:
         as is (it is not put in ``to_server``: one write, no list); False (nothing done) whenever the
         general path is needed: a comment that may carry tags, tags to apply, anything pending.
         """
-        if self.holding or self.skip_until_sync or self.mid_batch:
+        if self.held.holding or self.skip_until_sync or self.mid_batch:
             return False
         applied = self.applied
         if applied.tentative:
@@ -1071,7 +1068,7 @@ class Relay:
     def server_data(self, data: bytes) -> None:
         if self._fast_reply(data):
             self.to_client.append(data)
-            if self._hold_until_idle:
+            if self.held.until_idle:
                 self._release()
             return
         self.to_client.extend(self.scanner.feed(data))
@@ -1082,14 +1079,14 @@ class Relay:
         True: the bookkeeping is done and the caller is to send ``data`` to the client as is (it is not
         put in ``to_client``). False: nothing done; call ``server_data``.
         """
-        return not self._hold_until_idle and self._fast_reply(data)
+        return not self.held.until_idle and self._fast_reply(data)
 
     def _fast_reply(self, data: bytes) -> bool:
         pending = self.pending
         if (
             len(pending) != 1
             or data[-6:-1] != _READY_HEADER
-            or self.holding
+            or self.held.holding
             or self.applied.tentative
             or not self.scanner.idle
             or self._rerun_due  # (its ReadyForQuery is dropped: _ready sends the new run)
@@ -1305,6 +1302,6 @@ class Relay:
             self._rerun = self._rerun_of = None
         if head is not None and head.started:
             self.hooks.latency(time.perf_counter() - head.started)
-        if self._hold_until_idle and not self.pending:
+        if self.held.until_idle and not self.pending:
             self._release()
         return raw
