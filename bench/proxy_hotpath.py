@@ -72,7 +72,7 @@ for _ in range(5):
             conn.data_received(query)
             up.data_received(reply)
     best = min(best, (time.perf_counter() - start) / (n * 7) * 1e6)
-assert Stub.writes == 2 * 5 * n * 7 and not conn.relay.pending
+assert Stub.writes == 2 * 5 * n * 7 and conn.relay.at_rest()
 print(best)
 """
 

@@ -9,12 +9,11 @@ the client's batch, as a failed statement of its own would. The client is held m
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
 from proxy import protocol as p
-from proxy.replies import Entry, Kind
+from proxy.replies import Entry, Kind, ReplyQueue
 
 # A parameterless utility statement of the proxy's (queue_utility): BEGIN READ WRITE, COMMIT.
 WRITABLE_STATEMENT = "__cowproxy_writable"
@@ -26,10 +25,8 @@ Done = Callable[[bool], None]
 class Connection(Protocol):
     """What injected batches read and write of the connection's state (the relay's)."""
 
-    pending: deque[Entry]  # the reply queue
+    replies: ReplyQueue  # what the server owes, its transaction status, the client's batch in progress
     to_server: list[bytes]
-    mid_batch: bool  # the client's extended-protocol messages forwarded since its last Sync
-    status: str  # transaction status of the last ReadyForQuery
 
     def hold(self, until_idle: bool) -> None:
         """Stop reading the client (``until_idle``: until no reply is owed)."""
@@ -50,12 +47,13 @@ class InjectedBatches:
         the server skip the client's batch); None: a simple query must not join an unfinished batch, so the
         client is held until the server has caught up."""
         connection = self.connection
-        if trigger in (b"Q", b"F") and (connection.pending or connection.mid_batch):
+        replies = connection.replies
+        if trigger in (b"Q", b"F") and (replies.pending or replies.mid_batch):
             connection.hold(until_idle=True)
             return None
         connection.hold(until_idle=False)
         self.error = None
-        return not connection.mid_batch
+        return not replies.mid_batch
 
     def finish(self, close_last: bytes, standalone: bool, on_done: Done) -> None:
         """End an injected batch: ``close_last``, then Sync at a safe point, or Flush inside a batch."""
@@ -98,7 +96,7 @@ class InjectedBatches:
         is refused with the bind's error (``error`` stays: a ROLLBACK does not fail)."""
 
         def done(ok: bool) -> None:
-            if ok or self.connection.status != "E":
+            if ok or self.connection.replies.status != "E":
                 finished(ok)
                 return
             self.send(p.encode_query("ROLLBACK"), Kind.QUERY, False, on_done=lambda _ok: finished(False))
@@ -111,7 +109,7 @@ class InjectedBatches:
         """Send one message of the proxy's, owed a reply the client never sees (``forward``: its error
         excepted, inside the client's batch)."""
         connection = self.connection
-        connection.pending.append(
+        connection.replies.pending.append(
             Entry(kind, injected=True, forward_error=forward, on_done=on_done, capture=capture)
         )
         connection.to_server.append(raw)

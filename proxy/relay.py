@@ -13,9 +13,7 @@ block, an implicit transaction rolled back, skipping to Sync) is exactly what th
 
 from __future__ import annotations
 
-import struct
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from time import perf_counter
@@ -31,9 +29,8 @@ from proxy.held import HeldEvents
 from proxy.injected import InjectedBatches
 from proxy.path_check import PathCheck
 from proxy.read_trace import PendingRead, ReadsCallback, ReadTrace
-from proxy.replies import Entry, Kind
+from proxy.replies import KIND_LETTERS, Entry, Kind, ReplyQueue
 from proxy.sql import Analysis
-from proxy.sql.rewrites import app_path
 from proxy.tags import UNTAGGED, Tags
 from proxy.unnamed import Promotions
 
@@ -61,41 +58,13 @@ TAMPER_MESSAGE = (
 _STALE_CATALOG_STATES = frozenset({"42601", "42703", "42P01", "42804", "0A000"})
 
 
-_ENDS_WITH_READY = (Kind.QUERY, Kind.FUNC, Kind.SYNC)
 # Client messages that may wait for an injected cow.use_session (see _prepare, _client_bind, "F").
 _INJECTION_TRIGGERS = (b"Q", b"F", b"P", b"B")
-_TERMINATOR: dict[int, tuple[Kind, ...]] = {
-    ord("1"): (Kind.PARSE,),
-    ord("2"): (Kind.BIND,),
-    ord("3"): (Kind.CLOSE,),
-    ord("T"): (Kind.DESCRIBE,),
-    ord("n"): (Kind.DESCRIBE,),
-    ord("C"): (Kind.EXECUTE,),
-    ord("I"): (Kind.EXECUTE,),
-    ord("s"): (Kind.EXECUTE,),
-}
-_Z = ord("Z")
-_COPY_IN = (ord("G"), ord("W"))  # CopyInResponse, CopyBothResponse
 # Replies that do not yet show whether a statement succeeded: RowDescription, NoticeResponse.
 _UNDECIDED = frozenset(b"TN")
-_FAST_KINDS = {
-    "Q": Kind.QUERY,
-    "S": Kind.SYNC,
-    "P": Kind.PARSE,
-    "B": Kind.BIND,
-    "D": Kind.DESCRIBE,
-    "E": Kind.EXECUTE,
-    "C": Kind.CLOSE,
-}
-_READY_HEADER = b"Z\x00\x00\x00\x05"
-_STATUSES = frozenset(b"ITE")
-_STATUS_CHARS = {c: chr(c) for c in b"ITE"}
-_INT32 = struct.Struct("!I")
-_E = ord("E")
 _C = ord("C")
-_D = ord("D")
 _A = ord("A")
-_S = ord("S")
+_I = ord("I")
 
 
 def _batch_plan(messages: list[tuple[bytes, Kind]], sync: bytes) -> rerun.Plan | None:
@@ -230,12 +199,7 @@ class Relay:
         self.trace = ReadTrace(reads, read_ids)
         self.to_server: list[bytes] = []
         self.to_client: list[bytes] = []
-        self.status = "I"  # transaction status of the last ReadyForQuery
-        self.pending: deque[Entry] = deque()
-        self.skip_until_sync = False  # the server is discarding messages until Sync
-        self.copy_ends = 0  # CopyDone/CopyFail messages the client has sent
-        self.copy_in: int | None = None  # in COPY FROM STDIN: copy_ends when it started (Syncs are ignored)
-        self.mid_batch = False  # extended-protocol messages forwarded since the last Sync
+        self.replies = ReplyQueue(self)  # what the server owes, and the state its replies show
         self.applied = _Applied()
         self.txn_tags: Tags = UNTAGGED  # tags in force for the current transaction
         self.statements: dict[str, Statement] = {}
@@ -251,8 +215,6 @@ class Relay:
         self.held = HeldEvents()  # the client's events held while the proxy's statements go ahead
         self._fresh = False  # an injection just completed for the held statement
         self.closing = False
-        # A DataRow's or CopyData's decision hangs on the head of the queue, which no message of a run moves.
-        self.scanner = p.ServerScanner(self._classify, self._handle, self._on_pass, runs=b"Dd")
         self._batch_started = 0.0
         self._query_entry = Entry(Kind.QUERY)  # reused by fast_query when nothing is in flight
 
@@ -278,7 +240,7 @@ class Relay:
         return self.route() or UNTAGGED
 
     def _at_transaction_start(self) -> bool:
-        return self.status == "I" and not self.pending and not self.mid_batch
+        return self.replies.at_transaction_start()
 
     def desired_tags(self, comment: Tags | None) -> Tags:
         if comment is not None:
@@ -295,7 +257,7 @@ class Relay:
         """In a failed block no join goes before a lone transaction statement (ROLLBACK, COMMIT, ROLLBACK TO
         SAVEPOINT): it would fail (25P02) and so refuse the one statement that can end the failure, for good.
         Such a statement reads and writes nothing, and the tags stay unknown: the next statement joins."""
-        return self.status == "E" and verdict.kind == "transaction"
+        return self.replies.status == "E" and verdict.kind == "transaction"
 
     def _needs_injection(self, tags: Tags) -> bool:
         applied = self.applied
@@ -303,7 +265,7 @@ class Relay:
             return True
         # Set inside an explicit block: a ROLLBACK TO SAVEPOINT may have undone it, so set it again
         # before each tagged statement of this block (unless it was set just now, for this statement).
-        return applied.tentative and self.status != "I" and tags.tagged and not self._fresh
+        return applied.tentative and self.replies.status != "I" and tags.tagged and not self._fresh
 
     # ------------------------------------------------------------------------------------------------
     # Client side
@@ -334,7 +296,7 @@ class Relay:
 
     def _client_frame(self, frame: p.Frame) -> None:
         kind = frame.kind
-        if self.skip_until_sync and kind != b"S":
+        if self.replies.skip_until_sync and kind != b"S":
             # The server discards everything up to Sync; so do we (no decisions, no queue entries).
             self.to_server.append(frame.raw)
             return
@@ -379,19 +341,19 @@ class Relay:
             self.to_server.append(frame.raw)
         else:  # Flush, CopyData/CopyDone/CopyFail, password messages
             if kind in b"cf":
-                self.copy_ends += 1
+                self.replies.copy_ends += 1
             self.to_server.append(frame.raw)
 
     def _client_sync(self, frame: p.Frame) -> None:
-        skipped, self.skip_until_sync = self.skip_until_sync, False
-        if self.copy_in == self.copy_ends:
+        skipped, self.replies.skip_until_sync = self.replies.skip_until_sync, False
+        if self.replies.copy_in == self.replies.copy_ends:
             # The server ignores a Sync inside COPY FROM STDIN: no ReadyForQuery will answer it.
             self._group = None
             self.to_server.append(frame.raw)
             return
-        if self.status == "I" and self.trace.reads is not None and self._wants_xact():
+        if self.replies.status == "I" and self.trace.reads is not None and self._wants_xact():
             self._ask_xact(standalone=False)  # (the Sync ends an implicit transaction)
-        self.mid_batch = False
+        self.replies.mid_batch = False
         self._push(Entry(Kind.SYNC, started=self._batch_started or time.perf_counter()))
         self._batch_started = 0.0
         self.to_server.append(frame.raw)
@@ -426,11 +388,11 @@ class Relay:
             statement = Kind.QUERY
         elif frames and frames[-1].kind == b"S":
             sync = frames.pop().raw
-            plan = _batch_plan([(f.raw, _FAST_KINDS.get(f.kind.decode(), Kind.FUNC)) for f in frames], sync)
+            plan = _batch_plan([(f.raw, KIND_LETTERS.get(f.kind.decode(), Kind.FUNC)) for f in frames], sync)
             statement = Kind.EXECUTE
         else:
             return
-        entry = next((e for e in self.pending if e.kind == statement and not e.injected), None)
+        entry = next((e for e in self.replies.pending if e.kind == statement and not e.injected), None)
         if plan is not None and entry is not None:
             self._arm(plan, entry)
 
@@ -462,14 +424,13 @@ class Relay:
             self.to_server.append(message.raw)
 
     def _push(self, entry: Entry) -> None:
-        entry.copy_epoch = self.copy_ends
-        self.pending.append(entry)
+        self.replies.push(entry)
 
     def _extended(self, entry: Entry, raw: bytes) -> None:
-        if not self.mid_batch:
+        if not self.replies.mid_batch:
             # A batch that starts an implicit transaction may hold a statement to run again: its messages.
             self._group = [] if self._at_transaction_start() else None
-            self.mid_batch = True
+            self.replies.mid_batch = True
             self._batch_started = time.perf_counter()
         if self._group is not None:
             self._group.append((raw, entry))
@@ -501,7 +462,7 @@ class Relay:
         tags = self.desired_tags(comment)
         gate = self.gate
         need = self._needs_injection(tags) or (tags.tagged and gate.catalog is None and gate.wanted())
-        if need and self.status == "E":
+        if need and self.replies.status == "E":
             # (As a tagged text: the untagged analysis takes the kind from the first word alone.)
             need = not self._ends_failed_block(self.analysis.analyze(sql, gate.catalog, True, prepared=named))
         if need and not self._inject(tags, trigger):
@@ -512,7 +473,7 @@ class Relay:
             tags.tagged
             and (verdict.catalog_dependent or (gate.suspect and verdict.rewritten is not None))
             and not gate.checked
-            and gate.can_check(self.status)
+            and gate.can_check(self.replies.status)
         ):
             # App DDL on another connection may have changed the CoW tables: check before relying on them.
             gate.suspect = False
@@ -579,7 +540,7 @@ class Relay:
 
     def _path_hold(self, verdict: Analysis, trigger: bytes, event: p.ClientEvent) -> bool:
         """Hold ``event`` while the server says where its write targets resolve, unless known already."""
-        if not self.path.needed(verdict, self.status):
+        if not self.path.needed(verdict, self.replies.status):
             return False
         self.path.check(trigger, verdict)
         self.held.put_back(event)
@@ -610,7 +571,7 @@ class Relay:
         trace = self.trace
         read = trace.pending_read(tags, verdict, query.sql, None)
         if trace.reads is not None:
-            if verdict.kind == "transaction" and not self.mid_batch and self._wants_xact():
+            if verdict.kind == "transaction" and not self.replies.mid_batch and self._wants_xact():
                 self._ask_xact(standalone=True)
             trace.sent(verdict, read)
         entry = Entry(
@@ -731,17 +692,17 @@ class Relay:
         no statement of the client's standing for one of the proxy's, the catalog not being read."""
         applied = self.applied
         return (
-            self.status == "I"
-            and not self.pending
+            self.replies.status == "I"
+            and not self.replies.pending
             and self.held.at_rest()
-            and not self.mid_batch
-            and not self.skip_until_sync
+            and not self.replies.mid_batch
+            and not self.replies.skip_until_sync
             and not self.closing
             and not applied.tentative
             and self.unnamed.at_rest()
             and self.gate.at_rest()
             and self._rerun is None
-            and self.scanner.idle
+            and self.replies.scanner.idle
             and applied.tags is not None
             and applied.tags == self.txn_tags
             and applied.tags == self.default_tags()
@@ -771,14 +732,8 @@ class Relay:
         self._extended(entry, frame.raw)
 
     def _wants_xact(self) -> bool:
-        """Ask the transaction's id now (``ReadTrace.wants_xact``), if the status is current: no reply that
-        ends with ReadyForQuery owed, no batch the server skips, no COPY FROM STDIN running."""
-        current = (
-            not self.skip_until_sync
-            and self.copy_in is None
-            and not any(entry.kind in _ENDS_WITH_READY for entry in self.pending)
-        )
-        return self.trace.wants_xact(self.status, current)
+        replies = self.replies
+        return self.trace.wants_xact(replies.status, replies.status_current())
 
     def _ask_xact(self, standalone: bool) -> None:
         if not standalone:
@@ -801,13 +756,13 @@ class Relay:
         )
         if event.kind == b"d":
             # Inside COPY FROM STDIN: fail the copy; the server then drops further copy messages.
-            for entry in reversed(self.pending):
+            for entry in reversed(self.replies.pending):
                 if not entry.injected:
                     entry.replace_error = error
                     break
             self.to_server.append(p.message(b"f", b"cowproxy: message too large\0"))
             return
-        if self.skip_until_sync:
+        if self.replies.skip_until_sync:
             return
         self._refuse(b"Q" if event.kind in (b"Q", b"F") else b"P", error)
 
@@ -835,7 +790,7 @@ class Relay:
         def applied(ok: bool) -> None:
             # On failure nothing changed on the server: the statement (and its transaction) rolled back.
             if ok:
-                self.applied = _Applied(tags, tentative=not standalone or self.status != "I")
+                self.applied = _Applied(tags, tentative=not standalone or self.replies.status != "I")
                 self.hooks.tags_applied(tags)
                 self.path.changed()  # (joining puts the overlay path in force)
             elif injector.error is not None:
@@ -852,7 +807,12 @@ class Relay:
         # and the client's transactions may be read-only by default (its role's or database's
         # default_transaction_read_only, its startup options). Inside the client's transaction or batch
         # the bind is part of it, as before (a read-only one gets 25006 for a bind that has to write).
-        writable = self.bind_secret is not None and standalone and self.status == "I" and not self.pending
+        writable = (
+            self.bind_secret is not None
+            and standalone
+            and self.replies.status == "I"
+            and not self.replies.pending
+        )
         release = injector.rolled_back_on_failure(finished) if writable else finished
         if writable:
             injector.queue_utility(BEGIN_WRITABLE_SQL)
@@ -910,14 +870,15 @@ class Relay:
         as is (it is not put in ``to_server``: one write, no list); False (nothing done) whenever the
         general path is needed: a comment that may carry tags, tags to apply, anything pending.
         """
-        if self.held.holding or self.skip_until_sync or self.mid_batch:
+        replies = self.replies
+        if self.held.holding or replies.skip_until_sync or replies.mid_batch:
             return False
         applied = self.applied
         if applied.tentative:
             return False
         # desired_tags(None) and _needs_injection, inlined: mid_batch is False here.
-        pending = self.pending
-        if pending or self.status != "I":
+        pending = replies.pending
+        if pending or replies.status != "I":
             tags = self.txn_tags
         elif self.startup_tags.session is not None:
             return False
@@ -941,7 +902,7 @@ class Relay:
         if unnamed.alias is not None or unnamed.promoted or unnamed.promoting:
             unnamed.forget_unnamed(data)  # a simple Query drops the unnamed statement
         if pending:
-            pending.append(Entry(Kind.QUERY, started=perf_counter(), copy_epoch=self.copy_ends))
+            pending.append(Entry(Kind.QUERY, started=perf_counter(), copy_epoch=replies.copy_ends))
         else:
             self.txn_tags = tags
             # Nothing in flight: the one Entry kept for this case is free (it leaves the queue with its
@@ -949,7 +910,7 @@ class Relay:
             entry = self._query_entry
             entry.replace_error = None  # an oversized CopyData may have set it (COPY FROM STDIN)
             entry.started = perf_counter()
-            entry.copy_epoch = self.copy_ends
+            entry.copy_epoch = replies.copy_ends
             pending.append(entry)
         return True
 
@@ -1030,17 +991,17 @@ class Relay:
         prepared there is analysed now as ``_client_parse`` would have then, with the tags in force (in a
         session C took only texts with a decision: not rewritten) and no comment tags (C takes no Parse
         with a comment opener); a recorded read's portal comes with its Bind parameters."""
-        self.status = status
+        self.replies.status = status
         tagged = self.txn_tags.tagged
         self.unnamed.forget_all()  # (the client may have deallocated statements there)
         now = perf_counter()
-        entries = [Entry(_FAST_KINDS[kind], started=now, copy_epoch=self.copy_ends) for kind in owed]
+        entries = [Entry(KIND_LETTERS[kind], started=now, copy_epoch=self.replies.copy_ends) for kind in owed]
         for position, read, started in owed_reads or ():
             entries[position].read = read
             entries[position].started = started
-        self.pending.extend(entries)
-        self.mid_batch = mid_batch
-        self.skip_until_sync = skip_until_sync
+        self.replies.pending.extend(entries)
+        self.replies.mid_batch = mid_batch
+        self.replies.skip_until_sync = skip_until_sync
         if mid_batch:
             self._batch_started = now
         made: dict[bytes, Statement] = {}
@@ -1071,7 +1032,7 @@ class Relay:
             if self.held.until_idle:
                 self._release()
             return
-        self.to_client.extend(self.scanner.feed(data))
+        self.to_client.extend(self.replies.feed(data))
 
     def fast_reply(self, data: bytes) -> bool:
         """``server_data`` for the common reply, when nothing else follows from it.
@@ -1082,98 +1043,32 @@ class Relay:
         return not self.held.until_idle and self._fast_reply(data)
 
     def _fast_reply(self, data: bytes) -> bool:
-        pending = self.pending
         if (
-            len(pending) != 1
-            or data[-6:-1] != _READY_HEADER
-            or self.held.holding
+            self.held.holding
             or self.applied.tentative
-            or not self.scanner.idle
-            or self._rerun_due  # (its ReadyForQuery is dropped: _ready sends the new run)
+            or self._rerun_due  # (its ReadyForQuery is dropped: ready sends the new run)
         ):
             return False
-        # The common reply: everything up to one ReadyForQuery, for one plain query or batch. Walk the
-        # headers to make sure there is no other ReadyForQuery and no ErrorResponse (counted by _error).
-        head = pending[0]
-        if head.kind not in _ENDS_WITH_READY or head.injected or head.tag_map is not None:
+        head = self.replies.fast_ready(data)
+        if head is None:
             return False
-        pos, end = 0, len(data) - 6
-        while pos < end:
-            kind = data[pos]
-            if kind in (_E, _Z, _S):  # (ParameterStatus: _parameter_status)
-                return False
-            pos += _INT32.unpack_from(data, pos + 1)[0] + 1
-        if pos != end or data[-1] not in _STATUSES:
-            return False
-        pending.popleft()
         self._rerun = self._rerun_of = None  # (no ErrorResponse: a statement that may run again succeeded)
-        status = self.status = _STATUS_CHARS[data[-1]]
-        if status == "I":
-            self.mid_batch = False
         trace = self.trace
         if head.read is not None:
-            trace.fast_read_done(head, data, end)
-        if status == "I" and trace.reads is not None:
-            trace.ended(not pending)
+            trace.fast_read_done(head, data, len(data) - 6)
+        if trace.reads is not None and data[-1] == _I:
+            trace.ended(not self.replies.pending)
         self.hooks.latency(perf_counter() - head.started)
         return True
 
-    def _classify(self, kind: int, length: int) -> int:
-        if kind in (_Z, _E, _S):
-            return p.BODY
-        if self.pending:
-            head = self.pending[0]
-            if head.injected or head.on_done is not None or head.held is not None or head.echo:
-                return p.BODY
-            if kind == _C and (head.tag_map is not None or head.read is not None):
-                return p.BODY
-        return p.PASS
+    # The reply queue's questions (replies.Owner)
 
-    def _on_pass(self, kind: int) -> None:
-        if self.pending:
-            kinds = _TERMINATOR.get(kind)
-            if kinds is not None and self.pending[0].kind in kinds:
-                self.pending.popleft()
-            elif kind in _COPY_IN:
-                self._copy_started()
-
-    def _copy_started(self) -> None:
-        """CopyInResponse: until the client's CopyDone or CopyFail the server ignores Sync (protocol docs,
-        "COPY Operations"), so the Syncs the client sent after the COPY's Execute and before that message
-        get no ReadyForQuery: libpq pipelines Execute, Sync and then sends CopyDone, Sync. Counting them
-        would leave the queue owing a reply for good (the next injected cow.use_session waited forever)."""
-        head = self.pending[0]
-        self.copy_in = epoch = head.copy_epoch
-        kept = [e for e in self.pending if e is head or e.kind != Kind.SYNC or e.copy_epoch != epoch]
-        if len(kept) != len(self.pending):
-            self.pending = deque(kept)
-            if head.kind == Kind.EXECUTE:
-                self.mid_batch = True  # the batch stays open until a Sync the server reads
-
-    def _handle(self, kind: int, body: bytes, raw: bytes) -> bytes:
-        if kind == _Z:
-            return self._ready(body, raw)
-        if kind == _E:
-            return self._error(body, raw)
-        head = self.pending[0] if self.pending else None
-        if kind == _S and (head is None or not head.injected):
-            return self._parameter_status(body, raw)
-        if head is None:
-            return raw
-        if head.injected:
-            if kind == _D and head.capture is not None:
-                head.capture.append(p.decode_data_row(body))
-            kinds = _TERMINATOR.get(kind)
-            if kinds is not None and head.kind in kinds:
-                self.pending.popleft()
-                if head.on_done is not None:
-                    head.on_done(True)
-            return raw if kind == _A else b""
+    def answer(self, head: Entry, kind: int, body: bytes, raw: bytes) -> bytes | None:
         before = b""
-        if head.echo or head.held is not None:
+        if head.held is not None:
             held = self._rerun_reply(head, kind, raw)
             if held is None:
-                return b""
+                return None
             before = held
         if kind == _C and head.tag_map is not None:
             tag = p.decode_command_tag(body)
@@ -1184,25 +1079,14 @@ class Relay:
                 self.trace.read_done(head, mapped)
         elif kind == _C and head.read is not None:
             self.trace.read_done(head, p.decode_command_tag(body))
-        kinds = _TERMINATOR.get(kind)
-        if kinds is not None and head.kind in kinds:
-            self.pending.popleft()
-            if head.on_done is not None:
-                head.on_done(True)
         return before + raw if before else raw
 
     def _rerun_reply(self, head: Entry, kind: int, raw: bytes) -> bytes | None:
-        """A reply to a statement that may run again (``held``) or to a message sent again (``echo``): None
-        when it does not go to the client now, else what was held to go before it. A run's RowDescription or
-        notices wait until a row, its CommandComplete (or anything else) shows that it did not fail (then they
-        go first); a reply the client already has is dropped (its entry done)."""
+        """A reply to a statement that may run again (``held``): None when it does not go to the client now,
+        else what was held to go before it. A run's RowDescription or notices wait until a row, its
+        CommandComplete (or anything else) shows that it did not fail (then they go first)."""
         if kind == _A:
             return b""  # (a notification of another session's: not the statement's)
-        if head.echo:
-            kinds = _TERMINATOR.get(kind)
-            if kinds is not None and head.kind in kinds:
-                self.pending.popleft()
-            return None
         assert head.held is not None
         if kind in _UNDECIDED:
             head.held.append(raw)
@@ -1210,49 +1094,27 @@ class Relay:
         held, head.held = head.held, None
         return b"".join(held)
 
-    @staticmethod
-    def _parameter_status(body: bytes, raw: bytes) -> bytes:
-        """PostgreSQL 18 reports ``search_path``: in a session that is the overlay path, which the client is
-        not shown (introspection answers as outside the session): it gets the application's path. (Those of
-        the proxy's own statements, a join's, are dropped with the rest of their replies.)"""
-        name, value = p.decode_parameter_status(body)
-        if name != "search_path":
-            return raw
-        shown = app_path.visible_path(value)
-        return raw if shown == value else p.encode_parameter_status(name, shown)
-
-    def _error(self, body: bytes, raw: bytes) -> bytes:
-        fields = p.decode_error(body)
+    def failed(self, head: Entry | None, fields: p.ErrorFields, raw: bytes) -> bytes:
         self.applied.error_since = True
-        self.copy_in = None  # an error ends COPY FROM STDIN: from here on the server reads Syncs again
-        head = self.pending[0] if self.pending else None
+        if head is None:
+            self.hooks.error(fields.sqlstate)
+            return raw
         out = raw
-        callbacks: list[Callable[[bool], None]] = []
-        if head is not None and head.rewritten and fields.sqlstate in _STALE_CATALOG_STATES:
+        if head.rewritten and fields.sqlstate in _STALE_CATALOG_STATES:
             self.gate.suspect = True  # check the catalog before the next rewritten statement
-        if head is not None and head.promoted is not None:
+        if head.promoted is not None:
             self.unnamed.failed(head.promoted)  # (parsed anew the next time)
         sqlstate = fields.sqlstate
-        if head is not None and head.injected:
+        if head.injected:
             self.injector.error = fields
             out = raw if head.forward_error else b""
-        elif head is not None and head.replace_error is not None:
+        elif head.replace_error is not None:
             out = head.replace_error
             sqlstate = p.decode_error(out[5:]).sqlstate
-        elif head is not None and (head.held is not None or head.echo):
+        elif head.held is not None or head.echo:
             out = self._rerun_error(head, fields, raw)  # (after what was held of the run, if any)
         if out:
             self.hooks.error(sqlstate)
-        if head is not None and head.kind not in _ENDS_WITH_READY:
-            # Extended protocol: the server now skips everything up to the next Sync.
-            while self.pending and self.pending[0].kind != Kind.SYNC:
-                entry = self.pending.popleft()
-                if entry.on_done is not None:
-                    callbacks.append(entry.on_done)
-            if not self.pending:
-                self.skip_until_sync = True
-        for callback in callbacks:
-            callback(False)
         return out
 
     def _rerun_error(self, head: Entry, fields: p.ErrorFields, raw: bytes) -> bytes:
@@ -1267,16 +1129,7 @@ class Relay:
         self._rerun = None  # (this run's error is the client's: no other)
         return b"".join(held) + raw
 
-    def _ready(self, body: bytes, raw: bytes) -> bytes:
-        status = p.decode_ready(body)
-        self.status = status
-        self.copy_in = None
-        head = None
-        while self.pending:
-            entry = self.pending.popleft()
-            if entry.kind in _ENDS_WITH_READY:
-                head = entry
-                break
+    def ready(self, head: Entry | None, status: str, raw: bytes) -> bytes:
         applied = self.applied
         if applied.tentative and applied.tags is not None:
             if applied.error_since:
@@ -1284,11 +1137,9 @@ class Relay:
             elif status == "I":
                 applied.tentative = False
         applied.error_since = False
-        if status == "I" and not self.pending:
-            self.mid_batch = False
-        if status == "I" and self.trace.reads is not None:
-            self.trace.ended(not self.pending)
         if status == "I":
+            if self.trace.reads is not None:
+                self.trace.ended(not self.replies.pending)
             self.path.transaction_ended()
         if head is not None and head.injected:
             if head.on_done is not None:
@@ -1302,6 +1153,6 @@ class Relay:
             self._rerun = self._rerun_of = None
         if head is not None and head.started:
             self.hooks.latency(time.perf_counter() - head.started)
-        if self.held.until_idle and not self.pending:
+        if self.held.until_idle and not self.replies.pending:
             self._release()
         return raw

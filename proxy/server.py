@@ -447,7 +447,7 @@ class ClientConnection(asyncio.Protocol):
                 self._process_client()
         if self.draining and self.idle:
             self.close("drained", goodbye=True)
-        elif self.fast_ok and not relay.pending:
+        elif self.fast_ok and not relay.replies.pending:
             self.try_fast()
 
     # ---- the fast relay (proxy._fastrelay): untagged connections relayed by a C thread
@@ -689,7 +689,7 @@ class ClientConnection(asyncio.Protocol):
         relay = self.relay
         if relay is None:
             return self.state in (State.STARTUP, State.CONNECTING, State.AUTH)
-        return relay.status == "I" and not relay.pending and not relay.mid_batch and not relay.holding
+        return relay.replies.at_transaction_start() and not relay.holding
 
     def client_state(self, fast_states: dict[int, tuple[str, int]] | None = None) -> str:
         if self.draining:
@@ -701,14 +701,14 @@ class ClientConnection(asyncio.Protocol):
             if inflight:
                 return "active"
             return "idle" if status == "I" else "idle_in_transaction"
-        if self.relay.pending or self.relay.holding:
+        if self.relay.replies.pending or self.relay.holding:
             return "active"
-        return "idle" if self.relay.status == "I" else "idle_in_transaction"
+        return "idle" if self.relay.replies.status == "I" else "idle_in_transaction"
 
     def describe(self, fast_states: dict[int, tuple[str, int]] | None = None) -> dict[str, Any]:
         relay = self.relay
         applied = relay.applied.tags if relay is not None else None
-        status = relay.status if relay is not None else None
+        status = relay.replies.status if relay is not None else None
         if self.fast:
             status = self._fast_state(fast_states)[0]
         return {

@@ -59,7 +59,7 @@ def test_untagged_query_passes_untouched() -> None:
     assert send(r, query) == query
     answer = b"".join((*OK_SELECT, p.encode_ready("I")))
     assert reply(r, answer) == answer
-    assert not r.pending
+    assert not r.replies.pending
 
 
 def test_tagged_query_is_preceded_by_use_session_and_its_replies_are_hidden() -> None:
@@ -112,25 +112,6 @@ def test_failed_injection_refuses_the_statement_with_that_error() -> None:
     assert r.applied.tags == Tags()
 
 
-def test_error_in_a_pipeline_skips_to_sync() -> None:
-    r = relay()
-    batch = (
-        p.encode_parse("", "SELECT 1/0"),
-        p.encode_bind("", "", ()),
-        p.encode_execute(),
-        p.encode_parse("", "SELECT 2"),
-        p.encode_bind("", "", ()),
-        p.encode_execute(),
-        p.SYNC,
-    )
-    assert send(r, *batch) == b"".join(batch)
-    assert len(r.pending) == 7
-    error = p.encode_error("22012", "division by zero")
-    answer = p.message(b"1") + p.message(b"2") + error + p.encode_ready("I")
-    assert reply(r, answer) == answer
-    assert not r.pending and r.status == "I"
-
-
 def test_tampering_on_a_tagged_connection_is_refused_by_the_server_state() -> None:
     r = relay(route=Tags("R1"))
     r.applied.tags = Tags("R1")  # as if joined already
@@ -180,53 +161,12 @@ def test_fast_path_reuses_its_entry_without_carrying_a_copy_refusal_over() -> No
     length = int.from_bytes(answer[1:5], "big")
     assert answer[:1] == b"E" and p.decode_error(answer[5 : 1 + length]).sqlstate == "54000"
     assert answer[1 + length :] == p.encode_ready("I")
-    assert not r.pending
+    assert not r.replies.pending
     select = p.encode_query("SELECT 1/0")
     assert r.fast_query(select)
     division = p.encode_error("22012", "division by zero")
     assert reply(r, division, p.encode_ready("I")) == division + p.encode_ready("I")
-    assert not r.pending
-
-
-def test_syncs_inside_copy_from_stdin_are_not_owed_a_ready() -> None:
-    # libpq's extended COPY: Execute and Sync, then the data, CopyDone and Sync. The server ignores the
-    # first Sync (it arrives in copy mode), so only one ReadyForQuery comes; the queue must be empty after
-    # it, else the next injected use_session waits for a reply that never comes.
-    r = relay()
-    start = (p.encode_parse("", "COPY t FROM STDIN"), p.encode_bind("", "", ()), p.encode_execute(), p.SYNC)
-    assert send(r, *start) == b"".join(start)
-    copy_in = p.message(b"G", b"\x00\x00\x00")
-    assert reply(r, p.message(b"1"), p.message(b"2"), copy_in) == p.message(b"1") + p.message(b"2") + copy_in
-    assert [e.kind.name for e in r.pending] == ["EXECUTE"] and r.mid_batch
-    # A Sync before the CopyDone is ignored by the server too; the one after it is answered.
-    rest = (p.message(b"d", b"1\n"), p.SYNC, p.message(b"c"), p.SYNC)
-    assert send(r, *rest) == b"".join(rest)
-    assert [e.kind.name for e in r.pending] == ["EXECUTE", "SYNC"]
-    reply(r, p.encode_command_complete("COPY 1"), p.encode_ready("I"))
-    assert not r.pending and not r.mid_batch and r.copy_in is None
-    # All of it pipelined before the server answers: the Sync after CopyDone still counts.
-    assert send(r, *start, p.message(b"d", b"2\n"), p.message(b"c"), p.SYNC)
-    assert len(r.pending) == 5
-    reply(r, p.message(b"1"), p.message(b"2"), copy_in)
-    assert [e.kind.name for e in r.pending] == ["EXECUTE", "SYNC"]
-    reply(r, p.encode_command_complete("COPY 1"), p.encode_ready("I"))
-    assert not r.pending
-    # A failed COPY ends copy mode: the server reads the next Sync, whether or not CopyDone came first.
-    send(r, *start)
-    reply(r, p.message(b"1"), p.message(b"2"), copy_in)
-    send(r, p.message(b"d", b"x\n"))
-    reply(r, p.encode_error("22P02", "invalid input syntax for type integer"))
-    assert r.skip_until_sync and not r.pending
-    send(r, p.SYNC)
-    reply(r, p.encode_ready("I"))
-    assert not r.pending and r.status == "I"
-    # Simple-protocol COPY: the same rule for a stray Sync.
-    send(r, p.encode_query("COPY t FROM STDIN"))
-    reply(r, copy_in)
-    send(r, p.SYNC, p.message(b"c"))
-    assert [e.kind.name for e in r.pending] == ["QUERY"]
-    reply(r, p.encode_command_complete("COPY 0"), p.encode_ready("I"))
-    assert not r.pending
+    assert not r.replies.pending
 
 
 def test_query_kind_matches_quick_kind_with_and_without_its_prefix_table() -> None:
@@ -425,26 +365,6 @@ def test_texts_of_one_shape_share_a_decision() -> None:
     }
 
 
-def test_parameter_status_search_path_shows_the_application_path() -> None:
-    """PostgreSQL 18 reports search_path: the overlay schemas are dropped from what the client is told,
-    whether the report comes alone or with the rest of a reply (the fast path leaves it to the scanner)."""
-    r = relay()
-    query = p.encode_query("SET search_path = tenant_a, public")
-    assert send(r, query) == query
-    physical = p.encode_parameter_status(
-        "search_path", "cow_overlay_tenant_a, tenant_a, cow_overlay_public, public"
-    )
-    other = p.encode_parameter_status("application_name", "cow_overlay_x")
-    done = p.encode_command_complete("SET") + p.encode_ready("I")
-    assert reply(r, physical, other, done) == (
-        p.encode_parameter_status("search_path", "tenant_a, public") + other + done
-    )
-    # a path without overlay schemas passes as it is (outside a session), also alone
-    plain = p.encode_parameter_status("search_path", '"$user", public')
-    assert reply(r, plain) == plain
-    assert p.decode_parameter_status(plain[5:]) == ("search_path", '"$user", public')
-
-
 def _recording(tags: Tags) -> tuple[Relay, list[tuple[str, str, str | None, bytes | None, int | None]]]:
     """A relay whose ``reads`` callback collects (sql, session, operation, params, rows)."""
     seen: list[tuple[str, str, str | None, bytes | None, int | None]] = []
@@ -479,7 +399,7 @@ def test_recorded_reads_come_from_command_complete_on_both_protocols() -> None:
         ("SELECT * FROM t", "S1", "op1", None, 2),
         ("SELECT * FROM t WHERE id = $1", "S1", "op1", bind[6:], 1),
     ]
-    assert not r.pending
+    assert not r.replies.pending
 
 
 def test_untagged_reads_and_a_relay_without_recording_report_nothing() -> None:
@@ -489,7 +409,7 @@ def test_untagged_reads_and_a_relay_without_recording_report_nothing() -> None:
     assert seen == []
     plain = relay()
     send(plain, p.encode_query("SELECT 1"))
-    assert plain.trace.reads is None and plain.pending[0].read is None
+    assert plain.trace.reads is None and plain.replies.pending[0].read is None
 
 
 SECRET = "unit-test-binding-secret"
@@ -577,14 +497,14 @@ def test_a_failed_bind_rolls_its_block_back_before_the_statement_is_refused() ->
     assert b"".join(r.to_server) == p.encode_query(REFUSED_SQL)
     syntax = p.encode_error("42601", 'syntax error at or near "cowproxy"')
     assert reply(r, syntax, p.encode_ready("I")) == wrong + p.encode_ready("I")
-    assert r.status == "I" and r.applied.tags == Tags()
+    assert r.replies.status == "I" and r.applied.tags == Tags()
 
 
 def test_a_bind_inside_the_clients_block_or_batch_has_no_block_of_its_own() -> None:
     """Inside the client's transaction the bind is part of it (a BEGIN would not be the proxy's to end)."""
     r = Relay(NoCatalog(), Tags("S1"), lambda: None, bind_secret=SECRET)
     r.applied.tags = Tags("S1")
-    r.status = "T"
+    r.replies.status = "T"
     upstream = send(r, p.encode_query("/*cow_operation='o2'*/ SELECT 1"))
     assert upstream.startswith(
         p.encode_close("S", INJECT_STATEMENT) + p.encode_parse(INJECT_STATEMENT, BIND_SQL)
@@ -608,12 +528,12 @@ def test_in_a_failed_block_a_transaction_statement_goes_without_a_join() -> None
     ):
         r = relay(Tags("S1"))
         r.applied.tags = None
-        r.status = "E"
+        r.replies.status = "E"
         assert send(r, *messages) == b"".join(messages)
         assert not r.holding
     r = relay(Tags("S1"))
     r.applied.tags = None
-    r.status = "E"
+    r.replies.status = "E"
     upstream = send(r, p.encode_query("ROLLBACK; INSERT INTO t VALUES (1)"))  # not a lone one: joins first
     assert upstream.startswith(JOIN_START)
 
@@ -643,7 +563,7 @@ def test_an_autocommit_update_that_got_the_row_changed_40001_runs_again() -> Non
     assert b"".join(r.to_server) == query and r.reruns == 1
     r.to_server.clear()
     assert reply(r, UPDATED, p.encode_ready("I")) == UPDATED + p.encode_ready("I")
-    assert not r.pending and not r.holding and r.at_rest()
+    assert not r.replies.pending and not r.holding and r.at_rest()
     # One that succeeds at once: its reply goes through as is, nothing held.
     assert send(r, query) == query
     notice = p.message(b"N", b"SNOTICE\x00C00000\x00Mhello\x00\x00")
@@ -685,7 +605,7 @@ def test_an_extended_batch_runs_again_without_its_parse_and_replies_the_client_h
     assert reply(r, p.message(b"2"), p.message(b"n"), UPDATED, p.encode_ready("I")) == (
         UPDATED + p.encode_ready("I")
     )
-    assert not r.pending and not r.mid_batch
+    assert not r.replies.pending and not r.replies.mid_batch
 
 
 def test_statements_pipelined_behind_it_wait_for_the_rerun() -> None:
@@ -726,7 +646,7 @@ def test_any_other_40001_or_a_statement_in_a_block_is_never_run_again() -> None:
     # Inside a transaction block (the client's retry loop is there for it), and several statements in one
     # Query (one implicit transaction, but a later statement's failure is not the first one's to rerun).
     r = in_session()
-    r.status = "T"
+    r.replies.status = "T"
     send(r, p.encode_query("UPDATE t SET n = 1 WHERE id = 1"))
     assert reply(r, ROW_CHANGED, p.encode_ready("E")) == ROW_CHANGED + p.encode_ready("E")
     r = in_session()
