@@ -60,29 +60,9 @@ _STALE_CATALOG_STATES = frozenset({"42601", "42703", "42P01", "42804", "0A000"})
 
 # Client messages that may wait for an injected cow.use_session (see _prepare, _client_bind, "F").
 _INJECTION_TRIGGERS = (b"Q", b"F", b"P", b"B")
-# Replies that do not yet show whether a statement succeeded: RowDescription, NoticeResponse.
-_UNDECIDED = frozenset(b"TN")
 _C = ord("C")
 _A = ord("A")
 _I = ord("I")
-
-
-def _batch_plan(messages: list[tuple[bytes, Kind]], sync: bytes) -> rerun.Plan | None:
-    """How to run an extended batch's statement again (``messages`` as sent before its ``sync``), if the batch
-    is one Execute, last, of a portal bound in it: its Binds, portal Describes, Execute and Sync (the
-    Binds' and Describes' replies the client has already: ``echo``). None: a batch of another shape."""
-    kinds = [kind for _, kind in messages]
-    if kinds.count(Kind.EXECUTE) != 1 or kinds[-1] != Kind.EXECUTE or Kind.BIND not in kinds:
-        return None
-    if any(kind not in (Kind.PARSE, Kind.BIND, Kind.DESCRIBE, Kind.EXECUTE) for kind in kinds):
-        return None
-    resend = [
-        rerun.Resend(raw, kind, kind != Kind.EXECUTE)
-        for raw, kind in messages
-        if kind in (Kind.BIND, Kind.EXECUTE) or (kind == Kind.DESCRIBE and raw[5:6] == b"P")
-    ]
-    resend.append(rerun.Resend(sync, Kind.SYNC, False))
-    return rerun.Plan(tuple(resend))
 
 
 class Hooks(Protocol):
@@ -162,17 +142,6 @@ class Relay:
     relay waits for an injected statement).
     """
 
-    # A statement alone in its implicit transaction that may be run again (proxy/rerun.py): the extended
-    # batch's messages as sent so far (None: not such a batch), then the plan while it is in flight (what
-    # the client sends meanwhile is held: nothing may run between two runs), the statement's entry of the
-    # first run (its tag map), and whether the next ReadyForQuery ends a run that is to be run again. (Set
-    # per instance; these are the values before the first statement.)
-    _group: list[tuple[bytes, Entry]] | None = None
-    _rerun: rerun.Plan | None = None
-    _rerun_of: Entry | None = None
-    _rerun_due = False
-    reruns = 0  # new runs sent
-
     def __init__(
         self,
         analysis: ProxyAnalyzer,
@@ -201,6 +170,7 @@ class Relay:
         self.to_client: list[bytes] = []
         self.replies = ReplyQueue(self)  # what the server owes, and the state its replies show
         self.applied = _Applied()
+        self.reruns = rerun.Reruns()  # a statement alone in its implicit transaction that may run again
         self.txn_tags: Tags = UNTAGGED  # tags in force for the current transaction
         self.statements: dict[str, Statement] = {}
         self.portals: dict[str, Statement] = {}
@@ -275,7 +245,7 @@ class Relay:
         if held.holding:
             held.add(event)
             return
-        if self._rerun is not None:
+        if self.reruns.plan is not None:
             # Pipelined behind a statement that may run again: nothing may run between two runs.
             held.hold(until_idle=True)
             held.add(event)
@@ -348,7 +318,7 @@ class Relay:
         skipped, self.replies.skip_until_sync = self.replies.skip_until_sync, False
         if self.replies.copy_in == self.replies.copy_ends:
             # The server ignores a Sync inside COPY FROM STDIN: no ReadyForQuery will answer it.
-            self._group = None
+            self.reruns.group = None
             self.to_server.append(frame.raw)
             return
         if self.replies.status == "I" and self.trace.reads is not None and self._wants_xact():
@@ -357,83 +327,27 @@ class Relay:
         self._push(Entry(Kind.SYNC, started=self._batch_started or time.perf_counter()))
         self._batch_started = 0.0
         self.to_server.append(frame.raw)
-        self._arm_batch(frame.raw, skipped)
-
-    def _arm_batch(self, sync: bytes, skipped: bool) -> None:
-        """A Sync ends the batch: arm a new run of its statement if it is one Execute of a statement that may
-        get the layer's row-changed 40001 (proxy/rerun.py), bound in this batch, which started an implicit
-        transaction. A new run sends the batch again but its Parses and statement Describes (the statement
-        stays prepared, unnamed or named, after a failed transaction; a portal does not), and the client is
-        not sent the replies it already has."""
-        group, self._group = self._group, None
-        if group is None or skipped or not self.txn_tags.tagged:
-            return
-        if any(entry.replace_error is not None for _, entry in group):
-            return
-        plan = _batch_plan([(raw, entry.kind) for raw, entry in group], sync)
-        if plan is not None:
-            self._arm(plan, group[-1][1])
+        self.reruns.arm_batch(frame.raw, skipped, self.txn_tags.tagged)
 
     def resume_rerun(self, batch: bytes) -> None:
-        """The C relay hands back a statement that may be run again (``batch``: its Query or batch as it
-        sent it; the replies owed are in ``pending``) before a reply that may be its failure: arm it as
-        ``_client_query`` or ``_arm_batch`` would have (C took only a text or statement that may get the
-        40001, starting an implicit transaction; nothing it forwarded showed the outcome)."""
-        reader = p.ClientReader()
-        reader.expect_startup = False
-        reader.feed(batch)
-        frames = [event for event in reader.events() if isinstance(event, p.Frame) and event.kind != b"H"]
-        if len(frames) == 1 and frames[0].kind == b"Q":
-            plan: rerun.Plan | None = rerun.Plan((rerun.Resend(frames[0].raw, Kind.QUERY, False),))
-            statement = Kind.QUERY
-        elif frames and frames[-1].kind == b"S":
-            sync = frames.pop().raw
-            plan = _batch_plan([(f.raw, KIND_LETTERS.get(f.kind.decode(), Kind.FUNC)) for f in frames], sync)
-            statement = Kind.EXECUTE
-        else:
-            return
-        entry = next((e for e in self.replies.pending if e.kind == statement and not e.injected), None)
-        if plan is not None and entry is not None:
-            self._arm(plan, entry)
-
-    def _arm(self, plan: rerun.Plan, entry: Entry) -> None:
-        """Hold the statement's replies (``entry``'s) until they show whether it is to run again, and what
-        the client sends before it has ended (``client_event``): it would run before the new run."""
-        entry.held = []
-        self._rerun = plan
-        self._rerun_of = entry
+        """The C relay hands back a statement that may be run again (``Reruns.resume``)."""
+        self.reruns.resume(batch, self.replies.pending)
 
     def _run_again(self) -> None:
-        """The run failed with the layer's row-changed 40001 and its ReadyForQuery came (both dropped): send
-        the statement again, as the plan says."""
-        plan, first = self._rerun, self._rerun_of
-        assert plan is not None and first is not None
-        self._rerun = plan.next()
-        self.reruns += 1
         self.hooks.rerun()
-        now = time.perf_counter()
-        for message in plan.messages:
-            kind = Kind(message.kind)
-            if message.echo:
-                entry = Entry(kind, echo=True)
-            elif kind in (Kind.QUERY, Kind.EXECUTE):
-                entry = Entry(kind, tag_map=first.tag_map, rewritten=first.rewritten, started=now, held=[])
-            else:
-                entry = Entry(kind, started=now)
+        for raw, entry in self.reruns.next_run():
             self._push(entry)
-            self.to_server.append(message.raw)
+            self.to_server.append(raw)
 
     def _push(self, entry: Entry) -> None:
         self.replies.push(entry)
 
     def _extended(self, entry: Entry, raw: bytes) -> None:
         if not self.replies.mid_batch:
-            # A batch that starts an implicit transaction may hold a statement to run again: its messages.
-            self._group = [] if self._at_transaction_start() else None
+            self.reruns.batch_started(self._at_transaction_start())
             self.replies.mid_batch = True
             self._batch_started = time.perf_counter()
-        if self._group is not None:
-            self._group.append((raw, entry))
+        self.reruns.sent(raw, entry)
         self._push(entry)
         self.to_server.append(raw)
 
@@ -589,7 +503,7 @@ class Relay:
             raw = frame.raw
         self.to_server.append(raw)
         if alone:
-            self._arm(rerun.Plan((rerun.Resend(raw, Kind.QUERY, False),)), entry)
+            self.reruns.arm_query(raw, entry)
 
     def _client_parse(self, frame: p.Frame) -> None:
         parse = p.decode_parse(frame.body)
@@ -701,7 +615,7 @@ class Relay:
             and not applied.tentative
             and self.unnamed.at_rest()
             and self.gate.at_rest()
-            and self._rerun is None
+            and self.reruns.plan is None
             and self.replies.scanner.idle
             and applied.tags is not None
             and applied.tags == self.txn_tags
@@ -725,7 +639,7 @@ class Relay:
         if self.trace.reads is not None:
             self.trace.sent(statement.verdict if statement is not None else None, read)
         if statement is None or not self.txn_tags.tagged or not rerun.may_rerun(statement.verdict):
-            self._group = None  # (only the Execute of a statement that may get the 40001 is run again)
+            self.reruns.group = None  # (only the Execute of a statement that may get the 40001 runs again)
         entry = Entry(Kind.EXECUTE, tag_map=tag_map, read=read)
         if read is not None:
             entry.started = time.perf_counter()
@@ -737,7 +651,7 @@ class Relay:
 
     def _ask_xact(self, standalone: bool) -> None:
         if not standalone:
-            self._group = None  # (asked inside the batch: a new run would go without the question)
+            self.reruns.group = None  # (asked inside the batch: a new run would go without the question)
         self.trace.ask_xact(self.injector, standalone)
 
     def _refuse(self, trigger: bytes, error: bytes) -> None:
@@ -785,7 +699,7 @@ class Relay:
         # A join inside the batch is part of its transaction: after a failure the tags are unknown, so the
         # batch's statement is not run again (after checks of the catalog or the path, which change nothing,
         # it may be).
-        self._group = None
+        self.reruns.group = None
 
         def applied(ok: bool) -> None:
             # On failure nothing changed on the server: the statement (and its transaction) rolled back.
@@ -1046,13 +960,13 @@ class Relay:
         if (
             self.held.holding
             or self.applied.tentative
-            or self._rerun_due  # (its ReadyForQuery is dropped: ready sends the new run)
+            or self.reruns.due  # (its ReadyForQuery is dropped: ready sends the new run)
         ):
             return False
         head = self.replies.fast_ready(data)
         if head is None:
             return False
-        self._rerun = self._rerun_of = None  # (no ErrorResponse: a statement that may run again succeeded)
+        self.reruns.succeeded()  # (no ErrorResponse: a statement that may run again succeeded)
         trace = self.trace
         if head.read is not None:
             trace.fast_read_done(head, data, len(data) - 6)
@@ -1066,7 +980,7 @@ class Relay:
     def answer(self, head: Entry, kind: int, body: bytes, raw: bytes) -> bytes | None:
         before = b""
         if head.held is not None:
-            held = self._rerun_reply(head, kind, raw)
+            held = self.reruns.reply(head, kind, raw)
             if held is None:
                 return None
             before = held
@@ -1080,19 +994,6 @@ class Relay:
         elif kind == _C and head.read is not None:
             self.trace.read_done(head, p.decode_command_tag(body))
         return before + raw if before else raw
-
-    def _rerun_reply(self, head: Entry, kind: int, raw: bytes) -> bytes | None:
-        """A reply to a statement that may run again (``held``): None when it does not go to the client now,
-        else what was held to go before it. A run's RowDescription or notices wait until a row, its
-        CommandComplete (or anything else) shows that it did not fail (then they go first)."""
-        if kind == _A:
-            return b""  # (a notification of another session's: not the statement's)
-        assert head.held is not None
-        if kind in _UNDECIDED:
-            head.held.append(raw)
-            return None
-        held, head.held = head.held, None
-        return b"".join(held)
 
     def failed(self, head: Entry | None, fields: p.ErrorFields, raw: bytes) -> bytes:
         self.applied.error_since = True
@@ -1112,22 +1013,10 @@ class Relay:
             out = head.replace_error
             sqlstate = p.decode_error(out[5:]).sqlstate
         elif head.held is not None or head.echo:
-            out = self._rerun_error(head, fields, raw)  # (after what was held of the run, if any)
+            out = self.reruns.error(head, fields, raw)  # (after what was held of the run, if any)
         if out:
             self.hooks.error(sqlstate)
         return out
-
-    def _rerun_error(self, head: Entry, fields: p.ErrorFields, raw: bytes) -> bytes:
-        """The ErrorResponse of a statement that may run again: dropped, with what was held of the run, when
-        it is the layer's row-changed 40001 of a READ COMMITTED transaction and runs are left (its
-        ReadyForQuery then sends the new run); otherwise the client gets it after what was held."""
-        held, head.held = head.held or [], None
-        plan = self._rerun
-        if not head.echo and plan is not None and plan.left > 0 and rerun.rerunnable(fields):
-            self._rerun_due = True
-            return b""
-        self._rerun = None  # (this run's error is the client's: no other)
-        return b"".join(held) + raw
 
     def ready(self, head: Entry | None, status: str, raw: bytes) -> bytes:
         applied = self.applied
@@ -1145,12 +1034,11 @@ class Relay:
             if head.on_done is not None:
                 head.on_done(self.injector.error is None)
             return b""
-        if self._rerun is not None and head is not None:
-            if self._rerun_due:
-                self._rerun_due = False
+        if self.reruns.plan is not None and head is not None:
+            if self.reruns.due:
                 self._run_again()
                 return b""
-            self._rerun = self._rerun_of = None
+            self.reruns.succeeded()
         if head is not None and head.started:
             self.hooks.latency(time.perf_counter() - head.started)
         if self.held.until_idle and not self.replies.pending:
