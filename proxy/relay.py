@@ -24,6 +24,7 @@ from proxy import rerun
 from proxy.analysis import ProxyAnalyzer, query_kind
 from proxy.catalog_gate import CatalogGate
 from proxy.catalogs import CatalogStore, private_store
+from proxy.decisions import Decision, Decisions, Writes
 from proxy.errors import ProtocolError, TagError
 from proxy.held import HeldEvents
 from proxy.injected import InjectedBatches
@@ -42,8 +43,6 @@ INJECT_STATEMENT = "__cowproxy_inject"
 # A join between transactions runs in a read-write block of its own (Relay._inject): a bind records the
 # binding, which a client whose transactions are read-only by default would otherwise refuse with 25006.
 BEGIN_WRITABLE_SQL = "BEGIN READ WRITE"
-# Statement texts of a tagged connection the C relay may forward as is (Relay.decisions), per connection.
-MAX_DECISIONS = 1024
 
 SQLSTATE_TOO_LARGE = "54000"
 SQLSTATE_REFUSED = "42501"
@@ -108,7 +107,6 @@ class NoHooks:
         pass
 
 
-Writes = tuple[tuple[str, str], ...]
 # A statement or portal as the C relay gets it: (name, index, kind index, Python only, write slots, its
 # Executes are recorded reads, it may be run again: watched when it starts an implicit transaction).
 Known = tuple[bytes, int, int, bool, tuple[int, ...], bool, bool]
@@ -178,10 +176,7 @@ class Relay:
         self.gate = CatalogGate(analysis, catalogs or private_store(), self.injector)  # its catalog
         self.path = PathCheck(self.injector, self._release)  # where a session's unqualified writes resolve
         self.unnamed = Promotions()  # unnamed statements run as proxy-owned named ones
-        # Texts (message type + UTF-8) of this tagged connection that go out as they are, with their kind and
-        # writes: what the C relay may take without asking (export_decisions). Made against ``catalog``.
-        self.decisions: dict[bytes, Analysis] = {}
-        self._decisions_catalog: Any = None
+        self.decisions = Decisions(analysis, self.trace)  # texts the C relay may forward without asking
         self.held = HeldEvents()  # the client's events held while the proxy's statements go ahead
         self._fresh = False  # an injection just completed for the held statement
         self.closing = False
@@ -480,7 +475,7 @@ class Relay:
             self.hooks.write(table, kind)
         sent = verdict.rewritten if tags.tagged else None
         if tags.tagged and sent is None:
-            self._decide(b"Q", query.sql, verdict)
+            self.decisions.decide(b"Q", query.sql, verdict, self.txn_tags, self.gate.catalog)
         alone = tags.tagged and self._at_transaction_start() and rerun.may_rerun(verdict)
         trace = self.trace
         read = trace.pending_read(tags, verdict, query.sql, None)
@@ -517,7 +512,7 @@ class Relay:
             # (Also not rewritten as the other form of prepared statement: C takes any Parse of the text.)
             other = self.analysis.analyze(parse.sql, self.gate.catalog, True, prepared=not named)
             if other.rewritten is None:
-                self._decide(b"P", parse.sql, verdict)
+                self.decisions.decide(b"P", parse.sql, verdict, self.txn_tags, self.gate.catalog)
         comment = self._comment_tags(parse.sql)
         self.statements[parse.name] = Statement(
             comment if isinstance(comment, Tags) else None, verdict, parse.sql if self.trace.reads else None
@@ -575,30 +570,6 @@ class Relay:
             )
         else:
             self._extended(Entry(Kind.BIND), frame.raw)
-
-    def _decide(self, kind: bytes, sql: str, verdict: Analysis) -> None:
-        """Remember that this text of a tagged connection went out as it is (for the C relay)."""
-        if (
-            verdict.tampers
-            or verdict.path_change  # (the relay must see it: PathCheck.followed)
-            or verdict.error is not None
-            or verdict.catalog_dependent
-            or verdict.tag_map is not None
-            or "/*" in sql  # (C takes no text with a comment opener: it may carry tags)
-        ):
-            return
-        if self._decisions_catalog is not self.gate.catalog:
-            self.decisions.clear()
-            self._decisions_catalog = self.gate.catalog
-        if len(self.decisions) >= MAX_DECISIONS or kind + sql.encode() in self.decisions:
-            return
-        # Its shape, when no literal's value can change the verdict: one entry for every text of the shape
-        # (the simple protocol's ever-new texts), keyed by the lower-case type (proxy/sql/shapes.py). Not
-        # for a read that is recorded: its record names the text, which C finds by the exact one only.
-        records = self.trace.records(self.txn_tags, verdict)
-        shape = None if records else self.analysis.shape(sql, self.gate.catalog, verdict)
-        key = kind.lower() + shape if shape is not None else kind + sql.encode()
-        self.decisions[key] = verdict
 
     def at_rest(self) -> bool:
         """May the C relay carry on from here: nothing in flight, held or mid-batch, the tags in force
@@ -866,23 +837,11 @@ class Relay:
 
     def export_decisions(
         self, kind_index: Callable[[str], int | None], slots: Callable[[Writes], tuple[int, ...] | None]
-    ) -> list[tuple[bytes, int, tuple[int, ...], bool, bool]]:
-        """``decisions`` for the C relay: (type + text, kind index, write slots, a recorded read, it may be
-        run again: watched when it starts an implicit transaction), those it can count."""
-        if self._decisions_catalog is not self.gate.catalog:
-            self.decisions.clear()
-        rows = []
-        for key, verdict in self.decisions.items():
-            if self.path.unknown_for(verdict):
-                continue  # the server is to say where its names resolve first (_path_hold)
-            records = self.trace.records(self.txn_tags, verdict)
-            if records and key[:1].islower():
-                continue  # a read record names its text: a shape has none
-            kind = kind_index(verdict.kind)
-            found = slots(verdict.writes)
-            if kind is not None and found is not None:
-                rows.append((key, kind, found, records, rerun.may_rerun(verdict)))
-        return rows
+    ) -> list[Decision]:
+        """``decisions`` for the C relay (``Decisions.export``)."""
+        return self.decisions.export(
+            self.txn_tags, self.gate.catalog, kind_index, slots, self.path.unknown_for
+        )
 
     def resume_from_fast(
         self,

@@ -1,0 +1,89 @@
+"""Decisions: the statement texts of a tagged connection that went out as they are, which the C relay may then
+forward without asking Python (docs/proxy.md, "Sessions on the C relay").
+
+A text is decided when its verdict needs nothing of the relay: no refusal, rewrite, command tag to map, path
+change or catalog check, and no comment that may carry tags. Texts that differ only in literals share one
+decision by their shape when no literal's value can change the verdict (proxy/sql/shapes.py). Decisions are
+made against one catalog: a new catalog voids them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from proxy import rerun
+from proxy.analysis import ProxyAnalyzer
+from proxy.read_trace import ReadTrace
+from proxy.sql import Analysis
+from proxy.tags import Tags
+
+# Statement texts of a tagged connection the C relay may forward as is, per connection.
+MAX_DECISIONS = 1024
+
+Writes = tuple[tuple[str, str], ...]
+# A decision as the C relay gets it: (message type + text, kind index, write slots, a recorded read, it may be
+# run again: watched when it starts an implicit transaction); a lower-case type: the key is the text's shape.
+Decision = tuple[bytes, int, tuple[int, ...], bool, bool]
+
+
+class Decisions:
+    """One connection's decisions: (message type + UTF-8 text, or lower-case type + shape) -> verdict."""
+
+    def __init__(self, analysis: ProxyAnalyzer, trace: ReadTrace) -> None:
+        self.analysis = analysis
+        self.trace = trace
+        self.table: dict[bytes, Analysis] = {}
+        self._catalog: Any = None  # the catalog they were made against
+
+    def decide(self, kind: bytes, sql: str, verdict: Analysis, tags: Tags, catalog: Any) -> None:
+        """Remember that this text of a tagged connection went out as it is (for the C relay)."""
+        if (
+            verdict.tampers
+            or verdict.path_change  # (the relay must see it: PathCheck.followed)
+            or verdict.error is not None
+            or verdict.catalog_dependent
+            or verdict.tag_map is not None
+            or "/*" in sql  # (C takes no text with a comment opener: it may carry tags)
+        ):
+            return
+        self._current(catalog)
+        table = self.table
+        if len(table) >= MAX_DECISIONS or kind + sql.encode() in table:
+            return
+        # Its shape, when no literal's value can change the verdict: one entry for every text of the shape
+        # (the simple protocol's ever-new texts), keyed by the lower-case type (proxy/sql/shapes.py). Not
+        # for a read that is recorded: its record names the text, which C finds by the exact one only.
+        records = self.trace.records(tags, verdict)
+        shape = None if records else self.analysis.shape(sql, catalog, verdict)
+        key = kind.lower() + shape if shape is not None else kind + sql.encode()
+        table[key] = verdict
+
+    def export(
+        self,
+        tags: Tags,
+        catalog: Any,
+        kind_index: Callable[[str], int | None],
+        slots: Callable[[Writes], tuple[int, ...] | None],
+        path_unknown: Callable[[Analysis], bool],
+    ) -> list[Decision]:
+        """The decisions for the C relay, those it can count (a kind it knows, writes it has slots for) and
+        may take (``path_unknown``: the server is to say where its write targets resolve first)."""
+        self._current(catalog)
+        rows = []
+        for key, verdict in self.table.items():
+            if path_unknown(verdict):
+                continue
+            records = self.trace.records(tags, verdict)
+            if records and key[:1].islower():
+                continue  # a read record names its text: a shape has none
+            kind = kind_index(verdict.kind)
+            found = slots(verdict.writes)
+            if kind is not None and found is not None:
+                rows.append((key, kind, found, records, rerun.may_rerun(verdict)))
+        return rows
+
+    def _current(self, catalog: Any) -> None:
+        if self._catalog is not catalog:
+            self.table.clear()
+            self._catalog = catalog
