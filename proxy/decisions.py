@@ -14,6 +14,7 @@ from typing import Any
 
 from proxy import rerun
 from proxy.analysis import ProxyAnalyzer
+from proxy.handoff import Decision
 from proxy.read_trace import ReadTrace
 from proxy.sql import Analysis
 from proxy.tags import Tags
@@ -22,9 +23,6 @@ from proxy.tags import Tags
 MAX_DECISIONS = 1024
 
 Writes = tuple[tuple[str, str], ...]
-# A decision as the C relay gets it: (message type + text, kind index, write slots, a recorded read, it may be
-# run again: watched when it starts an implicit transaction); a lower-case type: the key is the text's shape.
-Decision = tuple[bytes, int, tuple[int, ...], bool, bool]
 
 
 class Decisions:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from proxy.analysis import QUICK_KINDS
+from proxy.handoff import Adoption, ConnectionState, FastRead, Named, TxnCounts
 from proxy.metrics import LATENCY_BUCKETS
 
 if TYPE_CHECKING:
@@ -37,46 +38,23 @@ else:
 
 AVAILABLE = _fastrelay is not None
 
-# A prepared statement or portal as the C relay hands it back: (name, index into the Statements Python gave
-# at adoption or -1, the text of one prepared on the C relay or None, a recorded read's portal: its Bind
-# parameters, or None).
-Named = tuple[bytes, int, bytes | None, bytes | None]
-
-# A read record made on the C relay: (Python's statement index, or -(decision index + 1); rows of SELECT n or
-# None; wall-clock end; duration in µs; Bind parameters or None; its transaction's number on the connection,
-# as Relay.trace.txn counts them; the transaction's id once it ended, if C asked and it had one, else 0);
-# and one in flight at hand-back: (position among the replies owed, ref, monotonic start, Bind parameters
-# or None).
-FastRead = tuple[int, int | None, float, int, bytes | None, int, int]
-OwedRead = tuple[int, int, float, bytes | None]
-
 
 @dataclass(frozen=True, slots=True)
 class Handback:
     """A connection the C relay gives back to Python, with the state Python resumes from (the C relay hands
-    it over as a plain tuple in this field order; ``from_tuple`` names the fields)."""
+    it over as a plain tuple; ``from_tuple`` names its fields and makes its ``ConnectionState``)."""
 
     conn_id: int
     reason: str  # "idle", "recalled", "client closed", "upstream error", ...
     errno: int  # of a socket error (0: none)
-    status: str  # transaction status: I, T or E
     inflight: int  # Query/Sync replies still owed by the server
     untaken: int  # type of the client message C did not take, or -1
     data: bytes  # client bytes read and not forwarded
-    owed: str  # kinds of the replies owed (Relay.pending), as Kind letters: Q S P B D E C
-    mid_batch: bool
-    skip_until_sync: bool
+    state: ConnectionState  # the server's side as C left it, and its transaction's read counts
     statements: list[Named]
     portals: list[Named]
     taken: int  # client messages C took during its stay
     reads: list[FastRead]  # read records done during the stay (see FastRelay.take_reads)
-    owed_reads: list[OwedRead]  # (position in ``owed``, ref, started, Bind parameters): reads in flight
-    # Relay.trace.txn as C left it: transactions ended, reads with no operation id and a statement that may
-    # write sent since the connection was last idle.
-    txn: int
-    txn_reads: int
-    txn_wrote: bool
-    txn_xid: int  # the open transaction's id, when C asked and it had one (else 0)
     # Reason "rerun": the Query or batch of a statement that may be run again (proxy/rerun.py), as sent, and
     # the server bytes from its ErrorResponse or NoticeResponse on, not forwarded (None and b"" otherwise).
     batch: bytes | None
@@ -84,18 +62,30 @@ class Handback:
 
     @classmethod
     def from_tuple(cls, raw: RawHandback) -> Handback:
-        # C sends the flags as ints
-        return cls(*raw[:8], bool(raw[8]), bool(raw[9]), *raw[10:17], bool(raw[17]), *raw[18:])
+        (conn_id, reason, errno, status, inflight, untaken, data, owed, mid_batch, skip) = raw[:10]
+        (statements, portals, taken, reads, owed_reads, txn, txn_reads, txn_wrote, txn_xid, batch) = raw[
+            10:20
+        ]
+        # (C sends the flags as ints)
+        counts = TxnCounts(txn, txn_reads, bool(txn_wrote), txn_xid)
+        state = ConnectionState(status, owed, tuple(owed_reads), bool(mid_batch), bool(skip), counts)
+        return cls(
+            conn_id,
+            reason,
+            errno,
+            inflight,
+            untaken,
+            data,
+            state,
+            statements,
+            portals,
+            taken,
+            reads,
+            batch,
+            raw[20],
+        )
 
 
-# What Python knows at adoption: (name, index, kind index, only Python may bind it, write slots, its
-# Executes are reads of a recorded session, it may be run again after the layer's row-changed 40001:
-# watched when it starts an implicit transaction, proxy/rerun.py)
-Known = tuple[bytes, int, int, bool, tuple[int, ...], bool, bool]
-# A statement text of a tagged connection that C forwards as is: (message type + text, kind index, write
-# slots, a read of a recorded session, as Known's last) — Relay.decisions; a lower-case type: the key is the
-# text's shape, and the decision holds for every text of that shape (proxy/sql/shapes.py).
-Decision = tuple[bytes, int, tuple[int, ...], bool, bool]
 MAX_WRITE_SLOTS = 256
 STMT_WRITES = 4
 MAX_QUERY = _fastrelay.MAX_QUERY if _fastrelay is not None else 0
@@ -148,40 +138,27 @@ class FastRelay:
         return self.engine.fileno()
 
     def adopt(
-        self,
-        conn_id: int,
-        client_fd: int,
-        server_fd: int,
-        max_message: int,
-        *,
-        statements: list[Known] | None = None,
-        portals: list[Known] | None = None,
-        tagged: bool = False,
-        decisions: list[Decision] | None = None,
-        record: bool = False,
-        resolve: bool = False,
-        txn: tuple[int, int, bool] = (0, 0, False),
+        self, conn_id: int, client_fd: int, server_fd: int, max_message: int, adoption: Adoption | None = None
     ) -> None:
-        """``record``: its session's reads are recorded (the statements and decisions say which are reads).
-        ``resolve``: they have no operation id, and take their transaction's: C asks the server the
-        transaction's id before the end of one that read and may have written, as Relay does (docs/proxy.md).
-        ``txn``: Relay.trace.txn's (count, reads, wrote)."""
-        kind = self.kind_index("transaction") if resolve else None
-        count, reads, wrote = txn
+        """Give the C relay a connection, with the state it carries on from (None: an untagged connection
+        with no statements, at rest)."""
+        a = adoption or Adoption([], [], False, [], False, False)
+        kind = self.kind_index("transaction") if a.resolve else None
+        txn = a.state.txn
         self.engine.adopt(
             conn_id,
             client_fd,
             server_fd,
             max_message,
-            statements or [],
-            portals or [],
-            tagged,
-            decisions or [],
-            record,
+            a.statements,
+            a.portals,
+            a.tagged,
+            a.decisions,
+            a.record,
             -1 if kind is None else kind,
-            count,
-            reads,
-            wrote,
+            txn.count,
+            txn.reads,
+            txn.wrote,
         )
 
     @staticmethod

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from time import perf_counter
 from typing import Any, Protocol
 
@@ -24,13 +24,14 @@ from proxy import rerun
 from proxy.analysis import ProxyAnalyzer, query_kind
 from proxy.catalog_gate import CatalogGate
 from proxy.catalogs import CatalogStore, private_store
-from proxy.decisions import Decision, Decisions, Writes
+from proxy.decisions import Decisions, Writes
 from proxy.errors import ProtocolError, TagError
+from proxy.handoff import AT_REST, Adoption, ConnectionState, Known, Named, TxnCounts
 from proxy.held import HeldEvents
 from proxy.injected import InjectedBatches
 from proxy.path_check import PathCheck
 from proxy.read_trace import PendingRead, ReadsCallback, ReadTrace
-from proxy.replies import KIND_LETTERS, Entry, Kind, ReplyQueue
+from proxy.replies import Entry, Kind, ReplyQueue
 from proxy.sql import Analysis
 from proxy.tags import UNTAGGED, Tags
 from proxy.unnamed import Promotions
@@ -107,12 +108,10 @@ class NoHooks:
         pass
 
 
-# A statement or portal as the C relay gets it: (name, index, kind index, Python only, write slots, its
-# Executes are recorded reads, it may be run again: watched when it starts an implicit transaction).
-Known = tuple[bytes, int, int, bool, tuple[int, ...], bool, bool]
-# A statement or portal as the C relay gives it back: (name, index or -1, text prepared there or None, a
-# recorded read's portal: its Bind parameters, or None).
-Named = tuple[bytes, int, bytes | None, bytes | None]
+KindIndex = Callable[
+    [str], int | None
+]  # the C relay's index of a statement kind (None: one it does not count)
+Slots = Callable[[Writes], tuple[int, ...] | None]  # its write counters for a statement's writes
 
 
 @dataclass
@@ -572,22 +571,21 @@ class Relay:
             self._extended(Entry(Kind.BIND), frame.raw)
 
     def at_rest(self) -> bool:
-        """May the C relay carry on from here: nothing in flight, held or mid-batch, the tags in force
-        those the next transaction needs (and known for good: not set inside a block that may roll back),
-        no statement of the client's standing for one of the proxy's, the catalog not being read."""
+        """May the C relay carry on from here: the server's side in the state C starts a connection in
+        (handoff.AT_REST: status I, nothing owed, no batch), nothing held, no read waiting for its
+        transaction's operation, the tags in force those the next transaction needs (and known for good: not
+        set inside a block that may roll back), no statement of the client's standing for one of the
+        proxy's, the catalog not being read, no statement that may run again in flight."""
         applied = self.applied
         return (
-            self.replies.status == "I"
-            and not self.replies.pending
+            self.replies.at_rest()
             and self.held.at_rest()
-            and not self.replies.mid_batch
-            and not self.replies.skip_until_sync
+            and not self.trace.txn.held  # (reads of the open transaction: its end here knows their operation)
             and not self.closing
             and not applied.tentative
             and self.unnamed.at_rest()
             and self.gate.at_rest()
             and self.reruns.plan is None
-            and self.replies.scanner.idle
             and applied.tags is not None
             and applied.tags == self.txn_tags
             and applied.tags == self.default_tags()
@@ -802,12 +800,25 @@ class Relay:
     # ------------------------------------------------------------------------------------------------
     # The fast relay (proxy._fastrelay) carries on from this state and hands it back
 
-    def export_statements(
-        self, kind_index: Callable[[str], int | None], slots: Callable[[Writes], tuple[int, ...] | None]
-    ) -> tuple[list[Known], list[Known], list[Statement]]:
-        """``statements`` and ``portals`` for the C relay: (name, index into the returned list, kind index,
-        Python only, write slots). Python only: bound with comment tags (a session switch), a kind C does not
-        count, or (in a session) a command tag to map or writes C cannot count."""
+    def hand_off(self, kind_index: KindIndex, slots: Slots) -> tuple[Adoption, list[Statement]]:
+        """What the C relay carries on from (when ``at_rest``), and the statements its indexes name."""
+        statements, portals, objects = self._known(kind_index, slots)
+        tags = self.txn_tags
+        record = tags.tagged and self.trace.reads is not None  # (C records its reads)
+        decisions = (
+            self.decisions.export(tags, self.gate.catalog, kind_index, slots, self.path.unknown_for)
+            if tags.tagged
+            else []
+        )
+        txn = self.trace.txn
+        state = replace(AT_REST, txn=TxnCounts(txn.count, txn.reads, txn.wrote))
+        resolve = record and tags.operation is None
+        return Adoption(statements, portals, tags.tagged, decisions, record, resolve, state), objects
+
+    def _known(self, kind_index: KindIndex, slots: Slots) -> tuple[list[Known], list[Known], list[Statement]]:
+        """``statements`` and ``portals`` for the C relay (``handoff.Known``). Python only: bound with comment
+        tags (a session switch), a kind C does not count, or (in a session) a command tag to map, writes C
+        cannot count, or write targets whose schema the server is to tell first (_path_hold)."""
         objects: list[Statement] = []
         index: dict[int, int] = {}
         tagged = self.txn_tags.tagged
@@ -826,7 +837,7 @@ class Relay:
                     statement.tags is not None
                     or kind is None
                     or (tagged and (verdict.tag_map is not None or found is None))
-                    or (tagged and self.path.unknown_for(verdict))  # (_path_hold)
+                    or (tagged and self.path.unknown_for(verdict))
                 )
                 records = statement.sql is not None and self.trace.records(self.txn_tags, verdict)
                 again = tagged and rerun.may_rerun(verdict)
@@ -835,48 +846,35 @@ class Relay:
 
         return known(self.statements), known(self.portals), objects
 
-    def export_decisions(
-        self, kind_index: Callable[[str], int | None], slots: Callable[[Writes], tuple[int, ...] | None]
-    ) -> list[Decision]:
-        """``decisions`` for the C relay (``Decisions.export``)."""
-        return self.decisions.export(
-            self.txn_tags, self.gate.catalog, kind_index, slots, self.path.unknown_for
-        )
-
-    def resume_from_fast(
+    def take_back(
         self,
-        status: str,
-        owed: str,
-        *,
-        mid_batch: bool,
-        skip_until_sync: bool,
+        state: ConnectionState,
         statements: list[Named],
         portals: list[Named],
         objects: list[Statement],
+        *,
+        resolved: bool,
         owed_reads: list[tuple[int, PendingRead, float]] | None = None,
     ) -> None:
-        """Carry on from the state the C relay hands back.
+        """Carry on from the state the C relay hands back (``resolved``: it counted the transaction's reads,
+        ``Adoption.resolve``).
 
-        ``owed``: the replies still owed, in order, as Kind letters (only messages forwarded as they are
-        are ever in flight there; it hands back inside an extended batch, or with a COPY FROM STDIN running,
-        at once); ``owed_reads``: (position in ``owed``, the read, when it started) for the recorded reads
-        among them. The statements and portals: its tables, which started as ``export_statements``; one
+        ``owed_reads``: (position in ``state.owed``, the read, when it started) for the recorded reads among
+        the replies owed. The statements and portals: its tables, which started as ``hand_off``'s; one
         prepared there is analysed now as ``_client_parse`` would have then, with the tags in force (in a
         session C took only texts with a decision: not rewritten) and no comment tags (C takes no Parse
         with a comment opener); a recorded read's portal comes with its Bind parameters."""
-        self.replies.status = status
-        tagged = self.txn_tags.tagged
+        self.replies.resume(state, owed_reads or ())
+        txn = self.trace.txn
+        txn.count = state.txn.count
+        if resolved:
+            txn.reads, txn.wrote = state.txn.reads, state.txn.wrote
+            if state.txn.xid:
+                txn.xid = str(state.txn.xid)
         self.unnamed.forget_all()  # (the client may have deallocated statements there)
-        now = perf_counter()
-        entries = [Entry(KIND_LETTERS[kind], started=now, copy_epoch=self.replies.copy_ends) for kind in owed]
-        for position, read, started in owed_reads or ():
-            entries[position].read = read
-            entries[position].started = started
-        self.replies.pending.extend(entries)
-        self.replies.mid_batch = mid_batch
-        self.replies.skip_until_sync = skip_until_sync
-        if mid_batch:
-            self._batch_started = now
+        if state.mid_batch:
+            self._batch_started = perf_counter()
+        tagged = self.txn_tags.tagged
         made: dict[bytes, Statement] = {}
 
         def resolve(i: int, text: bytes | None) -> Statement:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import enum
 import struct
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -21,6 +22,7 @@ from proxy import protocol as p
 from proxy.sql.rewrites import app_path
 
 if TYPE_CHECKING:  # (the relay imports this module: annotations only)
+    from proxy.handoff import ConnectionState
     from proxy.read_trace import PendingRead
 
 
@@ -124,6 +126,31 @@ class ReplyQueue:
     def push(self, entry: Entry) -> None:
         entry.copy_epoch = self.copy_ends
         self.pending.append(entry)
+
+    def at_rest(self) -> bool:
+        """The state the C relay starts a connection in (``handoff.AT_REST``): status I, nothing owed, no
+        batch, at a message boundary of the server's."""
+        return (
+            self.status == "I"
+            and not self.pending
+            and not self.mid_batch
+            and not self.skip_until_sync
+            and self.scanner.idle
+        )
+
+    def resume(self, state: ConnectionState, reads: Iterable[tuple[int, PendingRead, float]]) -> None:
+        """Carry on from the state the C relay hands back. Only messages forwarded as they are are ever in
+        flight there (it hands back inside an extended batch, or with a COPY FROM STDIN running, at once);
+        ``reads``: (position in ``state.owed``, the read, when it started): the recorded reads among them."""
+        self.status = state.status
+        now = time.perf_counter()
+        entries = [Entry(KIND_LETTERS[kind], started=now, copy_epoch=self.copy_ends) for kind in state.owed]
+        for position, read, started in reads:
+            entries[position].read = read
+            entries[position].started = started
+        self.pending.extend(entries)
+        self.mid_batch = state.mid_batch
+        self.skip_until_sync = state.skip_until_sync
 
     def at_transaction_start(self) -> bool:
         return self.status == "I" and not self.pending and not self.mid_batch

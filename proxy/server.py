@@ -29,7 +29,8 @@ from proxy.catalogs import SharedCatalogs
 from proxy.config import ProxyConfig
 from proxy.errors import PolicyError, ProtocolError, ProxyError, TagError
 from proxy.fastrelay import UNAVAILABLE as FAST_RELAY_UNAVAILABLE
-from proxy.fastrelay import Decision, FastCounts, FastRead, FastRelay, Handback
+from proxy.fastrelay import FastCounts, FastRelay, Handback
+from proxy.handoff import Adoption, Decision, FastRead
 from proxy.metrics import ConnectionHooks, Metrics
 from proxy.read_trace import PendingRead
 from proxy.reads import GATHER, ReadRecord, ReadRecorder, new_record
@@ -152,7 +153,7 @@ class ClientConnection(asyncio.Protocol):
         self.fast = False
         self.fast_ok = server.fast is not None
         self._fast_statements: list[Statement] = []  # Relay.statements/portals given to the C relay
-        self._fast_tagged = False  # on the C relay in a session
+        self._adoption: Adoption | None = None  # what the C relay was given with the connection
         # On the C relay with its session's reads recorded: the tags in force and the decisions C was given
         # (a read record names one of those, or one of _fast_statements).
         self._fast_reads: tuple[Tags, list[Decision]] | None = None
@@ -471,7 +472,6 @@ class ClientConnection(asyncio.Protocol):
             or not self.reader.at_boundary
             or self._pause_reasons
             or self._upstream_paused
-            or relay.trace.txn.held  # (reads of the open transaction: its end here knows their operation)
         ):
             return
         upstream = self.upstream.transport if self.upstream is not None else None
@@ -490,27 +490,11 @@ class ClientConnection(asyncio.Protocol):
             self.fast_ok = False
             return
         # In a session (startup tags or the database's route) C takes only the texts Python has decided on.
-        tagged = relay.txn_tags.tagged
-        record = tagged and relay.trace.reads is not None  # (C records its reads: see fast_reads)
-        txn = relay.trace.txn
-        statements, portals, self._fast_statements = relay.export_statements(fast.kind_index, fast.slots)
-        decisions = relay.export_decisions(fast.kind_index, fast.slots) if tagged else []
+        adoption, self._fast_statements = relay.hand_off(fast.kind_index, fast.slots)
         client.pause_reading()
         upstream.pause_reading()
         try:
-            fast.adopt(
-                self.id,
-                client_sock.fileno(),
-                upstream_sock.fileno(),
-                self.max_message_size,
-                statements=statements,
-                portals=portals,
-                tagged=tagged,
-                decisions=decisions,
-                record=record,
-                resolve=record and relay.txn_tags.operation is None,
-                txn=(txn.count, txn.reads, txn.wrote),
-            )
+            fast.adopt(self.id, client_sock.fileno(), upstream_sock.fileno(), self.max_message_size, adoption)
         except (OSError, ValueError) as exc:
             log_event(logging.WARNING, "fast_relay_adopt_failed", conn=self.id, error=exc)
             self.fast_ok = False
@@ -518,8 +502,8 @@ class ClientConnection(asyncio.Protocol):
             upstream.resume_reading()
             return
         self.fast = True
-        self._fast_tagged = tagged
-        self._fast_reads = (relay.txn_tags, decisions) if record else None
+        self._adoption = adoption
+        self._fast_reads = (relay.txn_tags, adoption.decisions) if adoption.record else None
         self._fast_texts = {}
 
     def _read_text(self, ref: int) -> str | None:
@@ -568,30 +552,20 @@ class ClientConnection(asyncio.Protocol):
             )
         recorder.offer_many(batch)
 
-    def _resume_reads(self, handback: Handback) -> None:
-        """The records of a hand-back, and the relay's count of transactions (and what the open one sent)
-        as C left them."""
-        self.fast_reads(handback.reads, handback.txn)
-        relay = self.relay
-        if relay is not None:
-            relay.trace.txn.count = handback.txn
-            if self._fast_reads is not None and self._fast_reads[0].operation is None:
-                relay.trace.txn.reads, relay.trace.txn.wrote = handback.txn_reads, handback.txn_wrote
-                if handback.txn_xid:
-                    relay.trace.txn.xid = str(handback.txn_xid)
-
     def from_fast(self, handback: Handback) -> None:
         """The C relay gave the connection back: resume in Python from the state it reports."""
         self.fast = False
-        self._resume_reads(handback)
+        state = handback.state
+        self.fast_reads(handback.reads, state.txn.count)
         owed_reads = []
-        for position, ref, started, params in handback.owed_reads:
+        for position, ref, started, params in state.owed_reads:
             read = self._read_of(ref, params)
             if read is not None:
                 owed_reads.append((position, read, started))
         self._fast_reads = None
         untaken = handback.untaken
-        if self._fast_tagged and untaken != -1:
+        adoption, self._adoption = self._adoption, None
+        if adoption is not None and adoption.tagged and untaken != -1:
             # A session whose statements C must keep handing back (texts Python has not seen: pgbench -M
             # simple's literals, a rewritten read) would bounce between the relays statement by statement:
             # after three short stays on C in a row, stay in Python for 8, 16, ... 1024 replies.
@@ -610,14 +584,12 @@ class ClientConnection(asyncio.Protocol):
             side = reason.split()[0]
             self.close(f"{side} lost: {os.strerror(handback.errno) if handback.errno else 'error'}")
             return
-        relay.resume_from_fast(
-            handback.status,
-            handback.owed,
-            mid_batch=handback.mid_batch,
-            skip_until_sync=handback.skip_until_sync,
-            statements=handback.statements,
-            portals=handback.portals,
-            objects=objects,
+        relay.take_back(
+            state,
+            handback.statements,
+            handback.portals,
+            objects,
+            resolved=adoption is not None and adoption.resolve,
             owed_reads=owed_reads,
         )
         if handback.batch is not None and not self._resume_rerun(relay, handback.batch, handback.server):
