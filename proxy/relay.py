@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from time import perf_counter
-from typing import Any, Protocol
+from typing import Any
 
 from proxy import protocol as p
 from proxy import rerun
@@ -28,6 +28,7 @@ from proxy.decisions import Decisions, Writes
 from proxy.errors import ProtocolError, TagError
 from proxy.handoff import AT_REST, Adoption, ConnectionState, Known, Named, TxnCounts
 from proxy.held import HeldEvents
+from proxy.hooks import Hooks, NoHooks
 from proxy.injected import InjectedBatches
 from proxy.path_check import PathCheck
 from proxy.read_trace import PendingRead, ReadsCallback, ReadTrace
@@ -63,49 +64,6 @@ _INJECTION_TRIGGERS = (b"Q", b"F", b"P", b"B")
 _C = ord("C")
 _A = ord("A")
 _I = ord("I")
-
-
-class Hooks(Protocol):
-    """Where the relay reports what it sees (metrics, logs)."""
-
-    def statement(self, kind: str, tagged: bool) -> None: ...
-    def write(self, table: str, kind: str) -> None: ...
-    def rewrite(self) -> None: ...
-    def rerun(self) -> None: ...
-    def error(self, sqlstate: str) -> None: ...
-    def parse_cache(self, hit: bool) -> None: ...
-    def latency(self, seconds: float) -> None: ...
-    def tags_applied(self, tags: Tags) -> None: ...
-    def tags_failed(self, tags: Tags, error: p.ErrorFields) -> None: ...
-
-
-class NoHooks:
-    def statement(self, kind: str, tagged: bool) -> None:
-        pass
-
-    def write(self, table: str, kind: str) -> None:
-        pass
-
-    def rewrite(self) -> None:
-        pass
-
-    def rerun(self) -> None:
-        pass
-
-    def error(self, sqlstate: str) -> None:
-        pass
-
-    def parse_cache(self, hit: bool) -> None:
-        pass
-
-    def latency(self, seconds: float) -> None:
-        pass
-
-    def tags_applied(self, tags: Tags) -> None:
-        pass
-
-    def tags_failed(self, tags: Tags, error: p.ErrorFields) -> None:
-        pass
 
 
 KindIndex = Callable[
