@@ -50,7 +50,7 @@ class _NoCatalog(ProxyAnalyzer):
 
 def _relay(reads: ReadsCallback | None) -> Relay:
     relay = Relay(_NoCatalog(), TAGS, lambda: None, reads=reads)
-    relay.applied.tags = TAGS  # (joined already)
+    relay.tagging.applied.tags = TAGS  # (joined already)
     relay.client_event(p.Frame(b"P", p.encode_parse("s1", SQL)[5:], p.encode_parse("s1", SQL)))
     relay.client_event(p.Frame(b"S", b"", p.SYNC))
     relay.server_data(p.message(b"1") + p.encode_ready("I"))

@@ -34,6 +34,7 @@ from proxy.path_check import PathCheck
 from proxy.read_trace import PendingRead, ReadsCallback, ReadTrace
 from proxy.replies import Entry, Kind, ReplyQueue
 from proxy.sql import Analysis
+from proxy.tagging import Tagging
 from proxy.tags import UNTAGGED, Tags
 from proxy.unnamed import Promotions
 
@@ -79,15 +80,6 @@ class Statement:
     sql: str | None = None  # its text, kept only while reads are recorded
 
 
-@dataclass
-class _Applied:
-    """The tags in force on the upstream connection, as far as the proxy knows."""
-
-    tags: Tags | None = UNTAGGED  # None: unknown (re-apply before the next statement)
-    tentative: bool = False  # set inside a transaction that may still roll back
-    error_since: bool = False
-
-
 class Relay:
     """Sans-IO relay of one client connection (after authentication).
 
@@ -111,8 +103,7 @@ class Relay:
         read_ids: str | None = None,
     ) -> None:
         self.analysis = analysis
-        self.startup_tags = default_tags
-        self.route = route
+        self.tagging = Tagging(default_tags, route)  # the tags in force, and those the server has
         self.hooks: Hooks = hooks or NoHooks()
         self.max_message = max_message
         # How the upstream joins a session: bound with the layer's secret (SQL on the connection cannot undo
@@ -124,9 +115,7 @@ class Relay:
         self.to_server: list[bytes] = []
         self.to_client: list[bytes] = []
         self.replies = ReplyQueue(self)  # what the server owes, and the state its replies show
-        self.applied = _Applied()
         self.reruns = rerun.Reruns()  # a statement alone in its implicit transaction that may run again
-        self.txn_tags: Tags = UNTAGGED  # tags in force for the current transaction
         self.statements: dict[str, Statement] = {}
         self.portals: dict[str, Statement] = {}
         self.injector = InjectedBatches(self)  # the proxy's own statements, ahead of the client's
@@ -135,7 +124,6 @@ class Relay:
         self.unnamed = Promotions()  # unnamed statements run as proxy-owned named ones
         self.decisions = Decisions(analysis, self.trace)  # texts the C relay may forward without asking
         self.held = HeldEvents()  # the client's events held while the proxy's statements go ahead
-        self._fresh = False  # an injection just completed for the held statement
         self.closing = False
         self._batch_started = 0.0
         self._query_entry = Entry(Kind.QUERY)  # reused by fast_query when nothing is in flight
@@ -152,42 +140,14 @@ class Relay:
     # ------------------------------------------------------------------------------------------------
     # Tags
 
-    @property
-    def current_tags(self) -> Tags:
-        return self.txn_tags
-
-    def default_tags(self) -> Tags:
-        if self.startup_tags.tagged:
-            return self.startup_tags
-        return self.route() or UNTAGGED
-
     def _at_transaction_start(self) -> bool:
         return self.replies.at_transaction_start()
 
     def desired_tags(self, comment: Tags | None) -> Tags:
-        if comment is not None:
-            base = self.txn_tags if not self._at_transaction_start() else self.default_tags()
-            session = comment.session or base.session
-            if session is None:  # an operation id without any session to put it in
-                return UNTAGGED
-            return Tags(session, comment.operation)
-        if self._at_transaction_start():
-            return self.default_tags()
-        return self.txn_tags
-
-    def _ends_failed_block(self, verdict: Analysis) -> bool:
-        """In a failed block no join goes before a lone transaction statement (ROLLBACK, COMMIT, ROLLBACK TO
-        SAVEPOINT): it would fail (25P02) and so refuse the one statement that can end the failure, for good.
-        Such a statement reads and writes nothing, and the tags stay unknown: the next statement joins."""
-        return self.replies.status == "E" and verdict.kind == "transaction"
+        return self.tagging.desired(comment, self._at_transaction_start())
 
     def _needs_injection(self, tags: Tags) -> bool:
-        applied = self.applied
-        if applied.tags is None or applied.tags != tags:
-            return True
-        # Set inside an explicit block: a ROLLBACK TO SAVEPOINT may have undone it, so set it again
-        # before each tagged statement of this block (unless it was set just now, for this statement).
-        return applied.tentative and self.replies.status != "I" and tags.tagged and not self._fresh
+        return self.tagging.needs_join(tags, self.replies.status)
 
     # ------------------------------------------------------------------------------------------------
     # Client side
@@ -255,7 +215,7 @@ class Relay:
             if self._needs_injection(tags) and not self._inject(tags, b"F"):
                 self.held.put_back(frame)
                 return
-            self._fresh = False
+            self.tagging.fresh = False
             self._push(Entry(Kind.FUNC, started=time.perf_counter()))
             self.to_server.append(frame.raw)
         elif kind == b"X":
@@ -279,7 +239,7 @@ class Relay:
         self._push(Entry(Kind.SYNC, started=self._batch_started or time.perf_counter()))
         self._batch_started = 0.0
         self.to_server.append(frame.raw)
-        self.reruns.arm_batch(frame.raw, skipped, self.txn_tags.tagged)
+        self.reruns.arm_batch(frame.raw, skipped, self.tagging.txn.tagged)
 
     def resume_rerun(self, batch: bytes) -> None:
         """The C relay hands back a statement that may be run again (``Reruns.resume``)."""
@@ -321,7 +281,7 @@ class Relay:
         if isinstance(comment, TagError):
             self._refuse_tags(trigger, p.encode_error(comment.sqlstate, str(comment)))
             return None
-        switch = self._switch_refusal(comment)
+        switch = self.tagging.switch_refusal(comment)
         if switch is not None:
             self._refuse_tags(trigger, switch)
             return None
@@ -330,7 +290,8 @@ class Relay:
         need = self._needs_injection(tags) or (tags.tagged and gate.catalog is None and gate.wanted())
         if need and self.replies.status == "E":
             # (As a tagged text: the untagged analysis takes the kind from the first word alone.)
-            need = not self._ends_failed_block(self.analysis.analyze(sql, gate.catalog, True, prepared=named))
+            as_tagged = self.analysis.analyze(sql, gate.catalog, True, prepared=named)
+            need = not self.tagging.ends_failed_block(as_tagged, self.replies.status)
         if need and not self._inject(tags, trigger):
             self.held.put_back(event)
             return None
@@ -348,17 +309,17 @@ class Relay:
             return None
         if tags.tagged and trigger == b"Q" and self._path_hold(verdict, trigger, event):
             return None
-        self._fresh = False
+        self.tagging.fresh = False
         gate.checked = False
         if tags.tagged:
             self.hooks.parse_cache(verdict.cache_hit)
         if comment is not None or self._at_transaction_start():
-            self.txn_tags = tags
+            self.tagging.txn = tags
         if tags.tagged:
             if verdict.tampers and trigger == b"Q" and self.analysis.is_pool_reset(sql, gate.catalog):
                 # A pool's reset ends the query string: let it run, and join the session again before
                 # the next statement (only simple queries: a pipelined Bind could run before the reset).
-                self.applied = _Applied(None)
+                self.tagging.forget()
                 return tags, verdict
             if verdict.tampers:
                 self._refuse(trigger, p.encode_error(SQLSTATE_REFUSED, TAMPER_MESSAGE))
@@ -370,9 +331,10 @@ class Relay:
             if trigger == b"Q" and self._path_refused(trigger):
                 return None
         self.path.followed(verdict)
-        if self.applied.tentative and verdict.kind in ("transaction", "other", "multi"):
+        applied = self.tagging.applied
+        if applied.tentative and verdict.kind in ("transaction", "other", "multi"):
             # COMMIT/ROLLBACK (TO SAVEPOINT) decide whether a set_config done in this block survives.
-            self.applied.tags = None
+            applied.tags = None
         return tags, verdict
 
     def _refuse_tags(self, trigger: bytes, error: bytes) -> None:
@@ -383,26 +345,8 @@ class Relay:
         the tags of the connection's previous transaction (untagged, on a fresh connection).
         """
         if self._at_transaction_start():
-            self.txn_tags = self.default_tags()
+            self.tagging.txn = self.tagging.default()
         self._refuse(trigger, error)
-
-    def _switch_refusal(self, comment: Tags | None) -> bytes | None:
-        """A comment may not move a connection whose session is fixed (at startup, by a route) elsewhere.
-
-        The comment is the application's per-statement tag; an agent's connection is tagged at startup or
-        routed, and a comment on it (which the agent writes) may still name the operation, not the session.
-        """
-        if comment is None or comment.session is None:
-            return None
-        fixed = self.default_tags().session
-        if fixed is None or comment.session == fixed:
-            return None
-        how = "at startup" if self.startup_tags.tagged else "by a route"
-        return p.encode_error(
-            SQLSTATE_REFUSED,
-            f"cowproxy: this connection's session is fixed ({how}); a /*cow_session=…*/ comment may not "
-            'switch it (rule "session")',
-        )
 
     def _path_hold(self, verdict: Analysis, trigger: bytes, event: p.ClientEvent) -> bool:
         """Hold ``event`` while the server says where its write targets resolve, unless known already."""
@@ -432,7 +376,7 @@ class Relay:
             self.hooks.write(table, kind)
         sent = verdict.rewritten if tags.tagged else None
         if tags.tagged and sent is None:
-            self.decisions.decide(b"Q", query.sql, verdict, self.txn_tags, self.gate.catalog)
+            self.decisions.decide(b"Q", query.sql, verdict, self.tagging.txn, self.gate.catalog)
         alone = tags.tagged and self._at_transaction_start() and rerun.may_rerun(verdict)
         trace = self.trace
         read = trace.pending_read(tags, verdict, query.sql, None)
@@ -469,7 +413,7 @@ class Relay:
             # (Also not rewritten as the other form of prepared statement: C takes any Parse of the text.)
             other = self.analysis.analyze(parse.sql, self.gate.catalog, True, prepared=not named)
             if other.rewritten is None:
-                self.decisions.decide(b"P", parse.sql, verdict, self.txn_tags, self.gate.catalog)
+                self.decisions.decide(b"P", parse.sql, verdict, self.tagging.txn, self.gate.catalog)
         comment = self._comment_tags(parse.sql)
         self.statements[parse.name] = Statement(
             comment if isinstance(comment, Tags) else None, verdict, parse.sql if self.trace.reads else None
@@ -492,13 +436,17 @@ class Relay:
     def _client_bind(self, frame: p.Frame) -> None:
         bind = p.decode_bind_names(frame.body)
         statement = self.statements.get(bind.statement)
-        switch = self._switch_refusal(statement.tags if statement else None)
+        switch = self.tagging.switch_refusal(statement.tags if statement else None)
         if switch is not None:  # a route made since the Parse
             self._refuse_tags(b"P", switch)  # (a failing Parse: the server skips the rest of the batch)
             return
         tags = self.desired_tags(statement.tags if statement else None)
         need = self._needs_injection(tags)
-        if need and statement is not None and self._ends_failed_block(statement.verdict):
+        if (
+            need
+            and statement is not None
+            and self.tagging.ends_failed_block(statement.verdict, self.replies.status)
+        ):
             need = False
         if need and not self._inject(tags, b"B"):
             self.held.put_back(frame)
@@ -511,9 +459,9 @@ class Relay:
             return
         if statement is not None:
             self.path.followed(statement.verdict)
-        self._fresh = False
+        self.tagging.fresh = False
         if (statement is not None and statement.tags is not None) or self._at_transaction_start():
-            self.txn_tags = tags  # (as _prepare does: a Bind may start a transaction)
+            self.tagging.txn = tags  # (as _prepare does: a Bind may start a transaction)
         if statement is not None:
             self.portals[bind.portal] = statement
             if self.trace.reads is not None and statement.sql is not None:
@@ -534,19 +482,15 @@ class Relay:
         transaction's operation, the tags in force those the next transaction needs (and known for good: not
         set inside a block that may roll back), no statement of the client's standing for one of the
         proxy's, the catalog not being read, no statement that may run again in flight."""
-        applied = self.applied
         return (
             self.replies.at_rest()
             and self.held.at_rest()
             and not self.trace.txn.held  # (reads of the open transaction: its end here knows their operation)
             and not self.closing
-            and not applied.tentative
             and self.unnamed.at_rest()
             and self.gate.at_rest()
             and self.reruns.plan is None
-            and applied.tags is not None
-            and applied.tags == self.txn_tags
-            and applied.tags == self.default_tags()
+            and self.tagging.settled()
         )
 
     def _client_execute(self, frame: p.Frame) -> None:
@@ -556,16 +500,16 @@ class Relay:
         read = None
         if statement is not None:
             verdict = statement.verdict
-            self.hooks.statement(verdict.kind, self.txn_tags.tagged)
+            self.hooks.statement(verdict.kind, self.tagging.txn.tagged)
             for table, kind in verdict.writes:
                 self.hooks.write(table, kind)
-            tag_map = verdict.tag_map if self.txn_tags.tagged else None
+            tag_map = verdict.tag_map if self.tagging.txn.tagged else None
             if statement.sql is not None:
                 params = self.trace.bind_params.get(execute.portal)
-                read = self.trace.pending_read(self.txn_tags, verdict, statement.sql, params)
+                read = self.trace.pending_read(self.tagging.txn, verdict, statement.sql, params)
         if self.trace.reads is not None:
             self.trace.sent(statement.verdict if statement is not None else None, read)
-        if statement is None or not self.txn_tags.tagged or not rerun.may_rerun(statement.verdict):
+        if statement is None or not self.tagging.txn.tagged or not rerun.may_rerun(statement.verdict):
             self.reruns.group = None  # (only the Execute of a statement that may get the 40001 runs again)
         entry = Entry(Kind.EXECUTE, tag_map=tag_map, read=read)
         if read is not None:
@@ -631,14 +575,14 @@ class Relay:
         def applied(ok: bool) -> None:
             # On failure nothing changed on the server: the statement (and its transaction) rolled back.
             if ok:
-                self.applied = _Applied(tags, tentative=not standalone or self.replies.status != "I")
+                self.tagging.joined(tags, tentative=not standalone or self.replies.status != "I")
                 self.hooks.tags_applied(tags)
                 self.path.changed()  # (joining puts the overlay path in force)
             elif injector.error is not None:
                 self.hooks.tags_failed(tags, injector.error)
 
         def finished(ok: bool) -> None:
-            self._fresh = ok
+            self.tagging.fresh = ok
             self._release()
 
         params: tuple[str | None, ...] = (tags.session, tags.operation)
@@ -714,17 +658,18 @@ class Relay:
         replies = self.replies
         if self.held.holding or replies.skip_until_sync or replies.mid_batch:
             return False
-        applied = self.applied
+        tagging = self.tagging
+        applied = tagging.applied
         if applied.tentative:
             return False
         # desired_tags(None) and _needs_injection, inlined: mid_batch is False here.
         pending = replies.pending
         if pending or replies.status != "I":
-            tags = self.txn_tags
-        elif self.startup_tags.session is not None:
+            tags = tagging.txn
+        elif tagging.startup.session is not None:
             return False
         else:
-            tags = self.route() or UNTAGGED
+            tags = tagging.route() or UNTAGGED
         if tags.session is not None:
             return False
         current = applied.tags
@@ -745,7 +690,7 @@ class Relay:
         if pending:
             pending.append(Entry(Kind.QUERY, started=perf_counter(), copy_epoch=replies.copy_ends))
         else:
-            self.txn_tags = tags
+            tagging.txn = tags
             # Nothing in flight: the one Entry kept for this case is free (it leaves the queue with its
             # reply), so the usual request-reply rhythm allocates nothing here.
             entry = self._query_entry
@@ -761,7 +706,7 @@ class Relay:
     def hand_off(self, kind_index: KindIndex, slots: Slots) -> tuple[Adoption, list[Statement]]:
         """What the C relay carries on from (when ``at_rest``), and the statements its indexes name."""
         statements, portals, objects = self._known(kind_index, slots)
-        tags = self.txn_tags
+        tags = self.tagging.txn
         record = tags.tagged and self.trace.reads is not None  # (C records its reads)
         decisions = (
             self.decisions.export(tags, self.gate.catalog, kind_index, slots, self.path.unknown_for)
@@ -779,7 +724,7 @@ class Relay:
         cannot count, or write targets whose schema the server is to tell first (_path_hold)."""
         objects: list[Statement] = []
         index: dict[int, int] = {}
-        tagged = self.txn_tags.tagged
+        tagged = self.tagging.txn.tagged
 
         def known(table: dict[str, Statement]) -> list[Known]:
             rows = []
@@ -797,7 +742,7 @@ class Relay:
                     or (tagged and (verdict.tag_map is not None or found is None))
                     or (tagged and self.path.unknown_for(verdict))
                 )
-                records = statement.sql is not None and self.trace.records(self.txn_tags, verdict)
+                records = statement.sql is not None and self.trace.records(self.tagging.txn, verdict)
                 again = tagged and rerun.may_rerun(verdict)
                 rows.append((name.encode(), i, kind or 0, pyonly, found or (), records, again))
             return rows
@@ -832,7 +777,7 @@ class Relay:
         self.unnamed.forget_all()  # (the client may have deallocated statements there)
         if state.mid_batch:
             self._batch_started = perf_counter()
-        tagged = self.txn_tags.tagged
+        tagged = self.tagging.txn.tagged
         made: dict[bytes, Statement] = {}
 
         def resolve(i: int, text: bytes | None) -> Statement:
@@ -874,7 +819,7 @@ class Relay:
     def _fast_reply(self, data: bytes) -> bool:
         if (
             self.held.holding
-            or self.applied.tentative
+            or self.tagging.applied.tentative
             or self.reruns.due  # (its ReadyForQuery is dropped: ready sends the new run)
         ):
             return False
@@ -911,7 +856,7 @@ class Relay:
         return before + raw if before else raw
 
     def failed(self, head: Entry | None, fields: p.ErrorFields, raw: bytes) -> bytes:
-        self.applied.error_since = True
+        self.tagging.applied.error_since = True
         if head is None:
             self.hooks.error(fields.sqlstate)
             return raw
@@ -934,13 +879,7 @@ class Relay:
         return out
 
     def ready(self, head: Entry | None, status: str, raw: bytes) -> bytes:
-        applied = self.applied
-        if applied.tentative and applied.tags is not None:
-            if applied.error_since:
-                self.applied = _Applied(None)
-            elif status == "I":
-                applied.tentative = False
-        applied.error_since = False
+        self.tagging.ready(status)
         if status == "I":
             if self.trace.reads is not None:
                 self.trace.ended(not self.replies.pending)

@@ -503,7 +503,7 @@ class ClientConnection(asyncio.Protocol):
             return
         self.fast = True
         self._adoption = adoption
-        self._fast_reads = (relay.txn_tags, adoption.decisions) if adoption.record else None
+        self._fast_reads = (relay.tagging.txn, adoption.decisions) if adoption.record else None
         self._fast_texts = {}
 
     def _read_text(self, ref: int) -> str | None:
@@ -679,7 +679,7 @@ class ClientConnection(asyncio.Protocol):
 
     def describe(self, fast_states: dict[int, tuple[str, int]] | None = None) -> dict[str, Any]:
         relay = self.relay
-        applied = relay.applied.tags if relay is not None else None
+        applied = relay.tagging.applied.tags if relay is not None else None
         status = relay.replies.status if relay is not None else None
         if self.fast:
             status = self._fast_state(fast_states)[0]

@@ -53,7 +53,7 @@ def answer(*row: str | None) -> tuple[bytes, ...]:
 
 def joined() -> Relay:
     r = relay(Tags("S1"))
-    r.applied.tags = r.txn_tags = Tags("S1")
+    r.tagging.applied.tags = r.tagging.txn = Tags("S1")
     r.catalog = catalogs.sample_catalog()  # (a session with CoW tables: its writes are watched)
     return r
 

@@ -92,7 +92,7 @@ def test_tagged_query_is_preceded_by_use_session_and_its_replies_are_hidden() ->
     assert reply(r, *injected_replies) == b""  # nothing reaches the client
     assert b"".join(r.to_server) == query  # and the held query is released
     r.to_server.clear()
-    assert r.applied.tags == Tags("S1", "op") and not r.applied.tentative
+    assert r.tagging.applied.tags == Tags("S1", "op") and not r.tagging.applied.tentative
     done = p.encode_command_complete("INSERT 0 1") + p.encode_ready("I")
     assert reply(r, done) == done
     # Same tags next time: no injection.
@@ -108,12 +108,12 @@ def test_failed_injection_refuses_the_statement_with_that_error() -> None:
     assert b"".join(r.to_server) == p.encode_query(REFUSED_SQL)
     syntax = p.encode_error("42601", 'syntax error at or near "cowproxy"')
     assert reply(r, syntax, p.encode_ready("I")) == failure + p.encode_ready("I")
-    assert r.applied.tags == Tags()
+    assert r.tagging.applied.tags == Tags()
 
 
 def test_tampering_on_a_tagged_connection_is_refused_by_the_server_state() -> None:
     r = relay(route=Tags("R1"))
-    r.applied.tags = Tags("R1")  # as if joined already
+    r.tagging.applied.tags = Tags("R1")  # as if joined already
     upstream = send(r, p.encode_query("RESET ALL; SELECT 1"))
     assert upstream == p.encode_query(REFUSED_SQL)
     syntax = p.encode_error("42601", "syntax error")
@@ -125,10 +125,10 @@ def test_tampering_on_a_tagged_connection_is_refused_by_the_server_state() -> No
 
 def test_a_pool_reset_at_the_end_runs_and_the_session_is_joined_again() -> None:
     r = relay(route=Tags("R1"))
-    r.applied.tags = Tags("R1")
+    r.tagging.applied.tags = Tags("R1")
     reset = p.encode_query("SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL")
     assert send(r, reset) == reset
-    assert r.applied.tags is None  # cleared on the server: re-applied before the next statement
+    assert r.tagging.applied.tags is None  # cleared on the server: re-applied before the next statement
     reply(r, p.encode_command_complete("RESET"), p.encode_ready("I"))
     upstream = send(r, p.encode_query("SELECT 2"))
     assert upstream.startswith(JOIN_START)
@@ -191,7 +191,7 @@ def test_query_kind_matches_quick_kind_with_and_without_its_prefix_table() -> No
 def promoting_relay() -> Relay:
     """A relay in session S1 (joined already) with the sample catalog: ``projects`` reads by key rewrite."""
     r = relay(route=Tags("S1"))
-    r.applied.tags = Tags("S1")
+    r.tagging.applied.tags = Tags("S1")
     r.catalog = catalogs.sample_catalog()
     return r
 
@@ -351,7 +351,7 @@ def _recording(tags: Tags) -> tuple[Relay, list[tuple[str, str, str | None, byte
         seen.append((read.sql, read.session, read.operation, read.params, rows))
 
     r = Relay(NoCatalog(), tags, lambda: None, reads=ended)
-    r.applied.tags = tags  # (joined already: these tests play the server by hand)
+    r.tagging.applied.tags = tags  # (joined already: these tests play the server by hand)
     return r, seen
 
 
@@ -456,7 +456,7 @@ def test_a_bind_between_transactions_runs_in_a_read_write_block_of_its_own() -> 
         p.encode_ready("I"),
     )
     assert reply(r, *replies) == b""
-    assert b"".join(r.to_server) == query and r.applied.tags == Tags("S1", "op")
+    assert b"".join(r.to_server) == query and r.tagging.applied.tags == Tags("S1", "op")
     r.to_server.clear()
     answer = (NOTICE_25P01, *OK_SELECT, p.encode_ready("I"))
     assert reply(r, *answer) == b"".join(answer)  # the client's own notice arrives
@@ -474,13 +474,13 @@ def test_a_failed_bind_rolls_its_block_back_before_the_statement_is_refused() ->
     assert b"".join(r.to_server) == p.encode_query(REFUSED_SQL)
     syntax = p.encode_error("42601", 'syntax error at or near "cowproxy"')
     assert reply(r, syntax, p.encode_ready("I")) == wrong + p.encode_ready("I")
-    assert r.replies.status == "I" and r.applied.tags == Tags()
+    assert r.replies.status == "I" and r.tagging.applied.tags == Tags()
 
 
 def test_a_bind_inside_the_clients_block_or_batch_has_no_block_of_its_own() -> None:
     """Inside the client's transaction the bind is part of it (a BEGIN would not be the proxy's to end)."""
     r = Relay(NoCatalog(), Tags("S1"), lambda: None, bind_secret=SECRET)
-    r.applied.tags = Tags("S1")
+    r.tagging.applied.tags = Tags("S1")
     r.replies.status = "T"
     upstream = send(r, p.encode_query("/*cow_operation='o2'*/ SELECT 1"))
     assert upstream.startswith(
@@ -489,8 +489,8 @@ def test_a_bind_inside_the_clients_block_or_batch_has_no_block_of_its_own() -> N
     assert b"BEGIN" not in upstream and b"COMMIT" not in upstream
     r = Relay(NoCatalog(), Tags("S1"), lambda: None, bind_secret=SECRET)
     first = (p.encode_parse("", "SELECT 1"), p.encode_bind("", "", ()), p.encode_execute())
-    r.applied.tags = UNTAGGED
-    r.startup_tags = UNTAGGED
+    r.tagging.applied.tags = UNTAGGED
+    r.tagging.startup = UNTAGGED
     assert send(r, *first) == b"".join(first)  # untagged: no join; the batch is open
     upstream = send(r, p.encode_parse("", "/*cow_session='S1'*/ SELECT 2"))
     assert upstream.startswith(p.encode_close("S", INJECT_STATEMENT)) and b"BEGIN" not in upstream
@@ -504,12 +504,12 @@ def test_in_a_failed_block_a_transaction_statement_goes_without_a_join() -> None
         (p.encode_parse("", "ROLLBACK"), p.encode_bind("", "", ()), p.encode_execute(), p.SYNC),
     ):
         r = relay(Tags("S1"))
-        r.applied.tags = None
+        r.tagging.applied.tags = None
         r.replies.status = "E"
         assert send(r, *messages) == b"".join(messages)
         assert not r.holding
     r = relay(Tags("S1"))
-    r.applied.tags = None
+    r.tagging.applied.tags = None
     r.replies.status = "E"
     upstream = send(r, p.encode_query("ROLLBACK; INSERT INTO t VALUES (1)"))  # not a lone one: joins first
     assert upstream.startswith(JOIN_START)

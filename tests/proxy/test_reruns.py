@@ -21,7 +21,7 @@ UPDATED = p.encode_command_complete("UPDATE 1")
 def in_session() -> Relay:
     """A tagged relay already joined to its session, its search_path known to be clean (no injections)."""
     r = relay(Tags("S1"))
-    r.applied.tags = r.txn_tags = Tags("S1")
+    r.tagging.applied.tags = r.tagging.txn = Tags("S1")
     r.path.clean = True
     return r
 
