@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from time import perf_counter
 from typing import Any
 
@@ -24,13 +24,14 @@ from proxy import rerun
 from proxy.analysis import ProxyAnalyzer, query_kind
 from proxy.catalog_gate import CatalogGate
 from proxy.catalogs import CatalogStore, private_store
-from proxy.decisions import Decisions, Writes
+from proxy.decisions import Decisions
 from proxy.errors import ProtocolError, TagError
-from proxy.handoff import AT_REST, Adoption, ConnectionState, Known, Named, TxnCounts
+from proxy.handoff import AT_REST, Adoption, ConnectionState, Named, TxnCounts
 from proxy.held import HeldEvents
 from proxy.hooks import Hooks, NoHooks
 from proxy.injected import InjectedBatches
 from proxy.path_check import PathCheck
+from proxy.prepared import KindIndex, Prepared, Slots, Statement
 from proxy.read_trace import PendingRead, ReadsCallback, ReadTrace
 from proxy.replies import Entry, Kind, ReplyQueue
 from proxy.sql import Analysis
@@ -65,19 +66,6 @@ _INJECTION_TRIGGERS = (b"Q", b"F", b"P", b"B")
 _C = ord("C")
 _A = ord("A")
 _I = ord("I")
-
-
-KindIndex = Callable[
-    [str], int | None
-]  # the C relay's index of a statement kind (None: one it does not count)
-Slots = Callable[[Writes], tuple[int, ...] | None]  # its write counters for a statement's writes
-
-
-@dataclass
-class Statement:
-    tags: Tags | None  # comment tags of its text
-    verdict: Analysis
-    sql: str | None = None  # its text, kept only while reads are recorded
 
 
 class Relay:
@@ -116,8 +104,7 @@ class Relay:
         self.to_client: list[bytes] = []
         self.replies = ReplyQueue(self)  # what the server owes, and the state its replies show
         self.reruns = rerun.Reruns()  # a statement alone in its implicit transaction that may run again
-        self.statements: dict[str, Statement] = {}
-        self.portals: dict[str, Statement] = {}
+        self.prepared = Prepared()  # the client's statements and portals
         self.injector = InjectedBatches(self)  # the proxy's own statements, ahead of the client's
         self.gate = CatalogGate(analysis, catalogs or private_store(), self.injector)  # its catalog
         self.path = PathCheck(self.injector, self._release)  # where a session's unqualified writes resolve
@@ -203,7 +190,7 @@ class Relay:
                 self._extended(Entry(Kind.DESCRIBE), frame.raw)
         elif kind == b"C":
             close = p.decode_close(frame.body)
-            (self.statements if close.kind == "S" else self.portals).pop(close.name, None)
+            self.prepared.close(close.kind, close.name)
             if close.kind != "S":
                 self.trace.bind_params.pop(close.name, None)
             if close.kind == "S" and not close.name:
@@ -415,7 +402,7 @@ class Relay:
             if other.rewritten is None:
                 self.decisions.decide(b"P", parse.sql, verdict, self.tagging.txn, self.gate.catalog)
         comment = self._comment_tags(parse.sql)
-        self.statements[parse.name] = Statement(
+        self.prepared.statements[parse.name] = Statement(
             comment if isinstance(comment, Tags) else None, verdict, parse.sql if self.trace.reads else None
         )
         sent = verdict.rewritten if tags.tagged else None
@@ -435,7 +422,7 @@ class Relay:
 
     def _client_bind(self, frame: p.Frame) -> None:
         bind = p.decode_bind_names(frame.body)
-        statement = self.statements.get(bind.statement)
+        statement = self.prepared.statements.get(bind.statement)
         switch = self.tagging.switch_refusal(statement.tags if statement else None)
         if switch is not None:  # a route made since the Parse
             self._refuse_tags(b"P", switch)  # (a failing Parse: the server skips the rest of the batch)
@@ -463,7 +450,7 @@ class Relay:
         if (statement is not None and statement.tags is not None) or self._at_transaction_start():
             self.tagging.txn = tags  # (as _prepare does: a Bind may start a transaction)
         if statement is not None:
-            self.portals[bind.portal] = statement
+            self.prepared.portals[bind.portal] = statement
             if self.trace.reads is not None and statement.sql is not None:
                 self.trace.bound(bind.portal, frame.body)
         if statement is not None and statement.verdict.kind == "transaction" and self._wants_xact():
@@ -495,7 +482,7 @@ class Relay:
 
     def _client_execute(self, frame: p.Frame) -> None:
         execute = p.decode_execute(frame.body)
-        statement = self.portals.get(execute.portal)
+        statement = self.prepared.portals.get(execute.portal)
         tag_map = None
         read = None
         if statement is not None:
@@ -705,8 +692,8 @@ class Relay:
 
     def hand_off(self, kind_index: KindIndex, slots: Slots) -> tuple[Adoption, list[Statement]]:
         """What the C relay carries on from (when ``at_rest``), and the statements its indexes name."""
-        statements, portals, objects = self._known(kind_index, slots)
         tags = self.tagging.txn
+        statements, portals, objects = self.prepared.known(kind_index, slots, tags, self.path, self.trace)
         record = tags.tagged and self.trace.reads is not None  # (C records its reads)
         decisions = (
             self.decisions.export(tags, self.gate.catalog, kind_index, slots, self.path.unknown_for)
@@ -717,37 +704,6 @@ class Relay:
         state = replace(AT_REST, txn=TxnCounts(txn.count, txn.reads, txn.wrote))
         resolve = record and tags.operation is None
         return Adoption(statements, portals, tags.tagged, decisions, record, resolve, state), objects
-
-    def _known(self, kind_index: KindIndex, slots: Slots) -> tuple[list[Known], list[Known], list[Statement]]:
-        """``statements`` and ``portals`` for the C relay (``handoff.Known``). Python only: bound with comment
-        tags (a session switch), a kind C does not count, or (in a session) a command tag to map, writes C
-        cannot count, or write targets whose schema the server is to tell first (_path_hold)."""
-        objects: list[Statement] = []
-        index: dict[int, int] = {}
-        tagged = self.tagging.txn.tagged
-
-        def known(table: dict[str, Statement]) -> list[Known]:
-            rows = []
-            for name, statement in table.items():
-                i = index.get(id(statement))
-                if i is None:
-                    i = index[id(statement)] = len(objects)
-                    objects.append(statement)
-                verdict = statement.verdict
-                kind = kind_index(verdict.kind)
-                found = slots(verdict.writes)
-                pyonly = (
-                    statement.tags is not None
-                    or kind is None
-                    or (tagged and (verdict.tag_map is not None or found is None))
-                    or (tagged and self.path.unknown_for(verdict))
-                )
-                records = statement.sql is not None and self.trace.records(self.tagging.txn, verdict)
-                again = tagged and rerun.may_rerun(verdict)
-                rows.append((name.encode(), i, kind or 0, pyonly, found or (), records, again))
-            return rows
-
-        return known(self.statements), known(self.portals), objects
 
     def take_back(
         self,
@@ -763,10 +719,7 @@ class Relay:
         ``Adoption.resolve``).
 
         ``owed_reads``: (position in ``state.owed``, the read, when it started) for the recorded reads among
-        the replies owed. The statements and portals: its tables, which started as ``hand_off``'s; one
-        prepared there is analysed now as ``_client_parse`` would have then, with the tags in force (in a
-        session C took only texts with a decision: not rewritten) and no comment tags (C takes no Parse
-        with a comment opener); a recorded read's portal comes with its Bind parameters."""
+        the replies owed. The statements and portals: its tables (``Prepared.restore``)."""
         self.replies.resume(state, owed_reads or ())
         txn = self.trace.txn
         txn.count = state.txn.count
@@ -777,25 +730,14 @@ class Relay:
         self.unnamed.forget_all()  # (the client may have deallocated statements there)
         if state.mid_batch:
             self._batch_started = perf_counter()
-        tagged = self.tagging.txn.tagged
-        made: dict[bytes, Statement] = {}
+        self.prepared.restore(statements, portals, objects, self._prepared_there, self.trace)
 
-        def resolve(i: int, text: bytes | None) -> Statement:
-            if i >= 0:
-                return objects[i]
-            assert text is not None
-            statement = made.get(text)
-            if statement is None:
-                # Tagged: a text C took by its decision, whose verdict was not a rewrite in either form.
-                verdict = self.analysis.analyze(text.decode(), self.gate.catalog, tagged, prepared=True)
-                statement = made[text] = Statement(None, verdict, text.decode() if self.trace.reads else None)
-            return statement
-
-        self.statements = {name.decode(): resolve(i, text) for name, i, text, _ in statements}
-        self.portals = {name.decode(): resolve(i, text) for name, i, text, _ in portals}
-        for name, _, _, params in portals:
-            if params is not None:
-                self.trace.bind_params[name.decode()] = params
+    def _prepared_there(self, sql: str) -> Statement:
+        """A statement prepared on the C relay, analysed as ``_client_parse`` would have then: with the tags
+        in force (in a session C took only texts with a decision: not rewritten in either form) and no
+        comment tags (C takes no Parse with a comment opener)."""
+        verdict = self.analysis.analyze(sql, self.gate.catalog, self.tagging.txn.tagged, prepared=True)
+        return Statement(None, verdict, sql if self.trace.reads else None)
 
     # ------------------------------------------------------------------------------------------------
     # Server side

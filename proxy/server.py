@@ -32,9 +32,10 @@ from proxy.fastrelay import UNAVAILABLE as FAST_RELAY_UNAVAILABLE
 from proxy.fastrelay import FastCounts, FastRelay, Handback
 from proxy.handoff import Adoption, Decision, FastRead
 from proxy.metrics import ConnectionHooks, Metrics
+from proxy.prepared import Statement
 from proxy.read_trace import PendingRead
 from proxy.reads import GATHER, ReadRecord, ReadRecorder, new_record
-from proxy.relay import Relay, Statement
+from proxy.relay import Relay
 from proxy.shared import SharedRoutes
 from proxy.tags import Tags, check_id, read_startup_tags
 
@@ -152,7 +153,7 @@ class ClientConnection(asyncio.Protocol):
         # On the C relay right now; may go there (cleared for good after a message C never takes, or TLS).
         self.fast = False
         self.fast_ok = server.fast is not None
-        self._fast_statements: list[Statement] = []  # Relay.statements/portals given to the C relay
+        self._fast_statements: list[Statement] = []  # the Statements given to the C relay (Prepared.known)
         self._adoption: Adoption | None = None  # what the C relay was given with the connection
         # On the C relay with its session's reads recorded: the tags in force and the decisions C was given
         # (a read record names one of those, or one of _fast_statements).

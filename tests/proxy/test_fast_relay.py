@@ -762,7 +762,7 @@ def test_statement_kind_matches_query_kind(kinds: FastRelay, text: str) -> None:
 def test_statements_prepared_in_python_carry_over_to_the_fast_relay(
     proxy: RunningProxy, layer_db: str
 ) -> None:
-    """Relay.statements go to the C relay at adoption: an untagged one is bound and counted there, a
+    """Prepared.statements go to the C relay at adoption: an untagged one is bound and counted there, a
     comment-tagged one hands back (its Bind switches to the session) and lands in its session."""
     sql = "INSERT INTO customers (email, name) VALUES ($1, 'x')"
     c = RawClient(proxy.host, proxy.port, dbname(layer_db))
