@@ -5,6 +5,14 @@ server's replies by their headers (a queue of what each forwarded message will b
 injects ``SELECT cow.use_session($1, $2)`` with bound parameters when the tags a statement needs differ from
 the tags in force on the upstream connection. Injected replies never reach the client.
 
+The relay decides what to do with each client message and coordinates collaborators with one job each: the
+reply queue (``replies.ReplyQueue``), the connection's tags (``tagging.Tagging``), held client events
+(``held.HeldEvents``), the proxy's own statements (``injected.InjectedBatches``) and those of its users (the
+catalog gate, the path check, the read trace's transaction id), promoted unnamed statements, statements run
+again (``rerun.Reruns``), the client's prepared statements (``prepared.Prepared``) and the decisions the C
+relay may apply (``decisions.Decisions``); ``at_rest``, ``hand_off`` and ``take_back`` are its side of the
+hand-off to the C relay (``handoff``).
+
 Statements the proxy refuses (tampering with a tagged session, malformed tags, oversized messages, errors
 from the SQL analysis) are not answered locally: they are replaced by a statement that fails on the server
 and the server's ErrorResponse is replaced by ours, so that the server's transaction state (an aborted
