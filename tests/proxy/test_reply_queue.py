@@ -85,3 +85,27 @@ def test_parameter_status_search_path_shows_the_application_path() -> None:
     plain = p.encode_parameter_status("search_path", '"$user", public')
     assert reply(r, plain) == plain
     assert p.decode_parameter_status(plain[5:]) == ("search_path", '"$user", public')
+
+
+def test_the_fast_path_takes_a_whole_plain_reply_and_leaves_anything_else_to_the_scanner() -> None:
+    r = relay()
+    select = p.encode_query("SELECT 1")
+    row = p.message(b"D", b"\x00\x01\x00\x00\x00\x011")
+    whole = b"".join((p.message(b"T", b"\x00\x00"), row, p.encode_command_complete("SELECT 1")))
+    send(r, select)
+    # An ErrorResponse, a ParameterStatus or a reply cut short: nothing taken, the queue as it was.
+    for chunk in (
+        p.encode_error("22012", "division by zero") + p.encode_ready("I"),
+        p.encode_parameter_status("search_path", "cow_overlay_public, public") + p.encode_ready("I"),
+        whole + p.encode_ready("I")[:-1],
+    ):
+        assert not r.fast_reply(chunk)
+        assert len(r.replies.pending) == 1 and r.replies.scanner.idle
+    # The whole reply up to its ReadyForQuery: taken, the status kept, for the caller to send as it is.
+    assert r.fast_reply(whole + p.encode_ready("T"))
+    assert not r.replies.pending and r.replies.status == "T" and not r.to_client
+    # Two statements owed: the reply of the first is the scanner's (it may end with a ReadyForQuery only).
+    send(r, select, select)
+    assert not r.fast_reply(whole + p.encode_ready("T"))
+    assert reply(r, whole + p.encode_ready("T")) == whole + p.encode_ready("T")
+    assert len(r.replies.pending) == 1
