@@ -39,7 +39,7 @@
 /* What proxy/fastrelay.py expects (API_VERSION there): bump both when the module's functions or the tuples
  * they take or return change, so that a stale build (an editable install not rebuilt after a pull) is
  * reported and left unused instead of failing at the first call. */
-#define API_VERSION 7
+#define API_VERSION 8
 /* Relay.XACT_STATEMENT and XACT_SQL: asked before the end of a transaction whose reads' operation is its. */
 #define XACT_NAME "__cowproxy_xact"
 #define XACT_SQL "SELECT pg_current_xact_id_if_assigned()"
@@ -59,6 +59,9 @@
 #define READ_CAP 1024       /* read records per connection waiting for Python (a full ring drops) */
 #define READ_MARK 256       /* records waiting that make the thread wake Python to take them */
 #define NO_READ LONG_MIN    /* a statement whose Executes are not recorded */
+/* proxy/unnamed.py's PROMOTED_PREFIX: the named statements the proxy prepares for a session's unnamed reads. */
+#define PROMOTED_PREFIX "__cowproxy_unnamed_"
+#define MAX_PROMOS 2048 /* promotions given at adoption (Python: 64 names and MAX_DECISIONS texts at most) */
 
 enum { CLIENT = 0, SERVER = 1 };
 
@@ -74,6 +77,9 @@ typedef struct stmt {
     long idx;   /* >= 0: Python's object; -1: text below */
     long read;  /* NO_READ, or what a read record names: >= 0 Python's object, < 0 -(decision index + 1) */
     int rerun;  /* watched when it starts an implicit transaction (see starts_transaction) */
+    /* The unnamed statement standing for one of the proxy's (Promotions.alias): its name's number (0: none)
+     * and its promotion (an index into conn_t.promos, or -1). */
+    int alias, promo;
     unsigned char nslots; /* its writes (tagged connections): indexes into Engine.writes */
     unsigned short slots[STMT_WRITES];
     size_t len;
@@ -103,9 +109,22 @@ typedef struct {
     int kind;
     long read; /* NO_READ, or -(its index in Python's list + 1) */
     int rerun; /* as stmt_t.rerun */
+    int promo; /* a 'U' decision (an unnamed Parse Python promotes): its index in conn_t.promos, else -1 */
     unsigned char nslots;
     unsigned short slots[STMT_WRITES];
 } decision_t;
+
+/* A rewritten read that an unnamed Parse of a session runs as (Promotions.promoted): the rewritten text and
+ * the client's parameter types (count and OIDs, as in its Parse), the number of the proxy's name for it. */
+enum { PROMO_NONE, PROMO_PARSING, PROMO_PREPARED };
+typedef struct {
+    unsigned char *sql;
+    size_t sql_len;
+    unsigned char *types;
+    size_t types_len;
+    int no;    /* __cowproxy_unnamed_<no> (0: none yet) */
+    int state; /* PROMO_PREPARED: the server has it; PROMO_PARSING: its Parse is owed a reply */
+} promo_t;
 
 typedef struct {
     decision_t *v;
@@ -117,6 +136,10 @@ typedef struct {
 typedef struct {
     char kind; /* Q S P B D E C */
     char inj;  /* the proxy's own (the transaction id asked): its replies never reach the client */
+    char rw;   /* sent for a promotion (Entry.rewritten): its replies are owed before a hand-back */
+    short promo; /* a promotion's Parse, or a Bind or Describe of its name: its index + 1 (0: none) */
+    int no;      /* the name's number it was sent with */
+    int dealloc; /* a promotion's Parse: conn_t.dealloc when sent (one pipelined after it forgets it) */
     double started;
     long long rec; /* the read record this Query or Execute finishes (a sequence number), or -1 */
 } entry_t;
@@ -183,6 +206,16 @@ struct conn {
     int sdrop; /* the server message being read is a reply to the question: not relayed */
     long long cur_rec; /* the record whose CommandComplete body is being read, or -1 */
     dtable_t dec;    /* Relay.decisions, given at adoption */
+    /* Promotions (proxy/unnamed.py), given at adoption and handed back: names made so far and how many may be;
+     * texts that may have deallocated them (Promotions._deallocations, counted here from 0); replies owed to
+     * messages sent for them; a rewritten one that failed as on a stale catalog (CatalogGate.suspect: Python
+     * checks the catalog before the next, so C takes no more). */
+    promo_t *promos;
+    int npromos, promo_count, promo_max, dealloc, promo_owed, suspect;
+    /* A client message C sends in another form (a promotion's Parse, a Bind or Describe renamed): the bytes
+     * sent in its place, and the length of the client's (0: none waiting). */
+    unsigned char *repl;
+    size_t repl_len, repl_cap, repl_skip;
     /* A statement Python may run again (stmt_t.rerun) that starts an implicit transaction: its Query or batch as
      * sent (watch 1 while the batch comes, 2 from its Query or Sync until a reply shows its outcome, the client
      * not read meanwhile). An ErrorResponse or NoticeResponse before such a reply hands the connection back
@@ -235,6 +268,8 @@ typedef struct handback {
     size_t blen;
     unsigned char *sdata;
     size_t slen;
+    promo_t *promos; /* moved from the connection */
+    int npromos, promo_count, dealloc, suspect;
     struct handback *next;
 } handback_t;
 
@@ -265,6 +300,7 @@ typedef struct {
     unsigned long long statements_tagged[MAX_KINDS];
     unsigned long long writes[MAX_WRITE_SLOTS];
     unsigned long long decision_hits; /* tagged texts taken by a decision (Python's analysis cache hits) */
+    unsigned long long rewrites;      /* of those, sent rewritten: promotions' Parses (Metrics.rewrites) */
     unsigned long long shape_hits;    /* of those, taken by their shape's */
     unsigned long long reads_done, reads_dropped; /* read records made; dropped (a full ring) */
     unsigned long long reads_dropped_told;        /* of those, already reported by take_reads */
@@ -698,6 +734,8 @@ static stmt_t *stmt_new(int kind, int pyonly, long idx, const unsigned char *tex
     s->idx = idx;
     s->read = NO_READ;
     s->rerun = 0;
+    s->alias = 0;
+    s->promo = -1;
     s->nslots = 0;
     s->len = len;
     if (len) memcpy(s->text, text, len);
@@ -806,10 +844,21 @@ static void read_failed(conn_t *c, long long seq) {
     rec->state = 2;
 }
 
+/* The reply to a promotion's Parse (Promotions.promote's callback): prepared, unless it failed or a text
+ * that may deallocate statements was taken after it. */
+static void promo_parsed(conn_t *c, entry_t *en, int ok) {
+    promo_t *pr = &c->promos[en->promo - 1];
+    if (pr->no == en->no && pr->state == PROMO_PARSING)
+        pr->state = ok && en->dealloc == c->dealloc ? PROMO_PREPARED : PROMO_NONE;
+    en->promo = 0;
+}
+
 static void push_rec(conn_t *c, char kind, double started, long long rec) {
     entry_t *en = &c->q[(c->head + c->qlen) % QCAP];
     en->kind = kind;
     en->inj = 0;
+    en->rw = 0;
+    en->promo = 0;
     en->started = started;
     en->rec = rec;
     c->qlen++;
@@ -826,6 +875,8 @@ static entry_t pop(conn_t *c) {
     c->qlen--;
     if (en.kind == 'Q' || en.kind == 'S') c->inflight--;
     if (en.inj) c->inj_owed--;
+    if (en.rw) c->promo_owed--;
+    if (en.promo && en.kind == 'P') promo_parsed(c, &en, 0); /* (ParseComplete takes it off its entry first) */
     if (en.rec >= 0) read_failed(c, en.rec); /* (a CommandComplete takes the record off its entry first) */
     return en;
 }
@@ -873,7 +924,17 @@ static void update_masks(Engine *e, conn_t *c) {
     }
 }
 
+static void promos_free(promo_t *v, int n) {
+    for (int i = 0; i < n && v != NULL; i++) {
+        free(v[i].sql);
+        free(v[i].types);
+    }
+    free(v);
+}
+
 static void free_conn(conn_t *c) {
+    promos_free(c->promos, c->npromos);
+    free(c->repl);
     ring_free(&c->reads);
     dtable_free(&c->dec);
     table_free(&c->stmts);
@@ -920,6 +981,13 @@ static handback_t *make_handback(Engine *e, conn_t *c, const char *reason, int e
         h->txn_reads = c->txn_reads;
         h->txn_wrote = c->txn_wrote;
         h->txn_xid = c->txn_xid;
+        h->promos = c->promos; /* moved: Python's Promotions carry on from them */
+        h->npromos = c->npromos;
+        h->promo_count = c->promo_count;
+        h->dealloc = c->dealloc;
+        h->suspect = c->suspect;
+        c->promos = NULL;
+        c->npromos = 0;
         memset(&c->stmts, 0, sizeof(c->stmts));
         memset(&c->portals, 0, sizeof(c->portals));
         if (c->reads.v != NULL) { /* moved too: Python records the done reads, and resumes the owed ones */
@@ -962,6 +1030,7 @@ static void handback(Engine *e, conn_t *c, const char *reason, int err) {
 static const char *ready_to_hand_back(conn_t *c) {
     if (c->out[0].len || c->out[1].len || c->cstream_left || c->shdr_have || c->sbody_left) return NULL;
     if (c->inj_owed) return NULL; /* (Python could not tell the question's replies from the client's) */
+    if (c->promo_owed) return NULL; /* (nor what a promotion's replies mean for its name) */
     if (c->sheld != NULL) return "rerun"; /* a watched statement's error or notice is next: Python's */
     /* A COPY FROM STDIN waits for the client: Python takes it over with the query still in flight. Inside
      * an extended batch the server answers nothing before the client's Sync, which comes after the message
@@ -1054,14 +1123,191 @@ static void stop_client(conn_t *c, unsigned char type) {
     c->untaken = type;
 }
 
+/* ---- a session's unnamed reads run as the proxy's named statements (proxy/unnamed.py), by Python's
+ * 'U' decisions: C sends what Promotions says Python sends, byte for byte ---- */
+
+static int contains_ci(const unsigned char *s, size_t n, const char *word) {
+    size_t w = strlen(word);
+    for (size_t i = 0; i + w <= n; i++) {
+        size_t k = 0;
+        while (k < w && (s[i + k] | 0x20) == (unsigned char)word[k]) k++;
+        if (k == w) return 1;
+    }
+    return 0;
+}
+
+/* Promotions.forget_unnamed for a text C takes: one that may deallocate statements (DEALLOCATE, DISCARD
+ * ALL, anywhere in the message body as Python's regex searches it) drops the proxy's prepared ones. */
+static void promos_forget_if_deallocates(conn_t *c, const unsigned char *body, size_t n) {
+    int any = 0;
+    for (int i = 0; i < c->npromos; i++) any |= c->promos[i].state != PROMO_NONE;
+    if (!any || !(contains_ci(body, n, "deallocate") || contains_ci(body, n, "discard"))) return;
+    for (int i = 0; i < c->npromos; i++)
+        if (c->promos[i].state == PROMO_PREPARED) c->promos[i].state = PROMO_NONE;
+    c->dealloc++;
+}
+
+/* A simple Query drops the server's unnamed statement: it no longer stands for a name of the proxy's. */
+static void promos_query(conn_t *c, const unsigned char *body, size_t n) {
+    named_t *unnamed = table_find(&c->stmts, (const unsigned char *)"", 0);
+    if (unnamed != NULL) unnamed->s->alias = 0, unnamed->s->promo = -1;
+    promos_forget_if_deallocates(c, body, n);
+}
+
+/* Room for a message of n bytes sent in place of the client's (conn_t.repl). */
+static unsigned char *repl_room(conn_t *c, size_t n) {
+    if (n > c->repl_cap) {
+        unsigned char *buf = realloc(c->repl, n);
+        if (buf == NULL) return NULL;
+        c->repl = buf;
+        c->repl_cap = n;
+    }
+    c->repl_len = n;
+    return c->repl;
+}
+
+/* A message header and body parts into conn_t.repl: the bytes sent in place of the client's message. */
+static int repl_message(conn_t *c, unsigned char type, const unsigned char *const *parts, const size_t *lens,
+                        int nparts) {
+    size_t n = 5;
+    for (int i = 0; i < nparts; i++) n += lens[i];
+    unsigned char *out = repl_room(c, n);
+    if (out == NULL || n - 1 > UINT32_MAX) return -1;
+    out[0] = type;
+    uint32_t ml = (uint32_t)(n - 1);
+    out[1] = (unsigned char)(ml >> 24), out[2] = (unsigned char)(ml >> 16);
+    out[3] = (unsigned char)(ml >> 8), out[4] = (unsigned char)ml;
+    size_t o = 5;
+    for (int i = 0; i < nparts; i++) {
+        if (lens[i]) memcpy(out + o, parts[i], lens[i]);
+        o += lens[i];
+    }
+    return 0;
+}
+
+/* The proxy's name number no, NUL included ("__cowproxy_unnamed_<no>\0"); its length with the NUL. */
+static size_t promo_name(char *out, size_t cap, int no) {
+    return (size_t)snprintf(out, cap, PROMOTED_PREFIX "%d", no) + 1;
+}
+
+/* The last entry pushed was sent for a promotion (Entry.rewritten, Entry.promoted). */
+static void mark_promoted(conn_t *c, int promo, int no) {
+    entry_t *en = &c->q[(c->head + c->qlen - 1) % QCAP];
+    en->rw = 1;
+    en->promo = (short)(promo + 1);
+    en->no = no;
+    en->dealloc = c->dealloc;
+    c->promo_owed++;
+    c->watch = 0; /* (a batch with one is not run again: Python's plan would resend the client's bytes) */
+}
+
+/* Promotions.promote for an unnamed Parse of a promoted text (decision d): once the server has the proxy's
+ * statement, an empty unnamed Parse in its place (ParseComplete, and the server's unnamed statement dropped
+ * as the client expects); the first time, a Parse of a new name with the rewritten text; with no names left
+ * or its Parse still unanswered, the rewritten text unnamed. The client's unnamed statement then stands for
+ * the name (stmt_t.alias). Returns 3 (sent in another form: conn_t.repl), or 0: Python must see it. */
+static int take_promoted(Engine *e, conn_t *c, decision_t *d, const unsigned char *text, size_t len) {
+    promo_t *pr = &c->promos[d->promo];
+    int prepared = 0;
+    for (int i = 0; i < c->npromos; i++) prepared |= c->promos[i].state == PROMO_PREPARED;
+    if (c->promo_count >= c->promo_max && !prepared) return 0; /* (Promotions.can_promote: analysed unnamed) */
+    stmt_t *st = stmt_new(d->kind, 0, -1, text, len);
+    if (st == NULL) return 0;
+    st->read = d->read;
+    st->rerun = d->rerun;
+    st->nslots = d->nslots;
+    memcpy(st->slots, d->slots, sizeof(st->slots));
+    char name[48];
+    size_t nlen = 1;
+    int fresh = 0;
+    name[0] = 0;
+    if (pr->state == PROMO_PREPARED) {
+        st->alias = pr->no;
+    } else if (pr->state == PROMO_NONE && c->promo_count < c->promo_max) {
+        st->alias = ++c->promo_count;
+        nlen = promo_name(name, sizeof(name), st->alias);
+        fresh = 1;
+    }
+    int rc;
+    if (st->alias && !fresh) {
+        static const unsigned char empty[4] = {0, 0, 0, 0}; /* name "", text "", no parameter types */
+        const unsigned char *parts[] = {empty};
+        size_t lens[] = {sizeof(empty)};
+        rc = repl_message(c, 'P', parts, lens, 1);
+    } else {
+        const unsigned char *parts[] = {(const unsigned char *)name, pr->sql, (const unsigned char *)"", pr->types};
+        size_t lens[] = {nlen, pr->sql_len, 1, pr->types_len};
+        rc = repl_message(c, 'P', parts, lens, 4);
+    }
+    if (rc < 0 || table_set(&c->stmts, (const unsigned char *)"", 0, st) < 0) {
+        if (fresh) c->promo_count--;
+        if (st->refs == 0) free(st);
+        return 0;
+    }
+    if (fresh) {
+        pr->no = st->alias;
+        pr->state = PROMO_PARSING;
+    }
+    if (st->alias) st->promo = d->promo;
+    e->decision_hits++;
+    e->rewrites++;
+    push_extended(c, 'P', -1);
+    mark_promoted(c, fresh ? d->promo : -1, st->alias);
+    return 3;
+}
+
+/* A Bind of the unnamed statement standing for a name of the proxy's: the Bind with that name
+ * (protocol.rename_bind_statement). portal_end: after the portal's NUL; rest: after the statement's NUL. */
+static int rename_bind(conn_t *c, const stmt_t *st, const unsigned char *b, size_t portal_end, size_t rest,
+                       size_t n) {
+    char name[48];
+    size_t nlen = promo_name(name, sizeof(name), st->alias);
+    const unsigned char *parts[] = {b, (const unsigned char *)name, b + rest};
+    size_t lens[] = {portal_end, nlen, n - rest};
+    if (repl_message(c, 'B', parts, lens, 3) < 0) return -1;
+    return 0;
+}
+
+/* A Describe of the unnamed statement standing for a name of the proxy's: of that name. */
+static int rename_describe(conn_t *c, const stmt_t *st) {
+    char name[48];
+    size_t nlen = promo_name(name, sizeof(name), st->alias);
+    const unsigned char *parts[] = {(const unsigned char *)"S", (const unsigned char *)name};
+    size_t lens[] = {1, nlen};
+    return repl_message(c, 'D', parts, lens, 2);
+}
+
+/* Relay._error for a message sent for a promotion: a rewritten one that fails as on a stale catalog makes
+ * the catalog suspect (C takes no more: Python checks it first); a Bind or Describe of the proxy's name that
+ * fails forgets the name (Promotions.failed: a new one is parsed the next time). */
+static void promo_error(conn_t *c, const entry_t *h) {
+    static const char *const stale[] = {"42601", "42703", "42P01", "42804", "0A000"};
+    const unsigned char *code = NULL;
+    for (int pos = 0; pos < c->ebuf_have && c->ebuf[pos] != 0;) {
+        unsigned char field = c->ebuf[pos++];
+        const unsigned char *end = memchr(c->ebuf + pos, 0, (size_t)(c->ebuf_have - pos));
+        if (end == NULL) break;
+        if (field == 'C' && end - (c->ebuf + pos) == 5) code = c->ebuf + pos;
+        pos = (int)(end - c->ebuf) + 1;
+    }
+    for (int i = 0; code != NULL && i < 5; i++)
+        if (memcmp(code, stale[i], 5) == 0) c->suspect = 1;
+    if (h->kind == 'B' || h->kind == 'D') {
+        for (int i = 0; i < c->npromos; i++)
+            if (c->promos[i].no == h->no && c->promos[i].state == PROMO_PREPARED) c->promos[i].state = PROMO_NONE;
+    }
+}
+
 /* One whole Parse, Bind, Describe, Execute, Close, Sync or Flush: take it (and keep Relay's bookkeeping for it)
- * if Python would forward it unchanged for an untagged connection; 0: Python must see it. */
+ * if Python would forward it unchanged for an untagged connection, or as a session's decision says; 0: Python
+ * must see it; 3: taken, sent in another form (conn_t.repl: a promotion). */
 static int take_extended(Engine *e, conn_t *c, const unsigned char *m, size_t total) {
     unsigned char type = m[0];
     const unsigned char *b = m + 5;
     size_t n = total - 5;
     long p1, p2;
     long long rec = -1;
+    const stmt_t *renamed = NULL; /* a Bind or Describe sent to the name the unnamed statement stands for */
     int asked = c->asked; /* (the question went before this message: take it now) */
     c->asked = 0;
     if (type == 'H') return 1; /* Flush: nothing owed for it */
@@ -1085,7 +1331,13 @@ static int take_extended(Engine *e, conn_t *c, const unsigned char *m, size_t to
         size_t len = (size_t)(p2 - p1 - 1);
         if (has_comment_opener(text, len)) return 0; /* a comment may carry tags */
         decision_t *d = NULL;
+        if (c->tagged && p1 == 1 && c->npromos && (d = decision_find(&c->dec, 'U', b + 1, n - 1)) != NULL) {
+            if (c->suspect) return 0;
+            promos_forget_if_deallocates(c, b, n);
+            return take_promoted(e, c, d, text, len); /* (keyed by the text and its parameter types) */
+        }
         if (c->tagged && (d = decision_for(e, c, 'P', text, len)) == NULL) return 0; /* Python decides */
+        promos_forget_if_deallocates(c, b, n);
         if (d != NULL && d->rerun && starts_transaction(c)) c->watch = 1, c->wlen = 0;
         stmt_t *st = stmt_new(d ? d->kind : text_kind(e, text, len), 0, -1, text, len);
         if (st == NULL) return 0;
@@ -1115,6 +1367,10 @@ static int take_extended(Engine *e, conn_t *c, const unsigned char *m, size_t to
             int read = st->s->read != NO_READ;
             if (portal_params(portal, read ? b + p1 : NULL, read ? n - (size_t)p1 : 0) < 0) return 0;
         }
+        if (st != NULL && st->s->alias && p2 == p1 + 1) {
+            if (rename_bind(c, st->s, b, (size_t)p1, (size_t)p2, n) < 0) return 0;
+            renamed = st->s;
+        }
         break;
     }
     case 'E': {
@@ -1137,12 +1393,21 @@ static int take_extended(Engine *e, conn_t *c, const unsigned char *m, size_t to
         break;
     }
     case 'D':
+        if (n == 2 && b[0] == 'S' && b[1] == 0) { /* of the unnamed statement */
+            named_t *st = table_find(&c->stmts, (const unsigned char *)"", 0);
+            if (st != NULL && st->s->alias) {
+                if (rename_describe(c, st->s) < 0) return 0;
+                renamed = st->s;
+            }
+        }
         break;
     default:
         return 0;
     }
     push_extended(c, (char)type, rec);
-    return 1;
+    if (renamed == NULL) return 1;
+    mark_promoted(c, -1, renamed->alias);
+    return 3;
 }
 
 /* Walk client messages in buf; returns how many leading bytes are to be forwarded. */
@@ -1181,6 +1446,7 @@ static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_
                     break;
                 }
                 if (d->rerun && starts_transaction(c)) c->watch = 1, c->wlen = 0;
+                if (c->npromos) promos_query(c, buf + pos + 5, (size_t)total - 5);
                 e->decision_hits++;
                 count_tagged(e, d->kind, d->nslots, d->slots);
                 push_rec(c, 'Q', now(), read_start(e, c, d->read, NULL, 0));
@@ -1211,6 +1477,10 @@ static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_
             }
             if (c->watch == 1) watch_add(c, buf + pos, (size_t)total);
             c->taken++;
+            if (took == 3) { /* sent in another form (process_client) */
+                c->repl_skip = (size_t)total;
+                break;
+            }
             pos += (size_t)total;
         } else {
             stop_client(c, type);
@@ -1223,9 +1493,9 @@ static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_
 /* Forward what can go from buf (the scratch buffer or c->cin) and keep the rest in c->cin. */
 static void process_client(Engine *e, conn_t *c, unsigned char *buf, size_t len) {
     size_t fwd = parse_client(e, c, buf, len);
-    if (!c->ask) {
+    if (!c->ask && !c->repl_skip) {
         if (fwd) send_to(e, c, SERVER, buf, fwd);
-    } else { /* the question goes in the middle: all of it gathered, then one send */
+    } else { /* the question goes in the middle, or a message in another form: gathered, then one send */
         size_t more = fwd;
         fwd = 0;
         for (;;) {
@@ -1234,9 +1504,19 @@ static void process_client(Engine *e, conn_t *c, unsigned char *buf, size_t len)
                 return;
             }
             fwd += more;
-            if (!c->ask) break;
-            c->ask = 0;
-            ask_xact(e, c);
+            if (c->ask) {
+                c->ask = 0;
+                ask_xact(e, c);
+            } else if (c->repl_skip) {
+                if (out_append(&c->out[SERVER], c->repl, c->repl_len) < 0) {
+                    handback(e, c, FAILED[SERVER], ENOMEM);
+                    return;
+                }
+                fwd += c->repl_skip; /* the client's message, sent in that form */
+                c->repl_skip = 0;
+            } else {
+                break;
+            }
             if (c->dead) return;
             more = parse_client(e, c, buf + fwd, len - fwd);
         }
@@ -1305,6 +1585,7 @@ static void count_error(Engine *e, const unsigned char *body, int len) {
 static void server_header(conn_t *c, unsigned char type) {
     entry_t *h = qhead(c);
     if (h == NULL) return;
+    if (type == '1' && h->kind == 'P' && h->promo) promo_parsed(c, h, 1); /* the proxy's statement is ready */
     if (type == 'C' && h->rec >= 0) { /* a recorded read's CommandComplete: its body is read for the tag */
         c->cur_rec = h->rec;
         h->rec = -1; /* (a simple Query's first one: Relay._read_done) */
@@ -1356,6 +1637,7 @@ static void server_message(Engine *e, conn_t *c) {
     case 'E': { /* Relay._error: in the extended protocol the server now skips everything up to Sync */
         count_error(e, c->ebuf, c->ebuf_have);
         entry_t *h = qhead(c);
+        if (h != NULL && h->rw) promo_error(c, h);
         if (h != NULL && h->kind != 'Q' && h->kind != 'S') {
             while (c->qlen && qhead(c)->kind != 'S') pop(c);
             if (c->qlen == 0) c->skip = 1;
@@ -1499,7 +1781,7 @@ static void server_read(Engine *e, conn_t *c) {
 /* After any event: forward client bytes a reply unblocked, re-arm, hand back when the time has come. */
 static void settle(Engine *e, conn_t *c) {
     if (c->dead) return;
-    if (c->stop_client && c->inj_owed && !c->inj_flushed) { /* to hand back: the question's replies now */
+    if (c->stop_client && (c->inj_owed || c->promo_owed) && !c->inj_flushed) { /* to hand back: their replies now */
         static const unsigned char flush[5] = {'H', 0, 0, 0, 4};
         send_to(e, c, SERVER, flush, sizeof(flush));
         c->inj_flushed = 1;
@@ -1669,6 +1951,17 @@ static int handback_reads(handback_t *h, PyObject **done, PyObject **owed) {
     return 0;
 }
 
+/* [(name number, prepared)]: the promotions given at adoption, in order, as they are now. */
+static PyObject *promos_list(const promo_t *v, int n) {
+    PyObject *list = PyList_New(n);
+    for (int i = 0; list != NULL && i < n; i++) {
+        PyObject *item = Py_BuildValue("(iO)", v[i].no, v[i].state == PROMO_PREPARED ? Py_True : Py_False);
+        if (item == NULL) Py_CLEAR(list);
+        else PyList_SET_ITEM(list, i, item);
+    }
+    return list;
+}
+
 static PyObject *handback_tuple(handback_t *h) {
     char status[2] = {h->status, 0};
     PyObject *data = PyBytes_FromStringAndSize((const char *)h->data, (Py_ssize_t)h->len);
@@ -1676,8 +1969,11 @@ static PyObject *handback_tuple(handback_t *h) {
     PyObject *done = NULL, *owed = NULL;
     PyObject *batch = bytes_or_none(h->batch, h->blen);
     PyObject *sdata = PyBytes_FromStringAndSize((const char *)h->sdata, (Py_ssize_t)h->slen);
-    if (data == NULL || stmts == NULL || portals == NULL || batch == NULL || sdata == NULL ||
+    PyObject *promos = promos_list(h->promos, h->npromos);
+    named_t *unnamed = table_find(&h->stmts, (const unsigned char *)"", 0);
+    if (data == NULL || stmts == NULL || portals == NULL || batch == NULL || sdata == NULL || promos == NULL ||
         handback_reads(h, &done, &owed) < 0) {
+        Py_XDECREF(promos);
         Py_XDECREF(data);
         Py_XDECREF(stmts);
         Py_XDECREF(portals);
@@ -1687,9 +1983,10 @@ static PyObject *handback_tuple(handback_t *h) {
         Py_XDECREF(owed);
         return NULL;
     }
-    return Py_BuildValue("(LsisiiNsiiNNkNNLiiKNN)", h->id, h->reason, h->err, status, h->inflight, h->untaken,
-                         data, h->kinds, h->mid_batch, h->skip, stmts, portals, h->taken, done, owed, h->txn,
-                         h->txn_reads, h->txn_wrote, h->txn_xid, batch, sdata);
+    return Py_BuildValue("(LsisiiNsiiNNkNNLiiKNNNiiOi)", h->id, h->reason, h->err, status, h->inflight,
+                         h->untaken, data, h->kinds, h->mid_batch, h->skip, stmts, portals, h->taken, done, owed,
+                         h->txn, h->txn_reads, h->txn_wrote, h->txn_xid, batch, sdata, promos, h->promo_count,
+                         h->dealloc, h->suspect ? Py_True : Py_False, unnamed != NULL ? unnamed->s->alias : 0);
 }
 
 static void free_handback(handback_t *h) {
@@ -1700,6 +1997,7 @@ static void free_handback(handback_t *h) {
     free(h->data);
     free(h->batch);
     free(h->sdata);
+    promos_free(h->promos, h->npromos);
     free(h);
 }
 
@@ -1727,9 +2025,11 @@ static int load_slots(PyObject *items, unsigned char *n, unsigned short *slots) 
     return 0;
 }
 
-/* Relay.decisions at adoption: [(type + text, kind, slots, recorded read, rerun)]; a read record names a
- * decision by its index in this list. */
-static int decisions_load(Engine *e, dtable_t *t, PyObject *items) {
+/* Relay.decisions at adoption: [(type + text, kind, slots, recorded read, rerun, promotion)]; a read record
+ * names a decision by its index in this list. A 'U' decision (an unnamed Parse Python promotes: the key is the
+ * Parse's body after its empty name, the text and its parameter types) names its promotion (an index into the
+ * npromos loaded before). */
+static int decisions_load(Engine *e, dtable_t *t, PyObject *items, int npromos) {
     PyObject *seq = PySequence_Fast(items, "expected a sequence of (key, kind, slots)");
     if (seq == NULL) return -1;
     Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
@@ -1750,16 +2050,17 @@ static int decisions_load(Engine *e, dtable_t *t, PyObject *items) {
     for (Py_ssize_t i = 0; i < count; i++) {
         const char *key;
         Py_ssize_t len;
-        int kind, records, rerun;
+        int kind, records, rerun, promo;
         PyObject *slots;
         decision_t d = {0};
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "y#iOpp", &key, &len, &kind, &slots, &records,
-                              &rerun) ||
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "y#iOppi", &key, &len, &kind, &slots, &records,
+                              &rerun, &promo) ||
             load_slots(slots, &d.nslots, d.slots) < 0) {
             Py_DECREF(seq);
             return -1;
         }
-        if (len < 1 || strchr("QPqp", key[0]) == NULL || key[0] == 0 || kind < 0 || kind >= e->nkinds) {
+        if (len < 1 || strchr("QPqpU", key[0]) == NULL || key[0] == 0 || kind < 0 || kind >= e->nkinds ||
+            (key[0] == 'U') != (promo >= 0) || promo >= npromos) {
             Py_DECREF(seq);
             PyErr_SetString(PyExc_ValueError, "bad decision");
             return -1;
@@ -1769,6 +2070,7 @@ static int decisions_load(Engine *e, dtable_t *t, PyObject *items) {
         d.kind = kind;
         d.read = records ? -(long)(i + 1) : NO_READ;
         d.rerun = rerun;
+        d.promo = promo;
         if (decision_find(t, (unsigned char)key[0], (const unsigned char *)key + 1, (size_t)len - 1) != NULL)
             continue;
         d.key = malloc((size_t)len);
@@ -1782,6 +2084,45 @@ static int decisions_load(Engine *e, dtable_t *t, PyObject *items) {
         size_t j = d.hash & (cap - 1);
         while (t->v[j].key != NULL) j = (j + 1) & (cap - 1);
         t->v[j] = d;
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
+/* Promotions at adoption: [(rewritten text, parameter types as in a Parse, name number, prepared)]. */
+static int promos_load(conn_t *c, PyObject *items) {
+    PyObject *seq = PySequence_Fast(items, "expected a sequence of (sql, types, number, prepared)");
+    if (seq == NULL) return -1;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    if (count > MAX_PROMOS || (count && (c->promos = calloc((size_t)count, sizeof(promo_t))) == NULL)) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "too many promotions for the fast relay");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const char *sql, *types;
+        Py_ssize_t slen, tlen;
+        int no, prepared;
+        promo_t *pr = &c->promos[i];
+        c->npromos = (int)i + 1;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "y#y#ip", &sql, &slen, &types, &tlen, &no,
+                              &prepared)) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        pr->sql = malloc(slen ? (size_t)slen : 1);
+        pr->types = malloc(tlen ? (size_t)tlen : 1);
+        if (pr->sql == NULL || pr->types == NULL) {
+            Py_DECREF(seq);
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(pr->sql, sql, (size_t)slen);
+        memcpy(pr->types, types, (size_t)tlen);
+        pr->sql_len = (size_t)slen;
+        pr->types_len = (size_t)tlen;
+        pr->no = no;
+        pr->state = prepared && no > 0 ? PROMO_PREPARED : PROMO_NONE;
     }
     Py_DECREF(seq);
     return 0;
@@ -2011,15 +2352,31 @@ static PyObject *engine_fileno(Engine *e, PyObject *unused) {
     return PyLong_FromLong(e->notifyfd);
 }
 
+/* Promotions.alias at adoption: the unnamed statement Python has stands for the proxy's name number alias
+ * (0: none), of promotion alias_promo (-1: none of those given). */
+static int promos_alias(conn_t *c, int alias, int alias_promo) {
+    if (alias == 0) return 0;
+    named_t *unnamed = table_find(&c->stmts, (const unsigned char *)"", 0);
+    if (unnamed == NULL || alias < 0 || alias_promo >= c->npromos) {
+        PyErr_SetString(PyExc_ValueError, "an alias without its unnamed statement");
+        return -1;
+    }
+    unnamed->s->alias = alias;
+    unnamed->s->promo = alias_promo;
+    return 0;
+}
+
 static PyObject *engine_adopt(Engine *e, PyObject *args) {
     long long id;
     int cfd, sfd;
     unsigned long long max_message;
-    PyObject *stmts = NULL, *portals = NULL, *decisions = NULL;
+    PyObject *stmts = NULL, *portals = NULL, *decisions = NULL, *promos = NULL;
     int tagged = 0, record = 0, resolve = -1, txn_reads = 0, txn_wrote = 0;
+    int promo_count = 0, promo_max = 0, alias = 0, alias_promo = -1;
     long long txn = 0;
-    if (!PyArg_ParseTuple(args, "LiiK|OOpOpiLip", &id, &cfd, &sfd, &max_message, &stmts, &portals, &tagged,
-                          &decisions, &record, &resolve, &txn, &txn_reads, &txn_wrote))
+    if (!PyArg_ParseTuple(args, "LiiK|OOpOpiLipOiiii", &id, &cfd, &sfd, &max_message, &stmts, &portals, &tagged,
+                          &decisions, &record, &resolve, &txn, &txn_reads, &txn_wrote, &promos, &promo_count,
+                          &promo_max, &alias, &alias_promo))
         return NULL;
     CHECK_STARTED(e);
     conn_t *c = calloc(1, sizeof(*c));
@@ -2034,9 +2391,13 @@ static PyObject *engine_adopt(Engine *e, PyObject *args) {
         free_conn(c);
         return PyErr_NoMemory();
     }
+    c->promo_count = promo_count;
+    c->promo_max = promo_max;
     if ((stmts != NULL && table_load(e, &c->stmts, stmts) < 0) ||
         (portals != NULL && table_load(e, &c->portals, portals) < 0) ||
-        (decisions != NULL && decisions_load(e, &c->dec, decisions) < 0)) {
+        (promos != NULL && promos != Py_None && promos_load(c, promos) < 0) ||
+        (decisions != NULL && decisions_load(e, &c->dec, decisions, c->npromos) < 0) ||
+        promos_alias(c, alias, alias_promo) < 0) {
         free_conn(c);
         return NULL;
     }
@@ -2235,6 +2596,7 @@ static PyObject *engine_stats(Engine *e, PyObject *unused) {
     memcpy(tagged, e->statements_tagged, sizeof(tagged));
     memcpy(writes, e->writes, sizeof(writes));
     unsigned long long hits = e->decision_hits, reads_done = e->reads_done, shape_hits = e->shape_hits;
+    unsigned long long rewrites = e->rewrites;
     memcpy(latency, e->latency, sizeof(latency));
     memcpy(errors, e->error_count, sizeof(errors));
     memcpy(classes, e->error_class, sizeof(classes));
@@ -2258,8 +2620,8 @@ static PyObject *engine_stats(Engine *e, PyObject *unused) {
         Py_XDECREF(v);
         if (bad) goto fail;
     }
-    return Py_BuildValue("(NKKNNdlNNKKK)", st, up, down, err, lat, lsum, nconns, tg, wr, hits, reads_done,
-                         shape_hits);
+    return Py_BuildValue("(NKKNNdlNNKKKK)", st, up, down, err, lat, lsum, nconns, tg, wr, hits, reads_done,
+                         shape_hits, rewrites);
 fail:
     Py_XDECREF(tg);
     Py_XDECREF(wr);
@@ -2296,7 +2658,8 @@ static PyMethodDef engine_methods[] = {
     {"fileno", (PyCFunction)engine_fileno, METH_NOARGS, "The eventfd that becomes readable when hand-backs wait."},
     {"adopt", (PyCFunction)engine_adopt, METH_VARARGS,
      "adopt(conn_id, client_fd, server_fd, max_message, statements=(), portals=(), tagged=False, decisions=(), "
-     "record=False)"},
+     "record=False, resolve=-1, txn=0, txn_reads=0, txn_wrote=False, promotions=(), promoted=0, max_promoted=0, "
+     "alias=0, alias_promotion=-1)"},
     {"recall", (PyCFunction)engine_recall, METH_VARARGS, "recall(conn_id) -> hand-back tuple or None"},
     {"release", (PyCFunction)engine_release, METH_VARARGS, "release(conn_id) -> bool: take it out at once"},
     {"take_handbacks", (PyCFunction)engine_take_handbacks, METH_NOARGS,
@@ -2307,7 +2670,8 @@ static PyMethodDef engine_methods[] = {
     {"states", (PyCFunction)engine_states, METH_NOARGS, "{conn_id: (status, replies owed + open batch)}"},
     {"stats", (PyCFunction)engine_stats, METH_NOARGS,
      "(statements by kind, bytes up, bytes down, {sqlstate class: n}, latency counts, latency sum, conns, "
-     "tagged statements by kind, writes by slot, decision hits, read records made, of the hits by shape)"},
+     "tagged statements by kind, writes by slot, decision hits, read records made, of the hits by shape, "
+     "promotions' rewritten Parses)"},
     {"kind", (PyCFunction)engine_kind, METH_O, "kind index of a Query message (as query_kind)"},
     {"accepts", (PyCFunction)engine_accepts, METH_O, "whether a whole Query message would be relayed in C"},
     {"close", (PyCFunction)engine_close, METH_NOARGS, "stop the thread (connections are dropped)"},

@@ -16,7 +16,9 @@ OwedRead = tuple[int, int, float, bytes | None]
 # kinds of the replies owed, mid_batch, skip_until_sync, statements, portals, client messages taken,
 # read records, reads in flight, transactions ended, reads with no operation id and a statement that may
 # write sent since the connection was last idle, the open transaction's id or 0, a watched statement's Query
-# or batch or None, server bytes not forwarded)
+# or batch or None, server bytes not forwarded, the promotions given at adoption as (name number, prepared),
+# names made, texts taken that may have deallocated them, a rewritten statement failed as on a stale catalog,
+# the name number the unnamed statement stands for or 0)
 Handback = tuple[
     int,
     str,
@@ -39,14 +41,22 @@ Handback = tuple[
     int,
     bytes | None,
     bytes,
+    list[tuple[int, bool]],
+    int,
+    int,
+    bool,
+    int,
 ]
 # (name, index of Python's statement, kind index, only Python may bind it, write slots, its Executes are
 # recorded reads, watched when it starts an implicit transaction: it may be run again)
 Known = tuple[bytes, int, int, bool, Sequence[int], bool, bool]
 # (message type + text, kind index, write slots, a recorded read, watched when it starts an implicit
-# transaction): a text of a tagged connection forwarded as is (a lower-case type: the text's shape key, for
-# every text of that shape)
-Decision = tuple[bytes, int, Sequence[int], bool, bool]
+# transaction, a promotion's index or -1): a text of a tagged connection forwarded as is (a lower-case type:
+# the text's shape key, for every text of that shape; U: an unnamed Parse's body after its name, run as the
+# promotion's named statement)
+Decision = tuple[bytes, int, Sequence[int], bool, bool, int]
+# (rewritten text, parameter types as in a Parse, name number or 0, prepared on the server)
+Promotion = tuple[bytes, bytes, int, bool]
 
 def shape_key(text: bytes, /) -> bytes | None: ...
 
@@ -75,6 +85,11 @@ class Engine:
         txn: int = ...,
         txn_reads: int = ...,
         txn_wrote: bool = ...,
+        promotions: Sequence[Promotion] = ...,
+        promoted: int = ...,
+        max_promoted: int = ...,
+        alias: int = ...,
+        alias_promotion: int = ...,
         /,
     ) -> None: ...
     def recall(self, conn_id: int, /) -> Handback | None: ...
@@ -85,7 +100,7 @@ class Engine:
     def stats(
         self,
     ) -> tuple[
-        list[int], int, int, dict[str, int], list[int], float, int, list[int], list[int], int, int, int
+        list[int], int, int, dict[str, int], list[int], float, int, list[int], list[int], int, int, int, int
     ]: ...
     def kind(self, message: bytes, /) -> int: ...
     def accepts(self, message: bytes, /) -> bool: ...

@@ -18,6 +18,7 @@ from proxy.handoff import Decision
 from proxy.read_trace import ReadTrace
 from proxy.sql import Analysis
 from proxy.tags import Tags
+from proxy.unnamed import Key, decision_key, key_types
 
 # Statement texts of a tagged connection the C relay may forward as is, per connection.
 MAX_DECISIONS = 1024
@@ -34,8 +35,8 @@ class Decisions:
         self.table: dict[bytes, Analysis] = {}
         self._catalog: Any = None  # the catalog they were made against
 
-    def decide(self, kind: bytes, sql: str, verdict: Analysis, tags: Tags, catalog: Any) -> None:
-        """Remember that this text of a tagged connection went out as it is (for the C relay)."""
+    def _decidable(self, sql: str, verdict: Analysis, catalog: Any) -> bool:
+        """May the C relay take this text of a tagged connection by a decision (and is there room for one)."""
         if (
             verdict.tampers
             or verdict.path_change  # (the relay must see it: PathCheck.followed)
@@ -44,10 +45,22 @@ class Decisions:
             or verdict.tag_map is not None
             or "/*" in sql  # (C takes no text with a comment opener: it may carry tags)
         ):
-            return
+            return False
         self._current(catalog)
+        return len(self.table) < MAX_DECISIONS
+
+    def decide_promoted(
+        self, sql: str, param_types: tuple[int, ...], verdict: Analysis, catalog: Any
+    ) -> None:
+        """Remember that this unnamed Parse of a tagged connection (text and parameter types) runs as one of
+        the proxy's named statements (the C relay promotes it as ``Promotions.promote`` does)."""
+        if self._decidable(sql, verdict, catalog):
+            self.table.setdefault(decision_key(sql, param_types), verdict)
+
+    def decide(self, kind: bytes, sql: str, verdict: Analysis, tags: Tags, catalog: Any) -> None:
+        """Remember that this text of a tagged connection went out as it is (for the C relay)."""
         table = self.table
-        if len(table) >= MAX_DECISIONS or kind + sql.encode() in table:
+        if not self._decidable(sql, verdict, catalog) or kind + sql.encode() in table:
             return
         # Its shape, when no literal's value can change the verdict: one entry for every text of the shape
         # (the simple protocol's ever-new texts), keyed by the lower-case type (proxy/sql/shapes.py). Not
@@ -64,22 +77,33 @@ class Decisions:
         kind_index: Callable[[str], int | None],
         slots: Callable[[Writes], tuple[int, ...] | None],
         path_unknown: Callable[[Analysis], bool],
+        *,
+        promote: Callable[[list[Key]], dict[Key, int]] | None = None,
     ) -> list[Decision]:
         """The decisions for the C relay, those it can count (a kind it knows, writes it has slots for) and
-        may take (``path_unknown``: the server is to say where its write targets resolve first)."""
+        may take (``path_unknown``: the server is to say where its write targets resolve first). Promoted
+        texts (U) only with ``promote`` (``Promotions.export``), which gives their promotions' indexes."""
         self._current(catalog)
         rows = []
+        promoted: dict[bytes, Key] = {}
         for key, verdict in self.table.items():
             if path_unknown(verdict):
                 continue
+            if key[:1] == b"U":
+                if promote is None or verdict.rewritten is None:
+                    continue
+                promoted[key] = (verdict.rewritten, key_types(key))
             records = self.trace.records(tags, verdict)
             if records and key[:1].islower():
                 continue  # a read record names its text: a shape has none
             kind = kind_index(verdict.kind)
             found = slots(verdict.writes)
             if kind is not None and found is not None:
-                rows.append((key, kind, found, records, rerun.may_rerun(verdict)))
-        return rows
+                rows.append((key, kind, found, records, rerun.may_rerun(verdict), -1))
+        if promote is None:
+            return rows
+        index = promote(list(promoted.values()))
+        return [row if row[0] not in promoted else (*row[:5], index[promoted[row[0]]]) for row in rows]
 
     def _current(self, catalog: Any) -> None:
         if self._catalog is not catalog:

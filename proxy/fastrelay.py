@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from proxy.analysis import QUICK_KINDS
-from proxy.handoff import Adoption, ConnectionState, FastRead, Named, TxnCounts
+from proxy.handoff import Adoption, ConnectionState, FastRead, Named, PromotionsBack, TxnCounts
 from proxy.metrics import LATENCY_BUCKETS
 
 if TYPE_CHECKING:
     from proxy._fastrelay import Engine
     from proxy._fastrelay import Handback as RawHandback
 
-API_VERSION = 7  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
+API_VERSION = 8  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
 
 try:
     from proxy import _fastrelay
@@ -59,6 +59,7 @@ class Handback:
     # the server bytes from its ErrorResponse or NoticeResponse on, not forwarded (None and b"" otherwise).
     batch: bytes | None
     server: bytes
+    promotions: PromotionsBack  # as C leaves those it was given (proxy/unnamed.py)
 
     @classmethod
     def from_tuple(cls, raw: RawHandback) -> Handback:
@@ -69,6 +70,7 @@ class Handback:
         # (C sends the flags as ints)
         counts = TxnCounts(txn, txn_reads, bool(txn_wrote), txn_xid)
         state = ConnectionState(status, owed, tuple(owed_reads), bool(mid_batch), bool(skip), counts)
+        promotions = PromotionsBack(*raw[21:26])
         return cls(
             conn_id,
             reason,
@@ -83,6 +85,7 @@ class Handback:
             reads,
             batch,
             raw[20],
+            promotions,
         )
 
 
@@ -99,6 +102,7 @@ class FastCounts:
     writes: dict[tuple[str, str], int]  # of tagged connections, by (table, kind)
     decision_hits: int  # tagged texts C took by a cached decision (analysis cache hits)
     shape_hits: int  # of those, taken by the decision of their shape (proxy/sql/shapes.py)
+    rewrites: int  # promotions' rewritten Parses sent (Metrics.rewrites)
     reads: int  # read records of recorded sessions made on the C relay
     bytes_up: int
     bytes_down: int
@@ -145,6 +149,7 @@ class FastRelay:
         a = adoption or Adoption([], [], False, [], False, False)
         kind = self.kind_index("transaction") if a.resolve else None
         txn = a.state.txn
+        given = a.promotions
         self.engine.adopt(
             conn_id,
             client_fd,
@@ -159,6 +164,11 @@ class FastRelay:
             txn.count,
             txn.reads,
             txn.wrote,
+            given.rows if given is not None else [],
+            given.made if given is not None else 0,
+            given.most if given is not None else 0,
+            given.alias if given is not None else 0,
+            given.alias_promotion if given is not None else -1,
         )
 
     @staticmethod
@@ -197,9 +207,9 @@ class FastRelay:
         return self.kinds[self.engine.kind(message)]
 
     def counts(self) -> FastCounts:
-        statements, up, down, errors, latency, latency_sum, conns, tagged, writes, hits, reads, shapes = (
-            self.engine.stats()
-        )
+        stats = self.engine.stats()
+        statements, up, down, errors, latency, latency_sum, conns, tagged, writes = stats[:9]
+        hits, reads, shapes, rewrites = stats[9:]
         counted = {(kind, False): n for kind, n in zip(self.kinds, statements, strict=True) if n}
         counted.update({(kind, True): n for kind, n in zip(self.kinds, tagged, strict=True) if n})
         return FastCounts(
@@ -207,6 +217,7 @@ class FastRelay:
             {key: writes[slot] for key, slot in self.write_slots.items() if writes[slot]},
             hits,
             shapes,
+            rewrites,
             reads,
             up,
             down,

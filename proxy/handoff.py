@@ -28,9 +28,14 @@ Known = tuple[bytes, int, int, bool, tuple[int, ...], bool, bool]
 # None).
 Named = tuple[bytes, int, bytes | None, bytes | None]
 # A statement text of a tagged connection that C forwards as is (proxy/decisions.py): (message type + text,
-# kind index, write slots, a read of a recorded session, it may be run again); a lower-case type: the key is
-# the text's shape, and the decision holds for every text of that shape (proxy/sql/shapes.py).
-Decision = tuple[bytes, int, tuple[int, ...], bool, bool]
+# kind index, write slots, a read of a recorded session, it may be run again, a promotion's index in
+# ``PromotionsGiven.rows`` or -1); a lower-case type: the key is the text's shape, and the decision holds for
+# every text of that shape (proxy/sql/shapes.py); type U: an unnamed Parse that runs as a named statement of
+# the proxy's (proxy/unnamed.py: the key is the Parse's body after its empty name, text and parameter types).
+Decision = tuple[bytes, int, tuple[int, ...], bool, bool, int]
+# A promotion as C gets it: (rewritten text, parameter types as a Parse has them, the number of the proxy's
+# name for it or 0, prepared on the server).
+Promotion = tuple[bytes, bytes, int, bool]
 # A read record made on the C relay: (Python's statement index, or -(decision index + 1); rows of SELECT n or
 # None; wall-clock end; duration in µs; Bind parameters or None; its transaction's number on the connection,
 # as TxnCounts.count counts them; the transaction's id once it ended, if C asked and it had one, else 0).
@@ -67,6 +72,29 @@ AT_REST = ConnectionState()
 
 
 @dataclass(frozen=True, slots=True)
+class PromotionsGiven:
+    """A session's promotions as the C relay gets them (``unnamed.Promotions.for_fast``; C: ``conn_t.promos``,
+    ``promo_count``, ``promo_max``, and the unnamed statement's ``alias``)."""
+
+    rows: list[Promotion]
+    made: int  # names made on this server connection
+    most: int  # names it may have (MAX_PROMOTED)
+    alias: int  # the number of the name the unnamed statement stands for (0: none)
+    alias_promotion: int  # its index in ``rows`` (-1: none)
+
+
+@dataclass(frozen=True, slots=True)
+class PromotionsBack:
+    """The promotions as the C relay leaves them (``unnamed.Promotions.resume``)."""
+
+    states: list[tuple[int, bool]]  # per row given, in order: (its name's number, prepared)
+    made: int
+    deallocations: int  # texts taken that may have deallocated statements (DEALLOCATE, DISCARD)
+    suspect: bool  # a rewritten statement failed as on a stale catalog (CatalogGate.suspect)
+    alias: int
+
+
+@dataclass(frozen=True, slots=True)
 class Adoption:
     """What the C relay gets with a connection (``Engine.adopt``'s arguments after the sockets and the message
     limit, in this order; ``state``: only its ``txn`` is passed, the rest is ``AT_REST``, where C starts)."""
@@ -80,3 +108,4 @@ class Adoption:
     # end of one that read and may have written, as Python does (read_trace.ReadTrace.ask_xact).
     resolve: bool
     state: ConnectionState = AT_REST
+    promotions: PromotionsGiven | None = None  # in a session: its unnamed reads C promotes as Python does

@@ -93,6 +93,7 @@ class _Totals:
     bytes_up: int
     bytes_down: int
     cache_hits: int
+    rewrites: int
 
 
 def _add(into: dict[_K, int], more: Mapping[_K, int]) -> dict[_K, int]:
@@ -115,6 +116,7 @@ def _totals(m: Metrics) -> _Totals:
             m.bytes_up,
             m.bytes_down,
             m.cache_hits,
+            m.rewrites,
         )
     return _Totals(
         fast.connections,
@@ -126,6 +128,7 @@ def _totals(m: Metrics) -> _Totals:
         m.bytes_up + fast.bytes_up,
         m.bytes_down + fast.bytes_down,
         m.cache_hits + fast.decision_hits,
+        m.rewrites + fast.rewrites,
     )
 
 
@@ -180,7 +183,7 @@ def _statement_metrics(m: Metrics, totals: _Totals) -> Iterator[Metric]:
         writes.add_metric([table, kind], n)
     yield writes
     rewrites = CounterMetricFamily("cowproxy_rewrites", "Statements rewritten for copy-on-write tables")
-    rewrites.add_metric([], m.rewrites)
+    rewrites.add_metric([], totals.rewrites)
     yield rewrites
     reruns = CounterMetricFamily(
         "cowproxy_reruns", "Statements run again after the layer's row-changed 40001 (proxy/rerun.py)"

@@ -34,7 +34,16 @@ from proxy.catalog_gate import CatalogGate
 from proxy.catalogs import CatalogStore, private_store
 from proxy.decisions import Decisions
 from proxy.errors import ProtocolError, TagError
-from proxy.handoff import AT_REST, Adoption, ConnectionState, Named, TxnCounts
+from proxy.handoff import (
+    AT_REST,
+    Adoption,
+    ConnectionState,
+    Decision,
+    Named,
+    PromotionsBack,
+    PromotionsGiven,
+    TxnCounts,
+)
 from proxy.held import HeldEvents
 from proxy.hooks import Hooks, NoHooks
 from proxy.injected import InjectedBatches
@@ -416,6 +425,8 @@ class Relay:
         sent = verdict.rewritten if tags.tagged else None
         self.unnamed.forget_unnamed(frame.body, unnamed=not parse.name)
         if sent is not None and not parse.name and verdict.kind == "select":
+            if named and tags.tagged:
+                self.decisions.decide_promoted(parse.sql, parse.param_types, verdict, self.gate.catalog)
             promoted = self.unnamed.promote(sent, parse.param_types)
             if promoted is not None:
                 self.hooks.rewrite()
@@ -475,18 +486,24 @@ class Relay:
         """May the C relay carry on from here: the server's side in the state C starts a connection in
         (handoff.AT_REST: status I, nothing owed, no batch), nothing held, no read waiting for its
         transaction's operation, the tags in force those the next transaction needs (and known for good: not
-        set inside a block that may roll back), no statement of the client's standing for one of the
-        proxy's, the catalog not being read, no statement that may run again in flight."""
+        set inside a block that may roll back), outside a session no statement of the client's standing for
+        one of the proxy's (in one, C carries it on: ``_promotes_on_fast``), the catalog not being read, no
+        statement that may run again in flight."""
         return (
             self.replies.at_rest()
             and self.held.at_rest()
             and not self.trace.txn.held  # (reads of the open transaction: its end here knows their operation)
             and not self.closing
-            and self.unnamed.at_rest()
+            and (self.unnamed.at_rest() or self._promotes_on_fast())
             and self.gate.at_rest()
             and self.reruns.plan is None
             and self.tagging.settled()
         )
+
+    def _promotes_on_fast(self) -> bool:
+        """The C relay carries on with the unnamed statement standing for one of the proxy's: in a session
+        (it is given the promotions), with no catalog check due before the next rewritten statement."""
+        return self.tagging.txn.tagged and not self.gate.suspect
 
     def _client_execute(self, frame: p.Frame) -> None:
         execute = p.decode_execute(frame.body)
@@ -703,15 +720,28 @@ class Relay:
         tags = self.tagging.txn
         statements, portals, objects = self.prepared.known(kind_index, slots, tags, self.path, self.trace)
         record = tags.tagged and self.trace.reads is not None  # (C records its reads)
-        decisions = (
-            self.decisions.export(tags, self.gate.catalog, kind_index, slots, self.path.unknown_for)
-            if tags.tagged
-            else []
-        )
+        decisions, promotions = self._hand_off_decisions(kind_index, slots)
         txn = self.trace.txn
         state = replace(AT_REST, txn=TxnCounts(txn.count, txn.reads, txn.wrote))
         resolve = record and tags.operation is None
-        return Adoption(statements, portals, tags.tagged, decisions, record, resolve, state), objects
+        adoption = Adoption(statements, portals, tags.tagged, decisions, record, resolve, state, promotions)
+        return adoption, objects
+
+    def _hand_off_decisions(
+        self, kind_index: KindIndex, slots: Slots
+    ) -> tuple[list[Decision], PromotionsGiven | None]:
+        """In a session: the decisions C may apply, and the promotions (with their texts' decisions only when
+        Python would promote them now: no catalog check due, names left or prepared)."""
+        tags = self.tagging.txn
+        if not tags.tagged:
+            return [], None
+        promote = self.unnamed.export if self._promotes_on_fast() and self.unnamed.can_promote() else None
+        decisions = self.decisions.export(
+            tags, self.gate.catalog, kind_index, slots, self.path.unknown_for, promote=promote
+        )
+        if promote is None:
+            self.unnamed.export([])
+        return decisions, self.unnamed.for_fast()
 
     def take_back(
         self,
@@ -722,12 +752,15 @@ class Relay:
         *,
         resolved: bool,
         owed_reads: list[tuple[int, PendingRead, float]] | None = None,
+        promotions: PromotionsBack | None = None,
     ) -> None:
         """Carry on from the state the C relay hands back (``resolved``: it counted the transaction's reads,
         ``Adoption.resolve``).
 
         ``owed_reads``: (position in ``state.owed``, the read, when it started) for the recorded reads among
-        the replies owed. The statements and portals: its tables (``Prepared.restore``)."""
+        the replies owed. The statements and portals: its tables (``Prepared.restore``). ``promotions``: as C
+        left those it was given in a session (None: an untagged stay, where the client may have deallocated
+        statements)."""
         self.replies.resume(state, owed_reads or ())
         txn = self.trace.txn
         txn.count = state.txn.count
@@ -735,7 +768,12 @@ class Relay:
             txn.reads, txn.wrote = state.txn.reads, state.txn.wrote
             if state.txn.xid:
                 txn.xid = str(state.txn.xid)
-        self.unnamed.forget_all()  # (the client may have deallocated statements there)
+        if promotions is None:
+            self.unnamed.forget_all()
+        else:
+            self.unnamed.resume(promotions)
+            if promotions.suspect:
+                self.gate.suspect = True  # (a rewritten statement failed there as on a stale catalog)
         if state.mid_batch:
             self._batch_started = perf_counter()
         self.prepared.restore(statements, portals, objects, self._prepared_there, self.trace)

@@ -514,7 +514,9 @@ class ClientConnection(asyncio.Protocol):
         sql = self._fast_texts.get(ref)
         if sql is None:
             sql = (
-                self._fast_statements[ref].sql if ref >= 0 else self._fast_reads[1][-ref - 1][0][1:].decode()
+                self._fast_statements[ref].sql
+                if ref >= 0
+                else self._fast_reads[1][-ref - 1][0][1:].split(b"\0", 1)[0].decode()  # (U: types after)
             )
             if sql is not None:
                 self._fast_texts[ref] = sql
@@ -592,6 +594,9 @@ class ClientConnection(asyncio.Protocol):
             objects,
             resolved=adoption is not None and adoption.resolve,
             owed_reads=owed_reads,
+            promotions=handback.promotions
+            if adoption is not None and adoption.promotions is not None
+            else None,
         )
         if handback.batch is not None and not self._resume_rerun(relay, handback.batch, handback.server):
             return
