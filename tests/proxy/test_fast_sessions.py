@@ -221,7 +221,25 @@ _SESSION_TEXTS = st.sampled_from(
         "/*cow_session='{o}'*/ BEGIN",
     ]
 )
-_SESSION_KINDS = ["query", "query", "parse", "named", "keep", "again", "errmid"]
+_SESSION_KINDS = ["query", "query", "parse", "named", "keep", "again", "errmid", "promoted", "promoted2"]
+# An unnamed key read the proxy runs as a named statement of its own (proxy/unnamed.py): its parameter type
+# chosen by the text drawn (a Parse with other types is another decision), described, bound, run; promoted2:
+# twice in one batch (the second Parse goes out while the first one's is unanswered).
+_KEY_READ = "SELECT v FROM t WHERE id = $1"
+
+
+def _session_message(kind: str, text: str) -> bytes:
+    if not kind.startswith("promoted"):
+        return _message(kind, text)
+    one = (
+        p.encode_parse("", _KEY_READ, (23,) if len(text) % 2 else (20,))
+        + p.message(b"D", b"S\0")
+        + p.encode_bind("", "", (str(len(text) % 7),))
+        + p.encode_execute("")
+    )
+    return (one * (2 if kind == "promoted2" else 1)) + p.SYNC
+
+
 _SESSION_STREAMS = st.lists(
     st.tuples(st.sampled_from(_SESSION_KINDS), _SESSION_TEXTS), min_size=1, max_size=6
 )
@@ -241,11 +259,15 @@ def test_fast_relay_matches_the_python_relay_in_sessions(
     replies = []
     engine = fast.server.fast
     assert engine is not None
-    hits, shapes = engine.counts().decision_hits, engine.counts().shape_hits
+    hits, shapes, rewrites = (
+        engine.counts().decision_hits,
+        engine.counts().shape_hits,
+        engine.counts().rewrites,
+    )
     for proxy, side in ((slow, "s"), (fast, "f")):
         other = f"o{run}{side}"
         messages = [
-            _message(kind, text.replace("{o}", other).replace("{n}", str(11 + round_)))
+            _session_message(kind, text.replace("{o}", other).replace("{n}", str(11 + round_)))
             for round_ in range(2)
             for kind, text in stream
         ]
@@ -255,10 +277,12 @@ def test_fast_relay_matches_the_python_relay_in_sessions(
     assert wait_for(lambda: not fast.server.connections and not slow.server.connections)
     _decided.append(engine.counts().decision_hits - hits)
     _shaped.append(engine.counts().shape_hits - shapes)
+    _promoted.append(engine.counts().rewrites - rewrites)
 
 
 _decided: list[int] = []  # decisions C took, per example of the comparison above
 _shaped: list[int] = []  # of those, by a shape's decision
+_promoted: list[int] = []  # promotions' Parses C sent
 
 
 def test_the_comparison_ran_decisions_on_the_fast_relay() -> None:
@@ -266,3 +290,4 @@ def test_the_comparison_ran_decisions_on_the_fast_relay() -> None:
         pytest.skip("the comparison did not run in this session")
     assert sum(_decided) > 0, _decided
     assert sum(_shaped) > 0, _shaped
+    assert sum(_promoted) > 0, _promoted
