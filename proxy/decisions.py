@@ -46,7 +46,8 @@ class Decisions:
             or "/*" in sql  # (C takes no text with a comment opener: it may carry tags)
         ):
             return False
-        self._current(catalog)
+        if self._catalog is not catalog:
+            self._current(catalog)
         return len(self.table) < MAX_DECISIONS
 
     def decide_promoted(

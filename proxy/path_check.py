@@ -33,7 +33,7 @@ class PathCheck:
         # to another path).
         self.clean = False
         self._changed_in_txn = False
-        self._checked = False  # the server answered for the statement being replayed
+        self.answered = False  # the server answered for the statement being replayed (take_refusal)
         self._refusal: Refusal | None = None  # its answer: refuse it so
         self.checks = 0
 
@@ -44,7 +44,7 @@ class PathCheck:
             or verdict.tampers
             or verdict.error is not None
             or self.clean
-            or self._checked
+            or self.answered
             or status == "E"  # (a failed block: the statement fails whatever its names)
         )
 
@@ -66,7 +66,7 @@ class PathCheck:
         kinds = dict(verdict.unqualified_writes)
 
         def checked(ok: bool) -> None:
-            self._checked = True
+            self.answered = True
             self._refusal = None
             if ok and len(rows) == 1 and len(rows[0]) == 3:
                 schema, name, clean = rows[0]
@@ -89,12 +89,12 @@ class PathCheck:
     def take_refusal(self) -> Refusal | None:
         """The answer for the statement just checked, if it is to be refused; the answer is used up."""
         refusal, self._refusal = self._refusal, None
-        self._checked = False
+        self.answered = False
         return refusal
 
     def released(self) -> None:
         """The held statement was replayed: the answer was for it only."""
-        self._checked = False
+        self.answered = False
         self._refusal = None
 
     def followed(self, verdict: Analysis) -> None:

@@ -144,15 +144,6 @@ class Relay:
     # ------------------------------------------------------------------------------------------------
     # Tags
 
-    def _at_transaction_start(self) -> bool:
-        return self.replies.at_transaction_start()
-
-    def desired_tags(self, comment: Tags | None) -> Tags:
-        return self.tagging.desired(comment, self._at_transaction_start())
-
-    def _needs_injection(self, tags: Tags) -> bool:
-        return self.tagging.needs_join(tags, self.replies.status)
-
     # ------------------------------------------------------------------------------------------------
     # Client side
 
@@ -215,12 +206,12 @@ class Relay:
             self._extended(Entry(Kind.CLOSE), frame.raw)
         elif kind == b"F":
             # A FunctionCall (the large-object API) runs with the connection's tags like any statement.
-            tags = self.desired_tags(None)
-            if self._needs_injection(tags) and not self._inject(tags, b"F"):
+            tags = self.tagging.desired(None, self.replies.at_transaction_start())
+            if self.tagging.needs_join(tags, self.replies.status) and not self._inject(tags, b"F"):
                 self.held.put_back(frame)
                 return
             self.tagging.fresh = False
-            self._push(Entry(Kind.FUNC, started=time.perf_counter()))
+            self.replies.push(Entry(Kind.FUNC, started=time.perf_counter()))
             self.to_server.append(frame.raw)
         elif kind == b"X":
             self.closing = True
@@ -240,7 +231,7 @@ class Relay:
         if self.replies.status == "I" and self.trace.reads is not None and self._wants_xact():
             self._ask_xact(standalone=False)  # (the Sync ends an implicit transaction)
         self.replies.mid_batch = False
-        self._push(Entry(Kind.SYNC, started=self._batch_started or time.perf_counter()))
+        self.replies.push(Entry(Kind.SYNC, started=self._batch_started or time.perf_counter()))
         self._batch_started = 0.0
         self.to_server.append(frame.raw)
         self.reruns.arm_batch(frame.raw, skipped, self.tagging.txn.tagged)
@@ -252,19 +243,17 @@ class Relay:
     def _run_again(self) -> None:
         self.hooks.rerun()
         for raw, entry in self.reruns.next_run():
-            self._push(entry)
+            self.replies.push(entry)
             self.to_server.append(raw)
-
-    def _push(self, entry: Entry) -> None:
-        self.replies.push(entry)
 
     def _extended(self, entry: Entry, raw: bytes) -> None:
         if not self.replies.mid_batch:
-            self.reruns.batch_started(self._at_transaction_start())
+            self.reruns.batch_started(self.replies.at_transaction_start())
             self.replies.mid_batch = True
             self._batch_started = time.perf_counter()
-        self.reruns.sent(raw, entry)
-        self._push(entry)
+        if self.reruns.group is not None:
+            self.reruns.sent(raw, entry)
+        self.replies.push(entry)
         self.to_server.append(raw)
 
     def _comment_tags(self, sql: str) -> Tags | TagError | None:
@@ -289,9 +278,11 @@ class Relay:
         if switch is not None:
             self._refuse_tags(trigger, switch)
             return None
-        tags = self.desired_tags(comment)
+        tags = self.tagging.desired(comment, self.replies.at_transaction_start())
         gate = self.gate
-        need = self._needs_injection(tags) or (tags.tagged and gate.catalog is None and gate.wanted())
+        need = self.tagging.needs_join(tags, self.replies.status) or (
+            tags.tagged and gate.catalog is None and gate.wanted()
+        )
         if need and self.replies.status == "E":
             # (As a tagged text: the untagged analysis takes the kind from the first word alone.)
             as_tagged = self.analysis.analyze(sql, gate.catalog, True, prepared=named)
@@ -317,7 +308,7 @@ class Relay:
         gate.checked = False
         if tags.tagged:
             self.hooks.parse_cache(verdict.cache_hit)
-        if comment is not None or self._at_transaction_start():
+        if comment is not None or self.replies.at_transaction_start():
             self.tagging.txn = tags
         if tags.tagged:
             if verdict.tampers and trigger == b"Q" and self.analysis.is_pool_reset(sql, gate.catalog):
@@ -348,13 +339,13 @@ class Relay:
         pipelined behind the refused one (not at a transaction start any more) runs with them, never with
         the tags of the connection's previous transaction (untagged, on a fresh connection).
         """
-        if self._at_transaction_start():
+        if self.replies.at_transaction_start():
             self.tagging.txn = self.tagging.default()
         self._refuse(trigger, error)
 
     def _path_hold(self, verdict: Analysis, trigger: bytes, event: p.ClientEvent) -> bool:
         """Hold ``event`` while the server says where its write targets resolve, unless known already."""
-        if not self.path.needed(verdict, self.replies.status):
+        if self.path.clean or not self.path.needed(verdict, self.replies.status):
             return False
         self.path.check(trigger, verdict)
         self.held.put_back(event)
@@ -362,6 +353,8 @@ class Relay:
 
     def _path_refused(self, trigger: bytes) -> bool:
         """Refuse the statement just checked when the server's answer says so."""
+        if not self.path.answered:
+            return False
         refusal = self.path.take_refusal()
         if refusal is None:
             return False
@@ -381,7 +374,7 @@ class Relay:
         sent = verdict.rewritten if tags.tagged else None
         if tags.tagged and sent is None:
             self.decisions.decide(b"Q", query.sql, verdict, self.tagging.txn, self.gate.catalog)
-        alone = tags.tagged and self._at_transaction_start() and rerun.may_rerun(verdict)
+        alone = tags.tagged and self.replies.at_transaction_start() and rerun.may_rerun(verdict)
         trace = self.trace
         read = trace.pending_read(tags, verdict, query.sql, None)
         if trace.reads is not None:
@@ -395,7 +388,7 @@ class Relay:
             rewritten=sent is not None,
             read=read,
         )
-        self._push(entry)
+        self.replies.push(entry)
         if sent is not None:
             self.hooks.rewrite()
             raw = p.encode_query(sent)
@@ -446,8 +439,10 @@ class Relay:
         if switch is not None:  # a route made since the Parse
             self._refuse_tags(b"P", switch)  # (a failing Parse: the server skips the rest of the batch)
             return
-        tags = self.desired_tags(statement.tags if statement else None)
-        need = self._needs_injection(tags)
+        tags = self.tagging.desired(
+            statement.tags if statement else None, self.replies.at_transaction_start()
+        )
+        need = self.tagging.needs_join(tags, self.replies.status)
         if (
             need
             and statement is not None
@@ -466,7 +461,7 @@ class Relay:
         if statement is not None:
             self.path.followed(statement.verdict)
         self.tagging.fresh = False
-        if (statement is not None and statement.tags is not None) or self._at_transaction_start():
+        if (statement is not None and statement.tags is not None) or self.replies.at_transaction_start():
             self.tagging.txn = tags  # (as _prepare does: a Bind may start a transaction)
         if statement is not None:
             self.prepared.portals[bind.portal] = statement
@@ -540,7 +535,7 @@ class Relay:
     def _refuse(self, trigger: bytes, error: bytes) -> None:
         """Send a failing statement in place of the client's, and report ``error`` for it."""
         if trigger in (b"Q", b"F"):
-            self._push(Entry(Kind.QUERY, replace_error=error, started=time.perf_counter()))
+            self.replies.push(Entry(Kind.QUERY, replace_error=error, started=time.perf_counter()))
             self.to_server.append(p.encode_query(REFUSED_SQL))
         else:
             self.unnamed.alias = None  # the failing Parse drops the server's unnamed statement
@@ -674,7 +669,7 @@ class Relay:
         applied = tagging.applied
         if applied.tentative:
             return False
-        # desired_tags(None) and _needs_injection, inlined: mid_batch is False here.
+        # Tagging.desired(None, ...) and needs_join, inlined: mid_batch is False here.
         pending = replies.pending
         if pending or replies.status != "I":
             tags = tagging.txn
@@ -789,24 +784,24 @@ class Relay:
     # Server side
 
     def server_data(self, data: bytes) -> None:
-        if self._fast_reply(data):
+        if self.fast_reply(data, releasing=True):
             self.to_client.append(data)
             if self.held.until_idle:
                 self._release()
             return
         self.to_client.extend(self.replies.feed(data))
 
-    def fast_reply(self, data: bytes) -> bool:
+    def fast_reply(self, data: bytes, releasing: bool = False) -> bool:
         """``server_data`` for the common reply, when nothing else follows from it.
 
         True: the bookkeeping is done and the caller is to send ``data`` to the client as is (it is not
-        put in ``to_client``). False: nothing done; call ``server_data``.
+        put in ``to_client``). False: nothing done; call ``server_data`` (``releasing``: which takes it so
+        too while the client is held until no reply is owed, then replays what was held).
         """
-        return not self.held.until_idle and self._fast_reply(data)
-
-    def _fast_reply(self, data: bytes) -> bool:
+        held = self.held
         if (
-            self.held.holding
+            (held.until_idle and not releasing)
+            or held.holding
             or self.tagging.applied.tentative
             or self.reruns.due  # (its ReadyForQuery is dropped: ready sends the new run)
         ):
@@ -814,7 +809,9 @@ class Relay:
         head = self.replies.fast_ready(data)
         if head is None:
             return False
-        self.reruns.succeeded()  # (no ErrorResponse: a statement that may run again succeeded)
+        reruns = self.reruns
+        if reruns.plan is not None:
+            reruns.succeeded()  # (no ErrorResponse: a statement that may run again succeeded)
         trace = self.trace
         if head.read is not None:
             trace.fast_read_done(head, data, len(data) - 6)
@@ -867,7 +864,9 @@ class Relay:
         return out
 
     def ready(self, head: Entry | None, status: str, raw: bytes) -> bytes:
-        self.tagging.ready(status)
+        applied = self.tagging.applied
+        if applied.tentative or applied.error_since:
+            self.tagging.ready(status)
         if status == "I":
             if self.trace.reads is not None:
                 self.trace.ended(not self.replies.pending)

@@ -122,6 +122,7 @@ class ReplyQueue:
         self.copy_in: int | None = None  # in COPY FROM STDIN: copy_ends when it started (Syncs are ignored)
         # A DataRow's or CopyData's decision hangs on the head of the queue, which no message of a run moves.
         self.scanner = p.ServerScanner(self._classify, self._handle, self._on_pass, runs=b"Dd")
+        self.feed = self.scanner.feed  # server bytes in, what the client gets out
 
     def push(self, entry: Entry) -> None:
         entry.copy_epoch = self.copy_ends
@@ -163,10 +164,6 @@ class ReplyQueue:
             and self.copy_in is None
             and not any(entry.kind in ENDS_WITH_READY for entry in self.pending)
         )
-
-    def feed(self, data: bytes) -> list[bytes]:
-        """Server bytes in, what the client gets out."""
-        return self.scanner.feed(data)
 
     def fast_ready(self, data: bytes) -> Entry | None:
         """The common reply, taken off with the least work: everything up to one ReadyForQuery, for one plain
