@@ -18,11 +18,16 @@
 -- keys are the two-int4 form of the advisory lock space, which `pg_advisory_lock(bigint)` of applications
 -- does not share: 64 bits of hashtextextended of "session/changes table/key as jsonb".
 
+-- One expression, no FROM: the planner inlines it into the caller's expression (every generated UPDATE and
+-- DELETE trigger computes a key per row). With the hash in a sub-select it could not, and each call ran
+-- through the SQL function executor, which parsed and planned the body anew: ~190 us per write, the largest
+-- single cost of a TPC-B transaction in a session (docs/benchmarks.md, "The layer's own cost in a session").
+-- The hash is computed twice for that (tens of ns). A body (RETURN) parsed once, at CREATE.
 CREATE OR REPLACE FUNCTION cow._row_lock_key(p_session text, p_table text, p_key jsonb, p_seed int)
-RETURNS int[] LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT ARRAY[(h >> 32)::int, ((h & 4294967295) - 2147483648)::int]
-    FROM (SELECT pg_catalog.hashtextextended(p_session || '/' || p_table || '/' || p_key::text, p_seed) AS h) AS x
-$$;
+RETURNS int[] LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN ARRAY[(pg_catalog.hashtextextended(p_session || '/' || p_table || '/' || p_key::text, p_seed) >> 32)::int,
+             ((pg_catalog.hashtextextended(p_session || '/' || p_table || '/' || p_key::text, p_seed)
+               & 4294967295) - 2147483648)::int];
 
 -- The two keys of one row in strength `p_strength` (1 KEY SHARE .. 4 UPDATE) under wait policy `p_policy`
 -- (0 wait, 1 SKIP LOCKED, 2 NOWAIT: pglast's LockClauseStrength and LockWaitPolicy): 0 skipped, 1 locked at
