@@ -199,13 +199,19 @@ def explain_statement(conn: psycopg.Connection[Any], sql: str) -> dict[str, floa
     }
 
 
-def explain_tpcb(dsn: str, session: str | None, scale: int, k: int) -> dict[str, list[dict[str, float]]]:
-    """K TPC-B transactions under EXPLAIN ANALYZE (in ``session`` when given); the figures per statement."""
+Explained = dict[str, dict[str, list[dict[str, float]]]]  # target: statement: figures of each transaction
+
+
+def explain_tpcb(dsns: dict[str, str], sessions: dict[str, str | None], scale: int, k: int) -> Explained:
+    """K TPC-B transactions under EXPLAIN ANALYZE on each target (a connection each, in its session when
+    it has one), the targets taking turns transaction by transaction; the figures per statement."""
     rng = random.Random(16)
-    found: dict[str, list[dict[str, float]]] = {name: [] for name, _ in TPCB}
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        if session is not None:
-            conn.execute("SELECT cow.use_session(%s)", (session,))
+    found: Explained = {t: {name: [] for name, _ in TPCB} for t in dsns}
+    conns = {t: psycopg.connect(d, autocommit=True) for t, d in dsns.items()}
+    try:
+        for t, session in sessions.items():
+            if session is not None:
+                conns[t].execute("SELECT cow.use_session(%s)", (session,))
         for i in range(k + 2):  # two to warm up the caches
             keys = {
                 "aid": rng.randint(1, 100000 * scale),
@@ -213,16 +219,20 @@ def explain_tpcb(dsn: str, session: str | None, scale: int, k: int) -> dict[str,
                 "tid": rng.randint(1, 10 * scale),
                 "delta": rng.randint(-5000, 5000),
             }
-            conn.execute("BEGIN")
-            for name, sql in TPCB:
-                figures = explain_statement(conn, sql.format(**keys))
-                if i >= 2:
-                    found[name].append(figures)
-            conn.execute("COMMIT")
+            for t, conn in conns.items():
+                conn.execute("BEGIN")
+                for name, sql in TPCB:
+                    figures = explain_statement(conn, sql.format(**keys))
+                    if i >= 2:
+                        found[t][name].append(figures)
+                conn.execute("COMMIT")
+    finally:
+        for conn in conns.values():
+            conn.close()
     return found
 
 
-def print_explain(results: dict[str, dict[str, list[dict[str, float]]]], k: int) -> None:
+def print_explain(results: Explained, k: int) -> None:
     print(f"\nEXPLAIN (ANALYZE, BUFFERS) of {k} TPC-B transactions, medians, ms (buffers: hit + read)")
     names = list(results)
     print(f"(each figure: {' / '.join(names)})")
@@ -291,12 +301,9 @@ def measure(
         f"a = layer at {args.baseline}, b = this checkout"
     )
     if args.explain:
-        explained = {
-            "plain": explain_tpcb(dsns["b"], None, args.scale, args.explain),
-            "a": explain_tpcb(dsns["a"], "explain_a", args.scale, args.explain),
-            "b": explain_tpcb(dsns["b"], "explain_b", args.scale, args.explain),
-        }
-        print_explain(explained, args.explain)
+        targets = {"plain": dsns["b"], "a": dsns["a"], "b": dsns["b"]}
+        sessions = {"plain": None, "a": "explain_a", "b": "explain_b"}
+        print_explain(explain_tpcb(targets, sessions, args.scale, args.explain), args.explain)
     databases = {"plain": names[1], "session/a": names[0], "session/b": names[1]}
     options = {
         "plain": None,
