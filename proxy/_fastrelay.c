@@ -39,7 +39,7 @@
 /* What proxy/fastrelay.py expects (API_VERSION there): bump both when the module's functions or the tuples
  * they take or return change, so that a stale build (an editable install not rebuilt after a pull) is
  * reported and left unused instead of failing at the first call. */
-#define API_VERSION 8
+#define API_VERSION 9
 /* Relay.XACT_STATEMENT and XACT_SQL: asked before the end of a transaction whose reads' operation is its. */
 #define XACT_NAME "__cowproxy_xact"
 #define XACT_SQL "SELECT pg_current_xact_id_if_assigned()"
@@ -163,6 +163,207 @@ typedef struct {
     int marked;          /* past READ_MARK, the loop woken: not again until taken */
 } ring_t;
 
+/* ---- read records as COPY rows: proxy/reads.py's encode_copy, byte for byte (tests compare them) ---- */
+
+/* BLAKE2b (RFC 7693) with an 8-byte digest and no key: the identity of a read is hashlib.blake2b(text +
+ * b"\0" + the Bind's parameters, digest_size=8), as proxy/reads.py computes it. */
+typedef struct {
+    uint64_t h[8], t;
+    unsigned char buf[128];
+    size_t len;
+} b2b_t;
+
+static const uint64_t B2B_IV[8] = {0x6a09e667f3bcc908ULL, 0xbb67ae8584caa73bULL, 0x3c6ef372fe94f82bULL,
+                                   0xa54ff53a5f1d36f1ULL, 0x510e527fade682d1ULL, 0x9b05688c2b3e6c1fULL,
+                                   0x1f83d9abfb41bd6bULL, 0x5be0cd19137e2179ULL};
+static const unsigned char B2B_SIGMA[12][16] = {
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
+    {11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4}, {7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8},
+    {9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13}, {2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9},
+    {12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11}, {13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10},
+    {6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5}, {10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0},
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3}};
+
+static uint64_t rotr64(uint64_t x, int n) { return (x >> n) | (x << (64 - n)); }
+
+static void b2b_compress(b2b_t *s, int last) {
+    uint64_t v[16], m[16];
+    for (int i = 0; i < 8; i++) v[i] = s->h[i], v[i + 8] = B2B_IV[i];
+    v[12] ^= s->t; /* (the counter's high word stays 0: a text is far below 2^64 bytes) */
+    if (last) v[14] = ~v[14];
+    for (int i = 0; i < 16; i++) {
+        uint64_t w = 0;
+        for (int k = 7; k >= 0; k--) w = (w << 8) | s->buf[8 * i + k];
+        m[i] = w;
+    }
+#define B2B_G(a, b, c, d, x, y)                                                                          \
+    v[a] += v[b] + (x), v[d] = rotr64(v[d] ^ v[a], 32), v[c] += v[d], v[b] = rotr64(v[b] ^ v[c], 24),    \
+        v[a] += v[b] + (y), v[d] = rotr64(v[d] ^ v[a], 16), v[c] += v[d], v[b] = rotr64(v[b] ^ v[c], 63)
+    for (int r = 0; r < 12; r++) {
+        const unsigned char *p = B2B_SIGMA[r];
+        B2B_G(0, 4, 8, 12, m[p[0]], m[p[1]]);
+        B2B_G(1, 5, 9, 13, m[p[2]], m[p[3]]);
+        B2B_G(2, 6, 10, 14, m[p[4]], m[p[5]]);
+        B2B_G(3, 7, 11, 15, m[p[6]], m[p[7]]);
+        B2B_G(0, 5, 10, 15, m[p[8]], m[p[9]]);
+        B2B_G(1, 6, 11, 12, m[p[10]], m[p[11]]);
+        B2B_G(2, 7, 8, 13, m[p[12]], m[p[13]]);
+        B2B_G(3, 4, 9, 14, m[p[14]], m[p[15]]);
+    }
+#undef B2B_G
+    for (int i = 0; i < 8; i++) s->h[i] ^= v[i] ^ v[i + 8];
+}
+
+static void b2b_init(b2b_t *s) {
+    memcpy(s->h, B2B_IV, sizeof(s->h));
+    s->h[0] ^= 0x01010000ULL ^ 8; /* depth 1, fanout 1, no key, an 8-byte digest */
+    s->t = 0;
+    s->len = 0;
+}
+
+static void b2b_update(b2b_t *s, const unsigned char *p, size_t n) {
+    while (n > 0) {
+        if (s->len == 128) { /* (a full block is compressed only once more input shows it is not the last) */
+            s->t += 128;
+            b2b_compress(s, 0);
+            s->len = 0;
+        }
+        size_t k = 128 - s->len < n ? 128 - s->len : n;
+        memcpy(s->buf + s->len, p, k);
+        s->len += k;
+        p += k;
+        n -= k;
+    }
+}
+
+/* The digest as 16 lower-case hex digits (hashlib's hexdigest). */
+static void b2b_hex(b2b_t *s, unsigned char *out) {
+    static const char hex[] = "0123456789abcdef";
+    s->t += s->len;
+    memset(s->buf + s->len, 0, 128 - s->len);
+    b2b_compress(s, 1);
+    for (int i = 0; i < 8; i++) {
+        unsigned char byte = (unsigned char)(s->h[0] >> (8 * i));
+        out[2 * i] = (unsigned char)hex[byte >> 4];
+        out[2 * i + 1] = (unsigned char)hex[byte & 15];
+    }
+}
+
+/* What Python gives for a read a record names: the row's first columns as bytes (the field count,
+ * fingerprint, statement, relations: proxy/reads.py's _CopyShape.head) and the digest of its statement. */
+typedef struct {
+    unsigned char *head; /* NULL: none given (its records go to Python as tuples) */
+    size_t len;
+    b2b_t text;
+} rhead_t;
+
+/* A recorded connection's encoder (adopt's ``encode``): its session's and operation's fields and the heads of
+ * its reads by ref. Shared by the connection and a take in progress (refs), freed by the last one. */
+typedef struct {
+    int refs;
+    unsigned char *session; /* the COPY field (length + text) */
+    size_t slen;
+    unsigned char *operation; /* the COPY field of the operation id in force, or NULL: the transaction's */
+    size_t olen;
+    unsigned char *read_ids; /* Relay.txn.read_ids: read-only transactions are "<read_ids>.<n>" */
+    size_t rlen;
+    rhead_t *stmts, *decs; /* by ref >= 0, and by -(ref + 1) */
+    long nstmts, ndecs;
+} enc_t;
+
+static void enc_unref(enc_t *en) {
+    if (en == NULL || __atomic_sub_fetch(&en->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
+    for (long i = 0; i < en->nstmts; i++) free(en->stmts[i].head);
+    for (long i = 0; i < en->ndecs; i++) free(en->decs[i].head);
+    free(en->stmts);
+    free(en->decs);
+    free(en->session);
+    free(en->operation);
+    free(en->read_ids);
+    free(en);
+}
+
+static enc_t *enc_ref(enc_t *en) {
+    if (en != NULL) __atomic_add_fetch(&en->refs, 1, __ATOMIC_ACQ_REL);
+    return en;
+}
+
+static const rhead_t *enc_head(const enc_t *en, long ref) {
+    const rhead_t *h = NULL;
+    if (ref >= 0 && ref < en->nstmts) h = &en->stmts[ref];
+    else if (ref < 0 && -(ref + 1) < en->ndecs) h = &en->decs[-(ref + 1)];
+    return h != NULL && h->head != NULL ? h : NULL;
+}
+
+#define PG_EPOCH 946684800.0 /* 2000-01-01 in Unix time: timestamptz counts µs from there */
+#define MAX_OP_FIELD 64      /* "xact:" and a 20-digit id, or read_ids (< 32) "." and a 20-digit number, with 4 */
+
+static unsigned char *put32(unsigned char *p, int32_t v) {
+    uint32_t u = (uint32_t)v;
+    p[0] = (unsigned char)(u >> 24), p[1] = (unsigned char)(u >> 16), p[2] = (unsigned char)(u >> 8);
+    p[3] = (unsigned char)u;
+    return p + 4;
+}
+
+static unsigned char *put64(unsigned char *p, int64_t v) {
+    uint64_t u = (uint64_t)v;
+    for (int i = 7; i >= 0; i--) *p++ = (unsigned char)(u >> (8 * i));
+    return p;
+}
+
+static unsigned char *put_field(unsigned char *p, const unsigned char *text, size_t n) {
+    p = put32(p, (int32_t)n);
+    memcpy(p, text, n);
+    return p + n;
+}
+
+/* The most bytes encode_row writes for a record of that head. */
+static size_t row_bound(const enc_t *en, const rhead_t *h) {
+    return h->len + en->slen + (en->operation ? en->olen : en->rlen + MAX_OP_FIELD) + 56;
+}
+
+/* One record's COPY row (COPY_COLUMNS): the head, session, operation, at, identity, rows, duration_us. */
+static unsigned char *encode_row(const enc_t *en, const rhead_t *h, const rec_t *rec, unsigned char *p) {
+    memcpy(p, h->head, h->len);
+    p += h->len;
+    memcpy(p, en->session, en->slen);
+    p += en->slen;
+    if (en->operation != NULL) {
+        memcpy(p, en->operation, en->olen);
+        p += en->olen;
+    } else {
+        char op[MAX_OP_FIELD];
+        int n = rec->xid ? snprintf(op, sizeof(op), "xact:%llu", rec->xid)
+                         : snprintf(op, sizeof(op), ".%lld", rec->txn);
+        if (rec->xid) {
+            p = put_field(p, (const unsigned char *)op, (size_t)n);
+        } else {
+            p = put32(p, (int32_t)(en->rlen + (size_t)n));
+            memcpy(p, en->read_ids, en->rlen);
+            memcpy(p + en->rlen, op, (size_t)n);
+            p += en->rlen + (size_t)n;
+        }
+    }
+    b2b_t s = h->text;
+    if (rec->params != NULL) {
+        b2b_update(&s, (const unsigned char *)"", 1);
+        b2b_update(&s, rec->params, rec->plen);
+    }
+    unsigned char ident[16];
+    b2b_hex(&s, ident);
+    p = put32(p, 8);
+    p = put64(p, (int64_t)((rec->wall - PG_EPOCH) * 1e6) - rec->duration_us);
+    p = put_field(p, ident, 16);
+    if (rec->rows >= 0) {
+        p = put32(p, 8);
+        p = put64(p, rec->rows);
+    } else {
+        p = put32(p, -1);
+    }
+    p = put32(p, 8);
+    return put64(p, rec->duration_us);
+}
+
 typedef struct {
     conn_t *c;
     int side;
@@ -190,6 +391,7 @@ struct conn {
     table_t stmts, portals;
     int tagged;      /* in a session (startup tags): only texts with a decision are taken */
     ring_t reads;    /* its reads, when its session's reads are recorded */
+    enc_t *enc;      /* and how they become COPY rows (NULL: Python makes them) */
     /* Reads with no operation id take their transaction's (Relay.txn, TxnReads): resolve is the kind index
      * of transaction statements (-1: an operation id is in force, nothing to resolve). txn counts the
      * ReadyForQuery with status I; txn_reads and txn_wrote, what was sent since the connection was last
@@ -936,6 +1138,7 @@ static void free_conn(conn_t *c) {
     promos_free(c->promos, c->npromos);
     free(c->repl);
     ring_free(&c->reads);
+    enc_unref(c->enc);
     dtable_free(&c->dec);
     table_free(&c->stmts);
     table_free(&c->portals);
@@ -2366,17 +2569,80 @@ static int promos_alias(conn_t *c, int alias, int alias_promo) {
     return 0;
 }
 
+/* A copy of a bytes object's contents (NULL with an exception set on failure). */
+static unsigned char *bytes_copy(PyObject *b, size_t *len) {
+    char *data;
+    Py_ssize_t n;
+    if (PyBytes_AsStringAndSize(b, &data, &n) < 0) return NULL;
+    unsigned char *out = malloc(n > 0 ? (size_t)n : 1);
+    if (out == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    memcpy(out, data, (size_t)n);
+    *len = (size_t)n;
+    return out;
+}
+
+/* adopt's encode: (session field, operation field or None, read_ids, [(ref, head, statement text)]). */
+static enc_t *enc_load(PyObject *spec) {
+    PyObject *session, *operation, *read_ids, *heads;
+    if (!PyArg_ParseTuple(spec, "SOSO", &session, &operation, &read_ids, &heads)) return NULL;
+    PyObject *seq = PySequence_Fast(heads, "expected a sequence of read heads");
+    if (seq == NULL) return NULL;
+    enc_t *en = calloc(1, sizeof(*en));
+    if (en == NULL) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    en->refs = 1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; i < n; i++) { /* (sizes first: refs index the two arrays) */
+        long ref;
+        PyObject *head, *text;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "lSS", &ref, &head, &text)) goto fail;
+        if (ref >= 0 && ref + 1 > en->nstmts) en->nstmts = ref + 1;
+        if (ref < 0 && -ref > en->ndecs) en->ndecs = -ref;
+    }
+    if ((en->nstmts && (en->stmts = calloc((size_t)en->nstmts, sizeof(rhead_t))) == NULL) ||
+        (en->ndecs && (en->decs = calloc((size_t)en->ndecs, sizeof(rhead_t))) == NULL)) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long ref;
+        PyObject *head, *text;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "lSS", &ref, &head, &text)) goto fail;
+        rhead_t *h = ref >= 0 ? &en->stmts[ref] : &en->decs[-(ref + 1)];
+        if (h->head != NULL) continue;
+        if ((h->head = bytes_copy(head, &h->len)) == NULL) goto fail;
+        b2b_init(&h->text);
+        b2b_update(&h->text, (const unsigned char *)PyBytes_AS_STRING(text), (size_t)PyBytes_GET_SIZE(text));
+    }
+    if ((en->session = bytes_copy(session, &en->slen)) == NULL ||
+        (en->read_ids = bytes_copy(read_ids, &en->rlen)) == NULL)
+        goto fail;
+    if (operation != Py_None && (en->operation = bytes_copy(operation, &en->olen)) == NULL) goto fail;
+    Py_DECREF(seq);
+    return en;
+fail:
+    Py_DECREF(seq);
+    enc_unref(en);
+    return NULL;
+}
+
 static PyObject *engine_adopt(Engine *e, PyObject *args) {
     long long id;
     int cfd, sfd;
     unsigned long long max_message;
-    PyObject *stmts = NULL, *portals = NULL, *decisions = NULL, *promos = NULL;
+    PyObject *stmts = NULL, *portals = NULL, *decisions = NULL, *promos = NULL, *encode = Py_None;
     int tagged = 0, record = 0, resolve = -1, txn_reads = 0, txn_wrote = 0;
     int promo_count = 0, promo_max = 0, alias = 0, alias_promo = -1;
     long long txn = 0;
-    if (!PyArg_ParseTuple(args, "LiiK|OOpOpiLipOiiii", &id, &cfd, &sfd, &max_message, &stmts, &portals, &tagged,
+    if (!PyArg_ParseTuple(args, "LiiK|OOpOpiLipOiiiiO", &id, &cfd, &sfd, &max_message, &stmts, &portals, &tagged,
                           &decisions, &record, &resolve, &txn, &txn_reads, &txn_wrote, &promos, &promo_count,
-                          &promo_max, &alias, &alias_promo))
+                          &promo_max, &alias, &alias_promo, &encode))
         return NULL;
     CHECK_STARTED(e);
     conn_t *c = calloc(1, sizeof(*c));
@@ -2393,6 +2659,10 @@ static PyObject *engine_adopt(Engine *e, PyObject *args) {
     }
     c->promo_count = promo_count;
     c->promo_max = promo_max;
+    if (record && encode != Py_None && (c->enc = enc_load(encode)) == NULL) {
+        free_conn(c);
+        return NULL;
+    }
     if ((stmts != NULL && table_load(e, &c->stmts, stmts) < 0) ||
         (portals != NULL && table_load(e, &c->portals, portals) < 0) ||
         (promos != NULL && promos != Py_None && promos_load(c, promos) < 0) ||
@@ -2500,6 +2770,7 @@ typedef struct taken_reads {
     long long id;
     rec_t *v;
     long long n;
+    enc_t *enc; /* the connection's encoder (a reference: the connection may go meanwhile), or NULL */
     struct taken_reads *next;
 } taken_reads_t;
 
@@ -2524,11 +2795,50 @@ static taken_reads_t *take_ring(conn_t *c) {
     t->id = c->id;
     t->v = v;
     t->n = n;
+    t->enc = enc_ref(c->enc);
     return t;
 }
 
-/* (records dropped since the last call, [(conn_id, [read record])]): the done reads of connections on the
- * relay, in order per connection. */
+/* The done records of t with a head as COPY rows (Python's encode_copy, without its header and trailer),
+ * how many, and those without one as tuples, in tuples (NULL with an exception set on failure). */
+static PyObject *taken_item(taken_reads_t *t) {
+    PyObject *reads = PyList_New(0);
+    if (reads == NULL) return NULL;
+    enc_t *en = t->enc;
+    size_t bound = 0;
+    for (long long i = 0; en != NULL && i < t->n; i++) {
+        const rhead_t *h = t->v[i].state == 1 ? enc_head(en, t->v[i].ref) : NULL;
+        if (h != NULL) bound += row_bound(en, h);
+    }
+    PyObject *rows = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)bound);
+    if (rows == NULL) {
+        Py_DECREF(reads);
+        return NULL;
+    }
+    unsigned char *start = (unsigned char *)PyBytes_AS_STRING(rows), *p = start;
+    long long count = 0;
+    for (long long i = 0; i < t->n; i++) {
+        const rec_t *rec = &t->v[i];
+        const rhead_t *h = en != NULL && rec->state == 1 ? enc_head(en, rec->ref) : NULL;
+        if (h != NULL) {
+            p = encode_row(en, h, rec, p);
+            count++;
+        } else if (reads_append(reads, rec, 1) < 0) {
+            Py_DECREF(reads);
+            Py_DECREF(rows);
+            return NULL;
+        }
+    }
+    if (_PyBytes_Resize(&rows, (Py_ssize_t)(p - start)) < 0) {
+        Py_DECREF(reads);
+        return NULL;
+    }
+    return Py_BuildValue("(LNNL)", t->id, reads, rows, count);
+}
+
+/* (records dropped since the last call, [(conn_id, [read record], COPY rows, how many)]): the done reads of
+ * connections on the relay, in order per connection; those C has a head for as COPY rows, the rest (or all,
+ * without an encoder) as tuples. */
 static PyObject *engine_take_reads(Engine *e, PyObject *unused) {
     CHECK_STARTED(e);
     taken_reads_t *head = NULL;
@@ -2548,14 +2858,11 @@ static PyObject *engine_take_reads(Engine *e, PyObject *unused) {
     while (head != NULL) {
         taken_reads_t *next = head->next;
         if (list != NULL) {
-            PyObject *reads = PyList_New(0);
-            PyObject *item = NULL;
-            if (reads != NULL && reads_append(reads, head->v, head->n) == 0)
-                item = Py_BuildValue("(LO)", head->id, reads);
+            PyObject *item = taken_item(head);
             if (item == NULL || PyList_Append(list, item) < 0) Py_CLEAR(list);
             Py_XDECREF(item);
-            Py_XDECREF(reads);
         }
+        enc_unref(head->enc);
         for (long long i = 0; i < head->n; i++) free(head->v[i].params);
         free(head->v);
         free(head);
@@ -2659,14 +2966,15 @@ static PyMethodDef engine_methods[] = {
     {"adopt", (PyCFunction)engine_adopt, METH_VARARGS,
      "adopt(conn_id, client_fd, server_fd, max_message, statements=(), portals=(), tagged=False, decisions=(), "
      "record=False, resolve=-1, txn=0, txn_reads=0, txn_wrote=False, promotions=(), promoted=0, max_promoted=0, "
-     "alias=0, alias_promotion=-1)"},
+     "alias=0, alias_promotion=-1, encode=None)"},
     {"recall", (PyCFunction)engine_recall, METH_VARARGS, "recall(conn_id) -> hand-back tuple or None"},
     {"release", (PyCFunction)engine_release, METH_VARARGS, "release(conn_id) -> bool: take it out at once"},
     {"take_handbacks", (PyCFunction)engine_take_handbacks, METH_NOARGS,
      "[(conn_id, reason, errno, status, inflight, untaken_type, unforwarded_client_bytes, owed kinds, mid_batch, "
      "skip_until_sync, statements, portals, messages taken, read records, owed reads)]"},
     {"take_reads", (PyCFunction)engine_take_reads, METH_NOARGS,
-     "(read records dropped since the last call, [(conn_id, [(ref, rows, ended, duration_us, params)])])"},
+     "(read records dropped since the last call, [(conn_id, [(ref, rows, ended, duration_us, params, txn, "
+     "xid)], COPY rows, how many)])"},
     {"states", (PyCFunction)engine_states, METH_NOARGS, "{conn_id: (status, replies owed + open batch)}"},
     {"stats", (PyCFunction)engine_stats, METH_NOARGS,
      "(statements by kind, bytes up, bytes down, {sqlstate class: n}, latency counts, latency sum, conns, "
@@ -2706,8 +3014,50 @@ static PyObject *module_shape_key(PyObject *unused, PyObject *arg) {
     return key;
 }
 
+/* encode_rows(encode, records) -> bytes: the COPY rows take_reads makes of these done records (FastRead
+ * tuples), for tests to compare with proxy/reads.py's encode_rows. */
+static PyObject *module_encode_rows(PyObject *unused, PyObject *args) {
+    PyObject *spec, *records;
+    if (!PyArg_ParseTuple(args, "OO", &spec, &records)) return NULL;
+    PyObject *seq = PySequence_Fast(records, "expected a sequence of read records");
+    if (seq == NULL) return NULL;
+    enc_t *en = enc_load(spec);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    rec_t *v = en != NULL ? calloc((size_t)n + 1, sizeof(rec_t)) : NULL;
+    PyObject *out = NULL;
+    if (en != NULL && v == NULL) PyErr_NoMemory();
+    taken_reads_t t = {.id = 0, .v = v, .n = 0, .enc = en, .next = NULL};
+    for (Py_ssize_t i = 0; v != NULL && i < n; i++, t.n++) {
+        rec_t *rec = &v[i];
+        PyObject *rows, *params;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "lOdLOLK", &rec->ref, &rows, &rec->wall,
+                              &rec->duration_us, &params, &rec->txn, &rec->xid))
+            goto done;
+        rec->state = 1;
+        rec->rows = rows == Py_None ? -1 : PyLong_AsLongLong(rows);
+        if (rec->rows == -1 && PyErr_Occurred()) goto done;
+        if (params != Py_None && (rec->params = bytes_copy(params, &rec->plen)) == NULL) goto done;
+        if (enc_head(en, rec->ref) == NULL) {
+            PyErr_Format(PyExc_ValueError, "no head for ref %ld", rec->ref);
+            goto done;
+        }
+    }
+    if (v != NULL) {
+        PyObject *item = taken_item(&t);
+        if (item != NULL) out = Py_NewRef(PyTuple_GET_ITEM(item, 2));
+        Py_XDECREF(item);
+    }
+done:
+    for (long long i = 0; v != NULL && i < t.n + 1 && i < n; i++) free(v[i].params);
+    free(v);
+    enc_unref(en);
+    Py_DECREF(seq);
+    return out;
+}
+
 static PyMethodDef module_methods[] = {
     {"shape_key", module_shape_key, METH_O, "shape_key(text) -> the text's shape key, or None (no literal)"},
+    {"encode_rows", module_encode_rows, METH_VARARGS, "encode_rows(encode, records) -> COPY rows, as take_reads"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -9,6 +9,9 @@ Named = tuple[bytes, int, bytes | None, bytes | None]
 # A read record: (index of Python's statement, or -(decision index + 1); rows of SELECT n or None; wall-clock
 # end; duration in µs; Bind parameters or None; its transaction's number on the connection; its id or 0)
 Read = tuple[int, int | None, float, int, bytes | None, int, int]
+# How C encodes a connection's records as COPY rows: (session field, operation field or None, read_ids,
+# [(ref as in Read, its rows' head, the text its identity hashes)])
+Encoder = tuple[bytes, bytes | None, bytes, Sequence[tuple[int, bytes, bytes]]]
 # A read still in flight at hand-back: (position among the replies owed, ref as in Read, monotonic start,
 # Bind parameters or None)
 OwedRead = tuple[int, int, float, bytes | None]
@@ -59,6 +62,7 @@ Decision = tuple[bytes, int, Sequence[int], bool, bool, int]
 Promotion = tuple[bytes, bytes, int, bool]
 
 def shape_key(text: bytes, /) -> bytes | None: ...
+def encode_rows(encode: Encoder, records: Sequence[Read], /) -> bytes: ...
 
 class Engine:
     def __init__(
@@ -90,12 +94,13 @@ class Engine:
         max_promoted: int = ...,
         alias: int = ...,
         alias_promotion: int = ...,
+        encode: Encoder | None = ...,
         /,
     ) -> None: ...
     def recall(self, conn_id: int, /) -> Handback | None: ...
     def release(self, conn_id: int, /) -> bool: ...
     def take_handbacks(self) -> list[Handback]: ...
-    def take_reads(self) -> tuple[int, list[tuple[int, list[Read]]]]: ...
+    def take_reads(self) -> tuple[int, list[tuple[int, list[Read], bytes, int]]]: ...
     def states(self) -> dict[int, tuple[str, int]]: ...
     def stats(
         self,

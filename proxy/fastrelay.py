@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from proxy.analysis import QUICK_KINDS
-from proxy.handoff import Adoption, ConnectionState, FastRead, Named, PromotionsBack, TxnCounts
+from proxy.handoff import Adoption, ConnectionState, Encoder, FastRead, Named, PromotionsBack, TxnCounts
 from proxy.metrics import LATENCY_BUCKETS
 
 if TYPE_CHECKING:
     from proxy._fastrelay import Engine
     from proxy._fastrelay import Handback as RawHandback
 
-API_VERSION = 8  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
+API_VERSION = 9  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
 
 try:
     from proxy import _fastrelay
@@ -37,6 +37,10 @@ else:
         _fastrelay = None  # type: ignore[assignment]
 
 AVAILABLE = _fastrelay is not None
+
+# What take_reads gives per connection: (conn_id, records C had no head for, as FastRead, the others as COPY
+# rows, how many rows).
+TakenReads = tuple[int, list[FastRead], bytes, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,10 +146,18 @@ class FastRelay:
         return self.engine.fileno()
 
     def adopt(
-        self, conn_id: int, client_fd: int, server_fd: int, max_message: int, adoption: Adoption | None = None
+        self,
+        conn_id: int,
+        client_fd: int,
+        server_fd: int,
+        max_message: int,
+        adoption: Adoption | None = None,
+        *,
+        encode: Encoder | None = None,
     ) -> None:
         """Give the C relay a connection, with the state it carries on from (None: an untagged connection
-        with no statements, at rest)."""
+        with no statements, at rest). ``encode``: C makes the COPY rows of its read records itself
+        (take_reads)."""
         a = adoption or Adoption([], [], False, [], False, False)
         kind = self.kind_index("transaction") if a.resolve else None
         txn = a.state.txn
@@ -169,6 +181,7 @@ class FastRelay:
             given.most if given is not None else 0,
             given.alias if given is not None else 0,
             given.alias_promotion if given is not None else -1,
+            encode,
         )
 
     @staticmethod
@@ -194,10 +207,11 @@ class FastRelay:
     def take_handbacks(self) -> list[Handback]:
         return [Handback.from_tuple(raw) for raw in self.engine.take_handbacks()]
 
-    def take_reads(self) -> tuple[int, list[tuple[int, list[FastRead]]]]:
+    def take_reads(self) -> tuple[int, list[TakenReads]]:
         """The read records done so far on connections still on the C relay, per connection and in order
-        (those of a connection handed back come with its ``Handback``), and how many were dropped since
-        the last call (a connection's ring was full)."""
+        (those of a connection handed back come with its ``Handback``): as COPY rows where it was adopted
+        with an ``encode``, else as tuples; and how many were dropped since the last call (a connection's
+        ring was full)."""
         return self.engine.take_reads()
 
     def states(self) -> dict[int, tuple[str, int]]:

@@ -43,6 +43,11 @@ FastRead = tuple[int, int | None, float, int, bytes | None, int, int]
 # A recorded read in flight at hand-back: (position among the replies owed, ref as FastRead's, monotonic
 # start, Bind parameters or None).
 OwedRead = tuple[int, int, float, bytes | None]
+# How C encodes a recorded connection's read records as COPY rows itself (proxy/reads.py, encode_rows, byte
+# for byte): the session's COPY field, the operation id's (None: each record takes its transaction's, as
+# ClientConnection.fast_reads names it), TxnReads.read_ids, and per read C may record (its ref, as FastRead's;
+# its rows' first fields; the text its identity hashes). ReadRecorder.encoder makes it.
+Encoder = tuple[bytes, bytes | None, bytes, list[tuple[int, bytes, bytes]]]
 
 
 @dataclass(frozen=True, slots=True)

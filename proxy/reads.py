@@ -23,7 +23,7 @@ import logging
 import struct
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -32,6 +32,7 @@ import asyncpg
 from pglast.parser import ParseError, fingerprint, parse_sql_json
 
 from cowproxy.ids import valid_id
+from proxy.handoff import Encoder
 from proxy.read_trace import PendingRead, ReadsCallback
 from proxy.sql.catalog import Catalog
 from proxy.tags import strip_edge_comments
@@ -110,6 +111,15 @@ class ReadRecord(NamedTuple):
     catalog: Catalog | None = None  # resolves the tables read
 
 
+class _Rows(NamedTuple):
+    """COPY rows the C relay encoded (``encode_rows``' format): ``count`` records of one connection."""
+
+    database: str
+    session: str
+    data: bytes
+    size: int  # records
+
+
 # ``new_record(ReadRecord, (nine fields, in order))``: a ReadRecord without the generated __new__'s Python
 # frame, a third of the cost of ``ReadRecord(...)``; at one per read on the relays' paths that matters
 # (docs/benchmarks.md, "Read traces: the cost of taking and writing records").
@@ -133,6 +143,7 @@ class _CopyShape:
     head: bytes
     digest: Any  # hashlib's blake2b of the text (copied per record: the text is hashed once)
     bare: bytes  # the identity of the text without parameters
+    text: bytes  # the text the identity hashes (the C relay hashes it itself: FastRelay.adopt's encode)
 
 
 def _copy_text(value: str) -> bytes:
@@ -150,11 +161,13 @@ def _copy_text_array(items: tuple[str, ...]) -> bytes:
 
 
 def copy_shape(shape: ReadShape) -> _CopyShape:
-    digest = hashlib.blake2b(shape.text.encode(), digest_size=8)
+    text = shape.text.encode()
+    digest = hashlib.blake2b(text, digest_size=8)
     return _CopyShape(
         _FIELDS + _copy_text(shape.fingerprint) + _copy_text(shape.text) + _copy_text_array(shape.relations),
         digest,
         digest.hexdigest().encode(),
+        text,
     )
 
 
@@ -271,9 +284,16 @@ def _bound(cache: OrderedDict[Any, Any], size: int) -> None:
         cache.popitem(last=False)
 
 
-def encode_copy(records: list[ReadRecord], shapes: _Shapes) -> bytes:
-    """The records as one binary COPY of ``COPY_COLUMNS`` (the rows ``record_row`` describes)."""
-    parts = [_COPY_HEADER]
+def encode_copy(records: list[ReadRecord], shapes: _Shapes, rows: tuple[bytes, ...] = ()) -> bytes:
+    """The records as one binary COPY of ``COPY_COLUMNS`` (the rows ``record_row`` describes), followed by
+    ``rows`` already encoded (the C relay's: ``encode_rows``' format)."""
+    return b"".join((_COPY_HEADER, encode_rows(records, shapes), *rows, _COPY_TRAILER))
+
+
+def encode_rows(records: list[ReadRecord], shapes: _Shapes) -> bytes:
+    """The records' COPY rows, without the COPY's header and trailer (the C relay writes the same bytes for
+    the records it takes: ``ReadRecorder.encoder``)."""
+    parts: list[bytes] = []
     append = parts.append
     sessions: dict[str, bytes] = {}
     seen: dict[tuple[str, int], _CopyShape] = {}  # (a batch repeats its texts; its records hold the catalogs)
@@ -299,7 +319,6 @@ def encode_copy(records: list[ReadRecord], shapes: _Shapes) -> bytes:
             append(_TAIL_NO_ROWS.pack(8, started, 16, ident, _NULL, 8, duration_us))
         else:
             append(_TAIL.pack(8, started, 16, ident, 8, rows, 8, duration_us))
-    append(_COPY_TRAILER)
     return b"".join(parts)
 
 
@@ -328,10 +347,13 @@ class ReadRecorder:
         self.timeout = timeout
         # A deque and an event, not an asyncio.Queue: offer() runs once per read on the relay's path.
         self.queue: deque[ReadRecord] = deque()
+        self.rows: deque[_Rows] = deque()  # the C relay's records, encoded there (offer_rows)
+        self._rows_count = 0  # records in ``rows``: the queue's bound counts them with ``queue``'s
         self.queue_size = queue_size
         self._wake = asyncio.Event()
         self._full = asyncio.Event()  # a batch is ready (BATCH records queued, or a flush): no more gathering
         self.recorded = 0
+        self.encoded = 0  # of the records offered, those the C relay encoded itself (offer_rows)
         # (relay_full: the C relay's ring of a connection's records was full before Python took them)
         self.dropped: dict[str, int] = {"queue_full": 0, "write_failed": 0, "shutdown": 0, "relay_full": 0}
         self._conns: dict[str, Any] = {}
@@ -348,12 +370,12 @@ class ReadRecorder:
     @property
     def pending(self) -> int:
         """Records queued or being written: 0 when everything offered so far is written (or dropped)."""
-        return len(self.queue) + self._inflight
+        return len(self.queue) + self._rows_count + self._inflight
 
     def offer(self, record: ReadRecord) -> None:
         """Called by the relay: queue the record, or drop and count it. Never waits."""
         queue = self.queue
-        if len(queue) >= self.queue_size:
+        if len(queue) + self._rows_count >= self.queue_size:
             self.dropped["queue_full"] += 1
             return
         queue.append(record)
@@ -365,22 +387,54 @@ class ReadRecorder:
     def offer_many(self, records: list[ReadRecord]) -> None:
         """``offer`` for a batch (the C relay's records): what fits is queued, the rest dropped, counted."""
         queue = self.queue
-        room = self.queue_size - len(queue)
+        room = self.queue_size - len(queue) - self._rows_count
         if room < len(records):
             self.dropped["queue_full"] += len(records) - max(room, 0)
             records = records[: max(room, 0)]
         if records:
-            was_empty = not queue
             queue.extend(records)
-            if was_empty:
-                self._wake.set()
-            if len(queue) >= BATCH:
-                self._full.set()
+            self._queued()
+
+    def offer_rows(self, database: str, session: str, data: bytes, count: int) -> None:
+        """``offer`` for ``count`` records the C relay encoded as COPY rows (one connection's take): queued
+        whole, or dropped whole and counted when they do not fit."""
+        if count <= 0:
+            return
+        if len(self.queue) + self._rows_count + count > self.queue_size:
+            self.dropped["queue_full"] += count
+            return
+        self.rows.append(_Rows(database, session, data, count))
+        self._rows_count += count
+        self.encoded += count
+        self._queued()
+
+    def _queued(self) -> None:
+        self._wake.set()  # (the writer may be waiting)
+        if len(self.queue) + self._rows_count >= BATCH:
+            self._full.set()
+
+    def encoder(
+        self,
+        session: str,
+        operation: str | None,
+        read_ids: str,
+        texts: Iterable[tuple[int, str]],
+        catalog: Catalog | None,
+    ) -> Encoder:
+        """How the C relay encodes a connection's records itself (``FastRelay.adopt``'s ``encode``): the
+        session's and operation's fields, and for each read it may record (ref, text) the head of its rows
+        and the text its identity hashes, as ``encode_rows`` makes them."""
+        heads = []
+        for ref, sql in texts:
+            shape = self._shapes.copy(sql, catalog)
+            heads.append((ref, shape.head, shape.text))
+        operation_field = None if operation is None else _copy_text(operation)
+        return _copy_text(session), operation_field, read_ids.encode(), heads
 
     def write_soon(self) -> None:
         """What is queued is a batch: the writer stops gathering (the C relay's records, taken once per
         GATHER, have waited that long already; a second wait would only add a wake-up of the loop)."""
-        if self.queue:
+        if self.queue or self.rows:
             self._full.set()
 
     def for_connection(self, database: str, catalog: Callable[[], Catalog | None]) -> ReadsCallback:
@@ -402,38 +456,52 @@ class ReadRecorder:
     async def _run(self) -> None:
         queue = self.queue
         while True:
-            if not queue:
+            if not queue and not self.rows:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
             self._busy = True
             batch: list[ReadRecord] = []
+            rows: list[_Rows] = []
             try:
-                if len(queue) < BATCH and not self._closing and not self._full.is_set():
+                if len(queue) + self._rows_count < BATCH and not self._closing and not self._full.is_set():
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(GATHER):
                             await self._full.wait()
                 self._full.clear()
                 while len(batch) < BATCH and queue:
                     batch.append(queue.popleft())
-                self._inflight = len(batch)
-                await self._write(batch)
+                rows = self._take_rows()
+                self._inflight = len(batch) + sum(r.size for r in rows)
+                await self._write(batch, rows)
             except Exception as exc:
-                self.dropped["write_failed"] += len(batch)
-                log.warning("event=reads_write_failed records=%d error=%r", len(batch), str(exc))
+                lost = len(batch) + sum(r.size for r in rows)
+                self.dropped["write_failed"] += lost
+                log.warning("event=reads_write_failed records=%d error=%r", lost, str(exc))
             finally:
                 self._busy = False
                 self._inflight = 0
 
-    async def _write(self, batch: list[ReadRecord]) -> None:
-        by_database: dict[str, list[ReadRecord]] = {}
+    def _take_rows(self) -> list[_Rows]:
+        """All the encoded rows queued (their count is bounded by the queue's: one COPY takes them)."""
+        rows = list(self.rows)
+        self.rows.clear()
+        self._rows_count = 0
+        return rows
+
+    async def _write(self, batch: list[ReadRecord], encoded: Sequence[_Rows] = ()) -> None:
+        by_database: dict[str, tuple[list[ReadRecord], list[_Rows]]] = {}
         for record in batch:
-            by_database.setdefault(record.database, []).append(record)
-        for database, records in by_database.items():
-            data = encode_copy(records, self._shapes)
+            by_database.setdefault(record.database, ([], []))[0].append(record)
+        for chunk in encoded:
+            by_database.setdefault(chunk.database, ([], []))[1].append(chunk)
+        for database, (records, chunks) in by_database.items():
+            data = encode_copy(records, self._shapes, tuple(c.data for c in chunks))
+            count = len(records) + sum(c.size for c in chunks)
             try:
                 conn = await self._connection(database)
-                sessions = sorted(s for s in {r.session for r in records} if valid_id(s))
+                names = {r.session for r in records} | {c.session for c in chunks}
+                sessions = sorted(s for s in names if valid_id(s))
                 async with conn.transaction():
                     await conn.copy_to_table(  # (a memoryview: bytes would be taken for a path)
                         "reads",
@@ -444,19 +512,19 @@ class ReadRecorder:
                     )
                     await conn.execute(_REGISTER, sessions)
             except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                self.dropped["write_failed"] += len(records)
+                self.dropped["write_failed"] += count
                 await self._forget(database)
                 if database not in self._failing:
                     self._failing.add(database)
                     log.warning(
                         "event=reads_write_failed database=%s records=%d error=%r",
                         database,
-                        len(records),
+                        count,
                         str(exc),
                     )
                 continue
             self._failing.discard(database)
-            self.recorded += len(records)
+            self.recorded += count
 
     async def _connection(self, database: str) -> Any:
         conn = self._conns.get(database)
@@ -477,7 +545,7 @@ class ReadRecorder:
         self.collect()
         self._full.set()  # (the writer stops gathering: write what is queued now)
         deadline = time.monotonic() + timeout
-        while (self.queue or self._busy) and time.monotonic() < deadline:
+        while (self.queue or self.rows or self._busy) and time.monotonic() < deadline:
             if self._task is None or self._task.done():
                 break
             await asyncio.sleep(0.01)
@@ -486,7 +554,7 @@ class ReadRecorder:
         """Flush, then stop the writer and close its connections."""
         self._closing = True
         await self.flush(timeout)
-        self.dropped["shutdown"] += len(self.queue)
+        self.dropped["shutdown"] += len(self.queue) + self._rows_count
         task, self._task = self._task, None
         if task is not None:
             task.cancel()

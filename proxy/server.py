@@ -30,7 +30,7 @@ from proxy.config import ProxyConfig
 from proxy.errors import PolicyError, ProtocolError, ProxyError, TagError
 from proxy.fastrelay import UNAVAILABLE as FAST_RELAY_UNAVAILABLE
 from proxy.fastrelay import FastCounts, FastRelay, Handback
-from proxy.handoff import Adoption, Decision, FastRead
+from proxy.handoff import Adoption, Decision, Encoder, FastRead, Known
 from proxy.metrics import ConnectionHooks, Metrics
 from proxy.prepared import Statement
 from proxy.read_trace import PendingRead
@@ -492,10 +492,12 @@ class ClientConnection(asyncio.Protocol):
             return
         # In a session (startup tags or the database's route) C takes only the texts Python has decided on.
         adoption, self._fast_statements = relay.hand_off(fast.kind_index, fast.slots)
+        encode = self._read_encoder(adoption) if adoption.record else None
         client.pause_reading()
         upstream.pause_reading()
         try:
-            fast.adopt(self.id, client_sock.fileno(), upstream_sock.fileno(), self.max_message_size, adoption)
+            sockets = (client_sock.fileno(), upstream_sock.fileno())
+            fast.adopt(self.id, *sockets, self.max_message_size, adoption, encode=encode)
         except (OSError, ValueError) as exc:
             log_event(logging.WARNING, "fast_relay_adopt_failed", conn=self.id, error=exc)
             self.fast_ok = False
@@ -506,6 +508,25 @@ class ClientConnection(asyncio.Protocol):
         self._adoption = adoption
         self._fast_reads = (relay.tagging.txn, adoption.decisions) if adoption.record else None
         self._fast_texts = {}
+
+    def _read_encoder(self, adoption: Adoption) -> Encoder | None:
+        """What C needs to write this connection's read records as COPY rows itself (FastRelay.adopt's
+        ``encode``): the text of each read it may record, by its ref."""
+        recorder, relay = self.server.reads, self.relay
+        if recorder is None or relay is None or relay.tagging.txn.session is None:
+            return None
+        texts: dict[int, str] = {}
+        known: list[Known] = [*adoption.statements, *adoption.portals]
+        for _, i, _, _, _, records, _ in known:
+            sql = self._fast_statements[i].sql if records and i >= 0 else None
+            if sql is not None:
+                texts[i] = sql
+        decisions: list[Decision] = adoption.decisions
+        for i, (key, _, _, records, _, _) in enumerate(decisions):
+            if records:
+                texts[-(i + 1)] = key[1:].split(b"\0", 1)[0].decode()  # (U: parameter types after)
+        session, operation = relay.tagging.txn.session, relay.tagging.txn.operation
+        return recorder.encoder(session, operation, relay.trace.txn.read_ids, texts.items(), self._catalog())
 
     def _read_text(self, ref: int) -> str | None:
         """The text of the read a C record names: Python's statement ``ref`` (>= 0) or decision ``-ref - 1``
@@ -554,6 +575,12 @@ class ClientConnection(asyncio.Protocol):
                 new(ReadRecord, (database, session, op, sql, params, rows, ended, duration_us, catalog))
             )
         recorder.offer_many(batch)
+
+    def fast_rows(self, rows: bytes, count: int) -> None:
+        """Read records the C relay wrote as COPY rows itself (adopted with ``_read_encoder``'s)."""
+        recorder, stay = self.server.reads, self._fast_reads
+        if recorder is not None and stay is not None and stay[0].session is not None:
+            recorder.offer_rows(self.database, stay[0].session, rows, count)
 
     def from_fast(self, handback: Handback) -> None:
         """The C relay gave the connection back: resume in Python from the state it reports."""
@@ -1011,10 +1038,13 @@ class ProxyServer:
         dropped, batches = fast.take_reads()
         if dropped:
             recorder.dropped["relay_full"] += dropped
-        for conn_id, records in batches:
+        for conn_id, records, rows, count in batches:
             conn = self.connections.get(conn_id)
             if conn is not None and conn.fast:
-                conn.fast_reads(records)
+                if records:
+                    conn.fast_reads(records)
+                if count:
+                    conn.fast_rows(rows, count)
 
     def _stop_fast(self) -> None:
         fast = self.fast

@@ -54,6 +54,12 @@ def c_reads(proxy: RunningProxy) -> int:
     return proxy.server.fast.counts().reads if proxy.server.fast is not None else 0
 
 
+def c_rows(proxy: RunningProxy) -> int:
+    """Read records the C relay wrote as COPY rows itself (taken while their connection was on it)."""
+    assert proxy.server.reads is not None
+    return proxy.server.reads.encoded
+
+
 def recorded(db: str, session: str) -> list[tuple[Any, ...]]:
     """The session's reads in order; the operations of transactions (``xact:`` and the server's
     transaction id, ``readonly:`` and the connection's) by their order of first appearance, which two runs
@@ -114,11 +120,23 @@ def test_reads_on_the_c_relay_are_recorded_as_on_the_python_relay(
     for name, proxy in proxies.items():
         with psycopg.connect(tagged(proxy, layer_db, f"fr-{name}-{mode}", "op1"), autocommit=True) as conn:
             run(conn, prepare)
+            _more_reads(conn, prepare)
+            flush(proxy)  # (the C relay's records taken while it holds the connection: its own COPY rows)
         flush(proxy)
     python, fast = (recorded(layer_db, f"fr-{name}-{mode}") for name in proxies)
-    assert len(python) >= 10
+    assert len(python) >= 15
     assert fast == python
     assert c_reads(proxies["fast"]) >= len(python) // 2  # (the first of each text, and key reads: Python)
+    assert c_rows(proxies["fast"]) >= 4
+
+
+def _more_reads(conn: psycopg.Connection[Any], prepare: bool | None) -> None:
+    """Five reads of a decided text: on the C relay until the flush takes their records."""
+    for _ in range(5):
+        if prepare is None:
+            psycopg.ClientCursor(conn).execute("SELECT name FROM customers WHERE tier = 'basic' ORDER BY id")
+        else:
+            conn.execute(BY_TIER, ("basic",), prepare=prepare).fetchall()
 
 
 def _raw_batches(c: RawClient) -> None:
@@ -307,6 +325,7 @@ def test_flush_and_the_queued_gauge_see_records_still_in_the_c_relay(
         assert scrape(proxy)["cowproxy_reads_queued"] >= 20  # (taken into the queue by the scrape)
         flush(proxy)
         assert len(recorded(layer_db, "frq")) == 21  # (while the connection is still open, on C)
+        assert c_rows(proxy) == 21  # (every one: the first was prepared by Python, run on C)
         more = [conn.execute(BY_TIER, ("basic",), prepare=True).fetchall() for _ in range(5)]
         assert all(len(rows) == 2 for rows in more)
         flush(proxy)  # (nothing took them before)
@@ -343,6 +362,7 @@ def test_reads_without_an_operation_id_on_the_c_relay_take_their_transactions(
             conn.execute(BY_TIER, ("basic",), prepare=True).fetchall()
         assert c_reads(proxy) - made >= 6  # (the prepared transactions at least)
         flush(proxy)
+        assert c_rows(proxy) >= 3  # (those after the simple COMMIT's hand-back: C wrote their operations)
     with psycopg.connect(layer_db, autocommit=True) as db:
         ops = [r[0] for r in db.execute("SELECT operation FROM cow.reads WHERE session = 'fxo' ORDER BY seq")]
         writes = db.execute("SELECT operation_id FROM cow.session_changes('fxo') ORDER BY seq").fetchall()

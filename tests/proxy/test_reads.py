@@ -9,7 +9,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import asyncpg
@@ -337,7 +337,7 @@ def test_write_soon_ends_the_writers_gathering_and_only_with_records_queued() ->
     async def scenario() -> list[tuple[float, int]]:
         recorder = ReadRecorder("postgresql://unused@127.0.0.1:1/x")
 
-        async def write(batch: list[ReadRecord]) -> None:
+        async def write(batch: list[ReadRecord], rows: Sequence[Any] = ()) -> None:
             written.append((time.monotonic() - started, len(batch)))
 
         recorder._write = write  # type: ignore[method-assign]
