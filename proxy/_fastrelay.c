@@ -155,7 +155,15 @@ typedef struct {
     long long duration_us;
     unsigned char *params; /* the Bind's, or NULL */
     size_t plen;
+    unsigned char *text; /* a Query taken by its shape's decision: its own text (the record's statement), or NULL */
+    size_t tlen;
 } rec_t;
+
+static void rec_free(rec_t *rec) {
+    free(rec->params);
+    free(rec->text);
+    rec->params = rec->text = NULL;
+}
 
 typedef struct {
     rec_t *v;           /* READ_CAP slots, allocated at adoption of a recorded connection */
@@ -254,6 +262,7 @@ static void b2b_hex(b2b_t *s, unsigned char *out) {
 typedef struct {
     unsigned char *head; /* NULL: none given (its records go to Python as tuples) */
     size_t len;
+    int shape; /* a shape's decision: the head ends before the statement, which is each record's own text */
     b2b_t text;
 } rhead_t;
 
@@ -288,13 +297,17 @@ static enc_t *enc_ref(enc_t *en) {
     return en;
 }
 
-static const rhead_t *enc_head(const enc_t *en, long ref) {
+/* The head of a done record's row, or NULL: its record goes to Python as a tuple. */
+static const rhead_t *rec_head(const enc_t *en, const rec_t *rec) {
     const rhead_t *h = NULL;
+    long ref = rec->ref;
+    if (en == NULL || rec->state != 1) return NULL;
     if (ref >= 0 && ref < en->nstmts) h = &en->stmts[ref];
     else if (ref < 0 && -(ref + 1) < en->ndecs) h = &en->decs[-(ref + 1)];
-    return h != NULL && h->head != NULL ? h : NULL;
+    return h != NULL && h->head != NULL && h->shape == (rec->text != NULL) ? h : NULL;
 }
 
+#define MAX_TEXT 4000 /* characters of a statement's text kept (proxy/reads.py MAX_TEXT) */
 #define PG_EPOCH 946684800.0 /* 2000-01-01 in Unix time: timestamptz counts µs from there */
 #define MAX_OP_FIELD 64      /* "xact:" and a 20-digit id, or read_ids (< 32) "." and a 20-digit number, with 4 */
 
@@ -318,14 +331,42 @@ static unsigned char *put_field(unsigned char *p, const unsigned char *text, siz
 }
 
 /* The most bytes encode_row writes for a record of that head. */
-static size_t row_bound(const enc_t *en, const rhead_t *h) {
-    return h->len + en->slen + (en->operation ? en->olen : en->rlen + MAX_OP_FIELD) + 56;
+static size_t row_bound(const enc_t *en, const rhead_t *h, const rec_t *rec) {
+    return h->len + (h->shape ? 4 + rec->tlen : 0) + en->slen + (en->operation ? en->olen : en->rlen + MAX_OP_FIELD) +
+           56;
+}
+
+static size_t space_len(const unsigned char *s, size_t n);
+static size_t skip_spaces(const unsigned char *s, size_t pos, size_t n);
+
+/* The statement a record's own text stands for: Python's sql.strip()[:MAX_TEXT] (a text C takes has no
+ * comment for strip_edge_comments to remove): its start in *start, its length returned. */
+static size_t statement_text(const unsigned char *s, size_t n, size_t *start) {
+    size_t a = skip_spaces(s, 0, n), b = n;
+    while (b > a) { /* (the last character: back over UTF-8 continuation bytes) */
+        size_t k = b - 1;
+        while (k > a && (s[k] & 0xc0) == 0x80 && b - k < 4) k--;
+        if (space_len(s + k, b - k) != b - k) break;
+        b = k;
+    }
+    size_t i = a, chars = 0;
+    for (; i < b; i++)
+        if ((s[i] & 0xc0) != 0x80 && chars++ == MAX_TEXT) break;
+    *start = a;
+    return i - a;
 }
 
 /* One record's COPY row (COPY_COLUMNS): the head, session, operation, at, identity, rows, duration_us. */
 static unsigned char *encode_row(const enc_t *en, const rhead_t *h, const rec_t *rec, unsigned char *p) {
     memcpy(p, h->head, h->len);
     p += h->len;
+    b2b_t s = h->text;
+    if (h->shape) {
+        size_t start, n = statement_text(rec->text, rec->tlen, &start);
+        p = put_field(p, rec->text + start, n);
+        b2b_init(&s);
+        b2b_update(&s, rec->text + start, n);
+    }
     memcpy(p, en->session, en->slen);
     p += en->slen;
     if (en->operation != NULL) {
@@ -344,7 +385,6 @@ static unsigned char *encode_row(const enc_t *en, const rhead_t *h, const rec_t 
             p += en->rlen + (size_t)n;
         }
     }
-    b2b_t s = h->text;
     if (rec->params != NULL) {
         b2b_update(&s, (const unsigned char *)"", 1);
         b2b_update(&s, rec->params, rec->plen);
@@ -976,14 +1016,22 @@ static double wall_now(void) {
 
 static void ring_free(ring_t *r) {
     if (r->v == NULL) return;
-    for (long long seq = r->base; seq < r->end; seq++) free(r->v[seq % READ_CAP].params);
+    for (long long seq = r->base; seq < r->end; seq++) rec_free(&r->v[seq % READ_CAP]);
     free(r->v);
     r->v = NULL;
     r->base = r->end = 0;
 }
 
-/* A read starts (Relay._pending_read): its record's sequence number, or -1 (not recorded, or dropped). */
-static long long read_start(Engine *e, conn_t *c, long ref, const unsigned char *params, size_t plen) {
+static unsigned char *dup_bytes(const unsigned char *p, size_t n) {
+    unsigned char *out = malloc(n ? n : 1);
+    if (out != NULL) memcpy(out, p, n);
+    return out;
+}
+
+/* A read starts (Relay._pending_read): its record's sequence number, or -1 (not recorded, or dropped). Its
+ * Bind's parameters, and the text of a Query taken by its shape's decision, are kept with it. */
+static long long read_start(Engine *e, conn_t *c, long ref, const unsigned char *params, size_t plen,
+                            const unsigned char *text, size_t tlen) {
     ring_t *r = &c->reads;
     if (r->v == NULL || ref == NO_READ) return -1;
     if (r->end - r->base >= READ_CAP) {
@@ -991,16 +1039,14 @@ static long long read_start(Engine *e, conn_t *c, long ref, const unsigned char 
         return -1;
     }
     rec_t *rec = &r->v[r->end % READ_CAP];
-    rec->params = NULL;
-    rec->plen = 0;
-    if (params != NULL) {
-        rec->params = malloc(plen ? plen : 1);
-        if (rec->params == NULL) {
-            e->reads_dropped++;
-            return -1;
-        }
-        memcpy(rec->params, params, plen);
-        rec->plen = plen;
+    rec->params = params != NULL ? dup_bytes(params, plen) : NULL;
+    rec->plen = plen;
+    rec->text = text != NULL ? dup_bytes(text, tlen) : NULL;
+    rec->tlen = tlen;
+    if ((params != NULL && rec->params == NULL) || (text != NULL && rec->text == NULL)) {
+        rec_free(rec);
+        e->reads_dropped++;
+        return -1;
     }
     rec->ref = ref;
     rec->txn = c->txn;
@@ -1041,8 +1087,7 @@ static void read_done(Engine *e, conn_t *c, long long seq, const unsigned char *
 /* A read that ends without its CommandComplete (an error, PortalSuspended, EmptyQueryResponse): none. */
 static void read_failed(conn_t *c, long long seq) {
     rec_t *rec = &c->reads.v[seq % READ_CAP];
-    free(rec->params);
-    rec->params = NULL;
+    rec_free(rec);
     rec->state = 2;
 }
 
@@ -1583,7 +1628,7 @@ static int take_extended(Engine *e, conn_t *c, const unsigned char *m, size_t to
             if (portal->s->pyonly) return 0;
             if (c->tagged) count_tagged(e, portal->s->kind, portal->s->nslots, portal->s->slots);
             else e->statements[portal->s->kind]++;
-            rec = read_start(e, c, portal->s->read, portal->params, portal->plen);
+            rec = read_start(e, c, portal->s->read, portal->params, portal->plen, NULL, 0);
             txn_sent(c, portal->s->kind, portal->s->read);
         } else if (c->resolve >= 0) {
             c->txn_wrote = 1; /* (a portal Python knows nothing of) */
@@ -1652,7 +1697,9 @@ static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_
                 if (c->npromos) promos_query(c, buf + pos + 5, (size_t)total - 5);
                 e->decision_hits++;
                 count_tagged(e, d->kind, d->nslots, d->slots);
-                push_rec(c, 'Q', now(), read_start(e, c, d->read, NULL, 0));
+                /* (By its shape's decision: the record keeps the text, its statement.) */
+                const unsigned char *own = d->key[0] == 'q' ? buf + pos + 5 : NULL;
+                push_rec(c, 'Q', now(), read_start(e, c, d->read, NULL, 0, own, (size_t)total - 6));
                 txn_sent(c, d->kind, d->read);
                 if (c->watch == 1) watch_add(c, buf + pos, (size_t)total);
             } else {
@@ -2100,16 +2147,20 @@ static PyObject *table_list(table_t *t) {
     return list;
 }
 
-/* A done read record: (ref, rows or None, wall-clock end, duration in µs, Bind parameters or None). */
+/* A done read record: (ref, rows or None, wall-clock end, duration in µs, Bind parameters or None, its
+ * transaction's number and id, its own text or None). */
 static PyObject *read_tuple(const rec_t *rec) {
     PyObject *rows = rec->rows >= 0 ? PyLong_FromLongLong(rec->rows) : Py_NewRef(Py_None);
     PyObject *params = bytes_or_none(rec->params, rec->plen);
-    if (rows == NULL || params == NULL) {
+    PyObject *text = bytes_or_none(rec->text, rec->tlen);
+    if (rows == NULL || params == NULL || text == NULL) {
         Py_XDECREF(rows);
         Py_XDECREF(params);
+        Py_XDECREF(text);
         return NULL;
     }
-    return Py_BuildValue("(lNdLNLK)", rec->ref, rows, rec->wall, rec->duration_us, params, rec->txn, rec->xid);
+    return Py_BuildValue("(lNdLNLKN)", rec->ref, rows, rec->wall, rec->duration_us, params, rec->txn, rec->xid,
+                         text);
 }
 
 /* Append the done records of recs[0..n) to list (the failed ones are skipped). */
@@ -2126,8 +2177,8 @@ static int reads_append(PyObject *list, const rec_t *recs, long long n) {
     return 0;
 }
 
-/* The records of a hand-back: the done ones, and (position in the owed replies, ref, started, parameters)
- * of those the owed replies will finish (Python's relay takes them over). */
+/* The records of a hand-back: the done ones, and (position in the owed replies, ref, started, parameters,
+ * own text) of those the owed replies will finish (Python's relay takes them over). */
 static int handback_reads(handback_t *h, PyObject **done, PyObject **owed) {
     *done = PyList_New(0);
     *owed = PyList_New(0);
@@ -2142,7 +2193,9 @@ static int handback_reads(handback_t *h, PyObject **done, PyObject **owed) {
             for (int i = 0; h->kinds[i]; i++) {
                 if (h->qrec[i] != seq) continue;
                 PyObject *params = bytes_or_none(rec->params, rec->plen);
-                PyObject *t = params ? Py_BuildValue("(ildN)", i, rec->ref, rec->started, params) : NULL;
+                PyObject *text = params ? bytes_or_none(rec->text, rec->tlen) : NULL;
+                PyObject *t = text ? Py_BuildValue("(ildNN)", i, rec->ref, rec->started, params, text) : NULL;
+                if (text == NULL) Py_XDECREF(params);
                 if (t == NULL || PyList_Append(*owed, t) < 0) {
                     Py_XDECREF(t);
                     return -1;
@@ -2584,7 +2637,8 @@ static unsigned char *bytes_copy(PyObject *b, size_t *len) {
     return out;
 }
 
-/* adopt's encode: (session field, operation field or None, read_ids, [(ref, head, statement text)]). */
+/* adopt's encode: (session field, operation field or None, read_ids, [(ref, head, statement text, or None:
+ * a shape's, whose records carry their own)]). */
 static enc_t *enc_load(PyObject *spec) {
     PyObject *session, *operation, *read_ids, *heads;
     if (!PyArg_ParseTuple(spec, "SOSO", &session, &operation, &read_ids, &heads)) return NULL;
@@ -2601,7 +2655,7 @@ static enc_t *enc_load(PyObject *spec) {
     for (Py_ssize_t i = 0; i < n; i++) { /* (sizes first: refs index the two arrays) */
         long ref;
         PyObject *head, *text;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "lSS", &ref, &head, &text)) goto fail;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "lSO", &ref, &head, &text)) goto fail;
         if (ref >= 0 && ref + 1 > en->nstmts) en->nstmts = ref + 1;
         if (ref < 0 && -ref > en->ndecs) en->ndecs = -ref;
     }
@@ -2613,12 +2667,18 @@ static enc_t *enc_load(PyObject *spec) {
     for (Py_ssize_t i = 0; i < n; i++) {
         long ref;
         PyObject *head, *text;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "lSS", &ref, &head, &text)) goto fail;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "lSO", &ref, &head, &text)) goto fail;
+        if (text != Py_None && !PyBytes_Check(text)) {
+            PyErr_SetString(PyExc_TypeError, "a read head's text is bytes or None");
+            goto fail;
+        }
         rhead_t *h = ref >= 0 ? &en->stmts[ref] : &en->decs[-(ref + 1)];
         if (h->head != NULL) continue;
         if ((h->head = bytes_copy(head, &h->len)) == NULL) goto fail;
+        h->shape = text == Py_None;
         b2b_init(&h->text);
-        b2b_update(&h->text, (const unsigned char *)PyBytes_AS_STRING(text), (size_t)PyBytes_GET_SIZE(text));
+        if (!h->shape)
+            b2b_update(&h->text, (const unsigned char *)PyBytes_AS_STRING(text), (size_t)PyBytes_GET_SIZE(text));
     }
     if ((en->session = bytes_copy(session, &en->slen)) == NULL ||
         (en->read_ids = bytes_copy(read_ids, &en->rlen)) == NULL)
@@ -2807,8 +2867,8 @@ static PyObject *taken_item(taken_reads_t *t) {
     enc_t *en = t->enc;
     size_t bound = 0;
     for (long long i = 0; en != NULL && i < t->n; i++) {
-        const rhead_t *h = t->v[i].state == 1 ? enc_head(en, t->v[i].ref) : NULL;
-        if (h != NULL) bound += row_bound(en, h);
+        const rhead_t *h = rec_head(en, &t->v[i]);
+        if (h != NULL) bound += row_bound(en, h, &t->v[i]);
     }
     PyObject *rows = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)bound);
     if (rows == NULL) {
@@ -2819,7 +2879,7 @@ static PyObject *taken_item(taken_reads_t *t) {
     long long count = 0;
     for (long long i = 0; i < t->n; i++) {
         const rec_t *rec = &t->v[i];
-        const rhead_t *h = en != NULL && rec->state == 1 ? enc_head(en, rec->ref) : NULL;
+        const rhead_t *h = rec_head(en, rec);
         if (h != NULL) {
             p = encode_row(en, h, rec, p);
             count++;
@@ -2863,7 +2923,7 @@ static PyObject *engine_take_reads(Engine *e, PyObject *unused) {
             Py_XDECREF(item);
         }
         enc_unref(head->enc);
-        for (long long i = 0; i < head->n; i++) free(head->v[i].params);
+        for (long long i = 0; i < head->n; i++) rec_free(&head->v[i]);
         free(head->v);
         free(head);
         head = next;
@@ -2974,7 +3034,7 @@ static PyMethodDef engine_methods[] = {
      "skip_until_sync, statements, portals, messages taken, read records, owed reads)]"},
     {"take_reads", (PyCFunction)engine_take_reads, METH_NOARGS,
      "(read records dropped since the last call, [(conn_id, [(ref, rows, ended, duration_us, params, txn, "
-     "xid)], COPY rows, how many)])"},
+     "xid, text)], COPY rows, how many)])"},
     {"states", (PyCFunction)engine_states, METH_NOARGS, "{conn_id: (status, replies owed + open batch)}"},
     {"stats", (PyCFunction)engine_stats, METH_NOARGS,
      "(statements by kind, bytes up, bytes down, {sqlstate class: n}, latency counts, latency sum, conns, "
@@ -3029,15 +3089,16 @@ static PyObject *module_encode_rows(PyObject *unused, PyObject *args) {
     taken_reads_t t = {.id = 0, .v = v, .n = 0, .enc = en, .next = NULL};
     for (Py_ssize_t i = 0; v != NULL && i < n; i++, t.n++) {
         rec_t *rec = &v[i];
-        PyObject *rows, *params;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "lOdLOLK", &rec->ref, &rows, &rec->wall,
-                              &rec->duration_us, &params, &rec->txn, &rec->xid))
+        PyObject *rows, *params, *text;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "lOdLOLKO", &rec->ref, &rows, &rec->wall,
+                              &rec->duration_us, &params, &rec->txn, &rec->xid, &text))
             goto done;
         rec->state = 1;
         rec->rows = rows == Py_None ? -1 : PyLong_AsLongLong(rows);
         if (rec->rows == -1 && PyErr_Occurred()) goto done;
         if (params != Py_None && (rec->params = bytes_copy(params, &rec->plen)) == NULL) goto done;
-        if (enc_head(en, rec->ref) == NULL) {
+        if (text != Py_None && (rec->text = bytes_copy(text, &rec->tlen)) == NULL) goto done;
+        if (rec_head(en, rec) == NULL) {
             PyErr_Format(PyExc_ValueError, "no head for ref %ld", rec->ref);
             goto done;
         }
@@ -3048,7 +3109,7 @@ static PyObject *module_encode_rows(PyObject *unused, PyObject *args) {
         Py_XDECREF(item);
     }
 done:
-    for (long long i = 0; v != NULL && i < t.n + 1 && i < n; i++) free(v[i].params);
+    for (long long i = 0; v != NULL && i < t.n + 1 && i < n; i++) rec_free(&v[i]);
     free(v);
     enc_unref(en);
     Py_DECREF(seq);

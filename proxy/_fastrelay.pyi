@@ -7,14 +7,15 @@ API_VERSION: int
 # its Bind parameters, or None)
 Named = tuple[bytes, int, bytes | None, bytes | None]
 # A read record: (index of Python's statement, or -(decision index + 1); rows of SELECT n or None; wall-clock
-# end; duration in µs; Bind parameters or None; its transaction's number on the connection; its id or 0)
-Read = tuple[int, int | None, float, int, bytes | None, int, int]
+# end; duration in µs; Bind parameters or None; its transaction's number on the connection; its id or 0; a
+# Query taken by its shape's decision: its text, else None)
+Read = tuple[int, int | None, float, int, bytes | None, int, int, bytes | None]
 # How C encodes a connection's records as COPY rows: (session field, operation field or None, read_ids,
-# [(ref as in Read, its rows' head, the text its identity hashes)])
-Encoder = tuple[bytes, bytes | None, bytes, Sequence[tuple[int, bytes, bytes]]]
+# [(ref as in Read, its rows' head, the text its identity hashes or None: a shape's, records bring theirs)])
+Encoder = tuple[bytes, bytes | None, bytes, Sequence[tuple[int, bytes, bytes | None]]]
 # A read still in flight at hand-back: (position among the replies owed, ref as in Read, monotonic start,
-# Bind parameters or None)
-OwedRead = tuple[int, int, float, bytes | None]
+# Bind parameters or None, own text or None)
+OwedRead = tuple[int, int, float, bytes | None, bytes | None]
 # (conn_id, reason, errno, status, inflight, untaken message type or -1, client bytes not forwarded,
 # kinds of the replies owed, mid_batch, skip_until_sync, statements, portals, client messages taken,
 # read records, reads in flight, transactions ended, reads with no operation id and a statement that may

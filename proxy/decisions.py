@@ -64,10 +64,11 @@ class Decisions:
         if not self._decidable(sql, verdict, catalog) or kind + sql.encode() in table:
             return
         # Its shape, when no literal's value can change the verdict: one entry for every text of the shape
-        # (the simple protocol's ever-new texts), keyed by the lower-case type (proxy/sql/shapes.py). Not
-        # for a read that is recorded: its record names the text, which C finds by the exact one only.
-        records = self.trace.records(tags, verdict)
-        shape = None if records else self.analysis.shape(sql, catalog, verdict)
+        # (the simple protocol's ever-new texts), keyed by the lower-case type (proxy/sql/shapes.py). For a
+        # recorded read, a Query's only: C keeps the text of a Query it records (a prepared statement's
+        # record names the statement's text, which C finds by the exact one only).
+        by_text = kind != b"Q" and self.trace.records(tags, verdict)
+        shape = None if by_text else self.analysis.shape(sql, catalog, verdict)
         key = kind.lower() + shape if shape is not None else kind + sql.encode()
         table[key] = verdict
 
@@ -95,8 +96,8 @@ class Decisions:
                     continue
                 promoted[key] = (verdict.rewritten, key_types(key))
             records = self.trace.records(tags, verdict)
-            if records and key[:1].islower():
-                continue  # a read record names its text: a shape has none
+            if records and key[:1] == b"p":
+                continue  # a read record of a prepared statement names its text: a shape has none
             kind = kind_index(verdict.kind)
             found = slots(verdict.writes)
             if kind is not None and found is not None:

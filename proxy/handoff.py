@@ -38,16 +38,18 @@ Decision = tuple[bytes, int, tuple[int, ...], bool, bool, int]
 Promotion = tuple[bytes, bytes, int, bool]
 # A read record made on the C relay: (Python's statement index, or -(decision index + 1); rows of SELECT n or
 # None; wall-clock end; duration in µs; Bind parameters or None; its transaction's number on the connection,
-# as TxnCounts.count counts them; the transaction's id once it ended, if C asked and it had one, else 0).
-FastRead = tuple[int, int | None, float, int, bytes | None, int, int]
+# as TxnCounts.count counts them; the transaction's id once it ended, if C asked and it had one, else 0; the
+# Query's own text when C took it by its shape's decision, else None).
+FastRead = tuple[int, int | None, float, int, bytes | None, int, int, bytes | None]
 # A recorded read in flight at hand-back: (position among the replies owed, ref as FastRead's, monotonic
-# start, Bind parameters or None).
-OwedRead = tuple[int, int, float, bytes | None]
+# start, Bind parameters or None, own text or None).
+OwedRead = tuple[int, int, float, bytes | None, bytes | None]
 # How C encodes a recorded connection's read records as COPY rows itself (proxy/reads.py, encode_rows, byte
 # for byte): the session's COPY field, the operation id's (None: each record takes its transaction's, as
 # ClientConnection.fast_reads names it), TxnReads.read_ids, and per read C may record (its ref, as FastRead's;
-# its rows' first fields; the text its identity hashes). ReadRecorder.encoder makes it.
-Encoder = tuple[bytes, bytes | None, bytes, list[tuple[int, bytes, bytes]]]
+# its rows' first fields; the text its identity hashes, or None for a shape's decision: its records' own texts
+# are written and hashed). ReadRecorder.encoder makes it.
+Encoder = tuple[bytes, bytes | None, bytes, list[tuple[int, bytes, bytes | None]]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,11 +71,12 @@ COLUMNS = (
 )
 _CACHE = 4096
 # The batch goes as one binary COPY built here (no per-record Python objects for asyncpg to encode): the
-# columns a statement's shape fixes first, then the record's own.
+# columns a statement's shape fixes first, then the record's own (the statement last of the first: the C relay
+# writes a record's own text there for a Query it took by its shape's decision).
 COPY_COLUMNS = (
     "fingerprint",
-    "statement",
     "relations",
+    "statement",
     "session",
     "operation",
     "at",
@@ -138,9 +139,10 @@ class ReadShape:
 @dataclass(frozen=True, slots=True)
 class _CopyShape:
     """A shape as the binary COPY needs it, made once per text: the row's start (field count, fingerprint,
-    text, tables) and the identity's digest of the text (``identity``), to be continued by the parameters."""
+    tables, text) and the identity's digest of the text (``identity``), to be continued by the parameters."""
 
     head: bytes
+    prefix: bytes  # the head without the text (the C relay's head for a shape's decision)
     digest: Any  # hashlib's blake2b of the text (copied per record: the text is hashed once)
     bare: bytes  # the identity of the text without parameters
     text: bytes  # the text the identity hashes (the C relay hashes it itself: FastRelay.adopt's encode)
@@ -163,12 +165,9 @@ def _copy_text_array(items: tuple[str, ...]) -> bytes:
 def copy_shape(shape: ReadShape) -> _CopyShape:
     text = shape.text.encode()
     digest = hashlib.blake2b(text, digest_size=8)
-    return _CopyShape(
-        _FIELDS + _copy_text(shape.fingerprint) + _copy_text(shape.text) + _copy_text_array(shape.relations),
-        digest,
-        digest.hexdigest().encode(),
-        text,
-    )
+    prefix = _FIELDS + _copy_text(shape.fingerprint) + _copy_text_array(shape.relations)
+    head = prefix + _LENGTH.pack(len(text)) + text
+    return _CopyShape(head, prefix, digest, digest.hexdigest().encode(), text)
 
 
 def _range_vars(tree: Any) -> Iterator[tuple[str | None, str]]:
@@ -418,16 +417,18 @@ class ReadRecorder:
         session: str,
         operation: str | None,
         read_ids: str,
-        texts: Iterable[tuple[int, str]],
+        texts: Iterable[tuple[int, str, bool]],
         catalog: Catalog | None,
     ) -> Encoder:
         """How the C relay encodes a connection's records itself (``FastRelay.adopt``'s ``encode``): the
-        session's and operation's fields, and for each read it may record (ref, text) the head of its rows
-        and the text its identity hashes, as ``encode_rows`` makes them."""
-        heads = []
-        for ref, sql in texts:
+        session's and operation's fields, and for each read it may record (ref, text, a shape's) the head of
+        its rows and the text its identity hashes, as ``encode_rows`` makes them. A shape's text is an
+        example of the shape (``proxy.sql.shapes.example``: its fingerprint and tables are every one of its
+        texts'); each record brings its own text, which C writes and hashes."""
+        heads: list[tuple[int, bytes, bytes | None]] = []
+        for ref, sql, shape_of in texts:
             shape = self._shapes.copy(sql, catalog)
-            heads.append((ref, shape.head, shape.text))
+            heads.append((ref, shape.prefix, None) if shape_of else (ref, shape.head, shape.text))
         operation_field = None if operation is None else _copy_text(operation)
         return _copy_text(session), operation_field, read_ids.encode(), heads
 

@@ -37,6 +37,7 @@ from proxy.read_trace import PendingRead
 from proxy.reads import GATHER, ReadRecord, ReadRecorder, new_record
 from proxy.relay import Relay
 from proxy.shared import SharedRoutes
+from proxy.sql import shapes
 from proxy.tags import Tags, check_id, read_startup_tags
 
 log = logging.getLogger("cowproxy")
@@ -515,18 +516,21 @@ class ClientConnection(asyncio.Protocol):
         recorder, relay = self.server.reads, self.relay
         if recorder is None or relay is None or relay.tagging.txn.session is None:
             return None
-        texts: dict[int, str] = {}
+        texts: dict[int, tuple[int, str, bool]] = {}
         known: list[Known] = [*adoption.statements, *adoption.portals]
         for _, i, _, _, _, records, _ in known:
             sql = self._fast_statements[i].sql if records and i >= 0 else None
             if sql is not None:
-                texts[i] = sql
+                texts[i] = (i, sql, False)
         decisions: list[Decision] = adoption.decisions
         for i, (key, _, _, records, _, _) in enumerate(decisions):
             if records:
-                texts[-(i + 1)] = key[1:].split(b"\0", 1)[0].decode()  # (U: parameter types after)
+                by_shape = key[:1].islower()  # (each record brings its text; the example names the shape's)
+                text = key[1:].split(b"\0", 1)[0]  # (U: parameter types after)
+                sql = shapes.example(key[1:]) if by_shape else text.decode()
+                texts[-(i + 1)] = (-(i + 1), sql, by_shape)
         session, operation = relay.tagging.txn.session, relay.tagging.txn.operation
-        return recorder.encoder(session, operation, relay.trace.txn.read_ids, texts.items(), self._catalog())
+        return recorder.encoder(session, operation, relay.trace.txn.read_ids, texts.values(), self._catalog())
 
     def _read_text(self, ref: int) -> str | None:
         """The text of the read a C record names: Python's statement ``ref`` (>= 0) or decision ``-ref - 1``
@@ -543,10 +547,10 @@ class ClientConnection(asyncio.Protocol):
                 self._fast_texts[ref] = sql
         return sql
 
-    def _read_of(self, ref: int, params: bytes | None) -> PendingRead | None:
+    def _read_of(self, ref: int, params: bytes | None, own: bytes | None) -> PendingRead | None:
         assert self._fast_reads is not None
         session, operation = self._fast_reads[0].session, self._fast_reads[0].operation
-        sql = self._read_text(ref)
+        sql = self._read_text(ref) if own is None else own.decode(errors="replace")
         return None if sql is None or session is None else PendingRead(sql, session, operation, params)
 
     def fast_reads(self, records: list[FastRead], open_txn: int | None = None) -> None:
@@ -561,8 +565,8 @@ class ClientConnection(asyncio.Protocol):
         database, catalog, text, new = self.database, self._catalog(), self._read_text, new_record
         txn = relay.trace.txn
         batch = []
-        for ref, rows, ended, duration_us, params, number, xid in records:
-            sql = text(ref)
+        for ref, rows, ended, duration_us, params, number, xid, own in records:
+            sql = text(ref) if own is None else own.decode(errors="replace")  # (own: taken by its shape)
             if sql is None:
                 continue
             op = operation
@@ -588,8 +592,8 @@ class ClientConnection(asyncio.Protocol):
         state = handback.state
         self.fast_reads(handback.reads, state.txn.count)
         owed_reads = []
-        for position, ref, started, params in state.owed_reads:
-            read = self._read_of(ref, params)
+        for position, ref, started, params, own in state.owed_reads:
+            read = self._read_of(ref, params, own)
             if read is not None:
                 owed_reads.append((position, read, started))
         self._fast_reads = None

@@ -131,6 +131,17 @@ def key(text: bytes) -> bytes | None:
     return shape.key if shape is not None and shape.literals else None
 
 
+# A constant of each literal class, as the server lexes it (ICONST, FCONST, SCONST).
+_EXAMPLES = {INT: b"0", NUM: b"0.0", STR: b"''"}
+
+
+def example(key: bytes) -> str:
+    """A text of the shape ``key``: each literal replaced by a constant of its class. It parses to the tree
+    every text of the shape parses to but for its constants' values, so it has their fingerprint (pglast's,
+    which ignores constants) and names their tables: the read records of a shape name it (proxy/reads.py)."""
+    return b"".join(_EXAMPLES.get(byte, bytes((byte,))) for byte in key).decode()
+
+
 def _tokens(text: bytes) -> Iterator[tuple[int, int, int | None]]:
     """(start, end, literal class or None for verbatim bytes), covering the text."""
     pos, n = 0, len(text)

@@ -139,6 +139,34 @@ def _more_reads(conn: psycopg.Connection[Any], prepare: bool | None) -> None:
             conn.execute(BY_TIER, ("basic",), prepare=prepare).fetchall()
 
 
+def test_literal_texts_stay_on_the_c_relay_and_are_recorded_as_on_the_python_relay(
+    proxies: dict[str, RunningProxy], layer_db: str
+) -> None:
+    """Texts that differ only in their literals (pgbench -M simple's): C takes them by their shape's
+    decision and records each with its own text — statement, identity and rows as the Python relay's, the
+    fingerprint and tables of the shape — with and without an operation id."""
+    for operation in ("op1", None):
+        for name, proxy in proxies.items():
+            session = f"frl-{name}-{operation}"
+            with psycopg.connect(tagged(proxy, layer_db, session, operation), autocommit=True) as conn:
+                cur = psycopg.ClientCursor(conn)
+                for i in range(40):
+                    tier = ("basic", "pro")[i % 2]
+                    cur.execute(f"SELECT name FROM customers WHERE tier = '{tier}' AND id > {i % 3}")
+                    cur.fetchall()
+                    if i % 10 == 9:
+                        cur.execute(f"UPDATE customers SET score = {i} WHERE id = 1")
+                flush(proxy)  # (taken from C while the connection is there)
+            flush(proxy)
+        python, fast = (recorded(layer_db, f"frl-{name}-{operation}") for name in proxies)
+        assert len(python) == 40 and len({r[2] for r in python}) == 6  # (six texts, one fingerprint)
+        assert len({r[1] for r in python}) == 1
+        assert fast == python
+    counts = proxies["fast"].server.fast.counts()
+    assert counts.shape_hits >= 60  # (each session's texts after its first of the shape)
+    assert c_rows(proxies["fast"]) >= 30
+
+
 def _raw_batches(c: RawClient) -> None:
     """Pipelined extended batches, by hand: a portal run in steps (PortalSuspended: no record, then the
     rest), an error that skips the rest of its batch, and batches with a message C does not take (an empty
