@@ -15,8 +15,10 @@
  *
  * Read traces: for a connection whose session's reads are recorded, Python marks the statements (and decided
  * texts) whose Executes (or Queries) are reads; C keeps a compact record of each (which statement, the rows
- * of its CommandComplete "SELECT n", times, the Bind's parameters) in a bounded ring per connection, and
- * Python takes the finished ones in batches (take_reads, and with the hand-back). A full ring drops the
+ * of its CommandComplete "SELECT n", times, the Bind's parameters, a Query's own text when its shape's
+ * decision took it) in a bounded ring per connection, and Python takes the finished ones in batches
+ * (take_reads, and with the hand-back). take_reads gives them as the COPY rows of cow.reads, made here from
+ * the heads Python gave at adoption (proxy/reads.py's encode_rows, byte for byte). A full ring drops the
  * record and counts it: the relay never waits for recording.
  *
  * Copyright the cowproxy authors. License: GPL-3.0-or-later.
@@ -199,14 +201,19 @@ static void b2b_compress(b2b_t *s, int last) {
     for (int i = 0; i < 8; i++) v[i] = s->h[i], v[i + 8] = B2B_IV[i];
     v[12] ^= s->t; /* (the counter's high word stays 0: a text is far below 2^64 bytes) */
     if (last) v[14] = ~v[14];
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(m, s->buf, sizeof(m)); /* (the words are little-endian) */
+#else
     for (int i = 0; i < 16; i++) {
         uint64_t w = 0;
         for (int k = 7; k >= 0; k--) w = (w << 8) | s->buf[8 * i + k];
         m[i] = w;
     }
+#endif
 #define B2B_G(a, b, c, d, x, y)                                                                          \
     v[a] += v[b] + (x), v[d] = rotr64(v[d] ^ v[a], 32), v[c] += v[d], v[b] = rotr64(v[b] ^ v[c], 24),    \
         v[a] += v[b] + (y), v[d] = rotr64(v[d] ^ v[a], 16), v[c] += v[d], v[b] = rotr64(v[b] ^ v[c], 63)
+
     for (int r = 0; r < 12; r++) {
         const unsigned char *p = B2B_SIGMA[r];
         B2B_G(0, 4, 8, 12, m[p[0]], m[p[1]]);
@@ -324,6 +331,18 @@ static unsigned char *put64(unsigned char *p, int64_t v) {
     return p;
 }
 
+/* v in decimal at out (at most 20 digits): how many. */
+static int put_decimal(unsigned char *out, unsigned long long v) {
+    unsigned char tmp[20];
+    int n = 0;
+    do {
+        tmp[n++] = (unsigned char)('0' + v % 10);
+        v /= 10;
+    } while (v != 0);
+    for (int i = 0; i < n; i++) out[i] = tmp[n - 1 - i];
+    return n;
+}
+
 static unsigned char *put_field(unsigned char *p, const unsigned char *text, size_t n) {
     p = put32(p, (int32_t)n);
     memcpy(p, text, n);
@@ -372,18 +391,19 @@ static unsigned char *encode_row(const enc_t *en, const rhead_t *h, const rec_t 
     if (en->operation != NULL) {
         memcpy(p, en->operation, en->olen);
         p += en->olen;
-    } else {
-        char op[MAX_OP_FIELD];
-        int n = rec->xid ? snprintf(op, sizeof(op), "xact:%llu", rec->xid)
-                         : snprintf(op, sizeof(op), ".%lld", rec->txn);
+    } else { /* "xact:<id>", or "<read_ids>.<n>" */
+        unsigned char digits[20];
+        int n = put_decimal(digits, rec->xid ? rec->xid : (unsigned long long)rec->txn);
+        size_t plen = rec->xid ? 5 : en->rlen + 1;
+        p = put32(p, (int32_t)(plen + (size_t)n));
         if (rec->xid) {
-            p = put_field(p, (const unsigned char *)op, (size_t)n);
+            memcpy(p, "xact:", 5);
         } else {
-            p = put32(p, (int32_t)(en->rlen + (size_t)n));
             memcpy(p, en->read_ids, en->rlen);
-            memcpy(p + en->rlen, op, (size_t)n);
-            p += en->rlen + (size_t)n;
+            p[en->rlen] = '.';
         }
+        memcpy(p + plen, digits, (size_t)n);
+        p += plen + (size_t)n;
     }
     if (rec->params != NULL) {
         b2b_update(&s, (const unsigned char *)"", 1);

@@ -368,3 +368,33 @@ def test_new_record_makes_the_named_tuple_the_constructor_makes() -> None:
     assert type(made) is ReadRecord
     assert made == ReadRecord(*fields)
     assert (made.session, made.params, made.rows, made.duration_us) == ("nr1", fields[4], None, 7)
+
+
+def test_the_c_relays_encoded_rows_share_the_queues_bound_and_are_written_whole() -> None:
+    """``offer_rows`` (a connection's records the C relay encoded): counted against the queue's bound with
+    the records, queued whole or dropped whole and counted (``queue_full``), written in one COPY with the
+    records queued beside them; half the bound of encoded rows ends the writer's gathering."""
+    written: list[tuple[int, list[int]]] = []
+
+    async def scenario() -> tuple[dict[str, int], int, int]:
+        recorder = ReadRecorder("postgresql://unused@127.0.0.1:1/x", queue_size=10)
+
+        async def write(batch: list[ReadRecord], rows: Sequence[Any] = ()) -> None:
+            written.append((len(batch), [r.size for r in rows]))
+
+        recorder._write = write  # type: ignore[method-assign]
+        record = ReadRecord("d", "er1", "op1", "SELECT 1", None, 1, time.time(), 5)
+        recorder.offer_rows("d", "er1", b"x" * 6, 4)
+        recorder.offer(record)
+        recorder.offer_rows("d", "er1", b"y" * 9, 6)  # (4 + 1 + 6 > 10: dropped whole)
+        pending = recorder.pending
+        recorder.start()
+        recorder.offer_rows("d", "er1", b"z", 1)  # (5 encoded: half the bound, written without gathering)
+        await asyncio.sleep(0.3)
+        gathered = len(written)
+        await recorder.close()
+        return recorder.dropped, pending, gathered
+
+    dropped, pending, gathered = asyncio.run(scenario())
+    assert pending == 5 and dropped["queue_full"] == 6
+    assert gathered == 1 and written == [(1, [4, 1])]
