@@ -2,7 +2,8 @@
 C relay's records, the writer) and its other threads (the C relay).
 
     .venv/bin/python bench/reads_threads.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
-        [--seconds 10] [--rounds 3] [--sessions 8] [--mode prepared] [--select-only] [--baseline DIR]
+        [--seconds 10] [--rounds 3] [--sessions 8] [--mode prepared] [--select-only] [--warmup S]
+        [--baseline DIR]
 
 Without --dsn an embedded PostgreSQL is started; `pgbench -i -s 10` and the layer in a scratch database.
 Three proxies, one at a time, the order turned each round: `proxy` (no recording), `reads` (--reads-dsn;
@@ -11,7 +12,10 @@ a transaction that read and wrote ends) and `reads_op` (--reads-dsn, each sessio
 Each runs N pgbench processes, one session each; CPU from /proc/PID/task/TID/schedstat (time on a CPU, in
 ns: the clock-tick counts of stat are 10 ms steps, as much as the Python thread's whole share of a run) per
 transaction, summed over the rounds. On a shared machine the TPS swing with the load; CPU per transaction
-much less. --baseline DIR: the same three from another checkout too (a git worktree of main, its C
+much less. --warmup S: each proxy first serves the same sessions for S seconds, not measured, so that its
+one-time costs (the writer's connection and first batch, the first analyses) stay out of the figure: at
+TPC-B's rates on the loaded machine they were several µs per transaction of a 10 s run. --baseline DIR: the
+same three from another checkout too (a git worktree of main, its C
 extension built), side by side in each round, named base_proxy, base_reads, base_reads_op.
 """
 
@@ -58,14 +62,27 @@ def run(
 ) -> tuple[int, float, float]:
     """N pgbench processes through one proxy: (transactions, main thread CPU, other threads' CPU)."""
     assert target.pid is not None
+    if args.warmup:
+        _pgbench(args, tool, target, name, user=user, seconds=args.warmup)
+        time.sleep(SETTLE)
     main0, other0 = thread_cpu(target.pid)
+    txns = _pgbench(args, tool, target, name, user=user, seconds=args.seconds)
+    time.sleep(SETTLE)  # (the writer's last batch)
+    main1, other1 = thread_cpu(target.pid)
+    return txns, main1 - main0, other1 - other0
+
+
+def _pgbench(
+    args: argparse.Namespace, tool: str, target: bp.Target, name: str, *, user: str, seconds: int
+) -> int:
+    """N pgbench processes, one session each, for ``seconds``: the transactions they made."""
     procs = []
     for i in range(args.sessions):
         options = f"-c cow.session_id=thr_{name}_{i}"
         if name.endswith("reads_op"):
             options += f" -c cow.operation_id=op{i}"
         flags = ["-M", args.mode, *(["-S"] if args.select_only else [])]
-        cmd = [tool, "-n", "-T", str(args.seconds), "-c", "1", "-j", "1", "-h", target.host]
+        cmd = [tool, "-n", "-T", str(seconds), "-c", "1", "-j", "1", "-h", target.host]
         cmd += ["-p", str(target.port), "-U", user, *flags, DATABASE]
         env = {**os.environ, "PGOPTIONS": options}
         out = subprocess.PIPE
@@ -77,9 +94,7 @@ def run(
         if found is None:
             raise SystemExit(f"pgbench failed ({name}): {out[-400:]}")
         txns += int(found.group(1))
-    time.sleep(SETTLE)  # (the writer's last batch)
-    main1, other1 = thread_cpu(target.pid)
-    return txns, main1 - main0, other1 - other0
+    return txns
 
 
 def main() -> None:
@@ -90,6 +105,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--mode", default="prepared", help="pgbench -M")
     parser.add_argument("--select-only", action="store_true", help="pgbench -S instead of TPC-B")
+    parser.add_argument("--warmup", type=int, default=0, help="seconds served first, not measured")
     parser.add_argument("--baseline", type=Path, help="another checkout (e.g. a worktree of main) to run too")
     args = parser.parse_args()
     with bp.server(args.dsn, None) as (dsn, host, port, bindir, _sockets):
