@@ -4,8 +4,8 @@
  * transports and hands the two socket descriptors to an Engine (one per ProxyServer). The engine's thread
  * relays whole simple Query messages and extended-protocol messages (Parse, Bind, Describe, Execute, Close,
  * Sync, Flush) client -> server where Python's relay would forward them unchanged for an untagged connection
- * (and CopyData/CopyDone/CopyFail while a COPY FROM STDIN runs), keeping Relay.pending's reply queue and
- * Relay.statements/portals as Python does, and server -> client chunks as read, following only message
+ * (and CopyData/CopyDone/CopyFail while a COPY FROM STDIN runs), keeping ReplyQueue.pending and
+ * Prepared.statements/portals as Python does, and server -> client chunks as read, following only message
  * headers. It never touches a Python object: no GIL in the loop. When it meets what Python must decide (any
  * other client message, a Query or Parse with a comment that may carry tags, EOF, an error, a recall) it
  * removes the descriptors from its epoll set at a point where Python's relay state is exactly known (Python
@@ -42,13 +42,13 @@
  * they take or return change, so that a stale build (an editable install not rebuilt after a pull) is
  * reported and left unused instead of failing at the first call. */
 #define API_VERSION 9
-/* Relay.XACT_STATEMENT and XACT_SQL: asked before the end of a transaction whose reads' operation is its. */
+/* read_trace.XACT_STATEMENT and XACT_SQL: asked before the end of a transaction whose reads' operation is its. */
 #define XACT_NAME "__cowproxy_xact"
 #define XACT_SQL "SELECT pg_current_xact_id_if_assigned()"
-#define XACT_ENTRIES 6 /* Close S, Parse, Bind, Execute, Close P, Close S (Relay._queue_query's shape) */
+#define XACT_ENTRIES 6 /* Close S, Parse, Bind, Execute, Close P, Close S (InjectedBatches.queue_query's shape) */
 #define BUF_CAP (64 * 1024 + 5) /* a whole Query of up to 64 KiB with its header; larger ones go to Python */
 #define MAX_INFLIGHT 128        /* pipelined queries in flight before the client stops being read */
-#define QCAP 1024               /* replies owed (Relay.pending); a full queue hands the connection back */
+#define QCAP 1024               /* replies owed (ReplyQueue.pending); a full queue hands the connection back */
 #define MAX_NAMES 4096          /* prepared statements or portals tracked; more hands the connection back */
 #define MAX_WORDS 64
 #define MAX_KINDS 32
@@ -69,7 +69,7 @@ enum { CLIENT = 0, SERVER = 1 };
 
 typedef struct conn conn_t;
 
-/* A prepared statement as Python's Relay.statements sees it: prepared here (text kept, for Python to analyse
+/* A prepared statement as Python's Prepared.statements sees it: prepared here (text kept, for Python to analyse
  * at hand-back) or known to Python at adoption (idx into the list Python gave). Shared with the portals
  * bound from it, as Python shares its Statement objects. */
 typedef struct stmt {
@@ -101,7 +101,7 @@ typedef struct {
     int n, cap;
 } table_t;
 
-/* A decision Python made for one statement text of a tagged connection (Relay.decisions): forward it as is,
+/* A decision Python made for one statement text of a tagged connection (Decisions): forward it as is,
  * counted as kind with these writes. Keyed by the message type ('Q' or 'P') and the text, or by the
  * lower-case type ('q' or 'p') and the text's shape: every text of that shape (see shape_key). */
 typedef struct {
@@ -134,7 +134,7 @@ typedef struct {
     int shapes; /* entries keyed by a shape ('q', 'p': proxy/sql/shapes.py) */
 } dtable_t;
 
-/* What a forwarded client message will be answered with (Relay.pending; the kind letters of Kind). */
+/* What a forwarded client message will be answered with (ReplyQueue.pending; the kind letters of Kind). */
 typedef struct {
     char kind; /* Q S P B D E C */
     char inj;  /* the proxy's own (the transaction id asked): its replies never reach the client */
@@ -146,7 +146,7 @@ typedef struct {
     long long rec; /* the read record this Query or Execute finishes (a sequence number), or -1 */
 } entry_t;
 
-/* A read of a recorded session (Relay._pending_read and _read_done): done when its CommandComplete came. */
+/* A read of a recorded session (ReadTrace.pending_read and read_done): done when its CommandComplete came. */
 typedef struct {
     long ref; /* as stmt_t.read */
     int state; /* 0: in flight, 1: done, 2: failed or no CommandComplete (nothing to record) */
@@ -281,7 +281,7 @@ typedef struct {
     size_t slen;
     unsigned char *operation; /* the COPY field of the operation id in force, or NULL: the transaction's */
     size_t olen;
-    unsigned char *read_ids; /* Relay.txn.read_ids: read-only transactions are "<read_ids>.<n>" */
+    unsigned char *read_ids; /* TxnReads.read_ids: read-only transactions are "<read_ids>.<n>" */
     size_t rlen;
     rhead_t *stmts, *decs; /* by ref >= 0, and by -(ref + 1) */
     long nstmts, ndecs;
@@ -445,14 +445,14 @@ struct conn {
     entry_t q[QCAP];
     int head, qlen;
     int copy_in;
-    int mid_batch;       /* Relay.mid_batch */
-    int skip;            /* Relay.skip_until_sync */
+    int mid_batch;       /* ReplyQueue.mid_batch */
+    int skip;            /* ReplyQueue.skip_until_sync */
     double batch_started;
     table_t stmts, portals;
     int tagged;      /* in a session (startup tags): only texts with a decision are taken */
     ring_t reads;    /* its reads, when its session's reads are recorded */
     enc_t *enc;      /* and how they become COPY rows (NULL: Python makes them) */
-    /* Reads with no operation id take their transaction's (Relay.txn, TxnReads): resolve is the kind index
+    /* Reads with no operation id take their transaction's (ReadTrace.txn, TxnReads): resolve is the kind index
      * of transaction statements (-1: an operation id is in force, nothing to resolve). txn counts the
      * ReadyForQuery with status I; txn_reads and txn_wrote, what was sent since the connection was last
      * idle: such a transaction's end (a transaction statement, a Sync with status I) is handed back, for
@@ -460,14 +460,14 @@ struct conn {
     int resolve;
     long long txn;
     int txn_reads, txn_wrote;
-    /* The question (XACT_SQL) before that end, asked here as Relay._ask_xact does: ask is set by the
+    /* The question (XACT_SQL) before that end, asked here as ReadTrace.ask_xact does: ask is set by the
      * message it goes before (parse_client then sends it and takes that message again: asked); inj_owed
      * counts its replies still owed (no hand-back until they are in); the answer, for the open transaction. */
     int ask, asked, inj_owed, inj_flushed;
     unsigned long long txn_xid;
     int sdrop; /* the server message being read is a reply to the question: not relayed */
     long long cur_rec; /* the record whose CommandComplete body is being read, or -1 */
-    dtable_t dec;    /* Relay.decisions, given at adoption */
+    dtable_t dec;    /* Decisions, given at adoption */
     /* Promotions (proxy/unnamed.py), given at adoption and handed back: names made so far and how many may be;
      * texts that may have deallocated them (Promotions._deallocations, counted here from 0); replies owed to
      * messages sent for them; a rewritten one that failed as on a stale catalog (CatalogGate.suspect: Python
@@ -1048,7 +1048,7 @@ static unsigned char *dup_bytes(const unsigned char *p, size_t n) {
     return out;
 }
 
-/* A read starts (Relay._pending_read): its record's sequence number, or -1 (not recorded, or dropped). Its
+/* A read starts (ReadTrace.pending_read): its record's sequence number, or -1 (not recorded, or dropped). Its
  * Bind's parameters, and the text of a Query taken by its shape's decision, are kept with it. */
 static long long read_start(Engine *e, conn_t *c, long ref, const unsigned char *params, size_t plen,
                             const unsigned char *text, size_t tlen) {
@@ -1078,7 +1078,7 @@ static long long read_start(Engine *e, conn_t *c, long ref, const unsigned char 
     return r->end++;
 }
 
-/* Its CommandComplete (Relay._read_done): rows from "SELECT n", as Python reads the tag. */
+/* Its CommandComplete (ReadTrace.read_done): rows from "SELECT n", as Python reads the tag. */
 static void read_done(Engine *e, conn_t *c, long long seq, const unsigned char *tag, int len) {
     rec_t *rec = &c->reads.v[seq % READ_CAP];
     if (len > 0 && tag[len - 1] == 0) len--;
@@ -1157,12 +1157,12 @@ static void push_extended(conn_t *c, char kind, long long rec) {
     push_rec(c, kind, 0.0, rec);
 }
 
-/* A statement goes out (Relay._txn_sent): anything but a recorded read or a transaction statement may write. */
+/* A statement goes out (ReadTrace.sent): anything but a recorded read or a transaction statement may write. */
 static void txn_sent(conn_t *c, int kind, long read) {
     if (c->resolve >= 0 && read == NO_READ && kind != c->resolve) c->txn_wrote = 1;
 }
 
-/* Relay._wants_xact: before a message that may end a transaction that read with no operation id and may
+/* ReadTrace.wants_xact: before a message that may end a transaction that read with no operation id and may
  * have written, ask the server its transaction id; only when the status is current (no ReadyForQuery owed:
  * a pipelined failure would make the question fail and the server skip the client's COMMIT). */
 static int wants_xact(conn_t *c) {
@@ -1242,7 +1242,7 @@ static handback_t *make_handback(Engine *e, conn_t *c, const char *reason, int e
         h->kinds[c->qlen] = 0;
         h->mid_batch = c->mid_batch;
         h->skip = c->skip;
-        h->stmts = c->stmts; /* moved: Python rebuilds Relay.statements/portals from them */
+        h->stmts = c->stmts; /* moved: Python rebuilds Prepared.statements/portals from them */
         h->portals = c->portals;
         h->taken = c->taken;
         h->txn = c->txn;
@@ -1302,7 +1302,7 @@ static const char *ready_to_hand_back(conn_t *c) {
     if (c->sheld != NULL) return "rerun"; /* a watched statement's error or notice is next: Python's */
     /* A COPY FROM STDIN waits for the client: Python takes it over with the query still in flight. Inside
      * an extended batch the server answers nothing before the client's Sync, which comes after the message
-     * C does not take: Python takes over at once with the replies still owed (c->q mirrors Relay.pending). */
+     * C does not take: Python takes over at once with the replies still owed (c->q mirrors ReplyQueue.pending). */
     if (c->stop_client && (c->qlen == 0 || c->copy_in || c->mid_batch || c->skip)) return "client message";
     if (c->recall && idle_point(c) && c->status == 'I') return "recall";
     return NULL;
@@ -1369,7 +1369,7 @@ static void flush_out(Engine *e, conn_t *c, int side) {
     }
 }
 
-/* Relay._ask_xact inside the client's batch: the question goes before the message being taken (which is
+/* ReadTrace.ask_xact inside the client's batch: the question goes before the message being taken (which is
  * then taken again: asked); its replies are dropped (server_header), an ErrorResponse is the client's. */
 static void ask_xact(Engine *e, conn_t *c) {
     static const char kinds[XACT_ENTRIES] = {'C', 'P', 'B', 'E', 'C', 'C'};
@@ -1545,7 +1545,7 @@ static int rename_describe(conn_t *c, const stmt_t *st) {
     return repl_message(c, 'D', parts, lens, 2);
 }
 
-/* Relay._error for a message sent for a promotion: a rewritten one that fails as on a stale catalog makes
+/* Relay.failed for a message sent for a promotion: a rewritten one that fails as on a stale catalog makes
  * the catalog suspect (C takes no more: Python checks it first); a Bind or Describe of the proxy's name that
  * fails forgets the name (Promotions.failed: a new one is parsed the next time). */
 static void promo_error(conn_t *c, const entry_t *h) {
@@ -1566,7 +1566,7 @@ static void promo_error(conn_t *c, const entry_t *h) {
     }
 }
 
-/* One whole Parse, Bind, Describe, Execute, Close, Sync or Flush: take it (and keep Relay's bookkeeping for it)
+/* One whole Parse, Bind, Describe, Execute, Close, Sync or Flush: take it (and keep the relay's bookkeeping for it)
  * if Python would forward it unchanged for an untagged connection, or as a session's decision says; 0: Python
  * must see it; 3: taken, sent in another form (conn_t.repl: a promotion). */
 static int take_extended(Engine *e, conn_t *c, const unsigned char *m, size_t total) {
@@ -1851,14 +1851,14 @@ static void count_error(Engine *e, const unsigned char *body, int len) {
     }
 }
 
-/* Relay._on_pass: the reply that ends the extended-protocol message at the head of the queue. */
+/* ReplyQueue._on_pass: the reply that ends the extended-protocol message at the head of the queue. */
 static void server_header(conn_t *c, unsigned char type) {
     entry_t *h = qhead(c);
     if (h == NULL) return;
     if (type == '1' && h->kind == 'P' && h->promo) promo_parsed(c, h, 1); /* the proxy's statement is ready */
     if (type == 'C' && h->rec >= 0) { /* a recorded read's CommandComplete: its body is read for the tag */
         c->cur_rec = h->rec;
-        h->rec = -1; /* (a simple Query's first one: Relay._read_done) */
+        h->rec = -1; /* (a simple Query's first one: ReadTrace.read_done) */
     }
     char want = 0;
     switch (type) {
@@ -1877,7 +1877,7 @@ static void server_header(conn_t *c, unsigned char type) {
 
 static void server_message(Engine *e, conn_t *c) {
     switch (c->stype) {
-    case 'Z': { /* Relay._ready: it answers the first Query or Sync owed */
+    case 'Z': { /* ReplyQueue._ready: it answers the first Query or Sync owed */
         if (c->ebuf_have >= 1) c->status = (char)c->ebuf[0];
         c->copy_in = 0;
         double started = 0.0;
@@ -1896,7 +1896,7 @@ static void server_message(Engine *e, conn_t *c) {
             e->latency_sum += seconds;
         }
         if (c->status == 'I' && c->qlen == 0) c->mid_batch = 0;
-        if (c->status == 'I') { /* (Relay._txn_ended) */
+        if (c->status == 'I') { /* (ReadTrace.ended) */
             stamp_xid(c);
             c->txn_xid = 0;
             c->txn++;
@@ -1904,7 +1904,7 @@ static void server_message(Engine *e, conn_t *c) {
         }
         break;
     }
-    case 'E': { /* Relay._error: in the extended protocol the server now skips everything up to Sync */
+    case 'E': { /* ReplyQueue._error: in the extended protocol the server now skips everything up to Sync */
         count_error(e, c->ebuf, c->ebuf_have);
         entry_t *h = qhead(c);
         if (h != NULL && h->rw) promo_error(c, h);
@@ -1916,7 +1916,7 @@ static void server_message(Engine *e, conn_t *c) {
     }
     case 'G': /* CopyInResponse */
     case 'W': { /* CopyBothResponse */
-        /* Relay._copy_started: the server ignores the Syncs sent after the COPY's Execute (libpq sends one
+        /* ReplyQueue._copy_started: the server ignores the Syncs sent after the COPY's Execute (libpq sends one
          * before the data): no ReadyForQuery answers them. C takes no CopyDone before this point, so every
          * Sync still owed behind the head is one of those. */
         c->copy_in = 1;
@@ -2301,7 +2301,7 @@ static int load_slots(PyObject *items, unsigned char *n, unsigned short *slots) 
     return 0;
 }
 
-/* Relay.decisions at adoption: [(type + text, kind, slots, recorded read, rerun, promotion)]; a read record
+/* Decisions at adoption: [(type + text, kind, slots, recorded read, rerun, promotion)]; a read record
  * names a decision by its index in this list. A 'U' decision (an unnamed Parse Python promotes: the key is the
  * Parse's body after its empty name, the text and its parameter types) names its promotion (an index into the
  * npromos loaded before). */
@@ -2458,7 +2458,7 @@ static size_t put_message(unsigned char *out, char type, const char *body, size_
     return n + 5;
 }
 
-/* The question's messages, as Relay._queue_query sends them: Close S, Parse, Bind and Execute of the portal
+/* The question's messages, as InjectedBatches.queue_query sends them: Close S, Parse, Bind and Execute of the portal
  * of the same name, Close P, Close S. */
 static size_t xact_messages(unsigned char *out) {
     static const char close_s[] = "S" XACT_NAME;
