@@ -25,7 +25,6 @@ import re
 import shutil
 import statistics
 import subprocess
-import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 bp = common.sibling("proxy")  # its server, proxy and process helpers
+sessions = common.sibling("sessions")  # its pgbench database
 
 TARGETS = ("session", "plain", "plain/slow")
 
@@ -110,24 +110,9 @@ def run_one(args: argparse.Namespace, tool: str, proxy: bp.Target, target: str, 
     return Sample(target, mode, n, main, relay)
 
 
-def prepare(dsn: str, database: str, tool: str, scale: int, user: str) -> str:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {database}")
-        conn.execute(f"CREATE DATABASE {database}")
-    db_dsn = urlsplit(dsn)._replace(path="/" + database).geturl()
-    parts = urlsplit(dsn)
-    host, port = parts.hostname or "127.0.0.1", str(parts.port or 5432)
-    subprocess.run(
-        [tool, "-i", "-q", "-s", str(scale), "-h", host, "-p", port, "-U", user, database],
-        check=True,
-        capture_output=True,
-    )
-    subprocess.run(
-        [sys.executable, "-m", "cowproxy", "install", "--dsn", db_dsn],
-        check=True,
-        capture_output=True,
-        cwd=ROOT,
-    )
+def prepare(dsn: str, database: str, tool: str, scale: int) -> str:
+    """The pgbench database with the layer (bench/sessions.py's), and the UPDATE delays of plain/slow."""
+    db_dsn = str(sessions.pgbench_database(dsn, database, tool, scale))
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute(DELAY_SQL)
     return db_dsn
@@ -166,7 +151,7 @@ def main() -> None:
     args = parse_args()
     args.user = urlsplit(args.dsn).username or "postgres"
     tool = shutil.which("pgbench") or "pgbench"
-    prepare(args.dsn, args.database, tool, args.scale, args.user)
+    prepare(args.dsn, args.database, tool, args.scale)
     parts = urlsplit(args.dsn)
     upstream = f"{parts.hostname or '127.0.0.1'}:{parts.port or 5432}"
     samples = []

@@ -247,6 +247,28 @@ def pinned_server(dsn: str, cpus: frozenset[int] | None) -> Iterator[None]:
         pin_tree(postmaster, frozenset(range(os.cpu_count() or 1)))
 
 
+def pgbench_database(dsn: str, database: str, tool: str, scale: int) -> str:
+    """``database`` made anew with ``pgbench -i -s scale`` and the layer installed; its DSN."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {database}")
+        conn.execute(f"CREATE DATABASE {database}")
+    db_dsn = urlsplit(dsn)._replace(path="/" + database).geturl()
+    parts = urlsplit(dsn)
+    host, port, user = parts.hostname or "127.0.0.1", str(parts.port or 5432), parts.username or "postgres"
+    subprocess.run(
+        [tool, "-i", "-q", "-s", str(scale), "-h", host, "-p", port, "-U", user, database],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [sys.executable, "-m", "cowproxy", "install", "--dsn", db_dsn],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+    )
+    return db_dsn
+
+
 def overlay_path(dsn: str) -> str:
     """The search_path cow.use_session sets (what a session without the proxy puts in PGOPTIONS)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -303,21 +325,7 @@ def main() -> None:
         tool = os.path.join(bindir, "pgbench") if bindir else (shutil.which("pgbench") or "pgbench")
         user = urlsplit(dsn).username or "postgres"
         database = args.database
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {database}")
-            conn.execute(f"CREATE DATABASE {database}")
-        db_dsn = urlsplit(dsn)._replace(path="/" + database).geturl()
-        subprocess.run(
-            [tool, "-i", "-q", "-s", str(args.scale), "-h", host, "-p", str(port), "-U", user, database],
-            check=True,
-            capture_output=True,
-        )
-        subprocess.run(
-            [sys.executable, "-m", "cowproxy", "install", "--dsn", db_dsn],
-            check=True,
-            capture_output=True,
-            cwd=ROOT,
-        )
+        db_dsn = pgbench_database(dsn, database, tool, args.scale)
         path = overlay_path(db_dsn)
         extra = tuple(args.proxy_args.split())
         secret_dir = contextlib.ExitStack()
