@@ -4,7 +4,8 @@
 - ``fix_layer``: the layer's sample database (``layer_template``, ``layer_db``, ``plain_db``) and old layer
   versions for upgrade tests;
 - ``fix_proxy``: a running proxy (``proxy``, ``run_proxy``; ``BOTH_RELAYS = True`` in a module runs its tests
-  on the C relay and on the Python relay), ``databases``;
+  on the C relay and on the Python relay), ``relay_pair`` (one proxy on each relay, the Python one the
+  oracle), ``databases``;
 - ``fix_scoring``: the paper's Figure 3 database (``fig3_dsn``), ``record``;
 - ``fix_demo``: the demo app's database and API (``seeded_db``, ``app_api``), a scripted model
   (``fake_model``);

@@ -16,7 +16,7 @@ import pytest
 from proxy.admin import AdminApi, MetricsEndpoint
 from proxy.config import Address, ProxyConfig
 from proxy.server import ProxyServer
-from tests.fix_db import TEST_BIND_SECRET, PgServer
+from tests.fix_db import TEST_BIND_SECRET, PgServer, install_layer_at
 
 T = TypeVar("T")
 
@@ -130,6 +130,19 @@ def fast_relay() -> bool:
 def proxy(pg_server: PgServer, request: pytest.FixtureRequest) -> Iterator[RunningProxy]:
     with run_proxy(pg_server, fast_relay=getattr(request, "param", True)) as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def relay_pair(pg_server: PgServer, create_database: Any) -> Iterator[tuple[str, RunningProxy, RunningProxy]]:
+    """A database with a table t of 20 rows and the layer, and a proxy on the C relay and one on the Python
+    relay (the oracle) in front of it: (dsn, fast, slow)."""
+    dsn = create_database()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 20) g")
+    install_layer_at(dsn)
+    with run_proxy(pg_server, fast_relay=True) as fast, run_proxy(pg_server, fast_relay=False) as slow:
+        yield dsn, fast, slow
 
 
 def backends(pg: PgServer, database: str) -> int:

@@ -16,7 +16,7 @@ from proxy import protocol as p
 from proxy.admin import admin_request
 from proxy.fastrelay import AVAILABLE, UNAVAILABLE
 from tests.fix_db import PgServer, install_layer_at
-from tests.fix_proxy import RunningProxy, run_proxy
+from tests.fix_proxy import RunningProxy
 from tests.proxy.test_adversity import RawClient, dbname, wait_for
 from tests.proxy.test_fast_relay import _exchange, _message, fast_counted, on_fast, relays, scrape
 from tests.proxy.test_tagging import base_customers, changes
@@ -182,17 +182,6 @@ def test_pgbench_in_sessions(
 # ---- the C relay against the Python relay in sessions, with tag switches, message stream by stream
 
 
-@pytest.fixture(scope="module")
-def session_pair(pg_server: PgServer, create_database: Any) -> Any:
-    dsn = create_database()
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
-        conn.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 20) g")
-    install_layer_at(dsn)
-    with run_proxy(pg_server, fast_relay=True) as fast, run_proxy(pg_server, fast_relay=False) as slow:
-        yield dsn, fast, slow
-
-
 # {o}: another session of this run (a comment tag switches to it for one statement or transaction); {n}: a
 # literal that differs in each round (its texts are new: C takes them by their shape's decision).
 _SESSION_TEXTS = st.sampled_from(
@@ -249,11 +238,11 @@ _runs = iter(range(1_000_000))
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(stream=_SESSION_STREAMS, pipelined=st.booleans())
 def test_fast_relay_matches_the_python_relay_in_sessions(
-    session_pair: Any, stream: list[tuple[str, str]], pipelined: bool
+    relay_pair: Any, stream: list[tuple[str, str]], pipelined: bool
 ) -> None:
     """Each stream runs twice on one connection (so its texts are decided, then taken by C's decisions),
     then reads the table: the replies of the C relay's proxy equal the Python relay's."""
-    dsn, fast, slow = session_pair
+    dsn, fast, slow = relay_pair
     database = dbname(dsn)
     run = next(_runs)
     replies = []

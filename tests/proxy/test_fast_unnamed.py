@@ -18,8 +18,7 @@ from proxy import protocol as p
 from proxy.fastrelay import AVAILABLE, UNAVAILABLE, FastRelay, Handback
 from proxy.handoff import Adoption, Known, Promotion, PromotionsBack, PromotionsGiven
 from proxy.unnamed import MAX_PROMOTED, PROMOTED_PREFIX, decision_key, types_bytes
-from tests.fix_db import PgServer, install_layer_at
-from tests.fix_proxy import RunningProxy, run_proxy
+from tests.fix_proxy import RunningProxy
 from tests.proxy.test_adversity import RawClient, dbname, wait_for
 from tests.proxy.test_fast_relay import relays
 
@@ -286,17 +285,6 @@ def test_an_alias_given_at_adoption_renames_the_bind(fast: FastRelay) -> None:
 
 
 # ---- through both relays against PostgreSQL: the Python relay (--no-fast-relay) is the oracle
-
-
-@pytest.fixture(scope="module")
-def relay_pair(pg_server: PgServer, create_database: Any) -> Iterator[tuple[str, RunningProxy, RunningProxy]]:
-    dsn = create_database()
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
-        conn.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 20) g")
-    install_layer_at(dsn)
-    with run_proxy(pg_server, fast_relay=True) as fast, run_proxy(pg_server, fast_relay=False) as slow:
-        yield dsn, fast, slow
 
 
 def _rewrites(proxy: RunningProxy) -> int:
