@@ -27,7 +27,9 @@ initialisation or the previous target's checkpoint):
 With --pin, PostgreSQL (every process of its postmaster) and pgbench run on CPU 0 and the proxies on the
 other CPUs: the proxy on cores of its own, as on a host or pod of its own, so that the ratio shows what the
 proxy costs a session and not what sharing the server's cores costs it. Use it with the embedded server
-(without --dsn): it pins the server's processes while it runs and unpins them at the end.
+(without --dsn): it pins the server's processes while it runs and unpins them at the end. On a VM whose
+idle vCPUs the hypervisor must wake at every round trip, pinning slows every proxied run instead
+(docs/benchmarks.md, "The proxy on a core of its own").
 
 With --bind, this checkout's proxies hold the database's binding secret (`--bind-secret-file`): they join
 sessions with `cow.bind_session`, as in production (without it they fall back to `cow.use_session`);
@@ -240,11 +242,12 @@ def pinned_server(dsn: str, cpus: frozenset[int] | None) -> Iterator[None]:
         yield
         return
     postmaster = postmaster_pid(dsn)
+    before = frozenset(os.sched_getaffinity(postmaster))
     pin_tree(postmaster, cpus)
     try:
         yield
     finally:
-        pin_tree(postmaster, frozenset(range(os.cpu_count() or 1)))
+        pin_tree(postmaster, before)
 
 
 def pgbench_database(dsn: str, database: str, tool: str, scale: int) -> str:
