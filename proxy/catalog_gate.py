@@ -4,50 +4,28 @@ A tagged connection's rewrites read the catalog of the CoW tables. It is read wh
 joins a session (the process's copy at that version when another connection has read it), and checked
 again before a statement that depends on it, since app DDL on another connection may have changed the
 tables since. Checks and loads are statements the proxy sends ahead of the client's, through the relay's
-injected batches (``Injector``); the gate knows nothing else of the relay.
+injected batches (``proxy.injected.InjectedBatches``); the gate knows nothing else of the relay.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from proxy.analysis import ProxyAnalyzer
 from proxy.catalogs import CatalogStore
+from proxy.injected import Done, InjectedBatches, Rows
 from proxy.replies import Kind
 from proxy.sql import Catalog
 
 CATALOG_STATEMENT = "__cowproxy_catalog"
 CATALOG_VERSION_STATEMENT = "__cowproxy_catalog_version"
 
-Rows = list[tuple[str | None, ...]]
-Done = Callable[[bool], None]
-
-
-class Injector(Protocol):
-    """The injected batches the gate sends its queries in (``proxy.injected.InjectedBatches``)."""
-
-    def start(self, trigger: bytes) -> bool | None: ...
-    def finish(self, close_last: bytes, standalone: bool, on_done: Done) -> None: ...
-    def queue_query(
-        self,
-        name: str,
-        sql: str,
-        forward: bool,
-        *,
-        params: tuple[str | None, ...] = (),
-        on_done: Done | None = None,
-        capture: Rows | None = None,
-    ) -> bytes: ...
-    def send(
-        self, raw: bytes, kind: Kind, forward: bool, on_done: Done | None = None, capture: Rows | None = None
-    ) -> None: ...
-
 
 class CatalogGate:
     """One connection's catalog: what it is, at which version, and whether it is being read or checked."""
 
-    def __init__(self, analysis: ProxyAnalyzer, catalogs: CatalogStore, injector: Injector) -> None:
+    def __init__(self, analysis: ProxyAnalyzer, catalogs: CatalogStore, injector: InjectedBatches) -> None:
         self.analysis = analysis
         self.catalogs = catalogs  # the catalog read by other connections (same database)
         self.injector = injector
