@@ -230,9 +230,20 @@ def test_a_text_with_tabs_newlines_and_backslashes_is_kept_as_sent(
     assert got["statement"] == sql.replace("%s", "$1")
 
 
+@pytest.mark.parametrize("layer", ["trigger", "older"])
 def test_a_session_that_only_reads_is_registered_and_can_be_discarded(
-    recording: RunningProxy, layer_db: str
+    pg_server: PgServer, fast_relay: bool, layer_db: str, layer: str
 ) -> None:
+    """The layer registers the sessions of the rows the writer's COPY adds (cow_reads_register); with a
+    layer from before that trigger the writer registers them itself, in the COPY's transaction."""
+    if layer == "older":
+        with psycopg.connect(layer_db, autocommit=True) as conn:
+            conn.execute("DROP TRIGGER cow_reads_register ON cow.reads")
+    with run_proxy(pg_server, reads_dsn=pg_server.dsn, fast_relay=fast_relay) as recording:
+        _read_only_session(recording, layer_db)
+
+
+def _read_only_session(recording: RunningProxy, layer_db: str) -> None:
     with psycopg.connect(tagged(recording, layer_db, "ro1", "look"), autocommit=True) as conn:
         conn.execute("SELECT * FROM customers").fetchall()
     flush(recording)
