@@ -60,6 +60,7 @@
 #define MAX_DECISIONS 1024  /* cached decisions per connection */
 #define READ_CAP 1024       /* read records per connection waiting for Python (a full ring drops) */
 #define READ_MARK 256       /* records waiting that make the thread wake Python to take them */
+#define PARAMS_INLINE 40    /* a read's Bind parameters up to this many bytes are kept in its record */
 #define NO_READ LONG_MIN    /* a statement whose Executes are not recorded */
 /* proxy/unnamed.py's PROMOTED_PREFIX: the named statements the proxy prepares for a session's unnamed reads. */
 #define PROMOTED_PREFIX "__cowproxy_unnamed_"
@@ -150,21 +151,31 @@ typedef struct {
 typedef struct {
     long ref; /* as stmt_t.read */
     int state; /* 0: in flight, 1: done, 2: failed or no CommandComplete (nothing to record) */
+    int pinned; /* the Bind's parameters are in pin (params NULL) */
     long long rows; /* of "SELECT n", or -1 */
-    double started, wall; /* monotonic at the Execute or Query; wall clock at its CommandComplete */
+    double started; /* monotonic at the Execute or Query */
+    /* At its CommandComplete: monotonic while in the ring, the wall clock once taken (take_ring, handback_reads
+     * add the clocks' difference, read once per take: one clock read less per read on the relay's path). */
+    double wall;
     long long txn;        /* its transaction: conn_t.txn at its CommandComplete */
     unsigned long long xid; /* its transaction's id, once that ended (0: none, a read-only transaction) */
     long long duration_us;
-    unsigned char *params; /* the Bind's, or NULL */
+    unsigned char *params; /* the Bind's, or NULL (none, or pinned) */
     size_t plen;
     unsigned char *text; /* a Query taken by its shape's decision: its own text (the record's statement), or NULL */
     size_t tlen;
+    /* Short parameters (pgbench's, most keys) are kept here: no malloc on the relay's thread and free on
+     * Python's per read (records are copied out of the ring by value, so no pointer into it). */
+    unsigned char pin[PARAMS_INLINE];
 } rec_t;
+
+static const unsigned char *rec_params(const rec_t *rec) { return rec->pinned ? rec->pin : rec->params; }
 
 static void rec_free(rec_t *rec) {
     free(rec->params);
     free(rec->text);
     rec->params = rec->text = NULL;
+    rec->pinned = 0;
 }
 
 typedef struct {
@@ -405,9 +416,9 @@ static unsigned char *encode_row(const enc_t *en, const rhead_t *h, const rec_t 
         memcpy(p + plen, digits, (size_t)n);
         p += plen + (size_t)n;
     }
-    if (rec->params != NULL) {
+    if (rec_params(rec) != NULL) {
         b2b_update(&s, (const unsigned char *)"", 1);
-        b2b_update(&s, rec->params, rec->plen);
+        b2b_update(&s, rec_params(rec), rec->plen);
     }
     unsigned char ident[16];
     b2b_hex(&s, ident);
@@ -1049,9 +1060,10 @@ static unsigned char *dup_bytes(const unsigned char *p, size_t n) {
 }
 
 /* A read starts (ReadTrace.pending_read): its record's sequence number, or -1 (not recorded, or dropped). Its
- * Bind's parameters, and the text of a Query taken by its shape's decision, are kept with it. */
+ * Bind's parameters, and the text of a Query taken by its shape's decision, are kept with it. Started: the
+ * monotonic time of its message when the caller read it already, or -1. */
 static long long read_start(Engine *e, conn_t *c, long ref, const unsigned char *params, size_t plen,
-                            const unsigned char *text, size_t tlen) {
+                            const unsigned char *text, size_t tlen, double started) {
     ring_t *r = &c->reads;
     if (r->v == NULL || ref == NO_READ) return -1;
     if (r->end - r->base >= READ_CAP) {
@@ -1059,11 +1071,13 @@ static long long read_start(Engine *e, conn_t *c, long ref, const unsigned char 
         return -1;
     }
     rec_t *rec = &r->v[r->end % READ_CAP];
-    rec->params = params != NULL ? dup_bytes(params, plen) : NULL;
+    rec->pinned = params != NULL && plen <= PARAMS_INLINE;
+    if (rec->pinned) memcpy(rec->pin, params, plen);
+    rec->params = params != NULL && !rec->pinned ? dup_bytes(params, plen) : NULL;
     rec->plen = plen;
     rec->text = text != NULL ? dup_bytes(text, tlen) : NULL;
     rec->tlen = tlen;
-    if ((params != NULL && rec->params == NULL) || (text != NULL && rec->text == NULL)) {
+    if ((params != NULL && rec_params(rec) == NULL) || (text != NULL && rec->text == NULL)) {
         rec_free(rec);
         e->reads_dropped++;
         return -1;
@@ -1074,7 +1088,7 @@ static long long read_start(Engine *e, conn_t *c, long ref, const unsigned char 
     c->txn_reads++;
     rec->state = 0;
     rec->rows = -1;
-    rec->started = now();
+    rec->started = started >= 0 ? started : now();
     return r->end++;
 }
 
@@ -1094,7 +1108,7 @@ static void read_done(Engine *e, conn_t *c, long long seq, const unsigned char *
     rec->rows = rows;
     rec->txn = c->txn;
     rec->xid = 0;
-    rec->wall = wall_now();
+    rec->wall = t; /* (monotonic: made the wall clock when taken) */
     rec->duration_us = (long long)((t - rec->started) * 1e6);
     rec->state = 1;
     e->reads_done++;
@@ -1648,7 +1662,7 @@ static int take_extended(Engine *e, conn_t *c, const unsigned char *m, size_t to
             if (portal->s->pyonly) return 0;
             if (c->tagged) count_tagged(e, portal->s->kind, portal->s->nslots, portal->s->slots);
             else e->statements[portal->s->kind]++;
-            rec = read_start(e, c, portal->s->read, portal->params, portal->plen, NULL, 0);
+            rec = read_start(e, c, portal->s->read, portal->params, portal->plen, NULL, 0, -1);
             txn_sent(c, portal->s->kind, portal->s->read);
         } else if (c->resolve >= 0) {
             c->txn_wrote = 1; /* (a portal Python knows nothing of) */
@@ -1719,7 +1733,8 @@ static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_
                 count_tagged(e, d->kind, d->nslots, d->slots);
                 /* (By its shape's decision: the record keeps the text, its statement.) */
                 const unsigned char *own = d->key[0] == 'q' ? buf + pos + 5 : NULL;
-                push_rec(c, 'Q', now(), read_start(e, c, d->read, NULL, 0, own, (size_t)total - 6));
+                double t = now(); /* (the Query's and its record's start: one clock read) */
+                push_rec(c, 'Q', t, read_start(e, c, d->read, NULL, 0, own, (size_t)total - 6, t));
                 txn_sent(c, d->kind, d->read);
                 if (c->watch == 1) watch_add(c, buf + pos, (size_t)total);
             } else {
@@ -2171,7 +2186,7 @@ static PyObject *table_list(table_t *t) {
  * transaction's number and id, its own text or None). */
 static PyObject *read_tuple(const rec_t *rec) {
     PyObject *rows = rec->rows >= 0 ? PyLong_FromLongLong(rec->rows) : Py_NewRef(Py_None);
-    PyObject *params = bytes_or_none(rec->params, rec->plen);
+    PyObject *params = bytes_or_none(rec_params(rec), rec->plen);
     PyObject *text = bytes_or_none(rec->text, rec->tlen);
     if (rows == NULL || params == NULL || text == NULL) {
         Py_XDECREF(rows);
@@ -2205,14 +2220,16 @@ static int handback_reads(handback_t *h, PyObject **done, PyObject **owed) {
     if (*done == NULL || *owed == NULL) return -1;
     ring_t *r = &h->reads;
     if (r->v == NULL) return 0;
+    double to_wall = wall_now() - now();
     for (long long seq = r->base; seq < r->end; seq++) {
         rec_t *rec = &r->v[seq % READ_CAP];
         if (rec->state == 1) {
+            rec->wall += to_wall;
             if (reads_append(*done, rec, 1) < 0) return -1;
         } else if (rec->state == 0 && h->qrec != NULL) {
             for (int i = 0; h->kinds[i]; i++) {
                 if (h->qrec[i] != seq) continue;
-                PyObject *params = bytes_or_none(rec->params, rec->plen);
+                PyObject *params = bytes_or_none(rec_params(rec), rec->plen);
                 PyObject *text = params ? bytes_or_none(rec->text, rec->tlen) : NULL;
                 PyObject *t = text ? Py_BuildValue("(ildNN)", i, rec->ref, rec->started, params, text) : NULL;
                 if (text == NULL) Py_XDECREF(params);
@@ -2854,7 +2871,7 @@ typedef struct taken_reads {
     struct taken_reads *next;
 } taken_reads_t;
 
-static taken_reads_t *take_ring(conn_t *c) {
+static taken_reads_t *take_ring(conn_t *c, double to_wall) {
     ring_t *r = &c->reads;
     long long n = 0;
     /* (Resolving: only those of ended transactions; the open one's wait for its end, or the hand-back.) */
@@ -2868,7 +2885,10 @@ static taken_reads_t *take_ring(conn_t *c) {
         free(t);
         return NULL;
     }
-    for (long long i = 0; i < n; i++) v[i] = r->v[(r->base + i) % READ_CAP];
+    for (long long i = 0; i < n; i++) {
+        v[i] = r->v[(r->base + i) % READ_CAP];
+        v[i].wall += to_wall;
+    }
     r->base += n;
     r->marked = 0;
     if (r->base == r->end) r->base = r->end = 0;
@@ -2922,10 +2942,11 @@ static PyObject *taken_item(taken_reads_t *t) {
 static PyObject *engine_take_reads(Engine *e, PyObject *unused) {
     CHECK_STARTED(e);
     taken_reads_t *head = NULL;
+    double to_wall = wall_now() - now();
     pthread_mutex_lock(&e->mu);
     for (conn_t *c = e->conns; c != NULL; c = c->next) {
         if (c->reads.v == NULL || c->reads.base == c->reads.end) continue;
-        taken_reads_t *t = take_ring(c);
+        taken_reads_t *t = take_ring(c, to_wall);
         if (t != NULL) {
             t->next = head;
             head = t;

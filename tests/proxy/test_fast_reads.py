@@ -7,6 +7,7 @@ hands back in its middle."""
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime, timedelta
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -117,15 +118,21 @@ def test_reads_on_the_c_relay_are_recorded_as_on_the_python_relay(
     proxies: dict[str, RunningProxy], layer_db: str, mode: str
 ) -> None:
     run, prepare = MODES[mode]
+    began = datetime.now(UTC)
     for name, proxy in proxies.items():
         with psycopg.connect(tagged(proxy, layer_db, f"fr-{name}-{mode}", "op1"), autocommit=True) as conn:
             run(conn, prepare)
             _more_reads(conn, prepare)
             flush(proxy)  # (the C relay's records taken while it holds the connection: its own COPY rows)
         flush(proxy)
+    ended = datetime.now(UTC)
     python, fast = (recorded(layer_db, f"fr-{name}-{mode}") for name in proxies)
     assert len(python) >= 15
     assert fast == python
+    # Their times are the wall clock's (C reads the monotonic clock per read, the wall clock per take).
+    with psycopg.connect(layer_db, autocommit=True) as db:
+        at = db.execute("SELECT min(at), max(at) FROM cow.reads WHERE session LIKE 'fr-%'").fetchone()
+    assert at is not None and began - timedelta(seconds=1) <= at[0] <= at[1] <= ended
     assert c_reads(proxies["fast"]) >= len(python) // 2  # (the first of each text, and key reads: Python)
     assert c_rows(proxies["fast"]) >= 4
 
