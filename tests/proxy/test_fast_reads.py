@@ -7,8 +7,8 @@ hands back in its middle."""
 from __future__ import annotations
 
 import threading
-from datetime import UTC, datetime, timedelta
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
