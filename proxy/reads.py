@@ -42,13 +42,13 @@ log = logging.getLogger("cowproxy")
 DEFAULT_QUEUE = 10_000  # records waiting for the writer; beyond this they are dropped (and counted)
 BATCH = 1000  # records per COPY
 # The C relay's records come encoded (ReadRecorder.offer_rows): the writer gathers them until half the
-# queue's bound, not BATCH. A batch costs the proxy ~0.7 ms of CPU whatever its size (its transaction and
-# the COPY's round trips), which at -S's rates (a take of ~2,000 records each time a ring reaches its mark,
-# each a batch) was ~1 µs per read; an encoded record costs ~0.2 µs.
+# queue's bound, not BATCH. A batch cost the proxy ~0.7 ms of CPU whatever its size (its transaction and
+# the COPY's round trips; ~0.4 ms as the COPY alone), which at -S's rates (a take of ~2,000 records each
+# time a ring reaches its mark, each a batch) was ~1 µs per read; an encoded record costs ~0.2 µs.
 ROWS_BATCH_SHARE = 2
 # After the first record of a batch the writer waits this long for more, or until a batch is full (or a
-# flush asks): each batch costs the proxy ~0.5 ms of CPU besides its records' ~2 µs (its transaction, the
-# COPY's round trips, the session registration), which at 0.2 s was 3 µs per read at TPC-B's rate
+# flush asks): each batch costs the proxy ~0.4 ms of CPU besides its records' (the COPY's exchange; ~0.8 ms
+# with a transaction and the session registration), which at 0.2 s was 3 µs per read at TPC-B's rate
 # (docs/benchmarks.md, "Read traces").
 GATHER = 1.0
 MAX_TEXT = 4000  # characters of a statement's text kept
