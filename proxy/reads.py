@@ -57,7 +57,7 @@ MAX_TEXT = 4000  # characters of a statement's text kept
 # its trace went then. A layer installed by this version does it in a trigger of the COPY's own statement
 # (cow_reads_register, functions/62_reads.sql): the COPY goes alone, one exchange a batch. An older layer's
 # batch is a transaction of the COPY and this statement (four exchanges: ~0.4 ms more of the proxy's CPU).
-_REGISTERS = """
+_LAYER_REGISTERS = """
 SELECT EXISTS (
     SELECT 1 FROM pg_catalog.pg_trigger
     WHERE tgrelid = pg_catalog.to_regclass('cow.reads') AND tgname = 'cow_reads_register'
@@ -370,7 +370,7 @@ class ReadRecorder:
         # (relay_full: the C relay's ring of a connection's records was full before Python took them)
         self.dropped: dict[str, int] = {"queue_full": 0, "write_failed": 0, "shutdown": 0, "relay_full": 0}
         self._conns: dict[str, Any] = {}
-        self._registers: dict[str, bool] = {}  # by database: its layer registers the sessions (_REGISTERS)
+        self._registers: dict[str, bool] = {}  # by database: its layer registers sessions (_LAYER_REGISTERS)
         self._shapes = _Shapes()
         self._task: asyncio.Task[None] | None = None
         self._busy = False
@@ -555,7 +555,7 @@ class ReadRecorder:
             async with asyncio.timeout(self.timeout):
                 conn = await asyncpg.connect(self.dsn, database=database, timeout=self.timeout)
                 try:
-                    self._registers[database] = bool(await conn.fetchval(_REGISTERS))
+                    self._registers[database] = bool(await conn.fetchval(_LAYER_REGISTERS))
                 except BaseException:
                     conn.terminate()
                     raise
