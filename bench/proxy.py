@@ -254,8 +254,18 @@ def ensure_pgbouncer() -> str | None:
 
 @contextlib.contextmanager
 def pgbouncer(
-    binary: str, upstream_host: str, port: int, database: str, user: str, *, transport: str
+    binary: str,
+    upstream_host: str,
+    port: int,
+    database: str,
+    user: str,
+    *,
+    transport: str,
+    aliases: tuple[str, ...] = (),
+    settings: tuple[str, ...] = (),
 ) -> Iterator[Target]:
+    """PgBouncer in session mode before ``database``; ``aliases``: more lines of its [databases] section
+    (``name = connect string``), ``settings``: more lines of its [pgbouncer] section."""
     listen = free_port()
     work = Path(tempfile.mkdtemp(prefix="cowproxy-bench-pgb-"))
     work.chmod(0o777)
@@ -268,9 +278,11 @@ def pgbouncer(
         host = "127.0.0.1"
     (work / "pgbouncer.ini").write_text(
         f"[databases]\n{database} = host={upstream_host} port={port} dbname={database}\n"
-        f"[pgbouncer]\n{listener}listen_port = {listen}\nauth_type = trust\n"
+        + "".join(f"{line}\n" for line in aliases)
+        + f"[pgbouncer]\n{listener}listen_port = {listen}\nauth_type = trust\n"
         f"auth_file = {work}/users.txt\npool_mode = session\nmax_client_conn = 200\n"
         f"default_pool_size = 50\nlogfile = {work}/pgbouncer.log\n"
+        + "".join(f"{line}\n" for line in settings)
     )
     for f in work.iterdir():
         f.chmod(0o644)

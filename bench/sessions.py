@@ -14,6 +14,10 @@ initialisation or the previous target's checkpoint):
 - `session/direct`: each process in its own session without the proxy: `PGOPTIONS` sets `cow.session_id`
   and the overlay `search_path` (what `cow.use_session` sets) directly on PostgreSQL;
 - `session/proxy`: each in its own session through cowproxy (startup tag `-c cow.session_id=...`);
+- `session/pgbouncer`: each in its own session joined as `session/direct` joins, through the cheapest real
+  hop, PgBouncer in session mode (installed with apt-get when missing): PgBouncer forwards no `options`, so
+  process i connects to a database alias of its own whose `connect_query` sets the same two settings. It
+  separates what any hop costs on this machine from what cowproxy's logic costs;
 - `plain/direct`: the plain tables, no session, no proxy (the reference for the layer's own cost);
 - `plain/proxy`: untagged through cowproxy (the reference for the proxy's own cost);
 - with --baseline CHECKOUT, `session/cp-base`: the sessions through cowproxy from another checkout;
@@ -35,11 +39,14 @@ With --bind, this checkout's proxies hold the database's binding secret (`--bind
 sessions with `cow.bind_session`, as in production (without it they fall back to `cow.use_session`);
 the baseline's proxy gets no secret (a checkout from before the binding has no such option).
 
-Session ids differ per target and process, so each session's changes grow alike over the rounds.
+Session ids differ per target and process, so each session's changes grow alike over the rounds. Before
+the rounds, one write through each tagged target, joined as its process 0 joins, must land in that session's
+changes and not in the base table.
 Prints per workload and N: the sum of the processes' TPS (median over rounds), the ratio of
-`session/proxy` to `session/direct` (goal: >= 0.9) and of `plain/proxy` to `plain/direct`, the latency the
-proxy adds per statement (from the median TPS, one process: N / tps per transaction, divided by the
-statements of a transaction) in a session and untagged, and the proxy process's CPU per transaction.
+`session/proxy` to `session/direct` (goal: >= 0.9), of `session/proxy` to `session/pgbouncer` (`vs hop`)
+and of `plain/proxy` to `plain/direct`, the latency each hop adds per statement (from the median TPS, one
+process: N / tps per transaction, divided by the statements of a transaction) in a session (cowproxy and
+PgBouncer) and untagged, and the CPU per transaction of the proxy process and of PgBouncer.
 """
 
 from __future__ import annotations
@@ -76,6 +83,7 @@ class Target:
     pid: int | None  # the proxy process whose CPU is measured
     tagged: bool  # each process in its own session
     direct: bool = False  # no proxy
+    hop: str | None = None  # through PgBouncer: process i connects to database alias f"{hop}{i}"
 
 
 @dataclass(frozen=True)
@@ -96,24 +104,97 @@ class Bench:
     pin: frozenset[int] | None = None  # the CPUs of PostgreSQL and pgbench (--pin)
 
 
+def session_id(target: str, i: int) -> str:
+    return f"bench_{target.replace('/', '_')}_{i}"
+
+
+def joining(bench: Bench, target: Target, i: int) -> tuple[str, str | None]:
+    """(database, startup options) with which process ``i`` of ``target`` connects."""
+    if target.hop is not None:  # its own alias joins the server connection (hop_aliases)
+        return f"{target.hop}{i}", None
+    if not target.tagged:
+        return bench.database, None
+    options = f"-c cow.session_id={session_id(target.name, i)}"
+    if bench.operation:
+        options += f" -c cow.operation_id=op{i}"
+    if target.direct:  # no proxy: what cow.use_session sets, set directly
+        options += f" -c search_path={bench.path.replace(' ', '')}"
+    return bench.database, options
+
+
+HOP = "session/pgbouncer"
+HOP_ALIAS = "session_pgbouncer_"  # the database alias of its process i: HOP_ALIAS + str(i)
+
+
+def hop_aliases(bench: Bench, upstream: tuple[str, int], sessions: int) -> tuple[str, ...]:
+    """PgBouncer's [databases] lines for HOP: alias i is the database, and its connect_query sets on each
+    new server connection what session/direct's PGOPTIONS set (the ids and the path are identifiers and
+    need no quotes inside the quoted value)."""
+    lines = []
+    for i in range(sessions):
+        sets = [f"SET cow.session_id = {session_id(HOP, i)}", f"SET search_path = {bench.path}"]
+        if bench.operation:
+            sets.append(f"SET cow.operation_id = op{i}")
+        lines.append(
+            f"{HOP_ALIAS}{i} = host={upstream[0]} port={upstream[1]} dbname={bench.database} "
+            f"connect_query='{'; '.join(sets)}'"
+        )
+    return tuple(lines)
+
+
+def release(target: Target, user: str, sessions: int) -> None:
+    """Closes PgBouncer's server connections of aliases 0..``sessions``-1 (KILL, then RESUME for the next
+    run): pooled idle, they would hold backends of the server's max_connections while other targets run,
+    and the next run of an alias gets a server connection of its own again."""
+    if target.hop is None:
+        return
+    with psycopg.connect(
+        host=target.host, port=target.port, user=user, dbname="pgbouncer", autocommit=True
+    ) as admin:  # its console: the simple protocol, which psycopg uses for a statement without parameters
+        for i in range(sessions):
+            admin.execute(f"KILL {target.hop}{i}")
+            admin.execute(f"RESUME {target.hop}{i}")
+
+
+def check_joined(bench: Bench, db_dsn: str, target: Target) -> None:
+    """One write through ``target``, joined as its process 0 joins: it must land in that session's changes
+    and leave the base table alone (PgBouncer logs a connect_query's error and goes on unjoined)."""
+    database, options = joining(bench, target, 0)
+    with psycopg.connect(
+        host=target.host,
+        port=target.port,
+        user=bench.user,
+        dbname=database,
+        options=options or "",
+        autocommit=True,
+    ) as conn:
+        conn.execute("UPDATE pgbench_branches SET filler = 'joined' WHERE bid = 1")
+    release(target, bench.user, 1)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        changes = conn.execute(
+            "SELECT count(*) FROM cow.session_changes(%s) WHERE table_name = 'pgbench_branches'",
+            (session_id(target.name, 0),),
+        ).fetchone()
+        base = conn.execute(
+            "SELECT count(*) FROM public.pgbench_branches WHERE filler LIKE 'joined%'"
+        ).fetchone()
+    if changes is None or base is None or base[0] or not changes[0]:
+        raise SystemExit(f"{target.name} is not joined: its write went to the base table or nowhere")
+
+
 def run_sessions(bench: Bench, target: Target, n: int, flags: list[str]) -> Run:
     """``n`` pgbench processes at once (one connection each); TPS summed."""
-    tool, path = bench.tool, bench.path
     procs = []
     before = bp.cpu_seconds(target.pid) if target.pid else None
     for i in range(n):
         env = dict(os.environ)
-        if target.tagged:
-            options = f"-c cow.session_id=bench_{target.name.replace('/', '_')}_{i}"
-            if bench.operation:
-                options += f" -c cow.operation_id=op{i}"
-            if target.direct:  # no proxy: what cow.use_session sets, set directly
-                options += f" -c search_path={path.replace(' ', '')}"
+        database, options = joining(bench, target, i)
+        if options is not None:
             env["PGOPTIONS"] = options
-        cmd = [tool, "-n", "-T", str(bench.seconds), "-c", "1", "-j", "1", "-h", target.host]
+        cmd = [bench.tool, "-n", "-T", str(bench.seconds), "-c", "1", "-j", "1", "-h", target.host]
         procs.append(
             subprocess.Popen(
-                [*cmd, "-p", str(target.port), "-U", bench.user, *flags, bench.database],
+                [*cmd, "-p", str(target.port), "-U", bench.user, *flags, database],
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -140,6 +221,7 @@ def run_sessions(bench: Bench, target: Target, n: int, flags: list[str]) -> Run:
         tps += float(found.group(1))
         transactions += int(done.group(1))
     after = bp.cpu_seconds(target.pid) if target.pid else None
+    release(target, bench.user, n)
     if failures:
         raise SystemExit(f"pgbench failed ({target.name}): {failures[0]}")
     return Run(tps, transactions, after[0] - before[0] if after and before else None)
@@ -300,6 +382,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--baseline", help="another checkout of cowproxy: one more target, session/cp-base")
     parser.add_argument("--proxy-args", default="", help="more arguments for cowproxy serve (both)")
     parser.add_argument("--no-plain", action="store_true", help="leave out plain/direct and plain/proxy")
+    parser.add_argument("--no-hop", action="store_true", help="leave out session/pgbouncer")
     parser.add_argument("--workers", type=int, default=1, help="N > 1: one more target, session/proxy-Nw")
     parser.add_argument("--bind", action="store_true", help="this checkout's proxies bind (a binding secret)")
     parser.add_argument(
@@ -335,6 +418,8 @@ def main() -> None:
         own = bp.bind_arguments(db_dsn, secret_dir) if args.bind else ()
         reads_dsn = db_dsn if args.reads else None
         server_cpus, proxy_cpus = _pin_sets(args.pin)
+        bench = Bench(tool, user, database, args.seconds, path, args.operation, server_cpus)
+        bouncer = None if args.no_hop else bp.ensure_pgbouncer()
         with (
             secret_dir,
             proxies(
@@ -343,12 +428,31 @@ def main() -> None:
             pinned_server(dsn, server_cpus),
         ):
             mine, base, many = running.mine, running.base, running.many
+            bouncers, hops = [], []
+            if bouncer is not None:
+                # over TCP to the server, as the proxies are; a server connection keeps its join when
+                # pooled again (DISCARD ALL, the default reset, would undo connect_query's SETs)
+                hop = secret_dir.enter_context(
+                    bp.pgbouncer(
+                        bouncer,
+                        host,
+                        port,
+                        database,
+                        user,
+                        transport="tcp",
+                        aliases=hop_aliases(bench, (host, port), max(counts)),
+                        settings=(f"admin_users = {user}", "server_reset_query = DEALLOCATE ALL"),
+                    )
+                )
+                bouncers.append(hop)
+                hops.append(Target(HOP, hop.host, hop.port, hop.pid, True, hop=HOP_ALIAS))
             if proxy_cpus is not None:
-                for proxy in running.running():
+                for proxy in [*running.running(), *bouncers]:
                     pin_tree(proxy.pid, proxy_cpus)
             targets = [
                 Target("session/direct", host, port, None, True, direct=True),
                 Target("session/proxy", mine.host, mine.port, mine.pid, True),
+                *hops,
             ]
             if base is not None:
                 targets.append(Target("session/cp-base", base.host, base.port, base.pid, True))
@@ -370,16 +474,14 @@ def main() -> None:
                 if name in args.workloads.split(",")
                 for n in counts
             ]
+            for target in targets:
+                if target.tagged:
+                    check_joined(bench, db_dsn, target)
             results: dict[tuple[str, str, int, str], list[Run]] = {}
             for round_no in range(args.rounds):
                 for index, (name, mode, n, flags) in enumerate(workloads):
                     for target in _rotated(targets, round_no + index):
-                        run = run_sessions(
-                            Bench(tool, user, database, args.seconds, path, args.operation, server_cpus),
-                            target,
-                            n,
-                            flags,
-                        )
+                        run = run_sessions(bench, target, n, flags)
                         results.setdefault((name, mode, n, target.name), []).append(run)
                         print(
                             f"round {round_no + 1} {name:4} {mode:8} N={n:<3} {target.name:16} "
@@ -418,19 +520,26 @@ def report(
 
     print()
     names = [t.name for t in targets]
-    header = "".join(f"{n:>16}" for n in names)
+    widths = {n: max(16, len(n) + 2) for n in names}
+    header = "".join(f"{n:>{widths[n]}}" for n in names)
     reads_head = "  reads ratio  rec ratio  cpu/txn py  cpu/txn reads" if "session/reads" in names else ""
     # the baseline's CPU beside this checkout's: on a shared machine the steadier figure than the TPS
     base_head = "  cpu/txn base" if "session/cp-base" in names else ""
+    hop = HOP in names
     print(
-        f"{'workload':20}{header}  sess ratio  plain ratio  +µs/stmt sess  +µs/stmt plain"
-        + "  cpu/txn sess  cpu/txn plain"
+        f"{'workload':20}{header}  sess ratio"
+        + ("  vs hop" if hop else "")
+        + "  plain ratio  +µs/stmt sess"
+        + ("  +µs/stmt hop" if hop else "")
+        + "  +µs/stmt plain  cpu/txn sess"
+        + ("  cpu/txn hop" if hop else "")
+        + "  cpu/txn plain"
         + base_head
         + reads_head
     )
     for name, mode, n, _flags in workloads:
         tps = {t: median_tps((name, mode, n, t)) for t in names}
-        row = "".join(f"{tps[t]:16.1f}" for t in names)
+        row = "".join(f"{tps[t]:{widths[t]}.1f}" for t in names)
         stmts = _STATEMENTS[name]
 
         sess = tps["session/proxy"] / tps["session/direct"]
@@ -446,11 +555,16 @@ def report(
                 f"  {cpu_per_txn(results[(name, mode, n, 'session/python')]):>10}"
                 f"  {cpu_per_txn(results[(name, mode, n, 'session/reads')]):>13}"
             )
+        vs_hop = added_hop = cpu_hop = ""
+        if hop:
+            vs_hop = f"  {tps['session/proxy'] / tps[HOP]:6.2f}"
+            added_hop = f"  {added(tps, HOP, 'session/direct', n, stmts):>12}"
+            cpu_hop = f"  {cpu_per_txn(results[(name, mode, n, HOP)]):>11}"
         print(
-            f"{name + ' ' + mode + ' N=' + str(n):20}{row}  {sess:10.2f}  {plain:>11}  "
-            f"{added(tps, 'session/proxy', 'session/direct', n, stmts):>13}  "
+            f"{name + ' ' + mode + ' N=' + str(n):20}{row}  {sess:10.2f}{vs_hop}  {plain:>11}  "
+            f"{added(tps, 'session/proxy', 'session/direct', n, stmts):>13}{added_hop}  "
             f"{added(tps, 'plain/proxy', 'plain/direct', n, stmts):>14}  "
-            f"{cpu:>12}  {cpu_plain:>13}" + base_col + reads_cols
+            f"{cpu:>12}{cpu_hop}  {cpu_plain:>13}" + base_col + reads_cols
         )
 
 
