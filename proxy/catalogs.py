@@ -9,6 +9,11 @@ connection's start costs one small version query, and after app DDL only the fir
 the new version reads the catalog again, and only the documents of the tables whose registry stamps
 changed (``CATALOG_DELTA_QUERY``; the rest come from the latest catalog read). The user is part of the key
 because what the catalog query sees may depend on privileges.
+
+The decisions made against the latest catalog (``proxy.decisions``: texts the C relay may forward as they
+are) are kept with it: a decision is a property of the text and the catalog alone, so a new connection
+hands the C relay every text another connection decided, instead of handing each new text back to Python
+once per connection.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ class SharedCatalogs:
     connection still holding one keeps its object)."""
 
     _latest: dict[tuple[str, str], tuple[str, Any]] = field(default_factory=dict)
+    # The decisions made against each key's latest catalog: (that catalog, its table).
+    _decisions: dict[tuple[str, str], tuple[Any, dict[bytes, Any]]] = field(default_factory=dict)
     loads: int = 0  # catalogs read (put) so far
     hits: int = 0  # connections that took one already read
 
@@ -45,6 +52,19 @@ class SharedCatalogs:
         found = self._latest.get(key)
         return None if found is None else found[1]
 
+    def decisions(self, key: tuple[str, str], catalog: Any) -> dict[bytes, Any]:
+        """The decisions table of ``catalog``: shared when it is the key's latest catalog (one table per
+        catalog object: a new catalog starts an empty one), else a table of the caller's own (a connection
+        still on an older catalog, or one made without a store)."""
+        found = self._decisions.get(key)
+        if found is not None and found[0] is catalog:
+            return found[1]
+        latest = self._latest.get(key)
+        table: dict[bytes, Any] = {}
+        if latest is not None and latest[1] is catalog:
+            self._decisions[key] = (catalog, table)
+        return table
+
 
 @dataclass(frozen=True)
 class CatalogStore:
@@ -62,6 +82,9 @@ class CatalogStore:
 
     def latest(self) -> Any | None:
         return self.shared.latest(self.key)
+
+    def decisions(self, catalog: Any) -> dict[bytes, Any]:
+        return self.shared.decisions(self.key, catalog)
 
 
 def private_store() -> CatalogStore:

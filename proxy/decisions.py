@@ -4,7 +4,10 @@ forward without asking Python (docs/proxy.md, "Sessions on the C relay").
 A text is decided when its verdict needs nothing of the relay: no refusal, rewrite, command tag to map, path
 change or catalog check, and no comment that may carry tags. Texts that differ only in literals share one
 decision by their shape when no literal's value can change the verdict (proxy/sql/shapes.py). Decisions are
-made against one catalog: a new catalog voids them.
+made against one catalog: a new catalog voids them. A decision depends on the text and the catalog alone
+(what depends on the connection — whether its path is known, whether it records reads — is applied at
+``export``), so the connections of a database share the table of its latest catalog
+(``catalogs.SharedCatalogs.decisions``).
 """
 
 from __future__ import annotations
@@ -20,19 +23,30 @@ from proxy.sql import Analysis
 from proxy.tags import Tags
 from proxy.unnamed import Key, decision_key, key_types
 
-# Statement texts of a tagged connection the C relay may forward as is, per connection.
+# Statement texts of tagged connections the C relay may forward as is, per table (a catalog's).
 MAX_DECISIONS = 1024
 
 Writes = tuple[tuple[str, str], ...]
 
 
-class Decisions:
-    """One connection's decisions: (message type + UTF-8 text, or lower-case type + shape) -> verdict."""
+Table = dict[bytes, Analysis]
 
-    def __init__(self, analysis: ProxyAnalyzer, trace: ReadTrace) -> None:
+
+def _own_table(catalog: Any) -> Table:
+    return {}
+
+
+class Decisions:
+    """One connection's decisions: (message type + UTF-8 text, or lower-case type + shape) -> verdict, in the
+    table ``tables`` gives for its catalog (shared with the other connections of its database)."""
+
+    def __init__(
+        self, analysis: ProxyAnalyzer, trace: ReadTrace, tables: Callable[[Any], Table] = _own_table
+    ) -> None:
         self.analysis = analysis
         self.trace = trace
-        self.table: dict[bytes, Analysis] = {}
+        self.tables = tables
+        self.table: Table = {}
         self._catalog: Any = None  # the catalog they were made against
 
     def _decidable(self, sql: str, verdict: Analysis, catalog: Any) -> bool:
@@ -60,9 +74,9 @@ class Decisions:
 
     def decide(self, kind: bytes, sql: str, verdict: Analysis, tags: Tags, catalog: Any) -> None:
         """Remember that this text of a tagged connection went out as it is (for the C relay)."""
-        table = self.table
-        if not self._decidable(sql, verdict, catalog) or kind + sql.encode() in table:
+        if not self._decidable(sql, verdict, catalog) or kind + sql.encode() in self.table:
             return
+        table = self.table  # (the catalog's: _decidable takes it when the catalog changed)
         # Its shape, when no literal's value can change the verdict: one entry for every text of the shape
         # (the simple protocol's ever-new texts), keyed by the lower-case type (proxy/sql/shapes.py). For a
         # recorded read, a Query's only: C keeps the text of a Query it records (a prepared statement's
@@ -109,5 +123,5 @@ class Decisions:
 
     def _current(self, catalog: Any) -> None:
         if self._catalog is not catalog:
-            self.table.clear()
+            self.table = self.tables(catalog)
             self._catalog = catalog

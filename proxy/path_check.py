@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from proxy.injected import InjectedBatches
+from proxy.replies import Kind
 from proxy.sql import Analysis
 from proxy.sql.analyze import SQLSTATE_REFUSED
 from proxy.sql.rewrites import app_path
@@ -85,6 +86,25 @@ class PathCheck:
             PATH_STATEMENT, app_path.UNLAYERED_WRITE_SQL, not standalone, params=params, capture=rows
         )
         injector.finish(close, standalone, checked)
+
+    def probe(self, finished: Callable[[bool], None]) -> Callable[[bool], None]:
+        """Queue ``cow._unlayered_write`` of no names in a join's batch of its own, between transactions
+        (after the join): NULL when no schema on the joined path lacks the layer, whatever the names. Returns
+        ``finished`` wrapped to take the answer once the batch has ended well (its ReadyForQuery: the join
+        committed, and ``transaction_ended`` already ran for the path the join changed)."""
+        rows: list[tuple[str | None, ...]] = []
+        close = self.injector.queue_query(
+            PATH_STATEMENT, app_path.UNLAYERED_WRITE_SQL, False, params=("{}",), capture=rows
+        )
+        self.injector.send(close, Kind.CLOSE, False)
+
+        def ended(ok: bool) -> None:
+            if ok and rows == [(None, None, "t")]:
+                self.clean = True
+                self._changed_in_txn = False
+            finished(ok)
+
+        return ended
 
     def take_refusal(self) -> Refusal | None:
         """The answer for the statement just checked, if it is to be refused; the answer is used up."""

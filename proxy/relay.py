@@ -46,7 +46,7 @@ from proxy.handoff import (
 )
 from proxy.held import HeldEvents
 from proxy.hooks import Hooks, NoHooks
-from proxy.injected import InjectedBatches
+from proxy.injected import Done, InjectedBatches
 from proxy.path_check import PathCheck
 from proxy.prepared import KindIndex, Prepared, Slots, Statement
 from proxy.read_trace import PendingRead, ReadsCallback, ReadTrace
@@ -123,10 +123,12 @@ class Relay:
         self.reruns = rerun.Reruns()  # a statement alone in its implicit transaction that may run again
         self.prepared = Prepared()  # the client's statements and portals
         self.injector = InjectedBatches(self)  # the proxy's own statements, ahead of the client's
-        self.gate = CatalogGate(analysis, catalogs or private_store(), self.injector)  # its catalog
+        catalogs = catalogs or private_store()
+        self.gate = CatalogGate(analysis, catalogs, self.injector)  # its catalog
         self.path = PathCheck(self.injector, self._release)  # where a session's unqualified writes resolve
         self.unnamed = Promotions()  # unnamed statements run as proxy-owned named ones
-        self.decisions = Decisions(analysis, self.trace)  # texts the C relay may forward without asking
+        # Texts the C relay may forward without asking (those of the database's catalog, shared).
+        self.decisions = Decisions(analysis, self.trace, catalogs.decisions)
         self.held = HeldEvents()  # the client's events held while the proxy's statements go ahead
         self.closing = False
         self._batch_started = 0.0
@@ -561,8 +563,9 @@ class Relay:
     # ------------------------------------------------------------------------------------------------
     # Injection
 
-    def _inject(self, tags: Tags, trigger: bytes) -> bool:
-        """Queue ``cow.use_session`` (and the catalog query) ahead of the trigger and hold the client.
+    def _inject(self, tags: Tags, trigger: bytes, probe: bool = False) -> bool:
+        """Queue ``cow.use_session`` (and the catalog query) ahead of the trigger and hold the client
+        (``probe``: and whether the joined path is clean, ``PathCheck.probe``).
 
         Returns False: the caller holds the trigger, which is replayed when the injected replies are in.
         At a safe point (no unfinished extended batch) the injection is its own batch ending with Sync;
@@ -588,24 +591,23 @@ class Relay:
             elif injector.error is not None:
                 self.hooks.tags_failed(tags, injector.error)
 
-        def finished(ok: bool) -> None:
+        def released(ok: bool) -> None:
             self.tagging.fresh = ok
             self._release()
+
+        finished: Done = released
 
         params: tuple[str | None, ...] = (tags.session, tags.operation)
         if self.bind_secret is not None:
             params += (self.bind_secret,)
+        # Between transactions (no block open, nothing in flight) the join holds for good once its batch
+        # ends well: no rollback of the client's can undo it.
+        between = standalone and self.replies.status == "I" and not self.replies.pending
         # Between transactions a bind runs in a read-write block of its own: it may record the binding,
         # and the client's transactions may be read-only by default (its role's or database's
         # default_transaction_read_only, its startup options). Inside the client's transaction or batch
         # the bind is part of it, as before (a read-only one gets 25006 for a bind that has to write).
-        writable = (
-            self.bind_secret is not None
-            and standalone
-            and self.replies.status == "I"
-            and not self.replies.pending
-        )
-        release = injector.rolled_back_on_failure(finished) if writable else finished
+        writable = self.bind_secret is not None and between
         if writable:
             injector.queue_utility(BEGIN_WRITABLE_SQL)
         injector.send(p.encode_close("S", INJECT_STATEMENT), Kind.CLOSE, forward)  # (see queue_query)
@@ -615,6 +617,11 @@ class Relay:
         injector.send(p.encode_close("P", INJECT_STATEMENT), Kind.CLOSE, forward)
         if writable:
             injector.queue_utility("COMMIT")
+        if probe and between and tags.tagged:
+            # Whether the joined path is clean, in the same round trip: the session's first write by
+            # unqualified names then needs no check of its own.
+            finished = self.path.probe(finished)
+        release = injector.rolled_back_on_failure(finished) if writable else finished
         if want_catalog:
             injector.send(p.encode_close("S", INJECT_STATEMENT), Kind.CLOSE, forward)
             close_last, on_done = self.gate.queue_first(forward, standalone, release)
@@ -622,6 +629,20 @@ class Relay:
             close_last, on_done = p.encode_close("S", INJECT_STATEMENT), release
         injector.finish(close_last, standalone, on_done)
         return False
+
+    def start(self) -> None:
+        """Right after authentication: join the connection's own session (startup tags, else its database's
+        route) at once, while the client is still reading the ReadyForQuery that ends its authentication,
+        instead of after its first statement has arrived, and ask in the same batch whether the joined path
+        is clean (so that a first write by unqualified names needs no round trip of its own). The client's
+        messages are held until the batch is answered (the session is joined before any of them runs, as
+        for a join ahead of a statement); a join that fails leaves the tags unknown, so the next statement
+        joins again and gets the error (fail closed)."""
+        tags = self.tagging.default()
+        if not tags.tagged or not self.replies.at_rest():
+            return
+        self.tagging.txn = tags  # (what the first transaction takes: the connection's own tags)
+        self._inject(tags, b"Q", probe=True)
 
     @property
     def holding(self) -> bool:

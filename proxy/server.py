@@ -434,6 +434,7 @@ class ClientConnection(asyncio.Protocol):
         self.state = State.READY
         if rest:
             self.relay.server_data(rest)
+        self.relay.start()  # a session's join goes out now, while the client reads the ReadyForQuery
         self._process_client()
         if self.fast_ok:
             self.try_fast()
