@@ -131,6 +131,9 @@ class Relay:
         self.decisions = Decisions(analysis, self.trace, catalogs.decisions)
         self.held = HeldEvents()  # the client's events held while the proxy's statements go ahead
         self.closing = False
+        # Joined at start (``start``) and no statement of the client's seen yet: its first goes through
+        # Python, not the C relay (which would hand back at once a first text it was not given).
+        self._first_due = False
         self._batch_started = 0.0
         self._query_entry = Entry(Kind.QUERY)  # reused by fast_query when nothing is in flight
 
@@ -174,6 +177,7 @@ class Relay:
             raise ProtocolError("unexpected startup packet")
 
     def _client_frame(self, frame: p.Frame) -> None:
+        self._first_due = False
         kind = frame.kind
         if self.replies.skip_until_sync and kind != b"S":
             # The server discards everything up to Sync; so do we (no decisions, no queue entries).
@@ -485,7 +489,8 @@ class Relay:
         transaction's operation, the tags in force those the next transaction needs (and known for good: not
         set inside a block that may roll back), outside a session no statement of the client's standing for
         one of the proxy's (in one, C carries it on: ``_promotes_on_fast``), the catalog not being read, no
-        statement that may run again in flight."""
+        statement that may run again in flight, not before the first statement of a connection joined at
+        ``start``."""
         return (
             self.replies.at_rest()
             and self.held.at_rest()
@@ -495,6 +500,7 @@ class Relay:
             and self.gate.at_rest()
             and self.reruns.plan is None
             and self.tagging.settled()
+            and not self._first_due
         )
 
     def _promotes_on_fast(self) -> bool:
@@ -635,13 +641,14 @@ class Relay:
         route) at once, while the client is still reading the ReadyForQuery that ends its authentication,
         instead of after its first statement has arrived, and ask in the same batch whether the joined path
         is clean (so that a first write by unqualified names needs no round trip of its own). The client's
-        messages are held until the batch is answered (the session is joined before any of them runs, as
-        for a join ahead of a statement); a join that fails leaves the tags unknown, so the next statement
-        joins again and gets the error (fail closed)."""
+        first statement is Python's (``at_rest``), and its messages are held until the batch is answered
+        (the session is joined before any of them runs, as for a join ahead of a statement); a join that
+        fails leaves the tags unknown, so the next statement joins again and gets the error (fail closed)."""
         tags = self.tagging.default()
         if not tags.tagged or not self.replies.at_rest():
             return
         self.tagging.txn = tags  # (what the first transaction takes: the connection's own tags)
+        self._first_due = True
         self._inject(tags, b"Q", probe=True)
 
     @property

@@ -317,22 +317,23 @@ def test_a_layered_path_is_asked_about_once_per_change(
     proxy: RunningProxy, tenants_db: str, prepare: bool
 ) -> None:
     """The cost: on a path of layered schemas the server is asked once after each change of path (then no
-    more, transactions included); on a path with a schema without the layer, before every such write."""
+    more, transactions included; at the connection's start with its join: Relay.start); on a path with a
+    schema without the layer, before every such write."""
     with psycopg.connect(proxy.dsn(tenants_db, application_name="cow:s8"), autocommit=True) as conn:
         for _ in range(5):
             conn.execute("INSERT INTO tenants VALUES (%s, %s)", (_ + 10, f"t{_}"), prepare=prepare)
             with conn.transaction():
                 conn.execute("UPDATE tenants SET schema_name = schema_name || '!' WHERE id = 1")
-        assert path_checks(proxy) == [1]
+        assert path_checks(proxy) == [0]  # (answered with the join)
         for tenant_schema in ("tenant_a", "tenant_b"):
             conn.execute(f"SET search_path = {tenant_schema}, public")
             for _ in range(3):
                 conn.execute("INSERT INTO docs (body) VALUES (%s)", ("x",), prepare=prepare)
-        assert path_checks(proxy) == [3]
+        assert path_checks(proxy) == [2]
         conn.execute("SET search_path = tenant_plain, public")
         for _ in range(3):
             conn.execute("INSERT INTO tenants VALUES (%s, %s)", (_ + 20, f"p{_}"), prepare=prepare)
-        assert path_checks(proxy) == [6]
+        assert path_checks(proxy) == [5]
 
 
 def test_parameter_status_shows_the_application_path(proxy: RunningProxy, tenants_db: str) -> None:

@@ -1,6 +1,6 @@
 """A tagged connection's start (issue 16): the join right after authentication (``Relay.start``) with the
 path's answer in the same batch, and the decisions shared by the connections of one catalog; on literal
-message sequences through the relay."""
+message sequences through the relay, and through a real server on both relays."""
 
 from __future__ import annotations
 
@@ -88,10 +88,17 @@ def test_a_path_that_is_not_clean_is_checked_before_the_first_write() -> None:
     r.to_server.clear()
     assert reply(r, *JOINED, *_probed(False), p.message(b"3"), p.encode_ready("I")) == b""
     assert not r.path.clean and not r.holding
-    assert r.at_rest()  # (nothing held: the client had sent nothing yet)
+    # Nothing held (the client had sent nothing yet), but its first statement is Python's: the C relay would
+    # hand back at once a first text it was not given.
+    assert not r.at_rest()
     upstream = send(r, p.encode_query("UPDATE t SET v = 'x' WHERE id = 1"))
     assert p.encode_parse(PATH_STATEMENT, UNLAYERED_WRITE_SQL) in upstream  # asked for the write's names
     assert r.path.checks == 1
+    clean = (p.message(b"3"), p.message(b"1"), p.message(b"2"), data_row(None, None, "t"))
+    done = (p.encode_command_complete("SELECT 1"), p.message(b"3"), p.message(b"3"), p.encode_ready("I"))
+    reply(r, *clean, *done)
+    reply(r, p.encode_command_complete("UPDATE 1"), p.encode_ready("I"))
+    assert r.at_rest()
 
 
 def test_a_join_at_start_that_fails_refuses_the_held_statement_and_the_next_joins_again() -> None:
