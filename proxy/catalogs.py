@@ -18,8 +18,11 @@ once per connection.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -29,7 +32,7 @@ class SharedCatalogs:
 
     _latest: dict[tuple[str, str], tuple[str, Any]] = field(default_factory=dict)
     # The decisions made against each key's latest catalog: (that catalog, its table).
-    _decisions: dict[tuple[str, str], tuple[Any, dict[bytes, Any]]] = field(default_factory=dict)
+    _decisions: dict[tuple[str, str], tuple[Any, Any]] = field(default_factory=dict)
     loads: int = 0  # catalogs read (put) so far
     hits: int = 0  # connections that took one already read
 
@@ -52,15 +55,16 @@ class SharedCatalogs:
         found = self._latest.get(key)
         return None if found is None else found[1]
 
-    def decisions(self, key: tuple[str, str], catalog: Any) -> dict[bytes, Any]:
-        """The decisions table of ``catalog``: shared when it is the key's latest catalog (one table per
-        catalog object: a new catalog starts an empty one), else a table of the caller's own (a connection
-        still on an older catalog, or one made without a store)."""
+    def decisions(self, key: tuple[str, str], catalog: Any, make: Callable[[], T]) -> T:
+        """The decisions table of ``catalog`` (``make`` makes an empty one): shared when it is the key's
+        latest catalog (one table per catalog object: a new catalog starts an empty one), else a table of
+        the caller's own (a connection still on an older catalog, or one made without a store)."""
         found = self._decisions.get(key)
         if found is not None and found[0] is catalog:
-            return found[1]
+            table: T = found[1]
+            return table
         latest = self._latest.get(key)
-        table: dict[bytes, Any] = {}
+        table = make()
         if latest is not None and latest[1] is catalog:
             self._decisions[key] = (catalog, table)
         return table
@@ -83,8 +87,8 @@ class CatalogStore:
     def latest(self) -> Any | None:
         return self.shared.latest(self.key)
 
-    def decisions(self, catalog: Any) -> dict[bytes, Any]:
-        return self.shared.decisions(self.key, catalog)
+    def decisions(self, catalog: Any, make: Callable[[], T]) -> T:
+        return self.shared.decisions(self.key, catalog, make)
 
 
 def private_store() -> CatalogStore:

@@ -29,11 +29,23 @@ MAX_DECISIONS = 1024
 Writes = tuple[tuple[str, str], ...]
 
 
-Table = dict[bytes, Analysis]
+# What ``export`` keeps of a table per (path known clean, reads recorded): the table's size when made, the
+# rows without and with the promoted texts (U), and the promoted texts' keys.
+Export = tuple[int, list[Decision], list[Decision], dict[bytes, Key]]
 
 
-def _own_table(catalog: Any) -> Table:
-    return {}
+class Table(dict[bytes, Analysis]):
+    """The decisions made against one catalog, and the rows ``export`` made of them, which every connection
+    sharing the table takes as long as the table has not grown (entries are only added: a text decided again
+    by its shape keeps an equal verdict)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.exports: dict[tuple[bool, bool], Export] = {}
+
+
+def _own_table(catalog: Any, make: Callable[[], Table]) -> Table:
+    return make()
 
 
 class Decisions:
@@ -41,12 +53,15 @@ class Decisions:
     table ``tables`` gives for its catalog (shared with the other connections of its database)."""
 
     def __init__(
-        self, analysis: ProxyAnalyzer, trace: ReadTrace, tables: Callable[[Any], Table] = _own_table
+        self,
+        analysis: ProxyAnalyzer,
+        trace: ReadTrace,
+        tables: Callable[[Any, Callable[[], Table]], Table] = _own_table,
     ) -> None:
         self.analysis = analysis
         self.trace = trace
         self.tables = tables
-        self.table: Table = {}
+        self.table = Table()
         self._catalog: Any = None  # the catalog they were made against
 
     def _decidable(self, sql: str, verdict: Analysis, catalog: Any) -> bool:
@@ -92,21 +107,44 @@ class Decisions:
         catalog: Any,
         kind_index: Callable[[str], int | None],
         slots: Callable[[Writes], tuple[int, ...] | None],
-        path_unknown: Callable[[Analysis], bool],
+        path_clean: bool,
         *,
         promote: Callable[[list[Key]], dict[Key, int]] | None = None,
     ) -> list[Decision]:
         """The decisions for the C relay, those it can count (a kind it knows, writes it has slots for) and
-        may take (``path_unknown``: the server is to say where its write targets resolve first). Promoted
-        texts (U) only with ``promote`` (``Promotions.export``), which gives their promotions' indexes."""
+        may take (unless ``path_clean``, none whose write targets the server is to resolve first). Promoted
+        texts (U) only with ``promote`` (``Promotions.export``), which gives their promotions' indexes.
+
+        The rows depend on the connection only by ``path_clean`` and whether its reads are recorded: made
+        once per table size for each, and shared by the connections of the table (kinds and write slots of
+        the C relay never change once given)."""
         self._current(catalog)
+        table = self.table
+        recording = self.trace.reads is not None and tags.session is not None
+        made = table.exports.get((path_clean, recording))
+        if made is None or made[0] != len(table):
+            made = self._rows(tags, kind_index, slots, path_clean)
+            table.exports[path_clean, recording] = made
+        _, plain, rows, promoted = made
+        if promote is None:
+            return plain
+        index = promote(list(promoted.values()))
+        return [row if row[0] not in promoted else (*row[:5], index[promoted[row[0]]]) for row in rows]
+
+    def _rows(
+        self,
+        tags: Tags,
+        kind_index: Callable[[str], int | None],
+        slots: Callable[[Writes], tuple[int, ...] | None],
+        path_clean: bool,
+    ) -> Export:
         rows = []
         promoted: dict[bytes, Key] = {}
         for key, verdict in self.table.items():
-            if path_unknown(verdict):
-                continue
+            if verdict.resolves_writes and not path_clean:
+                continue  # (PathCheck.unknown_for)
             if key[:1] == b"U":
-                if promote is None or verdict.rewritten is None:
+                if verdict.rewritten is None:
                     continue
                 promoted[key] = (verdict.rewritten, key_types(key))
             records = self.trace.records(tags, verdict)
@@ -116,12 +154,10 @@ class Decisions:
             found = slots(verdict.writes)
             if kind is not None and found is not None:
                 rows.append((key, kind, found, records, rerun.may_rerun(verdict), -1))
-        if promote is None:
-            return rows
-        index = promote(list(promoted.values()))
-        return [row if row[0] not in promoted else (*row[:5], index[promoted[row[0]]]) for row in rows]
+        plain = [row for row in rows if row[0][:1] != b"U"]
+        return len(self.table), plain, rows, promoted
 
     def _current(self, catalog: Any) -> None:
         if self._catalog is not catalog:
-            self.table = self.tables(catalog)
+            self.table = self.tables(catalog, Table)
             self._catalog = catalog

@@ -760,7 +760,7 @@ class Relay:
             return [], None
         promote = self.unnamed.export if self._promotes_on_fast() and self.unnamed.can_promote() else None
         decisions = self.decisions.export(
-            tags, self.gate.catalog, kind_index, slots, self.path.unknown_for, promote=promote
+            tags, self.gate.catalog, kind_index, slots, self.path.clean, promote=promote
         )
         if promote is None:
             self.unnamed.export([])

@@ -154,6 +154,16 @@ def test_connections_of_one_catalog_share_its_decisions() -> None:
     decide(late, "SELECT 4")
     assert set(third.decisions.table) == {b"qSELECT \xff"}  # (its shape: the literal normalised)
     assert late.decisions.table is not first.decisions.table and len(first.decisions.table) == 2
+    # What the C relay is given is made once per table size, for every connection of the table.
+    given = first.hand_off(lambda kind: 0, lambda writes: ())[0].decisions
+    assert [row[0] for row in given] == [b"qSELECT v FROM t WHERE id = \xff", b"qSELECT \xff"]
+    made = dict(first.decisions.table.exports)
+    assert second.hand_off(lambda kind: 0, lambda writes: ())[0].decisions == given
+    assert first.decisions.table.exports == made and all(
+        first.decisions.table.exports[k] is made[k] for k in made
+    )
+    decide(second, "SELECT 5 FROM t")
+    assert len(first.hand_off(lambda kind: 0, lambda writes: ())[0].decisions) == 3
 
 
 def _path_checks(proxy: RunningProxy) -> list[tuple[int, bool]]:
