@@ -113,8 +113,18 @@ def test_two_workers_share_the_port_the_routes_and_add_up(pg_server: PgServer, l
             insert(through, f"routed{routed}@w")
             routed += 1
             per_worker = [samples(m) for m in (metrics, metrics + 1)]
-        inserts = [s.get('cowproxy_statements_total{kind="insert",tagged="true"}', 0) for s in per_worker]
-        assert sum(inserts) == routed, inserts
+        # A worker's scrape is served by a thread of its own: the last insert's count may land just after
+        # its reply reached the client (counted, not lost: wait a bounded while for it).
+        def tagged_inserts() -> list[float]:
+            return [
+                s.get('cowproxy_statements_total{kind="insert",tagged="true"}', 0)
+                for s in (samples(m) for m in (metrics, metrics + 1))
+            ]
+
+        wait_for(lambda: sum(tagged_inserts()) >= routed, 10)
+        per_worker = [samples(m) for m in (metrics, metrics + 1)]
+        untagged = [s.get('cowproxy_statements_total{kind="insert",tagged="false"}', 0) for s in per_worker]
+        assert sum(tagged_inserts()) == routed, (tagged_inserts(), untagged)
         assert sum(accepted(s) for s in per_worker) == routed
         # Unrouted through worker 0: back to the base tables everywhere.
         admin_request(f"http://127.0.0.1:{admin}", "DELETE", f"/routes/{dbname(layer_db)}")
