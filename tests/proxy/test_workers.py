@@ -113,6 +113,7 @@ def test_two_workers_share_the_port_the_routes_and_add_up(pg_server: PgServer, l
             insert(through, f"routed{routed}@w")
             routed += 1
             per_worker = [samples(m) for m in (metrics, metrics + 1)]
+
         # A worker's scrape is served by a thread of its own: the last insert's count may land just after
         # its reply reached the client (counted, not lost: wait a bounded while for it).
         def tagged_inserts() -> list[float]:
