@@ -30,7 +30,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -72,6 +72,7 @@ CI_MODULES = _words(
 _RESULT_LINE = re.compile(r"^(FAIL|ERROR|UNEXPECTED SUCCESS): (\S+) \(([^)]+)\)", re.MULTILINE)
 _RAN_LINE = re.compile(r"^Ran (\d+) tests? in", re.MULTILINE)
 _DATABASES_LINE = re.compile(r"^cowpeer-databases: ?(.*)$", re.MULTILINE)
+_TIMING_LINE = re.compile(r"^cowpeer-timing: (\{.*\})$", re.MULTILINE)
 
 
 class PeerSuiteError(Exception):
@@ -104,13 +105,18 @@ class Server:
 
 @dataclass(frozen=True)
 class RunResult:
-    """One run of runtests.py: failing test ids (FAIL, ERROR, unexpected success), the count run, the time."""
+    """One run of runtests.py: failing test ids (FAIL, ERROR, unexpected success), the count run, the time.
+
+    ``module_seconds``: the wall time of each module's tests and class fixtures (cowpeer_prepare's
+    TimingResult); what ``seconds`` has beyond their sum is the start (imports, checks, test databases).
+    """
 
     failures: frozenset[str]
     ran: int
     seconds: float
     returncode: int
     output_tail: str
+    module_seconds: Mapping[str, float] = field(default_factory=dict)
 
     def failing_in(self, module: str) -> list[str]:
         return sorted(f for f in self.failures if f == module or f.startswith(module + "."))
@@ -122,7 +128,7 @@ class Comparison:
     direct: RunResult
     session: RunResult
     server_version: int
-    per_module: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    per_module: dict[str, dict[str, object]] = field(default_factory=dict)
 
     @property
     def session_only(self) -> list[str]:
@@ -220,7 +226,11 @@ def run_django(root: Path, modules: Sequence[str], env: dict[str, str], *, keepd
     if ran is None and not env.get("COWPEER_PREPARE"):
         raise PeerSuiteError(f"runtests.py ran no test (exit {proc.returncode}):\n{output[-4000:]}")
     failures = frozenset(_test_id(m) for m in _RESULT_LINE.finditer(output))
-    return RunResult(failures, int(ran.group(1)) if ran else 0, seconds, proc.returncode, output[-4000:])
+    timing = _TIMING_LINE.search(output)
+    module_seconds = json.loads(timing.group(1)) if timing else {}
+    return RunResult(
+        failures, int(ran.group(1)) if ran else 0, seconds, proc.returncode, output[-4000:], module_seconds
+    )
 
 
 def _test_id(match: re.Match[str]) -> str:
@@ -297,6 +307,7 @@ def compare(server: Server, modules: Sequence[str], root: Path | None = None) ->
             "direct": direct.failing_in(m),
             "session": session.failing_in(m),
             "session_only": sorted(set(session.failing_in(m)) - set(direct.failing_in(m))),
+            "seconds": {"direct": direct.module_seconds.get(m), "session": session.module_seconds.get(m)},
         }
         for m in modules
     }
@@ -305,14 +316,20 @@ def compare(server: Server, modules: Sequence[str], root: Path | None = None) ->
 
 def report(c: Comparison) -> str:
     lines = [f"Django {DJANGO_VERSION} on PostgreSQL {c.server_version // 10000}: {len(c.modules)} modules"]
-    lines.append(f"{'module':<28} {'direct':>7} {'session':>8} {'only in session':>16}")
+    lines.append(
+        f"{'module':<28} {'direct':>7} {'session':>8} {'only in session':>16}"
+        f" {'direct s':>9} {'session s':>10} {'extra s':>8}"
+    )
     for m in c.modules:
-        row = c.per_module[m]
+        direct, session = c.direct.failing_in(m), c.session.failing_in(m)
+        only = set(session) - set(direct)
         lines.append(
-            f"{m:<28} {len(row['direct']):>7} {len(row['session']):>8} {len(row['session_only']):>16}"
+            f"{m:<28} {len(direct):>7} {len(session):>8} {len(only):>16}"
+            + _seconds_columns(c.direct.module_seconds.get(m), c.session.module_seconds.get(m))
         )
     lines.append(
         f"{'total':<28} {len(c.direct.failures):>7} {len(c.session.failures):>8} {len(c.session_only):>16}"
+        + _seconds_columns(sum(c.direct.module_seconds.values()), sum(c.session.module_seconds.values()))
     )
     lines.append(
         f"tests run: direct {c.direct.ran}, session {c.session.ran}; time: direct {c.direct.seconds:.1f} s, "
@@ -320,6 +337,12 @@ def report(c: Comparison) -> str:
     )
     lines.extend(f"  only in session: {t}" for t in c.session_only)
     return "\n".join(lines)
+
+
+def _seconds_columns(direct: float | None, session: float | None) -> str:
+    if direct is None or session is None:
+        return ""
+    return f" {direct:>9.2f} {session:>10.2f} {session - direct:>+8.2f}"
 
 
 @contextlib.contextmanager

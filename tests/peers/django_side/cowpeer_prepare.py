@@ -5,11 +5,56 @@ made, and then runs the same tests through the proxy in a session (with --keepdb
 """
 
 import contextlib
+import json
+import sys
+import time
+import unittest
 from collections.abc import Iterator
 from typing import Any
 
 from django.db import connections
 from django.test.runner import DiscoverRunner
+
+
+class TimingResult(unittest.TextTestResult):
+    """Django's text result, adding up the wall time of each test module (its tests and class fixtures).
+
+    The time from the end of one test to the start of the next (the next class's ``setUpClass`` and
+    ``setUpTestData``, the previous one's ``tearDownClass``) counts for the next test's module. At the end it
+    prints one ``cowpeer-timing:`` line of JSON, which tests/peers/django_suite.py reads.
+    """
+
+    def startTestRun(self) -> None:
+        super().startTestRun()
+        self._seconds: dict[str, float] = {}
+        self._mark = time.perf_counter()
+
+    def _charge(self, test: unittest.TestCase) -> None:
+        now = time.perf_counter()
+        module = type(test).__module__.split(".")[0]
+        self._seconds[module] = self._seconds.get(module, 0.0) + now - self._mark
+        self._mark = now
+
+    def startTest(self, test: unittest.TestCase) -> None:
+        self._charge(test)
+        super().startTest(test)
+
+    def stopTest(self, test: unittest.TestCase) -> None:
+        super().stopTest(test)
+        self._charge(test)
+
+    def stopTestRun(self) -> None:
+        super().stopTestRun()
+        rounded = {m: round(s, 3) for m, s in sorted(self._seconds.items())}
+        # On a line of its own: the dots of verbosity 1 end without a newline.
+        print("\ncowpeer-timing: " + json.dumps(rounded), file=sys.stderr)
+
+
+class TimingRunner(DiscoverRunner):
+    """Django's runner with the per-module timing of ``TimingResult`` (the direct run uses it as is)."""
+
+    def get_resultclass(self) -> Any:
+        return super().get_resultclass() or TimingResult
 
 
 class PrepareRunner(DiscoverRunner):
@@ -23,7 +68,7 @@ class PrepareRunner(DiscoverRunner):
         return 0
 
 
-class SessionRunner(DiscoverRunner):
+class SessionRunner(TimingRunner):
     """The test runner of the session run: Django's own, except that the maintenance connection is untagged.
 
     With ``--keepdb`` Django first connects to the ``postgres`` database to see whether the test database

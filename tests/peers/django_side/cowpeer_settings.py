@@ -34,3 +34,5 @@ if os.environ.get("COWPEER_PREPARE"):
     TEST_RUNNER = "cowpeer_prepare.PrepareRunner"
 elif _SESSION:
     TEST_RUNNER = "cowpeer_prepare.SessionRunner"
+else:
+    TEST_RUNNER = "cowpeer_prepare.TimingRunner"
