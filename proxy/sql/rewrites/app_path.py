@@ -21,12 +21,13 @@ from __future__ import annotations
 
 from pglast import ast, enums
 from pglast.stream import RawStream
-from pglast.visitors import Ancestor, Visitor
+from pglast.visitors import Ancestor
 
 from proxy.sql.catalog import Catalog
 from proxy.sql.jsontree import JsonNode
 from proxy.sql.rewrites.base import Context, Rule, Scan, Step
 from proxy.sql.rewrites.nodes import Visit
+from proxy.sql.visitor import Visitor
 
 SETTING = "search_path"
 # VariableSetStmt kinds (as parse_sql_json spells them): set the path to a value or to its default, reset it.

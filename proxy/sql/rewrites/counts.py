@@ -11,7 +11,7 @@ from pglast.enums import (
     LimitOption,
     NullTestType,
 )
-from pglast.visitors import Ancestor, Skip, Visitor
+from pglast.visitors import Ancestor, Skip
 
 from proxy.sql.catalog import Catalog, CowTable
 from proxy.sql.jsontree import JsonNode, any_select, child, children
@@ -34,6 +34,7 @@ from proxy.sql.rewrites.tables import (
     CURRENT_SESSION,
     base_readable,
 )
+from proxy.sql.visitor import Visitor
 
 
 @dataclass(frozen=True)

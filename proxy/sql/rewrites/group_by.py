@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pglast import ast
-from pglast.visitors import Ancestor, Skip, Visitor
+from pglast.visitors import Ancestor, Skip
 
 from proxy.sql.catalog import Catalog, CowTable
 from proxy.sql.jsontree import JsonNode, any_select, from_relations
@@ -19,6 +19,7 @@ from proxy.sql.rewrites.nodes import (
 from proxy.sql.rewrites.tables import (
     cow_range,
 )
+from proxy.sql.visitor import Visitor
 
 # Types without an equality operator: a GROUP BY on them fails (42883), so such columns are not added.
 _UNGROUPABLE = frozenset(

@@ -17,11 +17,12 @@ from typing import TypeGuard
 
 from pglast import ast
 from pglast.enums import CoercionForm, SQLValueFunctionOp, SubLinkType
-from pglast.visitors import Ancestor, Skip, Visitor
+from pglast.visitors import Ancestor, Skip
 
 from proxy.sql.jsontree import JsonNode, svals
 from proxy.sql.rewrites.base import Context, Rule, Scan, Step
 from proxy.sql.rewrites.nodes import Visit
+from proxy.sql.visitor import Visitor
 
 LAYER_SCHEMA = "cow"
 

@@ -9,7 +9,7 @@ from pglast import ast
 from pglast.enums import (
     A_Expr_Kind,
 )
-from pglast.visitors import Ancestor, Visitor
+from pglast.visitors import Ancestor
 
 from proxy.sql.catalog import Catalog, CowTable
 from proxy.sql.jsontree import JsonNode, child, children
@@ -35,6 +35,7 @@ from proxy.sql.rewrites.tables import (
     CURRENT_SESSION,
     base_readable,
 )
+from proxy.sql.visitor import Visitor
 
 # Key types whose equality PostgreSQL hashes: a key read's NOT IN of the session's keys is then a hashed
 # subplan; with another type it would compare every base row with every key.

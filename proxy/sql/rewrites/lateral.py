@@ -10,7 +10,7 @@ from pglast.enums import (
     A_Expr_Kind,
     JoinType,
 )
-from pglast.visitors import Ancestor, Skip, Visitor
+from pglast.visitors import Ancestor, Skip
 
 from proxy.sql.catalog import Catalog, CowTable
 from proxy.sql.jsontree import JsonNode, any_select, from_relations
@@ -30,6 +30,7 @@ from proxy.sql.rewrites.tables import (
     cow_range,
     row_keys,
 )
+from proxy.sql.visitor import Visitor
 
 
 def _join_tree_ranges(from_clause: Sequence[ast.Node]) -> tuple[list[ast.RangeVar], list[ast.JoinExpr]]:

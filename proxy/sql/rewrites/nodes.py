@@ -15,9 +15,10 @@ from pglast.enums import (
     BoolExprType,
     SetOperation,
 )
-from pglast.visitors import Ancestor, Skip, Visitor
+from pglast.visitors import Ancestor, Skip
 
 from proxy.sql.catalog import CowTable
+from proxy.sql.visitor import Visitor
 
 
 def quote(name: str) -> str:
@@ -243,37 +244,45 @@ def plain_condition(
     """Whether an expression reads only the FROM item's own columns (``c``, ``name.c``, and with
     ``qualified`` ``schema.name.c``; none without ``table``), constants, parameters and stable built-in
     functions: the same answer for a row wherever it is evaluated."""
-    plain = True
+    if where is None:
+        return True
+    check = _PlainCheck(name, table, qualified)
+    check(where)
+    return check.plain
 
-    def own(fields: list[str | None]) -> bool:
+
+class _PlainCheck(Visitor):
+    """plain_condition's walk (one class for all calls: pglast visitors cost most in their set-up)."""
+
+    def __init__(self, name: str, table: CowTable | None, qualified: bool) -> None:
+        self.name, self.table, self.qualified = name, table, qualified
+        self.plain = True
+
+    def _own(self, fields: list[str | None]) -> bool:
+        table = self.table
         if table is None or fields[-1] is None or table.column(fields[-1]) is None:
             return False
         if len(fields) == 3:
-            return qualified and fields[1] == name and fields[0] in (table.schema, table.overlay_schema)
-        return len(fields) == 1 or (len(fields) == 2 and fields[0] == name)
+            schemas = (table.schema, table.overlay_schema)
+            return self.qualified and fields[1] == self.name and fields[0] in schemas
+        return len(fields) == 1 or (len(fields) == 2 and fields[0] == self.name)
 
-    class Check(Visitor):
-        def visit(self, _: Ancestor, node: ast.Node) -> Visit:
-            nonlocal plain
-            if isinstance(node, ast.ColumnRef):
-                plain = plain and own([getattr(f, "sval", None) for f in node.fields or ()])
-                return Skip
-            if isinstance(node, ast.FuncCall):
-                names = function_name(node)
-                plain = plain and (
-                    names[-1] in STABLE_FUNCTIONS
-                    and names[:-1] in ((), ("pg_catalog",))
-                    and not (node.agg_star or node.agg_distinct or node.agg_order or node.agg_filter)
-                    and node.over is None
-                )
-                return Skip if not plain else None
-            if not isinstance(node, PLAIN_EXPRESSION_NODES):
-                plain = False
-            return Skip if not plain else None
-
-    if where is not None:
-        Check()(where)
-    return plain
+    def visit(self, _: Ancestor, node: ast.Node) -> Visit:
+        if isinstance(node, ast.ColumnRef):
+            self.plain = self.plain and self._own([getattr(f, "sval", None) for f in node.fields or ()])
+            return Skip
+        if isinstance(node, ast.FuncCall):
+            names = function_name(node)
+            self.plain = self.plain and (
+                names[-1] in STABLE_FUNCTIONS
+                and names[:-1] in ((), ("pg_catalog",))
+                and not (node.agg_star or node.agg_distinct or node.agg_order or node.agg_filter)
+                and node.over is None
+            )
+            return Skip if not self.plain else None
+        if not isinstance(node, PLAIN_EXPRESSION_NODES):
+            self.plain = False
+        return Skip if not self.plain else None
 
 
 def first_range(node: ast.SelectStmt) -> ast.RangeVar | None:
@@ -324,22 +333,26 @@ def reads_relations(node: NodeOrNodes, names: set[str]) -> bool:
 def subquery_or_column(node: NodeOrNodes, test: Callable[[ast.ColumnRef], bool]) -> bool:
     """Whether ``node`` (or a list of nodes) holds a subquery, or a column reference for which ``test``
     holds."""
-    found = False
-
-    class Refs(Visitor):
-        def visit_SubLink(self, _: Ancestor, sub: ast.SubLink) -> Visit:
-            nonlocal found
-            found = True
-            return Skip
-
-        def visit_ColumnRef(self, _: Ancestor, ref: ast.ColumnRef) -> None:
-            nonlocal found
-            found = found or test(ref)
-
     if not isinstance(node, ast.Node):
         return any(subquery_or_column(item, test) for item in node)
-    Refs()(node)
-    return found
+    refs = _Refs(test)
+    refs(node)
+    return refs.found
+
+
+class _Refs(Visitor):
+    """subquery_or_column's walk (one class for all calls)."""
+
+    def __init__(self, test: Callable[[ast.ColumnRef], bool]) -> None:
+        self.test = test
+        self.found = False
+
+    def visit_SubLink(self, _: Ancestor, sub: ast.SubLink) -> Visit:
+        self.found = True
+        return Skip
+
+    def visit_ColumnRef(self, _: Ancestor, ref: ast.ColumnRef) -> None:
+        self.found = self.found or self.test(ref)
 
 
 def cte_names(node: ast.Node) -> frozenset[str]:

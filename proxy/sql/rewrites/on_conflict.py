@@ -12,7 +12,7 @@ from pglast import ast
 from pglast.enums import (
     OnConflictAction,
 )
-from pglast.visitors import Ancestor, Visitor
+from pglast.visitors import Ancestor
 
 from proxy.errors import RewriteError
 from proxy.sql.catalog import CowTable, UniqueKey
@@ -33,6 +33,7 @@ from proxy.sql.rewrites.tables import (
     overlay,
     unsupported,
 )
+from proxy.sql.visitor import Visitor
 
 
 def _match(left: str, right: str, key: UniqueKey) -> str:

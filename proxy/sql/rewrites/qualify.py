@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pglast import ast
-from pglast.visitors import Ancestor, Skip, Visitor
+from pglast.visitors import Ancestor, Skip
 
 from proxy.sql.catalog import Catalog
 from proxy.sql.jsontree import JsonNode
@@ -17,6 +17,7 @@ from proxy.sql.rewrites.tables import (
     MERGE_ON_VIEWS,
     unsupported,
 )
+from proxy.sql.visitor import Visitor
 
 
 class _Qualify(Visitor):

@@ -16,7 +16,7 @@ from typing import TypeGuard
 
 from pglast import ast
 from pglast.enums import JoinType, LimitOption, LockClauseStrength, SetOperation
-from pglast.visitors import Ancestor, Skip, Visitor
+from pglast.visitors import Ancestor, Skip
 
 from proxy.errors import RewriteError
 from proxy.sql.catalog import Catalog, CowTable
@@ -24,6 +24,7 @@ from proxy.sql.jsontree import JsonNode
 from proxy.sql.rewrites.base import Context, Rule, Scan, Step
 from proxy.sql.rewrites.nodes import QUALIFIED_NAME_KINDS, Visit, copy_tree
 from proxy.sql.rewrites.tables import cow_range, unsupported
+from proxy.sql.visitor import Visitor
 
 _STRENGTH_SQL = {
     LockClauseStrength.LCS_FORKEYSHARE: "FOR KEY SHARE",
