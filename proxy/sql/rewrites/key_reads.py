@@ -24,6 +24,7 @@ from proxy.sql.rewrites.nodes import (
     cte_query,
     expression,
     operator_of,
+    own_column,
     parse_select,
     plain_condition,
     quote,
@@ -266,7 +267,7 @@ def _only_own_columns(node: ast.SelectStmt, name: str, table: CowTable, *, quali
     )
 
     def foreign(ref: ast.ColumnRef) -> bool:
-        return not plain_condition(ref, name, table, qualified=qualified)
+        return not own_column(ref, name, table, qualified=qualified)
 
     for target in node.targetList or ():
         ref = target.val

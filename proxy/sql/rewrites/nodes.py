@@ -251,6 +251,17 @@ def plain_condition(
     return check.plain
 
 
+def own_column(ref: ast.ColumnRef, name: str, table: CowTable | None, *, qualified: bool = False) -> bool:
+    """Whether a column reference names a column of the FROM item ``name`` of ``table`` (plain_condition's
+    answer for a lone column reference, without its walk)."""
+    fields = [getattr(f, "sval", None) for f in ref.fields or ()]
+    if table is None or fields[-1] is None or table.column(fields[-1]) is None:
+        return False
+    if len(fields) == 3:
+        return qualified and fields[1] == name and fields[0] in (table.schema, table.overlay_schema)
+    return len(fields) == 1 or (len(fields) == 2 and fields[0] == name)
+
+
 class _PlainCheck(Visitor):
     """plain_condition's walk (one class for all calls: pglast visitors cost most in their set-up)."""
 
@@ -258,18 +269,9 @@ class _PlainCheck(Visitor):
         self.name, self.table, self.qualified = name, table, qualified
         self.plain = True
 
-    def _own(self, fields: list[str | None]) -> bool:
-        table = self.table
-        if table is None or fields[-1] is None or table.column(fields[-1]) is None:
-            return False
-        if len(fields) == 3:
-            schemas = (table.schema, table.overlay_schema)
-            return self.qualified and fields[1] == self.name and fields[0] in schemas
-        return len(fields) == 1 or (len(fields) == 2 and fields[0] == self.name)
-
     def visit(self, _: Ancestor, node: ast.Node) -> Visit:
         if isinstance(node, ast.ColumnRef):
-            self.plain = self.plain and self._own([getattr(f, "sval", None) for f in node.fields or ()])
+            self.plain = self.plain and own_column(node, self.name, self.table, qualified=self.qualified)
             return Skip
         if isinstance(node, ast.FuncCall):
             names = function_name(node)
