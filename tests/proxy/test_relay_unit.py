@@ -417,14 +417,19 @@ def _utility_replies(tag: str) -> tuple[bytes, ...]:
     )
 
 
-JOIN_REPLIES = (
-    p.message(b"3"),
-    p.message(b"1"),
-    p.message(b"2"),
-    p.message(b"D", b"\x00\x01\x00\x00\x00\x02S1"),
-    p.encode_command_complete("SELECT 1"),
-    p.message(b"3"),
-)
+def one_row_replies(row: bytes) -> tuple[bytes, ...]:
+    """The server's replies to a one-row statement of the proxy's (Close, Parse, Bind, Execute, Close)."""
+    return (
+        p.message(b"3"),
+        p.message(b"1"),
+        p.message(b"2"),
+        row,
+        p.encode_command_complete("SELECT 1"),
+        p.message(b"3"),
+    )
+
+
+JOIN_REPLIES = one_row_replies(p.message(b"D", b"\x00\x01\x00\x00\x00\x02S1"))
 NOTICE_25P01 = p.message(b"N", b"SWARNING\0VWARNING\0C25P01\0Mthere is no transaction in progress\0\0")
 
 

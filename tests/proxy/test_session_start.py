@@ -18,7 +18,7 @@ from proxy.sql.rewrites.app_path import UNLAYERED_WRITE_SQL
 from proxy.tags import Tags
 from tests.fix_proxy import RunningProxy
 from tests.proxy.test_path_check import data_row
-from tests.proxy.test_relay_unit import NoCatalog, relay, reply, send
+from tests.proxy.test_relay_unit import NoCatalog, one_row_replies, relay, reply, send
 from tests.proxy_sql import catalogs
 
 JOIN = (
@@ -36,27 +36,12 @@ PROBE = (
     p.encode_close("P", PATH_STATEMENT),
     p.encode_close("S", PATH_STATEMENT),
 )
-JOINED = (
-    p.message(b"3"),
-    p.message(b"1"),
-    p.message(b"2"),
-    p.message(b"D", b"\x00\x01\x00\x00\x00\x00"),
-    p.encode_command_complete("SELECT 1"),
-    p.message(b"3"),
-)
+JOINED = one_row_replies(p.message(b"D", b"\x00\x01\x00\x00\x00\x00"))
 
 
 def _probed(clean: bool) -> tuple[bytes, ...]:
     # cow._unlayered_write('{}'): NULL when no schema on the path lacks the layer, else '{}'.
-    return (
-        p.message(b"3"),
-        p.message(b"1"),
-        p.message(b"2"),
-        data_row(None, None, "t") if clean else data_row(None, None, "f"),
-        p.encode_command_complete("SELECT 1"),
-        p.message(b"3"),
-        p.message(b"3"),
-    )
+    return (*one_row_replies(data_row(None, None, "t" if clean else "f")), p.message(b"3"))
 
 
 def test_the_session_is_joined_at_start_with_the_paths_answer_and_the_client_waits() -> None:
