@@ -394,9 +394,9 @@ END $$;
 -- key, primary key pk).
 CREATE OR REPLACE FUNCTION cow._view_exists(ch text, b text, pk text[], p_cond text, p_probe text) RETURNS text
 LANGUAGE sql IMMUTABLE
-RETURN cow._fill('EXISTS (SELECT 1 FROM {{changes}} z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND {{cond}}) '
+RETURN cow._fill('EXISTS (SELECT 1 FROM {{changes}} z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND {{cond}} OFFSET 0) '
                  'OR EXISTS (SELECT 1 FROM {{base}} z WHERE {{cond}} AND NOT EXISTS (SELECT 1 FROM {{changes}} {{probe}} '
-                 'WHERE {{probe}}._cow_session = _s AND {{probe}}._cow_current AND {{same_key}} OFFSET 0))',
+                 'WHERE {{probe}}._cow_session = _s AND {{probe}}._cow_current AND {{same_key}} OFFSET 0) OFFSET 0)',
                  jsonb_build_object('changes', ch, 'base', b, 'cond', p_cond, 'probe', p_probe,
                                     'same_key', cow._eq(pk, p_probe, 'z')));
 
@@ -414,9 +414,9 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
          FROM cow.registry g WHERE g.relid = p_rel AND g.pk_columns <> '{}'),
         -- (A keyless table, 35_keyless.sql: through its overlay view, which reads the session from the GUC;
         -- the constraint triggers set it to the session that wrote the version they check.)
-        (SELECT format('EXISTS (SELECT 1 FROM %I.%I z WHERE %s)', g.overlay_schema, g.table_name, p_cond)
+        (SELECT format('EXISTS (SELECT 1 FROM %I.%I z WHERE %s OFFSET 0)', g.overlay_schema, g.table_name, p_cond)
          FROM cow.registry g WHERE g.relid = p_rel),
-        format('EXISTS (SELECT 1 FROM %s z WHERE %s)', p_rel::regclass, p_cond))
+        format('EXISTS (SELECT 1 FROM %s z WHERE %s OFFSET 0)', p_rel::regclass, p_cond))
 $$;
 
 -- One check as a branch of the generated functions: the constraint trigger's (p_stmt false: `_k` is the
@@ -464,8 +464,8 @@ BEGIN
     IF con.plain THEN
         RETURN cow._fill($t$    SELECT c._cow_seq, format('Key (%s)=(%s) already exists.', {{columns|L}}, {{key}}) INTO _seq, _det
     FROM {{changes}} c WHERE c._cow_session = _s AND {{versions}} AND c._cow_current AND NOT c._cow_deleted{{not_null}}
-        AND (EXISTS (SELECT 1 FROM {{changes}} z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND {{collides}} AND NOT ({{same_row}}))
-             OR EXISTS (SELECT 1 FROM {{base}} z WHERE {{collides}} AND NOT ({{same_row}}) AND NOT EXISTS (SELECT 1 FROM {{changes}} y WHERE y._cow_session = _s AND y._cow_current AND {{has_version}} OFFSET 0)))
+        AND (EXISTS (SELECT 1 FROM {{changes}} z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND {{collides}} AND NOT ({{same_row}}) OFFSET 0)
+             OR EXISTS (SELECT 1 FROM {{base}} z WHERE {{collides}} AND NOT ({{same_row}}) AND NOT EXISTS (SELECT 1 FROM {{changes}} y WHERE y._cow_session = _s AND y._cow_current AND {{has_version}} OFFSET 0) OFFSET 0))
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := {{constraint|L}}; _bmsg := {{message|L}}; _bcode := '23505'; _btab := NULL; _bsch := NULL;

@@ -100,8 +100,8 @@ BEGIN
     IF _k = 1 THEN
     SELECT c._cow_seq, format('Key (%s)=(%s) already exists.', 'slot', concat_ws(', ', coalesce(c.slot::text, 'null'))) INTO _seq, _det
     FROM cow_changes.t1 c WHERE c._cow_session = _s AND c.id = NEW.id AND c._cow_seq = _v AND c._cow_current AND NOT c._cow_deleted AND c.slot IS NOT NULL
-        AND (EXISTS (SELECT 1 FROM cow_changes.t1 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.slot = c.slot AND NOT (z.id = c.id))
-             OR EXISTS (SELECT 1 FROM public.child z WHERE z.slot = c.slot AND NOT (z.id = c.id) AND NOT EXISTS (SELECT 1 FROM cow_changes.t1 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0)))
+        AND (EXISTS (SELECT 1 FROM cow_changes.t1 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.slot = c.slot AND NOT (z.id = c.id) OFFSET 0)
+             OR EXISTS (SELECT 1 FROM public.child z WHERE z.slot = c.slot AND NOT (z.id = c.id) AND NOT EXISTS (SELECT 1 FROM cow_changes.t1 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0))
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'child_slot_key'; _bmsg := 'duplicate key value violates unique constraint "child_slot_key"'; _bcode := '23505'; _btab := NULL; _bsch := NULL;
@@ -110,7 +110,7 @@ BEGIN
     IF _k = 2 THEN
     SELECT c._cow_seq, format('Key (%s)=(%s) is not present in table "%s".', 'later_id', concat_ws(', ', coalesce(c.later_id::text, 'null')), 'parent')
     INTO _seq, _det FROM cow_changes.t1 c WHERE c._cow_session = _s AND c.id = NEW.id AND c._cow_seq = _v
-        AND c._cow_current AND NOT c._cow_deleted AND c.later_id IS NOT NULL AND NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.id = c.later_id) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = c.later_id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0))) AND (c._cow_fk & 4) <> 0
+        AND c._cow_current AND NOT c._cow_deleted AND c.later_id IS NOT NULL AND NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.id = c.later_id OFFSET 0) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = c.later_id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0)) AND (c._cow_fk & 4) <> 0
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'child_later_id_fkey'; _bmsg := 'insert or update on table "child" violates foreign key constraint "child_later_id_fkey"'; _bcode := '23503'; _btab := NULL; _bsch := NULL;
@@ -206,8 +206,8 @@ BEGIN
     IF pg_catalog.strpos(_g, ',1,') > 0 THEN
     SELECT c._cow_seq, format('Key (%s)=(%s) already exists.', 'slot', concat_ws(', ', coalesce(c.slot::text, 'null'))) INTO _seq, _det
     FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_seq > _mark AND c._cow_current AND NOT c._cow_deleted AND c.slot IS NOT NULL
-        AND (EXISTS (SELECT 1 FROM cow_changes.t1 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.slot = c.slot AND NOT (z.id = c.id))
-             OR EXISTS (SELECT 1 FROM public.child z WHERE z.slot = c.slot AND NOT (z.id = c.id) AND NOT EXISTS (SELECT 1 FROM cow_changes.t1 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0)))
+        AND (EXISTS (SELECT 1 FROM cow_changes.t1 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.slot = c.slot AND NOT (z.id = c.id) OFFSET 0)
+             OR EXISTS (SELECT 1 FROM public.child z WHERE z.slot = c.slot AND NOT (z.id = c.id) AND NOT EXISTS (SELECT 1 FROM cow_changes.t1 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0))
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'child_slot_key'; _bmsg := 'duplicate key value violates unique constraint "child_slot_key"'; _bcode := '23505'; _btab := NULL; _bsch := NULL;
@@ -216,7 +216,7 @@ BEGIN
     IF pg_catalog.strpos(_g, ',2,') > 0 THEN
     SELECT c._cow_seq, format('Key (%s)=(%s) is not present in table "%s".', 'later_id', concat_ws(', ', coalesce(c.later_id::text, 'null')), 'parent')
     INTO _seq, _det FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_seq > _mark
-        AND c._cow_current AND NOT c._cow_deleted AND c.later_id IS NOT NULL AND NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.id = c.later_id) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = c.later_id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0))) AND (c._cow_fk & 4) <> 0
+        AND c._cow_current AND NOT c._cow_deleted AND c.later_id IS NOT NULL AND NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.id = c.later_id OFFSET 0) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = c.later_id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0)) AND (c._cow_fk & 4) <> 0
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'child_later_id_fkey'; _bmsg := 'insert or update on table "child" violates foreign key constraint "child_later_id_fkey"'; _bcode := '23503'; _btab := NULL; _bsch := NULL;
@@ -380,7 +380,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '23514', MESSAGE = format('new row for relation "%s" violates check constraint "%s"', 'child', _bad), SCHEMA = 'public', TABLE = 'child', CONSTRAINT = _bad;
     END IF;
     IF (NEW.id IS DISTINCT FROM OLD.id) THEN
-        IF NEW.id IS NOT NULL AND (EXISTS (SELECT 1 FROM cow_changes.t1 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.id = NEW.id AND NOT (z.id = OLD.id)) OR EXISTS (SELECT 1 FROM public.child z WHERE z.id = NEW.id AND NOT (z.id = OLD.id) AND NOT EXISTS (SELECT 1 FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_current AND c.id = z.id OFFSET 0))) THEN
+        IF NEW.id IS NOT NULL AND (EXISTS (SELECT 1 FROM cow_changes.t1 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.id = NEW.id AND NOT (z.id = OLD.id) OFFSET 0) OR EXISTS (SELECT 1 FROM public.child z WHERE z.id = NEW.id AND NOT (z.id = OLD.id) AND NOT EXISTS (SELECT 1 FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_current AND c.id = z.id OFFSET 0) OFFSET 0)) THEN
             RAISE EXCEPTION USING ERRCODE = '23505', MESSAGE = 'duplicate key value violates unique constraint "child_pkey"', DETAIL = format('Key (%s)=(%s) already exists.', 'id', concat_ws(', ', coalesce(NEW.id::text, 'null'))), SCHEMA = 'public', TABLE = 'child', CONSTRAINT = 'child_pkey';
         END IF;
     END IF;
@@ -728,8 +728,8 @@ BEGIN
     SELECT c._cow_seq, format('Key (%s)=(%s) is still referenced from table "%s".', 'id', concat_ws(', ', coalesce(c.id::text, 'null')), 'child')
     INTO _seq, _det FROM cow_changes.t3 c WHERE c._cow_session = _s AND c.id = NEW.id AND c._cow_seq = _v
         AND c._cow_current AND c._cow_deleted AND c.id IS NOT NULL
-        AND NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.id = c.id) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = c.id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0)))
-        AND (EXISTS (SELECT 1 FROM cow_changes.t1 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.later_id = c.id) OR EXISTS (SELECT 1 FROM public.child z WHERE z.later_id = c.id AND NOT EXISTS (SELECT 1 FROM cow_changes.t1 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0)))
+        AND NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.id = c.id OFFSET 0) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = c.id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0))
+        AND (EXISTS (SELECT 1 FROM cow_changes.t1 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.later_id = c.id OFFSET 0) OR EXISTS (SELECT 1 FROM public.child z WHERE z.later_id = c.id AND NOT EXISTS (SELECT 1 FROM cow_changes.t1 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0))
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'child_later_id_fkey'; _bmsg := 'update or delete on table "parent" violates foreign key constraint "child_later_id_fkey" on table "child"'; _bcode := '23503'; _btab := 'child'; _bsch := 'public';
@@ -829,8 +829,8 @@ BEGIN
     SELECT c._cow_seq, format('Key (%s)=(%s) is still referenced from table "%s".', 'id', concat_ws(', ', coalesce(c.id::text, 'null')), 'child')
     INTO _seq, _det FROM cow_changes.t3 c WHERE c._cow_session = _s AND c._cow_seq > _mark
         AND c._cow_current AND c._cow_deleted AND c.id IS NOT NULL
-        AND NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.id = c.id) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = c.id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0)))
-        AND (EXISTS (SELECT 1 FROM cow_changes.t1 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.later_id = c.id) OR EXISTS (SELECT 1 FROM public.child z WHERE z.later_id = c.id AND NOT EXISTS (SELECT 1 FROM cow_changes.t1 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0)))
+        AND NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.id = c.id OFFSET 0) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = c.id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0))
+        AND (EXISTS (SELECT 1 FROM cow_changes.t1 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.later_id = c.id OFFSET 0) OR EXISTS (SELECT 1 FROM public.child z WHERE z.later_id = c.id AND NOT EXISTS (SELECT 1 FROM cow_changes.t1 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0))
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'child_later_id_fkey'; _bmsg := 'update or delete on table "parent" violates foreign key constraint "child_later_id_fkey" on table "child"'; _bcode := '23503'; _btab := 'child'; _bsch := 'public';
@@ -886,7 +886,7 @@ BEGIN
     IF _pdel IS FALSE OR (_pdel IS NULL AND EXISTS (SELECT 1 FROM public.parent z WHERE z.id = NEW.id)) THEN
         RAISE EXCEPTION USING ERRCODE = '23505', MESSAGE = 'duplicate key value violates unique constraint "parent_pkey"', DETAIL = format('Key (%s)=(%s) already exists.', 'id', concat_ws(', ', coalesce(NEW.id::text, 'null'))), SCHEMA = 'public', TABLE = 'parent', CONSTRAINT = 'parent_pkey';
     END IF;
-    IF (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.code IS NOT DISTINCT FROM NEW.code) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.code IS NOT DISTINCT FROM NEW.code AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 c WHERE c._cow_session = _s AND c._cow_current AND c.id = z.id OFFSET 0))) THEN
+    IF (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.code IS NOT DISTINCT FROM NEW.code OFFSET 0) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.code IS NOT DISTINCT FROM NEW.code AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 c WHERE c._cow_session = _s AND c._cow_current AND c.id = z.id OFFSET 0) OFFSET 0)) THEN
         RAISE EXCEPTION USING ERRCODE = '23505', MESSAGE = 'duplicate key value violates unique constraint "parent_code_key"', DETAIL = format('Key (%s)=(%s) already exists.', 'code', concat_ws(', ', coalesce(NEW.code::text, 'null'))), SCHEMA = 'public', TABLE = 'parent', CONSTRAINT = 'parent_code_key';
     END IF;
     IF _pdel IS NOT NULL THEN
@@ -960,12 +960,12 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '23514', MESSAGE = format('new row for relation "%s" violates check constraint "%s"', 'parent', _bad), SCHEMA = 'public', TABLE = 'parent', CONSTRAINT = _bad;
     END IF;
     IF (NEW.id IS DISTINCT FROM OLD.id) THEN
-        IF NEW.id IS NOT NULL AND (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.id = NEW.id AND NOT (z.id = OLD.id)) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = NEW.id AND NOT (z.id = OLD.id) AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 c WHERE c._cow_session = _s AND c._cow_current AND c.id = z.id OFFSET 0))) THEN
+        IF NEW.id IS NOT NULL AND (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.id = NEW.id AND NOT (z.id = OLD.id) OFFSET 0) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = NEW.id AND NOT (z.id = OLD.id) AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 c WHERE c._cow_session = _s AND c._cow_current AND c.id = z.id OFFSET 0) OFFSET 0)) THEN
             RAISE EXCEPTION USING ERRCODE = '23505', MESSAGE = 'duplicate key value violates unique constraint "parent_pkey"', DETAIL = format('Key (%s)=(%s) already exists.', 'id', concat_ws(', ', coalesce(NEW.id::text, 'null'))), SCHEMA = 'public', TABLE = 'parent', CONSTRAINT = 'parent_pkey';
         END IF;
     END IF;
     IF (NEW.code IS DISTINCT FROM OLD.code) THEN
-        IF (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.code IS NOT DISTINCT FROM NEW.code AND NOT (z.id = OLD.id)) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.code IS NOT DISTINCT FROM NEW.code AND NOT (z.id = OLD.id) AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 c WHERE c._cow_session = _s AND c._cow_current AND c.id = z.id OFFSET 0))) THEN
+        IF (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.code IS NOT DISTINCT FROM NEW.code AND NOT (z.id = OLD.id) OFFSET 0) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.code IS NOT DISTINCT FROM NEW.code AND NOT (z.id = OLD.id) AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 c WHERE c._cow_session = _s AND c._cow_current AND c.id = z.id OFFSET 0) OFFSET 0)) THEN
             RAISE EXCEPTION USING ERRCODE = '23505', MESSAGE = 'duplicate key value violates unique constraint "parent_code_key"', DETAIL = format('Key (%s)=(%s) already exists.', 'code', concat_ws(', ', coalesce(NEW.code::text, 'null'))), SCHEMA = 'public', TABLE = 'parent', CONSTRAINT = 'parent_code_key';
         END IF;
     END IF;
