@@ -43,16 +43,11 @@ BEGIN
     RETURN pg_table_is_visible(p_rel);
 END $$;
 
--- Relations outside the app and overlay schemas (the catalogs, other schemas) are as visible as without a session:
--- only the others pay for a change of path.
+-- Every relation under the application's path, as outside the session. (An inlined SQL body, no subquery: a
+-- catalog scan calls it per row, and the old test "is the relation in an app or overlay schema", there to
+-- spare the catalogs' rows the change of path, cost ~6 us a row against ~1.2 for the change itself.)
 CREATE OR REPLACE FUNCTION cow.pg_table_is_visible(p_rel oid) RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-                             JOIN cow.schemas s ON n.nspname IN (s.schema_name, s.overlay_schema)
-                             WHERE c.oid = p_rel)
-                THEN cow._table_is_visible(cow.app_search_path(), p_rel)
-                ELSE pg_catalog.pg_table_is_visible(p_rel) END
-$$;
+LANGUAGE sql STABLE AS $$ SELECT cow._table_is_visible(cow.app_search_path(), p_rel) $$;
 
 CREATE OR REPLACE FUNCTION cow._type_is_visible(p_path text, p_type oid) RETURNS boolean
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
