@@ -391,7 +391,9 @@ END $$;
 
 -- "A row `z` of the session `_s`'s view of a keyed table satisfies p_cond": a current, not deleted version in
 -- changes table ch, or a base row (of b) the session holds no version of (changes table row p_probe with z's
--- key, primary key pk).
+-- key, primary key pk). Each EXISTS has `OFFSET 0`, so that the planner cannot make it a hashed subplan,
+-- which reads every current version of the session (or the whole base table) for each row checked: on
+-- changes tables without statistics it did, and the deferred checks of N rows cost O(N^2).
 CREATE OR REPLACE FUNCTION cow._view_exists(ch text, b text, pk text[], p_cond text, p_probe text) RETURNS text
 LANGUAGE sql IMMUTABLE
 RETURN cow._fill('EXISTS (SELECT 1 FROM {{changes}} z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND {{cond}} OFFSET 0) '
