@@ -505,3 +505,57 @@ def test_binding_in_a_read_only_transaction(db: str) -> None:
             with pytest.raises(psycopg.errors.ReadOnlySqlTransaction, match="needs a read-write transaction"):
                 conn.execute("SELECT cow.bind_session(%s, NULL, %s)", (other, SECRET))
         assert conn.execute("SELECT cow.bound_session()").fetchone() == ("s1",)
+
+
+def test_the_bind_makes_the_temporary_schema_unseen_by_event_triggers(db: str) -> None:
+    """The bind's temporary schema comes from a domain made and dropped with session_replication_role
+    = replica (a superuser owner): an application's event trigger does not see it, and the role in force
+    before the bind is in force after it."""
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE ddl_seen (tag text, obj text)")
+        conn.execute(
+            "CREATE FUNCTION app_ddl_log() RETURNS event_trigger LANGUAGE plpgsql AS $$ BEGIN"
+            " INSERT INTO public.ddl_seen SELECT command_tag, object_identity"
+            " FROM pg_event_trigger_ddl_commands(); END $$"
+        )
+        conn.execute("CREATE EVENT TRIGGER app_ddl_log ON ddl_command_end EXECUTE FUNCTION app_ddl_log()")
+    for role in ("origin", "replica"):
+        with psycopg.connect(db, autocommit=True) as conn:
+            conn.execute(f"SET session_replication_role = {role}")
+            conn.execute("SELECT cow.bind_session('s1', NULL, %s)", (SECRET,))
+            assert conn.execute("SHOW session_replication_role").fetchone() == (role,)
+            assert conn.execute("SELECT pg_my_temp_schema() <> 0, cow.bound_session()").fetchone() == (
+                True,
+                "s1",
+            )
+            assert sql_state(conn, "DELETE FROM public.customers") == "42501"
+    with psycopg.connect(db, autocommit=True) as conn:
+        assert conn.execute("SELECT * FROM ddl_seen").fetchall() == []
+        conn.execute("CREATE TABLE pg_temp.mine (x int)")  # (the trigger itself works)
+        assert conn.execute("SELECT tag FROM ddl_seen").fetchall() == [("CREATE TABLE",)]
+
+
+def test_a_bind_whose_owner_may_not_set_the_replication_role(db: str) -> None:
+    """An owner of cow._bind that is no superuser cannot set session_replication_role: the bind makes the
+    temporary schema all the same (the layer's event triggers see it and leave it alone)."""
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute(f"DROP ROLE IF EXISTS {NOBODY}_binder")
+        conn.execute(f"CREATE ROLE {NOBODY}_binder NOSUPERUSER")
+        conn.execute(f"GRANT pg_read_all_stats TO {NOBODY}_binder")
+        conn.execute(f"GRANT SELECT ON cow.bind_secret TO {NOBODY}_binder")
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON cow.bindings TO {NOBODY}_binder")
+        conn.execute(f"ALTER FUNCTION cow._bind(text, text) OWNER TO {NOBODY}_binder")
+    try:
+        with psycopg.connect(db, autocommit=True) as conn:
+            conn.execute("SELECT cow.bind_session('s1', NULL, %s)", (SECRET,))
+            assert conn.execute("SELECT pg_my_temp_schema() <> 0, cow.bound_session()").fetchone() == (
+                True,
+                "s1",
+            )
+            assert conn.execute("SHOW session_replication_role").fetchone() == ("origin",)
+            assert sql_state(conn, "DELETE FROM public.customers") == "42501"
+    finally:
+        with psycopg.connect(db, autocommit=True) as conn:
+            conn.execute("ALTER FUNCTION cow._bind(text, text) OWNER TO CURRENT_USER")
+            conn.execute(f"DROP OWNED BY {NOBODY}_binder CASCADE")
+            conn.execute(f"DROP ROLE {NOBODY}_binder")

@@ -6,8 +6,10 @@
 -- Session GUCs
 -- ---------------------------------------------------------------------------------------------------------
 
+-- ('+' and a length test: the bounded repetition '{1,128}' is the same rule, but PostgreSQL's regex engine
+-- unrolls it, ~25x dearer per value and compiled again in every new backend; migration 54.)
 CREATE OR REPLACE FUNCTION cow.valid_id(p text) RETURNS boolean
-LANGUAGE sql IMMUTABLE AS $$ SELECT p ~ '^[A-Za-z0-9._:-]{1,128}$' $$;
+LANGUAGE sql IMMUTABLE AS $$ SELECT p ~ '^[A-Za-z0-9._:-]+$' AND length(p) <= 128 $$;
 
 CREATE OR REPLACE FUNCTION cow._check_id(p text, what text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
@@ -54,15 +56,25 @@ BEGIN
 END $$;
 
 -- Put session and operation in force for the rest of the connection (cow.use_session, cow.bind_session):
--- the GUCs, and the overlay path first in search_path. NULL session: leave the session.
+-- the GUCs, and the overlay path first in search_path. NULL session: leave the session. The path is read
+-- and split once (the application's entries, then the overlay path of those): a join is the first
+-- statement of each new tagged connection, where every extra query and function costs its planning too.
 CREATE OR REPLACE FUNCTION cow._join(session text, operation text) RETURNS text
 LANGUAGE plpgsql AS $$
+DECLARE
+    app text := current_setting('search_path');
+    entries text[] := cow._path_entries(app);
+    app_entries text[] := cow._app_entries(entries);
 BEGIN
+    IF cardinality(app_entries) <> cardinality(entries) THEN
+        app := cow._path_text(app_entries);  -- (else as the application wrote it)
+    END IF;
     PERFORM set_config('cow.session_id', coalesce(session, ''), false);
     PERFORM set_config('cow.operation_id', CASE WHEN session IS NULL THEN '' ELSE coalesce(operation, '') END, false);
     -- The application's own path, which introspection presents (12_app_path.sql).
-    PERFORM set_config('cow.app_search_path', CASE WHEN session IS NULL THEN '' ELSE cow._session_path(false) END, false);
-    PERFORM set_config('search_path', cow._session_path(session IS NOT NULL), false);
+    PERFORM set_config('cow.app_search_path', CASE WHEN session IS NULL THEN '' ELSE app END, false);
+    PERFORM set_config('search_path', CASE WHEN session IS NULL THEN app ELSE cow._overlay_path_of(app_entries) END,
+                       false);
     RETURN session;
 END $$;
 
@@ -76,8 +88,10 @@ DECLARE
 BEGIN
     session := nullif(session, '');
     operation := nullif(operation, '');
-    PERFORM cow._check_id(session, 'session');
-    PERFORM cow._check_id(operation, 'operation');
+    IF NOT coalesce(cow.valid_id(session), true) OR NOT coalesce(cow.valid_id(operation), true) THEN
+        PERFORM cow._check_id(session, 'session');  -- (raises)
+        PERFORM cow._check_id(operation, 'operation');
+    END IF;
     IF bound IS NOT NULL AND NOT coalesce(session OPERATOR(pg_catalog.=) bound, false) THEN
         RAISE EXCEPTION 'cowproxy: use_session(%) refused: this connection is bound to session %',
             coalesce(quote_literal(session), 'NULL'), bound
@@ -129,8 +143,8 @@ BEGIN
     stamp := cow._open_stamp(s);
     IF current_setting('cow._open', true) IS DISTINCT FROM stamp THEN
         -- Ids set with SET or startup options did not go through cow.use_session: check them here.
-        IF s !~ '^[A-Za-z0-9._:-]{1,128}$'
-           OR coalesce(current_setting('cow.operation_id', true), '') !~ '^([A-Za-z0-9._:-]{1,128})?$' THEN
+        IF NOT cow.valid_id(s)
+           OR NOT coalesce(cow.valid_id(nullif(current_setting('cow.operation_id', true), '')), true) THEN
             PERFORM cow._check_id(s, 'session');
             PERFORM cow._check_id(nullif(current_setting('cow.operation_id', true), ''), 'operation');
         END IF;

@@ -130,6 +130,7 @@ DECLARE
     b cow.bindings%ROWTYPE;
     tok text;
     prev text;
+    replication text;
 BEGIN
     SELECT x.hash INTO want FROM cow.bind_secret x;
     IF want IS NULL THEN
@@ -167,11 +168,21 @@ BEGIN
     IF pg_my_temp_schema() = 0 THEN
         -- The guard asks cow._bound() only of backends with a temporary schema (cow._add_guard): make this
         -- one's (it stays until the backend ends; rolled back with this transaction, as the binding is).
-        -- (cow.in_layer: the layer's DDL event triggers leave this table alone.)
+        -- A small object that makes it: a domain, no relation or file. (cow.in_layer: the layer's
+        -- DDL event triggers leave it alone.) An owner allowed to set session_replication_role = replica
+        -- (a superuser) also skips them, and the application's, which need not see it either: in a new
+        -- backend their first call compiles their functions (docs/benchmarks.md, "the bind's cost").
         prev := current_setting('cow.in_layer', true);
         PERFORM set_config('cow.in_layer', 'on', true);
-        CREATE TEMPORARY TABLE pg_temp.cow_bind_mark ();
-        DROP TABLE pg_temp.cow_bind_mark;
+        replication := current_setting('session_replication_role');
+        BEGIN
+            PERFORM set_config('session_replication_role', 'replica', true) WHERE replication <> 'replica';
+        EXCEPTION WHEN insufficient_privilege THEN
+            replication := 'replica';  -- (not allowed: nothing to put back)
+        END;
+        CREATE DOMAIN pg_temp.cow_bind_mark AS pg_catalog.bool;
+        DROP DOMAIN pg_temp.cow_bind_mark;
+        PERFORM set_config('session_replication_role', replication, true) WHERE replication <> 'replica';
         PERFORM set_config('cow.in_layer', coalesce(prev, ''), true);
     END IF;
 END $$;
@@ -185,8 +196,10 @@ LANGUAGE plpgsql AS $$
 BEGIN
     session := nullif(session, '');
     operation := nullif(operation, '');
-    PERFORM cow._check_id(session, 'session');
-    PERFORM cow._check_id(operation, 'operation');
+    IF NOT coalesce(cow.valid_id(session), true) OR NOT coalesce(cow.valid_id(operation), true) THEN
+        PERFORM cow._check_id(session, 'session');  -- (raises)
+        PERFORM cow._check_id(operation, 'operation');
+    END IF;
     PERFORM cow._bind(session, secret);
     RETURN cow._join(session, operation);
 END $$;

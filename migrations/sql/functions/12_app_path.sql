@@ -8,19 +8,31 @@
 -- runs the application's own statement and then cow._adopt_app_path, so PostgreSQL normalises the path as it
 -- would outside a session.
 
+-- A path's entries without overlay schemas: of its entries, and of path p.
+CREATE OR REPLACE FUNCTION cow._app_entries(entries text[]) RETURNS text[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(e ORDER BY ord), '{}')
+    FROM unnest(entries) WITH ORDINALITY AS t(e, ord)
+    WHERE NOT EXISTS (SELECT 1 FROM cow.schemas s WHERE s.overlay_schema = t.e)
+$$;
+
+CREATE OR REPLACE FUNCTION cow._app_path_entries(p text) RETURNS text[]
+LANGUAGE sql STABLE AS $$ SELECT cow._app_entries(cow._path_entries(p)) $$;
+
 -- The overlay path of path p: overlay schemas named in p are dropped, then each enabled schema gets its
 -- overlay right before it ("$user" stands for the schema named like current_user). A schema that is not
 -- enabled gets none: its tables are read as they are. They have no guard (the layer puts none outside the
 -- schemas it is installed on), so the proxy refuses writes to them: by a schema-qualified name from the
 -- statement alone, by an unqualified name after asking cow._unlayered_write where the name resolves.
-CREATE OR REPLACE FUNCTION cow._overlay_path(p text) RETURNS text
+-- cow._overlay_path_of takes the entries without overlay schemas (cow._join has them at hand).
+CREATE OR REPLACE FUNCTION cow._overlay_path_of(app_entries text[]) RETURNS text
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     result text[] := '{}';
     e text;
     ov text;
 BEGIN
-    FOREACH e IN ARRAY cow._app_path_entries(p) LOOP
+    FOREACH e IN ARRAY app_entries LOOP
         SELECT overlay_schema INTO ov FROM cow.schemas
         WHERE schema_name = CASE WHEN e = '$user' THEN current_user::text ELSE e END;
         IF ov IS NOT NULL AND NOT ov = ANY (result) THEN
@@ -31,13 +43,8 @@ BEGIN
     RETURN cow._path_text(result);
 END $$;
 
--- The entries of path p without overlay schemas.
-CREATE OR REPLACE FUNCTION cow._app_path_entries(p text) RETURNS text[]
-LANGUAGE sql STABLE AS $$
-    SELECT coalesce(array_agg(e ORDER BY ord), '{}')
-    FROM unnest(cow._path_entries(p)) WITH ORDINALITY AS t(e, ord)
-    WHERE NOT EXISTS (SELECT 1 FROM cow.schemas s WHERE s.overlay_schema = t.e)
-$$;
+CREATE OR REPLACE FUNCTION cow._overlay_path(p text) RETURNS text
+LANGUAGE sql STABLE AS $$ SELECT cow._overlay_path_of(cow._app_path_entries(p)) $$;
 
 -- After the application set search_path (the value in force now is its own path): in a session, keep that
 -- path in cow.app_search_path and put the overlay path in force, both with the scope of the application's
