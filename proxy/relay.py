@@ -569,9 +569,10 @@ class Relay:
     # ------------------------------------------------------------------------------------------------
     # Injection
 
-    def _inject(self, tags: Tags, trigger: bytes, probe: bool = False) -> bool:
+    def _inject(self, tags: Tags, trigger: bytes, probe: bool = False, read_write: bool = False) -> bool:
         """Queue ``cow.use_session`` (and the catalog query) ahead of the trigger and hold the client
-        (``probe``: and whether the joined path is clean, ``PathCheck.probe``).
+        (``probe``: and whether the joined path is clean, ``PathCheck.probe``; ``read_write``: the
+        connection's transactions are known to be read-write by default, so a bind needs no block).
 
         Returns False: the caller holds the trigger, which is replayed when the injected replies are in.
         At a safe point (no unfinished extended batch) the injection is its own batch ending with Sync;
@@ -590,8 +591,11 @@ class Relay:
 
         def applied(ok: bool) -> None:
             # On failure nothing changed on the server: the statement (and its transaction) rolled back.
+            # Without a block of its own the join commits with its batch, after the probes that follow it:
+            # held for good at the batch's ReadyForQuery only if nothing failed (Tagging.ready).
             if ok:
-                self.tagging.joined(tags, tentative=not standalone or self.replies.status != "I")
+                tentative = not standalone or self.replies.status != "I" or not writable
+                self.tagging.joined(tags, tentative=tentative)
                 self.hooks.tags_applied(tags)
                 self.path.changed()  # (joining puts the overlay path in force)
             elif injector.error is not None:
@@ -613,7 +617,7 @@ class Relay:
         # and the client's transactions may be read-only by default (its role's or database's
         # default_transaction_read_only, its startup options). Inside the client's transaction or batch
         # the bind is part of it, as before (a read-only one gets 25006 for a bind that has to write).
-        writable = self.bind_secret is not None and between
+        writable = self.bind_secret is not None and between and not read_write
         if writable:
             injector.queue_utility(BEGIN_WRITABLE_SQL)
         injector.send(p.encode_close("S", INJECT_STATEMENT), Kind.CLOSE, forward)  # (see queue_query)
@@ -636,20 +640,22 @@ class Relay:
         injector.finish(close_last, standalone, on_done)
         return False
 
-    def start(self) -> None:
+    def start(self, read_write: bool = False) -> None:
         """Right after authentication: join the connection's own session (startup tags, else its database's
         route) at once, while the client is still reading the ReadyForQuery that ends its authentication,
         instead of after its first statement has arrived, and ask in the same batch whether the joined path
         is clean (so that a first write by unqualified names needs no round trip of its own). The client's
         first statement is Python's (``at_rest``), and its messages are held until the batch is answered
         (the session is joined before any of them runs, as for a join ahead of a statement); a join that
-        fails leaves the tags unknown, so the next statement joins again and gets the error (fail closed)."""
+        fails leaves the tags unknown, so the next statement joins again and gets the error (fail closed).
+        ``read_write``: the server reported ``default_transaction_read_only = off`` at authentication, so a
+        bind runs in the batch's own transaction, without the read-write block (12 messages fewer)."""
         tags = self.tagging.default()
         if not tags.tagged or not self.replies.at_rest():
             return
         self.tagging.txn = tags  # (what the first transaction takes: the connection's own tags)
         self._first_due = True
-        self._inject(tags, b"Q", probe=True)
+        self._inject(tags, b"Q", probe=True, read_write=read_write)
 
     @property
     def holding(self) -> bool:

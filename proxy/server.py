@@ -145,6 +145,9 @@ class ClientConnection(asyncio.Protocol):
         self.cancel_key: tuple[int, bytes] | None = None
         self._early: list[bytes] = []  # client bytes that arrived before the upstream was ready
         self._auth_buf = bytearray()
+        # default_transaction_read_only as the server reported it at authentication (PostgreSQL >= 14
+        # reports it): "off" lets a bind at start run without a read-write block of its own.
+        self._read_only_default: str | None = None
         self._pause_reasons: set[str] = set()
         self._upstream_paused = False
         self.draining = False
@@ -401,6 +404,10 @@ class ClientConnection(asyncio.Protocol):
             elif kind == b"K" and len(body) >= 8:
                 self.cancel_key = (int.from_bytes(body[:4], "big"), bytes(body[4:]))
                 self.server.cancel_keys[self.cancel_key] = self
+            elif kind == b"S":
+                name, value = p.decode_parameter_status(body)
+                if name == "default_transaction_read_only":
+                    self._read_only_default = value
             elif kind == b"E":
                 fields = p.decode_error(body)
                 log_event(logging.INFO, "auth_failed", conn=self.id, sqlstate=fields.sqlstate)
@@ -434,7 +441,8 @@ class ClientConnection(asyncio.Protocol):
         self.state = State.READY
         if rest:
             self.relay.server_data(rest)
-        self.relay.start()  # a session's join goes out now, while the client reads the ReadyForQuery
+        # A session's join goes out now, while the client reads the ReadyForQuery.
+        self.relay.start(read_write=self._read_only_default == "off")
         self._process_client()
         if self.fast_ok:
             self.try_fast()

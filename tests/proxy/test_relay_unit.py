@@ -518,3 +518,36 @@ def test_in_a_failed_block_a_transaction_statement_goes_without_a_join() -> None
     r.replies.status = "E"
     upstream = send(r, p.encode_query("ROLLBACK; INSERT INTO t VALUES (1)"))  # not a lone one: joins first
     assert upstream.startswith(JOIN_START)
+
+
+def _start_batch(r: Relay, read_write: bool) -> bytes:
+    r.start(read_write=read_write)
+    out = b"".join(r.to_server)
+    r.to_server.clear()
+    return out
+
+
+def test_a_bind_at_start_of_a_read_write_connection_needs_no_block() -> None:
+    """At start the server has reported default_transaction_read_only: when it is off, the bind runs in its
+    batch's own transaction (no BEGIN READ WRITE ... COMMIT), and the join holds only once that batch has
+    ended well (a failure after it, in the same batch, rolls it back: the tags are then unknown)."""
+    blocked = _start_batch(Relay(NoCatalog(), Tags("S1"), lambda: None, bind_secret=SECRET), False)
+    assert blocked.startswith(_utility("BEGIN READ WRITE")) and _utility("COMMIT") in blocked
+    r = Relay(NoCatalog(), Tags("S1"), lambda: None, bind_secret=SECRET)
+    plain = _start_batch(r, True)
+    assert b"BEGIN" not in plain and b"COMMIT" not in plain
+    assert plain.startswith(
+        p.encode_close("S", INJECT_STATEMENT) + p.encode_parse(INJECT_STATEMENT, BIND_SQL)
+    )
+    assert blocked.replace(_utility("BEGIN READ WRITE"), b"").replace(_utility("COMMIT"), b"") == plain
+    probe_failed = p.encode_error("57014", "canceling statement due to user request")
+    assert reply(r, *JOIN_REPLIES, p.message(b"3"), p.message(b"1"), p.message(b"2"), probe_failed) == b""
+    assert r.tagging.applied.tentative  # (not for good before the batch ends)
+    assert reply(r, p.encode_ready("I")) == b""
+    assert r.tagging.applied.tags is None  # rolled back with the batch: join again before the statement
+    r = Relay(NoCatalog(), Tags("S1"), lambda: None, bind_secret=SECRET)
+    _start_batch(r, True)
+    probe = one_row_replies(p.message(b"D", b"\x00\x03\xff\xff\xff\xff\xff\xff\xff\xff\x00\x00\x00\x01t"))
+    assert reply(r, *JOIN_REPLIES, *probe, p.message(b"3"), p.encode_ready("I")) == b""
+    assert r.tagging.applied.tags == Tags("S1") and not r.tagging.applied.tentative
+    assert r.path.clean
