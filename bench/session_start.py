@@ -9,9 +9,12 @@ keyed tables and the layer installed; then, through `cowproxy serve` (and with -
 the proxy of another checkout, e.g. a git worktree of main), ``--connections`` rounds in which each proxy
 takes one connection tagged with its own session at startup and one untagged connection, each running the
 work and closing; and the same two directly, without a proxy (the session joined by the client itself, as
-a connection without the proxy would: what the layer costs the server). The work: ``select``, one
-``SELECT count(*) FROM t0``; ``tpcb``, one transaction of prepared statements as ``pgbench -M prepared``
-sends them (two UPDATEs, a SELECT and an INSERT by unqualified names, BEGIN and COMMIT).
+a connection without the proxy would: what the layer costs the server). With --baseline the baseline's
+proxy fronts a second database with the same tables and the baseline's own layer (installed by that
+checkout), and ``direct-base`` joins there directly: the before/after of proxy and layer together. The
+work: ``select``, one ``SELECT count(*) FROM t0``; ``tpcb``, one transaction of prepared statements as
+``pgbench -M prepared`` sends them (two UPDATEs, a SELECT and an INSERT by unqualified names, BEGIN and
+COMMIT).
 
 Printed per proxy and table count: the median wall time per connection (connect + authentication + join +
 work + close), session and untagged, and the session's extra; and the proxy process's CPU time per
@@ -29,6 +32,7 @@ import argparse
 import contextlib
 import glob
 import itertools
+import os
 import statistics
 import subprocess
 import sys
@@ -45,7 +49,7 @@ bp = common.sibling("proxy")  # its server, proxy and process helpers
 _keys = itertools.count(1_000_000)  # INSERT keys: one per connection, never in the tables before
 
 
-def make_database(dsn: str, name: str, tables: int) -> str:
+def make_database(dsn: str, name: str, tables: int, root: Path = ROOT) -> str:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         conn.execute(f"CREATE DATABASE {name}")
@@ -55,9 +59,24 @@ def make_database(dsn: str, name: str, tables: int) -> str:
             conn.execute(f"CREATE TABLE t{i} (id int PRIMARY KEY, v text, n int DEFAULT 0)")
             conn.execute(f"INSERT INTO t{i} SELECT g, 'v' || g FROM generate_series(1, 100) g")
     subprocess.run(
-        [sys.executable, "-m", "cowproxy", "install", "--dsn", db], check=True, capture_output=True, cwd=ROOT
+        [sys.executable, "-m", "cowproxy", "install", "--dsn", db],
+        check=True,
+        capture_output=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
     )
     return db
+
+
+def set_secret(db: str, extra: tuple[str, ...], root: Path) -> None:
+    """Give database ``db`` the binding secret of the file in ``extra`` (``--bind-secret-file PATH``)."""
+    subprocess.run(
+        [sys.executable, "-m", "cowproxy", "secret", "--set", "--file", extra[1], "--dsn", db],
+        check=True,
+        capture_output=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
 
 
 def select_work(conn: psycopg.Connection) -> None:
@@ -94,6 +113,34 @@ def one_connection(dsn: str, work: Callable[[psycopg.Connection], None], join: s
         work(conn)
 
 
+Target = tuple[str, str, int, int | None]  # name, host, port, the proxy's pid (None: directly)
+
+
+def start_targets(
+    args: argparse.Namespace, server: tuple[str, str, int], tables: int, stack: contextlib.ExitStack
+) -> tuple[list[Target], dict[str, str], str | None]:
+    """The databases (this checkout's layer; with --baseline also the baseline's), the proxies in front of
+    them and the direct targets: (targets, each target's database, the binding secret or None)."""
+    dsn, host, port = server
+    name = f"cowproxy_bench_start_{tables}"
+    db = make_database(dsn, name, tables)
+    names = {"cowproxy": name, "direct": name}
+    extra = bp.bind_arguments(db, stack) if args.bind else ()
+    proxies = [stack.enter_context(bp.cowproxy(f"{host}:{port}", "tcp", extra=extra))]
+    if args.baseline:  # (the baseline's proxy in front of the baseline's own layer)
+        baseline = Path(args.baseline).resolve()
+        names["cp-base"] = names["direct-base"] = f"{name}_base"
+        base_db = make_database(dsn, names["cp-base"], tables, baseline)
+        if extra:
+            set_secret(base_db, extra, baseline)
+        proxies.append(
+            stack.enter_context(bp.cowproxy(f"{host}:{port}", "tcp", baseline, "cp-base", extra=extra))
+        )
+    targets: list[Target] = [(p.name, p.host, p.port, p.pid) for p in proxies]
+    targets += [(target, host, port, None) for target in names if target.startswith("direct")]
+    return targets, names, Path(extra[1]).read_text().strip() if extra else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -108,25 +155,16 @@ def main() -> None:
     work = WORK[args.work]
     with bp.server(args.dsn, None) as (dsn, host, port, _bindir, _sockets):
         for tables in [int(t) for t in args.tables.split(",")]:
-            name = f"cowproxy_bench_start_{tables}"
-            db = make_database(dsn, name, tables)
+            names: dict[str, str] = {}
             with contextlib.ExitStack() as stack:
-                extra = bp.bind_arguments(db, stack) if args.bind else ()
-                secret = Path(extra[1]).read_text().strip() if extra else None
-                proxies = [stack.enter_context(bp.cowproxy(f"{host}:{port}", "tcp", extra=extra))]
-                if args.baseline:
-                    base = bp.cowproxy(
-                        f"{host}:{port}", "tcp", Path(args.baseline).resolve(), "cp-base", extra=extra
-                    )
-                    proxies.append(stack.enter_context(base))
-                targets = [(p.name, p.host, p.port, p.pid) for p in proxies] + [("direct", host, port, None)]
+                targets, names, secret = start_targets(args, (dsn, host, port), tables, stack)
                 wall: dict[tuple[str, bool], list[float]] = {}
                 cpu: dict[tuple[str, bool], list[float]] = {}
                 for i in range(args.connections + 1):  # (the first round warms up: not counted)
                     for target, target_host, target_port, pid in targets:
                         for tagged in (True, False):
                             session = f"{target}-{i}"
-                            url = f"postgresql://postgres@{target_host}:{target_port}/{name}"
+                            url = f"postgresql://postgres@{target_host}:{target_port}/{names[target]}"
                             join = None
                             if tagged and pid is None:
                                 join = (
@@ -149,15 +187,16 @@ def main() -> None:
                     flush=True,
                 )
                 for target, *_ in targets:
-                    row = f"  {target:9}"
+                    row = f"  {target:11}"
                     for values in (wall, cpu):
                         session, untagged = (statistics.median(values[target, t]) for t in (True, False))
-                        if values is cpu and target == "direct":
+                        if values is cpu and target.startswith("direct"):
                             break
                         row += f"{'':21}{session:8.2f} {untagged:9.2f} {session - untagged:+8.2f}"
                     print(row, flush=True)
             with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+                for database in set(names.values()):
+                    conn.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
 
 
 if __name__ == "__main__":
