@@ -604,6 +604,8 @@ class Analyzer:
         self._cache: OrderedDict[tuple[str, bool, int, int, bool], tuple[Analysis, Analysis]] = OrderedDict()
         # (shape key, catalog ident) -> what every text of the shape is analysed as, None: not provably one
         self._shapes: OrderedDict[tuple[bytes, int], Analysis | None] = OrderedDict()
+        self.shape_hits = 0  # cold texts answered by their shape's proven verdict, without a parse
+        self._last: _Parsed | None = None  # the last text parsed in a session (``shape`` may prove it next)
 
     def analyze(
         self,
@@ -625,15 +627,38 @@ class Analyzer:
             self.hits += 1
             return cached[1]
         self.misses += 1
-        result = _fast_path(text, catalog, in_session) or _analyze_parsed(
-            text, catalog, in_session, version, prepared, policy=self.policy
+        result = _fast_path(text, catalog, in_session) or self._by_shape(
+            text, catalog, in_session, version, prepared
         )
+        if result is None:
+            parsed = _parse(text, catalog, in_session, version, prepared, policy=self.policy)
+            result = parsed.analysis
+            self._last = parsed if in_session and parsed.stmts else None
         if len(text) > MAX_CACHED_CHARS:
             return result  # bulk statements rarely repeat; 4096 of them could hold gigabytes
         self._cache[key] = (result, replace(result, cache_hit=True))
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
         return result
+
+    def _by_shape(
+        self, text: str, catalog: Catalog, in_session: bool, version: int, prepared: bool
+    ) -> Analysis | None:
+        """The verdict ``shape`` proved for every text of ``text``'s shape, when it holds here: in a session,
+        not a named prepared statement's text (key reads take another form there), the same server version.
+        It is what the parse would give (``_shape_verdict``), so a text of a known shape skips the parse."""
+        if not in_session or prepared or version != (self.server_version_num or catalog.server_version_num):
+            return None
+        if not self._shapes:
+            return None
+        shape = self._key(text.encode())
+        if shape is None:
+            return None
+        base = self._shapes.get((shape, catalog.ident))
+        if base is None:
+            return None
+        self.shape_hits += 1
+        return base
 
     def shape(self, sql: str, catalog: Catalog, verdict: Analysis) -> bytes | None:
         """The literal-normalised key (proxy/sql/shapes.py) under which ``verdict``, a session's verdict for
@@ -650,8 +675,12 @@ class Analyzer:
         else:
             found = lex(text)  # the literals' places, for the proof (the key function gives none)
             version = self.server_version_num or catalog.server_version_num
+            last = self._last
+            known = last if last is not None and last.matches(sql, catalog, version) else None
             base = self._shapes[key] = (
-                _shape_verdict(sql, found, catalog, version, self.policy) if found is not None else None
+                _shape_verdict(sql, found, catalog, version, self.policy, known=known)
+                if found is not None
+                else None
             )
             if len(self._shapes) > self.cache_size:
                 self._shapes.popitem(last=False)
@@ -679,22 +708,27 @@ def _shape_fields(verdict: Analysis) -> tuple[object, ...]:
 _LITERAL_BLIND = frozenset(rule.name for rule in RULES if rule.literal_blind)
 
 
-def _shape_verdict(sql: str, shape: Shape, catalog: Catalog, version: int, policy: Policy) -> Analysis | None:
+def _shape_verdict(
+    sql: str, shape: Shape, catalog: Catalog, version: int, policy: Policy, *, known: _Parsed | None = None
+) -> Analysis | None:
     """What the analysis of ``sql`` decides in a session, when that cannot depend on its literals' values:
     nothing is refused, tampered with or rewritten, no rule that may read a constant's value looks at it
     (``Rule.literal_blind``), and every literal is data only (``literals_irrelevant``); else None. Parsed
-    whole, not comment-stripped: the literals' locations are offsets into its bytes."""
-    try:
-        stmts = json.loads(parse_sql_json(sql)).get("stmts") or []
-    except (ParseError, UnicodeError, ValueError):
-        return None
+    whole, not comment-stripped: the literals' locations are offsets into its bytes. ``known``: the
+    analysis' own parse of this very text in a session (``_Parsed.matches``), whose tree, walk and verdict
+    are those this would make again."""
+    if known is not None:
+        stmts, inspection = known.stmts, known.inspection
+    else:
+        try:
+            stmts = json.loads(parse_sql_json(sql)).get("stmts") or []
+        except (ParseError, UnicodeError, ValueError):
+            return None
+        inspection = None
     if not stmts or not literals_irrelevant(sql.encode(), stmts, shape):
         return None
-    inspection = _Inspection(catalog, True, policy)
-    inspection.walk(stmts)
-    if inspection.watch:
-        for raw in stmts:
-            inspection.detect(STATEMENT, raw["stmt"])
+    if inspection is None:
+        inspection = _inspect(stmts, catalog, True, policy)
     if (
         not inspection.found.keys() <= _LITERAL_BLIND
         or inspection.tampers
@@ -708,7 +742,10 @@ def _shape_verdict(sql: str, shape: Shape, catalog: Catalog, version: int, polic
     ):
         return None
     if inspection.found:  # the rules run, as on any text of the shape, and must leave it as it is
-        full = _analyze_parsed(sql, catalog, True, version, False, policy=policy)
+        if known is not None and not known.prepared:
+            full = known.analysis
+        else:
+            full = _analyze_parsed(sql, catalog, True, version, False, policy=policy)
         return full if full.rewritten is None and full.error is None and full.tag_map is None else None
     kinds = [_kind(name, "intoClause" in fields) for raw in stmts for name, fields in raw["stmt"].items()]
     return Analysis(
@@ -719,27 +756,72 @@ def _shape_verdict(sql: str, shape: Shape, catalog: Catalog, version: int, polic
     )
 
 
-def _analyze_parsed(
-    text: str, catalog: Catalog, in_session: bool, version: int, prepared: bool, *, policy: Policy
-) -> Analysis:
-    try:
-        tree = json.loads(parse_sql_json(text))
-    except (ParseError, UnicodeError, ValueError):
-        # Let the server report its own syntax error (42601) to the client.
-        first = _FIRST_WORD.match(text)
-        return Analysis(kind=_FAST_KINDS.get(first.group(1).lower(), "other") if first else "other")
-    stmts = tree.get("stmts") or []
-    if not stmts:
-        return Analysis(kind="other")
-    kinds = []
-    for raw in stmts:
-        ((name, fields),) = raw["stmt"].items()
-        kinds.append(_kind(name, "intoClause" in fields))
+@dataclass(frozen=True)
+class _Parsed:
+    """One text's parse and walk, and the verdict made of them."""
+
+    text: str
+    catalog_ident: int
+    version: int
+    prepared: bool
+    stmts: list[Any]
+    inspection: _Inspection | None
+    analysis: Analysis
+
+    def matches(self, sql: str, catalog: Catalog, version: int) -> bool:
+        """Whether this is the parse in a session of ``sql`` itself (no edge comment stripped from it)."""
+        return (
+            self.inspection is not None
+            and self.text == sql
+            and self.catalog_ident == catalog.ident
+            and self.version == version
+        )
+
+
+def _inspect(stmts: list[Any], catalog: Catalog, in_session: bool, policy: Policy) -> _Inspection:
     inspection = _Inspection(catalog, in_session, policy)
     inspection.walk(stmts)
     if inspection.watch:
         for raw in stmts:
             inspection.detect(STATEMENT, raw["stmt"])
+    return inspection
+
+
+def _analyze_parsed(
+    text: str, catalog: Catalog, in_session: bool, version: int, prepared: bool, *, policy: Policy
+) -> Analysis:
+    return _parse(text, catalog, in_session, version, prepared, policy=policy).analysis
+
+
+def _parse(
+    text: str, catalog: Catalog, in_session: bool, version: int, prepared: bool, *, policy: Policy
+) -> _Parsed:
+    def done(stmts: list[Any], inspection: _Inspection | None, analysis: Analysis) -> _Parsed:
+        return _Parsed(text, catalog.ident, version, prepared, stmts, inspection, analysis)
+
+    try:
+        tree = json.loads(parse_sql_json(text))
+    except (ParseError, UnicodeError, ValueError):
+        # Let the server report its own syntax error (42601) to the client.
+        first = _FIRST_WORD.match(text)
+        return done(
+            [], None, Analysis(kind=_FAST_KINDS.get(first.group(1).lower(), "other") if first else "other")
+        )
+    stmts = tree.get("stmts") or []
+    if not stmts:
+        return done([], None, Analysis(kind="other"))
+    inspection = _inspect(stmts, catalog, in_session, policy)
+    return done(stmts, inspection, _verdict(text, stmts, inspection, catalog, version, prepared=prepared))
+
+
+def _verdict(
+    text: str, stmts: list[Any], inspection: _Inspection, catalog: Catalog, version: int, *, prepared: bool
+) -> Analysis:
+    """What the walk of a parsed text decides: a refusal, a rewrite by the rules it found, or neither."""
+    kinds = []
+    for raw in stmts:
+        ((name, fields),) = raw["stmt"].items()
+        kinds.append(_kind(name, "intoClause" in fields))
     kind = kinds[0] if len(kinds) == 1 else "multi"
     base = Analysis(
         kind=kind,

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from pglast.parser import ParseError, scan
 
 from proxy.fastrelay import AVAILABLE, UNAVAILABLE, FastRelay
-from proxy.sql import Analyzer
+from proxy.sql import Analysis, Analyzer
 from proxy.sql.analyze import _shape_fields
 from proxy.sql.shapes import INT, NUM, STR, key, lex
 
@@ -291,3 +291,40 @@ def test_texts_of_one_shape_get_the_shapes_verdict(template: str, first: dict, s
     assert shape is None or shape == key(two.encode())
     if shape is not None:
         assert _shape_fields(Analyzer().analyze(two, CATALOG, True)) == _shape_fields(analyzed)
+
+
+def _fields(verdict: Analysis) -> tuple[object, ...]:
+    return (*_shape_fields(verdict), verdict.error_detail)
+
+
+@settings(max_examples=300, deadline=None)
+@given(template=st.sampled_from(_TEMPLATES), first=_LITERALS, second=_LITERALS, prepared=st.booleans())
+def test_a_text_taken_by_its_shape_gets_the_cold_verdict(
+    template: str, first: dict, second: dict, prepared: bool
+) -> None:
+    """An analyzer that proved a shape answers the next text of it without a parse, with the verdict a cold
+    analyzer gives that text; the proof made on the analysis' own parse is the one a cold proof makes."""
+    one, two = template.format(**first), template.format(**second)
+    warm = Analyzer()
+    analyzed = warm.analyze(one, CATALOG, True)
+    shape = warm.shape(one, CATALOG, analyzed)
+    assert shape == Analyzer().shape(one, CATALOG, analyzed)  # (a fresh analyzer parses again)
+    before = warm.shape_hits
+    assert _fields(warm.analyze(two, CATALOG, True, prepared=prepared)) == _fields(
+        Analyzer().analyze(two, CATALOG, True, prepared=prepared)
+    )
+    if warm.shape_hits > before:  # (texts the fast path clears take it before the shape)
+        assert shape is not None and one != two and not prepared and key(two.encode()) == shape
+
+
+def test_a_django_insert_of_a_known_shape_skips_the_parse() -> None:
+    analyzer = Analyzer()
+    sql = "INSERT INTO comments (issue_id, body) VALUES ({}, '{}') RETURNING id"
+    first = analyzer.analyze(sql.format(1, "a"), CATALOG, True)
+    assert analyzer.shape(sql.format(1, "a"), CATALOG, first) is not None
+    assert analyzer.analyze(sql.format(2, "b"), CATALOG, True) == first
+    assert analyzer.shape_hits == 1
+    # Not outside a session, nor for a named prepared statement's text (key reads take another form there).
+    analyzer.analyze(sql.format(3, "c"), CATALOG, False)
+    analyzer.analyze(sql.format(4, "d"), CATALOG, True, prepared=True)
+    assert analyzer.shape_hits == 1
