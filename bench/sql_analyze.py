@@ -87,6 +87,8 @@ FOR_UPDATE = (
     'WHERE ("orders"."name" = \'n{i}\' AND "orders"."total" > 3) FOR UPDATE'
 )
 TAGGED = "/*cow_session='s-1',cow_operation='op-{i}'*/ SELECT 1"
+# Django's inlined INSERT (its literals change with every row): parsed, no fast path.
+INSERT_RETURNING = 'INSERT INTO "orders" ("name", "total") VALUES (\'n{i}\', {i}) RETURNING "orders"."id"'
 
 
 def per_call(fn: Callable[[int], object], n: int, repeat: int = 5) -> float:
@@ -133,6 +135,16 @@ def measure(n: int) -> list[tuple[str, float]]:
                 per_call(lambda i, t=template, a=analyzer, c=cat: a.analyze(t.format(i=0), c, True), n),
             )
         )
+    # What the relay does with a cold text of a tagged connection that goes out as it is: the analysis, then
+    # the shape's proof for the C relay's decision (Decisions.decide); a text of a proven shape comes after.
+    for label, template in (("UPDATE", UPDATE), ("INSERT RETURNING", INSERT_RETURNING)):
+        analyzer = Analyzer(cache_size=4 * n)
+
+        def decided(i: int, t: str = template, a: Analyzer = analyzer) -> object:
+            sql = t.format(i=i)
+            return a.shape(sql, catalog, a.analyze(sql, catalog, True))
+
+        rows.append((f"analyze+shape cold {label} (Decisions.decide)", per_call(decided, n)))
     rows.append(("pglast.parse_sql      SELECT", per_call(lambda i: pglast.parse_sql(SELECT.format(i=i)), n)))
     rows.append(
         ("pglast fingerprint    SELECT", per_call(lambda i: parser.fingerprint(SELECT.format(i=i)), n))
