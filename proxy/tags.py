@@ -269,6 +269,8 @@ def read_comment_tags(sql: str) -> Tags | None:
     gives the operation id (its trace id) when ``cow_operation`` is absent. Raises ``TagError`` for an
     id outside ``^[A-Za-z0-9._:-]{1,128}$``.
     """
+    if "/*" not in sql:  # (one C scan; the edge checks below copy a long text several times)
+        return None
     lead_body, rest = _leading_comment(sql)
     trail_body, _ = _trailing_comment(rest)
     lead = _tags_of(lead_body)
@@ -286,6 +288,8 @@ def read_comment_tags(sql: str) -> Tags | None:
 def strip_edge_comments(sql: str) -> str:
     """The statement without its leading/trailing block comments and surrounding whitespace (a cache key)."""
     text = sql.strip()
+    if "/*" not in text:
+        return text
     while True:
         body, rest = _leading_comment(text)
         if body is None:
