@@ -9,11 +9,12 @@ from typing import Any
 
 import asyncpg
 
+from cowproxy.read_identity import PARAMS_BEFORE_52, READS_LAYER, row_identity
 from migrations.errors import LayerError, SessionError
 from migrations.sessions import _check_id, _require_layer
 
 _READS = """
-SELECT seq, operation, at, fingerprint, statement, identity, relations, rows, duration_us
+SELECT seq, operation, at, fingerprint, statement, identity, {params}, relations, rows, duration_us
 FROM cow.reads WHERE session = $1 ORDER BY seq
 """
 
@@ -91,9 +92,11 @@ async def session_reads(conn: asyncpg.Connection, session_id: str) -> SessionRea
     """The session's reads by operation; a session with neither reads nor a registry row is unknown."""
     _check_id(session_id)
     await _require_layer(conn)
-    if not await conn.fetchval("SELECT to_regclass('cow.reads') IS NOT NULL"):
+    layer = await conn.fetchrow(READS_LAYER)
+    has_reads, has_params = (False, False) if layer is None else tuple(layer)
+    if not has_reads:
         raise LayerError("this layer has no read traces (cow.reads): run cowproxy install to upgrade it")
-    rows = await conn.fetch(_READS, session_id)
+    rows = await conn.fetch(_READS.format(params="params" if has_params else PARAMS_BEFORE_52), session_id)
     if not rows and not await conn.fetchval("SELECT 1 FROM cow.sessions WHERE session_id = $1", session_id):
         raise SessionError(f"unknown session {session_id} (no registry row and no reads recorded)")
     grouped: dict[str | None, list[Read]] = {}
@@ -104,7 +107,7 @@ async def session_reads(conn: asyncpg.Connection, session_id: str) -> SessionRea
                 r["at"],
                 r["fingerprint"],
                 r["statement"],
-                r["identity"],
+                row_identity(r["identity"], r["statement"], r["params"]),
                 tuple(r["relations"]),
                 None if r["rows"] is None else int(r["rows"]),
                 int(r["duration_us"]),

@@ -192,102 +192,12 @@ typedef struct {
 
 /* ---- read records as COPY rows: proxy/reads.py's encode_copy, byte for byte (tests compare them) ---- */
 
-/* BLAKE2b (RFC 7693) with an 8-byte digest and no key: the identity of a read is hashlib.blake2b(text +
- * b"\0" + the Bind's parameters, digest_size=8), as proxy/reads.py computes it. */
-typedef struct {
-    uint64_t h[8], t;
-    unsigned char buf[128];
-    size_t len;
-} b2b_t;
-
-static const uint64_t B2B_IV[8] = {0x6a09e667f3bcc908ULL, 0xbb67ae8584caa73bULL, 0x3c6ef372fe94f82bULL,
-                                   0xa54ff53a5f1d36f1ULL, 0x510e527fade682d1ULL, 0x9b05688c2b3e6c1fULL,
-                                   0x1f83d9abfb41bd6bULL, 0x5be0cd19137e2179ULL};
-static const unsigned char B2B_SIGMA[12][16] = {
-    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
-    {11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4}, {7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8},
-    {9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13}, {2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9},
-    {12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11}, {13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10},
-    {6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5}, {10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0},
-    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3}};
-
-static uint64_t rotr64(uint64_t x, int n) { return (x >> n) | (x << (64 - n)); }
-
-static void b2b_compress(b2b_t *s, int last) {
-    uint64_t v[16], m[16];
-    for (int i = 0; i < 8; i++) v[i] = s->h[i], v[i + 8] = B2B_IV[i];
-    v[12] ^= s->t; /* (the counter's high word stays 0: a text is far below 2^64 bytes) */
-    if (last) v[14] = ~v[14];
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    memcpy(m, s->buf, sizeof(m)); /* (the words are little-endian) */
-#else
-    for (int i = 0; i < 16; i++) {
-        uint64_t w = 0;
-        for (int k = 7; k >= 0; k--) w = (w << 8) | s->buf[8 * i + k];
-        m[i] = w;
-    }
-#endif
-#define B2B_G(a, b, c, d, x, y)                                                                          \
-    v[a] += v[b] + (x), v[d] = rotr64(v[d] ^ v[a], 32), v[c] += v[d], v[b] = rotr64(v[b] ^ v[c], 24),    \
-        v[a] += v[b] + (y), v[d] = rotr64(v[d] ^ v[a], 16), v[c] += v[d], v[b] = rotr64(v[b] ^ v[c], 63)
-
-    for (int r = 0; r < 12; r++) {
-        const unsigned char *p = B2B_SIGMA[r];
-        B2B_G(0, 4, 8, 12, m[p[0]], m[p[1]]);
-        B2B_G(1, 5, 9, 13, m[p[2]], m[p[3]]);
-        B2B_G(2, 6, 10, 14, m[p[4]], m[p[5]]);
-        B2B_G(3, 7, 11, 15, m[p[6]], m[p[7]]);
-        B2B_G(0, 5, 10, 15, m[p[8]], m[p[9]]);
-        B2B_G(1, 6, 11, 12, m[p[10]], m[p[11]]);
-        B2B_G(2, 7, 8, 13, m[p[12]], m[p[13]]);
-        B2B_G(3, 4, 9, 14, m[p[14]], m[p[15]]);
-    }
-#undef B2B_G
-    for (int i = 0; i < 8; i++) s->h[i] ^= v[i] ^ v[i + 8];
-}
-
-static void b2b_init(b2b_t *s) {
-    memcpy(s->h, B2B_IV, sizeof(s->h));
-    s->h[0] ^= 0x01010000ULL ^ 8; /* depth 1, fanout 1, no key, an 8-byte digest */
-    s->t = 0;
-    s->len = 0;
-}
-
-static void b2b_update(b2b_t *s, const unsigned char *p, size_t n) {
-    while (n > 0) {
-        if (s->len == 128) { /* (a full block is compressed only once more input shows it is not the last) */
-            s->t += 128;
-            b2b_compress(s, 0);
-            s->len = 0;
-        }
-        size_t k = 128 - s->len < n ? 128 - s->len : n;
-        memcpy(s->buf + s->len, p, k);
-        s->len += k;
-        p += k;
-        n -= k;
-    }
-}
-
-/* The digest as 16 lower-case hex digits (hashlib's hexdigest). */
-static void b2b_hex(b2b_t *s, unsigned char *out) {
-    static const char hex[] = "0123456789abcdef";
-    s->t += s->len;
-    memset(s->buf + s->len, 0, 128 - s->len);
-    b2b_compress(s, 1);
-    for (int i = 0; i < 8; i++) {
-        unsigned char byte = (unsigned char)(s->h[0] >> (8 * i));
-        out[2 * i] = (unsigned char)hex[byte >> 4];
-        out[2 * i + 1] = (unsigned char)hex[byte & 15];
-    }
-}
-
 /* What Python gives for a read a record names: the row's first columns as bytes (the field count,
- * fingerprint, statement, relations: proxy/reads.py's _CopyShape.head) and the digest of its statement. */
+ * fingerprint, relations, statement: proxy/reads.py's _CopyShape.head). */
 typedef struct {
     unsigned char *head; /* NULL: none given (its records go to Python as tuples) */
     size_t len;
     int shape; /* a shape's decision: the head ends before the statement, which is each record's own text */
-    b2b_t text;
 } rhead_t;
 
 /* A recorded connection's encoder (adopt's ``encode``): its session's and operation's fields and the heads of
@@ -369,7 +279,7 @@ static unsigned char *put_field(unsigned char *p, const unsigned char *text, siz
 /* The most bytes encode_row writes for a record of that head. */
 static size_t row_bound(const enc_t *en, const rhead_t *h, const rec_t *rec) {
     return h->len + (h->shape ? 4 + rec->tlen : 0) + en->slen + (en->operation ? en->olen : en->rlen + MAX_OP_FIELD) +
-           56;
+           40 + rec->plen;
 }
 
 static size_t space_len(const unsigned char *s, size_t n);
@@ -392,16 +302,14 @@ static size_t statement_text(const unsigned char *s, size_t n, size_t *start) {
     return i - a;
 }
 
-/* One record's COPY row (COPY_COLUMNS): the head, session, operation, at, identity, rows, duration_us. */
+/* One record's COPY row (COPY_COLUMNS): the head, session, operation, at, params, rows, duration_us. The
+ * identity is not hashed here: readers derive it from the statement and the parameters (migration 52). */
 static unsigned char *encode_row(const enc_t *en, const rhead_t *h, const rec_t *rec, unsigned char *p) {
     memcpy(p, h->head, h->len);
     p += h->len;
-    b2b_t s = h->text;
     if (h->shape) {
         size_t start, n = statement_text(rec->text, rec->tlen, &start);
         p = put_field(p, rec->text + start, n);
-        b2b_init(&s);
-        b2b_update(&s, rec->text + start, n);
     }
     memcpy(p, en->session, en->slen);
     p += en->slen;
@@ -422,15 +330,9 @@ static unsigned char *encode_row(const enc_t *en, const rhead_t *h, const rec_t 
         memcpy(p + plen, digits, (size_t)n);
         p += plen + (size_t)n;
     }
-    if (rec_params(rec) != NULL) {
-        b2b_update(&s, (const unsigned char *)"", 1);
-        b2b_update(&s, rec_params(rec), rec->plen);
-    }
-    unsigned char ident[16];
-    b2b_hex(&s, ident);
     p = put32(p, 8);
     p = put64(p, (int64_t)((rec->wall - PG_EPOCH) * 1e6) - rec->duration_us);
-    p = put_field(p, ident, 16);
+    p = rec_params(rec) != NULL ? put_field(p, rec_params(rec), rec->plen) : put32(p, -1);
     if (rec->rows >= 0) {
         p = put32(p, 8);
         p = put64(p, rec->rows);
@@ -2716,8 +2618,8 @@ static unsigned char *bytes_copy(PyObject *b, size_t *len) {
     return out;
 }
 
-/* adopt's encode: (session field, operation field or None, read_ids, [(ref, head, statement text, or None:
- * a shape's, whose records carry their own)]). */
+/* adopt's encode: (session field, operation field or None, read_ids, [(ref, head, shape: a shape's decision,
+ * whose records carry their own text)]). */
 static enc_t *enc_load(PyObject *spec) {
     PyObject *session, *operation, *read_ids, *heads;
     if (!PyArg_ParseTuple(spec, "SOSO", &session, &operation, &read_ids, &heads)) return NULL;
@@ -2733,8 +2635,9 @@ static enc_t *enc_load(PyObject *spec) {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     for (Py_ssize_t i = 0; i < n; i++) { /* (sizes first: refs index the two arrays) */
         long ref;
-        PyObject *head, *text;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "lSO", &ref, &head, &text)) goto fail;
+        PyObject *head;
+        int shape;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "lSp", &ref, &head, &shape)) goto fail;
         if (ref >= 0 && ref + 1 > en->nstmts) en->nstmts = ref + 1;
         if (ref < 0 && -ref > en->ndecs) en->ndecs = -ref;
     }
@@ -2745,19 +2648,13 @@ static enc_t *enc_load(PyObject *spec) {
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         long ref;
-        PyObject *head, *text;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "lSO", &ref, &head, &text)) goto fail;
-        if (text != Py_None && !PyBytes_Check(text)) {
-            PyErr_SetString(PyExc_TypeError, "a read head's text is bytes or None");
-            goto fail;
-        }
+        PyObject *head;
+        int shape;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "lSp", &ref, &head, &shape)) goto fail;
         rhead_t *h = ref >= 0 ? &en->stmts[ref] : &en->decs[-(ref + 1)];
         if (h->head != NULL) continue;
         if ((h->head = bytes_copy(head, &h->len)) == NULL) goto fail;
-        h->shape = text == Py_None;
-        b2b_init(&h->text);
-        if (!h->shape)
-            b2b_update(&h->text, (const unsigned char *)PyBytes_AS_STRING(text), (size_t)PyBytes_GET_SIZE(text));
+        h->shape = shape;
     }
     if ((en->session = bytes_copy(session, &en->slen)) == NULL ||
         (en->read_ids = bytes_copy(read_ids, &en->rlen)) == NULL)

@@ -11,8 +11,8 @@ Named = tuple[bytes, int, bytes | None, bytes | None]
 # Query taken by its shape's decision: its text, else None)
 Read = tuple[int, int | None, float, int, bytes | None, int, int, bytes | None]
 # How C encodes a connection's records as COPY rows: (session field, operation field or None, read_ids,
-# [(ref as in Read, its rows' head, the text its identity hashes or None: a shape's, records bring theirs)])
-Encoder = tuple[bytes, bytes | None, bytes, Sequence[tuple[int, bytes, bytes | None]]]
+# [(ref as in Read, its rows' head, whether a shape's: its records bring their own texts)])
+Encoder = tuple[bytes, bytes | None, bytes, Sequence[tuple[int, bytes, bool]]]
 # A read still in flight at hand-back: (position among the replies owed, ref as in Read, monotonic start,
 # Bind parameters or None, own text or None)
 OwedRead = tuple[int, int, float, bytes | None, bytes | None]

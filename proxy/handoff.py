@@ -47,9 +47,10 @@ OwedRead = tuple[int, int, float, bytes | None, bytes | None]
 # How C encodes a recorded connection's read records as COPY rows itself (proxy/reads.py, encode_rows, byte
 # for byte): the session's COPY field, the operation id's (None: each record takes its transaction's, as
 # ClientConnection.fast_reads names it), TxnReads.read_ids, and per read C may record (its ref, as FastRead's;
-# its rows' first fields; the text its identity hashes, or None for a shape's decision: its records' own texts
-# are written and hashed). ReadRecorder.encoder makes it.
-Encoder = tuple[bytes, bytes | None, bytes, list[tuple[int, bytes, bytes | None]]]
+# its rows' first fields; whether it is a shape's decision, whose records' own texts are written). The
+# parameters are written as they came, not hashed (readers derive the identity). ReadRecorder.encoder makes
+# it.
+Encoder = tuple[bytes, bytes | None, bytes, list[tuple[int, bytes, bool]]]
 
 
 @dataclass(frozen=True, slots=True)

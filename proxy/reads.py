@@ -7,7 +7,8 @@ drops the record and counts it (``cowproxy_reads_dropped_total``). A writer task
 queue in batches, one COPY per batch and database, on connections of its own (the DSN's host and role, the
 database of the client connection the record came from), and describes each statement there, off the
 reply path: its normalised fingerprint (pglast's, constants stripped), the CoW tables it names (from the
-JSON parse tree, resolved through the connection's catalog) and its identity (text and bound parameters).
+JSON parse tree, resolved through the connection's catalog); a read's Bind parameters are stored as they
+came, its identity (text and parameters) derived by readers (``cowproxy.read_identity``).
 ``close`` flushes what is queued. Sessions on the C relay are recorded there: it keeps a compact record per
 read and the server offers them here in batches (``ClientConnection.fast_reads``); docs/proxy.md, "Read
 traces".
@@ -32,6 +33,7 @@ import asyncpg
 from pglast.parser import ParseError, fingerprint, parse_sql_json
 
 from cowproxy.ids import valid_id
+from cowproxy.read_identity import identity
 from proxy.handoff import Encoder
 from proxy.read_trace import PendingRead, ReadsCallback
 from proxy.sql.catalog import Catalog
@@ -57,10 +59,15 @@ MAX_TEXT = 4000  # characters of a statement's text kept
 # its trace went then. A layer installed by this version does it in a trigger of the COPY's own statement
 # (cow_reads_register, functions/62_reads.sql): the COPY goes alone, one exchange a batch. An older layer's
 # batch is a transaction of the COPY and this statement (four exchanges: ~0.4 ms more of the proxy's CPU).
-_LAYER_REGISTERS = """
+# Layer 52 stores a read's parameters (cow.reads.params), and readers derive its identity: an older layer's
+# rows need the identity itself, which the writer then computes from the rows (``with_identities``).
+_LAYER_FEATURES = """
 SELECT EXISTS (
     SELECT 1 FROM pg_catalog.pg_trigger
     WHERE tgrelid = pg_catalog.to_regclass('cow.reads') AND tgname = 'cow_reads_register'
+), EXISTS (
+    SELECT 1 FROM pg_catalog.pg_attribute
+    WHERE attrelid = pg_catalog.to_regclass('cow.reads') AND attname = 'params' AND NOT attisdropped
 )
 """
 _REGISTER = """
@@ -77,7 +84,7 @@ COLUMNS = (
     "at",
     "fingerprint",
     "statement",
-    "identity",
+    "params",
     "relations",
     "rows",
     "duration_us",
@@ -86,26 +93,31 @@ _CACHE = 4096
 # The batch goes as one binary COPY built here (no per-record Python objects for asyncpg to encode): the
 # columns a statement's shape fixes first, then the record's own (the statement last of the first: the C relay
 # writes a record's own text there for a Query it took by its shape's decision).
-COPY_COLUMNS = (
+COPY_COLUMNS: tuple[str, ...] = (
     "fingerprint",
     "relations",
     "statement",
     "session",
     "operation",
     "at",
-    "identity",
+    "params",
     "rows",
     "duration_us",
 )
+# An older layer's (before 52): the same rows with the identity in place of the parameters (with_identities).
+COPY_COLUMNS_IDENTITY: tuple[str, ...] = tuple("identity" if c == "params" else c for c in COPY_COLUMNS)
+_STATEMENT_FIELD = COPY_COLUMNS.index("statement")
+_PARAMS_FIELD = COPY_COLUMNS.index("params")
 _COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)  # signature, flags, header extension length
 _COPY_TRAILER = b"\xff\xff"
 _NULL = b"\xff\xff\xff\xff"
 _FIELDS = struct.pack("!h", len(COPY_COLUMNS))
 _LENGTH = struct.Struct("!i")
-# The record's last four fields: at (timestamptz: µs since 2000-01-01), identity (16 hex digits), rows,
-# duration_us; the same with rows NULL.
-_TAIL = struct.Struct("!iqi16siqiq")
-_TAIL_NO_ROWS = struct.Struct("!iqi16s4siq")
+# A record's at (timestamptz: µs since 2000-01-01) before its parameters, and its rows and duration_us after
+# them; the same with rows NULL.
+_AT = struct.Struct("!iq")
+_END = struct.Struct("!iqiq")
+_END_NO_ROWS = struct.Struct("!4siq")
 _PG_EPOCH = 946_684_800  # 2000-01-01 in Unix time
 _TEXT_OID = 25
 
@@ -152,13 +164,10 @@ class ReadShape:
 @dataclass(frozen=True, slots=True)
 class _CopyShape:
     """A shape as the binary COPY needs it, made once per text: the row's start (field count, fingerprint,
-    tables, text) and the identity's digest of the text (``identity``), to be continued by the parameters."""
+    tables, text)."""
 
     head: bytes
     prefix: bytes  # the head without the text (the C relay's head for a shape's decision)
-    digest: Any  # hashlib's blake2b of the text (copied per record: the text is hashed once)
-    bare: bytes  # the identity of the text without parameters
-    text: bytes  # the text the identity hashes (the C relay hashes it itself: FastRelay.adopt's encode)
 
 
 def _copy_text(value: str) -> bytes:
@@ -176,11 +185,8 @@ def _copy_text_array(items: tuple[str, ...]) -> bytes:
 
 
 def copy_shape(shape: ReadShape) -> _CopyShape:
-    text = shape.text.encode()
-    digest = hashlib.blake2b(text, digest_size=8)
     prefix = _FIELDS + _copy_text(shape.fingerprint) + _copy_text_array(shape.relations)
-    head = prefix + _LENGTH.pack(len(text)) + text
-    return _CopyShape(head, prefix, digest, digest.hexdigest().encode(), text)
+    return _CopyShape(prefix + _copy_text(shape.text), prefix)
 
 
 def _range_vars(tree: Any) -> Iterator[tuple[str | None, str]]:
@@ -242,15 +248,6 @@ def read_fingerprint(sql: str) -> str:
 def describe_read(sql: str, catalog: Catalog | None) -> ReadShape:
     """The fingerprint and CoW tables of a read's text (uncached; ``_Shapes`` caches)."""
     return ReadShape(read_fingerprint(sql), relations_read(sql, catalog), strip_edge_comments(sql).strip())
-
-
-def identity(sql: str, params: bytes | None) -> str:
-    """Equal for the same text with the same bound parameters: a repeated identical read."""
-    digest = hashlib.blake2b(sql.encode(), digest_size=8)
-    if params is not None:
-        digest.update(b"\0")
-        digest.update(params)
-    return digest.hexdigest()
 
 
 class _Shapes:
@@ -317,21 +314,45 @@ def encode_rows(records: list[ReadRecord], shapes: _Shapes) -> bytes:
         who = sessions.get(session)
         if who is None:
             who = sessions[session] = _copy_text(session)
-        if params is None:
-            ident = shape.bare
-        else:
-            digest = shape.digest.copy()
-            digest.update(b"\0" + params)
-            ident = digest.hexdigest().encode()
         started = int((ended - _PG_EPOCH) * 1e6) - duration_us
         append(shape.head)
         append(who)
         append(_NULL if operation is None else _copy_text(operation))
-        if rows is None:
-            append(_TAIL_NO_ROWS.pack(8, started, 16, ident, _NULL, 8, duration_us))
+        append(_AT.pack(8, started))
+        if params is None:
+            append(_NULL)
         else:
-            append(_TAIL.pack(8, started, 16, ident, 8, rows, 8, duration_us))
+            append(_LENGTH.pack(len(params)))
+            append(params)
+        if rows is None:
+            append(_END_NO_ROWS.pack(_NULL, 8, duration_us))
+        else:
+            append(_END.pack(8, rows, 8, duration_us))
     return b"".join(parts)
+
+
+def with_identities(rows: bytes) -> bytes:
+    """COPY rows of ``COPY_COLUMNS`` as rows of ``COPY_COLUMNS_IDENTITY``: each row's parameters replaced by
+    its identity (for a layer before 52, which stores the identity; the proxy's path no longer hashes)."""
+    out: list[bytes] = []
+    append = out.append
+    unpack = _LENGTH.unpack_from
+    pos, end = 0, len(rows)
+    while pos < end:
+        append(rows[pos : pos + 2])  # (the field count)
+        pos += 2
+        statement = b""
+        for field in range(len(COPY_COLUMNS)):
+            (size,) = unpack(rows, pos)
+            value = None if size < 0 else rows[pos + 4 : pos + 4 + size]
+            if field == _PARAMS_FIELD:
+                append(_copy_text(identity(statement.decode(), value)))
+            else:
+                append(rows[pos : pos + 4 + max(size, 0)])
+                if field == _STATEMENT_FIELD:
+                    statement = value or b""
+            pos += 4 + max(size, 0)
+    return b"".join(out)
 
 
 def record_row(record: ReadRecord, shape: ReadShape) -> tuple[Any, ...]:
@@ -344,7 +365,7 @@ def record_row(record: ReadRecord, shape: ReadShape) -> tuple[Any, ...]:
         datetime.fromtimestamp(started, UTC),
         shape.fingerprint,
         text,
-        identity(text, record.params),
+        record.params,
         list(shape.relations),
         record.rows,
         record.duration_us,
@@ -370,7 +391,9 @@ class ReadRecorder:
         # (relay_full: the C relay's ring of a connection's records was full before Python took them)
         self.dropped: dict[str, int] = {"queue_full": 0, "write_failed": 0, "shutdown": 0, "relay_full": 0}
         self._conns: dict[str, Any] = {}
-        self._registers: dict[str, bool] = {}  # by database: its layer registers sessions (_LAYER_REGISTERS)
+        # By database, what its layer does (_LAYER_FEATURES): registers sessions; stores parameters.
+        self._registers: dict[str, bool] = {}
+        self._params: dict[str, bool] = {}
         self._shapes = _Shapes()
         self._task: asyncio.Task[None] | None = None
         self._busy = False
@@ -437,13 +460,13 @@ class ReadRecorder:
     ) -> Encoder:
         """How the C relay encodes a connection's records itself (``FastRelay.adopt``'s ``encode``): the
         session's and operation's fields, and for each read it may record (ref, text, a shape's) the head of
-        its rows and the text its identity hashes, as ``encode_rows`` makes them. A shape's text is an
-        example of the shape (``proxy.sql.shapes.example``: its fingerprint and tables are every one of its
-        texts'); each record brings its own text, which C writes and hashes."""
-        heads: list[tuple[int, bytes, bytes | None]] = []
+        its rows, as ``encode_rows`` makes them. A shape's text is an example of the shape
+        (``proxy.sql.shapes.example``: its fingerprint and tables are every one of its texts'); each record
+        brings its own text, which C writes."""
+        heads: list[tuple[int, bytes, bool]] = []
         for ref, sql, shape_of in texts:
             shape = self._shapes.copy(sql, catalog)
-            heads.append((ref, shape.prefix, None) if shape_of else (ref, shape.head, shape.text))
+            heads.append((ref, shape.prefix, True) if shape_of else (ref, shape.head, False))
         operation_field = None if operation is None else _copy_text(operation)
         return _copy_text(session), operation_field, read_ids.encode(), heads
 
@@ -517,16 +540,20 @@ class ReadRecorder:
         for chunk in encoded:
             by_database.setdefault(chunk.database, ([], []))[1].append(chunk)
         for database, (records, chunks) in by_database.items():
-            data = encode_copy(records, self._shapes, tuple(c.data for c in chunks))
             count = len(records) + sum(c.size for c in chunks)
             try:
                 conn = await self._connection(database)
+                data = encode_copy(records, self._shapes, tuple(c.data for c in chunks))
+                columns = COPY_COLUMNS
+                if not self._params[database]:
+                    body = with_identities(data[len(_COPY_HEADER) : -len(_COPY_TRAILER)])
+                    data, columns = _COPY_HEADER + body + _COPY_TRAILER, COPY_COLUMNS_IDENTITY
                 if self._registers[database]:
-                    await self._copy(conn, data)
+                    await self._copy(conn, data, columns)
                 else:
                     names = {r.session for r in records} | {c.session for c in chunks}
                     async with conn.transaction():
-                        await self._copy(conn, data)
+                        await self._copy(conn, data, columns)
                         await conn.execute(_REGISTER, sorted(s for s in names if valid_id(s)))
             except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 self.dropped["write_failed"] += count
@@ -544,9 +571,9 @@ class ReadRecorder:
             self.recorded += count
 
     @staticmethod
-    async def _copy(conn: Any, data: bytes) -> None:
+    async def _copy(conn: Any, data: bytes, columns: Sequence[str]) -> None:
         await conn.copy_to_table(  # (a memoryview: bytes would be taken for a path)
-            "reads", schema_name="cow", columns=COPY_COLUMNS, source=memoryview(data), format="binary"
+            "reads", schema_name="cow", columns=columns, source=memoryview(data), format="binary"
         )
 
     async def _connection(self, database: str) -> Any:
@@ -555,7 +582,9 @@ class ReadRecorder:
             async with asyncio.timeout(self.timeout):
                 conn = await asyncpg.connect(self.dsn, database=database, timeout=self.timeout)
                 try:
-                    self._registers[database] = bool(await conn.fetchval(_LAYER_REGISTERS))
+                    features = await conn.fetchrow(_LAYER_FEATURES)
+                    assert features is not None  # (one row, always)
+                    self._registers[database], self._params[database] = bool(features[0]), bool(features[1])
                 except BaseException:
                     conn.terminate()
                     raise

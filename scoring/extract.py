@@ -16,6 +16,8 @@ from typing import Any
 
 import asyncpg
 
+from cowproxy.read_identity import PARAMS_BEFORE_52, READS_LAYER, row_identity
+
 from .errors import ScoringError
 from .model import (
     ARRAY,
@@ -108,17 +110,27 @@ async def session_infos(conn: asyncpg.Connection, sessions: Sequence[str]) -> li
 
 
 _READS = (
-    "SELECT operation, fingerprint, identity, relations, rows FROM cow.reads WHERE session = $1 ORDER BY seq"
+    "SELECT operation, fingerprint, identity, statement, {params}, relations, rows"
+    " FROM cow.reads WHERE session = $1 ORDER BY seq"
 )
 
 
 async def fetch_reads(conn: asyncpg.Connection, session: str) -> tuple[TraceRead, ...]:
     """A session's read trace in order; empty when it has none (or the layer predates read traces)."""
-    if not await conn.fetchval("SELECT to_regclass('cow.reads') IS NOT NULL"):
+    layer = await conn.fetchrow(READS_LAYER)
+    has_reads, has_params = (False, False) if layer is None else tuple(layer)
+    if not has_reads:
         return ()
+    query = _READS.format(params="params" if has_params else PARAMS_BEFORE_52)
     return tuple(
-        TraceRead(r["operation"], r["fingerprint"], r["identity"], tuple(r["relations"]), r["rows"])
-        for r in await conn.fetch(_READS, session)
+        TraceRead(
+            r["operation"],
+            r["fingerprint"],
+            row_identity(r["identity"], r["statement"], r["params"]),
+            tuple(r["relations"]),
+            r["rows"],
+        )
+        for r in await conn.fetch(query, session)
     )
 
 

@@ -37,7 +37,7 @@ JOINED = (
     " WHERE o.qty >= %s ORDER BY o.id"
 )
 BY_KEY = "SELECT name FROM customers WHERE id = %s"
-COLUMNS = "operation, fingerprint, statement, identity, relations, rows"
+COLUMNS = "operation, fingerprint, statement, identity, params, relations, rows"  # (the identity NULL: params stands for it)
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """The C relay writes its read records as COPY rows itself (``FastRelay.adopt``'s ``encode``,
 ``take_reads``): byte for byte the rows proxy/reads.py's ``encode_rows`` makes of the same records, which
 tests/proxy/test_reads.py checks against ``cow.reads``. Compared on bytes, no server: texts of any
-characters and lengths (the identity's BLAKE2b over several blocks), parameters or none, every kind of
+characters and lengths, parameters or none (written as they came: readers derive the identity), every kind of
 operation (an id in force, a written transaction's ``xact:``, a read-only one's), rows or none, and
 Queries taken by their shape's decision (``-M simple``), whose records bring their own texts."""
 
@@ -16,7 +16,17 @@ from hypothesis import strategies as st
 
 from proxy import fastrelay
 from proxy.fastrelay import AVAILABLE, UNAVAILABLE, FastRead
-from proxy.reads import ReadRecord, ReadRecorder, _Shapes, encode_rows, read_fingerprint, relations_read
+from cowproxy.read_identity import identity
+from proxy.reads import (
+    _NULL,
+    ReadRecord,
+    ReadRecorder,
+    _Shapes,
+    encode_rows,
+    read_fingerprint,
+    relations_read,
+    with_identities,
+)
 from proxy.sql import Catalog, shapes
 from tests.proxy_sql.catalogs import sample_catalog
 
@@ -93,18 +103,24 @@ def test_the_c_relays_rows_are_the_writers_bytes() -> None:
     assert f"{READ_IDS}.7".encode() in c_rows
 
 
-def test_the_identity_is_hashlibs_blake2b() -> None:
-    """The identity C writes for lengths around the block size (127-129 bytes: the last block is
-    compressed as the last only at the end) is hashlib's 8-byte BLAKE2b of the text, a NUL and the
-    parameters."""
-    for n in (0, 1, 63, 127, 128, 129, 255, 256, 257, 1000):
+def test_the_rows_carry_the_parameters_and_an_older_layers_identity_is_hashlibs_blake2b() -> None:
+    """C writes a read's Bind parameters as they came (short ones kept in the record, long ones not), the
+    identity left to readers; for a layer before 52 the writer puts in its place the identity, hashlib's
+    8-byte BLAKE2b of the text, a NUL and the parameters (lengths around the block size, 127-129 bytes),
+    which is what readers derive from a layer 52 row."""
+    for n in (0, 1, 39, 40, 41, 63, 127, 128, 129, 255, 256, 257, 1000):
         text = "SELECT " + "x" * n
-        for params in (None, b"", b"p" * n):
+        for params in (None, b"", b"p" * n, bytes(range(256))[:n]):
             c_rows, python_rows = both("s1", "op", (text,), [(0, 1, 1.0e9, 2, params, 0, 0, None)], None)
-            data = text.strip().encode() + (b"" if params is None else b"\0" + params)
-            expected = hashlib.blake2b(data, digest_size=8).hexdigest().encode()
-            assert expected in c_rows
             assert c_rows == python_rows
+            field = _NULL if params is None else len(params).to_bytes(4, "big") + params
+            at = len(c_rows) - 24 - len(field)  # (the row ends with the parameters, rows and duration_us)
+            assert c_rows[at : at + len(field)] == field
+            data = text.strip().encode() + (b"" if params is None else b"\0" + params)
+            expected = hashlib.blake2b(data, digest_size=8).hexdigest()
+            assert identity(text.strip(), params) == expected
+            ident = b"\0\0\0\x10" + expected.encode()
+            assert with_identities(c_rows) == c_rows[:at] + ident + c_rows[at + len(field) :]
 
 
 _RECORDS = st.tuples(

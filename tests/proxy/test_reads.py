@@ -16,6 +16,7 @@ import asyncpg
 import psycopg
 import pytest
 
+from cowproxy.read_identity import identity
 from proxy.reads import (
     COLUMNS,
     COPY_COLUMNS,
@@ -57,14 +58,21 @@ def flush(proxy: RunningProxy) -> None:
 
 
 def reads(db: str, session: str) -> list[dict[str, Any]]:
+    """The session's rows of cow.reads, the identity as readers derive it (layer 52: the proxy stores the
+    parameters, not the identity)."""
     with psycopg.connect(db, autocommit=True) as conn:
         cur = conn.execute(
-            "SELECT operation, fingerprint, statement, identity, relations, rows, duration_us"
+            "SELECT operation, fingerprint, statement, identity, params, relations, rows, duration_us"
             " FROM cow.reads WHERE session = %s ORDER BY seq",
             (session,),
         )
         names = [d.name for d in cur.description or ()]
-        return [dict(zip(names, row, strict=True)) for row in cur]
+        got = [dict(zip(names, row, strict=True)) for row in cur]
+    for row in got:
+        assert row["identity"] is None  # (derived, not hashed on the proxy's path)
+        params = row.pop("params")
+        row["identity"] = identity(row["statement"], None if params is None else bytes(params))
+    return got
 
 
 def test_reads_are_recorded_per_operation(recording: RunningProxy, layer_db: str) -> None:
@@ -241,6 +249,33 @@ def test_a_session_that_only_reads_is_registered_and_can_be_discarded(
             conn.execute("DROP TRIGGER cow_reads_register ON cow.reads")
     with run_proxy(pg_server, reads_dsn=pg_server.dsn, fast_relay=fast_relay) as recording:
         _read_only_session(recording, layer_db)
+
+
+def test_a_layer_before_52_gets_identities_from_the_writer(
+    pg_server: PgServer, fast_relay: bool, layer_db: str
+) -> None:
+    """A layer without cow.reads.params (before 52) stores identities: the writer derives them from the
+    rows it sends (the relays no longer hash), the same that readers derive from a layer 52 row."""
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.execute("ALTER TABLE cow.reads DROP COLUMN params, ALTER COLUMN identity SET NOT NULL")
+    with (
+        run_proxy(pg_server, reads_dsn=pg_server.dsn, fast_relay=fast_relay) as recording,
+        psycopg.connect(tagged(recording, layer_db, "l51", "op1"), autocommit=True) as conn,
+    ):
+        for key in (1, 2, 1):
+            conn.execute("SELECT name FROM customers WHERE id = %s", (key,), prepare=True).fetchone()
+        psycopg.ClientCursor(conn).execute("SELECT count(*) FROM customers")
+        flush(recording)
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        got = conn.execute(
+            "SELECT statement, identity FROM cow.reads WHERE session = 'l51' ORDER BY seq"
+        ).fetchall()
+    assert len(got) == 4
+    assert got[0][1] == got[2][1] != got[1][1]
+    assert got[3][1] == identity(got[3][0], None)
+    out = cli("session", "reads", "l51", "--format", "json", dsn=layer_db)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["operations"][0]["repeated"] == 1
 
 
 def _read_only_session(recording: RunningProxy, layer_db: str) -> None:
