@@ -58,8 +58,13 @@
 #define MAX_WRITE_SLOTS 256 /* (table, kind) pairs counted for tagged connections' writes */
 #define STMT_WRITES 4       /* writes of one statement counted here (Python binds one with more) */
 #define MAX_DECISIONS 1024  /* cached decisions per connection */
-#define READ_CAP 1024       /* read records per connection waiting for Python (a full ring drops) */
-#define READ_MARK 256       /* records waiting that make the thread wake Python to take them */
+/* Read records per connection waiting for Python (a full ring drops), and those that make the thread wake
+ * Python to take them. Python takes them once a second anyway; each take costs its thread ~0.2 ms whatever
+ * its size (the wake-up, the lock, the writer's wake-up), which at a mark of 256 was ~0.3 µs per read at
+ * -S's rates: a mark of 1,024 wakes it a quarter as often (docs/benchmarks.md, "Read traces: the identity
+ * off the proxy, fewer takes"). 4,096 slots of 144 bytes: 590 KB per recorded connection. */
+#define READ_CAP 4096
+#define READ_MARK 1024
 #define PARAMS_INLINE 40    /* a read's Bind parameters up to this many bytes are kept in its record */
 #define NO_READ LONG_MIN    /* a statement whose Executes are not recorded */
 /* proxy/unnamed.py's PROMOTED_PREFIX: the named statements the proxy prepares for a session's unnamed reads. */

@@ -80,7 +80,7 @@ class ProxyConfig:
     # Read traces (proxy/reads.py): recorded into cow.reads of each client's database, through connections
     # made with this DSN's host and role (the database replaced); None: no recording.
     reads_dsn: str | None = None
-    reads_queue: int = 10_000  # records waiting to be written; more are dropped (and counted)
+    reads_queue: int = 50_000  # records waiting to be written; more are dropped (and counted)
     # The secret itself, read once at startup (never from the TOML or a flag: it would show in ps and files).
     bind_secret: str | None = field(default=None, repr=False)
 

@@ -41,7 +41,10 @@ from proxy.tags import strip_edge_comments
 
 log = logging.getLogger("cowproxy")
 
-DEFAULT_QUEUE = 10_000  # records waiting for the writer; beyond this they are dropped (and counted)
+# Records waiting for the writer; beyond this they are dropped (and counted). ~200 bytes each: ~10 MB. The C
+# relay's records come in takes of up to READ_MARK (1,024) per connection at high rates: room for ~40
+# connections' takes at once.
+DEFAULT_QUEUE = 50_000
 BATCH = 1000  # records per COPY
 # The C relay's records come encoded (ReadRecorder.offer_rows): the writer gathers them until half the
 # queue's bound, not BATCH. A batch cost the proxy ~0.7 ms of CPU whatever its size (its transaction and

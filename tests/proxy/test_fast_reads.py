@@ -242,7 +242,7 @@ def test_a_full_ring_on_the_c_relay_drops_and_counts_without_waiting(
     pg_server: PgServer, layer_db: str
 ) -> None:
     """With the proxy's event loop blocked, nothing takes the C relay's records: the session runs on, its
-    connection's ring fills (1,024 records) and the rest are dropped and counted (``relay_full``)."""
+    connection's ring fills (4,096 records: READ_CAP) and the rest are dropped and counted (``relay_full``)."""
     with (
         run_proxy(pg_server, reads_dsn=pg_server.dsn) as proxy,
         psycopg.connect(tagged(proxy, layer_db, "frf", "op1"), autocommit=True) as conn,
@@ -259,15 +259,15 @@ def test_a_full_ring_on_the_c_relay_drops_and_counts_without_waiting(
         proxy.loop.call_soon_threadsafe(block)
         assert blocked.wait(10)
         try:
-            for _ in range(1100):
+            for _ in range(4200):
                 assert conn.execute(BY_TIER, ("pro",), prepare=True).fetchall() == [("Ada",)]
         finally:
             release.set()
         flush(proxy)
         samples = scrape(proxy)
-    assert samples['cowproxy_reads_dropped_total{reason="relay_full"}'] == 1100 - 1024
-    assert samples["cowproxy_reads_recorded_total"] == 1 + 1024
-    assert len(recorded(layer_db, "frf")) == 1 + 1024
+    assert samples['cowproxy_reads_dropped_total{reason="relay_full"}'] == 4200 - 4096
+    assert samples["cowproxy_reads_recorded_total"] == 1 + 4096
+    assert len(recorded(layer_db, "frf")) == 1 + 4096
 
 
 # ---- the comparison of both relays on random tagged streams (tests/proxy/test_fast_sessions.py), recording
