@@ -12,9 +12,11 @@ a transaction that read and wrote ends) and `reads_op` (--reads-dsn, each sessio
 Each runs N pgbench processes, one session each; CPU from /proc/PID/task/TID/schedstat (time on a CPU, in
 ns: the clock-tick counts of stat are 10 ms steps, as much as the Python thread's whole share of a run) per
 transaction, summed over the rounds. On a shared machine the TPS swing with the load; CPU per transaction
-much less. --warmup S: each proxy first serves the same sessions for S seconds, not measured, so that its
-one-time costs (the writer's connection and first batch, the first analyses) stay out of the figure: at
-TPC-B's rates on the loaded machine they were several µs per transaction of a 10 s run. --baseline DIR: the
+much less. Each run also gives the share of its reads the proxy recorded (a recording proxy whose writer
+cannot keep up drops records, counted, and so does less work per transaction). --warmup S: each proxy first
+serves the same sessions for S seconds, not measured, so that its one-time costs (the writer's connection
+and first batch, the first analyses) stay out of the figure: at TPC-B's rates on the loaded machine they
+were several µs per transaction of a 10 s run. --baseline DIR: the
 same three from another checkout too (a git worktree of main, its C
 extension built), side by side in each round, named base_proxy, base_reads, base_reads_op.
 """
@@ -59,17 +61,33 @@ def thread_cpu(pid: int) -> tuple[float, float]:
 
 def run(
     args: argparse.Namespace, tool: str, target: bp.Target, name: str, user: str
-) -> tuple[int, float, float]:
-    """N pgbench processes through one proxy: (transactions, main thread CPU, other threads' CPU)."""
+) -> tuple[int, float, float, int]:
+    """N pgbench processes through one proxy: (transactions, main thread CPU, other threads' CPU, the
+    warm-up's transactions)."""
     assert target.pid is not None
+    warm = 0
     if args.warmup:
-        _pgbench(args, tool, target, name, user=user, seconds=args.warmup)
+        warm = _pgbench(args, tool, target, name, user=user, seconds=args.warmup)
         time.sleep(SETTLE)
     main0, other0 = thread_cpu(target.pid)
     txns = _pgbench(args, tool, target, name, user=user, seconds=args.seconds)
     time.sleep(SETTLE)  # (the writer's last batch)
     main1, other1 = thread_cpu(target.pid)
-    return txns, main1 - main0, other1 - other0
+    return txns, main1 - main0, other1 - other0, warm
+
+
+def recorded(db_dsn: str, name: str) -> int:
+    """The reads the proxy ``name`` recorded (taken out: the next round's sessions have the same names). A
+    recording proxy that cannot write as fast as the sessions read drops records (its bounded queue): it
+    then did less work per transaction, which its CPU figure does not show."""
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "WITH gone AS (DELETE FROM cow.reads WHERE session LIKE %s RETURNING 1)"
+            " SELECT count(*) FROM gone",
+            (f"thr\\_{name}\\_%",),
+        ).fetchone()
+        conn.execute("DELETE FROM cow.sessions WHERE session_id LIKE %s", (f"thr\\_{name}\\_%",))
+    return int(row[0]) if row is not None else 0
 
 
 def _pgbench(
@@ -128,16 +146,22 @@ def main() -> None:
         if args.baseline is not None:
             configs += [("base_" + name, extra, args.baseline.resolve()) for name, extra, _ in configs]
         totals = {name: [0, 0.0, 0.0] for name, _, _ in configs}
+        kept = {name: [0, 0] for name, _, _ in configs}  # (reads recorded, transactions run)
         for round_no in range(args.rounds):
             for k in range(len(configs)):
                 name, extra, root = configs[(k + round_no) % len(configs)]
                 with bp.cowproxy(f"{host}:{port}", "tcp", root=root, extra=extra, name=name) as target:
-                    txns, main_s, other_s = run(args, tool, target, name, user)
+                    txns, main_s, other_s, warm = run(args, tool, target, name, user)
                 for i, value in enumerate((txns, main_s, other_s)):
                     totals[name][i] += value
+                # (each transaction of pgbench's -S and TPC-B reads once: SELECT abalance)
+                got = recorded(db_dsn, name)
+                kept[name][0] += got
+                kept[name][1] += txns + warm
                 print(
                     f"round {round_no + 1} {name:13} txns {txns:7}  python {main_s / txns * 1e6:6.1f} µs/txn"
-                    f"  other threads {other_s / txns * 1e6:6.1f} µs/txn",
+                    f"  other threads {other_s / txns * 1e6:6.1f} µs/txn"
+                    f"  reads recorded {got / (txns + warm) * 100:5.1f} %",
                     flush=True,
                 )
         print(f"load average {os.getloadavg()[0]:.1f}")
@@ -146,7 +170,8 @@ def main() -> None:
             python, other = main_s / txns * 1e6, other_s / txns * 1e6
             total = python + other
             cpu = f"python {python:6.1f}  other {other:6.1f}  total {total:6.1f} µs/txn"
-            print(f"{name:13} tps {tps:8.1f}  {cpu}")
+            share = kept[name][0] / kept[name][1] * 100 if kept[name][1] else 0.0
+            print(f"{name:13} tps {tps:8.1f}  {cpu}  reads recorded {share:5.1f} %")
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
 
