@@ -372,6 +372,10 @@ struct conn {
     int mid_batch;       /* ReplyQueue.mid_batch */
     int skip;            /* ReplyQueue.skip_until_sync */
     double batch_started;
+    /* The monotonic clock of the bytes being parsed, read at most once per recv (0: not read yet): the
+     * messages of one recv arrived together, so a batch's start, a read's start and its end share one clock
+     * read (tick) instead of one each, the two a recorded read added on this thread. */
+    double tick;
     table_t stmts, portals;
     int tagged;      /* in a session (startup tags): only texts with a decision are taken */
     ring_t reads;    /* its reads, when its session's reads are recorded */
@@ -508,6 +512,11 @@ static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double tick(conn_t *c) {
+    if (c->tick == 0) c->tick = now();
+    return c->tick;
 }
 
 static uint32_t be32(const unsigned char *p) {
@@ -1007,7 +1016,7 @@ static long long read_start(Engine *e, conn_t *c, long ref, const unsigned char 
     c->txn_reads++;
     rec->state = 0;
     rec->rows = -1;
-    rec->started = started >= 0 ? started : now();
+    rec->started = started >= 0 ? started : tick(c);
     return r->end++;
 }
 
@@ -1023,7 +1032,7 @@ static void read_done(Engine *e, conn_t *c, long long seq, const unsigned char *
             else rows = rows * 10 + (tag[i] - '0');
         }
     }
-    double t = now();
+    double t = tick(c);
     rec->rows = rows;
     rec->txn = c->txn;
     rec->xid = 0;
@@ -1085,7 +1094,7 @@ static entry_t pop(conn_t *c) {
 static void push_extended(conn_t *c, char kind, long long rec) {
     if (!c->mid_batch) {
         c->mid_batch = 1;
-        c->batch_started = now();
+        c->batch_started = tick(c);
     }
     push_rec(c, kind, 0.0, rec);
 }
@@ -1518,7 +1527,7 @@ static int take_extended(Engine *e, conn_t *c, const unsigned char *m, size_t to
             return c->qlen + XACT_ENTRIES < QCAP - 1 ? 2 : 0;
         c->skip = 0;
         c->mid_batch = 0;
-        push(c, 'S', c->batch_started ? c->batch_started : now());
+        push(c, 'S', c->batch_started ? c->batch_started : tick(c));
         c->batch_started = 0;
         return 1;
     }
@@ -1652,7 +1661,7 @@ static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_
                 count_tagged(e, d->kind, d->nslots, d->slots);
                 /* (By its shape's decision: the record keeps the text, its statement.) */
                 const unsigned char *own = d->key[0] == 'q' ? buf + pos + 5 : NULL;
-                double t = now(); /* (the Query's and its record's start: one clock read) */
+                double t = tick(c); /* (the Query's and its record's start) */
                 push_rec(c, 'Q', t, read_start(e, c, d->read, NULL, 0, own, (size_t)total - 6, t));
                 txn_sent(c, d->kind, d->read);
                 if (c->watch == 1) watch_add(c, buf + pos, (size_t)total);
@@ -1696,6 +1705,7 @@ static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_
 
 /* Forward what can go from buf (the scratch buffer or c->cin) and keep the rest in c->cin. */
 static void process_client(Engine *e, conn_t *c, unsigned char *buf, size_t len) {
+    c->tick = 0;
     size_t fwd = parse_client(e, c, buf, len);
     if (!c->ask && !c->repl_skip) {
         if (fwd) send_to(e, c, SERVER, buf, fwd);
@@ -1823,7 +1833,7 @@ static void server_message(Engine *e, conn_t *c) {
             }
         }
         if (started) {
-            double seconds = now() - started;
+            double seconds = tick(c) - started;
             int i = 0;
             while (i < e->nbounds && seconds > e->bounds[i]) i++; /* bisect_left */
             e->latency[i]++;
@@ -1964,6 +1974,7 @@ static void server_read(Engine *e, conn_t *c) {
         return;
     }
     e->bytes_down += (unsigned long long)n;
+    c->tick = 0;
     size_t cut;
     int relayed = parse_server(e, c, e->scratch, (size_t)n, &cut);
     if (relayed < 0) {
