@@ -5,15 +5,15 @@ where the CPU-time figures of bench/reads_threads.py swing with the shared machi
         [--transactions 1000] [--sessions 8] [--mode prepared] [--select-only] [--baseline DIR]
 
 Without --dsn an embedded PostgreSQL is started; `pgbench -i -s 1` and the layer in a scratch database.
-Three proxies, one at a time, each under `valgrind --tool=callgrind --instr-atstart=no --separate-threads=yes`:
-`proxy` (no recording), `reads` (--reads-dsn; each read takes its transaction's operation) and `reads_op`
-(--reads-dsn, each session with an operation id). Each serves N pgbench sessions of --transactions each
-once unmeasured (the writer's connection, the first analyses), then the same again with callgrind's
+Three proxies, one at a time, each under callgrind (`--instr-atstart=no --separate-threads=yes`): `proxy`
+(no recording), `reads` (--reads-dsn; each read takes its transaction's operation) and `reads_op` (--reads-
+dsn, each session with an operation id). Each serves N pgbench sessions of --transactions each once
+unmeasured (the writer's connection, the first analyses), then the same again with callgrind's
 instrumentation on, and a wait for the writer's last batch; instructions (Ir) per transaction of the main
 (Python) thread and of the others (the C relay). --baseline DIR: the same from another checkout (a git
-worktree of main with its C extension built), named base_*. Valgrind runs the proxy's threads one at a
-time on one core: the counts, not the times, are the figure; the wake-ups of the Python thread (and so
-its per-take costs) follow callgrind's slower clock, so the Python thread's count is an indication.
+worktree of main with its C extension built), named base_*. Valgrind runs the proxy's threads one at a time
+on one core: the counts, not the times, are the figure; the wake-ups of the Python thread (and so its per-
+take costs) follow callgrind's slower clock, so the Python thread's count is an indication.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ DATABASE = "cowproxy_bench_reads_callgrind"
 SETTLE = 8.0  # seconds for the writer's last batch under valgrind (its GATHER is 1 s)
 
 
-def pgbench(args: argparse.Namespace, tool: str, port: int, name: str, user: str, host: str) -> None:
+def pgbench(args: argparse.Namespace, tool: str, port: int, *, name: str, user: str) -> None:
     procs = []
     for i in range(args.sessions):
         options = f"-c cow.session_id=cg_{name}_{i}"
@@ -48,7 +48,8 @@ def pgbench(args: argparse.Namespace, tool: str, port: int, name: str, user: str
         cmd = [tool, "-n", "-t", str(args.transactions), "-c", "1", "-j", "1", "-h", "127.0.0.1"]
         cmd += ["-p", str(port), "-U", user, *flags, DATABASE]
         env = {**os.environ, "PGOPTIONS": options}
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        out = subprocess.PIPE
+        procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True))
     for proc in procs:
         out = proc.communicate()[0]
         if proc.returncode != 0 or "number of transactions actually processed" not in out:
@@ -75,7 +76,14 @@ def totals(out_dir: Path, pid: int) -> tuple[int, int]:
 
 
 def measure(
-    args: argparse.Namespace, tool: str, upstream: str, user: str, name: str, extra: tuple[str, ...], root: Path
+    args: argparse.Namespace,
+    tool: str,
+    upstream: str,
+    *,
+    user: str,
+    name: str,
+    extra: tuple[str, ...],
+    root: Path,
 ) -> tuple[int, int]:
     out_dir = Path(tempfile.mkdtemp(prefix="cowproxy-bench-cg-"))
     port = bp.free_port()
@@ -87,12 +95,11 @@ def measure(
     proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         bp.wait_listening("127.0.0.1", port, proc, timeout=600)
-        host = urlsplit(f"postgresql://{upstream}").hostname or "127.0.0.1"
-        pgbench(args, tool, port, name, user, host)  # (unmeasured: the one-time costs)
+        pgbench(args, tool, port, name=name, user=user)  # (unmeasured: the one-time costs)
         time.sleep(SETTLE)
         control(proc.pid, "-z")
         control(proc.pid, "-i", "on")
-        pgbench(args, tool, port, name, user, host)
+        pgbench(args, tool, port, name=name, user=user)
         time.sleep(SETTLE)
         control(proc.pid, "-i", "off")
         control(proc.pid, "-d")
@@ -134,7 +141,8 @@ def main() -> None:
         txns = args.sessions * args.transactions
         found: dict[str, tuple[float, float]] = {}
         for name, extra, root in configs:
-            main_ir, other_ir = measure(args, tool, f"{host}:{port}", user, name, extra, root)
+            upstream = f"{host}:{port}"
+            main_ir, other_ir = measure(args, tool, upstream, user=user, name=name, extra=extra, root=root)
             found[name] = (main_ir / txns, other_ir / txns)
             print(f"{name:13} python {found[name][0]:9.0f}  other {found[name][1]:9.0f} Ir/txn", flush=True)
         print(f"load average {os.getloadavg()[0]:.1f}")

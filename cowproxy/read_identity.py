@@ -14,7 +14,12 @@ import hashlib
 
 def identity(statement: str, params: bytes | None) -> str:
     """The identity of a read of ``statement`` (as stored) with ``params`` (None: a simple query's)."""
-    digest = hashlib.blake2b(statement.encode(), digest_size=8)
+    return identity_of_bytes(statement.encode(), params)
+
+
+def identity_of_bytes(statement: bytes, params: bytes | None) -> str:
+    """``identity`` of the statement's UTF-8 bytes."""
+    digest = hashlib.blake2b(statement, digest_size=8)
     if params is not None:
         digest.update(b"\0")
         digest.update(params)

@@ -33,7 +33,7 @@ import asyncpg
 from pglast.parser import ParseError, fingerprint, parse_sql_json
 
 from cowproxy.ids import valid_id
-from cowproxy.read_identity import identity
+from cowproxy.read_identity import identity_of_bytes
 from proxy.handoff import Encoder
 from proxy.read_trace import PendingRead, ReadsCallback
 from proxy.sql.catalog import Catalog
@@ -41,8 +41,8 @@ from proxy.tags import strip_edge_comments
 
 log = logging.getLogger("cowproxy")
 
-# Records waiting for the writer; beyond this they are dropped (and counted). ~200 bytes each: ~10 MB. The C
-# relay's records come in takes of up to READ_MARK (1,024) per connection at high rates: room for ~40
+# Records waiting for the writer; beyond this they are dropped (and counted). ~200 bytes each: ~10 MB. At
+# high rates the C relay's records come in takes of ~1,024 per connection (its READ_MARK): room for ~40
 # connections' takes at once.
 DEFAULT_QUEUE = 50_000
 BATCH = 1000  # records per COPY
@@ -349,7 +349,7 @@ def with_identities(rows: bytes) -> bytes:
             (size,) = unpack(rows, pos)
             value = None if size < 0 else rows[pos + 4 : pos + 4 + size]
             if field == _PARAMS_FIELD:
-                append(_copy_text(identity(statement.decode(), value)))
+                append(_copy_text(identity_of_bytes(statement, value)))
             else:
                 append(rows[pos : pos + 4 + max(size, 0)])
                 if field == _STATEMENT_FIELD:

@@ -47,7 +47,8 @@ def test_the_upgrade_from_51_keeps_old_identities_and_readers_derive_new_ones(la
     assert run(layer_db, install_layer).applied == (52,)
     with psycopg.connect(layer_db, autocommit=True) as conn:
         nullable = conn.execute(
-            "SELECT attnotnull FROM pg_attribute WHERE attrelid = 'cow.reads'::regclass AND attname = 'identity'"
+            "SELECT attnotnull FROM pg_attribute"
+            " WHERE attrelid = 'cow.reads'::regclass AND attname = 'identity'"
         ).fetchone()
         assert nullable == (False,)
         stored = conn.execute("SELECT identity, params FROM cow.reads WHERE session = 'up1' ORDER BY seq")

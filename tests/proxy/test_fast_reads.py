@@ -37,7 +37,8 @@ JOINED = (
     " WHERE o.qty >= %s ORDER BY o.id"
 )
 BY_KEY = "SELECT name FROM customers WHERE id = %s"
-COLUMNS = "operation, fingerprint, statement, identity, params, relations, rows"  # (the identity NULL: params stands for it)
+# (identity NULL from layer 52: params stands for it)
+COLUMNS = "operation, fingerprint, statement, identity, params, relations, rows"
 
 
 @pytest.fixture
@@ -242,7 +243,8 @@ def test_a_full_ring_on_the_c_relay_drops_and_counts_without_waiting(
     pg_server: PgServer, layer_db: str
 ) -> None:
     """With the proxy's event loop blocked, nothing takes the C relay's records: the session runs on, its
-    connection's ring fills (4,096 records: READ_CAP) and the rest are dropped and counted (``relay_full``)."""
+    connection's ring fills (4,096 records, READ_CAP) and the rest are dropped and counted
+    (``relay_full``)."""
     with (
         run_proxy(pg_server, reads_dsn=pg_server.dsn) as proxy,
         psycopg.connect(tagged(proxy, layer_db, "frf", "op1"), autocommit=True) as conn,

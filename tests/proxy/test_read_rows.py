@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cowproxy.read_identity import identity
 from proxy import fastrelay
 from proxy.fastrelay import AVAILABLE, UNAVAILABLE, FastRead
-from cowproxy.read_identity import identity
 from proxy.reads import (
     _NULL,
     ReadRecord,
