@@ -10,6 +10,7 @@ identity here; rows of older proxies keep the identity they were written with (t
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 
 def identity(statement: str, params: bytes | None) -> str:
@@ -33,11 +34,19 @@ def row_identity(stored: str | None, statement: str, params: bytes | None) -> st
 
 
 # What a reader asks first: whether the layer has read traces (cow.reads, layer 50) and stores parameters
-# (layer 52; before it every row carries its identity, and ``PARAMS_BEFORE_52`` stands for the column).
-READS_LAYER = """
+# (layer 52; before it every row carries its identity, and a NULL stands for the column).
+_READS_LAYER = """
 SELECT pg_catalog.to_regclass('cow.reads') IS NOT NULL, EXISTS (
     SELECT 1 FROM pg_catalog.pg_attribute
     WHERE attrelid = pg_catalog.to_regclass('cow.reads') AND attname = 'params' AND NOT attisdropped
 )
 """
-PARAMS_BEFORE_52 = "NULL::bytea AS params"
+
+
+async def params_column(conn: Any) -> str | None:
+    """The select-list item of cow.reads' parameters on this connection's layer (asyncpg): ``params``, a
+    NULL in its place before layer 52, or None when the layer has no read traces."""
+    row = await conn.fetchrow(_READS_LAYER)
+    if row is None or not row[0]:
+        return None
+    return "params" if row[1] else "NULL::bytea AS params"

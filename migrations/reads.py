@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncpg
 
-from cowproxy.read_identity import PARAMS_BEFORE_52, READS_LAYER, row_identity
+from cowproxy.read_identity import params_column, row_identity
 from migrations.errors import LayerError, SessionError
 from migrations.sessions import _check_id, _require_layer
 
@@ -92,11 +92,10 @@ async def session_reads(conn: asyncpg.Connection, session_id: str) -> SessionRea
     """The session's reads by operation; a session with neither reads nor a registry row is unknown."""
     _check_id(session_id)
     await _require_layer(conn)
-    layer = await conn.fetchrow(READS_LAYER)
-    has_reads, has_params = (False, False) if layer is None else tuple(layer)
-    if not has_reads:
+    params = await params_column(conn)
+    if params is None:
         raise LayerError("this layer has no read traces (cow.reads): run cowproxy install to upgrade it")
-    rows = await conn.fetch(_READS.format(params="params" if has_params else PARAMS_BEFORE_52), session_id)
+    rows = await conn.fetch(_READS.format(params=params), session_id)
     if not rows and not await conn.fetchval("SELECT 1 FROM cow.sessions WHERE session_id = $1", session_id):
         raise SessionError(f"unknown session {session_id} (no registry row and no reads recorded)")
     grouped: dict[str | None, list[Read]] = {}

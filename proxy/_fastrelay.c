@@ -373,8 +373,9 @@ struct conn {
     int skip;            /* ReplyQueue.skip_until_sync */
     double batch_started;
     /* The monotonic clock of the bytes being parsed, read at most once per recv (0: not read yet): the
-     * messages of one recv arrived together, so a batch's start, a read's start and its end share one clock
-     * read (tick) instead of one each, the two a recorded read added on this thread. */
+     * messages of one recv arrived together, so the times taken while parsing them share one clock read
+     * (tick): on the client's side a batch's start and a read's, on the server's a read's end and the
+     * reply's latency. A recorded read added two clock reads on this thread; now none. */
     double tick;
     table_t stmts, portals;
     int tagged;      /* in a session (startup tags): only texts with a decision are taken */

@@ -16,7 +16,7 @@ from typing import Any
 
 import asyncpg
 
-from cowproxy.read_identity import PARAMS_BEFORE_52, READS_LAYER, row_identity
+from cowproxy.read_identity import params_column, row_identity
 
 from .errors import ScoringError
 from .model import (
@@ -117,11 +117,10 @@ _READS = (
 
 async def fetch_reads(conn: asyncpg.Connection, session: str) -> tuple[TraceRead, ...]:
     """A session's read trace in order; empty when it has none (or the layer predates read traces)."""
-    layer = await conn.fetchrow(READS_LAYER)
-    has_reads, has_params = (False, False) if layer is None else tuple(layer)
-    if not has_reads:
+    params = await params_column(conn)
+    if params is None:
         return ()
-    query = _READS.format(params="params" if has_params else PARAMS_BEFORE_52)
+    query = _READS.format(params=params)
     return tuple(
         TraceRead(
             r["operation"],
