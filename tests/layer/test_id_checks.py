@@ -1,5 +1,5 @@
-"""The layer's id rule without a bounded repetition (migration 54): ``cow.valid_id`` and the CHECKs of
-cow.sessions, cow.bindings and cow.proxy_routes accept exactly the ids the pattern
+"""The layer's id rule without a bounded repetition (migrations 51 and 54): ``cow.valid_id`` and the CHECKs of
+cow.sessions, cow.bindings, cow.proxy_routes and cow.reads accept exactly the ids the pattern
 ``'^[A-Za-z0-9._:-]{1,128}$'`` accepted (1 to 128 characters of ``[A-Za-z0-9._:-]``), as PostgreSQL itself
 matches that pattern, and as the proxy's own check does."""
 
@@ -11,15 +11,39 @@ import psycopg
 import pytest
 
 from cowproxy.ids import valid_id
-from tests.layer.test_reads_checks import IDS
 
 OLD_RULE = "^[A-Za-z0-9._:-]{1,128}$"
-ALL_IDS = [*IDS, "a" * 127, "-", "ab/cd", "tab\t", "x" * 200, "upper.lower_UNDER:9"]
+ALL_IDS = [
+    "s",
+    "S1.op:2-x_y",
+    "a" * 127,
+    "a" * 128,
+    "a" * 129,
+    "",
+    "-",
+    "has space",
+    "semi;colon",
+    "new\nline",
+    "trail\n",
+    "tab\t",
+    "é",
+    "quote'",
+    "ab/cd",
+    "x" * 127 + "!",
+    "x" * 200,
+    "upper.lower_UNDER:9",
+]
+READS = (
+    "INSERT INTO cow.reads (session, operation, at, fingerprint, statement, identity, duration_us)"
+    " VALUES ({}, now(), 'f', 's', 'i', 1)"
+)
 
 INSERTS = {
     "sessions": "INSERT INTO cow.sessions (session_id) VALUES (%s)",
     "bindings": "INSERT INTO cow.bindings (pid, backend_start, token, session) VALUES (-1, now(), 't', %s)",
     "proxy_routes": "INSERT INTO cow.proxy_routes (database, session) VALUES ('db', %s)",
+    "reads.session": READS.format("%s, NULL"),
+    "reads.operation": READS.format("'ok', %s"),
 }
 
 
@@ -41,6 +65,7 @@ def test_valid_id_and_the_checks_accept_what_the_bounded_pattern_accepted(layer_
         for table, insert in INSERTS.items():
             assert _accepted(conn, insert, value) is row[1], (table, value)
         assert conn.execute("SELECT cow.valid_id(NULL)").fetchone() == (None,)
+        assert _accepted(conn, INSERTS["reads.operation"], None)  # (a read of no operation: NULL passes)
 
 
 def test_no_bounded_repetition_in_the_id_rule(layer_db: str) -> None:
