@@ -408,7 +408,7 @@ def main() -> None:
             raise SystemExit("--transports unix: no Unix socket directory (pass --socket-dir)")
         tool = os.path.join(bindir, "pgbench") if bindir else (shutil.which("pgbench") or "pgbench")
         user = urlsplit(dsn).username or "postgres"
-        _create_database(dsn, tool, host=host, port=port, user=user, database=database, scale=args.scale)
+        create_database(dsn, tool, host=host, port=port, user=user, database=database, scale=args.scale)
         with contextlib.ExitStack() as stack:
             targets = _targets(
                 stack,
@@ -445,9 +445,10 @@ def main() -> None:
     _report_traces(traces)
 
 
-def _create_database(
+def create_database(
     dsn: str, tool: str, *, host: str, port: int, user: str, database: str, scale: int
 ) -> None:
+    """``database`` made anew with ``pgbench -i -s scale``'s tables."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {database}")
         conn.execute(f"CREATE DATABASE {database}")
@@ -456,6 +457,15 @@ def _create_database(
         check=True,
         capture_output=True,
     )
+
+
+def layer_database(dsn: str, tool: str, *, host: str, port: int, user: str, database: str, scale: int) -> str:
+    """``create_database``'s, with this checkout's layer installed; its DSN."""
+    create_database(dsn, tool, host=host, port=port, user=user, database=database, scale=scale)
+    db_dsn = urlsplit(dsn)._replace(path="/" + database).geturl()
+    install = [sys.executable, "-m", "cowproxy", "install", "--dsn", db_dsn]
+    subprocess.run(install, check=True, capture_output=True, cwd=ROOT)
+    return db_dsn
 
 
 def _targets(

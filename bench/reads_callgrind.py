@@ -122,14 +122,7 @@ def main() -> None:
     with bp.server(args.dsn, None) as (dsn, host, port, bindir, _sockets):
         tool = os.path.join(bindir, "pgbench") if bindir else (shutil.which("pgbench") or "pgbench")
         user = urlsplit(dsn).username or "postgres"
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
-            conn.execute(f"CREATE DATABASE {DATABASE}")
-        db_dsn = urlsplit(dsn)._replace(path="/" + DATABASE).geturl()
-        init = [tool, "-i", "-q", "-s", "1", "-h", host, "-p", str(port), "-U", user, DATABASE]
-        subprocess.run(init, check=True, capture_output=True)
-        install = [sys.executable, "-m", "cowproxy", "install", "--dsn", db_dsn]
-        subprocess.run(install, check=True, capture_output=True, cwd=ROOT)
+        db_dsn = bp.layer_database(dsn, tool, host=host, port=port, user=user, database=DATABASE, scale=1)
         reads = ("--reads-dsn", db_dsn)
         configs: list[tuple[str, tuple[str, ...], Path]] = [
             ("proxy", (), ROOT),

@@ -29,7 +29,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -129,14 +128,7 @@ def main() -> None:
     with bp.server(args.dsn, None) as (dsn, host, port, bindir, _sockets):
         tool = os.path.join(bindir, "pgbench") if bindir else (shutil.which("pgbench") or "pgbench")
         user = urlsplit(dsn).username or "postgres"
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
-            conn.execute(f"CREATE DATABASE {DATABASE}")
-        db_dsn = urlsplit(dsn)._replace(path="/" + DATABASE).geturl()
-        init = [tool, "-i", "-q", "-s", "10", "-h", host, "-p", str(port), "-U", user, DATABASE]
-        subprocess.run(init, check=True, capture_output=True)
-        install = [sys.executable, "-m", "cowproxy", "install", "--dsn", db_dsn]
-        subprocess.run(install, check=True, capture_output=True, cwd=ROOT)
+        db_dsn = bp.layer_database(dsn, tool, host=host, port=port, user=user, database=DATABASE, scale=10)
         reads = ("--reads-dsn", db_dsn)
         configs: list[tuple[str, tuple[str, ...], Path]] = [
             ("proxy", (), ROOT),
