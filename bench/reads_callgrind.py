@@ -32,8 +32,8 @@ from urllib.parse import urlsplit
 import _common as common  # first: it takes bench/ off the import path (its proxy.py is not the package)
 import psycopg
 
-ROOT = Path(__file__).resolve().parent.parent
 bp = common.sibling("proxy")  # its server, proxy and process helpers
+rt = common.sibling("reads_threads")  # the proxies compared
 DATABASE = "cowproxy_bench_reads_callgrind"
 SETTLE = 8.0  # seconds for the writer's last batch under valgrind (its GATHER is 1 s)
 
@@ -123,14 +123,7 @@ def main() -> None:
         tool = os.path.join(bindir, "pgbench") if bindir else (shutil.which("pgbench") or "pgbench")
         user = urlsplit(dsn).username or "postgres"
         db_dsn = bp.layer_database(dsn, tool, host=host, port=port, user=user, database=DATABASE, scale=1)
-        reads = ("--reads-dsn", db_dsn)
-        configs: list[tuple[str, tuple[str, ...], Path]] = [
-            ("proxy", (), ROOT),
-            ("reads", reads, ROOT),
-            ("reads_op", reads, ROOT),
-        ]
-        if args.baseline is not None:
-            configs += [("base_" + name, extra, args.baseline.resolve()) for name, extra, _ in configs]
+        configs = rt.proxies(db_dsn, args.baseline)
         txns = args.sessions * args.transactions
         found: dict[str, tuple[float, float]] = {}
         for name, extra, root in configs:

@@ -114,6 +114,16 @@ def _pgbench(
     return txns
 
 
+def proxies(db_dsn: str, baseline: Path | None) -> list[tuple[str, tuple[str, ...], Path]]:
+    """The proxies compared, as (name, serve's extra options, checkout): without recording, recording,
+    recording with operation ids (the name tells pgbench to tag them); the same from a baseline checkout."""
+    reads = ("--reads-dsn", db_dsn)
+    configs = [("proxy", (), ROOT), ("reads", reads, ROOT), ("reads_op", reads, ROOT)]
+    if baseline is not None:
+        configs += [("base_" + name, extra, baseline.resolve()) for name, extra, _ in configs]
+    return configs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dsn", help="PostgreSQL (superuser); default: embedded")
@@ -129,14 +139,7 @@ def main() -> None:
         tool = os.path.join(bindir, "pgbench") if bindir else (shutil.which("pgbench") or "pgbench")
         user = urlsplit(dsn).username or "postgres"
         db_dsn = bp.layer_database(dsn, tool, host=host, port=port, user=user, database=DATABASE, scale=10)
-        reads = ("--reads-dsn", db_dsn)
-        configs: list[tuple[str, tuple[str, ...], Path]] = [
-            ("proxy", (), ROOT),
-            ("reads", reads, ROOT),
-            ("reads_op", reads, ROOT),
-        ]
-        if args.baseline is not None:
-            configs += [("base_" + name, extra, args.baseline.resolve()) for name, extra, _ in configs]
+        configs = proxies(db_dsn, args.baseline)
         totals = {name: [0, 0.0, 0.0] for name, _, _ in configs}
         kept = {name: [0, 0] for name, _, _ in configs}  # (reads recorded, transactions run)
         for round_no in range(args.rounds):
