@@ -693,20 +693,44 @@ static size_t comment_end(const unsigned char *s, size_t i, size_t n) {
     return 0;
 }
 
+/* Whether a quote on a later line follows s[j..) across whitespace and -- comments only: the server continues
+ * the string that ended at j there ('...'\n'...' is one constant, shapes._CONTINUED). */
+static int continued(const unsigned char *s, size_t j, size_t n) {
+    int newline = 0;
+    while (j < n) {
+        unsigned char c = s[j];
+        if (c == '\n' || c == '\r') {
+            newline = 1;
+            j++;
+        } else if (c == ' ' || c == '\t' || c == '\f' || c == '\v') {
+            j++;
+        } else if (c == '-' && j + 1 < n && s[j + 1] == '-') {
+            while (j < n && s[j] != '\n' && s[j] != '\r') j++;
+        } else {
+            return newline && c == '\'';
+        }
+    }
+    return 0;
+}
+
 /* The end of E'', B'', X'', N'', U&'' or U&"" when the one-letter identifier at i starts one, else i + 1;
- * 0: unterminated (or a backslash in a plain string: no key). */
+ * 0: no key (unterminated, a backslash in a plain string, or continued on a later line). */
 static size_t prefixed_end(const unsigned char *s, size_t i, size_t n) {
     unsigned char c = s[i] | 0x20;
     int backslash = 0;
     size_t end;
-    if (i + 1 < n && s[i + 1] == '\'' && c == 'e') return quoted_end(s, i + 1, n, 1, &backslash);
-    if (i + 1 < n && s[i + 1] == '\'' && (c == 'b' || c == 'x' || c == 'n')) {
+    if (i + 1 < n && s[i + 1] == '\'' && c == 'e') {
+        end = quoted_end(s, i + 1, n, 1, &backslash);
+    } else if (i + 1 < n && s[i + 1] == '\'' && (c == 'b' || c == 'x' || c == 'n')) {
         end = quoted_end(s, i + 1, n, 0, &backslash);
-        return backslash ? 0 : end;
+        if (backslash) return 0;
+    } else if (c == 'u' && i + 2 < n && s[i + 1] == '&' && (s[i + 2] == '\'' || s[i + 2] == '"')) {
+        end = quoted_end(s, i + 2, n, 0, &backslash);
+    } else {
+        return i + 1;
     }
-    if (c == 'u' && i + 2 < n && s[i + 1] == '&' && (s[i + 2] == '\'' || s[i + 2] == '"'))
-        return quoted_end(s, i + 2, n, 0, &backslash);
-    return i + 1;
+    /* Continued on a later line, the string stays of its prefix's class for the server: no key. */
+    return end != 0 && continued(s, end, n) ? 0 : end;
 }
 
 /* The class of the number at s[i..end); 0: kept verbatim (a dot after it); -1: no key (an identifier

@@ -14,7 +14,9 @@ verbatim whatever it is not sure of:
 - a number followed by a dot (``1.5.2``); ``..`` is a token of its own, as the server's (``1..2`` is 1,
   .., 2);
 - E'', U&'', B'', X'', N'' strings and dollar quotes, quoted identifiers, ``$n`` and comments (``--`` up to
-  a newline or carriage return, ``/* */`` nested): a comment tag is never normalised away;
+  a newline or carriage return, ``/* */`` nested): a comment tag is never normalised away; a prefixed string
+  continued on a later line (``X'ab'`` newline ``'cd'``: one constant of the prefix's class to the server)
+  gives no key;
 - a text with an unterminated quote or comment, or with a backslash in a plain string, gets no key at all
   (with ``standard_conforming_strings`` off the server would end that string elsewhere), nor does one with
   a dollar-quote delimiter longer than ``MAX_DOLLAR_TAG`` or a number run into an identifier character or
@@ -80,6 +82,9 @@ _SKIP = re.compile(
 _PLAIN_STRING = re.compile(rb"'(?:[^']++|'')*+'")
 _QUOTED = re.compile(rb"\"(?:[^\"]++|\"\")*+\"")
 _ESCAPED_STRING = re.compile(rb"'(?:[^'\\]++|\\.|'')*+'", re.S)  # E'…': a backslash escapes any byte
+# A quote on a later line across whitespace and -- comments only: the server continues the string before it
+# there ('…'\n'…' is one constant, in the class of the first part's prefix).
+_CONTINUED = re.compile(rb"(?:[ \t\f\v]|--[^\n\r]*+)*+[\n\r](?:[ \t\n\r\f\v]|--[^\n\r]*+)*+'")
 _IDENT = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_$") | frozenset(
     range(0x80, 0x100)
 )
@@ -193,8 +198,8 @@ def _prefixed(text: bytes, pos: int, end: int) -> int:
         match = (_PLAIN_STRING if rest == b"&'" else _QUOTED).match(text, end + 1)
     else:
         return end
-    if match is None:
-        raise _Unfollowed
+    if match is None or _CONTINUED.match(text, match.end()):
+        raise _Unfollowed  # (unterminated, or continued on a later line: a constant of the prefix's class)
     return match.end()
 
 

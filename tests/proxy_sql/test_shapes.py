@@ -4,7 +4,7 @@ proof that a shape's literals cannot change the analysis' verdict."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pglast.parser import ParseError, scan
 
@@ -112,6 +112,9 @@ _FRAGMENTS = st.sampled_from(
 @pytest.mark.skipif(not AVAILABLE, reason=f"{UNAVAILABLE}")
 @settings(max_examples=3000, deadline=None)
 @given(st.lists(_FRAGMENTS, max_size=24))
+@example(["SELECT ", "x", "'ab'", " -- c\n", "'ab'", ", 1"])  # (continued prefixed strings: no key)
+@example(["SELECT ", "U&", "'ab'", " \t\r ", "'cd'", ", 1"])
+@example(["SELECT ", "x", "'ab'", " /* c */\n", "'cd'", ", 1"])  # (not continued: a key)
 def test_the_c_lexer_matches_pythons(fragments: list[str]) -> None:
     text = "".join(fragments).encode()
     assert FastRelay.shape_key(text) == key(text)
@@ -132,6 +135,8 @@ _WHOLE = st.sampled_from(["'ab'", "E'\\''", "$$x$$", '"q"', "1.5", "7", " -- c\n
 
 @settings(max_examples=3000, deadline=None)
 @given(st.lists(_FRAGMENTS | _WHOLE, max_size=16))
+@example(["x", "'ab'", " -- c\n", "'ab'", "'ab'"])  # (X'…' continued on a later line: one XCONST)
+@example(["e", "'ab'", "\n", "'ab'"])
 def test_each_literal_is_a_token_of_the_servers_class(fragments: list[str]) -> None:
     """PostgreSQL's own lexer (pglast's, of 18) as the oracle: every span the key replaces is one literal
     token of that class (a plain string may also be a part of a constant continued on the next line)."""
