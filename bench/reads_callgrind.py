@@ -39,21 +39,8 @@ SETTLE = 8.0  # seconds for the writer's last batch under valgrind (its GATHER i
 
 
 def pgbench(args: argparse.Namespace, tool: str, port: int, *, name: str, user: str) -> None:
-    procs = []
-    for i in range(args.sessions):
-        options = f"-c cow.session_id=cg_{name}_{i}"
-        if name.endswith("reads_op"):
-            options += f" -c cow.operation_id=op{i}"
-        flags = ["-M", args.mode, *(["-S"] if args.select_only else [])]
-        cmd = [tool, "-n", "-t", str(args.transactions), "-c", "1", "-j", "1", "-h", "127.0.0.1"]
-        cmd += ["-p", str(port), "-U", user, *flags, DATABASE]
-        env = {**os.environ, "PGOPTIONS": options}
-        out = subprocess.PIPE
-        procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True))
-    for proc in procs:
-        out = proc.communicate()[0]
-        if proc.returncode != 0 or "number of transactions actually processed" not in out:
-            raise SystemExit(f"pgbench failed ({name}): {out[-400:]}")
+    run = ("-t", str(args.transactions))
+    rt.sessions(args, tool, "127.0.0.1", port, name, user=user, run=run, database=DATABASE)
 
 
 def control(pid: int, *flags: str) -> None:

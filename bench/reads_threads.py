@@ -66,10 +66,10 @@ def run(
     assert target.pid is not None
     warm = 0
     if args.warmup:
-        warm = _pgbench(args, tool, target, name, user=user, seconds=args.warmup)
+        warm = sessions(args, tool, target.host, target.port, name, user=user, run=("-T", str(args.warmup)))
         time.sleep(SETTLE)
     main0, other0 = thread_cpu(target.pid)
-    txns = _pgbench(args, tool, target, name, user=user, seconds=args.seconds)
+    txns = sessions(args, tool, target.host, target.port, name, user=user, run=("-T", str(args.seconds)))
     time.sleep(SETTLE)  # (the writer's last batch)
     main1, other1 = thread_cpu(target.pid)
     return txns, main1 - main0, other1 - other0, warm
@@ -89,18 +89,42 @@ def recorded(db_dsn: str, name: str) -> int:
     return int(row[0]) if row is not None else 0
 
 
-def _pgbench(
-    args: argparse.Namespace, tool: str, target: bp.Target, name: str, *, user: str, seconds: int
+def sessions(
+    args: argparse.Namespace,
+    tool: str,
+    host: str,
+    port: int,
+    name: str,
+    *,
+    user: str,
+    run: tuple[str, str],
+    database: str = DATABASE,
 ) -> int:
-    """N pgbench processes, one session each, for ``seconds``: the transactions they made."""
+    """N pgbench processes at once, one session each (``run``: ``-T`` seconds or ``-t`` transactions each):
+    the transactions they made."""
     procs = []
     for i in range(args.sessions):
         options = f"-c cow.session_id=thr_{name}_{i}"
         if name.endswith("reads_op"):
             options += f" -c cow.operation_id=op{i}"
         flags = ["-M", args.mode, *(["-S"] if args.select_only else [])]
-        cmd = [tool, "-n", "-T", str(seconds), "-c", "1", "-j", "1", "-h", target.host]
-        cmd += ["-p", str(target.port), "-U", user, *flags, DATABASE]
+        cmd = [
+            tool,
+            "-n",
+            *run,
+            "-c",
+            "1",
+            "-j",
+            "1",
+            "-h",
+            host,
+            "-p",
+            str(port),
+            "-U",
+            user,
+            *flags,
+            database,
+        ]
         env = {**os.environ, "PGOPTIONS": options}
         out = subprocess.PIPE
         procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True))
@@ -108,7 +132,7 @@ def _pgbench(
     for proc in procs:
         out = proc.communicate()[0]
         found = re.search(r"number of transactions actually processed: (\d+)", out)
-        if found is None:
+        if proc.returncode != 0 or found is None:
             raise SystemExit(f"pgbench failed ({name}): {out[-400:]}")
         txns += int(found.group(1))
     return txns
