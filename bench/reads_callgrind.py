@@ -2,7 +2,7 @@
 where the CPU-time figures of bench/reads_threads.py swing with the shared machine's load.
 
     .venv/bin/python bench/reads_callgrind.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
-        [--transactions 1000] [--sessions 8] [--mode prepared] [--select-only] [--baseline DIR]
+        [--transactions 1000] [--sessions 8] [--mode prepared] [--select-only] [--baseline DIR] [--keep DIR]
 
 Without --dsn an embedded PostgreSQL is started; `pgbench -i -s 1` and the layer in a scratch database.
 Three proxies, one at a time, each under callgrind (`--instr-atstart=no --separate-threads=yes`): `proxy`
@@ -13,7 +13,8 @@ instrumentation on, and a wait for the writer's last batch; instructions (Ir) pe
 (Python) thread and of the others (the C relay). --baseline DIR: the same from another checkout (a git
 worktree of main with its C extension built), named base_*. Valgrind runs the proxy's threads one at a time
 on one core: the counts, not the times, are the figure; the wake-ups of the Python thread (and so its per-
-take costs) follow callgrind's slower clock, so the Python thread's count is an indication.
+take costs) follow callgrind's slower clock, so the Python thread's count is an indication. --keep DIR keeps
+each proxy's profiles in DIR/<name>/ (for callgrind_annotate: where a thread's instructions go).
 """
 
 from __future__ import annotations
@@ -72,7 +73,12 @@ def measure(
     extra: tuple[str, ...],
     root: Path,
 ) -> tuple[int, int]:
-    out_dir = Path(tempfile.mkdtemp(prefix="cowproxy-bench-cg-"))
+    if args.keep is not None:
+        out_dir = args.keep / name
+        shutil.rmtree(out_dir, ignore_errors=True)
+        out_dir.mkdir(parents=True)
+    else:
+        out_dir = Path(tempfile.mkdtemp(prefix="cowproxy-bench-cg-"))
     port = bp.free_port()
     valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes"]
     valgrind += [f"--callgrind-out-file={out_dir}/cg.%p", "--dump-instr=no"]
@@ -94,7 +100,8 @@ def measure(
     finally:
         proc.terminate()
         proc.wait(120)
-        shutil.rmtree(out_dir, ignore_errors=True)
+        if args.keep is None:
+            shutil.rmtree(out_dir, ignore_errors=True)
 
 
 def main() -> None:
@@ -105,6 +112,7 @@ def main() -> None:
     parser.add_argument("--mode", default="prepared", help="pgbench -M")
     parser.add_argument("--select-only", action="store_true", help="pgbench -S instead of TPC-B")
     parser.add_argument("--baseline", type=Path, help="another checkout (e.g. a worktree of main) to run too")
+    parser.add_argument("--keep", type=Path, help="keep each proxy's callgrind profiles in DIR/<name>/")
     args = parser.parse_args()
     with bp.server(args.dsn, None) as (dsn, host, port, bindir, _sockets):
         tool = os.path.join(bindir, "pgbench") if bindir else (shutil.which("pgbench") or "pgbench")

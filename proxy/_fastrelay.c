@@ -41,7 +41,7 @@
 /* What proxy/fastrelay.py expects (API_VERSION there): bump both when the module's functions or the tuples
  * they take or return change, so that a stale build (an editable install not rebuilt after a pull) is
  * reported and left unused instead of failing at the first call. */
-#define API_VERSION 9
+#define API_VERSION 10
 /* read_trace.XACT_STATEMENT and XACT_SQL: asked before the end of a transaction whose reads' operation is its. */
 #define XACT_NAME "__cowproxy_xact"
 #define XACT_SQL "SELECT pg_current_xact_id_if_assigned()"
@@ -451,6 +451,7 @@ typedef struct handback {
     table_t stmts, portals;
     unsigned long taken;
     ring_t reads; /* moved from the connection: the done ones and those the owed replies will finish */
+    enc_t *enc;   /* the connection's encoder (a reference), or NULL: its done records as COPY rows too */
     long long *qrec; /* per owed reply: its record, or -1 (NULL: none) */
     long long txn;
     int txn_reads, txn_wrote;
@@ -1227,6 +1228,7 @@ static handback_t *make_handback(Engine *e, conn_t *c, const char *reason, int e
         memset(&c->portals, 0, sizeof(c->portals));
         if (c->reads.v != NULL) { /* moved too: Python records the done reads, and resumes the owed ones */
             h->reads = c->reads;
+            h->enc = enc_ref(c->enc);
             memset(&c->reads, 0, sizeof(c->reads));
             if (c->qlen && (h->qrec = malloc(sizeof(long long) * (size_t)c->qlen)) != NULL)
                 for (int i = 0; i < c->qlen; i++) h->qrec[i] = c->q[(c->head + i) % QCAP].rec;
@@ -2167,21 +2169,78 @@ static int reads_append(PyObject *list, const rec_t *recs, long long n) {
     return 0;
 }
 
-/* The records of a hand-back: the done ones, and (position in the owed replies, ref, started, parameters,
- * own text) of those the owed replies will finish (Python's relay takes them over). */
-static int handback_reads(handback_t *h, PyObject **done, PyObject **owed) {
+#define NO_TXN LLONG_MIN /* encode_records' open_txn: no transaction's records are held back */
+
+/* Whether C writes a done record's row: it has a head, and its operation is known (an operation id in force,
+ * or its transaction ended: the open one's wait in Python's TxnReads.held for its end). */
+static const rhead_t *row_head(const enc_t *en, const rec_t *rec, long long open_txn) {
+    const rhead_t *h = rec_head(en, rec);
+    return h != NULL && (en->operation != NULL || rec->txn != open_txn) ? h : NULL;
+}
+
+/* The done records of v[0..n) as COPY rows (Python's encode_rows, without the COPY's header and trailer), in
+ * a new bytes object, and in *count how many; the others (no head, or of open_txn) appended to reads as
+ * tuples, in order. NULL with an exception set on failure. */
+static PyObject *encode_records(const enc_t *en, const rec_t *v, long long n, long long open_txn,
+                                PyObject *reads, long long *count) {
+    size_t bound = 0;
+    for (long long i = 0; en != NULL && i < n; i++) {
+        const rhead_t *h = row_head(en, &v[i], open_txn);
+        if (h != NULL) bound += row_bound(en, h, &v[i]);
+    }
+    PyObject *rows = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)bound);
+    if (rows == NULL) return NULL;
+    unsigned char *start = (unsigned char *)PyBytes_AS_STRING(rows), *p = start;
+    *count = 0;
+    for (long long i = 0; i < n; i++) {
+        const rec_t *rec = &v[i];
+        const rhead_t *h = en != NULL ? row_head(en, rec, open_txn) : NULL;
+        if (h != NULL) {
+            p = encode_row(en, h, rec, p);
+            (*count)++;
+        } else if (reads_append(reads, rec, 1) < 0) {
+            Py_DECREF(rows);
+            return NULL;
+        }
+    }
+    if (_PyBytes_Resize(&rows, (Py_ssize_t)(p - start)) < 0) return NULL;
+    return rows;
+}
+
+/* The records of a hand-back: the done ones as take_reads gives them (COPY rows in *rows, *count of them, with
+ * the connection's encoder; tuples in *done for the rest, those of the open transaction among them when its
+ * operation is its own), and (position in the owed replies, ref, started, parameters, own text) of those the
+ * owed replies will finish (Python's relay takes them over). A connection that closes hands back up to a
+ * ring's records at once: C writes their rows, as it does at a take. */
+static int handback_reads(handback_t *h, PyObject **done, PyObject **owed, PyObject **rows, long long *count) {
     *done = PyList_New(0);
     *owed = PyList_New(0);
+    *rows = NULL;
+    *count = 0;
     if (*done == NULL || *owed == NULL) return -1;
     ring_t *r = &h->reads;
-    if (r->v == NULL) return 0;
+    if (r->v == NULL) return (*rows = PyBytes_FromStringAndSize(NULL, 0)) == NULL ? -1 : 0;
     double to_wall = wall_now() - now();
+    /* The done records by value, in order (the ring keeps owning their parameters and texts). */
+    rec_t *v = malloc(sizeof(rec_t) * (size_t)(r->end - r->base + 1));
+    if (v == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    long long n = 0;
     for (long long seq = r->base; seq < r->end; seq++) {
         rec_t *rec = &r->v[seq % READ_CAP];
         if (rec->state == 1) {
             rec->wall += to_wall;
-            if (reads_append(*done, rec, 1) < 0) return -1;
-        } else if (rec->state == 0 && h->qrec != NULL) {
+            v[n++] = *rec;
+        }
+    }
+    *rows = encode_records(h->enc, v, n, h->txn, *done, count);
+    free(v);
+    if (*rows == NULL) return -1;
+    for (long long seq = r->base; seq < r->end; seq++) {
+        rec_t *rec = &r->v[seq % READ_CAP];
+        if (rec->state == 0 && h->qrec != NULL) {
             for (int i = 0; h->kinds[i]; i++) {
                 if (h->qrec[i] != seq) continue;
                 PyObject *params = bytes_or_none(rec_params(rec), rec->plen);
@@ -2214,13 +2273,14 @@ static PyObject *handback_tuple(handback_t *h) {
     char status[2] = {h->status, 0};
     PyObject *data = PyBytes_FromStringAndSize((const char *)h->data, (Py_ssize_t)h->len);
     PyObject *stmts = table_list(&h->stmts), *portals = table_list(&h->portals);
-    PyObject *done = NULL, *owed = NULL;
+    PyObject *done = NULL, *owed = NULL, *rows = NULL;
+    long long count = 0;
     PyObject *batch = bytes_or_none(h->batch, h->blen);
     PyObject *sdata = PyBytes_FromStringAndSize((const char *)h->sdata, (Py_ssize_t)h->slen);
     PyObject *promos = promos_list(h->promos, h->npromos);
     named_t *unnamed = table_find(&h->stmts, (const unsigned char *)"", 0);
     if (data == NULL || stmts == NULL || portals == NULL || batch == NULL || sdata == NULL || promos == NULL ||
-        handback_reads(h, &done, &owed) < 0) {
+        handback_reads(h, &done, &owed, &rows, &count) < 0) {
         Py_XDECREF(promos);
         Py_XDECREF(data);
         Py_XDECREF(stmts);
@@ -2229,18 +2289,21 @@ static PyObject *handback_tuple(handback_t *h) {
         Py_XDECREF(sdata);
         Py_XDECREF(done);
         Py_XDECREF(owed);
+        Py_XDECREF(rows);
         return NULL;
     }
-    return Py_BuildValue("(LsisiiNsiiNNkNNLiiKNNNiiOi)", h->id, h->reason, h->err, status, h->inflight,
+    return Py_BuildValue("(LsisiiNsiiNNkNNLiiKNNNiiOiNL)", h->id, h->reason, h->err, status, h->inflight,
                          h->untaken, data, h->kinds, h->mid_batch, h->skip, stmts, portals, h->taken, done, owed,
                          h->txn, h->txn_reads, h->txn_wrote, h->txn_xid, batch, sdata, promos, h->promo_count,
-                         h->dealloc, h->suspect ? Py_True : Py_False, unnamed != NULL ? unnamed->s->alias : 0);
+                         h->dealloc, h->suspect ? Py_True : Py_False, unnamed != NULL ? unnamed->s->alias : 0, rows,
+                         count);
 }
 
 static void free_handback(handback_t *h) {
     table_free(&h->stmts);
     table_free(&h->portals);
     ring_free(&h->reads);
+    enc_unref(h->enc);
     free(h->qrec);
     free(h->data);
     free(h->batch);
@@ -2885,32 +2948,9 @@ static taken_reads_t *take_ring(conn_t *c, double to_wall) {
 static PyObject *taken_item(taken_reads_t *t) {
     PyObject *reads = PyList_New(0);
     if (reads == NULL) return NULL;
-    enc_t *en = t->enc;
-    size_t bound = 0;
-    for (long long i = 0; en != NULL && i < t->n; i++) {
-        const rhead_t *h = rec_head(en, &t->v[i]);
-        if (h != NULL) bound += row_bound(en, h, &t->v[i]);
-    }
-    PyObject *rows = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)bound);
-    if (rows == NULL) {
-        Py_DECREF(reads);
-        return NULL;
-    }
-    unsigned char *start = (unsigned char *)PyBytes_AS_STRING(rows), *p = start;
     long long count = 0;
-    for (long long i = 0; i < t->n; i++) {
-        const rec_t *rec = &t->v[i];
-        const rhead_t *h = rec_head(en, rec);
-        if (h != NULL) {
-            p = encode_row(en, h, rec, p);
-            count++;
-        } else if (reads_append(reads, rec, 1) < 0) {
-            Py_DECREF(reads);
-            Py_DECREF(rows);
-            return NULL;
-        }
-    }
-    if (_PyBytes_Resize(&rows, (Py_ssize_t)(p - start)) < 0) {
+    PyObject *rows = encode_records(t->enc, t->v, t->n, NO_TXN, reads, &count);
+    if (rows == NULL) {
         Py_DECREF(reads);
         return NULL;
     }

@@ -22,7 +22,8 @@ OwedRead = tuple[int, int, float, bytes | None, bytes | None]
 # write sent since the connection was last idle, the open transaction's id or 0, a watched statement's Query
 # or batch or None, server bytes not forwarded, the promotions given at adoption as (name number, prepared),
 # names made, texts taken that may have deallocated them, a rewritten statement failed as on a stale catalog,
-# the name number the unnamed statement stands for or 0)
+# the name number the unnamed statement stands for or 0, the done read records C wrote as COPY rows (those
+# with a head whose operation is known: the read records above are the others), how many rows)
 Handback = tuple[
     int,
     str,
@@ -49,6 +50,8 @@ Handback = tuple[
     int,
     int,
     bool,
+    int,
+    bytes,
     int,
 ]
 # (name, index of Python's statement, kind index, only Python may bind it, write slots, its Executes are

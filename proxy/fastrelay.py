@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from proxy._fastrelay import Engine
     from proxy._fastrelay import Handback as RawHandback
 
-API_VERSION = 9  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
+API_VERSION = 10  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
 
 try:
     from proxy import _fastrelay
@@ -58,12 +58,17 @@ class Handback:
     statements: list[Named]
     portals: list[Named]
     taken: int  # client messages C took during its stay
-    reads: list[FastRead]  # read records done during the stay (see FastRelay.take_reads)
+    reads: list[FastRead]  # read records done during the stay that C did not write as rows (as take_reads')
     # Reason "rerun": the Query or batch of a statement that may be run again (proxy/rerun.py), as sent, and
     # the server bytes from its ErrorResponse or NoticeResponse on, not forwarded (None and b"" otherwise).
     batch: bytes | None
     server: bytes
     promotions: PromotionsBack  # as C leaves those it was given (proxy/unnamed.py)
+    # The done read records C wrote as COPY rows itself (a connection adopted with an encoder: those with a
+    # head whose operation is known), and how many: a closing connection's last records need no Python
+    # object each, as a take's.
+    rows: bytes = b""
+    rows_count: int = 0
 
     @classmethod
     def from_tuple(cls, raw: RawHandback) -> Handback:
@@ -90,6 +95,8 @@ class Handback:
             batch,
             raw[20],
             promotions,
+            raw[26],
+            raw[27],
         )
 
 

@@ -149,6 +149,27 @@ class _Rows(NamedTuple):
     size: int  # records
 
 
+def _records(items: Iterable[ReadRecord | _Rows]) -> int:
+    """How many records a batch holds (a _Rows item is ``size`` of them)."""
+    return sum(item.size if isinstance(item, _Rows) else 1 for item in items)
+
+
+def _parts(items: Sequence[ReadRecord | _Rows], shapes: _Shapes) -> Iterator[bytes]:
+    """One database's batch as COPY rows, in order: the C relay's as they came, each run of records between
+    them encoded here."""
+    run: list[ReadRecord] = []
+    for item in items:
+        if isinstance(item, _Rows):
+            if run:
+                yield encode_rows(run, shapes)
+                run = []
+            yield item.data
+        else:
+            run.append(item)
+    if run:
+        yield encode_rows(run, shapes)
+
+
 # ``new_record(ReadRecord, (nine fields, in order))``: a ReadRecord without the generated __new__'s Python
 # frame, a third of the cost of ``ReadRecord(...)``; at one per read on the relays' paths that matters
 # (docs/benchmarks.md, "Read traces: the cost of taking and writing records").
@@ -410,9 +431,12 @@ class ReadRecorder:
         self.dsn = dsn
         self.timeout = timeout
         # A deque and an event, not an asyncio.Queue: offer() runs once per read on the relay's path.
-        self.queue: deque[ReadRecord] = deque()
-        self.rows: deque[_Rows] = deque()  # the C relay's records, encoded there (offer_rows)
-        self._rows_count = 0  # records in ``rows``: the queue's bound counts them with ``queue``'s
+        # Records and the C relay's rows (encoded there: offer_rows) in one queue, in the order offered: a
+        # connection's reads are written in the order they ended whichever side encoded them (the C relay's
+        # rows of a hand-back, then the Python relay's records of the same connection).
+        self.queue: deque[ReadRecord | _Rows] = deque()
+        self._chunks = 0  # _Rows items in ``queue``
+        self._rows_count = 0  # records in those: the queue's bound counts them with the ReadRecords
         self._rows_batch = max(queue_size // ROWS_BATCH_SHARE, 1)  # encoded records that make a batch
         self.queue_size = queue_size
         self._wake = asyncio.Event()
@@ -438,12 +462,15 @@ class ReadRecorder:
     @property
     def pending(self) -> int:
         """Records queued or being written: 0 when everything offered so far is written (or dropped)."""
-        return len(self.queue) + self._rows_count + self._inflight
+        return self._queued_records() + self._inflight
+
+    def _queued_records(self) -> int:
+        return len(self.queue) - self._chunks + self._rows_count
 
     def offer(self, record: ReadRecord) -> None:
         """Called by the relay: queue the record, or drop and count it. Never waits."""
         queue = self.queue
-        if len(queue) + self._rows_count >= self.queue_size:
+        if len(queue) - self._chunks + self._rows_count >= self.queue_size:
             self.dropped["queue_full"] += 1
             return
         queue.append(record)
@@ -455,7 +482,7 @@ class ReadRecorder:
     def offer_many(self, records: list[ReadRecord]) -> None:
         """``offer`` for a batch (the C relay's records): what fits is queued, the rest dropped, counted."""
         queue = self.queue
-        room = self.queue_size - len(queue) - self._rows_count
+        room = self.queue_size - self._queued_records()
         if room < len(records):
             self.dropped["queue_full"] += len(records) - max(room, 0)
             records = records[: max(room, 0)]
@@ -468,17 +495,18 @@ class ReadRecorder:
         whole, or dropped whole and counted when they do not fit."""
         if count <= 0:
             return
-        if len(self.queue) + self._rows_count + count > self.queue_size:
+        if self._queued_records() + count > self.queue_size:
             self.dropped["queue_full"] += count
             return
-        self.rows.append(_Rows(database, session, data, count))
+        self.queue.append(_Rows(database, session, data, count))
+        self._chunks += 1
         self._rows_count += count
         self.encoded += count
         self._queued()
 
     def _queued(self) -> None:
         self._wake.set()  # (the writer may be waiting)
-        if len(self.queue) >= BATCH or self._rows_count >= self._rows_batch:
+        if len(self.queue) - self._chunks >= BATCH or self._rows_count >= self._rows_batch:
             self._full.set()
 
     def encoder(
@@ -504,7 +532,7 @@ class ReadRecorder:
     def write_soon(self) -> None:
         """What is queued is a batch: the writer stops gathering (the C relay's records, taken once per
         GATHER, have waited that long already; a second wait would only add a wake-up of the loop)."""
-        if self.queue or self.rows:
+        if self.queue:
             self._full.set()
 
     def for_connection(self, database: str, catalog: Callable[[], Catalog | None]) -> ReadsCallback:
@@ -526,16 +554,15 @@ class ReadRecorder:
     async def _run(self) -> None:
         queue = self.queue
         while True:
-            if not queue and not self.rows:
+            if not queue:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
             self._busy = True
-            batch: list[ReadRecord] = []
-            rows: list[_Rows] = []
+            batch: list[ReadRecord | _Rows] = []
             try:
                 if (
-                    len(queue) < BATCH
+                    len(queue) - self._chunks < BATCH
                     and self._rows_count < self._rows_batch
                     and not self._closing
                     and not self._full.is_set()
@@ -544,37 +571,41 @@ class ReadRecorder:
                         async with asyncio.timeout(GATHER):
                             await self._full.wait()
                 self._full.clear()
-                while len(batch) < BATCH and queue:
-                    batch.append(queue.popleft())
-                rows = self._take_rows()
-                self._inflight = len(batch) + sum(r.size for r in rows)
-                await self._write(batch, rows)
+                batch = self._take()
+                self._inflight = _records(batch)
+                await self._write(batch)
             except Exception as exc:
-                lost = len(batch) + sum(r.size for r in rows)
+                lost = _records(batch)
                 self.dropped["write_failed"] += lost
                 log.warning("event=reads_write_failed records=%d error=%r", lost, str(exc))
             finally:
                 self._busy = False
                 self._inflight = 0
 
-    def _take_rows(self) -> list[_Rows]:
-        """All the encoded rows queued (their count is bounded by the queue's: one COPY takes them)."""
-        rows = list(self.rows)
-        self.rows.clear()
-        self._rows_count = 0
-        return rows
+    def _take(self) -> list[ReadRecord | _Rows]:
+        """A batch from the queue's front, in order: up to BATCH records, and the encoded rows among and after
+        them (their count is bounded by the queue's: one COPY takes them)."""
+        queue, records = self.queue, 0
+        batch: list[ReadRecord | _Rows] = []
+        while queue and (records < BATCH or isinstance(queue[0], _Rows)):
+            item = queue.popleft()
+            if isinstance(item, _Rows):
+                self._chunks -= 1
+                self._rows_count -= item.size
+            else:
+                records += 1
+            batch.append(item)
+        return batch
 
-    async def _write(self, batch: list[ReadRecord], encoded: Sequence[_Rows] = ()) -> None:
-        by_database: dict[str, tuple[list[ReadRecord], list[_Rows]]] = {}
-        for record in batch:
-            by_database.setdefault(record.database, ([], []))[0].append(record)
-        for chunk in encoded:
-            by_database.setdefault(chunk.database, ([], []))[1].append(chunk)
-        for database, (records, chunks) in by_database.items():
-            count = len(records) + sum(c.size for c in chunks)
+    async def _write(self, batch: list[ReadRecord | _Rows]) -> None:
+        by_database: dict[str, list[ReadRecord | _Rows]] = {}
+        for item in batch:
+            by_database.setdefault(item.database, []).append(item)
+        for database, items in by_database.items():
+            count = _records(items)
             try:
                 conn = await self._connection(database)
-                parts: tuple[bytes, ...] = (encode_rows(records, self._shapes), *(c.data for c in chunks))
+                parts = tuple(_parts(items, self._shapes))
                 columns = COPY_COLUMNS
                 if not self._params[database]:
                     parts, columns = (with_identities(b"".join(parts)),), COPY_COLUMNS_IDENTITY
@@ -582,7 +613,7 @@ class ReadRecorder:
                 if self._registers[database]:
                     await self._copy(conn, data, columns)
                 else:
-                    names = {r.session for r in records} | {c.session for c in chunks}
+                    names = {item.session for item in items}
                     async with conn.transaction():
                         await self._copy(conn, data, columns)
                         await conn.execute(_REGISTER, sorted(s for s in names if valid_id(s)))
@@ -633,7 +664,7 @@ class ReadRecorder:
         self.collect()
         self._full.set()  # (the writer stops gathering: write what is queued now)
         deadline = time.monotonic() + timeout
-        while (self.queue or self.rows or self._busy) and time.monotonic() < deadline:
+        while (self.queue or self._busy) and time.monotonic() < deadline:
             if self._task is None or self._task.done():
                 break
             await asyncio.sleep(0.01)
@@ -642,7 +673,7 @@ class ReadRecorder:
         """Flush, then stop the writer and close its connections."""
         self._closing = True
         await self.flush(timeout)
-        self.dropped["shutdown"] += len(self.queue) + self._rows_count
+        self.dropped["shutdown"] += self._queued_records()
         task, self._task = self._task, None
         if task is not None:
             task.cancel()

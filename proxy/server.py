@@ -599,6 +599,8 @@ class ClientConnection(asyncio.Protocol):
         """The C relay gave the connection back: resume in Python from the state it reports."""
         self.fast = False
         state = handback.state
+        # (the rows C wrote first: the rest are the open transaction's, or reads C had no head for)
+        self.fast_rows(handback.rows, handback.rows_count)
         self.fast_reads(handback.reads, state.txn.count)
         owed_reads = []
         for position, ref, started, params, own in state.owed_reads:

@@ -21,7 +21,7 @@ from proxy import server as server_module
 from proxy.fastrelay import AVAILABLE, UNAVAILABLE
 from tests.fix_db import PgServer, install_layer_at
 from tests.fix_proxy import RunningProxy, run_proxy
-from tests.proxy.test_adversity import RawClient, dbname
+from tests.proxy.test_adversity import RawClient, dbname, wait_for
 from tests.proxy.test_fast_relay import _exchange, _message, on_fast, scrape
 from tests.proxy.test_reads import flush, tagged
 
@@ -367,6 +367,33 @@ def test_flush_and_the_queued_gauge_see_records_still_in_the_c_relay(
         assert all(len(rows) == 2 for rows in more)
         flush(proxy)  # (nothing took them before)
         assert len(recorded(layer_db, "frq")) == 26
+
+
+@pytest.mark.parametrize("operation", ["op1", None])
+def test_a_closing_connections_last_reads_are_the_c_relays_rows(
+    proxies: dict[str, RunningProxy], layer_db: str, operation: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection that closes on the C relay hands back the records its ring still holds (here all of
+    them: the periodic take is off): C writes their COPY rows as at a take, no Python object per record,
+    and they are the rows the Python relay records for the same reads, in the same order. Without an
+    operation id each autocommit read is a read-only transaction of its own, ended before the close."""
+    monkeypatch.setattr(server_module, "_TAKE_READS", 3600.0)
+    session = f"frc-{operation}"
+    fast_proxy = proxies["fast"]
+    before = c_rows(fast_proxy)
+    for name, proxy in proxies.items():
+        dsn = tagged(proxy, layer_db, f"{session}-{name}", operation)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for tier in ("pro", "basic", "nobody", "é\x01'") * 6:
+                conn.execute(BY_TIER, (tier,), prepare=True).fetchall()
+            conn.execute(JOINED, (2,), prepare=True).fetchall()
+            assert name == "python" or on_fast(proxy)
+        if name == "fast":  # (the hand-back comes when the C relay sees the close)
+            assert wait_for(lambda: c_rows(fast_proxy) - before >= 25, 10), c_rows(proxy) - before
+        flush(proxy)
+    python, fast = (recorded(layer_db, f"{session}-{name}") for name in proxies)
+    assert len(python) == 25 and fast == python
+    assert c_rows(fast_proxy) - before == 25  # (every one: the first was prepared by Python, run on C)
 
 
 def test_reads_without_an_operation_id_on_the_c_relay_take_their_transactions(
