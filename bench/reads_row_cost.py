@@ -1,0 +1,158 @@
+"""The server's CPU per recorded read: what a row of ``cow.reads`` costs PostgreSQL, and what a smaller one
+would (issue 18, "Cost ≤ 5 %": the server runs beside the sessions' backends on the same cores).
+
+    .venv/bin/python bench/reads_row_cost.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
+        [--rows 50000] [--trials 4]
+
+Without --dsn an embedded PostgreSQL is started; the layer is installed in a scratch database. The writer's
+COPY (``proxy.reads``: the binary rows the C relay writes, in ~256 KB pieces through asyncpg) of --rows
+records of a `pgbench -S`-like session (one text, a CoW table, 4-byte parameters, an operation id), into:
+
+- ``cow.reads``: the table as the proxy writes it (its CHECKs, two indexes, the registration trigger);
+- ``slim``: the same rows with the parts every read of one statement repeats (fingerprint, text, tables:
+  ~90 of the row's bytes here, more for longer texts) left empty: the most a per-statement table (rows
+  naming their statement by a number) could save the server per row, before the join such a table needs;
+- ``bare``: a copy of the table without the trigger, CHECKs and the session index (the heap and its
+  primary key alone), and ``+index``, ``+checks``, ``+trigger``: the copy with each of them alone;
+  ``+index C``: the session index under the "C" collation (byte order: no strcoll per comparison).
+
+The server's CPU is its backend's (``/proc/PID/stat``: the server must be on this machine), per row, the
+least of --trials (interleaved); the proxy's is the writer's thread (``thread_time``) per row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import struct
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import _common as common  # first: it takes bench/ off the import path (its proxy.py is not the package)
+import asyncpg
+import psycopg
+
+from proxy.reads import _COPY_HEADER, _COPY_TRAILER, COPY_COLUMNS, ReadRecord, _Pieces, _Shapes, encode_rows
+from proxy.sql import Catalog
+from proxy.sql.catalog import CATALOG_QUERY
+
+bp = common.sibling("proxy")
+DATABASE = "cowproxy_bench_reads_row_cost"
+TEXT = "SELECT abalance FROM pgbench_accounts WHERE aid = $1;"
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def backend_cpu(pid: int) -> float:
+    """A backend's user and system CPU seconds so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def rows_of(n: int, catalog: Catalog | None, *, slim: bool) -> bytes:
+    """n COPY rows as the writer sends them (pgbench -S reads of one session, 1,024 transactions an id)."""
+    now = time.time()
+    records = [
+        ReadRecord(
+            "db", "bench_1", f"op{i // 1024}", TEXT, (i % 100_000).to_bytes(4, "big"), 1, now, 40, catalog
+        )
+        for i in range(n)
+    ]
+    data = encode_rows(records, _Shapes())
+    assert b"public.pgbench_accounts" in data  # (a CoW table: the layer is installed)
+    if not slim:
+        return data
+    shapes = _Shapes()
+    full = shapes.copy(TEXT, catalog).head
+    # (the field count; an empty fingerprint; an empty text[]: 12 bytes, no dimension, text's OID; no text)
+    empty = struct.pack("!hiiiiii", len(COPY_COLUMNS), 0, 12, 0, 0, 25, 0)
+    return data.replace(full, empty)
+
+
+async def one(conn: asyncpg.Connection, pid: int, table: tuple[str, str], data: bytes) -> tuple[float, float]:
+    """(server CPU seconds, writer CPU seconds) of one COPY."""
+    await conn.execute(f"TRUNCATE {table[0]}.{table[1]}")
+    await conn.execute("CHECKPOINT")
+    server0, proxy0 = backend_cpu(pid), time.thread_time()
+    parts = [data[i : i + 200 * 1024] for i in range(0, len(data), 200 * 1024)]
+    await conn.copy_to_table(
+        table[1],
+        schema_name=table[0],
+        columns=COPY_COLUMNS,
+        source=_Pieces((_COPY_HEADER, *parts, _COPY_TRAILER)),
+        format="binary",
+    )
+    proxy1 = time.thread_time()
+    await conn.execute("SELECT 1")  # (the backend's accounting after the COPY's end)
+    return backend_cpu(pid) - server0, proxy1 - proxy0
+
+
+async def measure(db_dsn: str, rows: int, trials: int) -> None:
+    conn = await asyncpg.connect(db_dsn)
+    try:
+        # Copies of cow.reads with each of its per-row costs alone: the heap and primary key, then each of
+        # the session index, the CHECKs and the registration trigger on top.
+        bare = "(LIKE cow.reads INCLUDING DEFAULTS INCLUDING IDENTITY)"
+        extras = {
+            "bare": "",
+            "+index": "CREATE INDEX ON {t} (session, seq)",
+            "+index C": 'CREATE INDEX ON {t} (session COLLATE "C", seq)',
+            "+checks": "ALTER TABLE {t} ADD CHECK (session ~ '^[A-Za-z0-9._:-]+$' AND length(session) <= 128)"
+            ", ADD CHECK (operation ~ '^[A-Za-z0-9._:-]+$' AND length(operation) <= 128)",
+            "+trigger": "CREATE TRIGGER reg AFTER INSERT ON {t} REFERENCING NEW TABLE AS added_reads"
+            " FOR EACH STATEMENT EXECUTE FUNCTION cow._register_reads()",
+        }
+        for i, extra in enumerate(extras.values()):
+            table = f"public.reads_bench_{i}"
+            await conn.execute(f"DROP TABLE IF EXISTS {table}")
+            await conn.execute(f"CREATE TABLE {table} {bare}")
+            await conn.execute(f"ALTER TABLE {table} ADD PRIMARY KEY (seq)")
+            if extra:
+                await conn.execute(extra.format(t=table))
+        pid = await conn.fetchval("SELECT pg_backend_pid()")
+        # The CoW tables a text names, as the proxy's catalog says.
+        catalog = Catalog.from_rows([tuple(row) for row in await conn.fetch(CATALOG_QUERY)])
+        full, slim = rows_of(rows, catalog, slim=False), rows_of(rows, catalog, slim=True)
+        cases = {
+            "cow.reads": (("cow", "reads"), full),
+            "slim": (("cow", "reads"), slim),
+            **{name: (("public", f"reads_bench_{i}"), full) for i, name in enumerate(extras)},
+        }
+        best: dict[str, tuple[float, float]] = {name: (float("inf"), float("inf")) for name in cases}
+        for _ in range(trials):
+            for name, (table, data) in cases.items():
+                server, proxy = await one(conn, pid, table, data)
+                best[name] = (min(best[name][0], server), min(best[name][1], proxy))
+        for name, (_, data) in cases.items():
+            server, proxy = best[name]
+            print(
+                f"{name:10} {len(data) / rows:6.0f} bytes/row  server {server / rows * 1e6:5.2f} µs/row"
+                f"  writer {proxy / rows * 1e6:5.2f} µs/row"
+            )
+        for i in range(len(extras)):
+            await conn.execute(f"DROP TABLE public.reads_bench_{i}")
+        await conn.execute("TRUNCATE cow.reads")
+    finally:
+        await conn.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dsn", help="PostgreSQL (superuser, on this machine); default: embedded")
+    parser.add_argument("--rows", type=int, default=50_000)
+    parser.add_argument("--trials", type=int, default=4)
+    args = parser.parse_args()
+    with bp.server(args.dsn, None) as (dsn, host, port, bindir, _sockets):
+        tool = os.path.join(bindir, "pgbench") if bindir else (shutil.which("pgbench") or "pgbench")
+        user = urlsplit(dsn).username or "postgres"
+        db_dsn = bp.layer_database(dsn, tool, host=host, port=port, user=user, database=DATABASE, scale=1)
+        asyncio.run(measure(db_dsn, args.rows, args.trials))
+        print(f"load average {os.getloadavg()[0]:.1f}")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
+
+
+if __name__ == "__main__":
+    main()
