@@ -18,14 +18,18 @@ import pytest
 
 from cowproxy.read_identity import identity
 from proxy.reads import (
+    _COPY_HEADER,
+    _COPY_TRAILER,
     COLUMNS,
     COPY_COLUMNS,
     GATHER,
     ReadRecord,
     ReadRecorder,
+    _parts,
     _Rows,
     _Shapes,
     encode_copy,
+    encode_rows,
     new_record,
     record_row,
 )
@@ -449,3 +453,51 @@ def test_the_c_relays_encoded_rows_share_the_queues_bound_and_are_written_whole(
     dropped, pending, gathered = asyncio.run(scenario())
     assert pending == 5 and dropped["queue_full"] == 6
     assert gathered == 1 and written == [[4, "SELECT 1", 1]]
+
+
+def test_a_batch_keeps_the_order_offered_across_python_records_and_c_rows() -> None:
+    """The writer's COPY of one database: each run of Python's records encoded where it stands between the
+    C relay's rows (a connection's rows of a hand-back, then the reads the Python relay recorded after it),
+    byte for byte; another database's items go to its own COPY."""
+    now = time.time()
+    first, second, third = (
+        ReadRecord("d", "or1", "op1", f"SELECT {i}", bytes([i, 0, 255]), i, now + i, 5, None)
+        for i in range(3)
+    )
+    other = ReadRecord("e", "or1", "op1", "SELECT 9", None, None, now, 5, None)
+    c_rows = _Rows("d", "or1", b"<C's rows>", 2)
+    shapes = _Shapes()
+    items = [first, second, c_rows, third]
+    assert list(_parts(items, shapes)) == [
+        encode_rows([first, second], shapes),
+        b"<C's rows>",
+        encode_rows([third], shapes),
+    ]
+    written: list[tuple[str, bytes]] = []
+
+    async def scenario() -> None:
+        recorder = ReadRecorder("postgresql://unused@127.0.0.1:1/x")
+
+        async def connection(database: str) -> object:
+            recorder._registers[database] = recorder._params[database] = True
+            return database
+
+        async def copy(conn: Any, data: Sequence[bytes], columns: Sequence[str]) -> None:
+            written.append((conn, b"".join(data)))
+
+        recorder._connection = connection  # type: ignore[method-assign]
+        recorder._copy = copy  # type: ignore[method-assign,assignment]
+        for item in (first, other, second):
+            recorder.offer(item)
+        recorder.offer_rows("d", "or1", b"<C's rows>", 2)
+        recorder.offer(third)
+        assert recorder.pending == 6
+        await recorder._write(recorder._take())
+        assert recorder.pending == 0 and recorder.recorded == 6
+
+    asyncio.run(scenario())
+    body = b"".join(_parts(items, shapes))
+    assert written == [
+        ("d", _COPY_HEADER + body + _COPY_TRAILER),
+        ("e", _COPY_HEADER + encode_rows([other], shapes) + _COPY_TRAILER),
+    ]
