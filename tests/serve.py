@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import tempfile
@@ -39,6 +40,13 @@ def free_port_run(count: int) -> int:
     raise ServeError(f"no {count} consecutive free ports on 127.0.0.1")
 
 
+def cpu_seconds(pid: int) -> float:
+    """The user + system CPU time of process ``pid`` so far, all its threads (from /proc: Linux only)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()  # (the name in parentheses may hold spaces)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+
+
 @contextlib.contextmanager
 def cowproxy_process(
     cowproxy: Sequence[str],
@@ -49,6 +57,20 @@ def cowproxy_process(
     cwd: Path | None = None,
 ) -> Iterator[int]:
     """``[*cowproxy, "serve", …]`` listening on a free port (yielded), stopped afterwards."""
+    with cowproxy_popen(cowproxy, upstream, extra, env=env, cwd=cwd) as (port, _):
+        yield port
+
+
+@contextlib.contextmanager
+def cowproxy_popen(
+    cowproxy: Sequence[str],
+    upstream: str,
+    extra: Sequence[str] = (),
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    """``cowproxy_process``, yielding the process too (its pid: for ``cpu_seconds``)."""
     port = free_port()
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(
@@ -60,7 +82,7 @@ def cowproxy_process(
         )
         try:
             _wait_listening(proc, port, log)
-            yield port
+            yield port, proc
         finally:
             proc.terminate()
             try:

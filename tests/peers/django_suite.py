@@ -30,8 +30,8 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -39,7 +39,7 @@ import psycopg
 from psycopg import sql
 
 from migrations.binding import new_secret, write_secret_file
-from tests.serve import ServeError, cowproxy_process
+from tests.serve import ServeError, cowproxy_popen, cpu_seconds
 
 DJANGO_VERSION = "5.2.19"
 SESSION = "django-peer"
@@ -117,6 +117,7 @@ class RunResult:
     returncode: int
     output_tail: str
     module_seconds: Mapping[str, float] = field(default_factory=dict)
+    proxy_cpu: float | None = None  # CPU seconds of the proxy process during the run (a session run's)
 
     def failing_in(self, module: str) -> list[str]:
         return sorted(f for f in self.failures if f == module or f.startswith(module + "."))
@@ -147,6 +148,7 @@ class Comparison:
             "session": {
                 "ran": self.session.ran,
                 "seconds": round(self.session.seconds, 1),
+                "proxy_cpu_seconds": self.session.proxy_cpu,
                 "failures": sorted(self.session.failures),
             },
             "session_only": self.session_only,
@@ -192,13 +194,14 @@ def fetch_django(cache: Path) -> Path:
 
 
 @contextlib.contextmanager
-def running_proxy(server: Server, secret_file: Path) -> Iterator[int]:
-    """``cowproxy serve`` in front of ``server`` on a free port, binding with ``secret_file``'s secret."""
+def running_proxy(server: Server, secret_file: Path) -> Iterator[tuple[int, Callable[[], float]]]:
+    """``cowproxy serve`` in front of ``server`` on a free port, binding with ``secret_file``'s secret; yields
+    its port and what gives the CPU seconds it has used (all its threads)."""
     cowproxy = [str(Path(sys.executable).with_name("cowproxy"))]
     upstream = f"{server.host}:{server.port}"
     try:
-        with cowproxy_process(cowproxy, upstream, ["--bind-secret-file", str(secret_file)]) as port:
-            yield port
+        with cowproxy_popen(cowproxy, upstream, ["--bind-secret-file", str(secret_file)]) as (port, proc):
+            yield port, lambda: cpu_seconds(proc.pid)
     except ServeError as exc:
         raise PeerSuiteError(str(exc)) from exc
 
@@ -287,10 +290,11 @@ def run_session(server: Server, root: Path, modules: Sequence[str], prefix: str)
             write_secret_file(secret_file, new_secret())
             for alias in found.group(1).split():
                 _install(server, f"{prefix}_{alias}", secret_file)
-            with running_proxy(server, secret_file) as port:
-                return run_django(
+            with running_proxy(server, secret_file) as (port, cpu):
+                run = run_django(
                     root, modules, _settings_env(server, prefix, port=port, session=SESSION), keepdb=True
                 )
+                return replace(run, proxy_cpu=cpu())
     finally:
         _drop_databases(server, prefix)
 
@@ -334,6 +338,7 @@ def report(c: Comparison) -> str:
     lines.append(
         f"tests run: direct {c.direct.ran}, session {c.session.ran}; time: direct {c.direct.seconds:.1f} s, "
         f"session {c.session.seconds:.1f} s ({c.session.seconds / max(c.direct.seconds, 0.001):.2f}x)"
+        + (f"; proxy CPU {c.session.proxy_cpu:.1f} s" if c.session.proxy_cpu is not None else "")
     )
     lines.extend(f"  only in session: {t}" for t in c.session_only)
     return "\n".join(lines)
