@@ -654,6 +654,7 @@ static int has_comment_opener(const unsigned char *s, size_t n) {
 #define SHAPE_NUM 0xfe /* any other numeric literal */
 #define SHAPE_STR 0xfd /* a plain string literal 'x' without a backslash */
 #define MAX_DOLLAR_TAG 64 /* a longer dollar-quote delimiter: no key (shapes.MAX_DOLLAR_TAG) */
+#define SHAPE_NAME 0xfc /* the name of a savepoint command (shapes.NAME) */
 
 static int is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
 static int ident_start(unsigned char c) { return is_alpha(c) || c == '_' || c >= 0x80; }
@@ -769,11 +770,89 @@ static size_t number_end(const unsigned char *s, size_t i, size_t n) {
     return j;
 }
 
+/* ---- savepoint commands: shapes._SAVEPOINT, byte for byte (the name is the key's one placeholder) ---- */
+
+static int sp_space(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+/* Skips the whitespace at *i; whether there was some. */
+static int sp_skip(const unsigned char *s, size_t n, size_t *i) {
+    size_t j = *i;
+    while (j < n && sp_space(s[j])) j++;
+    int some = j > *i;
+    *i = j;
+    return some;
+}
+
+/* Whether the keyword word (lower case) is at *i, any case, followed by whitespace when spaced (or else by
+ * anything); then steps over it. */
+static int sp_word(const unsigned char *s, size_t n, size_t *i, const char *word, int spaced) {
+    size_t len = strlen(word), j = *i;
+    if (n - j < len) return 0;
+    for (size_t k = 0; k < len; k++)
+        if ((s[j + k] | 0x20) != (unsigned char)word[k]) return 0;
+    if (spaced && !(j + len < n && sp_space(s[j + len]))) return 0;
+    *i = j + len;
+    return 1;
+}
+
+/* The end of a savepoint's name at i: a quoted identifier (not empty) or an unquoted one with a digit (never
+ * a keyword); 0: none. */
+static size_t sp_name_end(const unsigned char *s, size_t n, size_t i) {
+    if (i < n && s[i] == '"') {
+        for (size_t j = i + 1; j < n; j++) {
+            if (s[j] != '"') continue;
+            if (j + 1 < n && s[j + 1] == '"') {
+                j++;
+                continue;
+            }
+            return j > i + 1 ? j + 1 : 0;
+        }
+        return 0;
+    }
+    if (i >= n || !ident_start(s[i])) return 0;
+    size_t j = i + 1;
+    int digit = 0;
+    while (j < n && ident_cont(s[j])) digit |= is_digit(s[j++]);
+    return digit ? j : 0;
+}
+
+/* The key of a savepoint command (SAVEPOINT n, RELEASE [SAVEPOINT] n, ROLLBACK [WORK|TRANSACTION] TO
+ * [SAVEPOINT] n, as a whole text) written to out: its length, or -1 (not one). */
+static long savepoint_key(const unsigned char *s, size_t n, unsigned char *out) {
+    size_t i = 0;
+    sp_skip(s, n, &i);
+    if (sp_word(s, n, &i, "savepoint", 0)) {
+    } else if (sp_word(s, n, &i, "release", 0)) {
+        size_t j = i;
+        if (sp_skip(s, n, &j) && sp_word(s, n, &j, "savepoint", 1)) i = j;
+    } else if (sp_word(s, n, &i, "rollback", 0)) {
+        size_t j = i;
+        if (sp_skip(s, n, &j) && (sp_word(s, n, &j, "work", 1) || sp_word(s, n, &j, "transaction", 1))) i = j;
+        if (!sp_skip(s, n, &i) || !sp_word(s, n, &i, "to", 0)) return -1;
+        j = i;
+        if (sp_skip(s, n, &j) && sp_word(s, n, &j, "savepoint", 1)) i = j;
+    } else {
+        return -1;
+    }
+    if (!sp_skip(s, n, &i)) return -1;
+    size_t start = i, end = sp_name_end(s, n, i);
+    if (end == 0) return -1;
+    i = end;
+    sp_skip(s, n, &i);
+    if (i != n) return -1;
+    memcpy(out, s, start);
+    out[start] = SHAPE_NAME;
+    memcpy(out + start + 1, s + end, n - end);
+    return (long)(start + 1 + n - end);
+}
+
 /* The key of s[0..n) written to out (room for n bytes); its length, or -1: no key (no literal, or a text the
  * lexer does not follow: an unterminated quote or comment, a backslash in a plain string). */
 static long shape_key(const unsigned char *s, size_t n, unsigned char *out) {
     size_t i = 0, o = 0, end;
     int literals = 0;
+    long named = savepoint_key(s, n, out);
+    if (named >= 0) return named;
     while (i < n) {
         unsigned char c = s[i];
         int cls = 0;

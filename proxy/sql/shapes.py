@@ -22,6 +22,12 @@ verbatim whatever it is not sure of:
   a dollar-quote delimiter longer than ``MAX_DOLLAR_TAG`` or a number run into an identifier character or
   ``$`` (``0x1F``, ``1_000``: one number to PostgreSQL 16, an error to 15, ``1abc`` to older ones).
 
+A savepoint command as a whole text (``SAVEPOINT n``, ``RELEASE [SAVEPOINT] n``, ``ROLLBACK [WORK |
+TRANSACTION] TO [SAVEPOINT] n``: Django names each savepoint anew) has one placeholder instead, ``NAME`` for
+its name, when the name is surely an identifier (quoted and not empty, or unquoted with a digit, which no
+keyword has) and the text has only spaces, tabs and line breaks besides (no comment, no semicolon); the proof
+then asks that it parses to that one ``TransactionStmt`` (the relay reads only its kind).
+
 The integer class is the server's: digits only and at most 2147483647 (a larger one is a NUM to the server),
 so two texts with one key also parse to the same tree but for the values of their constants.
 
@@ -46,6 +52,7 @@ from proxy.sql.jsontree import JsonNode, svals
 INT = 0xFF  # an integer the server lexes as one (ICONST)
 NUM = 0xFE  # any other numeric literal (FCONST)
 STR = 0xFD  # a plain string literal 'x' (no backslash)
+NAME = 0xFC  # the name of a savepoint command (SAVEPOINT n, RELEASE n, ROLLBACK TO n): see _SAVEPOINT
 INT_MAX = 2147483647
 # A longer dollar-quote delimiter gives no key: C searches for its end byte by byte, and a crafted text could
 # make that search quadratic in the C relay's thread.
@@ -85,9 +92,26 @@ _ESCAPED_STRING = re.compile(rb"'(?:[^'\\]++|\\.|'')*+'", re.S)  # E'…': a bac
 # A quote on a later line across whitespace and -- comments only: the server continues the string before it
 # there ('…'\n'…' is one constant, in the class of the first part's prefix).
 _CONTINUED = re.compile(rb"(?:[ \t\f\v]|--[^\n\r]*+)*+[\n\r](?:[ \t\n\r\f\v]|--[^\n\r]*+)*+'")
+# A savepoint command as a whole text (Django names each savepoint anew: "s140234_x1"): its name is the one
+# thing that varies, and what the relay decides for it never reads the name. Only the server's whitespace
+# common to all versions (no \v, no comment: a comment may carry tags), no semicolon, and a name that is
+# surely an identifier to the server: a quoted one (not empty), or an unquoted one with a digit (no keyword
+# has one, so it is never a reserved word). Anything else is lexed as any text (no literal there: no key).
+_SAVEPOINT = re.compile(
+    rb"""[ \t\n\r]*+
+    (?:savepoint
+      | release(?:[ \t\n\r]++savepoint(?=[ \t\n\r]))?
+      | rollback(?:[ \t\n\r]++(?:work|transaction)(?=[ \t\n\r]))?
+        [ \t\n\r]++to(?:[ \t\n\r]++savepoint(?=[ \t\n\r]))?
+    )[ \t\n\r]++
+    (?P<name>"(?:[^"]++|"")++"|[A-Za-z_\x80-\xff][A-Za-z0-9_$\x80-\xff]*+)
+    [ \t\n\r]*+""",
+    re.X | re.I,
+)
 _IDENT = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_$") | frozenset(
     range(0x80, 0x100)
 )
+_DIGITS = frozenset(b"0123456789")
 _DOT = ord(".")
 _MINUS = ord("-")
 
@@ -116,6 +140,9 @@ class _Unfollowed(Exception):
 
 def lex(text: bytes) -> Shape | None:
     """The shape of a statement text (UTF-8, no NUL), or None when the lexer does not follow it."""
+    named = _savepoint(text)
+    if named is not None:
+        return named
     key = bytearray()
     literals: list[Literal] = []
     try:
@@ -130,14 +157,25 @@ def lex(text: bytes) -> Shape | None:
     return Shape(bytes(key), tuple(literals))
 
 
+def _savepoint(text: bytes) -> Shape | None:
+    """The shape of a savepoint command whose name is surely an identifier (``_SAVEPOINT``), else None."""
+    match = _SAVEPOINT.fullmatch(text)
+    if match is None:
+        return None
+    start, end = match.span("name")
+    if text[start] != ord('"') and not any(b in _DIGITS for b in text[start:end]):
+        return None  # (an unquoted name without a digit may be a keyword)
+    return Shape(text[:start] + bytes((NAME,)) + text[end:], (Literal(start, end, NAME),))
+
+
 def key(text: bytes) -> bytes | None:
     """The shape's key alone, None also for a text without literals (as the C relay's ``shape_key``)."""
     shape = lex(text)
     return shape.key if shape is not None and shape.literals else None
 
 
-# A constant of each literal class, as the server lexes it (ICONST, FCONST, SCONST).
-_EXAMPLES = {INT: b"0", NUM: b"0.0", STR: b"''"}
+# A constant of each literal class, as the server lexes it (ICONST, FCONST, SCONST), and a savepoint's name.
+_EXAMPLES = {INT: b"0", NUM: b"0.0", STR: b"''", NAME: b'"s"'}
 
 
 def example(key: bytes) -> str:
@@ -285,6 +323,8 @@ def literals_irrelevant(text: bytes, stmts: list[Any], shape: Shape) -> bool:
     """Whether no literal of ``shape`` (of ``text``, whose JSON parse tree has the statements ``stmts``)
     can change what the analysis decides: each one is an ``A_Const`` the analysis never reads the value of,
     and nothing else in the statement calls for a closer look (module docstring)."""
+    if shape.literals and shape.literals[0].kind == NAME:  # (then the only one: _savepoint)
+        return _savepoint_command(stmts, shape.literals[0])
     consts: dict[int, bool] = {}  # A_Const location -> its value is data only
     try:
         for raw in stmts:
@@ -292,6 +332,26 @@ def literals_irrelevant(text: bytes, stmts: list[Any], shape: Shape) -> bool:
     except _Refused:
         return False
     return all(_const_of(text, literal, consts) for literal in shape.literals)
+
+
+# The TransactionStmt kinds of a savepoint command (pglast's JSON names them).
+_SAVEPOINT_KINDS = frozenset({"TRANS_STMT_SAVEPOINT", "TRANS_STMT_RELEASE", "TRANS_STMT_ROLLBACK_TO"})
+
+
+def _savepoint_command(stmts: list[Any], name: Literal) -> bool:
+    """A text lexed as a savepoint command parses to that one statement, named where the lexer found the
+    name (the location, where the server gives one), which the analysis only passes on (the relay reads its
+    kind, "transaction")."""
+    if len(stmts) != 1 or not isinstance(stmts[0], dict):
+        return False
+    node = stmts[0].get("stmt")
+    body = node.get("TransactionStmt") if isinstance(node, dict) and len(node) == 1 else None
+    return (
+        isinstance(body, dict)
+        and body.get("kind") in _SAVEPOINT_KINDS
+        and bool(body.get("savepoint_name"))
+        and body.get("location", name.start) == name.start
+    )
 
 
 def _const_of(text: bytes, literal: Literal, consts: dict[int, bool]) -> bool:

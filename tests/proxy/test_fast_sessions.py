@@ -202,6 +202,10 @@ _SESSION_TEXTS = st.sampled_from(
         "BEGIN",
         "COMMIT",
         "ROLLBACK",
+        'SAVEPOINT "s{n}_x1"',  # (a new name each round: C takes it by its shape's decision)
+        'RELEASE SAVEPOINT "s{n}_x1"',
+        'ROLLBACK TO SAVEPOINT "s{n}_x1"',
+        "ROLLBACK TO SAVEPOINT nope{n}",  # (3B001 in a block)
         "SELECT 1/0",
         "SET cow.session_id TO 'elsewhere'",
         "SET search_path TO public",

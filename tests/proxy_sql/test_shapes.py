@@ -3,20 +3,22 @@ proof that a shape's literals cannot change the analysis' verdict."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from pglast.parser import ParseError, scan
+from pglast.parser import ParseError, parse_sql_json, scan
 
 from proxy.fastrelay import AVAILABLE, UNAVAILABLE, FastRelay
 from proxy.sql import Analysis, Analyzer
 from proxy.sql.analyze import _shape_fields
-from proxy.sql.shapes import INT, NUM, STR, key, lex
+from proxy.sql.shapes import INT, NAME, NUM, STR, key, lex, literals_irrelevant
 
 from .catalogs import sample_catalog
 
 CATALOG = sample_catalog()
-INT_, NUM_, STR_ = bytes([INT]), bytes([NUM]), bytes([STR])
+INT_, NUM_, STR_, NAME_ = bytes([INT]), bytes([NUM]), bytes([STR]), bytes([NAME])
 
 
 LEXED = [
@@ -76,6 +78,27 @@ LEXED = [
     (b"SELECT 1 /* a /* b */", None),
     (b"END", None),
     (b"", None),
+    # savepoint commands: the name is the placeholder, when it is surely an identifier
+    (b'SAVEPOINT "s140234_x1"', b"SAVEPOINT " + NAME_),
+    (b'RELEASE SAVEPOINT "s1"', b"RELEASE SAVEPOINT " + NAME_),
+    (b'release "a""b"', b"release " + NAME_),
+    (b"ROLLBACK TO SAVEPOINT sa_savepoint_1", b"ROLLBACK TO SAVEPOINT " + NAME_),
+    (b"rollback work to a1", b"rollback work to " + NAME_),
+    (b" \tROLLBACK\r\nTRANSACTION TO \xc3\xa91 \n", b" \tROLLBACK\r\nTRANSACTION TO " + NAME_ + b" \n"),
+    (b"RELEASE SAVEPOINTa1", b"RELEASE " + NAME_),  # (one identifier to the server too)
+    (b"SAVEPOINT foo", None),  # (no digit: it could be a keyword)
+    (b'SAVEPOINT ""', None),  # (a zero-length identifier: an error)
+    (b'SAVEPOINT "x', None),
+    (b'SAVEPOINT"a"', None),
+    (b'SAVEPOINT "a";', None),
+    (b'SAVEPOINT "a" -- c', None),
+    (b'SAVEPOINT /* c */ "a"', None),
+    (b'SAVEPOINT "a"\v', None),
+    (b"ROLLBACK TO", None),
+    (b"ROLLBACK WORKTO a1", None),
+    (b"ROLLBACK TO SAVEPOINT", None),
+    (b'SAVEPOINT "a"; SELECT 1', b'SAVEPOINT "a"; SELECT ' + INT_),  # (lexed as any text)
+    (b"SAVEPOINT a1 a2", None),
 ]
 
 
@@ -107,6 +130,14 @@ _FRAGMENTS = st.sampled_from(
         "x1", ",", "(", ")", "::", ";", "N'", "b'", "*", "/",
     ]
 )  # fmt: skip
+# Savepoint commands: their words, names of each kind (and almost names), and the whitespace between.
+_SAVEPOINT_FRAGMENTS = st.sampled_from(
+    [
+        "SAVEPOINT", "savepoint", "RELEASE", "Release", "ROLLBACK", "rollback", "WORK", "transaction", "TO",
+        "to", " ", "\t", "\r\n", "\v", '"s1_x2"', '"a""b"', '""', '"', "a1", "sa_savepoint_1", "x",
+        "1", "\u00e91", "$", ";", "--", "/*",
+    ]
+)  # fmt: skip
 
 
 @pytest.mark.skipif(not AVAILABLE, reason=f"{UNAVAILABLE}")
@@ -118,6 +149,35 @@ _FRAGMENTS = st.sampled_from(
 def test_the_c_lexer_matches_pythons(fragments: list[str]) -> None:
     text = "".join(fragments).encode()
     assert FastRelay.shape_key(text) == key(text)
+
+
+@pytest.mark.skipif(not AVAILABLE, reason=f"{UNAVAILABLE}")
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(_SAVEPOINT_FRAGMENTS, max_size=8))
+@example(["ROLLBACK", " ", "WORK", " ", "TO", " ", "SAVEPOINT", " ", '"a""b"', "\r\n"])
+@example(["RELEASE", " ", "SAVEPOINT", " ", "a1"])
+def test_the_c_lexer_matches_pythons_on_savepoint_commands(fragments: list[str]) -> None:
+    text = "".join(fragments).encode()
+    assert FastRelay.shape_key(text) == key(text)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.lists(_SAVEPOINT_FRAGMENTS, max_size=8))
+@example(["SAVEPOINT", " ", '"a""b"'])
+@example(["ROLLBACK", " ", "TO", " ", "SAVEPOINT", " ", "a1", " "])
+def test_a_savepoint_name_is_an_identifier_to_the_server(fragments: list[str]) -> None:
+    """PostgreSQL's parser (pglast's) as the oracle: a text lexed as a savepoint command parses to that one
+    command, named by the span the key replaced."""
+    text = "".join(fragments)
+    shape = lex(text.encode())
+    if shape is None or not shape.literals or shape.literals[0].kind != NAME:
+        return
+    (name,) = shape.literals
+    stmts = json.loads(parse_sql_json(text))["stmts"]
+    assert literals_irrelevant(text.encode(), stmts, shape), text
+    spelled = text.encode()[name.start : name.end].decode()
+    expected = spelled[1:-1].replace('""', '"') if spelled.startswith('"') else spelled.lower()
+    assert stmts[0]["stmt"]["TransactionStmt"]["savepoint_name"] == expected
 
 
 @pytest.mark.skipif(not AVAILABLE, reason=f"{UNAVAILABLE}")
@@ -198,6 +258,10 @@ def shaped(sql: str) -> bytes | None:
         "SELECT name FROM projects WHERE id = 5",  # key_reads looks (no $n: not a key read)
         # lateral looks, leaves it
         "SELECT i.title FROM issues i JOIN comments c ON c.issue_id = i.id WHERE c.body = 'x'",
+        'SAVEPOINT "s140234_x1"',
+        'RELEASE SAVEPOINT "s140234_x1"',
+        'ROLLBACK TO SAVEPOINT "s140234_x1"',
+        "rollback transaction to sa_savepoint_2",
     ],
 )
 def test_shapes_whose_literals_are_data(sql: str) -> None:
@@ -274,6 +338,9 @@ _TEMPLATES = [
     "SELECT name FROM projects WHERE id = {i}",
     "SELECT name FROM projects WHERE id = $1 AND budget > {f}",
     "SELECT i.title FROM issues i JOIN comments c ON c.issue_id = i.id WHERE i.id = {i} AND c.body = {s}",
+    "SAVEPOINT {n}",
+    "RELEASE {n}",
+    "ROLLBACK WORK TO SAVEPOINT {n}",
 ]
 _STRINGS = st.sampled_from(["x", "", "cow.sessions", "public", "it's", "cow_changes.t", "search_path", "1"])
 _LITERALS = st.fixed_dictionaries(
@@ -281,6 +348,7 @@ _LITERALS = st.fixed_dictionaries(
         "i": st.integers(min_value=0, max_value=2**31 - 1).map(str),
         "f": st.sampled_from(["1.5", ".5", "1e5", "99999999999"]),
         "s": _STRINGS.map(lambda v: "'" + v.replace("'", "''") + "'"),
+        "n": st.sampled_from(['"s140234_x1"', '"a""b"', "sa_savepoint_1", '"select"', '"\u00e9 1"', "x1$"]),
     }
 )
 
