@@ -189,6 +189,7 @@ class FastRelay:
             given.alias if given is not None else 0,
             given.alias_promotion if given is not None else -1,
             encode,
+            a.state.status,
         )
 
     @staticmethod

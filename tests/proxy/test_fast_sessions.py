@@ -93,6 +93,60 @@ def test_autocommit_writes_that_may_run_again_stay_on_the_fast_relay(
     c.sock.close()
 
 
+def _shape_hits(proxy: RunningProxy) -> int:
+    fast = proxy.server.fast
+    assert fast is not None
+    return fast.counts().shape_hits
+
+
+def test_savepoints_of_a_session_run_on_the_fast_relay(proxy: RunningProxy, layer_db: str) -> None:
+    """Savepoint commands with ever-new names (Django's) are taken by C by their shape, inside a block C
+    carries on in; they behave as PostgreSQL's: a ROLLBACK TO undoes the session's write, an unknown name
+    fails with 3B001, a savepoint outside a block with 25P01; only the session's changes are written."""
+    c = RawClient(proxy.host, proxy.port, dbname(layer_db), options="-c cow.session_id=fs-sp")
+    insert = "INSERT INTO customers (email, name) VALUES ('{}@fs-sp', 'x')"
+
+    def block(n: int) -> list[tuple[bytes, bytes]]:
+        replies = c.query("BEGIN")
+        for text in (
+            f'SAVEPOINT "s{n}_x1"',
+            insert.format(f"gone{n}"),
+            f'ROLLBACK TO SAVEPOINT "s{n}_x1"',
+            f'RELEASE SAVEPOINT "s{n}_x1"',
+            f"SAVEPOINT sp{n}",
+            insert.format(f"kept{n}"),
+            f"RELEASE sp{n}",
+            "COMMIT",
+        ):
+            replies += c.query(text)
+        return [reply for reply in replies if reply[0] != b"N"]
+
+    c.query("SELECT 1")  # joins the session (Python)
+    first = block(1)  # decides the texts (each new text hands the connection back to Python)
+    for _ in range(64):  # (so many short stays on C in a row keep it in Python for a few replies)
+        if wait_for(lambda: relays(proxy) == {"fast": 1}, 0.2):
+            break
+        c.query("SELECT 1")
+    assert on_fast(proxy)
+    hits = _shape_hits(proxy)
+    second = block(2)
+    assert relays(proxy) == {"fast": 1}
+    assert _shape_hits(proxy) - hits == 7  # (the five savepoint commands and the two inserts: shapes)
+    assert [k for k, _ in second] == [k for k, _ in first]
+    assert (b"C", b"ROLLBACK\0") in second and (b"C", b"RELEASE\0") in second
+    # An unknown savepoint in a block C carries on in: the server's 3B001, and the block fails.
+    assert c.query("BEGIN")[-1] == (b"Z", b"T")
+    assert on_fast(proxy)
+    failed = c.query('ROLLBACK TO SAVEPOINT "s3_x1"')
+    assert failed[0][0] == b"E" and b"C3B001" in failed[0][1] and failed[-1] == (b"Z", b"E")
+    assert c.query("ROLLBACK")[-1] == (b"Z", b"I")
+    outside = c.query('SAVEPOINT "s4_x1"')  # not in a block
+    assert outside[0][0] == b"E" and b"C25P01" in outside[0][1]
+    c.sock.close()
+    assert not [e for e in base_customers(layer_db) if e.endswith("@fs-sp")]
+    assert sorted(row[2] for row in changes(layer_db, "fs-sp")) == ["kept1@fs-sp", "kept2@fs-sp"]
+
+
 def test_a_comment_tag_hands_a_session_back(proxy: RunningProxy, layer_db: str) -> None:
     c = RawClient(proxy.host, proxy.port, dbname(layer_db), options="-c cow.session_id=fs2")
     insert = "INSERT INTO customers (email, name) VALUES ('{}' || md5(random()::text), 'x')"
