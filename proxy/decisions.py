@@ -23,25 +23,51 @@ from proxy.sql import Analysis
 from proxy.tags import Tags
 from proxy.unnamed import Key, decision_key, key_types
 
-# Statement texts of tagged connections the C relay may forward as is, per table (a catalog's).
+# Statement texts of tagged connections the C relay may forward as is, per table (a catalog's): two
+# generations of at most half as many each (Table.add).
 MAX_DECISIONS = 1024
+GENERATION = MAX_DECISIONS // 2
 
 Writes = tuple[tuple[str, str], ...]
 
 
-# What ``export`` keeps of a table per (path known clean, reads recorded): the table's size when made, the
+# What ``export`` keeps of a table per (path known clean, reads recorded): the table's version when made, the
 # rows without and with the promoted texts (U), and the promoted texts' keys.
 Export = tuple[int, list[Decision], list[Decision], dict[bytes, Key]]
 
 
 class Table(dict[bytes, Analysis]):
     """The decisions made against one catalog, and the rows ``export`` made of them, which every connection
-    sharing the table takes as long as the table has not grown (entries are only added: a text decided again
-    by its shape keeps an equal verdict)."""
+    sharing the table takes as long as the table has not changed (``version``; a text decided again by its
+    shape keeps an equal verdict).
+
+    A table fills with texts that never come back (a Django run: each test's own texts; 3,564 of the 5,178
+    texts and shapes Python saw in the full list came once), and the C relay cannot say which decisions it
+    still takes. So decisions live in two generations, as a generational cache keeps them: a new decision
+    joins the young one; when that one is full (``GENERATION``) the old one is dropped and the young one
+    becomes old. A text still in use whose decision was dropped comes back to Python once and is decided
+    again, into the young generation; a text of a test long gone goes for good."""
 
     def __init__(self) -> None:
         super().__init__()
         self.exports: dict[tuple[bool, bool], Export] = {}
+        self.version = 0  # changed by every decision added or dropped (exports are made per version)
+        self.young: set[bytes] = set()  # decided since the last turn; the other keys are the old generation
+        self.turns = 0
+
+    def add(self, key: bytes, verdict: Analysis) -> None:
+        """Decide ``key`` (into the young generation), dropping the old generation first when the young one
+        is full."""
+        if key in self:
+            return
+        if len(self.young) >= GENERATION:
+            for old in [k for k in self if k not in self.young]:
+                del self[old]
+            self.young = set()
+            self.turns += 1
+        self[key] = verdict
+        self.young.add(key)
+        self.version += 1
 
 
 def _own_table(catalog: Any, make: Callable[[], Table]) -> Table:
@@ -77,7 +103,7 @@ class Decisions:
             return False
         if self._catalog is not catalog:
             self._current(catalog)
-        return len(self.table) < MAX_DECISIONS
+        return True
 
     def decide_promoted(
         self, sql: str, param_types: tuple[int, ...], verdict: Analysis, catalog: Any
@@ -85,7 +111,7 @@ class Decisions:
         """Remember that this unnamed Parse of a tagged connection (text and parameter types) runs as one of
         the proxy's named statements (the C relay promotes it as ``Promotions.promote`` does)."""
         if self._decidable(sql, verdict, catalog):
-            self.table.setdefault(decision_key(sql, param_types), verdict)
+            self.table.add(decision_key(sql, param_types), verdict)
 
     def decide(self, kind: bytes, sql: str, verdict: Analysis, tags: Tags, catalog: Any) -> None:
         """Remember that this text of a tagged connection went out as it is (for the C relay)."""
@@ -99,7 +125,7 @@ class Decisions:
         by_text = kind != b"Q" and self.trace.records(tags, verdict)
         shape = None if by_text else self.analysis.shape(sql, catalog, verdict)
         key = kind.lower() + shape if shape is not None else kind + sql.encode()
-        table[key] = verdict
+        table.add(key, verdict)
 
     def export(
         self,
@@ -116,13 +142,13 @@ class Decisions:
         texts (U) only with ``promote`` (``Promotions.export``), which gives their promotions' indexes.
 
         The rows depend on the connection only by ``path_clean`` and whether its reads are recorded: made
-        once per table size for each, and shared by the connections of the table (kinds and write slots of
+        once per table version for each, and shared by the connections of the table (kinds and write slots of
         the C relay never change once given)."""
         self._current(catalog)
         table = self.table
         recording = self.trace.reads is not None and tags.session is not None
         made = table.exports.get((path_clean, recording))
-        if made is None or made[0] != len(table):
+        if made is None or made[0] != table.version:
             made = self._rows(tags, kind_index, slots, path_clean)
             table.exports[path_clean, recording] = made
         _, plain, rows, promoted = made
@@ -155,7 +181,7 @@ class Decisions:
             if kind is not None and found is not None:
                 rows.append((key, kind, found, records, rerun.may_rerun(verdict), -1))
         plain = [row for row in rows if row[0][:1] != b"U"]
-        return len(self.table), plain, rows, promoted
+        return self.table.version, plain, rows, promoted
 
     def _current(self, catalog: Any) -> None:
         if self._catalog is not catalog:

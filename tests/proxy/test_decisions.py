@@ -4,6 +4,8 @@ message sequences through the relay."""
 from __future__ import annotations
 
 from proxy import protocol as p
+from proxy.decisions import GENERATION, MAX_DECISIONS, Table
+from proxy.sql import Analysis
 from proxy.tags import Tags
 from tests.proxy.test_relay_unit import _join, relay, reply, send
 
@@ -28,3 +30,40 @@ def test_texts_of_one_shape_share_a_decision() -> None:
         b"QSELECT 'x'::regclass",  # (outside a catalog's CoW tables: forwarded as it is, by its exact text)
         b"qSELECT \xff -- 2",
     }
+
+
+def test_decisions_live_in_two_generations() -> None:
+    """A full young generation drops the old one and becomes old: the table never holds more than
+    MAX_DECISIONS (the C relay's limit too), a text decided again after its decision was dropped is young
+    again, and every change gives the exports a new version."""
+    table = Table()
+    verdict = Analysis("select")
+    old = [b"Qold %d" % i for i in range(GENERATION)]
+    for key in old:
+        table.add(key, verdict)
+    assert len(table) == GENERATION and table.turns == 0
+    version = table.version
+    table.add(old[0], verdict)  # (already decided: nothing changes)
+    assert table.version == version
+    young = [b"Qyoung %d" % i for i in range(GENERATION)]
+    for key in young:
+        table.add(key, verdict)
+    assert len(table) == MAX_DECISIONS and table.turns == 1  # (the first turn: no old generation yet)
+    table.add(b"Qnew", verdict)  # the young generation is full: the old one goes
+    assert set(table) == {*young, b"Qnew"} and table.turns == 2
+    assert table.young == {b"Qnew"}
+    table.add(old[0], verdict)  # decided again (it came back to Python): young
+    assert old[0] in table.young and len(table) == GENERATION + 2
+    assert table.version > version
+
+
+def test_a_full_table_still_takes_new_texts() -> None:
+    """A session's texts keep being decided once the table has had MAX_DECISIONS of them (before: none
+    more for the rest of the catalog's life)."""
+    r = relay(Tags("S1"))
+    _join(r, p.encode_query("SELECT v FROM t WHERE id = 1"))
+    for i in range(MAX_DECISIONS + 10):
+        send(r, p.encode_query(f"SELECT v{i} FROM t"))
+        reply(r, p.encode_command_complete("SELECT 1"), p.encode_ready("I"))
+    assert b"QSELECT v%d FROM t" % (MAX_DECISIONS + 9) in r.decisions.table
+    assert len(r.decisions.table) <= MAX_DECISIONS
