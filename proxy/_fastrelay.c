@@ -135,13 +135,18 @@ typedef struct {
 } promo_t;
 
 /* Read-only once loaded: shared by the connections adopted with the same list of decisions (Engine.dec_items)
- * and freed by the last one (refs; connections are freed on either thread). */
-typedef struct {
+ * and freed by the last one (refs; connections are freed on either thread). A list that extends the last one
+ * loaded (Python's table only grows between its generations' turns) is loaded as its new entries on top of
+ * that one's table (base), up to MAX_CHAIN tables deep. */
+#define MAX_CHAIN 8
+typedef struct dtable {
     decision_t *v;
     size_t cap; /* a power of two, at least twice the entries */
-    int shapes; /* entries keyed by a shape ('q', 'p': proxy/sql/shapes.py) */
+    int shapes; /* entries keyed by a shape ('q', 'p': proxy/sql/shapes.py), with the base's */
     int promos; /* 'U' entries (their promotion indexes are the connection's: never shared) */
     int refs;
+    struct dtable *base; /* the table of the list's first entries, or NULL */
+    int depth;           /* tables below this one */
 } dtable_t;
 
 static dtable_t NO_DECISIONS = {.refs = 1}; /* (never freed) */
@@ -916,14 +921,17 @@ static uint64_t fnv1a(unsigned char type, const unsigned char *s, size_t n) {
 }
 
 static decision_t *decision_find(dtable_t *t, unsigned char type, const unsigned char *text, size_t len) {
-    if (t->cap == 0) return NULL;
     uint64_t h = fnv1a(type, text, len);
-    for (size_t i = h & (t->cap - 1);; i = (i + 1) & (t->cap - 1)) {
-        decision_t *d = &t->v[i];
-        if (d->key == NULL) return NULL;
-        if (d->hash == h && d->len == len + 1 && d->key[0] == type && memcmp(d->key + 1, text, len) == 0)
-            return d;
+    for (; t != NULL; t = t->base) {
+        if (t->cap == 0) continue;
+        for (size_t i = h & (t->cap - 1);; i = (i + 1) & (t->cap - 1)) {
+            decision_t *d = &t->v[i];
+            if (d->key == NULL) break;
+            if (d->hash == h && d->len == len + 1 && d->key[0] == type && memcmp(d->key + 1, text, len) == 0)
+                return d;
+        }
     }
+    return NULL;
 }
 
 /* The decision for a text of a tagged connection: its exact text's, else its shape's. */
@@ -941,6 +949,7 @@ static void dtable_unref(dtable_t *t) {
     if (t == NULL || t == &NO_DECISIONS || __atomic_sub_fetch(&t->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
     for (size_t i = 0; i < t->cap; i++) free(t->v[i].key);
     free(t->v);
+    dtable_unref(t->base);
     free(t);
 }
 
@@ -2419,7 +2428,8 @@ static int load_slots(PyObject *items, unsigned char *n, unsigned short *slots) 
  * names a decision by its index in this list. A 'U' decision (an unnamed Parse Python promotes: the key is the
  * Parse's body after its empty name, the text and its parameter types) names its promotion (an index into the
  * npromos loaded before). */
-static int decisions_load(Engine *e, dtable_t *t, PyObject *items, int npromos) {
+/* Loads the entries of items from start on into t (those before are its base's). */
+static int decisions_load(Engine *e, dtable_t *t, PyObject *items, int npromos, Py_ssize_t start) {
     PyObject *seq = PySequence_Fast(items, "expected a sequence of (key, kind, slots)");
     if (seq == NULL) return -1;
     Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
@@ -2429,7 +2439,7 @@ static int decisions_load(Engine *e, dtable_t *t, PyObject *items, int npromos) 
         return -1;
     }
     size_t cap = 16;
-    while (cap < 2 * (size_t)count) cap *= 2;
+    while (cap < 2 * (size_t)(count - start)) cap *= 2;
     t->v = calloc(cap, sizeof(decision_t));
     if (t->v == NULL) {
         Py_DECREF(seq);
@@ -2437,7 +2447,7 @@ static int decisions_load(Engine *e, dtable_t *t, PyObject *items, int npromos) 
         return -1;
     }
     t->cap = cap;
-    for (Py_ssize_t i = 0; i < count; i++) {
+    for (Py_ssize_t i = start; i < count; i++) {
         const char *key;
         Py_ssize_t len;
         int kind, records, rerun, promo;
@@ -2480,6 +2490,20 @@ static int decisions_load(Engine *e, dtable_t *t, PyObject *items, int npromos) 
     return 0;
 }
 
+/* How many first entries items shares with the list last loaded (the same row objects: Python makes each
+ * row once, Decisions._rows), when it extends that list and its table may take one more level; else 0. */
+static Py_ssize_t extends_last(Engine *e, PyObject *items) {
+    PyObject *last = e->dec_items;
+    if (last == NULL || e->dec_table == NULL || e->dec_table->depth + 1 >= MAX_CHAIN || !PyList_Check(items) ||
+        !PyList_Check(last))
+        return 0;
+    Py_ssize_t n = PyList_GET_SIZE(last);
+    if (n == 0 || PyList_GET_SIZE(items) <= n) return 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (PyList_GET_ITEM(items, i) != PyList_GET_ITEM(last, i)) return 0;
+    return n;
+}
+
 /* The table of a list of decisions: the one loaded for the same list object at an earlier adoption (Python
  * gives the connections of a database one list while its decisions are unchanged: Decisions.export), else
  * loaded now (~1 µs per entry: a 1024-entry list cost each adoption ~1 ms) and kept for the next. NULL: an
@@ -2492,7 +2516,13 @@ static dtable_t *decisions_for(Engine *e, PyObject *items, int npromos) {
         return NULL;
     }
     t->refs = 1;
-    if (decisions_load(e, t, items, npromos) < 0) {
+    Py_ssize_t start = extends_last(e, items);
+    if (start > 0) {
+        t->base = dtable_ref(e->dec_table);
+        t->depth = t->base->depth + 1;
+        t->shapes = t->base->shapes;
+    }
+    if (decisions_load(e, t, items, npromos, start) < 0) {
         dtable_unref(t);
         return NULL;
     }

@@ -29,6 +29,7 @@ MAX_DECISIONS = 1024
 GENERATION = MAX_DECISIONS // 2
 
 Writes = tuple[tuple[str, str], ...]
+_UNMADE: Any = object()  # (a row not made yet: None is a decision C may not take)
 
 
 # What ``export`` keeps of a table per (path known clean, reads recorded): the table's version when made, the
@@ -52,6 +53,7 @@ class Table(dict[bytes, Analysis]):
         super().__init__()
         self.exports: dict[tuple[bool, bool], Export] = {}
         self.version = 0  # changed by every decision added or dropped (exports are made per version)
+        self.rows: dict[tuple[bool, bool], dict[bytes, Decision | None]] = {}  # Decisions._rows
         self.young: set[bytes] = set()  # decided since the last turn; the other keys are the old generation
         self.turns = 0
 
@@ -63,6 +65,8 @@ class Table(dict[bytes, Analysis]):
         if len(self.young) >= GENERATION:
             for old in [k for k in self if k not in self.young]:
                 del self[old]
+                for made in self.rows.values():
+                    made.pop(old, None)
             self.young = set()
             self.turns += 1
         self[key] = verdict
@@ -149,10 +153,13 @@ class Decisions:
         recording = self.trace.reads is not None and tags.session is not None
         made = table.exports.get((path_clean, recording))
         if made is None or made[0] != table.version:
-            made = self._rows(tags, kind_index, slots, path_clean)
+            made = self._rows(tags, kind_index, slots, path_clean, recording)
             table.exports[path_clean, recording] = made
         _, plain, rows, promoted = made
         if promote is None:
+            return plain
+        if not promoted:  # (the shared list: C keeps the table it loaded for that list object)
+            promote([])
             return plain
         index = promote(list(promoted.values()))
         return [row if row[0] not in promoted else (*row[:5], index[promoted[row[0]]]) for row in rows]
@@ -163,25 +170,51 @@ class Decisions:
         kind_index: Callable[[str], int | None],
         slots: Callable[[Writes], tuple[int, ...] | None],
         path_clean: bool,
+        recording: bool,
     ) -> Export:
+        """The rows of the table, each made once per (path_clean, recording) and kept (``Table.rows``): a
+        table that changes with every new text is listed again at each change."""
         rows = []
         promoted: dict[bytes, Key] = {}
+        made = self.table.rows.setdefault((path_clean, recording), {})
         for key, verdict in self.table.items():
-            if verdict.resolves_writes and not path_clean:
-                continue  # (PathCheck.unknown_for)
+            row = made.get(key, _UNMADE)
+            if row is _UNMADE:
+                row = made[key] = self._row(
+                    key, verdict, tags=tags, kind_index=kind_index, slots=slots, path_clean=path_clean
+                )
+            if row is None:
+                continue
             if key[:1] == b"U":
-                if verdict.rewritten is None:
-                    continue
+                assert verdict.rewritten is not None
                 promoted[key] = (verdict.rewritten, key_types(key))
-            records = self.trace.records(tags, verdict)
-            if records and key[:1] == b"p":
-                continue  # a read record of a prepared statement names its text: a shape has none
-            kind = kind_index(verdict.kind)
-            found = slots(verdict.writes)
-            if kind is not None and found is not None:
-                rows.append((key, kind, found, records, rerun.may_rerun(verdict), -1))
-        plain = [row for row in rows if row[0][:1] != b"U"]
+            rows.append(row)
+        plain = [row for row in rows if row[0][:1] != b"U"] if promoted else rows
         return self.table.version, plain, rows, promoted
+
+    def _row(
+        self,
+        key: bytes,
+        verdict: Analysis,
+        *,
+        tags: Tags,
+        kind_index: Callable[[str], int | None],
+        slots: Callable[[Writes], tuple[int, ...] | None],
+        path_clean: bool,
+    ) -> Decision | None:
+        """A decision's row for the C relay, or None: one it may not take."""
+        if verdict.resolves_writes and not path_clean:
+            return None  # (PathCheck.unknown_for)
+        if key[:1] == b"U" and verdict.rewritten is None:
+            return None
+        records = self.trace.records(tags, verdict)
+        if records and key[:1] == b"p":
+            return None  # a read record of a prepared statement names its text: a shape has none
+        kind = kind_index(verdict.kind)
+        found = slots(verdict.writes)
+        if kind is None or found is None:
+            return None
+        return (key, kind, found, records, rerun.may_rerun(verdict), -1)
 
     def _current(self, catalog: Any) -> None:
         if self._catalog is not catalog:

@@ -394,3 +394,31 @@ def test_asyncpg_unnamed_statements_in_a_session_on_both_relays(relay_pair: Any)
     assert results[1] == results[0]
     assert results[0][:5] == [[("v1",)], [("v2",)], [("v3",)], [("v1",)], "v7"]
     assert _rewrites(fast) - before >= 3
+
+
+def test_a_list_that_extends_the_last_one_takes_every_text(fast: FastRelay) -> None:
+    """C loads a list of decisions that extends the one it loaded last (the same rows first, as Python's
+    growing table gives them) as its new rows on top of that one's table: every text of the longer list is
+    taken, of its first rows and of its new ones, by its exact text or its shape, chained as deep as C keeps
+    them and then loaded whole; a text of neither goes back to Python."""
+    kind = fast.kind_index("select")
+    assert kind is not None
+    rows = [(b"QSELECT %d" % i, kind, (), False, False, -1) for i in range(3)]
+    lists = [list(rows)]
+    for i in range(3, 14):  # (deeper than MAX_CHAIN: loaded whole again on the way)
+        lists.append([*lists[-1], (b"QSELECT %d" % i, kind, (), False, False, -1)])
+    lists.append([*lists[-1], (b"qSELECT x + \xff", kind, (), False, False, -1)])
+    for n, decisions in enumerate(lists):
+        engine = Engine(fast, decisions, ([], 0, 0, 0, -1))
+        try:
+            if n % 4 and n != len(lists) - 1:
+                continue  # (loaded, and so the next list's base)
+            for key in (decisions[0][0], decisions[len(decisions) // 2][0], decisions[-1][0]):
+                text = key[1:].decode() if key[:1] == b"Q" else "SELECT x + 7"
+                query = p.encode_query(text)
+                assert engine.upstream(query) == query  # (taken: forwarded, no hand-back)
+                engine.downstream(p.encode_command_complete("SELECT 1") + p.encode_ready("I"))
+            engine.client.sendall(p.encode_query("SELECT 99"))  # no decision: handed back
+            assert wait_for(lambda: [h.untaken for h in fast.take_handbacks()] == [ord("Q")], 5)
+        finally:
+            engine.close()
