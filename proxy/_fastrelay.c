@@ -41,7 +41,7 @@
 /* What proxy/fastrelay.py expects (API_VERSION there): bump both when the module's functions or the tuples
  * they take or return change, so that a stale build (an editable install not rebuilt after a pull) is
  * reported and left unused instead of failing at the first call. */
-#define API_VERSION 10
+#define API_VERSION 11
 /* read_trace.XACT_STATEMENT and XACT_SQL: asked before the end of a transaction whose reads' operation is its. */
 #define XACT_NAME "__cowproxy_xact"
 #define XACT_SQL "SELECT pg_current_xact_id_if_assigned()"

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from proxy._fastrelay import Engine
     from proxy._fastrelay import Handback as RawHandback
 
-API_VERSION = 10  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
+API_VERSION = 11  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
 
 try:
     from proxy import _fastrelay
