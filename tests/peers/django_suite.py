@@ -10,7 +10,12 @@
    --bind-secret-file`` in front of the server and runs the modules again through it, every connection
    tagged with one session at startup (``options=-c cow.session_id=…``), with ``--keepdb`` so that Django uses
    the installed databases; then drops them.
-4. Prints, per module, the failing test ids of each run, the ids failing only in the session, and both run
+4. With ``--breakdown``, a third run on a third set of databases made alike: the session without the proxy,
+   every connection joined directly on PostgreSQL with the startup options ``cow.use_session`` would set
+   (``cow.session_id``, ``search_path`` with the overlay schemas, ``cow.app_search_path``), as
+   bench/sessions.py's ``session/direct``. It measures the layer's part of the session's time; the proxy's
+   rewrites (TRUNCATE, ON CONFLICT, …) are missing there, so its failures are counted, not compared.
+5. Prints, per module, the failing test ids of each run, the ids failing only in the session, and the run
    times. The exit status is 1 when some test fails only in the session.
 
 ``--dsn`` is a maintenance DSN of a server whose user may create databases (default ``$COW_TEST_DSN``, else an
@@ -130,6 +135,7 @@ class Comparison:
     session: RunResult
     server_version: int
     per_module: dict[str, dict[str, object]] = field(default_factory=dict)
+    joined: RunResult | None = None  # the session without the proxy (--breakdown)
 
     @property
     def session_only(self) -> list[str]:
@@ -153,6 +159,17 @@ class Comparison:
             },
             "session_only": self.session_only,
             "per_module": self.per_module,
+            **(
+                {
+                    "session_no_proxy": {
+                        "ran": self.joined.ran,
+                        "seconds": round(self.joined.seconds, 1),
+                        "failures": len(self.joined.failures),
+                    }
+                }
+                if self.joined
+                else {}
+            ),
         }
 
 
@@ -243,9 +260,10 @@ def _test_id(match: re.Match[str]) -> str:
 
 
 def _settings_env(
-    server: Server, prefix: str, *, port: int | None = None, session: str = ""
+    server: Server, prefix: str, *, port: int | None = None, session: str = "", join: str = ""
 ) -> dict[str, str]:
     return {
+        "COWPEER_JOIN_OPTIONS": join,
         "COWPEER_HOST": "127.0.0.1" if port else server.host,
         "COWPEER_PORT": str(port or server.port),
         "COWPEER_USER": server.user,
@@ -275,8 +293,23 @@ def _install(server: Server, database: str, secret_file: Path) -> None:
             )
 
 
-def run_session(server: Server, root: Path, modules: Sequence[str], prefix: str) -> RunResult:
-    """Create and migrate the test databases directly, install cowproxy, then run the modules in a session."""
+def join_options(dsn: str) -> str:
+    """The startup options that join ``SESSION`` without the proxy: what ``cow.use_session`` sets (the
+    session, the overlay ``search_path``, the application's own path), spaces escaped for libpq."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT cow.use_session(%s)", (SESSION,))
+        names = ("cow.session_id", "search_path", "cow.app_search_path")
+        row = conn.execute("SELECT " + ", ".join(["current_setting(%s)"] * len(names)), names).fetchone()
+    assert row is not None
+    escaped = (str(v).replace("\\", "\\\\").replace(" ", "\\ ") for v in row)
+    return " ".join(f"-c {n}={v}" for n, v in zip(names, escaped, strict=True))
+
+
+def run_session(
+    server: Server, root: Path, modules: Sequence[str], prefix: str, *, proxy: bool = True
+) -> RunResult:
+    """Create and migrate the test databases directly, install cowproxy, then run the modules in a session
+    (through the proxy, or joined directly on the server without it)."""
     _drop_databases(server, prefix)
     try:
         prepare = run_django(
@@ -290,6 +323,10 @@ def run_session(server: Server, root: Path, modules: Sequence[str], prefix: str)
             write_secret_file(secret_file, new_secret())
             for alias in found.group(1).split():
                 _install(server, f"{prefix}_{alias}", secret_file)
+            if not proxy:  # (every test database has the one public schema: one path for all)
+                join = join_options(server.dsn_for(f"{prefix}_default"))
+                env = _settings_env(server, prefix, session=SESSION, join=join)
+                return run_django(root, modules, env, keepdb=True)
             with running_proxy(server, secret_file) as (port, cpu):
                 run = run_django(
                     root, modules, _settings_env(server, prefix, port=port, session=SESSION), keepdb=True
@@ -299,23 +336,30 @@ def run_session(server: Server, root: Path, modules: Sequence[str], prefix: str)
         _drop_databases(server, prefix)
 
 
-def compare(server: Server, modules: Sequence[str], root: Path | None = None) -> Comparison:
+def compare(
+    server: Server, modules: Sequence[str], root: Path | None = None, *, breakdown: bool = False
+) -> Comparison:
     root = root or fetch_django(cache_dir())
     with psycopg.connect(server.maintenance_dsn, autocommit=True) as conn:
         version = int(conn.execute("SHOW server_version_num").fetchone()[0])  # type: ignore[index]
     prefix = f"cowpeer_{os.getpid()}"
     direct = run_django(root, modules, _settings_env(server, prefix + "_d"), keepdb=False)
     session = run_session(server, root, modules, prefix + "_s")
-    per_module = {
+    joined = run_session(server, root, modules, prefix + "_j", proxy=False) if breakdown else None
+    per_module: dict[str, dict[str, object]] = {
         m: {
             "direct": direct.failing_in(m),
             "session": session.failing_in(m),
             "session_only": sorted(set(session.failing_in(m)) - set(direct.failing_in(m))),
-            "seconds": {"direct": direct.module_seconds.get(m), "session": session.module_seconds.get(m)},
+            "seconds": {
+                "direct": direct.module_seconds.get(m),
+                "session": session.module_seconds.get(m),
+                **({"session_no_proxy": joined.module_seconds.get(m)} if joined else {}),
+            },
         }
         for m in modules
     }
-    return Comparison(tuple(modules), direct, session, version, per_module)
+    return Comparison(tuple(modules), direct, session, version, per_module, joined)
 
 
 def report(c: Comparison) -> str:
@@ -323,6 +367,7 @@ def report(c: Comparison) -> str:
     lines.append(
         f"{'module':<28} {'direct':>7} {'session':>8} {'only in session':>16}"
         f" {'direct s':>9} {'session s':>10} {'extra s':>8}"
+        + (f" {'no proxy s':>10} {'its extra s':>11}" if c.joined else "")
     )
     for m in c.modules:
         direct, session = c.direct.failing_in(m), c.session.failing_in(m)
@@ -330,16 +375,24 @@ def report(c: Comparison) -> str:
         lines.append(
             f"{m:<28} {len(direct):>7} {len(session):>8} {len(only):>16}"
             + _seconds_columns(c.direct.module_seconds.get(m), c.session.module_seconds.get(m))
+            + _joined_columns(c.direct.module_seconds.get(m), c.joined, m)
         )
     lines.append(
         f"{'total':<28} {len(c.direct.failures):>7} {len(c.session.failures):>8} {len(c.session_only):>16}"
         + _seconds_columns(sum(c.direct.module_seconds.values()), sum(c.session.module_seconds.values()))
+        + _joined_columns(sum(c.direct.module_seconds.values()), c.joined, None)
     )
     lines.append(
         f"tests run: direct {c.direct.ran}, session {c.session.ran}; time: direct {c.direct.seconds:.1f} s, "
         f"session {c.session.seconds:.1f} s ({c.session.seconds / max(c.direct.seconds, 0.001):.2f}x)"
         + (f"; proxy CPU {c.session.proxy_cpu:.1f} s" if c.session.proxy_cpu is not None else "")
     )
+    if c.joined:
+        lines.append(
+            f"session without the proxy (--breakdown): ran {c.joined.ran}, {len(c.joined.failures)} failing "
+            f"(the proxy's rewrites missing: not compared), {c.joined.seconds:.1f} s "
+            f"({c.joined.seconds / max(c.direct.seconds, 0.001):.2f}x)"
+        )
     lines.extend(f"  only in session: {t}" for t in c.session_only)
     return "\n".join(lines)
 
@@ -348,6 +401,16 @@ def _seconds_columns(direct: float | None, session: float | None) -> str:
     if direct is None or session is None:
         return ""
     return f" {direct:>9.2f} {session:>10.2f} {session - direct:>+8.2f}"
+
+
+def _joined_columns(direct: float | None, joined: RunResult | None, module: str | None) -> str:
+    """The no-proxy session's seconds for ``module`` (None: the sum of all) and its extra over direct."""
+    if joined is None:
+        return ""
+    seconds = sum(joined.module_seconds.values()) if module is None else joined.module_seconds.get(module)
+    if direct is None or seconds is None:
+        return ""
+    return f" {seconds:>10.2f} {seconds - direct:>+11.2f}"
 
 
 @contextlib.contextmanager
@@ -375,11 +438,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     group.add_argument("--all", action="store_true", help="all ORM modules (the default)")
     group.add_argument("--ci", action="store_true", help="the subset CI runs")
     parser.add_argument("--json", type=Path, help="also write the comparison as JSON to this file")
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="a third run: the session joined directly on PostgreSQL, without the proxy (the layer's part)",
+    )
     args = parser.parse_args(argv)
     modules = args.modules or (CI_MODULES if args.ci else ALL_MODULES)
     try:
         with _server(args.dsn) as server:
-            comparison = compare(server, modules)
+            comparison = compare(server, modules, breakdown=args.breakdown)
     except PeerSuiteError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

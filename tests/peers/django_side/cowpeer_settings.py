@@ -3,13 +3,16 @@
 COWPEER_HOST/PORT/USER/PASSWORD: the server (PostgreSQL itself, or cowproxy in front of it);
 COWPEER_PREFIX: the test databases are <prefix>_default and <prefix>_other;
 COWPEER_SESSION: when set, every connection is tagged with that session at startup (libpq ``options``);
+COWPEER_JOIN_OPTIONS: more startup options of those connections (the session without the proxy: the GUCs
+cow.use_session sets, ``-c search_path=…``, set directly on PostgreSQL);
 COWPEER_PREPARE: when set, the test runner only creates and migrates the test databases (keepdb).
 """
 
 import os
 
 _SESSION = os.environ.get("COWPEER_SESSION", "")
-_OPTIONS = {"options": f"-c cow.session_id={_SESSION}"} if _SESSION else {}
+_JOIN = os.environ.get("COWPEER_JOIN_OPTIONS", "")
+_OPTIONS = {"options": f"-c cow.session_id={_SESSION} {_JOIN}".strip()} if _SESSION else {}
 
 
 def _database(alias: str) -> dict[str, object]:
