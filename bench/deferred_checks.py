@@ -14,6 +14,11 @@ turns in a shuffled order over a warm-up round and ``--rounds`` rounds:
   that ``SET CONSTRAINTS`` (``--rows`` child events per test).
 - ``large delete``: ``delete``'s ``test_large_delete``: one ``s`` row, 2,000 ``t`` rows inserted one by one,
   deleted, the ``s`` row deleted, then ``SET CONSTRAINTS ALL IMMEDIATE`` (4,001 events).
+- ``large delete, new backend``: the same transaction (its CPU from the first INSERT to the end of ``SET
+  CONSTRAINTS``) in a new connection whose trigger statements got their generic plans (PL/pgSQL's, at their
+  sixth run) in a first small transaction (10 children, rolled back), on tables just vacuumed empty: Django's
+  tests, whose rolled-back rows autovacuum removes, and whose ``TransactionTestCase`` opens a new connection
+  per test.
 - ``table list``: Django's ``connection.introspection.get_table_list`` query, with ``pg_table_is_visible``
   (plain) or ``cow.pg_table_is_visible`` (what the proxy puts in its place on a tagged connection).
 
@@ -26,11 +31,12 @@ created and dropped.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 # First: it takes this folder, whose other files are named like the packages, off the import path.
@@ -118,10 +124,10 @@ class Backend:
         return (c1 - c0) / 1000.0
 
 
-async def connect(variant: str, dsn: str) -> Backend:
+async def connect(variant: str, dsn: str, session: str = SESSION) -> Backend:
     conn = await asyncpg.connect(dsn)
     if variant != "plain":
-        await conn.execute(f"SELECT cow.use_session('{SESSION}')")
+        await conn.execute(f"SELECT cow.use_session('{session}')")
     return Backend(variant, conn, await conn.fetchval("SELECT pg_backend_pid()"))
 
 
@@ -153,6 +159,50 @@ async def large_delete(b: Backend) -> float:
     return spent
 
 
+async def large_delete_new_backend(variant: str, dsn: str) -> float:
+    async with vacuumed(dsn):
+        # (A session of its own: the first write registers it, and the other backend's open transaction
+        # registered SESSION without committing, which would hold this INSERT.)
+        b = await connect(variant, dsn, SESSION + "_new")
+    try:
+        for rows, measured in ((10, False), (LARGE, True)):
+            await b.conn.execute("BEGIN")
+            c0 = common.cpu_ns(b.pid)
+            sid = await b.conn.fetchval("INSERT INTO s (r_id) VALUES (1) RETURNING id")
+            for _ in range(rows):
+                await b.conn.execute(f"INSERT INTO t (s_id) VALUES ({sid})")
+            await b.conn.execute(f"DELETE FROM t WHERE s_id = {sid}")
+            await b.conn.execute(f"DELETE FROM s WHERE id = {sid}")
+            await b.conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
+            c1 = common.cpu_ns(b.pid)
+            await b.conn.execute("ROLLBACK")
+            if measured and c0 is not None and c1 is not None:
+                return (c1 - c0) / 1000.0
+        raise SystemExit("bench/deferred_checks.py: the server's backends are not on this machine")
+    finally:
+        await b.conn.close()
+
+
+@contextlib.asynccontextmanager
+async def vacuumed(dsn: str) -> AsyncIterator[None]:
+    """The tables the large delete writes (their changes tables in a session), vacuumed: empty, and known
+    to be (their statistics say 0 rows, so the planner does not take them for 10 pages)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        tables = ["s", "t", "u"]
+        if await conn.fetchval("SELECT to_regclass('cow.registry') IS NOT NULL"):
+            rows = await conn.fetch(
+                "SELECT format('cow_changes.%I', changes_table) FROM cow.registry"
+                " WHERE table_name = ANY ($1)",
+                tables,
+            )
+            tables += [r[0] for r in rows]
+        await conn.execute("VACUUM " + ", ".join(tables))
+        yield
+    finally:
+        await conn.close()
+
+
 async def table_list(b: Backend) -> float:
     fn = "pg_catalog.pg_table_is_visible" if b.variant == "plain" else "cow.pg_table_is_visible"
     return await b.cpu_us(lambda: b.conn.fetch(TABLE_LIST.format(fn=fn)))
@@ -164,7 +214,7 @@ Samples = dict[tuple[str, str], list[float]]
 async def measure(dsns: dict[str, str], cfg: Config) -> Samples:
     rng = random.Random(cfg.seed)
     backends = {v: await connect(v, dsns[v]) for v in VARIANTS}
-    ops = (f"re-fire {cfg.rows}", "large delete", "table list")
+    ops = (f"re-fire {cfg.rows}", "large delete", "large delete, new backend", "table list")
     samples: Samples = {(op, v): [] for op in ops for v in VARIANTS}
     try:
         for b in backends.values():
@@ -178,7 +228,8 @@ async def measure(dsns: dict[str, str], cfg: Config) -> Samples:
                 got = {
                     ops[0]: [await refire(b) for _ in range(cfg.reps)],
                     ops[1]: [await large_delete(b)],
-                    ops[2]: [await table_list(b) for _ in range(cfg.reps)],
+                    ops[2]: [await large_delete_new_backend(v, dsns[v])],
+                    ops[3]: [await table_list(b) for _ in range(cfg.reps)],
                 }
                 if r:
                     for op, values in got.items():

@@ -405,3 +405,60 @@ def test_deferred_checks_probe_indexes_on_tables_never_analyzed(layer_db: str) -
                 for rel in changes.values():
                     # A few probes per event (its own version, the parent, the referencing versions).
                     assert after.get(rel, 0) - before.get(rel, 0) <= 600 * 4, (rel, before, after)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known cost, not fixed: PL/pgSQL's generic plans of the trigger statements, made while a changes "
+    "table was nearly empty, scan it sequentially for every later row (quadratic). SET enable_seqscan = off "
+    "on the generated functions fixes the write path's key probes but not the deferred checks: with tiny "
+    "tables the planner then probes a mirrored index by the session alone (docs/benchmarks.md, i16lay2)",
+)
+def test_trigger_plans_made_on_empty_tables_probe_indexes(layer_db: str) -> None:
+    """PL/pgSQL keeps a generic plan of each trigger statement for the backend's life, made at its sixth run:
+    in Django's tests, whose rolled-back rows autovacuum removes, the changes tables are nearly empty then,
+    and a plan made for a table of a few rows scans it sequentially. With that plan every later write's
+    primary-key probe and every deferred check scans the session's whole changes table: 2,000 children
+    inserted and deleted (Django's `delete` large delete) took 0.5 s at SET CONSTRAINTS on 15 (~60 ms with
+    plans made on the grown table)."""
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+        conn.execute("CREATE INDEX child_parent ON child (parent_id)")
+        changes = [
+            r[0]
+            for r in conn.execute(
+                "SELECT format('cow_changes.%I', changes_table) FROM cow.registry"
+                " WHERE table_name IN ('parent', 'child')"
+            ).fetchall()
+        ]
+        # Emptied and vacuumed: the planner takes them for what they are, not for 10 pages.
+        conn.execute("VACUUM " + ", ".join(changes))
+    with psycopg.connect(layer_db, autocommit=True) as conn:  # a new backend: plans made from here on
+        conn.execute("SELECT cow.use_session('me')")
+
+        def scanned() -> int:
+            row = conn.execute(
+                "SELECT coalesce(sum(seq_tup_read), 0)::int FROM pg_stat_xact_user_tables"
+                " WHERE relid = ANY (%s::regclass[])",
+                (changes,),
+            ).fetchone()
+            assert row is not None
+            return int(row[0])
+
+        def children(parent: int, ids: range) -> None:
+            conn.execute("INSERT INTO parent VALUES (%s, 'p')", (parent,))
+            for i in ids:  # one statement a row, as the ORM writes: each trigger statement runs again
+                conn.execute("INSERT INTO child VALUES (%s, %s, 'c')", (i, parent))
+            conn.execute("DELETE FROM child WHERE parent_id = %s", (parent,))
+            conn.execute("DELETE FROM parent WHERE id = %s", (parent,))
+            conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
+
+        with conn.transaction(force_rollback=True):
+            children(100, range(1000, 1010))  # the plans are made here, on tables of a page or so
+        with conn.transaction(force_rollback=True):
+            before = scanned()
+            children(200, range(2000, 2400))
+            read = scanned() - before
+        # Sequential scans of the changes tables by the triggers read every version per row (O(N^2): ~80,000
+        # here); the view's own scans in the two DELETEs read each table at most a few times.
+        assert read <= 4 * 800, read
