@@ -41,7 +41,7 @@
 /* What proxy/fastrelay.py expects (API_VERSION there): bump both when the module's functions or the tuples
  * they take or return change, so that a stale build (an editable install not rebuilt after a pull) is
  * reported and left unused instead of failing at the first call. */
-#define API_VERSION 11
+#define API_VERSION 12
 /* read_trace.XACT_STATEMENT and XACT_SQL: asked before the end of a transaction whose reads' operation is its. */
 #define XACT_NAME "__cowproxy_xact"
 #define XACT_SQL "SELECT pg_current_xact_id_if_assigned()"
@@ -2887,16 +2887,12 @@ static PyObject *engine_adopt(Engine *e, PyObject *args) {
     unsigned long long max_message;
     PyObject *stmts = NULL, *portals = NULL, *decisions = NULL, *promos = NULL, *encode = Py_None;
     int tagged = 0, record = 0, resolve = -1, txn_reads = 0, txn_wrote = 0;
-    int promo_count = 0, promo_max = 0, alias = 0, alias_promo = -1, status = 'I';
+    int promo_count = 0, promo_max = 0, alias = 0, alias_promo = -1;
     long long txn = 0;
-    if (!PyArg_ParseTuple(args, "LiiK|OOpOpiLipOiiiiOC", &id, &cfd, &sfd, &max_message, &stmts, &portals, &tagged,
+    if (!PyArg_ParseTuple(args, "LiiK|OOpOpiLipOiiiiO", &id, &cfd, &sfd, &max_message, &stmts, &portals, &tagged,
                           &decisions, &record, &resolve, &txn, &txn_reads, &txn_wrote, &promos, &promo_count,
-                          &promo_max, &alias, &alias_promo, &encode, &status))
+                          &promo_max, &alias, &alias_promo, &encode))
         return NULL;
-    if (status != 'I' && status != 'T') { /* (inside a transaction block for a session: Relay.at_rest) */
-        PyErr_SetString(PyExc_ValueError, "a connection is adopted with status I or T");
-        return NULL;
-    }
     CHECK_STARTED(e);
     conn_t *c = calloc(1, sizeof(*c));
     if (c == NULL) return PyErr_NoMemory();
@@ -2929,7 +2925,7 @@ static PyObject *engine_adopt(Engine *e, PyObject *args) {
     c->fd[CLIENT] = cfd;
     c->fd[SERVER] = sfd;
     c->max_message = max_message;
-    c->status = (char)status;
+    c->status = 'I';
     c->untaken = -1;
     for (int side = 0; side < 2; side++) {
         c->end[side].c = c;

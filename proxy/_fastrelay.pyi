@@ -99,7 +99,6 @@ class Engine:
         alias: int = ...,
         alias_promotion: int = ...,
         encode: Encoder | None = ...,
-        status: str = ...,
         /,
     ) -> None: ...
     def recall(self, conn_id: int, /) -> Handback | None: ...

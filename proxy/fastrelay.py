@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from proxy._fastrelay import Engine
     from proxy._fastrelay import Handback as RawHandback
 
-API_VERSION = 11  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
+API_VERSION = 12  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
 
 try:
     from proxy import _fastrelay
@@ -189,7 +189,6 @@ class FastRelay:
             given.alias if given is not None else 0,
             given.alias_promotion if given is not None else -1,
             encode,
-            a.state.status,
         )
 
     @staticmethod

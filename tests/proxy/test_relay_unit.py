@@ -325,10 +325,9 @@ def test_at_rest_and_the_decisions_of_a_session() -> None:
     send(r, p.encode_query("BEGIN"))
     assert not r.at_rest()  # in flight
     reply(r, p.encode_command_complete("BEGIN"), p.encode_ready("T"))
-    assert r.at_rest()  # in a block, in the tags set before it
+    assert not r.at_rest()  # in a transaction
     send(r, p.encode_query("SET cow.session_id = 'x'"))  # refused
     reply(r, p.encode_error("42601", "syntax error"), p.encode_ready("E"))
-    assert not r.at_rest()  # a failed block
     send(r, p.encode_query("ROLLBACK"))
     reply(r, p.encode_command_complete("ROLLBACK"), p.encode_ready("I"))
     assert r.at_rest()
@@ -341,36 +340,6 @@ def test_at_rest_and_the_decisions_of_a_session() -> None:
     assert untagged.at_rest() and not untagged.decisions.table  # untagged: C needs no decisions
     routed = relay(route=Tags("R"))
     assert not routed.at_rest()  # the route's tags not in force yet
-
-
-def test_a_session_rests_in_a_block_only_as_long_as_python_knows_its_tags_and_path() -> None:
-    """Inside a transaction block a session may go to the C relay when its tags were set before the block
-    (C never joins, and a ROLLBACK TO cannot undo them) and no statement of the block may have changed the
-    path; the adoption carries the status."""
-    r = relay(Tags("S1"))
-    _join(r, p.encode_query("INSERT INTO t VALUES (1)"))
-    send(r, p.encode_query('BEGIN; SAVEPOINT "s1"'))
-    reply(r, p.encode_command_complete("BEGIN"), p.encode_command_complete("SAVEPOINT"), p.encode_ready("T"))
-    assert r.at_rest()
-    adoption, _ = r.hand_off(lambda kind: 0, lambda writes: ())
-    assert adoption.state.status == "T"
-    send(r, p.encode_query("SET ROLE app"))  # a ROLLBACK TO may undo it: where names resolve is unknown
-    reply(r, p.encode_command_complete("SET"), p.encode_ready("T"))
-    assert not r.at_rest()
-    send(r, p.encode_query("COMMIT"))
-    reply(r, p.encode_command_complete("COMMIT"), p.encode_ready("I"))
-    assert r.at_rest()
-    # Tags set inside a block (a comment's) are tentative: the block stays Python's.
-    t = relay(Tags("S1"))
-    _join(t, p.encode_query("INSERT INTO t VALUES (1)"))
-    send(t, p.encode_query("BEGIN"))
-    reply(t, p.encode_command_complete("BEGIN"), p.encode_ready("T"))
-    send(t, p.encode_query("/*cow_operation='o2'*/ SELECT 1"))
-    assert not t.at_rest()
-    untagged = relay()
-    send(untagged, p.encode_query("BEGIN"))
-    reply(untagged, p.encode_command_complete("BEGIN"), p.encode_ready("T"))
-    assert not untagged.at_rest()  # (only sessions go in a block)
 
 
 def _recording(tags: Tags) -> tuple[Relay, list[tuple[str, str, str | None, bytes | None, int | None]]]:
