@@ -407,20 +407,14 @@ def test_deferred_checks_probe_indexes_on_tables_never_analyzed(layer_db: str) -
                     assert after.get(rel, 0) - before.get(rel, 0) <= 600 * 4, (rel, before, after)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known cost, not fixed: PL/pgSQL's generic plans of the trigger statements, made while a changes "
-    "table was nearly empty, scan it sequentially for every later row (quadratic). SET enable_seqscan = off "
-    "on the generated functions fixes the write path's key probes but not the deferred checks: with tiny "
-    "tables the planner then probes a mirrored index by the session alone (docs/benchmarks.md, i16lay2)",
-)
 def test_trigger_plans_made_on_empty_tables_probe_indexes(layer_db: str) -> None:
     """PL/pgSQL keeps a generic plan of each trigger statement for the backend's life, made at its sixth run:
     in Django's tests, whose rolled-back rows autovacuum removes, the changes tables are nearly empty then,
     and a plan made for a table of a few rows scans it sequentially. With that plan every later write's
     primary-key probe and every deferred check scans the session's whole changes table: 2,000 children
     inserted and deleted (Django's `delete` large delete) took 0.5 s at SET CONSTRAINTS on 15 (~60 ms with
-    plans made on the grown table)."""
+    plans made on the grown table). The generated functions plan without sequential scans, and their probes by
+    key can use the key index alone (cow._plan_settings, cow._live)."""
     with psycopg.connect(layer_db, autocommit=True) as conn:
         conn.execute(SCHEMA)
         conn.execute("CREATE INDEX child_parent ON child (parent_id)")

@@ -5,6 +5,7 @@ read. Real PostgreSQL, two or three connections where it matters."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from typing import Any
@@ -229,3 +230,55 @@ def test_the_functions_every_generated_write_calls_are_inlined(layer_db: str, ca
         args = {"text, text, jsonb, int": "('s', 't1', '[1]', 1)", "text": "('s')", "": ""}[types]
         plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN (VERBOSE) EXECUTE q{args}"))  # type: ignore[arg-type]
     assert name.split(".")[1] + "(" not in plan, plan
+
+
+def test_write_path_plans_made_on_vacuumed_tables_probe_the_key(layer_db: str) -> None:
+    """The INSERT's key lookup and the retiring UPDATE of an UPDATE or DELETE, one row a statement, in a
+    backend whose trigger plans were made (at each statement's sixth run) while the changes table was empty
+    after a vacuum: each write's own statements read the key's versions, not every version of the session.
+    A lookup index (the mirror of `item_n`), the newest index of the changes table, is there to take such a
+    probe by the session alone if its predicate could serve it. The trigger statements' plans are read with
+    auto_explain (nested statements, as run): the overlay view's own plan of each UPDATE and DELETE is made
+    anew for each statement, on the table as it is then, and is not what this checks."""
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE item (id int PRIMARY KEY, n int, note text)")
+        conn.execute("CREATE INDEX item_n ON item (n)")
+        row = conn.execute(
+            "SELECT format('cow_changes.%I', changes_table) FROM cow.registry WHERE table_name = 'item'"
+        ).fetchone()
+        assert row is not None
+        conn.execute(f"VACUUM {row[0]}")
+    plans: list[str] = []
+    statements = (
+        "INSERT INTO item VALUES ($1, $2, 'a')",
+        "UPDATE item SET note = 'b' WHERE id = $1",
+        "DELETE FROM item WHERE id = $1",
+    )
+    with psycopg.connect(layer_db, autocommit=True) as conn:  # a new backend: plans made from here on
+        conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+        conn.execute("SELECT cow.use_session('plans')")
+
+        def writes(ids: range) -> None:
+            for i in ids:
+                conn.execute(statements[0].replace("$1", "%s").replace("$2", "%s"), (i, i))
+            for sql in statements[1:]:
+                for i in ids:
+                    conn.execute(sql.replace("$1", "%s"), (i,))
+
+        with conn.transaction(force_rollback=True):
+            writes(range(10))  # the plans are made here
+        conn.execute("LOAD 'auto_explain'")
+        conn.execute(
+            "SET auto_explain.log_min_duration = 0; SET auto_explain.log_nested_statements = on;"
+            " SET auto_explain.log_analyze = on; SET auto_explain.log_timing = off;"
+            " SET auto_explain.log_level = notice; SET client_min_messages = notice"
+        )
+        with conn.transaction(force_rollback=True):
+            writes(range(100, 400))
+        conn.execute("SET auto_explain.log_min_duration = -1")
+    nested = [p for p in plans if "Query Text:" in p and not any(s in p for s in statements)]
+    assert len(nested) >= 900, len(nested)
+    removed = sum(int(n) for p in nested for n in re.findall(r"Rows Removed by (?:Join )?Filter: (\d+)", p))
+    # A probe by key reads the key's current version; a scan of the session's versions by each of the 900
+    # writes would filter out ~135,000.
+    assert removed <= 900, (removed, [p for p in nested if "Rows Removed" in p][:3])

@@ -389,30 +389,43 @@ END $$;
 -- The code of one check takes the versions to check as a condition on `c` (one, or those since the
 -- statement's mark).
 
+-- "Version `alias` is not a tombstone", as a condition. The column is NOT NULL, so `IS NOT TRUE` is `NOT`;
+-- but PostgreSQL proves an index predicate `NOT _cow_deleted` only from `NOT _cow_deleted` itself, so with
+-- p_key the lookup indexes (<t>_u<n>, <t>_xq...) cannot serve a probe by key (cow._view_exists).
+CREATE OR REPLACE FUNCTION cow._live(alias text, p_key boolean) RETURNS text
+LANGUAGE sql IMMUTABLE
+RETURN CASE WHEN p_key THEN alias || '._cow_deleted IS NOT TRUE' ELSE 'NOT ' || alias || '._cow_deleted' END;
+
 -- "A row `z` of the session `_s`'s view of a keyed table satisfies p_cond": a current, not deleted version in
 -- changes table ch, or a base row (of b) the session holds no version of (changes table row p_probe with z's
 -- key, primary key pk). Each EXISTS has `OFFSET 0`, so that the planner cannot make it a hashed subplan,
 -- which reads every current version of the session (or the whole base table) for each row checked: on
 -- changes tables without statistics it did, and the deferred checks of N rows cost O(N^2).
-CREATE OR REPLACE FUNCTION cow._view_exists(ch text, b text, pk text[], p_cond text, p_probe text) RETURNS text
-LANGUAGE sql IMMUTABLE
-RETURN cow._fill('EXISTS (SELECT 1 FROM {{changes}} z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND {{cond}} OFFSET 0) '
+-- p_cols: the columns of z that p_cond sets equal to a value. When they hold the key, at most one current
+-- version matches and <t>_cur is the index to probe: the "not deleted" test is then written so that no index
+-- whose predicate is `_cow_current AND NOT _cow_deleted` (the lookup indexes <t>_u<n> and <t>_xq...) can
+-- serve the probe, where a plan made on a nearly empty table took one of them by the session alone and read
+-- every version of the session (cow._plan_settings).
+CREATE OR REPLACE FUNCTION cow._view_exists(ch text, b text, pk text[], p_cond text, p_probe text, p_cols text[])
+RETURNS text LANGUAGE sql IMMUTABLE
+RETURN cow._fill('EXISTS (SELECT 1 FROM {{changes}} z WHERE z._cow_session = _s AND z._cow_current AND {{live}} AND {{cond}} OFFSET 0) '
                  'OR EXISTS (SELECT 1 FROM {{base}} z WHERE {{cond}} AND NOT EXISTS (SELECT 1 FROM {{changes}} {{probe}} '
                  'WHERE {{probe}}._cow_session = _s AND {{probe}}._cow_current AND {{same_key}} OFFSET 0) OFFSET 0)',
                  jsonb_build_object('changes', ch, 'base', b, 'cond', p_cond, 'probe', p_probe,
+                                    'live', cow._live('z', p_cols @> pk),
                                     'same_key', cow._eq(pk, p_probe, 'z')));
 
 -- "(EXISTS (...) OR EXISTS (...))": some row of the session `_s`'s view of table p_rel satisfies p_cond (which
--- names that row `z`): its current, not deleted versions, or base rows it holds no version of (a per-row probe
--- of <t>_cur, `OFFSET 0`), each found by the tables' own indexes; the base table alone for a table outside the
--- layer. Unlike the overlay view it names the session, so a constraint trigger can check at COMMIT, and its
--- plan probes indexes instead of a hash or scan of the view's branches (a deferred check through the view
--- cost ~115 us at COMMIT on 15, ~290 on 18; ~18 this way).
-CREATE OR REPLACE FUNCTION cow._sexists(p_rel oid, p_cond text) RETURNS text
+-- names that row `z`; p_cols: the columns it sets equal to a value): its current, not deleted versions, or
+-- base rows it holds no version of (a per-row probe of <t>_cur, `OFFSET 0`), each found by the tables' own
+-- indexes; the base table alone for a table outside the layer. Unlike the overlay view it names the session,
+-- so a constraint trigger can check at COMMIT, and its plan probes indexes instead of a hash or scan of the
+-- view's branches (a deferred check through the view cost ~115 us at COMMIT on 15, ~290 on 18; ~18 this way).
+CREATE OR REPLACE FUNCTION cow._sexists(p_rel oid, p_cond text, p_cols text[]) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT coalesce(
         (SELECT '(' || cow._view_exists(format('cow_changes.%I', g.changes_table), p_rel::regclass::text,
-                                        g.pk_columns, p_cond, 'y') || ')'
+                                        g.pk_columns, p_cond, 'y', p_cols) || ')'
          FROM cow.registry g WHERE g.relid = p_rel AND g.pk_columns <> '{}'),
         -- (A keyless table, 35_keyless.sql: through its overlay view, which reads the session from the GUC;
         -- the constraint triggers set it to the session that wrote the version they check.)
@@ -465,7 +478,7 @@ BEGIN
     INTO STRICT con FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid WHERE i.indexrelid = p_idx;
     IF con.plain THEN
         RETURN cow._fill($t$    SELECT c._cow_seq, format('Key (%s)=(%s) already exists.', {{columns|L}}, {{key}}) INTO _seq, _det
-    FROM {{changes}} c WHERE c._cow_session = _s AND {{versions}} AND c._cow_current AND NOT c._cow_deleted{{not_null}}
+    FROM {{changes}} c WHERE c._cow_session = _s AND {{versions}} AND c._cow_current AND c._cow_deleted IS NOT TRUE{{not_null}}
         AND (EXISTS (SELECT 1 FROM {{changes}} z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND {{collides}} AND NOT ({{same_row}}) OFFSET 0)
              OR EXISTS (SELECT 1 FROM {{base}} z WHERE {{collides}} AND NOT ({{same_row}}) AND NOT EXISTS (SELECT 1 FROM {{changes}} y WHERE y._cow_session = _s AND y._cow_current AND {{has_version}} OFFSET 0) OFFSET 0))
     ORDER BY c._cow_seq LIMIT 1;
@@ -498,7 +511,7 @@ $t$, jsonb_build_object(
         cond := format('(%s) AND ', x.pred) || cond;
     END IF;
     RETURN cow._fill($t$    _seq := NULL;
-    FOR _r IN SELECT * FROM {{changes}} c WHERE c._cow_session = _s AND {{versions}} AND c._cow_current AND NOT c._cow_deleted ORDER BY c._cow_seq LOOP
+    FOR _r IN SELECT * FROM {{changes}} c WHERE c._cow_session = _s AND {{versions}} AND c._cow_current AND c._cow_deleted IS NOT TRUE ORDER BY c._cow_seq LOOP
         SELECT {{predicate}} AS p, {{keys}} INTO _cow_k FROM ({{row}}) AS _x;
         IF _cow_k.p IS TRUE{{keys_not_null}} THEN
             SELECT _y.d INTO _cow_c FROM (SELECT {{shown_keys}} AS d FROM {{base}} b WHERE {{conflicts}} AND NOT ({{base_is_row}})
@@ -559,7 +572,7 @@ BEGIN
         EXECUTE format('DROP FUNCTION IF EXISTS %s()', fn);
         RETURN;
     END IF;
-    EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql AS $body$
+    EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql {{plans}} AS $body$
 DECLARE
     _s text := NEW._cow_session;
     _v bigint := NEW._cow_seq;
@@ -607,7 +620,7 @@ BEGIN
     END IF;
     RETURN NULL;
 END $body$$t$,
-        jsonb_build_object('fn', fn, 'flags', 'cow._dq_' || r.changes_table, 'checks', p_checks,
+        jsonb_build_object('plans', cow._plan_settings(), 'fn', fn, 'flags', 'cow._dq_' || r.changes_table, 'checks', p_checks,
                            'schema', r.table_schema, 'table', r.table_name));
     FOR t IN SELECT key AS name, value AS spec FROM jsonb_each(p_map) LOOP
         EXECUTE format('CREATE CONSTRAINT TRIGGER %I AFTER INSERT ON %s DEFERRABLE INITIALLY %s FOR EACH ROW WHEN (%s) '
@@ -714,7 +727,8 @@ END $gen$;
 -- ---------------------------------------------------------------------------------------------------------
 -- A check reads the versions p_versions selects (a condition on the changes table's row `c`): those the
 -- statement wrote since its mark (`c._cow_seq > _mark`, the statement trigger), or the one version a constraint
--- trigger fired for (cow._defer_branch).
+-- trigger fired for (cow._defer_branch). Either way <t>_log or <t>_cur serves it; the versions that are not tombstones
+-- are `c._cow_deleted IS NOT TRUE` (cow._live), so that no lookup index can, by the session alone.
 
 -- The check of FOREIGN KEY p_conname of table p_tab, as the child (23503): a version (of those p_versions
 -- selects) whose key p_cols is not in the session's view of the parent (p_missing: a condition on `c`). Sets
@@ -723,7 +737,7 @@ CREATE OR REPLACE FUNCTION cow._fk_child_check(p_ch text, p_tab text, p_conname 
                                                p_missing text, p_versions text) RETURNS text
 LANGUAGE sql IMMUTABLE RETURN cow._fill($t$    SELECT c._cow_seq, format('Key (%s)=(%s) is not present in table "%s".', {{columns|L}}, {{key}}, {{parent|L}})
     INTO _seq, _det FROM {{changes}} c WHERE c._cow_session = _s AND {{versions}}
-        AND c._cow_current AND NOT c._cow_deleted AND {{missing}}
+        AND c._cow_current AND c._cow_deleted IS NOT TRUE AND {{missing}}
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := {{constraint|L}}; _bmsg := {{message|L}}; _bcode := '23503'; _btab := NULL; _bsch := NULL;
@@ -793,7 +807,7 @@ BEGIN
         IF con.condeferrable THEN
             -- (Checked at COMMIT too: the parent looked up by index in the session's view, cow._sexists.)
             missing := format('%s AND NOT %s', cow._notnull(con.cols, 'c'),
-                              cow._sexists(con.confrelid, cow._eq2(con.refcols, 'z', con.cols, 'c')));
+                              cow._sexists(con.confrelid, cow._eq2(con.refcols, 'z', con.cols, 'c'), con.refcols));
         ELSE
             missing := format('%s AND NOT EXISTS (SELECT 1 FROM %s z WHERE %s)', cow._notnull(con.cols, 'c'),
                               cow._session_rel(con.confrelid), cow._eq2(con.refcols, 'z', con.cols, 'c'));
@@ -859,7 +873,7 @@ BEGIN
     RETURN NULL;
 END $body$$t$, jsonb_build_object('fn', mark, 'mark', 'cow._mark_' || r.changes_table));
     EXECUTE format('CREATE OR REPLACE TRIGGER cow_fk_mark BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()', v, mark);
-    EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql AS $body$
+    EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql {{plans}} AS $body$
 DECLARE
     _s text := cow._session();
     _marks text := current_setting({{mark|L}}, true);
@@ -886,6 +900,7 @@ DECLARE
     END IF;
     RETURN NULL;
 END $body$$t$, jsonb_build_object(
+        'plans', cow._plan_settings(),
         'fn', check_fn,
         'mark', 'cow._mark_' || r.changes_table,
         'vars', p_vars,
@@ -911,6 +926,20 @@ END $gen$;
 -- table (names, the per-row checks, the key's checks, the FOREIGN KEY bits and actions); each generator
 -- below writes one trigger function from it, with named template slots (cow._fill), and creates the trigger
 -- that calls it.
+
+-- The settings every generated trigger function runs with (`SET` clauses of the function: restored when it
+-- returns). PL/pgSQL keeps a generic plan of each of its statements for the backend's life, made at the
+-- statement's sixth run. A changes table that a vacuum left empty and small then counts as a page or none,
+-- and on it a sequential scan costs less than any index probe; every later row of that backend would then scan
+-- the session's whole changes table (quadratic: docs/benchmarks.md, "Trigger plans on small vacuumed
+-- tables"). Without sequential scans the probes use the index their conditions pin: <t>_cur for a key (no
+-- lookup index can serve a probe by key: cow._live), <t>_log for a statement's versions since its mark.
+-- (On PostgreSQL 15 a disabled path still costs 1e10, which would put a statement that has no other path, a
+-- table without an index on a foreign key's columns, over jit_above_cost: JIT at every run. No trigger
+-- statement gains from JIT.)
+CREATE OR REPLACE FUNCTION cow._plan_settings() RETURNS text
+LANGUAGE sql IMMUTABLE
+RETURN 'SET enable_seqscan = off SET jit = off';
 
 -- INSERT (keyed and keyless): the base table without a session, else the checks, then the new version.
 CREATE OR REPLACE FUNCTION cow._gen_insert(c cow.trigger_context) RETURNS void
@@ -938,7 +967,7 @@ $t$, jsonb_build_object('changes', c.ch, 'columns', cow._collist(c.names),
             rec := format(E'    IF _pdel IS NOT NULL THEN\n%s    END IF;\n%s', substr(rec, 1, ins), substr(rec, ins + 1));
         END IF;
     END IF;
-    EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql AS $body$
+    EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql {{plans}} AS $body$
 {{declare}}BEGIN
 {{registry_check}}{{defaults}}    IF _s IS NULL THEN
         INSERT INTO {{base}} AS y ({{columns}}) {{overriding}} VALUES ({{values}}) RETURNING y.* INTO NEW;
@@ -947,6 +976,7 @@ $t$, jsonb_build_object('changes', c.ch, 'columns', cow._collist(c.names),
     _o := cow._write_operation();
 {{generated}}{{not_null}}{{checks}}{{unique}}{{record}}    RETURN NEW;
 END $body$$t$, jsonb_build_object(
+        'plans', cow._plan_settings(),
         'fn', fn,
         'declare', c.decl,
         'registry_check', c.reg_code,
@@ -970,7 +1000,7 @@ DECLARE
     fn text := format('cow_changes.%I', c.changes_table || '_upd');
     moved text := cow._changed(c.pk);
 BEGIN
-    EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql AS $body$
+    EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql {{plans}} AS $body$
 {{declare}}BEGIN
 {{registry_check}}{{defaults}}    IF _s IS NULL THEN
         UPDATE {{base}} AS y SET ({{columns}}) = ROW({{values}}) WHERE {{same_key}} RETURNING y.* INTO NEW;
@@ -981,6 +1011,7 @@ BEGIN
 {{retire_old_key}}    END IF;
 {{record}}{{parent_actions}}    RETURN NEW;
 END $body$$t$, jsonb_build_object(
+        'plans', cow._plan_settings(),
         'fn', fn,
         'declare', c.decl,
         'registry_check', c.reg_code,
@@ -1028,7 +1059,7 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
 DECLARE
     fn text := format('cow_changes.%I', c.changes_table || '_del');
 BEGIN
-    EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql AS $body$
+    EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql {{plans}} AS $body$
 {{declare}}BEGIN
 {{registry_check}}    IF _s IS NULL THEN
         DELETE FROM {{base}} AS y WHERE {{same_key}};
@@ -1040,6 +1071,7 @@ BEGIN
     _o := cow._write_operation();
 {{lock_wait}}{{parent_checks}}{{record}}{{parent_actions}}    RETURN OLD;
 END $body$$t$, jsonb_build_object(
+        'plans', cow._plan_settings(),
         'fn', fn,
         'declare', c.decl,
         'registry_check', c.reg_code,
@@ -1191,10 +1223,12 @@ DECLARE
     dup text := cow._duplicate_raise(cols, p_name, ctx.sch, ctx.tab);
     not_null text := CASE WHEN p_nnd THEN '' ELSE cow._notnull(cols, 'NEW') || ' AND ' END;
     cond text := cow._eq(cols, 'z', 'NEW');
+    eq_cols text[] := cols;  -- (the columns cond sets equal: cow._view_exists)
 BEGIN
     -- (The key's columns are NOT NULL: plain equality, an index probe, even with NULLS NOT DISTINCT.)
     IF p_nnd AND NOT p_prim THEN
         cond := (SELECT string_agg(format('z.%I IS NOT DISTINCT FROM NEW.%I', c, c), ' AND ') FROM unnest(cols) AS c);
+        eq_cols := '{}';
     END IF;
     IF p_prim AND cols = ctx.pk THEN
         -- The primary key of an INSERT: one lookup of the session's current version of the key tells both
@@ -1212,7 +1246,7 @@ $t$, jsonb_build_object('changes', ctx.ch, 'key', cow._eq(ctx.pk, 'c', 'NEW'), '
         {{raise}}
     END IF;
 $t$, jsonb_build_object('not_null', not_null, 'raise', dup,
-                        'taken', cow._view_exists(ctx.ch, ctx.b, ctx.pk, cond, 'c')));
+                        'taken', cow._view_exists(ctx.ch, ctx.b, ctx.pk, cond, 'c', eq_cols)));
     END IF;
     -- An UPDATE that leaves the key alone cannot create a duplicate; the nested IF keeps the query (and its
     -- executor start-up) off that path.
@@ -1223,7 +1257,8 @@ $t$, jsonb_build_object('not_null', not_null, 'raise', dup,
     END IF;
 $t$, jsonb_build_object('changed', cow._changed(cols), 'not_null', not_null, 'raise', dup,
                         'taken', cow._view_exists(ctx.ch, ctx.b, ctx.pk,
-                                                  format('%s AND NOT (%s)', cond, cow._eq(ctx.pk, 'z', 'OLD')), 'c')));
+                                                  format('%s AND NOT (%s)', cond, cow._eq(ctx.pk, 'z', 'OLD')), 'c',
+                                                  eq_cols)));
     RETURN ctx;
 END $gen$;
 
@@ -1289,8 +1324,8 @@ BEGIN
         RETURN ctx;
     END IF;
     -- The tombstones of deleted (or moved) referenced keys, checked when the trigger fires.
-    gone := cow._sexists(ctx.rel, cow._eq(fk.refcols, 'z', 'c'));
-    referenced := cow._sexists(fk.conrelid, cow._eq2(fk.cols, 'z', fk.refcols, 'c'));
+    gone := cow._sexists(ctx.rel, cow._eq(fk.refcols, 'z', 'c'), fk.refcols);
+    referenced := cow._sexists(fk.conrelid, cow._eq2(fk.cols, 'z', fk.refcols, 'c'), fk.cols);
     ctx.dn := ctx.dn + 1;
     ctx.dq := ctx.dq || cow._defer_branch(ctx.dn, cow._fk_parent_check(ctx.ch, fk.conname, fk.msg, fk.refcols,
                                                                        fk.child_schema, fk.child, gone, referenced,

@@ -218,7 +218,7 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
 DECLARE
     fn text := format('cow_changes.%I', c.changes_table || '_upd');
 BEGIN
-    EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql AS $body$
+    EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql {{plans}} AS $body$
 {{declare}}BEGIN
 {{registry_check}}{{defaults}}    IF _s IS NULL THEN
         UPDATE {{base}} AS y SET ({{set_columns}}) = ROW({{set_values}}) WHERE (y.tableoid, y.ctid) = (SELECT _cow_z.tableoid, _cow_z.ctid FROM {{base}} _cow_z WHERE _cow_z = {{old_value}} LIMIT 1) RETURNING y.* INTO NEW;
@@ -228,6 +228,7 @@ BEGIN
 {{generated}}{{not_null}}{{checks}}{{removal}}    INSERT INTO {{changes}} (_cow_session, _cow_op, _cow_deleted, _cow_fk, {{columns}}) VALUES (_s, _o, false, {{fk_bits}}, {{values}});
     RETURN NEW;
 END $body$$t$, jsonb_build_object(
+        'plans', cow._plan_settings(),
         'fn', fn,
         'declare', c.decl,
         'registry_check', c.reg_code,
@@ -254,7 +255,7 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
 DECLARE
     fn text := format('cow_changes.%I', c.changes_table || '_del');
 BEGIN
-    EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql AS $body$
+    EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql {{plans}} AS $body$
 {{declare}}BEGIN
 {{registry_check}}    IF _s IS NULL THEN
         DELETE FROM {{base}} AS y WHERE (y.tableoid, y.ctid) = (SELECT _cow_z.tableoid, _cow_z.ctid FROM {{base}} _cow_z WHERE _cow_z = {{old_value}} LIMIT 1);
@@ -266,6 +267,7 @@ BEGIN
     _o := cow._write_operation();
 {{removal}}    RETURN OLD;
 END $body$$t$, jsonb_build_object(
+        'plans', cow._plan_settings(),
         'fn', fn,
         'declare', c.decl,
         'registry_check', c.reg_code,

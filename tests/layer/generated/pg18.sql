@@ -2,6 +2,8 @@
 CREATE OR REPLACE FUNCTION cow_changes.t1_del()
  RETURNS trigger
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 DECLARE
     _s text := cow._session();
@@ -58,6 +60,8 @@ END $function$
 CREATE OR REPLACE FUNCTION cow_changes.t1_dfr()
  RETURNS trigger
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 DECLARE
     _s text := NEW._cow_session;
@@ -99,7 +103,7 @@ BEGIN
         _k := TG_ARGV[_i]::int;
     IF _k = 1 THEN
     SELECT c._cow_seq, format('Key (%s)=(%s) already exists.', 'slot', concat_ws(', ', coalesce(c.slot::text, 'null'))) INTO _seq, _det
-    FROM cow_changes.t1 c WHERE c._cow_session = _s AND c.id = NEW.id AND c._cow_seq = _v AND c._cow_current AND NOT c._cow_deleted AND c.slot IS NOT NULL
+    FROM cow_changes.t1 c WHERE c._cow_session = _s AND c.id = NEW.id AND c._cow_seq = _v AND c._cow_current AND c._cow_deleted IS NOT TRUE AND c.slot IS NOT NULL
         AND (EXISTS (SELECT 1 FROM cow_changes.t1 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.slot = c.slot AND NOT (z.id = c.id) OFFSET 0)
              OR EXISTS (SELECT 1 FROM public.child z WHERE z.slot = c.slot AND NOT (z.id = c.id) AND NOT EXISTS (SELECT 1 FROM cow_changes.t1 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0))
     ORDER BY c._cow_seq LIMIT 1;
@@ -110,7 +114,7 @@ BEGIN
     IF _k = 2 THEN
     SELECT c._cow_seq, format('Key (%s)=(%s) is not present in table "%s".', 'later_id', concat_ws(', ', coalesce(c.later_id::text, 'null')), 'parent')
     INTO _seq, _det FROM cow_changes.t1 c WHERE c._cow_session = _s AND c.id = NEW.id AND c._cow_seq = _v
-        AND c._cow_current AND NOT c._cow_deleted AND c.later_id IS NOT NULL AND NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.id = c.later_id OFFSET 0) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = c.later_id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0)) AND (c._cow_fk & 4) <> 0
+        AND c._cow_current AND c._cow_deleted IS NOT TRUE AND c.later_id IS NOT NULL AND NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND z._cow_deleted IS NOT TRUE AND z.id = c.later_id OFFSET 0) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = c.later_id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0)) AND (c._cow_fk & 4) <> 0
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'child_later_id_fkey'; _bmsg := 'insert or update on table "child" violates foreign key constraint "child_later_id_fkey"'; _bcode := '23503'; _btab := NULL; _bsch := NULL;
@@ -130,6 +134,8 @@ END $function$
 CREATE OR REPLACE FUNCTION cow_changes.t1_fkcheck()
  RETURNS trigger
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 DECLARE
     _s text := cow._session();
@@ -156,35 +162,35 @@ BEGIN
     PERFORM set_config('cow._mark_t1', regexp_replace(_marks, ',?[^,]*$', ''), true);
     SELECT c._cow_seq, format('Key (%s)=(%s) is not present in table "%s".', 'fallback_id', concat_ws(', ', coalesce(c.fallback_id::text, 'null')), 'parent')
     INTO _seq, _det FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_seq > _mark
-        AND c._cow_current AND NOT c._cow_deleted AND c.fallback_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM cow_overlay_public.parent z WHERE z.id = c.fallback_id) AND (c._cow_fk & 1) <> 0
+        AND c._cow_current AND c._cow_deleted IS NOT TRUE AND c.fallback_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM cow_overlay_public.parent z WHERE z.id = c.fallback_id) AND (c._cow_fk & 1) <> 0
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'child_fallback_id_fkey'; _bmsg := 'insert or update on table "child" violates foreign key constraint "child_fallback_id_fkey"'; _bcode := '23503'; _btab := NULL; _bsch := NULL;
     END IF;
     SELECT c._cow_seq, format('Key (%s)=(%s) is not present in table "%s".', 'kept_id', concat_ws(', ', coalesce(c.kept_id::text, 'null')), 'parent')
     INTO _seq, _det FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_seq > _mark
-        AND c._cow_current AND NOT c._cow_deleted AND c.kept_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM cow_overlay_public.parent z WHERE z.id = c.kept_id) AND (c._cow_fk & 2) <> 0
+        AND c._cow_current AND c._cow_deleted IS NOT TRUE AND c.kept_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM cow_overlay_public.parent z WHERE z.id = c.kept_id) AND (c._cow_fk & 2) <> 0
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'child_kept_id_fkey'; _bmsg := 'insert or update on table "child" violates foreign key constraint "child_kept_id_fkey"'; _bcode := '23503'; _btab := NULL; _bsch := NULL;
     END IF;
     SELECT c._cow_seq, format('Key (%s)=(%s) is not present in table "%s".', 'parent_code', concat_ws(', ', coalesce(c.parent_code::text, 'null')), 'parent')
     INTO _seq, _det FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_seq > _mark
-        AND c._cow_current AND NOT c._cow_deleted AND c.parent_code IS NOT NULL AND NOT EXISTS (SELECT 1 FROM cow_overlay_public.parent z WHERE z.code = c.parent_code) AND (c._cow_fk & 8) <> 0
+        AND c._cow_current AND c._cow_deleted IS NOT TRUE AND c.parent_code IS NOT NULL AND NOT EXISTS (SELECT 1 FROM cow_overlay_public.parent z WHERE z.code = c.parent_code) AND (c._cow_fk & 8) <> 0
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'child_parent_code_fkey'; _bmsg := 'insert or update on table "child" violates foreign key constraint "child_parent_code_fkey"'; _bcode := '23503'; _btab := NULL; _bsch := NULL;
     END IF;
     SELECT c._cow_seq, format('Key (%s)=(%s) is not present in table "%s".', 'parent_id', concat_ws(', ', coalesce(c.parent_id::text, 'null')), 'parent')
     INTO _seq, _det FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_seq > _mark
-        AND c._cow_current AND NOT c._cow_deleted AND c.parent_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM cow_overlay_public.parent z WHERE z.id = c.parent_id) AND (c._cow_fk & 16) <> 0
+        AND c._cow_current AND c._cow_deleted IS NOT TRUE AND c.parent_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM cow_overlay_public.parent z WHERE z.id = c.parent_id) AND (c._cow_fk & 16) <> 0
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'child_parent_id_fkey'; _bmsg := 'insert or update on table "child" violates foreign key constraint "child_parent_id_fkey"'; _bcode := '23503'; _btab := NULL; _bsch := NULL;
     END IF;
     SELECT c._cow_seq, format('Key (%s)=(%s) is not present in table "%s".', 'up', concat_ws(', ', coalesce(c.up::text, 'null')), 'child')
     INTO _seq, _det FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_seq > _mark
-        AND c._cow_current AND NOT c._cow_deleted AND c.up IS NOT NULL AND NOT EXISTS (SELECT 1 FROM cow_overlay_public.child z WHERE z.id = c.up) AND NOT (c.id = c.up) AND (c._cow_fk & 32) <> 0
+        AND c._cow_current AND c._cow_deleted IS NOT TRUE AND c.up IS NOT NULL AND NOT EXISTS (SELECT 1 FROM cow_overlay_public.child z WHERE z.id = c.up) AND NOT (c.id = c.up) AND (c._cow_fk & 32) <> 0
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'child_up_fkey'; _bmsg := 'insert or update on table "child" violates foreign key constraint "child_up_fkey"'; _bcode := '23503'; _btab := NULL; _bsch := NULL;
@@ -205,7 +211,7 @@ BEGIN
         END IF;
     IF pg_catalog.strpos(_g, ',1,') > 0 THEN
     SELECT c._cow_seq, format('Key (%s)=(%s) already exists.', 'slot', concat_ws(', ', coalesce(c.slot::text, 'null'))) INTO _seq, _det
-    FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_seq > _mark AND c._cow_current AND NOT c._cow_deleted AND c.slot IS NOT NULL
+    FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_seq > _mark AND c._cow_current AND c._cow_deleted IS NOT TRUE AND c.slot IS NOT NULL
         AND (EXISTS (SELECT 1 FROM cow_changes.t1 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.slot = c.slot AND NOT (z.id = c.id) OFFSET 0)
              OR EXISTS (SELECT 1 FROM public.child z WHERE z.slot = c.slot AND NOT (z.id = c.id) AND NOT EXISTS (SELECT 1 FROM cow_changes.t1 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0))
     ORDER BY c._cow_seq LIMIT 1;
@@ -216,7 +222,7 @@ BEGIN
     IF pg_catalog.strpos(_g, ',2,') > 0 THEN
     SELECT c._cow_seq, format('Key (%s)=(%s) is not present in table "%s".', 'later_id', concat_ws(', ', coalesce(c.later_id::text, 'null')), 'parent')
     INTO _seq, _det FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_seq > _mark
-        AND c._cow_current AND NOT c._cow_deleted AND c.later_id IS NOT NULL AND NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.id = c.later_id OFFSET 0) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = c.later_id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0)) AND (c._cow_fk & 4) <> 0
+        AND c._cow_current AND c._cow_deleted IS NOT TRUE AND c.later_id IS NOT NULL AND NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND z._cow_deleted IS NOT TRUE AND z.id = c.later_id OFFSET 0) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = c.later_id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0)) AND (c._cow_fk & 4) <> 0
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'child_later_id_fkey'; _bmsg := 'insert or update on table "child" violates foreign key constraint "child_later_id_fkey"'; _bcode := '23503'; _btab := NULL; _bsch := NULL;
@@ -234,6 +240,8 @@ END $function$
 CREATE OR REPLACE FUNCTION cow_changes.t1_ins()
  RETURNS trigger
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 DECLARE
     _s text := cow._session();
@@ -325,6 +333,8 @@ END $function$
 CREATE OR REPLACE FUNCTION cow_changes.t1_upd()
  RETURNS trigger
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 DECLARE
     _s text := cow._session();
@@ -380,7 +390,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '23514', MESSAGE = format('new row for relation "%s" violates check constraint "%s"', 'child', _bad), SCHEMA = 'public', TABLE = 'child', CONSTRAINT = _bad;
     END IF;
     IF (NEW.id IS DISTINCT FROM OLD.id) THEN
-        IF NEW.id IS NOT NULL AND (EXISTS (SELECT 1 FROM cow_changes.t1 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.id = NEW.id AND NOT (z.id = OLD.id) OFFSET 0) OR EXISTS (SELECT 1 FROM public.child z WHERE z.id = NEW.id AND NOT (z.id = OLD.id) AND NOT EXISTS (SELECT 1 FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_current AND c.id = z.id OFFSET 0) OFFSET 0)) THEN
+        IF NEW.id IS NOT NULL AND (EXISTS (SELECT 1 FROM cow_changes.t1 z WHERE z._cow_session = _s AND z._cow_current AND z._cow_deleted IS NOT TRUE AND z.id = NEW.id AND NOT (z.id = OLD.id) OFFSET 0) OR EXISTS (SELECT 1 FROM public.child z WHERE z.id = NEW.id AND NOT (z.id = OLD.id) AND NOT EXISTS (SELECT 1 FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_current AND c.id = z.id OFFSET 0) OFFSET 0)) THEN
             RAISE EXCEPTION USING ERRCODE = '23505', MESSAGE = 'duplicate key value violates unique constraint "child_pkey"', DETAIL = format('Key (%s)=(%s) already exists.', 'id', concat_ws(', ', coalesce(NEW.id::text, 'null'))), SCHEMA = 'public', TABLE = 'child', CONSTRAINT = 'child_pkey';
         END IF;
     END IF;
@@ -450,6 +460,8 @@ END $function$
 CREATE OR REPLACE FUNCTION cow_changes.t2_del()
  RETURNS trigger
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 DECLARE
     _s text := cow._session();
@@ -485,6 +497,8 @@ END $function$
 CREATE OR REPLACE FUNCTION cow_changes.t2_fkcheck()
  RETURNS trigger
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 DECLARE
     _s text := cow._session();
@@ -508,7 +522,7 @@ BEGIN
     PERFORM set_config('cow._mark_t2', regexp_replace(_marks, ',?[^,]*$', ''), true);
     SELECT c._cow_seq, format('Key (%s)=(%s) is not present in table "%s".', 'parent_id', concat_ws(', ', coalesce(c.parent_id::text, 'null')), 'parent')
     INTO _seq, _det FROM cow_changes.t2 c WHERE c._cow_session = _s AND c._cow_seq > _mark
-        AND c._cow_current AND NOT c._cow_deleted AND c.parent_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM cow_overlay_public.parent z WHERE z.id = c.parent_id) AND (c._cow_fk & 1) <> 0
+        AND c._cow_current AND c._cow_deleted IS NOT TRUE AND c.parent_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM cow_overlay_public.parent z WHERE z.id = c.parent_id) AND (c._cow_fk & 1) <> 0
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'events_parent_id_fkey'; _bmsg := 'insert or update on table "events" violates foreign key constraint "events_parent_id_fkey"'; _bcode := '23503'; _btab := NULL; _bsch := NULL;
@@ -524,6 +538,8 @@ END $function$
 CREATE OR REPLACE FUNCTION cow_changes.t2_ins()
  RETURNS trigger
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 DECLARE
     _s text := cow._session();
@@ -567,6 +583,8 @@ END $function$
 CREATE OR REPLACE FUNCTION cow_changes.t2_upd()
  RETURNS trigger
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 DECLARE
     _s text := cow._session();
@@ -605,6 +623,8 @@ END $function$
 CREATE OR REPLACE FUNCTION cow_changes.t3_del()
  RETURNS trigger
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 DECLARE
     _s text := cow._session();
@@ -665,6 +685,8 @@ END $function$
 CREATE OR REPLACE FUNCTION cow_changes.t3_dfr()
  RETURNS trigger
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 DECLARE
     _s text := NEW._cow_session;
@@ -706,7 +728,7 @@ BEGIN
         _k := TG_ARGV[_i]::int;
     IF _k = 1 THEN
     _seq := NULL;
-    FOR _r IN SELECT * FROM cow_changes.t3 c WHERE c._cow_session = _s AND c.id = NEW.id AND c._cow_seq = _v AND c._cow_current AND NOT c._cow_deleted ORDER BY c._cow_seq LOOP
+    FOR _r IN SELECT * FROM cow_changes.t3 c WHERE c._cow_session = _s AND c.id = NEW.id AND c._cow_seq = _v AND c._cow_current AND c._cow_deleted IS NOT TRUE ORDER BY c._cow_seq LOOP
         SELECT true AS p, (span) AS k1 INTO _cow_k FROM (SELECT _r.id AS id, _r.code AS code, _r.name AS name, _r.span AS span) AS _x;
         IF _cow_k.p IS TRUE AND _cow_k.k1 IS NOT NULL THEN
             SELECT _y.d INTO _cow_c FROM (SELECT concat_ws(', ', coalesce(((span))::text, 'null')) AS d FROM public.parent b WHERE (span) OPERATOR(pg_catalog.&&) _cow_k.k1 AND NOT (b.id = _r.id)
@@ -728,7 +750,7 @@ BEGIN
     SELECT c._cow_seq, format('Key (%s)=(%s) is still referenced from table "%s".', 'id', concat_ws(', ', coalesce(c.id::text, 'null')), 'child')
     INTO _seq, _det FROM cow_changes.t3 c WHERE c._cow_session = _s AND c.id = NEW.id AND c._cow_seq = _v
         AND c._cow_current AND c._cow_deleted AND c.id IS NOT NULL
-        AND NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.id = c.id OFFSET 0) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = c.id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0))
+        AND NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND z._cow_deleted IS NOT TRUE AND z.id = c.id OFFSET 0) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = c.id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0))
         AND (EXISTS (SELECT 1 FROM cow_changes.t1 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.later_id = c.id OFFSET 0) OR EXISTS (SELECT 1 FROM public.child z WHERE z.later_id = c.id AND NOT EXISTS (SELECT 1 FROM cow_changes.t1 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0))
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
@@ -749,6 +771,8 @@ END $function$
 CREATE OR REPLACE FUNCTION cow_changes.t3_fkcheck()
  RETURNS trigger
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 DECLARE
     _s text := cow._session();
@@ -807,7 +831,7 @@ BEGIN
         END IF;
     IF pg_catalog.strpos(_g, ',1,') > 0 THEN
     _seq := NULL;
-    FOR _r IN SELECT * FROM cow_changes.t3 c WHERE c._cow_session = _s AND c._cow_seq > _mark AND c._cow_current AND NOT c._cow_deleted ORDER BY c._cow_seq LOOP
+    FOR _r IN SELECT * FROM cow_changes.t3 c WHERE c._cow_session = _s AND c._cow_seq > _mark AND c._cow_current AND c._cow_deleted IS NOT TRUE ORDER BY c._cow_seq LOOP
         SELECT true AS p, (span) AS k1 INTO _cow_k FROM (SELECT _r.id AS id, _r.code AS code, _r.name AS name, _r.span AS span) AS _x;
         IF _cow_k.p IS TRUE AND _cow_k.k1 IS NOT NULL THEN
             SELECT _y.d INTO _cow_c FROM (SELECT concat_ws(', ', coalesce(((span))::text, 'null')) AS d FROM public.parent b WHERE (span) OPERATOR(pg_catalog.&&) _cow_k.k1 AND NOT (b.id = _r.id)
@@ -829,7 +853,7 @@ BEGIN
     SELECT c._cow_seq, format('Key (%s)=(%s) is still referenced from table "%s".', 'id', concat_ws(', ', coalesce(c.id::text, 'null')), 'child')
     INTO _seq, _det FROM cow_changes.t3 c WHERE c._cow_session = _s AND c._cow_seq > _mark
         AND c._cow_current AND c._cow_deleted AND c.id IS NOT NULL
-        AND NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.id = c.id OFFSET 0) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = c.id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0))
+        AND NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND z._cow_deleted IS NOT TRUE AND z.id = c.id OFFSET 0) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = c.id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0))
         AND (EXISTS (SELECT 1 FROM cow_changes.t1 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.later_id = c.id OFFSET 0) OR EXISTS (SELECT 1 FROM public.child z WHERE z.later_id = c.id AND NOT EXISTS (SELECT 1 FROM cow_changes.t1 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0))
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
@@ -848,6 +872,8 @@ END $function$
 CREATE OR REPLACE FUNCTION cow_changes.t3_ins()
  RETURNS trigger
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 DECLARE
     _s text := cow._session();
@@ -917,6 +943,8 @@ END $function$
 CREATE OR REPLACE FUNCTION cow_changes.t3_upd()
  RETURNS trigger
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 DECLARE
     _s text := cow._session();
@@ -960,7 +988,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '23514', MESSAGE = format('new row for relation "%s" violates check constraint "%s"', 'parent', _bad), SCHEMA = 'public', TABLE = 'parent', CONSTRAINT = _bad;
     END IF;
     IF (NEW.id IS DISTINCT FROM OLD.id) THEN
-        IF NEW.id IS NOT NULL AND (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.id = NEW.id AND NOT (z.id = OLD.id) OFFSET 0) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = NEW.id AND NOT (z.id = OLD.id) AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 c WHERE c._cow_session = _s AND c._cow_current AND c.id = z.id OFFSET 0) OFFSET 0)) THEN
+        IF NEW.id IS NOT NULL AND (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND z._cow_deleted IS NOT TRUE AND z.id = NEW.id AND NOT (z.id = OLD.id) OFFSET 0) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = NEW.id AND NOT (z.id = OLD.id) AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 c WHERE c._cow_session = _s AND c._cow_current AND c.id = z.id OFFSET 0) OFFSET 0)) THEN
             RAISE EXCEPTION USING ERRCODE = '23505', MESSAGE = 'duplicate key value violates unique constraint "parent_pkey"', DETAIL = format('Key (%s)=(%s) already exists.', 'id', concat_ws(', ', coalesce(NEW.id::text, 'null'))), SCHEMA = 'public', TABLE = 'parent', CONSTRAINT = 'parent_pkey';
         END IF;
     END IF;
