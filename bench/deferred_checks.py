@@ -22,6 +22,9 @@ turns in a shuffled order over a warm-up round and ``--rounds`` rounds:
 - ``table list``: Django's ``connection.introspection.get_table_list`` query, with ``pg_table_is_visible``
   (plain) or ``cow.pg_table_is_visible`` (what the proxy puts in its place on a tagged connection).
 
+Beside the CPU, each operation's rows and index entries read and buffers asked for (the transaction's counters
+of the user tables and indexes, the changes tables included): counts the machine's load does not move.
+
     .venv/bin/python bench/deferred_checks.py [--dsn DSN] [--baseline REF] [--rows 50] [--tables 80]
         [--rounds 5] [--reps 20]
 
@@ -115,13 +118,38 @@ class Backend:
         self.conn = conn
         self.pid = pid
 
-    async def cpu_us(self, op: Callable[[], Awaitable[object]]) -> float:
+    async def cpu_us(self, op: Callable[[], Awaitable[object]]) -> Sample:
+        """The backend's CPU for ``op``, and what it read (inside an open transaction)."""
+        r0, b0 = await counters(self.conn)
         c0 = common.cpu_ns(self.pid)
         await op()
         c1 = common.cpu_ns(self.pid)
         if c0 is None or c1 is None:
             raise SystemExit("bench/deferred_checks.py: the server's backends are not on this machine")
-        return (c1 - c0) / 1000.0
+        r1, b1 = await counters(self.conn)
+        return Sample((c1 - c0) / 1000.0, r1 - r0, b1 - b0)
+
+
+@dataclass(frozen=True)
+class Sample:
+    cpu_us: float
+    rows: int  # rows and index entries the operation's scans read (user tables and indexes, not catalogs)
+    buffers: int  # buffer accesses (hits and reads) of those tables and indexes
+
+
+# Counters of the current transaction, per relation: what a scan returned (a table's sequential scans, an
+# index's entries) and the buffers it asked for. Counts the machine's load does not move.
+COUNTERS = """SELECT coalesce(sum(pg_stat_get_xact_tuples_returned(c.oid)), 0)::bigint,
+       coalesce(sum(pg_stat_get_xact_blocks_fetched(c.oid)), 0)::bigint
+FROM pg_class c WHERE c.relkind IN ('r', 'i')
+  AND c.relnamespace NOT IN ('pg_catalog'::regnamespace, 'information_schema'::regnamespace,
+                             'pg_toast'::regnamespace)"""
+
+
+async def counters(conn: asyncpg.Connection) -> tuple[int, int]:
+    """(rows and index entries read, buffers asked for) so far in the current transaction."""
+    row = await conn.fetchrow(COUNTERS)
+    return int(row[0]), int(row[1])
 
 
 async def connect(variant: str, dsn: str, session: str = SESSION) -> Backend:
@@ -139,14 +167,14 @@ async def set_up_test_data(b: Backend, rows: int) -> None:
         await b.conn.execute(f"INSERT INTO t (s_id) VALUES ({sid})")
 
 
-async def refire(b: Backend) -> float:
+async def refire(b: Backend) -> Sample:
     await b.conn.execute("SAVEPOINT test")
     spent = await b.cpu_us(lambda: b.conn.execute("SET CONSTRAINTS ALL IMMEDIATE"))
     await b.conn.execute("SET CONSTRAINTS ALL DEFERRED; ROLLBACK TO SAVEPOINT test; RELEASE SAVEPOINT test")
     return spent
 
 
-async def large_delete(b: Backend) -> float:
+async def large_delete(b: Backend) -> Sample:
     await b.conn.execute("SAVEPOINT test")
     sid = await b.conn.fetchval("INSERT INTO s (r_id) VALUES (1) RETURNING id")
     for _ in range(LARGE):
@@ -159,7 +187,7 @@ async def large_delete(b: Backend) -> float:
     return spent
 
 
-async def large_delete_new_backend(variant: str, dsn: str) -> float:
+async def large_delete_new_backend(variant: str, dsn: str) -> Sample:
     async with vacuumed(dsn):
         # (A session of its own: the first write registers it, and the other backend's open transaction
         # registered SESSION without committing, which would hold this INSERT.)
@@ -167,6 +195,7 @@ async def large_delete_new_backend(variant: str, dsn: str) -> float:
     try:
         for rows, measured in ((10, False), (LARGE, True)):
             await b.conn.execute("BEGIN")
+            r0, b0 = await counters(b.conn)
             c0 = common.cpu_ns(b.pid)
             sid = await b.conn.fetchval("INSERT INTO s (r_id) VALUES (1) RETURNING id")
             for _ in range(rows):
@@ -175,9 +204,10 @@ async def large_delete_new_backend(variant: str, dsn: str) -> float:
             await b.conn.execute(f"DELETE FROM s WHERE id = {sid}")
             await b.conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
             c1 = common.cpu_ns(b.pid)
+            r1, b1 = await counters(b.conn)
             await b.conn.execute("ROLLBACK")
             if measured and c0 is not None and c1 is not None:
-                return (c1 - c0) / 1000.0
+                return Sample((c1 - c0) / 1000.0, r1 - r0, b1 - b0)
         raise SystemExit("bench/deferred_checks.py: the server's backends are not on this machine")
     finally:
         await b.conn.close()
@@ -203,12 +233,12 @@ async def vacuumed(dsn: str) -> AsyncIterator[None]:
         await conn.close()
 
 
-async def table_list(b: Backend) -> float:
+async def table_list(b: Backend) -> Sample:
     fn = "pg_catalog.pg_table_is_visible" if b.variant == "plain" else "cow.pg_table_is_visible"
     return await b.cpu_us(lambda: b.conn.fetch(TABLE_LIST.format(fn=fn)))
 
 
-Samples = dict[tuple[str, str], list[float]]
+Samples = dict[tuple[str, str], list[Sample]]
 
 
 async def measure(dsns: dict[str, str], cfg: Config) -> Samples:
@@ -251,10 +281,25 @@ def report(cfg: Config, samples: Samples, version: str, load: str) -> list[str]:
         "|---|---:|---:|---:|---:|---:|",
     ]
     for op in dict.fromkeys(op for op, _ in samples):
-        med = {v: statistics.median(samples[(op, v)]) for v in VARIANTS}
+        med = {v: statistics.median(x.cpu_us for x in samples[(op, v)]) for v in VARIANTS}
         lines.append(
             f"| {op} | {med['plain']:,.0f} | {med['a']:,.0f} | {med['b']:,.0f} | {med['b'] / med['a']:.2f} "
             f"| {med['b'] / med['plain']:.2f} |"
+        )
+    lines += [
+        "",
+        "rows and index entries read, and buffers asked for, by the operation (the transaction's counters of"
+        " the user tables and indexes, pg_stat_get_xact_tuples_returned and _blocks_fetched; median)",
+        "",
+        "| operation | rows plain | rows a | rows b | buffers plain | buffers a | buffers b |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for op in dict.fromkeys(op for op, _ in samples):
+        rows = {v: statistics.median(x.rows for x in samples[(op, v)]) for v in VARIANTS}
+        bufs = {v: statistics.median(x.buffers for x in samples[(op, v)]) for v in VARIANTS}
+        lines.append(
+            f"| {op} | {rows['plain']:,.0f} | {rows['a']:,.0f} | {rows['b']:,.0f} "
+            f"| {bufs['plain']:,.0f} | {bufs['a']:,.0f} | {bufs['b']:,.0f} |"
         )
     return lines
 
