@@ -755,14 +755,17 @@ $t$, jsonb_build_object(
 -- The check of NO ACTION FOREIGN KEY p_conname from table p_child, this table as the parent (23503): a
 -- tombstone (of those p_versions selects) whose referenced key p_refcols is gone from the session's view of
 -- this table (p_gone) and still referenced from the child (p_referenced). Message p_message.
+-- The child is probed first (a CASE: PostgreSQL orders a WHERE's conditions by their cost): most tombstones
+-- are no longer referenced (the children went first, or there were none), and then the parent's own probes
+-- do not run. Ordered by cost, they ran first whenever both were index probes (cow._plan_settings), ~10
+-- more buffers per event of a large delete.
 CREATE OR REPLACE FUNCTION cow._fk_parent_check(p_ch text, p_conname text, p_message text, p_refcols text[],
                                                 p_child_schema text, p_child text, p_gone text, p_referenced text,
                                                 p_versions text) RETURNS text
 LANGUAGE sql IMMUTABLE RETURN cow._fill($t$    SELECT c._cow_seq, format('Key (%s)=(%s) is still referenced from table "%s".', {{columns|L}}, {{key}}, {{child|L}})
     INTO _seq, _det FROM {{changes}} c WHERE c._cow_session = _s AND {{versions}}
         AND c._cow_current AND c._cow_deleted AND {{not_null}}
-        AND NOT {{still_there}}
-        AND {{referenced}}
+        AND CASE WHEN {{referenced}} THEN NOT {{still_there}} ELSE false END
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := {{constraint|L}}; _bmsg := {{message|L}}; _bcode := '23503'; _btab := {{child|L}}; _bsch := {{child_schema|L}};

@@ -198,8 +198,7 @@ BEGIN
     SELECT c._cow_seq, format('Key (%s)=(%s) is still referenced from table "%s".', 'id', concat_ws(', ', coalesce(c.id::text, 'null')), 'child')
     INTO _seq, _det FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_seq > _mark
         AND c._cow_current AND c._cow_deleted AND c.id IS NOT NULL
-        AND NOT EXISTS (SELECT 1 FROM cow_overlay_public.child z WHERE z.id = c.id)
-        AND EXISTS (SELECT 1 FROM cow_overlay_public.child k WHERE k.up = c.id)
+        AND CASE WHEN EXISTS (SELECT 1 FROM cow_overlay_public.child k WHERE k.up = c.id) THEN NOT EXISTS (SELECT 1 FROM cow_overlay_public.child z WHERE z.id = c.id) ELSE false END
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'child_up_fkey'; _bmsg := 'update or delete on table "child" violates foreign key constraint "child_up_fkey" on table "child"'; _bcode := '23503'; _btab := 'child'; _bsch := 'public';
@@ -750,8 +749,7 @@ BEGIN
     SELECT c._cow_seq, format('Key (%s)=(%s) is still referenced from table "%s".', 'id', concat_ws(', ', coalesce(c.id::text, 'null')), 'child')
     INTO _seq, _det FROM cow_changes.t3 c WHERE c._cow_session = _s AND c.id = NEW.id AND c._cow_seq = _v
         AND c._cow_current AND c._cow_deleted AND c.id IS NOT NULL
-        AND NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND z._cow_deleted IS NOT TRUE AND z.id = c.id OFFSET 0) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = c.id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0))
-        AND (EXISTS (SELECT 1 FROM cow_changes.t1 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.later_id = c.id OFFSET 0) OR EXISTS (SELECT 1 FROM public.child z WHERE z.later_id = c.id AND NOT EXISTS (SELECT 1 FROM cow_changes.t1 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0))
+        AND CASE WHEN (EXISTS (SELECT 1 FROM cow_changes.t1 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.later_id = c.id OFFSET 0) OR EXISTS (SELECT 1 FROM public.child z WHERE z.later_id = c.id AND NOT EXISTS (SELECT 1 FROM cow_changes.t1 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0)) THEN NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND z._cow_deleted IS NOT TRUE AND z.id = c.id OFFSET 0) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = c.id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0)) ELSE false END
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'child_later_id_fkey'; _bmsg := 'update or delete on table "parent" violates foreign key constraint "child_later_id_fkey" on table "child"'; _bcode := '23503'; _btab := 'child'; _bsch := 'public';
@@ -800,8 +798,7 @@ BEGIN
     SELECT c._cow_seq, format('Key (%s)=(%s) is still referenced from table "%s".', 'id', concat_ws(', ', coalesce(c.id::text, 'null')), 'child')
     INTO _seq, _det FROM cow_changes.t3 c WHERE c._cow_session = _s AND c._cow_seq > _mark
         AND c._cow_current AND c._cow_deleted AND c.id IS NOT NULL
-        AND NOT EXISTS (SELECT 1 FROM cow_overlay_public.parent z WHERE z.id = c.id)
-        AND EXISTS (SELECT 1 FROM cow_overlay_public.child k WHERE k.kept_id = c.id)
+        AND CASE WHEN EXISTS (SELECT 1 FROM cow_overlay_public.child k WHERE k.kept_id = c.id) THEN NOT EXISTS (SELECT 1 FROM cow_overlay_public.parent z WHERE z.id = c.id) ELSE false END
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'child_kept_id_fkey'; _bmsg := 'update or delete on table "parent" violates foreign key constraint "child_kept_id_fkey" on table "child"'; _bcode := '23503'; _btab := 'child'; _bsch := 'public';
@@ -809,8 +806,7 @@ BEGIN
     SELECT c._cow_seq, format('Key (%s)=(%s) is still referenced from table "%s".', 'code', concat_ws(', ', coalesce(c.code::text, 'null')), 'child')
     INTO _seq, _det FROM cow_changes.t3 c WHERE c._cow_session = _s AND c._cow_seq > _mark
         AND c._cow_current AND c._cow_deleted AND c.code IS NOT NULL
-        AND NOT EXISTS (SELECT 1 FROM cow_overlay_public.parent z WHERE z.code = c.code)
-        AND EXISTS (SELECT 1 FROM cow_overlay_public.child k WHERE k.parent_code = c.code)
+        AND CASE WHEN EXISTS (SELECT 1 FROM cow_overlay_public.child k WHERE k.parent_code = c.code) THEN NOT EXISTS (SELECT 1 FROM cow_overlay_public.parent z WHERE z.code = c.code) ELSE false END
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'child_parent_code_fkey'; _bmsg := 'update or delete on table "parent" violates foreign key constraint "child_parent_code_fkey" on table "child"'; _bcode := '23503'; _btab := 'child'; _bsch := 'public';
@@ -818,8 +814,7 @@ BEGIN
     SELECT c._cow_seq, format('Key (%s)=(%s) is still referenced from table "%s".', 'id', concat_ws(', ', coalesce(c.id::text, 'null')), 'events')
     INTO _seq, _det FROM cow_changes.t3 c WHERE c._cow_session = _s AND c._cow_seq > _mark
         AND c._cow_current AND c._cow_deleted AND c.id IS NOT NULL
-        AND NOT EXISTS (SELECT 1 FROM cow_overlay_public.parent z WHERE z.id = c.id)
-        AND EXISTS (SELECT 1 FROM cow_overlay_public.events k WHERE k.parent_id = c.id)
+        AND CASE WHEN EXISTS (SELECT 1 FROM cow_overlay_public.events k WHERE k.parent_id = c.id) THEN NOT EXISTS (SELECT 1 FROM cow_overlay_public.parent z WHERE z.id = c.id) ELSE false END
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'events_parent_id_fkey'; _bmsg := 'update or delete on table "parent" violates foreign key constraint "events_parent_id_fkey" on table "events"'; _bcode := '23503'; _btab := 'events'; _bsch := 'public';
@@ -853,8 +848,7 @@ BEGIN
     SELECT c._cow_seq, format('Key (%s)=(%s) is still referenced from table "%s".', 'id', concat_ws(', ', coalesce(c.id::text, 'null')), 'child')
     INTO _seq, _det FROM cow_changes.t3 c WHERE c._cow_session = _s AND c._cow_seq > _mark
         AND c._cow_current AND c._cow_deleted AND c.id IS NOT NULL
-        AND NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND z._cow_deleted IS NOT TRUE AND z.id = c.id OFFSET 0) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = c.id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0))
-        AND (EXISTS (SELECT 1 FROM cow_changes.t1 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.later_id = c.id OFFSET 0) OR EXISTS (SELECT 1 FROM public.child z WHERE z.later_id = c.id AND NOT EXISTS (SELECT 1 FROM cow_changes.t1 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0))
+        AND CASE WHEN (EXISTS (SELECT 1 FROM cow_changes.t1 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.later_id = c.id OFFSET 0) OR EXISTS (SELECT 1 FROM public.child z WHERE z.later_id = c.id AND NOT EXISTS (SELECT 1 FROM cow_changes.t1 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0)) THEN NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND z._cow_deleted IS NOT TRUE AND z.id = c.id OFFSET 0) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = c.id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0)) ELSE false END
     ORDER BY c._cow_seq LIMIT 1;
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'child_later_id_fkey'; _bmsg := 'update or delete on table "parent" violates foreign key constraint "child_later_id_fkey" on table "child"'; _bcode := '23503'; _btab := 'child'; _bsch := 'public';
