@@ -18,7 +18,10 @@ serves the same sessions for S seconds, not measured, so that its one-time costs
 and first batch, the first analyses) stay out of the figure: at TPC-B's rates on the loaded machine they
 were several µs per transaction of a 10 s run. --baseline DIR: the
 same three from another checkout too (a git worktree of main, its C
-extension built), side by side in each round, named base_proxy, base_reads, base_reads_op.
+extension built), side by side in each round, named base_proxy, base_reads, base_reads_op. The server's
+part of recording: the CPU of the writer's backend (the connection whose last statement was the COPY into
+cow.reads; /proc/PID/stat, 10 ms ticks, so the server must be on this machine) per transaction.
+--database NAME: the scratch database's name.
 """
 
 from __future__ import annotations
@@ -58,21 +61,61 @@ def thread_cpu(pid: int) -> tuple[float, float]:
     return main, other
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def writer_cpu(db_dsn: str) -> float:
+    """The CPU seconds so far of the backends whose last statement was a COPY into cow.reads (a recording
+    proxy's writer, once it wrote)."""
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        pids = [
+            r[0]
+            for r in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                ' AND query LIKE \'COPY "cow"."reads"%%\''
+            ).fetchall()
+        ]
+    seconds = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            seconds += (int(fields[11]) + int(fields[12])) / _TICK
+    return seconds
+
+
 def run(
-    args: argparse.Namespace, tool: str, target: bp.Target, name: str, user: str
-) -> tuple[int, float, float, int]:
+    args: argparse.Namespace, tool: str, target: bp.Target, name: str, user: str, *, db_dsn: str
+) -> tuple[int, float, float, int, float]:
     """N pgbench processes through one proxy: (transactions, main thread CPU, other threads' CPU, the
-    warm-up's transactions)."""
+    warm-up's transactions, the writer's backend's CPU)."""
     assert target.pid is not None
     warm = 0
     if args.warmup:
-        warm = sessions(args, tool, target.host, target.port, name, user=user, run=("-T", str(args.warmup)))
+        warm = sessions(
+            args,
+            tool,
+            target.host,
+            target.port,
+            name,
+            user=user,
+            run=("-T", str(args.warmup)),
+            database=args.database,
+        )
         time.sleep(SETTLE)
-    main0, other0 = thread_cpu(target.pid)
-    txns = sessions(args, tool, target.host, target.port, name, user=user, run=("-T", str(args.seconds)))
+    main0, other0, server0 = *thread_cpu(target.pid), writer_cpu(db_dsn)
+    txns = sessions(
+        args,
+        tool,
+        target.host,
+        target.port,
+        name,
+        user=user,
+        run=("-T", str(args.seconds)),
+        database=args.database,
+    )
     time.sleep(SETTLE)  # (the writer's last batch)
-    main1, other1 = thread_cpu(target.pid)
-    return txns, main1 - main0, other1 - other0, warm
+    main1, other1, server1 = *thread_cpu(target.pid), writer_cpu(db_dsn)
+    return txns, main1 - main0, other1 - other0, warm, server1 - server0
 
 
 def recorded(db_dsn: str, name: str) -> int:
@@ -158,20 +201,23 @@ def main() -> None:
     parser.add_argument("--select-only", action="store_true", help="pgbench -S instead of TPC-B")
     parser.add_argument("--warmup", type=int, default=0, help="seconds served first, not measured")
     parser.add_argument("--baseline", type=Path, help="another checkout (e.g. a worktree of main) to run too")
+    parser.add_argument("--database", default=DATABASE, help="the scratch database's name")
     args = parser.parse_args()
     with bp.server(args.dsn, None) as (dsn, host, port, bindir, _sockets):
         tool = os.path.join(bindir, "pgbench") if bindir else (shutil.which("pgbench") or "pgbench")
         user = urlsplit(dsn).username or "postgres"
-        db_dsn = bp.layer_database(dsn, tool, host=host, port=port, user=user, database=DATABASE, scale=10)
+        db_dsn = bp.layer_database(
+            dsn, tool, host=host, port=port, user=user, database=args.database, scale=10
+        )
         configs = proxies(db_dsn, args.baseline)
-        totals = {name: [0, 0.0, 0.0] for name, _, _ in configs}
+        totals = {name: [0, 0.0, 0.0, 0.0] for name, _, _ in configs}
         kept = {name: [0, 0] for name, _, _ in configs}  # (reads recorded, transactions run)
         for round_no in range(args.rounds):
             for k in range(len(configs)):
                 name, extra, root = configs[(k + round_no) % len(configs)]
                 with bp.cowproxy(f"{host}:{port}", "tcp", root=root, extra=extra, name=name) as target:
-                    txns, main_s, other_s, warm = run(args, tool, target, name, user)
-                for i, value in enumerate((txns, main_s, other_s)):
+                    txns, main_s, other_s, warm, server_s = run(args, tool, target, name, user, db_dsn=db_dsn)
+                for i, value in enumerate((txns, main_s, other_s, server_s)):
                     totals[name][i] += value
                 # (each transaction of pgbench's -S and TPC-B reads once: SELECT abalance)
                 got = recorded(db_dsn, name)
@@ -180,19 +226,21 @@ def main() -> None:
                 print(
                     f"round {round_no + 1} {name:13} txns {txns:7}  python {main_s / txns * 1e6:6.1f} µs/txn"
                     f"  other threads {other_s / txns * 1e6:6.1f} µs/txn"
+                    f"  writer's backend {server_s / txns * 1e6:5.2f} µs/txn"
                     f"  reads recorded {got / (txns + warm) * 100:5.1f} %",
                     flush=True,
                 )
         print(f"load average {os.getloadavg()[0]:.1f}")
-        for name, (txns, main_s, other_s) in totals.items():
+        for name, (txns, main_s, other_s, server_s) in totals.items():
             tps = txns / args.rounds / args.seconds
             python, other = main_s / txns * 1e6, other_s / txns * 1e6
             total = python + other
             cpu = f"python {python:6.1f}  other {other:6.1f}  total {total:6.1f} µs/txn"
             share = kept[name][0] / kept[name][1] * 100 if kept[name][1] else 0.0
-            print(f"{name:13} tps {tps:8.1f}  {cpu}  reads recorded {share:5.1f} %")
+            server = f"writer's backend {server_s / txns * 1e6:5.2f} µs/txn"
+            print(f"{name:13} tps {tps:8.1f}  {cpu}  {server}  reads recorded {share:5.1f} %")
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
+            conn.execute(f"DROP DATABASE IF EXISTS {args.database}")
 
 
 if __name__ == "__main__":
