@@ -18,7 +18,9 @@ serves the same sessions for S seconds, not measured, so that its one-time costs
 and first batch, the first analyses) stay out of the figure: at TPC-B's rates on the loaded machine they
 were several µs per transaction of a 10 s run. --baseline DIR: the
 same three from another checkout too (a git worktree of main, its C
-extension built), side by side in each round, named base_proxy, base_reads, base_reads_op. The server's
+extension built), side by side in each round, named base_proxy, base_reads, base_reads_op, on a database of
+their own with that checkout's layer (its venv's `cowproxy install`: the rows its writer writes into the
+table its layer has). The server's
 part of recording: the CPU of the writer's backend (the connection whose last statement was the COPY into
 cow.reads; /proc/PID/stat, 10 ms ticks, so the server must be on this machine) per transaction.
 --database NAME: the scratch database's name.
@@ -84,7 +86,14 @@ def writer_cpu(db_dsn: str) -> float:
 
 
 def run(
-    args: argparse.Namespace, tool: str, target: bp.Target, name: str, user: str, *, db_dsn: str
+    args: argparse.Namespace,
+    tool: str,
+    target: bp.Target,
+    name: str,
+    user: str,
+    *,
+    db_dsn: str,
+    database: str,
 ) -> tuple[int, float, float, int, float]:
     """N pgbench processes through one proxy: (transactions, main thread CPU, other threads' CPU, the
     warm-up's transactions, the writer's backend's CPU)."""
@@ -99,7 +108,7 @@ def run(
             name,
             user=user,
             run=("-T", str(args.warmup)),
-            database=args.database,
+            database=database,
         )
         time.sleep(SETTLE)
     main0, other0, server0 = *thread_cpu(target.pid), writer_cpu(db_dsn)
@@ -111,7 +120,7 @@ def run(
         name,
         user=user,
         run=("-T", str(args.seconds)),
-        database=args.database,
+        database=database,
     )
     time.sleep(SETTLE)  # (the writer's last batch)
     main1, other1, server1 = *thread_cpu(target.pid), writer_cpu(db_dsn)
@@ -210,17 +219,31 @@ def main() -> None:
             dsn, tool, host=host, port=port, user=user, database=args.database, scale=10
         )
         configs = proxies(db_dsn, args.baseline)
+        databases = {name: args.database for name, _, _ in configs}
+        dsns = {name: db_dsn for name, _, _ in configs}
+        if args.baseline is not None:
+            base = args.database + "_base"
+            bp.create_database(dsn, tool, host=host, port=port, user=user, database=base, scale=10)
+            base_dsn = urlsplit(dsn)._replace(path="/" + base).geturl()
+            python = str(args.baseline.resolve() / ".venv" / "bin" / "python")
+            install = [python, "-m", "cowproxy", "install", "--dsn", base_dsn]
+            subprocess.run(install, check=True, capture_output=True, cwd=args.baseline)
+            for name in databases:
+                if name.startswith("base_"):
+                    databases[name], dsns[name] = base, base_dsn
         totals = {name: [0, 0.0, 0.0, 0.0] for name, _, _ in configs}
         kept = {name: [0, 0] for name, _, _ in configs}  # (reads recorded, transactions run)
         for round_no in range(args.rounds):
             for k in range(len(configs)):
                 name, extra, root = configs[(k + round_no) % len(configs)]
                 with bp.cowproxy(f"{host}:{port}", "tcp", root=root, extra=extra, name=name) as target:
-                    txns, main_s, other_s, warm, server_s = run(args, tool, target, name, user, db_dsn=db_dsn)
+                    txns, main_s, other_s, warm, server_s = run(
+                        args, tool, target, name, user, db_dsn=dsns[name], database=databases[name]
+                    )
                 for i, value in enumerate((txns, main_s, other_s, server_s)):
                     totals[name][i] += value
                 # (each transaction of pgbench's -S and TPC-B reads once: SELECT abalance)
-                got = recorded(db_dsn, name)
+                got = recorded(dsns[name], name)
                 kept[name][0] += got
                 kept[name][1] += txns + warm
                 print(
@@ -240,7 +263,8 @@ def main() -> None:
             server = f"writer's backend {server_s / txns * 1e6:5.2f} µs/txn"
             print(f"{name:13} tps {tps:8.1f}  {cpu}  {server}  reads recorded {share:5.1f} %")
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {args.database}")
+            for name in sorted(set(databases.values())):
+                conn.execute(f"DROP DATABASE IF EXISTS {name}")
 
 
 if __name__ == "__main__":
