@@ -58,6 +58,10 @@ class Metrics:
         self.cache_hits = 0
         self.cache_misses = 0
         self.switches: dict[bool, int] = {True: 0, False: 0}
+        # The C relay's stays: connections given to it, and given back by (reason, type of the client message
+        # it did not take or ""); with the statements of each relay, where a session's time goes.
+        self.fast_adoptions = 0
+        self.fast_handbacks: dict[tuple[str, str], int] = {}
         self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
         self._states: Callable[[], Iterable[tuple[str, str]]] = lambda: ()
@@ -71,6 +75,10 @@ class Metrics:
     def watch_fast(self, counts: Callable[[], FastCounts | None]) -> None:
         """Where the fast relay's counters come from (merged in at scrape time)."""
         self._fast = counts
+
+    def count_handback(self, reason: str, untaken: int) -> None:
+        key = (reason, chr(untaken) if untaken >= 0 else "")
+        self.fast_handbacks[key] = self.fast_handbacks.get(key, 0) + 1
 
     def count_error(self, sqlstate: str) -> None:
         key = sqlstate[:2]
@@ -94,6 +102,7 @@ class _Totals:
     bytes_down: int
     cache_hits: int
     rewrites: int
+    fast_statements: Mapping[tuple[str, bool], int]  # (those of the C relay alone)
 
 
 def _add(into: dict[_K, int], more: Mapping[_K, int]) -> dict[_K, int]:
@@ -117,6 +126,7 @@ def _totals(m: Metrics) -> _Totals:
             m.bytes_down,
             m.cache_hits,
             m.rewrites,
+            {},
         )
     return _Totals(
         fast.connections,
@@ -129,6 +139,7 @@ def _totals(m: Metrics) -> _Totals:
         m.bytes_down + fast.bytes_down,
         m.cache_hits + fast.decision_hits,
         m.rewrites + fast.rewrites,
+        fast.statements,
     )
 
 
@@ -165,6 +176,17 @@ def _connection_metrics(m: Metrics, totals: _Totals) -> Iterator[Metric]:
     accepted = CounterMetricFamily("cowproxy_client_connections", "Client connections accepted")
     accepted.add_metric([], m.connections_total)
     yield accepted
+    adoptions = CounterMetricFamily("cowproxy_fast_adoptions", "Client connections given to the C relay")
+    adoptions.add_metric([], m.fast_adoptions)
+    yield adoptions
+    handbacks = CounterMetricFamily(
+        "cowproxy_fast_handbacks",
+        "Client connections the C relay gave back, by reason and the client message it did not take",
+        labels=["reason", "message"],
+    )
+    for (reason, message), n in sorted(m.fast_handbacks.items()):
+        handbacks.add_metric([reason, message], n)
+    yield handbacks
 
 
 def _statement_metrics(m: Metrics, totals: _Totals) -> Iterator[Metric]:
@@ -174,6 +196,16 @@ def _statement_metrics(m: Metrics, totals: _Totals) -> Iterator[Metric]:
     for (kind, tagged), n in sorted(totals.statements.items()):
         statements.add_metric([kind, "true" if tagged else "false"], n)
     yield statements
+    relayed = CounterMetricFamily(
+        "cowproxy_relay_statements",
+        "Statements relayed, by the relay that took them (python or c) and tagging",
+        labels=["relay", "tagged"],
+    )
+    for relay, counts in (("python", m.statements), ("c", totals.fast_statements)):
+        for tagged in (False, True):
+            n = sum(n for (_, t), n in counts.items() if t is tagged)
+            relayed.add_metric([relay, str(tagged).lower()], n)
+    yield relayed
     writes = CounterMetricFamily(
         "cowproxy_writes",
         "Writing statements of tagged connections, by table and kind",

@@ -515,6 +515,7 @@ class ClientConnection(asyncio.Protocol):
             upstream.resume_reading()
             return
         self.fast = True
+        self.metrics.fast_adoptions += 1
         self._adoption = adoption
         self._fast_reads = (relay.tagging.txn, adoption.decisions) if adoption.record else None
         self._fast_texts = {}
@@ -609,6 +610,7 @@ class ClientConnection(asyncio.Protocol):
                 owed_reads.append((position, read, started))
         self._fast_reads = None
         untaken = handback.untaken
+        self.metrics.count_handback(handback.reason, untaken)
         adoption, self._adoption = self._adoption, None
         if adoption is not None and adoption.tagged and untaken != -1:
             # A session whose statements C must keep handing back (texts Python has not seen: pgbench -M

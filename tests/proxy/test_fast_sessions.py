@@ -93,6 +93,34 @@ def test_autocommit_writes_that_may_run_again_stay_on_the_fast_relay(
     c.sock.close()
 
 
+def test_stays_on_the_c_relay_are_counted(proxy: RunningProxy, layer_db: str) -> None:
+    """The metrics say where a session's statements went: adoptions by the C relay, its hand-backs by reason
+    and the client message it did not take, and the statements each relay took."""
+    c = RawClient(proxy.host, proxy.port, dbname(layer_db), options="-c cow.session_id=fs-count")
+    assert c.query("SELECT 1")[-1] == (b"Z", b"I")  # joins the session (Python), then goes to C
+    assert on_fast(proxy)
+    before = scrape(proxy)
+
+    def delta(name: str) -> float:
+        return scrape(proxy).get(name, 0.0) - before.get(name, 0.0)
+
+    python = 'cowproxy_relay_statements_total{relay="python",tagged="true"}'
+    on_c = 'cowproxy_relay_statements_total{relay="c",tagged="true"}'
+    cold = 'cowproxy_fast_handbacks_total{message="Q",reason="client message"}'
+    for _ in range(3):
+        assert c.query("SELECT 1")[-1] == (b"Z", b"I")  # (decided: C takes it)
+    assert (delta(on_c), delta(python), delta(cold)) == (3, 0, 0)
+    assert c.query("SELECT 2 AS fs_count")[-1] == (b"Z", b"I")  # a new text: handed back, Python's
+    assert on_fast(proxy)  # (at rest: adopted again)
+    assert (delta(on_c), delta(python), delta(cold)) == (3, 1, 1)
+    assert delta("cowproxy_fast_adoptions_total") == 1
+    c.sock.sendall(p.TERMINATE)  # (C takes no Terminate: Python closes)
+    assert wait_for(
+        lambda: delta('cowproxy_fast_handbacks_total{message="X",reason="client message"}') == 1, 5
+    )
+    c.sock.close()
+
+
 def _shape_hits(proxy: RunningProxy) -> int:
     fast = proxy.server.fast
     assert fast is not None
@@ -123,13 +151,15 @@ def test_savepoints_of_a_session_run_on_the_fast_relay(proxy: RunningProxy, laye
 
     c.query("SELECT 1")  # joins the session (Python)
     first = block(1)  # decides the texts (each new text hands the connection back to Python)
+    # (A shape whose proof needs a parse of its own, a savepoint command's, is proven at its second text.)
+    assert [k for k, _ in block(2)] == [k for k, _ in first]
     for _ in range(64):  # (so many short stays on C in a row keep it in Python for a few replies)
         if wait_for(lambda: relays(proxy) == {"fast": 1}, 0.2):
             break
         c.query("SELECT 1")
     assert on_fast(proxy)
     hits = _shape_hits(proxy)
-    second = block(2)
+    second = block(3)
     assert relays(proxy) == {"fast": 1}
     assert _shape_hits(proxy) - hits == 7  # (the five savepoint commands and the two inserts: shapes)
     assert [k for k, _ in second] == [k for k, _ in first]
@@ -137,14 +167,18 @@ def test_savepoints_of_a_session_run_on_the_fast_relay(proxy: RunningProxy, laye
     # An unknown savepoint in a block C carries on in: the server's 3B001, and the block fails.
     assert c.query("BEGIN")[-1] == (b"Z", b"T")
     assert on_fast(proxy)
-    failed = c.query('ROLLBACK TO SAVEPOINT "s3_x1"')
+    failed = c.query('ROLLBACK TO SAVEPOINT "s9_x1"')
     assert failed[0][0] == b"E" and b"C3B001" in failed[0][1] and failed[-1] == (b"Z", b"E")
     assert c.query("ROLLBACK")[-1] == (b"Z", b"I")
     outside = c.query('SAVEPOINT "s4_x1"')  # not in a block
     assert outside[0][0] == b"E" and b"C25P01" in outside[0][1]
     c.sock.close()
     assert not [e for e in base_customers(layer_db) if e.endswith("@fs-sp")]
-    assert sorted(row[2] for row in changes(layer_db, "fs-sp")) == ["kept1@fs-sp", "kept2@fs-sp"]
+    assert sorted(row[2] for row in changes(layer_db, "fs-sp")) == [
+        "kept1@fs-sp",
+        "kept2@fs-sp",
+        "kept3@fs-sp",
+    ]
 
 
 def test_a_comment_tag_hands_a_session_back(proxy: RunningProxy, layer_db: str) -> None:
