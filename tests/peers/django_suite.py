@@ -35,7 +35,8 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -44,7 +45,7 @@ import psycopg
 from psycopg import sql
 
 from migrations.binding import new_secret, write_secret_file
-from tests.serve import ServeError, cowproxy_popen, cpu_seconds
+from tests.serve import ServeError, cowproxy_popen, cpu_seconds, free_port
 
 DJANGO_VERSION = "5.2.19"
 SESSION = "django-peer"
@@ -123,6 +124,10 @@ class RunResult:
     output_tail: str
     module_seconds: Mapping[str, float] = field(default_factory=dict)
     proxy_cpu: float | None = None  # CPU seconds of the proxy process during the run (a session run's)
+    proxy_main_cpu: float | None = (
+        None  # of them, its main thread's (the Python relay; the rest is mostly C's)
+    )
+    proxy_metrics: str | None = None  # the proxy's /metrics at the run's end (--proxy-metrics)
 
     def failing_in(self, module: str) -> list[str]:
         return sorted(f for f in self.failures if f == module or f.startswith(module + "."))
@@ -155,6 +160,7 @@ class Comparison:
                 "ran": self.session.ran,
                 "seconds": round(self.session.seconds, 1),
                 "proxy_cpu_seconds": self.session.proxy_cpu,
+                "proxy_main_thread_cpu_seconds": self.session.proxy_main_cpu,
                 "failures": sorted(self.session.failures),
             },
             "session_only": self.session_only,
@@ -210,15 +216,47 @@ def fetch_django(cache: Path) -> Path:
     return root
 
 
+@dataclass(frozen=True)
+class ProxyProcess:
+    """A running ``cowproxy serve``: its port, pid and metrics port (None: not served)."""
+
+    port: int
+    pid: int
+    metrics_port: int | None
+
+    def cpu(self) -> float:
+        return cpu_seconds(self.pid)
+
+    def main_thread_cpu(self) -> float:
+        return thread_cpu_seconds(self.pid, self.pid)
+
+    def scrape(self) -> str | None:
+        if self.metrics_port is None:
+            return None
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as reply:
+            return str(reply.read().decode())
+
+
+def thread_cpu_seconds(pid: int, tid: int) -> float:
+    """The user + system CPU time of thread ``tid`` of process ``pid`` so far (from /proc)."""
+    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
-def running_proxy(server: Server, secret_file: Path) -> Iterator[tuple[int, Callable[[], float]]]:
-    """``cowproxy serve`` in front of ``server`` on a free port, binding with ``secret_file``'s secret; yields
-    its port and what gives the CPU seconds it has used (all its threads)."""
+def running_proxy(server: Server, secret_file: Path, *, metrics: bool = False) -> Iterator[ProxyProcess]:
+    """``cowproxy serve`` in front of ``server`` on a free port, binding with ``secret_file``'s secret
+    (``metrics``: serving /metrics on another free port)."""
     cowproxy = [str(Path(sys.executable).with_name("cowproxy"))]
     upstream = f"{server.host}:{server.port}"
+    metrics_port = free_port() if metrics else None
+    extra = ["--bind-secret-file", str(secret_file)]
+    if metrics_port is not None:
+        extra += ["--metrics", f"127.0.0.1:{metrics_port}"]
     try:
-        with cowproxy_popen(cowproxy, upstream, ["--bind-secret-file", str(secret_file)]) as (port, proc):
-            yield port, lambda: cpu_seconds(proc.pid)
+        with cowproxy_popen(cowproxy, upstream, extra) as (port, proc):
+            yield ProxyProcess(port, proc.pid, metrics_port)
     except ServeError as exc:
         raise PeerSuiteError(str(exc)) from exc
 
@@ -306,7 +344,13 @@ def join_options(dsn: str) -> str:
 
 
 def run_session(
-    server: Server, root: Path, modules: Sequence[str], prefix: str, *, proxy: bool = True
+    server: Server,
+    root: Path,
+    modules: Sequence[str],
+    prefix: str,
+    *,
+    proxy: bool = True,
+    metrics: bool = False,
 ) -> RunResult:
     """Create and migrate the test databases directly, install cowproxy, then run the modules in a session
     (through the proxy, or joined directly on the server without it)."""
@@ -327,24 +371,33 @@ def run_session(
                 join = join_options(server.dsn_for(f"{prefix}_default"))
                 env = _settings_env(server, prefix, session=SESSION, join=join)
                 return run_django(root, modules, env, keepdb=True)
-            with running_proxy(server, secret_file) as (port, cpu):
-                run = run_django(
-                    root, modules, _settings_env(server, prefix, port=port, session=SESSION), keepdb=True
+            with running_proxy(server, secret_file, metrics=metrics) as proxy_process:
+                env = _settings_env(server, prefix, port=proxy_process.port, session=SESSION)
+                run = run_django(root, modules, env, keepdb=True)
+                return replace(
+                    run,
+                    proxy_cpu=proxy_process.cpu(),
+                    proxy_main_cpu=proxy_process.main_thread_cpu(),
+                    proxy_metrics=proxy_process.scrape(),
                 )
-                return replace(run, proxy_cpu=cpu())
     finally:
         _drop_databases(server, prefix)
 
 
 def compare(
-    server: Server, modules: Sequence[str], root: Path | None = None, *, breakdown: bool = False
+    server: Server,
+    modules: Sequence[str],
+    root: Path | None = None,
+    *,
+    breakdown: bool = False,
+    metrics: bool = False,
 ) -> Comparison:
     root = root or fetch_django(cache_dir())
     with psycopg.connect(server.maintenance_dsn, autocommit=True) as conn:
         version = int(conn.execute("SHOW server_version_num").fetchone()[0])  # type: ignore[index]
     prefix = f"cowpeer_{os.getpid()}"
     direct = run_django(root, modules, _settings_env(server, prefix + "_d"), keepdb=False)
-    session = run_session(server, root, modules, prefix + "_s")
+    session = run_session(server, root, modules, prefix + "_s", metrics=metrics)
     joined = run_session(server, root, modules, prefix + "_j", proxy=False) if breakdown else None
     per_module: dict[str, dict[str, object]] = {
         m: {
@@ -386,6 +439,7 @@ def report(c: Comparison) -> str:
         f"tests run: direct {c.direct.ran}, session {c.session.ran}; time: direct {c.direct.seconds:.1f} s, "
         f"session {c.session.seconds:.1f} s ({c.session.seconds / max(c.direct.seconds, 0.001):.2f}x)"
         + (f"; proxy CPU {c.session.proxy_cpu:.1f} s" if c.session.proxy_cpu is not None else "")
+        + (f" (main thread {c.session.proxy_main_cpu:.1f} s)" if c.session.proxy_main_cpu is not None else "")
     )
     if c.joined:
         lines.append(
@@ -443,15 +497,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="a third run: the session joined directly on PostgreSQL, without the proxy (the layer's part)",
     )
+    parser.add_argument(
+        "--proxy-metrics",
+        type=Path,
+        help="the session's proxy serves /metrics; write its scrape at the run's end to this file",
+    )
     args = parser.parse_args(argv)
     modules = args.modules or (CI_MODULES if args.ci else ALL_MODULES)
     try:
         with _server(args.dsn) as server:
-            comparison = compare(server, modules, breakdown=args.breakdown)
+            comparison = compare(
+                server, modules, breakdown=args.breakdown, metrics=args.proxy_metrics is not None
+            )
     except PeerSuiteError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(report(comparison))
+    if args.proxy_metrics and comparison.session.proxy_metrics is not None:
+        args.proxy_metrics.write_text(comparison.session.proxy_metrics)
     if args.json:
         args.json.write_text(json.dumps(comparison.as_json(), indent=2) + "\n")
     return 1 if comparison.session_only else 0
