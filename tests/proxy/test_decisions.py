@@ -12,7 +12,9 @@ from tests.proxy.test_relay_unit import _join, relay, reply, send
 
 def test_texts_of_one_shape_share_a_decision() -> None:
     """The simple protocol's texts that differ only in literals get one decision, by their shape; texts whose
-    literals may matter (a regclass cast, set_config) keep exact decisions or none."""
+    literals may matter (a regclass cast, set_config) keep exact decisions or none. A shape whose proof
+    needs a parse of its own (the fast path answered its text) is proven at its second text: the first one
+    is decided by its exact text."""
     r = relay(Tags("S1"))
     _join(r, p.encode_query("SELECT v FROM t WHERE id = 1"))
     for sql in (
@@ -25,10 +27,11 @@ def test_texts_of_one_shape_share_a_decision() -> None:
         send(r, p.encode_query(sql))
         reply(r, p.encode_command_complete("SELECT 1"), p.encode_ready("I"))
     assert set(r.decisions.table) == {
+        b"QSELECT v FROM t WHERE id = 1",  # (the fast path's: its shape seen once)
         b"qSELECT v FROM t WHERE id = \xff",
-        b"qUPDATE t SET v = \xfd WHERE id = -\xff",
+        b"qUPDATE t SET v = \xfd WHERE id = -\xff",  # (parsed: proven at the first text)
         b"QSELECT 'x'::regclass",  # (outside a catalog's CoW tables: forwarded as it is, by its exact text)
-        b"qSELECT \xff -- 2",
+        b"QSELECT 1 -- 2",  # (seen once)
     }
 
 
