@@ -8,11 +8,17 @@ from typing import Any
 
 import pglast
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pglast.parser import parse_sql_json
 from pglast.stream import RawStream
 
 from proxy.errors import ProxyError
 from proxy.sql import Analysis, Analyzer, Catalog, CatalogError, apply_tag_map
-from proxy.sql.analyze import RETURNING_MARK
+from proxy.sql.analyze import RETURNING_MARK, _inspect
+from proxy.sql.policy import DEFAULT_POLICY
+from proxy.sql.rewrites import lateral
+from proxy.sql.rewrites.base import Context
 
 from . import catalogs
 from .catalogs import SAMPLE, rows, sample_catalog
@@ -774,3 +780,72 @@ def test_insert_returning_under_row_security_is_marked_for_the_layer(sql: str, m
     assert result.error is None
     assert (result.rewritten or "").startswith(RETURNING_MARK) is marked
     assert Analyzer().analyze(sql, sample_catalog(), in_session=False).rewritten is None
+
+
+# Joins of the sample's CoW tables, filtered or limited anywhere (the lateral rule's detection is a cheap
+# superset of what the rule changes: it must never miss one).
+_JOINABLE = [("comments", "c"), ("issues", "i"), ("projects", "p")]
+_JOIN_KEYS = {"i": "i.id = c.issue_id", "p": "p.id = i.project_id"}
+_CONDITIONS = st.sampled_from(
+    [
+        "{q}.id = 5",
+        "{q}.id IN (1, 2)",
+        "{q}.id > 3",
+        "{q}.id BETWEEN 1 AND 4",
+        "{q}.id = ANY ('{{1,2}}')",
+        "{q}.id = $1",
+        "5 = {q}.id",
+        "{q}.id = c.id",
+        "{q}.id IS NULL",
+        "lower({q}.title) = 'x'",
+        "id = 5",
+    ]
+)
+
+
+_JOIN_CASES = st.fixed_dictionaries(
+    {
+        "tables": st.integers(min_value=2, max_value=3),
+        "left": st.booleans(),
+        "aliased": st.booleans(),
+        "conditions": st.lists(st.tuples(_CONDITIONS, st.sampled_from("cip")), max_size=3),
+        "disjunction": st.booleans(),
+        "limit": st.booleans(),
+        "locked": st.booleans(),
+    }
+)
+
+
+def _join_sql(case: dict[str, Any]) -> str:
+    names = _JOINABLE[: case["tables"]]
+    source = f"comments {'c' if case['aliased'] else 'AS c'}"
+    for table, alias in names[1:]:
+        source += f" {'LEFT JOIN' if case['left'] else 'JOIN'} {table} {alias} ON {_JOIN_KEYS[alias]}"
+    aliases = {a for _, a in names}
+    used = [cond.format(q=q) for cond, q in case["conditions"] if q in aliases]
+    sql = f"SELECT c.id FROM {source}"
+    if used:
+        sql += " WHERE " + (" OR " if case["disjunction"] else " AND ").join(used)
+    return sql + (" LIMIT 3" if case["limit"] else "") + (" FOR UPDATE OF c" if case["locked"] else "")
+
+
+def _lateral_changes(sql: str) -> tuple[bool, bool]:
+    """(the lateral rule's detection flags ``sql``, the rule changes it)."""
+    found = _inspect(json.loads(parse_sql_json(sql))["stmts"], CATALOG, True, DEFAULT_POLICY).found
+    node = pglast.parse_sql(sql)[0].stmt
+    return "lateral" in found, lateral.apply(Context(CATALOG, 170000), node) is not None
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=_JOIN_CASES)
+def test_the_lateral_rules_detection_flags_every_join_it_changes(case: dict[str, Any]) -> None:
+    sql = _join_sql(case)
+    detected, changed = _lateral_changes(sql)
+    assert detected or not changed, sql
+
+
+def test_a_join_filtered_on_a_later_relation_wakes_no_lateral_rule() -> None:
+    """Django's joins filtered on the joined table leave the first relation open: no parse for the rule."""
+    assert _lateral_changes(f"SELECT * {CHAIN} WHERE p.name = 'x'") == (False, False)
+    assert _lateral_changes(f"SELECT * {CHAIN} WHERE c.id = 5 FOR UPDATE") == (False, False)
+    assert _lateral_changes(f"SELECT * {CHAIN} WHERE c.id = 5") == (True, True)

@@ -202,12 +202,64 @@ class _LateralJoins(Visitor):
         return Skip
 
 
+_RESTRICTING_KINDS = frozenset(kind.name for kind in _RESTRICTING)
+
+
+def _first_range_name(select: JsonNode) -> str | None:
+    """``range_name(first_range(…))`` of a JSON SelectStmt."""
+    items = select.get("fromClause") or []
+    first = items[0] if items else None
+    while isinstance(first, dict) and "JoinExpr" in first:
+        if first["JoinExpr"].get("alias") is not None:
+            return None
+        first = first["JoinExpr"].get("larg")
+    if not isinstance(first, dict) or "RangeVar" not in first:
+        return None
+    relation = first["RangeVar"]
+    alias = relation.get("alias")
+    return str(alias["aliasname"]) if alias else relation.get("relname")
+
+
+def _json_qualifier(node: object) -> str | None:
+    """``qualifier`` of a JSON node."""
+    if not isinstance(node, dict) or "ColumnRef" not in node:
+        return None
+    fields = [f.get("String", {}).get("sval") for f in node["ColumnRef"].get("fields") or ()]
+    return fields[-2] if len(fields) >= 2 and None not in fields else None
+
+
+def _may_drive(select: JsonNode) -> bool:
+    """Whether ``_LateralJoins._driver`` may find the first relation pinned or restricted (a superset: a
+    LIMIT, or a top-level condition comparing one of its columns)."""
+    if select.get("limitCount") is not None:
+        return True
+    name = _first_range_name(select)
+    if name is None:
+        return False
+    where = select.get("whereClause")
+    boolean = where.get("BoolExpr") if isinstance(where, dict) else None
+    terms = (boolean.get("args") or []) if boolean and boolean.get("boolop") == "AND_EXPR" else [where]
+    for term in terms:
+        expr = term.get("A_Expr") if isinstance(term, dict) else None
+        if (
+            expr is not None
+            and expr.get("kind") in _RESTRICTING_KINDS
+            and name in (_json_qualifier(expr.get("lexpr")), _json_qualifier(expr.get("rexpr")))
+        ):
+            return True
+    return False
+
+
 def detect(scan: Scan, node: JsonNode) -> bool:
-    """A SELECT (or set-operation member) joining CoW tables with WHERE or LIMIT: the rule decides."""
+    """A SELECT (or set-operation member) of one FROM item joining CoW tables, not locking rows, whose first
+    relation a LIMIT or a condition on its columns may restrict: the rule decides. (Django's joins filtered
+    on a later relation, most of those that woke the rule, need no parse for it.)"""
     return any_select(
         node,
         lambda s: (
-            bool(s.get("whereClause") or s.get("limitCount"))
+            not s.get("lockingClause")
+            and len(s.get("fromClause") or ()) == 1
+            and _may_drive(s)
             and sum(scan.cow(r) for r in from_relations(s.get("fromClause"))) >= 2
         ),
     )
