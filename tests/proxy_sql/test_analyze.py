@@ -849,3 +849,18 @@ def test_a_join_filtered_on_a_later_relation_wakes_no_lateral_rule() -> None:
     assert _lateral_changes(f"SELECT * {CHAIN} WHERE p.name = 'x'") == (False, False)
     assert _lateral_changes(f"SELECT * {CHAIN} WHERE c.id = 5 FOR UPDATE") == (False, False)
     assert _lateral_changes(f"SELECT * {CHAIN} WHERE c.id = 5") == (True, True)
+
+
+def test_a_key_read_with_literals_only_wakes_no_key_read_rule() -> None:
+    """A key condition needs a ``$n``: a text with literals only (Django's) is no key read, and the rule's
+    detection says so without pglast's second parse."""
+
+    def found(sql: str) -> set[str]:
+        stmts = json.loads(parse_sql_json(sql))["stmts"]
+        return set(_inspect(stmts, CATALOG, True, DEFAULT_POLICY).found)
+
+    assert "key_reads" not in found("SELECT name FROM projects WHERE id = 5")
+    assert analyze("SELECT name FROM projects WHERE id IN (5, 6)").rewritten is None
+    assert "key_reads" in found("SELECT name FROM projects WHERE id = $1")
+    assert "key_reads" in found("EXPLAIN SELECT name FROM projects WHERE id BETWEEN 1 AND $2")
+    assert analyze("SELECT name FROM projects WHERE id = $1").rewritten is not None

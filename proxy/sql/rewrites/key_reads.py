@@ -290,12 +290,32 @@ class _OpaqueParams(Visitor):
         return expression(f"SELECT (SELECT ${ref.number})")
 
 
+def _has_param(node: object) -> bool:
+    """Whether a JSON subtree holds a ``$n``."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if "ParamRef" in item:
+                return True
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
 def detect(scan: Scan, stmt: JsonNode) -> bool:
-    """A top-level ``SELECT … FROM t WHERE …`` of one CoW table: the rule decides whether it is a key
-    read."""
+    """A top-level ``SELECT … FROM t WHERE …`` of one CoW table with a ``$n`` in its WHERE (a key condition
+    needs one): the rule decides whether it is a key read. (Texts with literals only, as Django writes them,
+    need no parse for it.)"""
     select = child(child(stmt, "ExplainStmt", "query") or stmt, "SelectStmt")
     items = children(select, "fromClause")
-    return "whereClause" in select and len(items) == 1 and scan.cow(items[0].get("RangeVar"))
+    return (
+        "whereClause" in select
+        and len(items) == 1
+        and bool(scan.cow(items[0].get("RangeVar")))
+        and _has_param(select["whereClause"])
+    )
 
 
 def apply(ctx: Context, node: ast.Node) -> Step | None:
