@@ -66,27 +66,33 @@ OLD_LAYER_COMMIT = "8285c30"
 OLD_VERSIONS = (1, 2, 3, 4)
 
 
-def old_migration_files(upto: int) -> list[tuple[int, str, str]]:
-    """(version, name, sql) of the numbered files 1..upto at OLD_LAYER_COMMIT; skips without git history."""
+def files_at(commit: str, folder: str) -> list[tuple[str, str]]:
+    """(name, text) of the files in ``folder`` at ``commit`` of this repository's history, by name; skips
+    without git, or in a clone without that commit."""
     root = Path(__file__).resolve().parents[1]
     git = shutil.which("git")
     if git is None:
-        pytest.skip("no git: the old layer versions are read from git history")
+        pytest.skip(f"no git: {folder} at {commit} is read from git history")
 
     def show(*args: str) -> str:
         out = subprocess.run([git, "-C", str(root), *args], capture_output=True, text=True, check=False)
         if out.returncode != 0:
-            pytest.skip(f"git history has no {OLD_LAYER_COMMIT} (shallow clone?): {out.stderr.strip()}")
+            pytest.skip(f"git history has no {commit} (shallow clone?): {out.stderr.strip()}")
         return out.stdout
 
-    files = []
-    for path in show("ls-tree", "--name-only", OLD_LAYER_COMMIT, "migrations/sql/").split():
-        name = path.rsplit("/", 1)[1]
-        version = int(name[:4])
-        if version <= upto:
-            files.append((version, name[5:-4], show("show", f"{OLD_LAYER_COMMIT}:{path}")))
+    paths = sorted(show("ls-tree", "--name-only", commit, folder.rstrip("/") + "/").split())
+    return [(path.rsplit("/", 1)[1], show("show", f"{commit}:{path}")) for path in paths]
+
+
+def old_migration_files(upto: int) -> list[tuple[int, str, str]]:
+    """(version, name, sql) of the numbered files 1..upto at OLD_LAYER_COMMIT; skips without git history."""
+    files = [
+        (int(name[:4]), name[5:-4], sql)
+        for name, sql in files_at(OLD_LAYER_COMMIT, "migrations/sql")
+        if int(name[:4]) <= upto
+    ]
     assert [f[0] for f in files] == list(range(1, upto + 1))
-    return sorted(files)
+    return files
 
 
 def install_old_layer(dsn: str, upto: int) -> None:

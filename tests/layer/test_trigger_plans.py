@@ -5,15 +5,13 @@ holding changes regenerates every table's triggers and keeps the session."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
 from migrations import install_layer
+from tests.fix_layer import files_at
 from tests.layer.test_install import run
 
 # main at layer 55, before this change: its repeatable files are the exact text such installs ran.
@@ -26,19 +24,7 @@ CREATE TABLE child (id int PRIMARY KEY, parent_id int REFERENCES parent (id) DEF
 
 
 def layer_55_functions() -> list[str]:
-    root = Path(__file__).resolve().parents[2]
-    git = shutil.which("git")
-    if git is None:
-        pytest.skip("no git: layer 55's function files are read from git history")
-
-    def show(*args: str) -> str:
-        out = subprocess.run([git, "-C", str(root), *args], capture_output=True, text=True, check=False)
-        if out.returncode != 0:
-            pytest.skip(f"git history has no {LAYER_55_COMMIT} (shallow clone?): {out.stderr.strip()}")
-        return out.stdout
-
-    paths = show("ls-tree", "--name-only", LAYER_55_COMMIT, "migrations/sql/functions/").split()
-    return [show("show", f"{LAYER_55_COMMIT}:{path}") for path in sorted(paths)]
+    return [sql for _, sql in files_at(LAYER_55_COMMIT, "migrations/sql/functions")]
 
 
 def settings(conn: psycopg.Connection[Any]) -> set[tuple[str, str]]:
