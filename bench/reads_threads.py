@@ -98,30 +98,18 @@ def run(
     """N pgbench processes through one proxy: (transactions, main thread CPU, other threads' CPU, the
     warm-up's transactions, the writer's backend's CPU)."""
     assert target.pid is not None
+
+    def run(seconds: float) -> int:
+        return sessions(
+            args, tool, target.host, target.port, name, user=user, run=("-T", str(seconds)), database=database
+        )
+
     warm = 0
     if args.warmup:
-        warm = sessions(
-            args,
-            tool,
-            target.host,
-            target.port,
-            name,
-            user=user,
-            run=("-T", str(args.warmup)),
-            database=database,
-        )
+        warm = run(args.warmup)
         time.sleep(SETTLE)
     main0, other0, server0 = *thread_cpu(target.pid), writer_cpu(db_dsn)
-    txns = sessions(
-        args,
-        tool,
-        target.host,
-        target.port,
-        name,
-        user=user,
-        run=("-T", str(args.seconds)),
-        database=database,
-    )
+    txns = run(args.seconds)
     time.sleep(SETTLE)  # (the writer's last batch)
     main1, other1, server1 = *thread_cpu(target.pid), writer_cpu(db_dsn)
     return txns, main1 - main0, other1 - other0, warm, server1 - server0
