@@ -118,6 +118,19 @@ def with_database(dsn: str, database: str) -> str:
     return urlunsplit(urlsplit(dsn)._replace(path="/" + database))
 
 
+def install_layer_cli(
+    dsn: str, checkout: str | os.PathLike[str] = ROOT, python: str = sys.executable
+) -> None:
+    """`cowproxy install --dsn DSN` as ``checkout``'s CLI runs it (its layer files; ``python``: its venv)."""
+    subprocess.run(
+        [python, "-m", "cowproxy", "install", "--dsn", dsn],
+        check=True,
+        capture_output=True,
+        cwd=checkout,
+        env={**os.environ, "PYTHONPATH": str(checkout)},
+    )
+
+
 @contextlib.contextmanager
 def server(dsn: str | None, shared_buffers: str) -> Iterator[str]:
     """DSN of the maintenance database of the server to use: ``dsn``, or an embedded PostgreSQL."""

@@ -214,8 +214,7 @@ def main() -> None:
             bp.create_database(dsn, tool, host=host, port=port, user=user, database=base, scale=10)
             base_dsn = urlsplit(dsn)._replace(path="/" + base).geturl()
             python = str(args.baseline.resolve() / ".venv" / "bin" / "python")
-            install = [python, "-m", "cowproxy", "install", "--dsn", base_dsn]
-            subprocess.run(install, check=True, capture_output=True, cwd=args.baseline)
+            common.install_layer_cli(base_dsn, args.baseline, python)
             for name in databases:
                 if name.startswith("base_"):
                     databases[name], dsns[name] = base, base_dsn

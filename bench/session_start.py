@@ -58,13 +58,7 @@ def make_database(dsn: str, name: str, tables: int, root: Path = ROOT) -> str:
         for i in range(tables):
             conn.execute(f"CREATE TABLE t{i} (id int PRIMARY KEY, v text, n int DEFAULT 0)")
             conn.execute(f"INSERT INTO t{i} SELECT g, 'v' || g FROM generate_series(1, 100) g")
-    subprocess.run(
-        [sys.executable, "-m", "cowproxy", "install", "--dsn", db],
-        check=True,
-        capture_output=True,
-        cwd=root,
-        env={**os.environ, "PYTHONPATH": str(root)},
-    )
+    common.install_layer_cli(db, root)
     return db
 
 

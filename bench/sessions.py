@@ -345,12 +345,7 @@ def pgbench_database(dsn: str, database: str, tool: str, scale: int) -> str:
         check=True,
         capture_output=True,
     )
-    subprocess.run(
-        [sys.executable, "-m", "cowproxy", "install", "--dsn", db_dsn],
-        check=True,
-        capture_output=True,
-        cwd=ROOT,
-    )
+    common.install_layer_cli(db_dsn)
     return db_dsn
 
 

@@ -31,8 +31,6 @@ import contextlib
 import glob
 import os
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -69,13 +67,7 @@ def make_database(dsn: str, name: str) -> str:
     with psycopg.connect(db, autocommit=True) as conn:
         conn.execute("CREATE TABLE hop_t (id int PRIMARY KEY, v text)")
         conn.execute("INSERT INTO hop_t SELECT g, 'v' || g FROM generate_series(1, 1000) g")
-    subprocess.run(
-        [sys.executable, "-m", "cowproxy", "install", "--dsn", db],
-        check=True,
-        capture_output=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    common.install_layer_cli(db)
     return db
 
 
