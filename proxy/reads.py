@@ -64,6 +64,9 @@ MAX_TEXT = 4000  # characters of a statement's text kept
 # batch is a transaction of the COPY and this statement (four exchanges: ~0.4 ms more of the proxy's CPU).
 # Layer 52 stores a read's parameters (cow.reads.params), and readers derive its identity: an older layer's
 # rows need the identity itself, which the writer then computes from the rows (``with_identities``).
+# Layer 57 stores a run of one session's reads as one row of cow.read_runs (its COPY rows as they are, in a
+# bytea; cow.reads is a view that unpacks them): the server's row, key entry, CHECK and trigger are paid once
+# per run, not once per read.
 _LAYER_FEATURES = """
 SELECT EXISTS (
     SELECT 1 FROM pg_catalog.pg_trigger
@@ -71,7 +74,7 @@ SELECT EXISTS (
 ), EXISTS (
     SELECT 1 FROM pg_catalog.pg_attribute
     WHERE attrelid = pg_catalog.to_regclass('cow.reads') AND attname = 'params' AND NOT attisdropped
-)
+), pg_catalog.to_regclass('cow.read_runs') IS NOT NULL
 """
 _REGISTER = """
 WITH ids AS (SELECT unnest($1::text[]) AS id),
@@ -123,6 +126,11 @@ _END = struct.Struct("!iqiq")
 _END_NO_ROWS = struct.Struct("!4siq")
 _PG_EPOCH = 946_684_800  # 2000-01-01 in Unix time
 _TEXT_OID = 25
+# A row of cow.read_runs (layer 57): the session, how many reads, their COPY rows (``encode_rows``' format).
+RUN_COLUMNS: tuple[str, ...] = ("session", "reads", "data")
+_RUN_FIELDS = struct.pack("!h", len(RUN_COLUMNS))
+_RUN_COUNT = struct.Struct("!ii")
+MAX_RUN = 65_535  # reads a run holds (the layer's CHECK; readers order a run's reads by seq * 65,536 + place)
 
 
 class ReadRecord(NamedTuple):
@@ -168,6 +176,31 @@ def _parts(items: Sequence[ReadRecord | _Rows], shapes: _Shapes) -> Iterator[byt
             run.append(item)
     if run:
         yield encode_rows(run, shapes)
+
+
+def _run_head(session: str, count: int, size: int) -> bytes:
+    """A cow.read_runs COPY row up to its data: the session, the run's reads, the data's length."""
+    return _RUN_FIELDS + _copy_text(session) + _RUN_COUNT.pack(4, count) + _LENGTH.pack(size)
+
+
+def _run_parts(items: Sequence[ReadRecord | _Rows], shapes: _Shapes) -> Iterator[bytes]:
+    """One database's batch as COPY rows of cow.read_runs, in the order offered: a run for each take of the
+    C relay's rows (one connection's: one session), and for each stretch of records between them one run a
+    session (a session's records keep their order), of at most MAX_RUN reads."""
+    stretch: dict[str, list[ReadRecord]] = {}
+    for item in [*items, None]:
+        if isinstance(item, ReadRecord):
+            stretch.setdefault(item.session, []).append(item)
+            continue
+        for session, records in stretch.items():
+            for start in range(0, len(records), MAX_RUN):
+                data = encode_rows(records[start : start + MAX_RUN], shapes)
+                yield _run_head(session, len(records[start : start + MAX_RUN]), len(data))
+                yield data
+        stretch = {}
+        if item is not None:
+            yield _run_head(item.session, item.size, len(item.data))
+            yield item.data
 
 
 # ``new_record(ReadRecord, (nine fields, in order))``: a ReadRecord without the generated __new__'s Python
@@ -449,6 +482,7 @@ class ReadRecorder:
         # By database, what its layer does (_LAYER_FEATURES): registers sessions; stores parameters.
         self._registers: dict[str, bool] = {}
         self._params: dict[str, bool] = {}
+        self._runs: dict[str, bool] = {}  # (layer 57: cow.read_runs)
         self._shapes = _Shapes()
         self._task: asyncio.Task[None] | None = None
         self._busy = False
@@ -604,19 +638,7 @@ class ReadRecorder:
         for database, items in by_database.items():
             count = _records(items)
             try:
-                conn = await self._connection(database)
-                parts = tuple(_parts(items, self._shapes))
-                columns = COPY_COLUMNS
-                if not self._params[database]:
-                    parts, columns = (with_identities(b"".join(parts)),), COPY_COLUMNS_IDENTITY
-                data = (_COPY_HEADER, *parts, _COPY_TRAILER)
-                if self._registers[database]:
-                    await self._copy(conn, data, columns)
-                else:
-                    names = {item.session for item in items}
-                    async with conn.transaction():
-                        await self._copy(conn, data, columns)
-                        await conn.execute(_REGISTER, sorted(s for s in names if valid_id(s)))
+                await self._send(await self._connection(database), database, items)
             except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 self.dropped["write_failed"] += count
                 await self._forget(database)
@@ -632,10 +654,29 @@ class ReadRecorder:
             self._failing.discard(database)
             self.recorded += count
 
+    async def _send(self, conn: Any, database: str, items: list[ReadRecord | _Rows]) -> None:
+        """One database's items in one COPY: as runs (layer 57), else a row per read (an older layer's)."""
+        if self._runs.get(database, False):
+            runs = (_COPY_HEADER, *_run_parts(items, self._shapes), _COPY_TRAILER)
+            await self._copy(conn, runs, RUN_COLUMNS, "read_runs")
+            return
+        parts = tuple(_parts(items, self._shapes))
+        columns = COPY_COLUMNS
+        if not self._params[database]:
+            parts, columns = (with_identities(b"".join(parts)),), COPY_COLUMNS_IDENTITY
+        data = (_COPY_HEADER, *parts, _COPY_TRAILER)
+        if self._registers[database]:
+            await self._copy(conn, data, columns)
+        else:
+            names = {item.session for item in items}
+            async with conn.transaction():
+                await self._copy(conn, data, columns)
+                await conn.execute(_REGISTER, sorted(s for s in names if valid_id(s)))
+
     @staticmethod
-    async def _copy(conn: Any, data: Sequence[bytes], columns: Sequence[str]) -> None:
+    async def _copy(conn: Any, data: Sequence[bytes], columns: Sequence[str], table: str = "reads") -> None:
         await conn.copy_to_table(
-            "reads", schema_name="cow", columns=columns, source=_Pieces(data), format="binary"
+            table, schema_name="cow", columns=columns, source=_Pieces(data), format="binary"
         )
 
     async def _connection(self, database: str) -> Any:
@@ -647,6 +688,7 @@ class ReadRecorder:
                     features = await conn.fetchrow(_LAYER_FEATURES)
                     assert features is not None  # (one row, always)
                     self._registers[database], self._params[database] = bool(features[0]), bool(features[1])
+                    self._runs[database] = bool(features[2])
                 except BaseException:
                     conn.terminate()
                     raise

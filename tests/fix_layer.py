@@ -159,3 +159,19 @@ def commit_conflicts(conn: psycopg.Connection[Any], session: str, session_write:
     with pytest.raises(psycopg.errors.SerializationFailure) as failure:
         conn.execute("SELECT cow.commit_session(%s)", (session,))
     return str(failure.value)
+
+
+# main at layer 56, before migration 57 made cow.reads a view: its 62_reads.sql is the text such installs ran.
+LAYER_56_COMMIT = "efb8d84"
+
+
+def reads_as_layer_56(conn: psycopg.Connection[Any]) -> None:
+    """The read traces as layer 56 left them (57 not applied): cow.reads a table (the rows' table under its
+    old name, keeping its rows), no cow.read_runs, 56's trigger functions; an install applies 57 again."""
+    conn.execute("DROP VIEW cow.reads")
+    conn.execute("DROP TABLE cow.read_runs")
+    conn.execute("ALTER TABLE cow.read_rows RENAME TO reads")
+    (sql,) = [t for name, t in files_at(LAYER_56_COMMIT, "migrations/sql/functions") if name == "62_reads.sql"]
+    conn.execute(sql.encode())  # bytes: file text, not a literal query
+    conn.execute("UPDATE cow.repeatables SET checksum = 'layer 56' WHERE name = '62_reads.sql'")
+    conn.execute("DELETE FROM cow.migrations WHERE version = 57")

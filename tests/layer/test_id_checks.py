@@ -1,5 +1,6 @@
 """The layer's id rule without a bounded repetition (migrations 51 and 54): ``cow.valid_id`` and the CHECKs of
-cow.sessions, cow.bindings, cow.proxy_routes and cow.reads accept exactly the ids the pattern
+cow.sessions, cow.bindings, cow.proxy_routes and cow.reads (its tables cow.read_rows and cow.read_runs from
+layer 57) accept exactly the ids the pattern
 ``'^[A-Za-z0-9._:-]{1,128}$'`` accepted (1 to 128 characters of ``[A-Za-z0-9._:-]``), as PostgreSQL itself
 matches that pattern, and as the proxy's own check does."""
 
@@ -82,8 +83,9 @@ def test_no_bounded_repetition_in_the_id_rule(layer_db: str) -> None:
     assert sorted(t for t, _ in checks) == [
         "cow.bindings",
         "cow.proxy_routes",
-        "cow.reads",
-        "cow.reads",
+        "cow.read_rows",
+        "cow.read_rows",
+        "cow.read_runs",
         "cow.sessions",
     ], checks
     assert not [c for _, c in checks if "{1,128}" in c], checks

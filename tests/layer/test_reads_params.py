@@ -12,6 +12,7 @@ import psycopg
 from cowproxy.read_identity import identity
 from migrations import install_layer
 from scoring.extract import fetch_reads
+from tests.fix_layer import reads_as_layer_56
 from tests.layer.test_cli import cli
 from tests.layer.test_install import run
 
@@ -23,7 +24,8 @@ INSERT = (
 
 
 def _as_layer_51(conn: psycopg.Connection[tuple[object, ...]]) -> None:
-    """cow.reads as migration 51 left it (no params, identity NOT NULL), 52 not applied."""
+    """cow.reads as migration 51 left it (no params, identity NOT NULL), 52 not applied (nor 57)."""
+    reads_as_layer_56(conn)
     conn.execute("ALTER TABLE cow.reads DROP COLUMN params, ALTER COLUMN identity SET NOT NULL")
     conn.execute("DELETE FROM cow.migrations WHERE version = 52")
 
@@ -44,11 +46,11 @@ def test_the_upgrade_from_51_keeps_old_identities_and_readers_derive_new_ones(la
         _as_layer_51(conn)
         for params in (key1, key2, key1, None):
             _old_row(conn, "up1", params)
-    assert run(layer_db, install_layer).applied == (52,)
+    assert run(layer_db, install_layer).applied == (52, 57)
     with psycopg.connect(layer_db, autocommit=True) as conn:
         nullable = conn.execute(
             "SELECT attnotnull FROM pg_attribute"
-            " WHERE attrelid = 'cow.reads'::regclass AND attname = 'identity'"
+            " WHERE attrelid = 'cow.read_rows'::regclass AND attname = 'identity'"
         ).fetchone()
         assert nullable == (False,)
         stored = conn.execute("SELECT identity, params FROM cow.reads WHERE session = 'up1' ORDER BY seq")

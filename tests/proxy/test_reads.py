@@ -34,6 +34,7 @@ from proxy.reads import (
     record_row,
 )
 from tests.fix_db import PgServer
+from tests.fix_layer import reads_as_layer_56
 from tests.fix_proxy import RunningProxy, run_proxy
 from tests.layer.test_cli import cli, one_error_line
 from tests.proxy.test_fast_relay import scrape
@@ -193,6 +194,7 @@ def test_a_database_without_the_trace_table_counts_failed_writes(
     recording: RunningProxy, layer_db: str, create_database: Any, layer_template: str
 ) -> None:
     with psycopg.connect(layer_db, autocommit=True) as conn:
+        reads_as_layer_56(conn)
         conn.execute("DROP TABLE cow.reads")  # (a layer from before migration 50, as far as the writer sees)
     with psycopg.connect(tagged(recording, layer_db, "s4", "op1"), autocommit=True) as conn:
         conn.execute("SELECT 1").fetchone()
@@ -254,6 +256,7 @@ def test_a_session_that_only_reads_is_registered_and_can_be_discarded(
     layer from before that trigger the writer registers them itself, in the COPY's transaction."""
     if layer == "older":
         with psycopg.connect(layer_db, autocommit=True) as conn:
+            reads_as_layer_56(conn)
             conn.execute("DROP TRIGGER cow_reads_register ON cow.reads")
     with run_proxy(pg_server, reads_dsn=pg_server.dsn, fast_relay=fast_relay) as recording:
         _read_only_session(recording, layer_db)
@@ -265,6 +268,7 @@ def test_a_layer_before_52_gets_identities_from_the_writer(
     """A layer without cow.reads.params (before 52) stores identities: the writer derives them from the
     rows it sends (the relays no longer hash), the same that readers derive from a layer 52 row."""
     with psycopg.connect(layer_db, autocommit=True) as conn:
+        reads_as_layer_56(conn)
         conn.execute("ALTER TABLE cow.reads DROP COLUMN params, ALTER COLUMN identity SET NOT NULL")
     with (
         run_proxy(pg_server, reads_dsn=pg_server.dsn, fast_relay=fast_relay) as recording,
