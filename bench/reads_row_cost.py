@@ -18,7 +18,10 @@ records of a `pgbench -S`-like session (one text, a CoW table, 4-byte parameters
   ``heap``: no index at all; ``one index``: the primary key (session, seq) and no other index.
 
 The server's CPU is its backend's (``/proc/PID/stat``: the server must be on this machine), per row, the
-least of --trials (interleaved); the proxy's is the writer's thread (``thread_time``) per row.
+least of --trials (interleaved); the proxy's is the writer's thread (``thread_time``) per row. On a layer
+from 57 on, the rows' table is ``cow.read_rows`` and the same reads are also written as runs into
+``cow.read_runs`` (``runs 1024``: a C relay's take a row; ``runs 64``), and into copies of it storing a run
+compressed (``runs pglz``, ``runs lz4``) or inline (``runs main``): µs per read, not per row, there.
 """
 
 from __future__ import annotations
@@ -36,7 +39,18 @@ import _common as common  # first: it takes bench/ off the import path (its prox
 import asyncpg
 import psycopg
 
-from proxy.reads import _COPY_HEADER, _COPY_TRAILER, COPY_COLUMNS, ReadRecord, _Pieces, _Shapes, encode_rows
+from proxy.reads import (
+    _COPY_HEADER,
+    _COPY_TRAILER,
+    COPY_COLUMNS,
+    RUN_COLUMNS,
+    ReadRecord,
+    _Pieces,
+    _Rows,
+    _run_parts,
+    _Shapes,
+    encode_rows,
+)
 from proxy.sql import Catalog
 from proxy.sql.catalog import CATALOG_QUERY
 
@@ -72,7 +86,28 @@ def rows_of(n: int, catalog: Catalog | None, *, slim: bool) -> bytes:
     return data.replace(full, empty)
 
 
-async def one(conn: asyncpg.Connection, pid: int, table: tuple[str, str], data: bytes) -> tuple[float, float]:
+def runs_of(n: int, catalog: Catalog | None, size: int) -> bytes:
+    """The same n reads as rows of cow.read_runs (layer 57), runs of ``size`` (a C relay's take: ~1,024)."""
+    now = time.time()
+    shapes = _Shapes()
+    records = [
+        ReadRecord(
+            "db", "bench_1", f"op{i // 1024}", TEXT, (i % 100_000).to_bytes(4, "big"), 1, now, 40, catalog
+        )
+        for i in range(n)
+    ]
+    takes = [records[i : i + size] for i in range(0, n, size)]
+    items = [_Rows("db", "bench_1", encode_rows(take, shapes), len(take)) for take in takes]
+    return b"".join(_run_parts(items, shapes))
+
+
+async def one(
+    conn: asyncpg.Connection,
+    pid: int,
+    table: tuple[str, str],
+    data: bytes,
+    columns: tuple[str, ...] = COPY_COLUMNS,
+) -> tuple[float, float]:
     """(server CPU seconds, writer CPU seconds) of one COPY."""
     await conn.execute(f"TRUNCATE {table[0]}.{table[1]}")
     await conn.execute("CHECKPOINT")
@@ -81,7 +116,7 @@ async def one(conn: asyncpg.Connection, pid: int, table: tuple[str, str], data: 
     await conn.copy_to_table(
         table[1],
         schema_name=table[0],
-        columns=COPY_COLUMNS,
+        columns=columns,
         source=_Pieces((_COPY_HEADER, *parts, _COPY_TRAILER)),
         format="binary",
     )
@@ -95,7 +130,10 @@ async def measure(db_dsn: str, rows: int, trials: int) -> None:
     try:
         # Copies of cow.reads with each of its per-row costs alone: the heap and primary key, then each of
         # the session index, the CHECKs and the registration trigger on top.
-        bare = "(LIKE cow.reads INCLUDING DEFAULTS INCLUDING IDENTITY)"
+        # (from layer 57 the rows' table is cow.read_rows; cow.reads a view over it and cow.read_runs)
+        runs = bool(await conn.fetchval("SELECT to_regclass('cow.read_runs') IS NOT NULL"))
+        rows_table = "read_rows" if runs else "reads"
+        bare = f"(LIKE cow.{rows_table} INCLUDING DEFAULTS INCLUDING IDENTITY)"
         extras: dict[str, str] = {
             "bare": "",
             "+index": "CREATE INDEX ON {t} (session, seq)",
@@ -125,16 +163,32 @@ async def measure(db_dsn: str, rows: int, trials: int) -> None:
         catalog = Catalog.from_rows([tuple(row) for row in await conn.fetch(CATALOG_QUERY)])
         full, slim = rows_of(rows, catalog, slim=False), rows_of(rows, catalog, slim=True)
         cases = {
-            "cow.reads": (("cow", "reads"), full),
-            "slim": (("cow", "reads"), slim),
-            **{name: (("public", f"reads_bench_{i}"), full) for i, name in enumerate(extras)},
+            f"cow.{rows_table}": (("cow", rows_table), full, COPY_COLUMNS),
+            "slim": (("cow", rows_table), slim, COPY_COLUMNS),
+            **{name: (("public", f"reads_bench_{i}"), full, COPY_COLUMNS) for i, name in enumerate(extras)},
         }
+        if runs:
+            # Layer 57's runs of a C relay's take (1,024 reads) and of 64; and the run's bytes stored
+            # compressed (pglz, lz4 where the server has it) or inline instead of out of line uncompressed.
+            cases["runs 1024"] = (("cow", "read_runs"), runs_of(rows, catalog, 1024), RUN_COLUMNS)
+            cases["runs 64"] = (("cow", "read_runs"), runs_of(rows, catalog, 64), RUN_COLUMNS)
+            storages = {"pglz": "EXTENDED", "lz4": "EXTENDED COMPRESSION lz4", "main": "MAIN"}
+            for name, storage in storages.items():
+                table = f"public.runs_bench_{name}"
+                await conn.execute(f"DROP TABLE IF EXISTS {table}")
+                await conn.execute(f"CREATE TABLE {table} (LIKE cow.read_runs INCLUDING ALL)")
+                try:
+                    await conn.execute(f"ALTER TABLE {table} ALTER data SET STORAGE {storage}")
+                except asyncpg.PostgresError:  # (a server built without lz4)
+                    await conn.execute(f"DROP TABLE {table}")
+                    continue
+                cases[f"runs {name}"] = (("public", table[7:]), cases["runs 1024"][1], RUN_COLUMNS)
         best: dict[str, tuple[float, float]] = {name: (float("inf"), float("inf")) for name in cases}
         for _ in range(trials):
-            for name, (table, data) in cases.items():
-                server, proxy = await one(conn, pid, table, data)
+            for name, (table, data, columns) in cases.items():
+                server, proxy = await one(conn, pid, table, data, columns)
                 best[name] = (min(best[name][0], server), min(best[name][1], proxy))
-        for name, (_, data) in cases.items():
+        for name, (_, data, _) in cases.items():
             server, proxy = best[name]
             print(
                 f"{name:10} {len(data) / rows:6.0f} bytes/row  server {server / rows * 1e6:5.2f} µs/row"
@@ -142,7 +196,10 @@ async def measure(db_dsn: str, rows: int, trials: int) -> None:
             )
         for i in range(len(extras)):
             await conn.execute(f"DROP TABLE public.reads_bench_{i}")
-        await conn.execute("TRUNCATE cow.reads")
+        await conn.execute(
+            "DROP TABLE IF EXISTS public.runs_bench_pglz, public.runs_bench_lz4, public.runs_bench_main"
+        )
+        await conn.execute(f"TRUNCATE cow.{rows_table}")
     finally:
         await conn.close()
 

@@ -20,9 +20,9 @@ were several µs per transaction of a 10 s run. --baseline DIR: the
 same three from another checkout too (a git worktree of main, its C
 extension built), side by side in each round, named base_proxy, base_reads, base_reads_op, on a database of
 their own with that checkout's layer (its venv's `cowproxy install`: the rows its writer writes into the
-table its layer has). The server's
-part of recording: the CPU of the writer's backend (the connection whose last statement was the COPY into
-cow.reads; /proc/PID/stat, 10 ms ticks, so the server must be on this machine) per transaction.
+table its layer has). The server's part of recording: the CPU of the writer's backend (the connection
+whose last statement was the COPY into cow.reads, or cow.read_runs from layer 57; /proc/PID/stat, 10 ms
+ticks, so the server must be on this machine) per transaction.
 --database NAME: the scratch database's name.
 """
 
@@ -35,6 +35,7 @@ import re
 import shutil
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -74,7 +75,7 @@ def writer_cpu(db_dsn: str) -> float:
             r[0]
             for r in conn.execute(
                 "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-                ' AND query LIKE \'COPY "cow"."reads"%%\''
+                ' AND query LIKE \'COPY "cow"."read%%\''
             ).fetchall()
         ]
     seconds = 0.0
@@ -118,14 +119,20 @@ def run(
 def recorded(db_dsn: str, name: str) -> int:
     """The reads the proxy ``name`` recorded (taken out: the next round's sessions have the same names). A
     recording proxy that cannot write as fast as the sessions read drops records (its bounded queue): it
-    then did less work per transaction, which its CPU figure does not show."""
+    then did less work per transaction, which its CPU figure does not show. Counted by the tables (from
+    layer 57 a run's row counts its reads; the view cow.reads would unpack each), gone with their sessions
+    (the layer's trigger drops a session's reads)."""
+    like = f"thr\\_{name}\\_%"
     with psycopg.connect(db_dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "WITH gone AS (DELETE FROM cow.reads WHERE session LIKE %s RETURNING 1)"
-            " SELECT count(*) FROM gone",
-            (f"thr\\_{name}\\_%",),
-        ).fetchone()
-        conn.execute("DELETE FROM cow.sessions WHERE session_id LIKE %s", (f"thr\\_{name}\\_%",))
+        runs = conn.execute("SELECT to_regclass('cow.read_runs') IS NOT NULL").fetchone()
+        count = (
+            "SELECT (SELECT count(*) FROM cow.read_rows WHERE session LIKE %(s)s)"
+            " + (SELECT coalesce(sum(reads), 0) FROM cow.read_runs WHERE session LIKE %(s)s)"
+            if runs is not None and runs[0]
+            else "SELECT count(*) FROM cow.reads WHERE session LIKE %(s)s"
+        )
+        row = conn.execute(count, {"s": like}).fetchone()
+        conn.execute("DELETE FROM cow.sessions WHERE session_id LIKE %s", (like,))
     return int(row[0]) if row is not None else 0
 
 
@@ -178,10 +185,23 @@ def sessions(
     return txns
 
 
+def dropped(extra: tuple[str, ...]) -> str:
+    """The read records a recording proxy dropped so far, by reason (its /metrics), e.g. ``queue_full 120``;
+    "" for a proxy that does not record."""
+    if "--metrics" not in extra:
+        return ""
+    address = extra[extra.index("--metrics") + 1]
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    found = re.findall(r'^cowproxy_reads_dropped_total\{reason="(\w+)"\} (\S+)$', text, re.M)
+    return " ".join(f"{reason} {float(n):.0f}" for reason, n in found if float(n)) or "none"
+
+
 def proxies(db_dsn: str, baseline: Path | None) -> list[tuple[str, tuple[str, ...], Path]]:
     """The proxies compared, as (name, serve's extra options, checkout): without recording, recording,
-    recording with operation ids (the name tells pgbench to tag them); the same from a baseline checkout."""
-    reads = ("--reads-dsn", db_dsn)
+    recording with operation ids (the name tells pgbench to tag them); the same from a baseline checkout.
+    A recording proxy serves its metrics (the drops' reasons)."""
+    reads = ("--reads-dsn", db_dsn, "--metrics", f"127.0.0.1:{bp.free_port()}")
     configs = [("proxy", (), ROOT), ("reads", reads, ROOT), ("reads_op", reads, ROOT)]
     if baseline is not None:
         configs += [("base_" + name, extra, baseline.resolve()) for name, extra, _ in configs]
@@ -227,6 +247,7 @@ def main() -> None:
                     txns, main_s, other_s, warm, server_s = run(
                         args, tool, target, name, user, db_dsn=dsns[name], database=databases[name]
                     )
+                    drops = dropped(extra)
                 for i, value in enumerate((txns, main_s, other_s, server_s)):
                     totals[name][i] += value
                 # (each transaction of pgbench's -S and TPC-B reads once: SELECT abalance)
@@ -237,7 +258,8 @@ def main() -> None:
                     f"round {round_no + 1} {name:13} txns {txns:7}  python {main_s / txns * 1e6:6.1f} µs/txn"
                     f"  other threads {other_s / txns * 1e6:6.1f} µs/txn"
                     f"  writer's backend {server_s / txns * 1e6:5.2f} µs/txn"
-                    f"  reads recorded {got / (txns + warm) * 100:5.1f} %",
+                    f"  reads recorded {got / (txns + warm) * 100:5.1f} %"
+                    + (f"  dropped: {drops}" if drops else ""),
                     flush=True,
                 )
         print(f"load average {os.getloadavg()[0]:.1f}")

@@ -26,7 +26,11 @@ initialisation or the previous target's checkpoint):
 - with --reads, the cost of read traces: `session/reads`, the sessions through a cowproxy that records
   their reads (`--reads-dsn`: into `cow.reads`, on the proxy's own connection; the C relay records the
   statements it takes), and `session/python`, through one with `--no-fast-relay`; the columns `reads ratio`
-  (session/reads over session/proxy: the goal) and `rec ratio` (session/reads over session/python).
+  (session/reads over session/proxy: the goal) and `rec ratio` (session/reads over session/python); and
+  the server's CPU per transaction (`srv/txn`: every process of the postmaster, the sessions' backends and
+  the writer's, read 2.5 s after each run so that the writer's last batch is in; a server of the bench's
+  own: without --dsn) and `all ratio`, the CPU per transaction of the proxy and the server together,
+  session/reads over session/proxy.
 
 With --pin, PostgreSQL (every process of its postmaster) and pgbench run on CPU 0 and the proxies on the
 other CPUs: the proxy on cores of its own, as on a host or pod of its own, so that the ratio shows what the
@@ -60,6 +64,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +96,25 @@ class Run:
     tps: float
     transactions: int
     cpu_s: float | None
+    server_s: float | None = None  # the server's CPU (--reads): every backend's, the writer's included
+
+
+def server_cpu(postmaster: int) -> float:
+    """The CPU seconds so far of the server's processes: the postmaster's children that ended and were
+    reaped (its cutime/cstime: the sessions' backends of earlier runs) and the live ones (the writer's
+    backend, the WAL writer, ...). Counts every database's backends: a server of the bench's own."""
+    fields = Path(f"/proc/{postmaster}/stat").read_text().rsplit(")", 1)[1].split()
+    seconds = sum(int(f) for f in fields[11:15])  # (utime, stime, cutime, cstime)
+    for pid in _process_tree(postmaster)[1:]:
+        with contextlib.suppress(OSError):  # (ended meanwhile: in cutime now, or soon)
+            child = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            seconds += int(child[11]) + int(child[12])
+    return seconds / bp.CLK_TCK
+
+
+# After a run with --reads: the proxy takes the C relay's records once a second and writes what it took
+# (proxy.reads.GATHER), and the sessions' backends end after pgbench: the CPU is read once both are done.
+SETTLE = 2.5
 
 
 @dataclass(frozen=True)
@@ -102,6 +126,7 @@ class Bench:
     path: str  # the overlay search_path (sessions without the proxy)
     operation: bool = False  # each process with an operation id of its own too (--operation)
     pin: frozenset[int] | None = None  # the CPUs of PostgreSQL and pgbench (--pin)
+    postmaster: int | None = None  # --reads: the server's CPU per run too (Run.server_s)
 
 
 def session_id(target: str, i: int) -> str:
@@ -186,6 +211,7 @@ def run_sessions(bench: Bench, target: Target, n: int, flags: list[str]) -> Run:
     """``n`` pgbench processes at once (one connection each); TPS summed."""
     procs = []
     before = bp.cpu_seconds(target.pid) if target.pid else None
+    server_before = server_cpu(bench.postmaster) if bench.postmaster else None
     for i in range(n):
         env = dict(os.environ)
         database, options = joining(bench, target, i)
@@ -220,11 +246,15 @@ def run_sessions(bench: Bench, target: Target, n: int, flags: list[str]) -> Run:
             continue
         tps += float(found.group(1))
         transactions += int(done.group(1))
+    server_s = None
+    if bench.postmaster and server_before is not None:
+        time.sleep(SETTLE)
+        server_s = server_cpu(bench.postmaster) - server_before
     after = bp.cpu_seconds(target.pid) if target.pid else None
     release(target, bench.user, n)
     if failures:
         raise SystemExit(f"pgbench failed ({target.name}): {failures[0]}")
-    return Run(tps, transactions, after[0] - before[0] if after and before else None)
+    return Run(tps, transactions, after[0] - before[0] if after and before else None, server_s)
 
 
 @dataclass(frozen=True)
@@ -413,7 +443,8 @@ def main() -> None:
         own = bp.bind_arguments(db_dsn, secret_dir) if args.bind else ()
         reads_dsn = db_dsn if args.reads else None
         server_cpus, proxy_cpus = _pin_sets(args.pin)
-        bench = Bench(tool, user, database, args.seconds, path, args.operation, server_cpus)
+        postmaster = postmaster_pid(dsn) if args.reads else None
+        bench = Bench(tool, user, database, args.seconds, path, args.operation, server_cpus, postmaster)
         bouncer = None if args.no_hop else bp.ensure_pgbouncer()
         with (
             secret_dir,
@@ -517,7 +548,11 @@ def report(
     names = [t.name for t in targets]
     widths = {n: max(16, len(n) + 2) for n in names}
     header = "".join(f"{n:>{widths[n]}}" for n in names)
-    reads_head = "  reads ratio  rec ratio  cpu/txn py  cpu/txn reads" if "session/reads" in names else ""
+    reads_head = (
+        "  reads ratio  rec ratio  cpu/txn py  cpu/txn reads  srv/txn proxy  srv/txn reads  all ratio"
+        if "session/reads" in names
+        else ""
+    )
     # the baseline's CPU beside this checkout's: on a shared machine the steadier figure than the TPS
     base_head = "  cpu/txn base" if "session/cp-base" in names else ""
     hop = HOP in names
@@ -544,11 +579,15 @@ def report(
         base_col = f"  {cpu_per_txn(results[(name, mode, n, 'session/cp-base')]):>12}" if base_head else ""
         reads_cols = ""
         if "session/reads" in tps:
+            key = (name, mode, n, "session/proxy")
             reads_cols = (
                 f"  {tps['session/reads'] / tps['session/proxy']:11.3f}"
                 f"  {tps['session/reads'] / tps['session/python']:9.3f}"
                 f"  {cpu_per_txn(results[(name, mode, n, 'session/python')]):>10}"
                 f"  {cpu_per_txn(results[(name, mode, n, 'session/reads')]):>13}"
+                f"  {server_per_txn(results[(name, mode, n, 'session/proxy')]):>13}"
+                f"  {server_per_txn(results[(name, mode, n, 'session/reads')]):>13}"
+                f"  {all_ratio(results[(name, mode, n, 'session/reads')], results[key]):>9}"
             )
         vs_hop = added_hop = cpu_hop = ""
         if hop:
@@ -567,6 +606,28 @@ def cpu_per_txn(runs: list[Run]) -> str:
     """The proxy process's CPU per transaction (µs, median over rounds)."""
     cpus = [r.cpu_s / r.transactions * 1e6 for r in runs if r.cpu_s is not None and r.transactions]
     return f"{statistics.median(cpus):.0f} µs" if cpus else "-"
+
+
+def server_per_txn(runs: list[Run]) -> str:
+    """The server's CPU per transaction (µs, median over rounds; --reads)."""
+    cpus = [r.server_s / r.transactions * 1e6 for r in runs if r.server_s is not None and r.transactions]
+    return f"{statistics.median(cpus):.0f} µs" if cpus else "-"
+
+
+def all_ratio(runs: list[Run], base: list[Run]) -> str:
+    """The CPU per transaction of everything a run used, the proxy process and the server (the sessions'
+    backends, the writer's), of ``runs`` over ``base`` (medians over rounds): the cost of recording."""
+
+    def total(of: list[Run]) -> float | None:
+        cpus = [
+            (r.cpu_s + r.server_s) / r.transactions
+            for r in of
+            if r.cpu_s is not None and r.server_s is not None and r.transactions
+        ]
+        return statistics.median(cpus) if cpus else None
+
+    mine, theirs = total(runs), total(base)
+    return f"{mine / theirs:.3f}" if mine and theirs else "-"
 
 
 def added(tps: dict[str, float], proxy: str, direct: str, n: int, statements: int) -> str:

@@ -171,7 +171,8 @@ def reads_as_layer_56(conn: psycopg.Connection[Any]) -> None:
     conn.execute("DROP VIEW cow.reads")
     conn.execute("DROP TABLE cow.read_runs")
     conn.execute("ALTER TABLE cow.read_rows RENAME TO reads")
-    (sql,) = [t for name, t in files_at(LAYER_56_COMMIT, "migrations/sql/functions") if name == "62_reads.sql"]
+    functions = files_at(LAYER_56_COMMIT, "migrations/sql/functions")
+    (sql,) = [text for name, text in functions if name == "62_reads.sql"]
     conn.execute(sql.encode())  # bytes: file text, not a literal query
     conn.execute("UPDATE cow.repeatables SET checksum = 'layer 56' WHERE name = '62_reads.sql'")
     conn.execute("DELETE FROM cow.migrations WHERE version = 57")

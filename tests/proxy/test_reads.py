@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -23,10 +24,12 @@ from proxy.reads import (
     COLUMNS,
     COPY_COLUMNS,
     GATHER,
+    RUN_COLUMNS,
     ReadRecord,
     ReadRecorder,
     _parts,
     _Rows,
+    _run_parts,
     _Shapes,
     encode_copy,
     encode_rows,
@@ -505,3 +508,81 @@ def test_a_batch_keeps_the_order_offered_across_python_records_and_c_rows() -> N
         ("d", _COPY_HEADER + body + _COPY_TRAILER),
         ("e", _COPY_HEADER + encode_rows([other], shapes) + _COPY_TRAILER),
     ]
+
+
+def test_the_writer_stores_a_run_a_session_not_a_row_a_read(recording: RunningProxy, layer_db: str) -> None:
+    """Layer 57: the reads the writer takes in one batch are a row of cow.read_runs per session (per take of
+    the C relay's), not a row each; cow.reads unpacks them in order, and nothing goes to cow.read_rows."""
+    with psycopg.connect(tagged(recording, layer_db, "run1", "op1"), autocommit=True) as conn:
+        for key in range(1, 41):
+            conn.execute("SELECT name FROM customers WHERE id = %s", (key % 4 + 1,)).fetchone()
+        psycopg.ClientCursor(conn).execute("SELECT count(*) FROM orders")
+    flush(recording)
+    got = reads(layer_db, "run1")
+    assert len(got) == 41 and got[-1]["relations"] == ["public.orders"]
+    assert [r["rows"] for r in got] == [1] * 41
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        runs, held = conn.execute(
+            "SELECT count(*), sum(reads) FROM cow.read_runs WHERE session = 'run1'"
+        ).fetchone()
+        assert held == 41 and 1 <= runs <= 4, runs  # (a take or two of C's, the Python relay's batches)
+        assert conn.execute("SELECT count(*) FROM cow.read_rows").fetchone() == (0,)
+        seqs = [r[0] for r in conn.execute("SELECT seq FROM cow.reads WHERE session = 'run1' ORDER BY seq")]
+        assert len(set(seqs)) == 41
+
+
+def test_a_batchs_runs_keep_the_order_offered_one_a_session_of_each_stretch() -> None:
+    """The writer's COPY into cow.read_runs: a run for each take of C's rows as it came, and for each stretch
+    of Python's records between them one run a session, its records in order."""
+    now = time.time()
+    a1, b1, a2 = (
+        ReadRecord("d", s, "op1", f"SELECT {i}", None, i, now + i, 5, None)
+        for i, s in enumerate(("ra", "rb", "ra"))
+    )
+    a3 = ReadRecord("d", "ra", None, "SELECT 3", b"\x01", None, now, 5, None)
+    c_rows = _Rows("d", "rc", b"<C's rows>", 7)
+    shapes = _Shapes()
+    got = b"".join(_run_parts([a1, b1, a2, c_rows, a3], shapes))
+    expected = [
+        (b"ra", 2, encode_rows([a1, a2], shapes)),
+        (b"rb", 1, encode_rows([b1], shapes)),
+        (b"rc", 7, b"<C's rows>"),
+        (b"ra", 1, encode_rows([a3], shapes)),
+    ]
+    assert got == b"".join(
+        struct.pack("!hi", 3, len(s)) + s + struct.pack("!iii", 4, n, len(d)) + d for s, n, d in expected
+    )
+
+
+def test_a_run_unpacks_to_the_rows_record_row_describes(layer_db: str) -> None:
+    """cow.reads' rows of a run (cow._run_reads over the COPY rows the writer and the C relay make) are the
+    rows the records describe, NULLs, tables, odd texts and large values included."""
+    catalog = sample_catalog()
+    now = time.time()
+    keyed = "SELECT * FROM projects p JOIN issues i ON i.project_id = p.id WHERE p.id = $1"
+    odd = "SELECT 'tab\there', E'\\\\N', 'é' FROM projects"
+    records = [
+        ReadRecord("d", "ur1", "op1", keyed, b"\0\x01\0\0\0\x011", 1, now, 7, catalog),
+        ReadRecord("d", "ur1", None, odd, None, None, now, 12, catalog),
+        ReadRecord("d", "ur1", "xact:99", "SELECT 1", b"", 0, now + 1, 1_000_000, None),
+        ReadRecord("d", "ur1", "op1", keyed, b"\xff" * 300, 2**40, now + 2.5, 0, catalog),
+        ReadRecord("d", "ur1", "op2", "SELECT 2", None, 3, 1e9, 2**33, catalog),
+    ]
+    shapes = _Shapes()
+    expected = [record_row(r, shapes.get(r.sql, r.catalog)) for r in records]
+
+    async def write() -> list[tuple[Any, ...]]:
+        conn = await asyncpg.connect(layer_db)
+        try:
+            data = _COPY_HEADER + b"".join(_run_parts(records, shapes)) + _COPY_TRAILER
+            await conn.copy_to_table(
+                "read_runs", schema_name="cow", columns=RUN_COLUMNS, source=memoryview(data), format="binary"
+            )
+            columns = ", ".join(COLUMNS)
+            got = await conn.fetch(f"SELECT {columns} FROM cow.reads WHERE session = 'ur1' ORDER BY seq")
+            return [tuple(r) for r in got]
+        finally:
+            await conn.close()
+
+    got = asyncio.run(write())
+    assert got == expected
