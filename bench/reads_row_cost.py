@@ -172,13 +172,17 @@ async def measure(db_dsn: str, rows: int, trials: int) -> None:
             # compressed (pglz, lz4 where the server has it) or inline instead of out of line uncompressed.
             cases["runs 1024"] = (("cow", "read_runs"), runs_of(rows, catalog, 1024), RUN_COLUMNS)
             cases["runs 64"] = (("cow", "read_runs"), runs_of(rows, catalog, 64), RUN_COLUMNS)
-            storages = {"pglz": "EXTENDED", "lz4": "EXTENDED COMPRESSION lz4", "main": "MAIN"}
+            storages = {
+                "pglz": "SET STORAGE EXTENDED, ALTER data SET COMPRESSION pglz",
+                "lz4": "SET STORAGE EXTENDED, ALTER data SET COMPRESSION lz4",
+                "main": "SET STORAGE MAIN",
+            }
             for name, storage in storages.items():
                 table = f"public.runs_bench_{name}"
                 await conn.execute(f"DROP TABLE IF EXISTS {table}")
                 await conn.execute(f"CREATE TABLE {table} (LIKE cow.read_runs INCLUDING ALL)")
                 try:
-                    await conn.execute(f"ALTER TABLE {table} ALTER data SET STORAGE {storage}")
+                    await conn.execute(f"ALTER TABLE {table} ALTER data {storage}")
                 except asyncpg.PostgresError:  # (a server built without lz4)
                     await conn.execute(f"DROP TABLE {table}")
                     continue

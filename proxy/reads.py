@@ -96,6 +96,12 @@ COLUMNS = (
     "duration_us",
 )
 _CACHE = 4096
+# The writer's COPY does not wait for its WAL to reach the disk: at -S's rates a batch is megabytes of WAL,
+# and an fsync behind other writers' (on a shared disk, seconds) held the writer while the queue filled and
+# dropped records (docs/benchmarks.md, "Read traces: a run of reads a row"). A crash of the server may lose
+# the last batches written (under wal_writer_delay's ~3 times), never a session's changes, which are not
+# written here.
+_WRITER_SETTINGS = {"synchronous_commit": "off"}
 # The batch goes as one binary COPY built here (no per-record Python objects for asyncpg to encode): the
 # columns a statement's shape fixes first, then the record's own (the statement last of the first: the C relay
 # writes a record's own text there for a Query it took by its shape's decision).
@@ -683,7 +689,9 @@ class ReadRecorder:
         conn = self._conns.get(database)
         if conn is None or conn.is_closed():
             async with asyncio.timeout(self.timeout):
-                conn = await asyncpg.connect(self.dsn, database=database, timeout=self.timeout)
+                conn = await asyncpg.connect(
+                    self.dsn, database=database, timeout=self.timeout, server_settings=_WRITER_SETTINGS
+                )
                 try:
                     features = await conn.fetchrow(_LAYER_FEATURES)
                     assert features is not None  # (one row, always)
