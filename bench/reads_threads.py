@@ -23,7 +23,9 @@ their own with that checkout's layer (its venv's `cowproxy install`: the rows it
 table its layer has). The server's part of recording: the CPU of the writer's backend (the connection
 whose last statement was the COPY into cow.reads, or cow.read_runs from layer 57; /proc/PID/stat, 10 ms
 ticks, so the server must be on this machine) per transaction.
---database NAME: the scratch database's name.
+The whole server's CPU per transaction too (`server`: the postmaster's processes, the sessions' backends
+and the writer's; every database's, so a server of the bench's own: without --dsn), and `all`, the proxy's
+and the server's together. --database NAME: the scratch database's name.
 """
 
 from __future__ import annotations
@@ -67,6 +69,28 @@ def thread_cpu(pid: int) -> tuple[float, float]:
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
+def server_cpu(postmaster: int) -> float:
+    """The server's CPU seconds so far: the postmaster's, its children's that ended (cutime, cstime: the
+    sessions' backends of earlier runs) and its live children's (the writer's backend, the WAL writer, …).
+    Every database's: the figure is the bench's alone on a server of its own (without --dsn)."""
+    fields = Path(f"/proc/{postmaster}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = sum(int(f) for f in fields[11:15])
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError):
+            child = stat.read_text().rsplit(")", 1)[1].split()
+            if int(child[1]) == postmaster:
+                ticks += int(child[11]) + int(child[12])
+    return ticks / _TICK
+
+
+def postmaster_pid(dsn: str) -> int:
+    """The server's postmaster, from postmaster.pid in its data directory (a local server)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SHOW data_directory").fetchone()
+    assert row is not None
+    return int((Path(str(row[0])) / "postmaster.pid").read_text().split()[0])
+
+
 def writer_cpu(db_dsn: str) -> float:
     """The CPU seconds so far of the backends whose last statement was a COPY into cow.reads (a recording
     proxy's writer, once it wrote)."""
@@ -95,9 +119,9 @@ def run(
     *,
     db_dsn: str,
     database: str,
-) -> tuple[int, float, float, int, float]:
+) -> tuple[int, float, float, int, float, float]:
     """N pgbench processes through one proxy: (transactions, main thread CPU, other threads' CPU, the
-    warm-up's transactions, the writer's backend's CPU)."""
+    warm-up's transactions, the writer's backend's CPU, the whole server's CPU)."""
     assert target.pid is not None
 
     def run(seconds: float) -> int:
@@ -110,10 +134,12 @@ def run(
         warm = run(args.warmup)
         time.sleep(SETTLE)
     main0, other0, server0 = *thread_cpu(target.pid), writer_cpu(db_dsn)
+    all0 = server_cpu(args.postmaster)
     txns = run(args.seconds)
     time.sleep(SETTLE)  # (the writer's last batch)
     main1, other1, server1 = *thread_cpu(target.pid), writer_cpu(db_dsn)
-    return txns, main1 - main0, other1 - other0, warm, server1 - server0
+    all1 = server_cpu(args.postmaster)
+    return txns, main1 - main0, other1 - other0, warm, server1 - server0, all1 - all0
 
 
 def recorded(db_dsn: str, name: str) -> int:
@@ -226,6 +252,7 @@ def main() -> None:
         db_dsn = bp.layer_database(
             dsn, tool, host=host, port=port, user=user, database=args.database, scale=10
         )
+        args.postmaster = postmaster_pid(dsn)
         configs = proxies(db_dsn, args.baseline)
         databases = {name: args.database for name, _, _ in configs}
         dsns = {name: db_dsn for name, _, _ in configs}
@@ -238,17 +265,17 @@ def main() -> None:
             for name in databases:
                 if name.startswith("base_"):
                     databases[name], dsns[name] = base, base_dsn
-        totals = {name: [0, 0.0, 0.0, 0.0] for name, _, _ in configs}
+        totals = {name: [0, 0.0, 0.0, 0.0, 0.0] for name, _, _ in configs}
         kept = {name: [0, 0] for name, _, _ in configs}  # (reads recorded, transactions run)
         for round_no in range(args.rounds):
             for k in range(len(configs)):
                 name, extra, root = configs[(k + round_no) % len(configs)]
                 with bp.cowproxy(f"{host}:{port}", "tcp", root=root, extra=extra, name=name) as target:
-                    txns, main_s, other_s, warm, server_s = run(
+                    txns, main_s, other_s, warm, server_s, all_s = run(
                         args, tool, target, name, user, db_dsn=dsns[name], database=databases[name]
                     )
                     drops = dropped(extra)
-                for i, value in enumerate((txns, main_s, other_s, server_s)):
+                for i, value in enumerate((txns, main_s, other_s, server_s, all_s)):
                     totals[name][i] += value
                 # (each transaction of pgbench's -S and TPC-B reads once: SELECT abalance)
                 got = recorded(dsns[name], name)
@@ -258,18 +285,22 @@ def main() -> None:
                     f"round {round_no + 1} {name:13} txns {txns:7}  python {main_s / txns * 1e6:6.1f} µs/txn"
                     f"  other threads {other_s / txns * 1e6:6.1f} µs/txn"
                     f"  writer's backend {server_s / txns * 1e6:5.2f} µs/txn"
+                    f"  server {all_s / txns * 1e6:6.1f} µs/txn"
                     f"  reads recorded {got / (txns + warm) * 100:5.1f} %"
                     + (f"  dropped: {drops}" if drops else ""),
                     flush=True,
                 )
         print(f"load average {os.getloadavg()[0]:.1f}")
-        for name, (txns, main_s, other_s, server_s) in totals.items():
+        for name, (txns, main_s, other_s, server_s, all_s) in totals.items():
             tps = txns / args.rounds / args.seconds
             python, other = main_s / txns * 1e6, other_s / txns * 1e6
             total = python + other
             cpu = f"python {python:6.1f}  other {other:6.1f}  total {total:6.1f} µs/txn"
             share = kept[name][0] / kept[name][1] * 100 if kept[name][1] else 0.0
-            server = f"writer's backend {server_s / txns * 1e6:5.2f} µs/txn"
+            server = (
+                f"writer's backend {server_s / txns * 1e6:5.2f} µs/txn"
+                f"  server {all_s / txns * 1e6:6.1f}  all {total + all_s / txns * 1e6:6.1f} µs/txn"
+            )
             print(f"{name:13} tps {tps:8.1f}  {cpu}  {server}  reads recorded {share:5.1f} %")
         with psycopg.connect(dsn, autocommit=True) as conn:
             for name in sorted(set(databases.values())):

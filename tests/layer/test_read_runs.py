@@ -14,7 +14,17 @@ import psycopg
 import pytest
 
 from migrations import install_layer
-from proxy.reads import _COPY_HEADER, _COPY_TRAILER, RUN_COLUMNS, ReadRecord, _run_parts, _Shapes
+from proxy.reads import (
+    _COPY_HEADER,
+    _COPY_TRAILER,
+    _LAYER_FEATURES,
+    COPY_COLUMNS,
+    RUN_COLUMNS,
+    ReadRecord,
+    _run_parts,
+    _Shapes,
+    encode_rows,
+)
 from tests.fix_layer import reads_as_layer_56
 from tests.layer.test_cli import cli
 from tests.layer.test_install import run
@@ -103,3 +113,29 @@ def test_a_run_with_a_bad_session_or_count_is_refused(layer_db: str) -> None:
                 )
         with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
             conn.execute("DELETE FROM cow.reads")  # (a view of two tables: its readers only read)
+
+
+def test_an_older_proxys_copy_into_the_view_lands_in_the_rows_and_registers(layer_db: str) -> None:
+    """A proxy before layer 57 sends its rows alone into cow.reads when the layer has the trigger it looks
+    for (cow_reads_register on cow.reads): through the view they land in cow.read_rows, and register."""
+    records = _records("old1", ["SELECT 1", "SELECT 2"])
+    data = _COPY_HEADER + encode_rows(records, _Shapes()) + _COPY_TRAILER
+
+    async def copy() -> tuple[bool, bool, bool]:
+        conn = await asyncpg.connect(layer_db)
+        try:
+            features = await conn.fetchrow(_LAYER_FEATURES)
+            assert features is not None
+            await conn.copy_to_table(
+                "reads", schema_name="cow", columns=COPY_COLUMNS, source=memoryview(data), format="binary"
+            )
+            return bool(features[0]), bool(features[1]), bool(features[2])
+        finally:
+            await conn.close()
+
+    assert asyncio.run(copy()) == (True, True, True)
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        got = conn.execute("SELECT statement FROM cow.reads WHERE session = 'old1' ORDER BY seq").fetchall()
+        assert got == [("SELECT 1",), ("SELECT 2",)]
+        assert conn.execute("SELECT count(*) FROM cow.read_rows").fetchone() == (2,)
+        assert conn.execute("SELECT 1 FROM cow.sessions WHERE session_id = 'old1'").fetchone() == (1,)

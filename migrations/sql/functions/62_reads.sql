@@ -146,7 +146,9 @@ FROM cow.read_runs u CROSS JOIN LATERAL cow._run_reads(u.data) x;
 REVOKE ALL ON cow.reads FROM PUBLIC;
 ALTER VIEW cow.reads ALTER COLUMN relations SET DEFAULT '{}';
 
--- A row inserted into the view (by hand, or by an older proxy's writer) goes to cow.read_rows, checked there.
+-- A row inserted into the view (by hand, or by an older proxy's writer) goes to cow.read_rows, checked there,
+-- and registers its session through that table's trigger. The trigger's name is the one a proxy before
+-- layer 57 looks for on cow.reads (proxy/reads.py, _LAYER_FEATURES): it then sends its COPY alone, as it did.
 CREATE OR REPLACE FUNCTION cow._insert_read() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -157,5 +159,5 @@ BEGIN
     RETURN NEW;
 END $$;
 REVOKE ALL ON FUNCTION cow._insert_read() FROM PUBLIC;
-CREATE OR REPLACE TRIGGER cow_reads_insert INSTEAD OF INSERT ON cow.reads
+CREATE OR REPLACE TRIGGER cow_reads_register INSTEAD OF INSERT ON cow.reads
     FOR EACH ROW EXECUTE FUNCTION cow._insert_read();
