@@ -511,7 +511,7 @@ def main() -> None:
                         results.setdefault((name, mode, n, target.name), []).append(run)
                         print(
                             f"round {round_no + 1} {name:4} {mode:8} N={n:<3} {target.name:16} "
-                            f"tps {run.tps:9.1f}",
+                            f"tps {run.tps:9.1f}" + round_cpu(run),
                             flush=True,
                         )
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -606,6 +606,17 @@ def cpu_per_txn(runs: list[Run]) -> str:
     """The proxy process's CPU per transaction (µs, median over rounds)."""
     cpus = [r.cpu_s / r.transactions * 1e6 for r in runs if r.cpu_s is not None and r.transactions]
     return f"{statistics.median(cpus):.0f} µs" if cpus else "-"
+
+
+def round_cpu(run: Run) -> str:
+    """A round's CPU per transaction, the proxy's and the server's (--reads), for its line."""
+    if run.server_s is None or not run.transactions:
+        return ""
+    proxy_s = run.cpu_s or 0.0
+    return (
+        f"  cpu/txn proxy {proxy_s / run.transactions * 1e6:6.1f} µs"
+        f"  server {run.server_s / run.transactions * 1e6:6.1f} µs"
+    )
 
 
 def server_per_txn(runs: list[Run]) -> str:

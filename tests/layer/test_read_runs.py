@@ -139,3 +139,15 @@ def test_an_older_proxys_copy_into_the_view_lands_in_the_rows_and_registers(laye
         assert got == [("SELECT 1",), ("SELECT 2",)]
         assert conn.execute("SELECT count(*) FROM cow.read_rows").fetchone() == (2,)
         assert conn.execute("SELECT 1 FROM cow.sessions WHERE session_id = 'old1'").fetchone() == (1,)
+
+
+def test_a_run_is_stored_compressed_by_lz4_or_out_of_line_as_it_is(layer_db: str) -> None:
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        lz4 = conn.execute(
+            "SELECT 'lz4' = ANY (enumvals) FROM pg_settings WHERE name = 'default_toast_compression'"
+        ).fetchone()
+        column = conn.execute(
+            "SELECT attstorage, attcompression FROM pg_attribute"
+            " WHERE attrelid = 'cow.read_runs'::regclass AND attname = 'data'"
+        ).fetchone()
+    assert column == (("x", "l") if lz4 == (True,) else ("e", ""))
