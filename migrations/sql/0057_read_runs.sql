@@ -5,7 +5,12 @@
 -- once per read (~2.7 µs of the server's CPU per read on PostgreSQL 15: docs/benchmarks.md, "Read traces:
 -- a run of reads a row"). Readers keep one row per read: cow.reads becomes a view (functions/62_reads.sql)
 -- over the rows written one by one before (kept, in cow.read_rows) and the runs, unpacked.
-ALTER TABLE cow.reads RENAME TO read_rows;
+DO $$
+BEGIN
+    IF pg_catalog.to_regclass('cow.read_rows') IS NULL THEN  -- (run again on layer 57: done already)
+        ALTER TABLE cow.reads RENAME TO read_rows;
+    END IF;
+END $$;
 CREATE TABLE IF NOT EXISTS cow.read_runs (
     session  text NOT NULL CHECK (session ~ '^[A-Za-z0-9._:-]+$' AND length(session) <= 128),
     -- one order for runs and rows: the readers' seq is this times 65,536 plus the read's place in the run

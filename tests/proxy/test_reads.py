@@ -513,14 +513,17 @@ def test_a_batch_keeps_the_order_offered_across_python_records_and_c_rows() -> N
 def test_the_writer_stores_a_run_a_session_not_a_row_a_read(recording: RunningProxy, layer_db: str) -> None:
     """Layer 57: the reads the writer takes in one batch are a row of cow.read_runs per session (per take of
     the C relay's), not a row each; cow.reads unpacks them in order, and nothing goes to cow.read_rows."""
+    returned = []
     with psycopg.connect(tagged(recording, layer_db, "run1", "op1"), autocommit=True) as conn:
         for key in range(1, 41):
-            conn.execute("SELECT name FROM customers WHERE id = %s", (key % 4 + 1,)).fetchone()
+            returned.append(
+                len(conn.execute("SELECT name FROM customers WHERE id = %s", (key % 4,)).fetchall())
+            )
         psycopg.ClientCursor(conn).execute("SELECT count(*) FROM orders")
     flush(recording)
     got = reads(layer_db, "run1")
     assert len(got) == 41 and got[-1]["relations"] == ["public.orders"]
-    assert [r["rows"] for r in got] == [1] * 41
+    assert [r["rows"] for r in got] == [*returned, 1] and 0 in returned
     with psycopg.connect(layer_db, autocommit=True) as conn:
         runs, held = conn.execute(
             "SELECT count(*), sum(reads) FROM cow.read_runs WHERE session = 'run1'"
