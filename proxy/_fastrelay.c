@@ -659,7 +659,7 @@ static int has_comment_opener(const unsigned char *s, size_t n) {
 #define SHAPE_NUM 0xfe /* any other numeric literal */
 #define SHAPE_STR 0xfd /* a plain string literal 'x' without a backslash */
 #define MAX_DOLLAR_TAG 64 /* a longer dollar-quote delimiter: no key (shapes.MAX_DOLLAR_TAG) */
-#define SHAPE_NAME 0xfc /* the name of a savepoint command (shapes.NAME) */
+#define SHAPE_NAME 0xfc /* the name of a savepoint or cursor command (shapes.NAME) */
 
 static int is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
 static int ident_start(unsigned char c) { return is_alpha(c) || c == '_' || c >= 0x80; }
@@ -851,13 +851,75 @@ static long savepoint_key(const unsigned char *s, size_t n, unsigned char *out) 
     return (long)(start + 1 + n - end);
 }
 
+/* ---- cursor commands: shapes._CURSOR and shapes._DECLARE, byte for byte (the name is a placeholder) ---- */
+
+static int cursor_word(unsigned char c) { return is_alpha(c) || is_digit(c) || c == '+' || c == '-'; }
+
+/* The end of a name at i that only whitespace follows to the end of the text; 0: none. */
+static size_t last_name_end(const unsigned char *s, size_t n, size_t i) {
+    size_t end = sp_name_end(s, n, i), j = end;
+    if (end == 0) return 0;
+    sp_skip(s, n, &j);
+    return j == n ? end : 0;
+}
+
+/* The name of FETCH|MOVE [words] FROM|IN n or CLOSE n as a whole text (the words: directions and counts,
+ * verbatim): its end, its start in *start; 0: not one. */
+static size_t cursor_name(const unsigned char *s, size_t n, size_t *start) {
+    size_t i = 0, end;
+    sp_skip(s, n, &i);
+    if (sp_word(s, n, &i, "close", 0)) {
+        if (!sp_skip(s, n, &i) || (end = last_name_end(s, n, i)) == 0) return 0;
+        *start = i;
+        return end;
+    }
+    if (!sp_word(s, n, &i, "fetch", 0) && !sp_word(s, n, &i, "move", 0)) return 0;
+    for (int from = 0;;) {
+        if (!sp_skip(s, n, &i)) return 0;
+        if (from && (end = last_name_end(s, n, i)) != 0) {
+            *start = i;
+            return end;
+        }
+        size_t j = i, w = i;
+        while (j < n && cursor_word(s[j])) j++;
+        if (j == i) return 0;
+        from = (j - i == 4 && sp_word(s, n, &w, "from", 0)) || (j - i == 2 && sp_word(s, n, &w, "in", 0));
+        i = j;
+    }
+}
+
+/* The end of the name of DECLARE n at the start of the text (whitespace after it), its start in *start; 0:
+ * none. */
+static size_t declare_name(const unsigned char *s, size_t n, size_t *start) {
+    size_t i = 0, end;
+    sp_skip(s, n, &i);
+    if (!sp_word(s, n, &i, "declare", 0) || !sp_skip(s, n, &i)) return 0;
+    end = sp_name_end(s, n, i);
+    if (end == 0 || end >= n || !sp_space(s[end])) return 0;
+    *start = i;
+    return end;
+}
+
 /* The key of s[0..n) written to out (room for n bytes); its length, or -1: no key (no literal, or a text the
  * lexer does not follow: an unterminated quote or comment, a backslash in a plain string). */
 static long shape_key(const unsigned char *s, size_t n, unsigned char *out) {
-    size_t i = 0, o = 0, end;
+    size_t i = 0, o = 0, end, start;
     int literals = 0;
     long named = savepoint_key(s, n, out);
     if (named >= 0) return named;
+    if ((end = cursor_name(s, n, &start)) != 0) {
+        memcpy(out, s, start);
+        out[start] = SHAPE_NAME;
+        memcpy(out + start + 1, s + end, n - end);
+        return (long)(start + 1 + n - end);
+    }
+    if ((end = declare_name(s, n, &start)) != 0) { /* the name, then the query as any text */
+        memcpy(out, s, start);
+        out[start] = SHAPE_NAME;
+        o = start + 1;
+        i = end;
+        literals = 1;
+    }
     while (i < n) {
         unsigned char c = s[i];
         int cls = 0;

@@ -28,6 +28,13 @@ its name, when the name is surely an identifier (quoted and not empty, or unquot
 keyword has) and the text has only spaces, tabs and line breaks besides (no comment, no semicolon); the proof
 then asks that it parses to that one ``TransactionStmt`` (the relay reads only its kind).
 
+Cursor commands get the same placeholder for the cursor's name (psycopg's server-side cursors, which Django
+names anew: ``"_django_curs_140234_sync_1"``), with the same test of the name and of what surrounds it:
+``DECLARE n`` at the start of a text (the rest lexed as any text: the query's literals are literals), and
+``FETCH|MOVE … FROM|IN n`` and ``CLOSE n`` as whole texts whose other words stay verbatim (a count too).
+The proof asks that the text parses to that one ``DeclareCursorStmt``, ``FetchStmt`` or ``ClosePortalStmt``
+with a name, and, for a DECLARE, that its query's literals are data as in any SELECT.
+
 The integer class is the server's: digits only and at most 2147483647 (a larger one is a NUM to the server),
 so two texts with one key also parse to the same tree but for the values of their constants.
 
@@ -52,7 +59,7 @@ from proxy.sql.jsontree import JsonNode, svals
 INT = 0xFF  # an integer the server lexes as one (ICONST)
 NUM = 0xFE  # any other numeric literal (FCONST)
 STR = 0xFD  # a plain string literal 'x' (no backslash)
-NAME = 0xFC  # the name of a savepoint command (SAVEPOINT n, RELEASE n, ROLLBACK TO n): see _SAVEPOINT
+NAME = 0xFC  # the name of a savepoint or cursor command (SAVEPOINT n, DECLARE n, FETCH … FROM n): _NAMED
 INT_MAX = 2147483647
 # A longer dollar-quote delimiter gives no key: C searches for its end byte by byte, and a crafted text could
 # make that search quadratic in the C relay's thread.
@@ -92,22 +99,36 @@ _ESCAPED_STRING = re.compile(rb"'(?:[^'\\]++|\\.|'')*+'", re.S)  # E'…': a bac
 # A quote on a later line across whitespace and -- comments only: the server continues the string before it
 # there ('…'\n'…' is one constant, in the class of the first part's prefix).
 _CONTINUED = re.compile(rb"(?:[ \t\f\v]|--[^\n\r]*+)*+[\n\r](?:[ \t\n\r\f\v]|--[^\n\r]*+)*+'")
-# A savepoint command as a whole text (Django names each savepoint anew: "s140234_x1"): its name is the one
-# thing that varies, and what the relay decides for it never reads the name. Only the server's whitespace
-# common to all versions (no \v, no comment: a comment may carry tags), no semicolon, and a name that is
-# surely an identifier to the server: a quoted one (not empty), or an unquoted one with a digit (no keyword
-# has one, so it is never a reserved word). Anything else is lexed as any text (no literal there: no key).
+# A savepoint command as a whole text (Django names each savepoint anew: "s140234_x1"): its name (_NAME) is
+# the one thing that varies, and what the relay decides for it never reads the name. Only the server's
+# whitespace common to all versions (no \v, no comment: a comment may carry tags), no semicolon, and a name
+# that is surely an identifier to the server: a quoted one (not empty), or an unquoted one with a digit (no
+# keyword has one, so it is never a reserved word). Anything else is lexed as any text (no literal: no key).
+_NAME = rb"""(?P<name>"(?:[^"]++|"")++"|[A-Za-z_\x80-\xff][A-Za-z0-9_$\x80-\xff]*+)"""
 _SAVEPOINT = re.compile(
     rb"""[ \t\n\r]*+
     (?:savepoint
       | release(?:[ \t\n\r]++savepoint(?=[ \t\n\r]))?
       | rollback(?:[ \t\n\r]++(?:work|transaction)(?=[ \t\n\r]))?
         [ \t\n\r]++to(?:[ \t\n\r]++savepoint(?=[ \t\n\r]))?
-    )[ \t\n\r]++
-    (?P<name>"(?:[^"]++|"")++"|[A-Za-z_\x80-\xff][A-Za-z0-9_$\x80-\xff]*+)
-    [ \t\n\r]*+""",
+    )[ \t\n\r]++"""
+    + _NAME
+    + rb"[ \t\n\r]*+",
     re.X | re.I,
 )
+# Cursor commands with a name (psycopg's: DECLARE "n" NO SCROLL CURSOR …, FETCH FORWARD 2000 FROM "n",
+# MOVE ABSOLUTE 5 FROM "n", CLOSE "n"), by the same rules. FETCH and MOVE: the words between the command and
+# FROM|IN are directions and counts, verbatim. DECLARE: only its start; the query after the name is lexed as
+# any text.
+_CURSOR = re.compile(
+    rb"""[ \t\n\r]*+
+    (?:(?:fetch|move)(?:[ \t\n\r]++[A-Za-z0-9+-]++)*?[ \t\n\r]++(?:from|in) | close)
+    [ \t\n\r]++"""
+    + _NAME
+    + rb"[ \t\n\r]*+",
+    re.X | re.I,
+)
+_DECLARE = re.compile(rb"[ \t\n\r]*+declare[ \t\n\r]++" + _NAME + rb"(?=[ \t\n\r])", re.X | re.I)
 _IDENT = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_$") | frozenset(
     range(0x80, 0x100)
 )
@@ -140,13 +161,19 @@ class _Unfollowed(Exception):
 
 def lex(text: bytes) -> Shape | None:
     """The shape of a statement text (UTF-8, no NUL), or None when the lexer does not follow it."""
-    named = _savepoint(text)
+    named = _named(_SAVEPOINT, text) or _named(_CURSOR, text)
     if named is not None:
         return named
     key = bytearray()
     literals: list[Literal] = []
+    pos = 0
+    declare = _DECLARE.match(text)
+    if declare is not None and _surely_a_name(text, *declare.span("name")):
+        pos = declare.end("name")
+        key += text[: declare.start("name")] + bytes((NAME,))
+        literals.append(Literal(declare.start("name"), pos, NAME))
     try:
-        for start, end, kind in _tokens(text):
+        for start, end, kind in _tokens(text, pos):
             if kind is None:
                 key += text[start:end]
             else:
@@ -157,15 +184,19 @@ def lex(text: bytes) -> Shape | None:
     return Shape(bytes(key), tuple(literals))
 
 
-def _savepoint(text: bytes) -> Shape | None:
-    """The shape of a savepoint command whose name is surely an identifier (``_SAVEPOINT``), else None."""
-    match = _SAVEPOINT.fullmatch(text)
-    if match is None:
+def _named(command: re.Pattern[bytes], text: bytes) -> Shape | None:
+    """The shape of a savepoint or cursor command as a whole text (``_SAVEPOINT``, ``_CURSOR``) whose name
+    is surely an identifier, else None."""
+    match = command.fullmatch(text)
+    if match is None or not _surely_a_name(text, *match.span("name")):
         return None
     start, end = match.span("name")
-    if text[start] != ord('"') and not any(b in _DIGITS for b in text[start:end]):
-        return None  # (an unquoted name without a digit may be a keyword)
     return Shape(text[:start] + bytes((NAME,)) + text[end:], (Literal(start, end, NAME),))
+
+
+def _surely_a_name(text: bytes, start: int, end: int) -> bool:
+    """A quoted identifier (not empty: the pattern), or an unquoted one with a digit: no keyword has one."""
+    return text[start] == ord('"') or any(b in _DIGITS for b in text[start:end])
 
 
 def key(text: bytes) -> bytes | None:
@@ -185,9 +216,9 @@ def example(key: bytes) -> str:
     return b"".join(_EXAMPLES.get(byte, bytes((byte,))) for byte in key).decode()
 
 
-def _tokens(text: bytes) -> Iterator[tuple[int, int, int | None]]:
-    """(start, end, literal class or None for verbatim bytes), covering the text."""
-    pos, n = 0, len(text)
+def _tokens(text: bytes, pos: int = 0) -> Iterator[tuple[int, int, int | None]]:
+    """(start, end, literal class or None for verbatim bytes), covering the text from ``pos``."""
+    n = len(text)
     while pos < n:
         skip = _SKIP.match(text, pos)
         if skip is not None:
@@ -323,35 +354,46 @@ def literals_irrelevant(text: bytes, stmts: list[Any], shape: Shape) -> bool:
     """Whether no literal of ``shape`` (of ``text``, whose JSON parse tree has the statements ``stmts``)
     can change what the analysis decides: each one is an ``A_Const`` the analysis never reads the value of,
     and nothing else in the statement calls for a closer look (module docstring)."""
-    if shape.literals and shape.literals[0].kind == NAME:  # (then the only one: _savepoint)
-        return _savepoint_command(stmts, shape.literals[0])
+    literals = shape.literals
+    if literals and literals[0].kind == NAME:  # (a savepoint's or cursor's name: then the first one)
+        body = _named_command(stmts, literals[0])
+        if body is None:
+            return False
+        query = body.get("query")  # DECLARE's: its literals are the shape's others
+        stmts, literals = ([{"stmt": query}] if isinstance(query, dict) else []), literals[1:]
     consts: dict[int, bool] = {}  # A_Const location -> its value is data only
     try:
         for raw in stmts:
             _walk(raw.get("stmt"), True, consts)
     except _Refused:
         return False
-    return all(_const_of(text, literal, consts) for literal in shape.literals)
+    return all(_const_of(text, literal, consts) for literal in literals)
 
 
 # The TransactionStmt kinds of a savepoint command (pglast's JSON names them).
 _SAVEPOINT_KINDS = frozenset({"TRANS_STMT_SAVEPOINT", "TRANS_STMT_RELEASE", "TRANS_STMT_ROLLBACK_TO"})
+# The cursor commands whose name the lexer replaces, by the field that holds the name.
+_CURSOR_COMMANDS = frozenset({"DeclareCursorStmt", "FetchStmt", "ClosePortalStmt"})
 
 
-def _savepoint_command(stmts: list[Any], name: Literal) -> bool:
-    """A text lexed as a savepoint command parses to that one statement, named where the lexer found the
-    name (the location, where the server gives one), which the analysis only passes on (the relay reads its
-    kind, "transaction")."""
+def _named_command(stmts: list[Any], name: Literal) -> JsonNode | None:
+    """The body of the one statement a text lexed as a savepoint or cursor command parses to, when it is
+    one, named (where the server gives a location, at the lexer's name), else None. The analysis only passes
+    the name on: the relay reads a savepoint command's kind ("transaction"), a FETCH, MOVE or CLOSE is a
+    "utility", and a DECLARE is its query's reads (docs/proxy.md, "Savepoint and cursor commands")."""
     if len(stmts) != 1 or not isinstance(stmts[0], dict):
-        return False
+        return None
     node = stmts[0].get("stmt")
-    body = node.get("TransactionStmt") if isinstance(node, dict) and len(node) == 1 else None
-    return (
-        isinstance(body, dict)
-        and body.get("kind") in _SAVEPOINT_KINDS
-        and bool(body.get("savepoint_name"))
-        and body.get("location", name.start) == name.start
-    )
+    if not isinstance(node, dict) or len(node) != 1:
+        return None
+    ((kind, body),) = node.items()
+    if not isinstance(body, dict):
+        return None
+    if kind == "TransactionStmt":
+        named = body.get("kind") in _SAVEPOINT_KINDS and bool(body.get("savepoint_name"))
+    else:
+        named = kind in _CURSOR_COMMANDS and bool(body.get("portalname"))
+    return body if named and body.get("location", name.start) == name.start else None
 
 
 def _const_of(text: bytes, literal: Literal, consts: dict[int, bool]) -> bool:

@@ -99,6 +99,29 @@ LEXED = [
     (b"ROLLBACK TO SAVEPOINT", None),
     (b'SAVEPOINT "a"; SELECT 1', b'SAVEPOINT "a"; SELECT ' + INT_),  # (lexed as any text)
     (b"SAVEPOINT a1 a2", None),
+    # cursor commands (psycopg's, named by Django): the name is a placeholder, the rest as any text
+    (
+        b'DECLARE "_django_curs_140234_sync_1" NO SCROLL CURSOR WITH HOLD FOR SELECT id FROM t WHERE a = 5',
+        b"DECLARE " + NAME_ + b" NO SCROLL CURSOR WITH HOLD FOR SELECT id FROM t WHERE a = " + INT_,
+    ),
+    (b"declare\tc1 cursor for select 'x'", b"declare\t" + NAME_ + b" cursor for select " + STR_),
+    (b'DECLARE "c" CURSOR FOR SELECT id FROM t', b"DECLARE " + NAME_ + b" CURSOR FOR SELECT id FROM t"),
+    (b"DECLARE c CURSOR FOR SELECT 1", b"DECLARE c CURSOR FOR SELECT " + INT_),  # (no digit: as any text)
+    (b'DECLARE "c"CURSOR FOR SELECT 1', b'DECLARE "c"CURSOR FOR SELECT ' + INT_),
+    (b"DECLARE \"c\" CURSOR FOR SELECT 'a\\'", None),
+    (b'FETCH FORWARD 2000 FROM "_django_curs_1_sync_2"', b"FETCH FORWARD 2000 FROM " + NAME_),
+    (b"fetch all in c1 ", b"fetch all in " + NAME_ + b" "),
+    (b'MOVE ABSOLUTE -5 FROM "c"', b"MOVE ABSOLUTE -5 FROM " + NAME_),
+    (b'FETCH FROM "c"', b"FETCH FROM " + NAME_),
+    (b'FETCH fromage FROM "c"', b"FETCH fromage FROM " + NAME_),
+    (b'CLOSE "_django_curs_1_sync_2"', b"CLOSE " + NAME_),
+    (b"close\r\nc1", b"close\r\n" + NAME_),
+    (b"FETCH 5 FROM c", b"FETCH " + INT_ + b" FROM c"),  # (no digit in the name: as any text)
+    (b'FETCH "c"', None),
+    (b'FETCH FORWARD 5 FROM "c"; SELECT 1', b"FETCH FORWARD " + INT_ + b' FROM "c"; SELECT ' + INT_),
+    (b'CLOSE "c" -- x', None),
+    (b"CLOSE ALL", None),
+    (b'FETCH FROM "a" "b"', None),
 ]
 
 
@@ -178,6 +201,57 @@ def test_a_savepoint_name_is_an_identifier_to_the_server(fragments: list[str]) -
     spelled = text.encode()[name.start : name.end].decode()
     expected = spelled[1:-1].replace('""', '"') if spelled.startswith('"') else spelled.lower()
     assert stmts[0]["stmt"]["TransactionStmt"]["savepoint_name"] == expected
+
+
+# Cursor commands: their words, names of each kind (and almost names), a query and the whitespace between.
+_CURSOR_FRAGMENTS = st.sampled_from(
+    [
+        "DECLARE", "declare", "FETCH", "fetch", "MOVE", "CLOSE", "close", "FORWARD", "ALL", "5", "-5", "FROM",
+        "from", "IN", "in", "fromage", "NO SCROLL CURSOR", "WITH HOLD", "FOR", "SELECT 1", "'x'", " ", "\t",
+        "\r\n", "\v", '"_django_curs_1_sync_2"', '"a""b"', '""', '"', "c1", "c", "x_1", "\u00e91", "$",
+        ";", "--", "/*",
+    ]
+)  # fmt: skip
+
+
+@pytest.mark.skipif(not AVAILABLE, reason=f"{UNAVAILABLE}")
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(_CURSOR_FRAGMENTS, max_size=10))
+@example(["FETCH", " ", "fromage", " ", "FROM", " ", "in", " ", "c1", " "])
+@example(["FETCH", " ", "FROM", " ", "c1", " ", "FROM", " ", '"a""b"'])
+@example(["DECLARE", " ", "c1", " ", "NO SCROLL CURSOR", " ", "FOR", " ", "SELECT 1", " ", "'x'"])
+def test_the_c_lexer_matches_pythons_on_cursor_commands(fragments: list[str]) -> None:
+    text = "".join(fragments).encode()
+    assert FastRelay.shape_key(text) == key(text)
+
+
+_CURSOR_COMMANDS = ("DeclareCursorStmt", "FetchStmt", "ClosePortalStmt")
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.lists(_CURSOR_FRAGMENTS, max_size=10))
+@example(["DECLARE", " ", '"a""b"', " ", "NO SCROLL CURSOR", " ", "FOR", " ", "SELECT 1"])
+@example(["MOVE", " ", "-5", " ", "IN", " ", "c1"])
+@example(["close", "\t", '"_django_curs_1_sync_2"'])
+def test_a_cursor_name_is_an_identifier_to_the_server(fragments: list[str]) -> None:
+    """pglast's parser as the oracle: a text lexed with a cursor's name whose proof holds parses to one cursor
+    command of that name, by the span the key replaced."""
+    text = "".join(fragments)
+    shape = lex(text.encode())
+    if shape is None or not shape.literals or shape.literals[0].kind != NAME:
+        return
+    name = shape.literals[0]
+    try:
+        stmts = json.loads(parse_sql_json(text))["stmts"]
+    except ParseError:
+        return  # (the server refuses the text whatever the name)
+    if not literals_irrelevant(text.encode(), stmts, shape):
+        assert len(stmts) != 1 or next(iter(stmts[0]["stmt"])) not in _CURSOR_COMMANDS, text
+        return
+    ((_, body),) = stmts[0]["stmt"].items()
+    spelled = text.encode()[name.start : name.end].decode()
+    expected = spelled[1:-1].replace('""', '"') if spelled.startswith('"') else spelled.lower()
+    assert body["portalname"] == expected
 
 
 @pytest.mark.skipif(not AVAILABLE, reason=f"{UNAVAILABLE}")
@@ -265,6 +339,11 @@ def shaped(sql: str) -> bytes | None:
         'RELEASE SAVEPOINT "s140234_x1"',
         'ROLLBACK TO SAVEPOINT "s140234_x1"',
         "rollback transaction to sa_savepoint_2",
+        'DECLARE "_django_curs_1_sync_1" NO SCROLL CURSOR WITH HOLD FOR SELECT id FROM issues WHERE id = 5',
+        'DECLARE "_django_curs_140234_sync_1" NO SCROLL CURSOR WITHOUT HOLD FOR SELECT id FROM issues',
+        'FETCH FORWARD 2000 FROM "_django_curs_140234_sync_1"',
+        'MOVE ABSOLUTE 5 FROM "_django_curs_140234_sync_1"',
+        'CLOSE "_django_curs_140234_sync_1"',
     ],
 )
 def test_shapes_whose_literals_are_data(sql: str) -> None:
@@ -307,6 +386,10 @@ def test_shapes_whose_literals_are_data(sql: str) -> None:
         "SELECT dblink('x', 'y')",
         "SELECT * FROM generate_series(1, 5)",
         "SELECT id FROM issues WHERE title = 'x' COLLATE \"C\" AND 1 = 1",
+        'DECLARE "c1" CURSOR FOR SELECT 5::regclass',  # (a DECLARE's query: the same proof)
+        'DECLARE "c1" CURSOR FOR SELECT relname FROM pg_class WHERE oid = 5',
+        'DECLARE "c1" CURSOR FOR SELECT id FROM issues ORDER BY 1',
+        'DECLARE "c1" CURSOR FOR SELECT 1; DELETE FROM issues WHERE id = 2',
     ],
 )
 def test_shapes_whose_literals_may_matter(sql: str) -> None:
@@ -344,6 +427,12 @@ _TEMPLATES = [
     "SAVEPOINT {n}",
     "RELEASE {n}",
     "ROLLBACK WORK TO SAVEPOINT {n}",
+    "DECLARE {n} NO SCROLL CURSOR WITH HOLD FOR SELECT id FROM issues WHERE title = {s} AND points > {f}",
+    "DECLARE {n} CURSOR FOR SELECT {s}::regclass",
+    "DECLARE {n} CURSOR FOR SELECT id FROM issues WHERE id = {i} FOR UPDATE",
+    "FETCH FORWARD 2000 FROM {n}",
+    "MOVE RELATIVE -1 IN {n}",
+    "CLOSE {n}",
 ]
 _STRINGS = st.sampled_from(["x", "", "cow.sessions", "public", "it's", "cow_changes.t", "search_path", "1"])
 _LITERALS = st.fixed_dictionaries(
