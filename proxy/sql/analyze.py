@@ -646,9 +646,12 @@ class Analyzer:
         self, text: str, catalog: Catalog, in_session: bool, version: int, prepared: bool
     ) -> Analysis | None:
         """The verdict ``shape`` proved for every text of ``text``'s shape, when it holds here: in a session,
-        not a named prepared statement's text (key reads take another form there), the same server version.
-        It is what the parse would give (``_shape_verdict``), so a text of a known shape skips the parse."""
-        if not in_session or prepared or version != (self.server_version_num or catalog.server_version_num):
+        the same server version. It is what the parse would give (``_shape_verdict``), so a text of a known
+        shape skips the parse. Also for a named prepared statement's text (``prepared``), whose verdict
+        differs only where the key-read rule rewrites it (``cached_plan``), and a proven shape is never
+        rewritten: psycopg sends each server-side cursor's DECLARE as an unnamed Parse, which the relay
+        analyses both ways (half of Django's DECLAREs)."""
+        if not in_session or version != (self.server_version_num or catalog.server_version_num):
             return None
         if not self._shapes:
             return None

@@ -479,7 +479,7 @@ def test_a_text_taken_by_its_shape_gets_the_cold_verdict(
         Analyzer().analyze(two, CATALOG, True, prepared=prepared)
     )
     if warm.shape_hits > before:  # (texts the fast path clears take it before the shape)
-        assert shape is not None and one != two and not prepared and key(two.encode()) == shape
+        assert shape is not None and (one != two or prepared) and key(two.encode()) == shape
 
 
 def test_a_shape_whose_proof_needs_a_parse_is_proven_at_its_second_text() -> None:
@@ -505,7 +505,29 @@ def test_a_django_insert_of_a_known_shape_skips_the_parse() -> None:
     assert analyzer.shape(sql.format(1, "a"), CATALOG, first) is not None
     assert analyzer.analyze(sql.format(2, "b"), CATALOG, True) == first
     assert analyzer.shape_hits == 1
-    # Not outside a session, nor for a named prepared statement's text (key reads take another form there).
+    # Not outside a session; a named prepared statement's text too (a proven shape is never rewritten, and
+    # only the key-read rule's rewrite differs there).
     analyzer.analyze(sql.format(3, "c"), CATALOG, False)
-    analyzer.analyze(sql.format(4, "d"), CATALOG, True, prepared=True)
-    assert analyzer.shape_hits == 1
+    assert analyzer.analyze(sql.format(4, "d"), CATALOG, True, prepared=True) == first
+    assert analyzer.shape_hits == 2
+
+
+def test_a_django_cursor_of_a_known_shape_skips_the_parse() -> None:
+    """psycopg declares each server-side cursor anew, as an unnamed Parse the relay analyses both as a named
+    statement's text and not; FETCH and CLOSE follow by name."""
+    analyzer = Analyzer()
+    declare = (
+        'DECLARE "_django_curs_1_sync_{}" NO SCROLL CURSOR WITH HOLD FOR SELECT id FROM issues WHERE id > {}'
+    )
+    first = analyzer.analyze(declare.format(1, 5), CATALOG, True)
+    assert first.kind == "utility" and first.rewritten is None
+    assert analyzer.shape(declare.format(1, 5), CATALOG, first) == key(declare.format(2, 6).encode())
+    for n in (2, 3):
+        assert analyzer.analyze(declare.format(n, n), CATALOG, True) == first
+        assert analyzer.analyze(declare.format(n, n), CATALOG, True, prepared=True) == first
+    assert analyzer.shape_hits == 4
+    for command in ('FETCH FORWARD 2000 FROM "_django_curs_140_sync_{}"', 'CLOSE "_django_curs_140_sync_{}"'):
+        verdict = analyzer.analyze(command.format(1), CATALOG, True)
+        assert verdict.kind == "utility"
+        assert analyzer.shape(command.format(1), CATALOG, verdict) is None  # (the fast path's: a second text)
+        assert analyzer.shape(command.format(2), CATALOG, verdict) == key(command.format(3).encode())
