@@ -455,3 +455,6 @@ _HANDLERS: dict[str, Callable[[PolicyCheck, JsonNode], None]] = {
     "CallStmt": PolicyCheck._call,
     "CreateFunctionStmt": PolicyCheck._create_function,
 }
+# The nodes ``PolicyCheck.visit`` may act on besides any statement (a name ending in "Stmt"): the others pass
+# by unread (the analysis' walk skips its call for them).
+VISITED = frozenset(_HANDLERS) | _NAMING_CREATES | frozenset(_CREATED_NAME)

@@ -864,3 +864,49 @@ def test_a_key_read_with_literals_only_wakes_no_key_read_rule() -> None:
     assert "key_reads" in found("SELECT name FROM projects WHERE id = $1")
     assert "key_reads" in found("EXPLAIN SELECT name FROM projects WHERE id BETWEEN 1 AND $2")
     assert analyze("SELECT name FROM projects WHERE id = $1").rewritten is not None
+
+
+class _EveryNode(frozenset[str]):
+    """A set that holds every node name (a capital first letter): the walk then visits every node."""
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name[:1].isupper()
+
+
+_WALKED = [
+    *TAMPERS,
+    *NOT_TAMPERS,
+    "INSERT INTO issues (id, title) VALUES (1, 'x') ON CONFLICT (id) DO UPDATE SET title = 'y' RETURNING id",
+    "WITH c AS (DELETE FROM comments WHERE id = 1 RETURNING issue_id) UPDATE issues SET points = 2 "
+    "WHERE id IN (SELECT issue_id FROM c)",
+    "SELECT i.title, count(*) FROM issues i JOIN comments c ON c.issue_id = i.id GROUP BY i.id FOR SHARE",
+    "TRUNCATE issues, comments",
+    "COPY issues FROM STDIN",
+    "CREATE TABLE t2 (id int)",
+    "CREATE FUNCTION f() RETURNS int LANGUAGE sql SET search_path = x AS 'SELECT 1'",
+    "ALTER TABLE issues ADD COLUMN x int",
+    "SET CONSTRAINTS ALL DEFERRED",
+    "SELECT * FROM cow_changes.public__issues",
+    "DECLARE c1 CURSOR FOR SELECT id FROM public.issues WHERE id = 1",
+    "MERGE INTO issues USING comments ON issues.id = comments.issue_id WHEN MATCHED THEN DELETE",
+]
+
+
+@pytest.mark.parametrize("sql", _WALKED)
+def test_the_walk_skips_only_nodes_visit_would_not_read(sql: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk calls ``_Inspection.visit`` only for the node names it may act on (``_VISITED``, statements):
+    what it finds is what a walk visiting every node finds."""
+    import proxy.sql.analyze as analyze_module
+
+    def inspected() -> tuple[object, ...]:
+        stmts = json.loads(parse_sql_json(sql))["stmts"]
+        found = _inspect(stmts, CATALOG, True, DEFAULT_POLICY)
+        return (
+            found.found, found.writes, found.tampers, found.catalog_dependent, found.error, found.unlayered,
+            found.unqualified, found.executes, found.returning_rls, found.path_change, found.path_sets,
+            found.ctes, found.policy.refusal if found.policy is not None else None,
+        )  # fmt: skip
+
+    skipping = inspected()
+    monkeypatch.setattr(analyze_module, "_VISITED", _EveryNode())
+    assert inspected() == skipping
