@@ -380,7 +380,7 @@ def _named_command(stmts: list[Any], name: Literal) -> JsonNode | None:
     """The body of the one statement a text lexed as a savepoint or cursor command parses to, when it is
     one, named (where the server gives a location, at the lexer's name), else None. The analysis only passes
     the name on: the relay reads a savepoint command's kind ("transaction"), a FETCH, MOVE or CLOSE is a
-    "utility", and a DECLARE is its query's reads (docs/proxy.md, "Savepoint and cursor commands")."""
+    "utility", and a DECLARE is its query's reads (docs/proxy.md, "Savepoint commands", "Cursor commands")."""
     if len(stmts) != 1 or not isinstance(stmts[0], dict):
         return None
     node = stmts[0].get("stmt")
