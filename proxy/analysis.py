@@ -108,6 +108,11 @@ class ProxyAnalyzer:
         )
         self._untagged: dict[str, Analysis] = {}
 
+    @property
+    def analyzer(self) -> Analyzer:
+        """The analyzer (its counters: ``misses``, ``shape_hits``)."""
+        return self._analyzer
+
     @staticmethod
     def empty_catalog() -> Catalog:
         return Catalog.empty()

@@ -181,6 +181,31 @@ def test_savepoints_of_a_session_run_on_the_fast_relay(proxy: RunningProxy, laye
     ]
 
 
+def test_server_side_cursors_of_a_session_run_by_their_shape(proxy: RunningProxy, layer_db: str) -> None:
+    """psycopg's server-side cursors (Django's ``iterator()``), named anew each time, are taken by their shape
+    once it is known: a later cursor's DECLARE (an unnamed Parse), FETCH and CLOSE are no new texts to the
+    proxy, and they read the session's rows through the overlay."""
+    insert = "INSERT INTO customers (email, name) VALUES ('{}@fs-cur', 'x')"
+    analyzer = proxy.server.analysis.analyzer
+    with psycopg.connect(proxy.dsn(layer_db), options="-c cow.session_id=fs-cur", autocommit=True) as conn:
+        conn.execute(insert.format("a"))
+
+        def read(n: int) -> list[str]:
+            with conn.cursor(f"_django_curs_140_sync_{n}", withhold=True) as cursor:
+                cursor.execute("SELECT email FROM customers WHERE name = 'x' AND email LIKE '%@fs-cur'")
+                return [row[0] for row in cursor.fetchmany(2000)]
+
+        for n in (1, 2):  # (the second cursor proves the shapes the fast path answered)
+            assert read(n) == ["a@fs-cur"]
+        misses, shape_hits = analyzer.misses, analyzer.shape_hits
+        conn.execute(insert.format("b"))
+        assert sorted(read(3)) == ["a@fs-cur", "b@fs-cur"]
+        # (The insert's text is new; the DECLARE, analysed as both forms of a Parse, and the FETCH and CLOSE
+        # are answered by their shapes: by the analysis where Python relays them, or by C.)
+        assert analyzer.misses - misses - (analyzer.shape_hits - shape_hits) <= 1
+    assert not [e for e in base_customers(layer_db) if e.endswith("@fs-cur")]
+
+
 def test_a_comment_tag_hands_a_session_back(proxy: RunningProxy, layer_db: str) -> None:
     c = RawClient(proxy.host, proxy.port, dbname(layer_db), options="-c cow.session_id=fs2")
     insert = "INSERT INTO customers (email, name) VALUES ('{}' || md5(random()::text), 'x')"
