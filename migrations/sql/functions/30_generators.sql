@@ -820,8 +820,11 @@ BEGIN
             missing := missing || format(' AND NOT (%s)', cow._eq2(con.refcols, 'c', con.cols, 'c'));
         END IF;
         bit := (1 << least(ctx.fk_n, 30))::text;
-        ctx.fk_all := ctx.fk_all || format(' | %s', bit);
-        ctx.fk_changed := ctx.fk_changed || format(' | CASE WHEN %s THEN %s ELSE 0 END', cow._changed(con.cols), bit);
+        -- (A key with a NULL column references nothing (MATCH SIMPLE): its version gets no bit, so no check
+        -- runs for it, and a deferrable one's constraint trigger does not fire.)
+        ctx.fk_all := ctx.fk_all || format(' | CASE WHEN %s THEN %s ELSE 0 END', cow._notnull(con.cols, 'NEW'), bit);
+        ctx.fk_changed := ctx.fk_changed || format(' | CASE WHEN %s AND %s THEN %s ELSE 0 END', cow._changed(con.cols),
+                                                   cow._notnull(con.cols, 'NEW'), bit);
         missing := missing || format(' AND (c._cow_fk & %s) <> 0', bit);
         IF con.condeferrable THEN
             ctx.dbits := ctx.dbits || format(' | %s', bit);
@@ -866,19 +869,19 @@ BEGIN
         RETURN;
     END IF;
     mark := format('cow_changes.%I', r.changes_table || '_mark');
+    -- (The mark is pushed in a session or not, and cow_fk_check pops it before it asks for the session: a
+    -- write costs no lookup of the binding for its mark; outside a session nothing reads the mark.)
     check_fn := format('cow_changes.%I', r.changes_table || '_fkcheck');
     EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql AS $body$
 BEGIN
-    IF cow._session() IS NOT NULL THEN
-        PERFORM set_config({{mark|L}}, concat_ws(',', nullif(current_setting({{mark|L}}, true), ''),
-            (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM cow.write_seq)::text), true);
-    END IF;
+    PERFORM set_config({{mark|L}}, concat_ws(',', nullif(current_setting({{mark|L}}, true), ''),
+        (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM cow.write_seq)::text), true);
     RETURN NULL;
 END $body$$t$, jsonb_build_object('fn', mark, 'mark', 'cow._mark_' || r.changes_table));
     EXECUTE format('CREATE OR REPLACE TRIGGER cow_fk_mark BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()', v, mark);
     EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql {{plans}} AS $body$
 DECLARE
-    _s text := cow._session();
+    _s text;
     _marks text := current_setting({{mark|L}}, true);
     _mark bigint;
     _seq bigint;
@@ -892,12 +895,12 @@ DECLARE
     _bsch text;
     _g text;
 {{vars}}BEGIN
-    IF _s IS NULL OR coalesce(_marks, '') = '' THEN
+    IF coalesce(_marks, '') = '' THEN
         RETURN NULL;
     END IF;
     _mark := split_part(_marks, ',', -1)::bigint;
     PERFORM set_config({{mark|L}}, regexp_replace(_marks, ',?[^,]*$', ''), true);
-{{checks}}{{deferred}}    IF _best IS NOT NULL THEN
+{{session}}{{checks}}{{deferred}}    IF _best IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = _bcode, MESSAGE = _bmsg,
             DETAIL = _bdet, SCHEMA = coalesce(_bsch, {{schema|L}}), TABLE = coalesce(_btab, {{table|L}}), CONSTRAINT = _bcon;
     END IF;
@@ -907,14 +910,23 @@ END $body$$t$, jsonb_build_object(
         'fn', check_fn,
         'mark', 'cow._mark_' || r.changes_table,
         'vars', p_vars,
+        -- The session is asked for only when there is something to check: the statement's checks, or the
+        -- flags below (a table whose FOREIGN KEYs are all deferrable, in DEFERRED mode, pops its mark only).
+        'session', CASE WHEN p_checks = '' THEN '' ELSE $t$    _s := cow._session();
+    IF _s IS NULL THEN
+        RETURN NULL;
+    END IF;
+$t$ END,
         'checks', p_checks,
         -- Deferrable constraints whose trigger fired inside this statement (IMMEDIATE mode): checked here, at
-        -- the end of the statement, like PostgreSQL; the outermost statement clears the flags.
+        -- the end of the statement, like PostgreSQL; the outermost statement clears the flags. (Flags are
+        -- only set in a session: the constraint triggers are on the changes table.)
         'deferred', CASE WHEN p_deferred = '' THEN '' ELSE cow._fill($t$    _g := pg_catalog.current_setting({{flags|L}}, true);
     IF coalesce(_g, '') <> '' THEN
         IF regexp_replace(_marks, ',?[^,]*$', '') = '' THEN
             PERFORM pg_catalog.set_config({{flags|L}}, '', true);
         END IF;
+        _s := coalesce(_s, cow._session());
 {{checks}}    END IF;
 $t$, jsonb_build_object('flags', 'cow._dq_' || r.changes_table, 'checks', p_deferred)) END,
         'schema', r.table_schema,

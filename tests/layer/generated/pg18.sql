@@ -138,7 +138,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t1_fkcheck()
  SET jit TO 'off'
 AS $function$
 DECLARE
-    _s text := cow._session();
+    _s text;
     _marks text := current_setting('cow._mark_t1', true);
     _mark bigint;
     _seq bigint;
@@ -155,11 +155,15 @@ DECLARE
     _cow_k record;
     _cow_c record;
 BEGIN
-    IF _s IS NULL OR coalesce(_marks, '') = '' THEN
+    IF coalesce(_marks, '') = '' THEN
         RETURN NULL;
     END IF;
     _mark := split_part(_marks, ',', -1)::bigint;
     PERFORM set_config('cow._mark_t1', regexp_replace(_marks, ',?[^,]*$', ''), true);
+    _s := cow._session();
+    IF _s IS NULL THEN
+        RETURN NULL;
+    END IF;
     SELECT c._cow_seq, format('Key (%s)=(%s) is not present in table "%s".', 'fallback_id', concat_ws(', ', coalesce(c.fallback_id::text, 'null')), 'parent')
     INTO _seq, _det FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_seq > _mark
         AND c._cow_current AND c._cow_deleted IS NOT TRUE AND c.fallback_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM cow_overlay_public.parent z WHERE z.id = c.fallback_id) AND (c._cow_fk & 1) <> 0
@@ -208,6 +212,7 @@ BEGIN
         IF regexp_replace(_marks, ',?[^,]*$', '') = '' THEN
             PERFORM pg_catalog.set_config('cow._dq_t1', '', true);
         END IF;
+        _s := coalesce(_s, cow._session());
     IF pg_catalog.strpos(_g, ',1,') > 0 THEN
     SELECT c._cow_seq, format('Key (%s)=(%s) already exists.', 'slot', concat_ws(', ', coalesce(c.slot::text, 'null'))) INTO _seq, _det
     FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_seq > _mark AND c._cow_current AND c._cow_deleted IS NOT TRUE AND c.slot IS NOT NULL
@@ -311,7 +316,7 @@ BEGIN
         RETURNING x._cow_base, true, x._cow_fk, x._cow_seq, x._cow_origin INTO _base, _seen, _pfk, _pseq, _porig;
     END IF;
     INSERT INTO cow_changes.t1 (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, _cow_origin, id, parent_id, parent_code, kept_id, later_id, up, fallback_id, qty, twice, slot, during)
-    VALUES (_s, _o, false, _base, (0 | 1 | 2 | 4 | 8 | 16 | 32) | CASE WHEN _pseq > coalesce(nullif(pg_catalog.split_part(pg_catalog.current_setting('cow._mark_t1', true), ',', 1), '')::bigint, 9223372036854775807) THEN coalesce(_pfk, 0) ELSE 0 END, NULL, NEW.id, NEW.parent_id, NEW.parent_code, NEW.kept_id, NEW.later_id, NEW.up, NEW.fallback_id, NEW.qty, NEW.twice, NEW.slot, NEW.during);
+    VALUES (_s, _o, false, _base, (0 | CASE WHEN NEW.fallback_id IS NOT NULL THEN 1 ELSE 0 END | CASE WHEN NEW.kept_id IS NOT NULL THEN 2 ELSE 0 END | CASE WHEN NEW.later_id IS NOT NULL THEN 4 ELSE 0 END | CASE WHEN NEW.parent_code IS NOT NULL THEN 8 ELSE 0 END | CASE WHEN NEW.parent_id IS NOT NULL THEN 16 ELSE 0 END | CASE WHEN NEW.up IS NOT NULL THEN 32 ELSE 0 END) | CASE WHEN _pseq > coalesce(nullif(pg_catalog.split_part(pg_catalog.current_setting('cow._mark_t1', true), ',', 1), '')::bigint, 9223372036854775807) THEN coalesce(_pfk, 0) ELSE 0 END, NULL, NEW.id, NEW.parent_id, NEW.parent_code, NEW.kept_id, NEW.later_id, NEW.up, NEW.fallback_id, NEW.qty, NEW.twice, NEW.slot, NEW.during);
     RETURN NEW;
 END $function$
 
@@ -321,10 +326,8 @@ CREATE OR REPLACE FUNCTION cow_changes.t1_mark()
  LANGUAGE plpgsql
 AS $function$
 BEGIN
-    IF cow._session() IS NOT NULL THEN
-        PERFORM set_config('cow._mark_t1', concat_ws(',', nullif(current_setting('cow._mark_t1', true), ''),
-            (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM cow.write_seq)::text), true);
-    END IF;
+    PERFORM set_config('cow._mark_t1', concat_ws(',', nullif(current_setting('cow._mark_t1', true), ''),
+        (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM cow.write_seq)::text), true);
     RETURN NULL;
 END $function$
 
@@ -443,7 +446,7 @@ BEGIN
         END IF;
     END IF;
     INSERT INTO cow_changes.t1 (_cow_session, _cow_op, _cow_deleted, _cow_base, _cow_fk, _cow_origin, id, parent_id, parent_code, kept_id, later_id, up, fallback_id, qty, twice, slot, during)
-    VALUES (_s, _o, false, _base, (0 | CASE WHEN (NEW.fallback_id IS DISTINCT FROM OLD.fallback_id) THEN 1 ELSE 0 END | CASE WHEN (NEW.kept_id IS DISTINCT FROM OLD.kept_id) THEN 2 ELSE 0 END | CASE WHEN (NEW.later_id IS DISTINCT FROM OLD.later_id) THEN 4 ELSE 0 END | CASE WHEN (NEW.parent_code IS DISTINCT FROM OLD.parent_code) THEN 8 ELSE 0 END | CASE WHEN (NEW.parent_id IS DISTINCT FROM OLD.parent_id) THEN 16 ELSE 0 END | CASE WHEN (NEW.up IS DISTINCT FROM OLD.up) THEN 32 ELSE 0 END | (coalesce(_pfk, 0) & (0 | 4)) | CASE WHEN (NEW.id IS DISTINCT FROM OLD.id) THEN 0 | 4 ELSE 0 END) | CASE WHEN _pseq > coalesce(nullif(pg_catalog.split_part(pg_catalog.current_setting('cow._mark_t1', true), ',', 1), '')::bigint, 9223372036854775807) THEN coalesce(_pfk, 0) ELSE 0 END, CASE WHEN (NEW.id IS DISTINCT FROM OLD.id) THEN _morig WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object('id', NEW.id) ELSE _porig END, NEW.id, NEW.parent_id, NEW.parent_code, NEW.kept_id, NEW.later_id, NEW.up, NEW.fallback_id, NEW.qty, NEW.twice, NEW.slot, NEW.during)
+    VALUES (_s, _o, false, _base, (0 | CASE WHEN (NEW.fallback_id IS DISTINCT FROM OLD.fallback_id) AND NEW.fallback_id IS NOT NULL THEN 1 ELSE 0 END | CASE WHEN (NEW.kept_id IS DISTINCT FROM OLD.kept_id) AND NEW.kept_id IS NOT NULL THEN 2 ELSE 0 END | CASE WHEN (NEW.later_id IS DISTINCT FROM OLD.later_id) AND NEW.later_id IS NOT NULL THEN 4 ELSE 0 END | CASE WHEN (NEW.parent_code IS DISTINCT FROM OLD.parent_code) AND NEW.parent_code IS NOT NULL THEN 8 ELSE 0 END | CASE WHEN (NEW.parent_id IS DISTINCT FROM OLD.parent_id) AND NEW.parent_id IS NOT NULL THEN 16 ELSE 0 END | CASE WHEN (NEW.up IS DISTINCT FROM OLD.up) AND NEW.up IS NOT NULL THEN 32 ELSE 0 END | (coalesce(_pfk, 0) & (0 | 4)) | CASE WHEN (NEW.id IS DISTINCT FROM OLD.id) THEN 0 | 4 ELSE 0 END) | CASE WHEN _pseq > coalesce(nullif(pg_catalog.split_part(pg_catalog.current_setting('cow._mark_t1', true), ',', 1), '')::bigint, 9223372036854775807) THEN coalesce(_pfk, 0) ELSE 0 END, CASE WHEN (NEW.id IS DISTINCT FROM OLD.id) THEN _morig WHEN _seen IS NULL THEN pg_catalog.jsonb_build_object('id', NEW.id) ELSE _porig END, NEW.id, NEW.parent_id, NEW.parent_code, NEW.kept_id, NEW.later_id, NEW.up, NEW.fallback_id, NEW.qty, NEW.twice, NEW.slot, NEW.during)
     ON CONFLICT (_cow_session, id) WHERE _cow_current DO NOTHING;
     IF NOT FOUND THEN
         IF (NEW.id IS DISTINCT FROM OLD.id) THEN
@@ -500,7 +503,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t2_fkcheck()
  SET jit TO 'off'
 AS $function$
 DECLARE
-    _s text := cow._session();
+    _s text;
     _marks text := current_setting('cow._mark_t2', true);
     _mark bigint;
     _seq bigint;
@@ -514,11 +517,15 @@ DECLARE
     _bsch text;
     _g text;
 BEGIN
-    IF _s IS NULL OR coalesce(_marks, '') = '' THEN
+    IF coalesce(_marks, '') = '' THEN
         RETURN NULL;
     END IF;
     _mark := split_part(_marks, ',', -1)::bigint;
     PERFORM set_config('cow._mark_t2', regexp_replace(_marks, ',?[^,]*$', ''), true);
+    _s := cow._session();
+    IF _s IS NULL THEN
+        RETURN NULL;
+    END IF;
     SELECT c._cow_seq, format('Key (%s)=(%s) is not present in table "%s".', 'parent_id', concat_ws(', ', coalesce(c.parent_id::text, 'null')), 'parent')
     INTO _seq, _det FROM cow_changes.t2 c WHERE c._cow_session = _s AND c._cow_seq > _mark
         AND c._cow_current AND c._cow_deleted IS NOT TRUE AND c.parent_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM cow_overlay_public.parent z WHERE z.id = c.parent_id) AND (c._cow_fk & 1) <> 0
@@ -561,7 +568,7 @@ BEGIN
             RAISE EXCEPTION USING ERRCODE = '23502', MESSAGE = 'null value in column "kind" of relation "events" violates not-null constraint', SCHEMA = 'public', TABLE = 'events', COLUMN = 'kind';
         END IF;
     END IF;
-    INSERT INTO cow_changes.t2 (_cow_session, _cow_op, _cow_deleted, _cow_fk, kind, parent_id, note) VALUES (_s, _o, false, 0 | 1, NEW.kind, NEW.parent_id, NEW.note);
+    INSERT INTO cow_changes.t2 (_cow_session, _cow_op, _cow_deleted, _cow_fk, kind, parent_id, note) VALUES (_s, _o, false, 0 | CASE WHEN NEW.parent_id IS NOT NULL THEN 1 ELSE 0 END, NEW.kind, NEW.parent_id, NEW.note);
     RETURN NEW;
 END $function$
 
@@ -571,10 +578,8 @@ CREATE OR REPLACE FUNCTION cow_changes.t2_mark()
  LANGUAGE plpgsql
 AS $function$
 BEGIN
-    IF cow._session() IS NOT NULL THEN
-        PERFORM set_config('cow._mark_t2', concat_ws(',', nullif(current_setting('cow._mark_t2', true), ''),
-            (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM cow.write_seq)::text), true);
-    END IF;
+    PERFORM set_config('cow._mark_t2', concat_ws(',', nullif(current_setting('cow._mark_t2', true), ''),
+        (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM cow.write_seq)::text), true);
     RETURN NULL;
 END $function$
 
@@ -614,7 +619,7 @@ BEGIN
     INSERT INTO cow_changes.t2 (_cow_session, _cow_op, _cow_deleted, _cow_current, _cow_base, _cow_origin, kind, parent_id, note)
     VALUES (_s, _o, true, _ret IS NULL, CASE WHEN _ret IS NULL THEN pg_catalog.to_jsonb(OLD) END,
             CASE WHEN _ret IS NOT NULL THEN pg_catalog.jsonb_build_object('retires', _ret) END, OLD.kind, OLD.parent_id, OLD.note);
-    INSERT INTO cow_changes.t2 (_cow_session, _cow_op, _cow_deleted, _cow_fk, kind, parent_id, note) VALUES (_s, _o, false, 0 | CASE WHEN (NEW.parent_id IS DISTINCT FROM OLD.parent_id) THEN 1 ELSE 0 END, NEW.kind, NEW.parent_id, NEW.note);
+    INSERT INTO cow_changes.t2 (_cow_session, _cow_op, _cow_deleted, _cow_fk, kind, parent_id, note) VALUES (_s, _o, false, 0 | CASE WHEN (NEW.parent_id IS DISTINCT FROM OLD.parent_id) AND NEW.parent_id IS NOT NULL THEN 1 ELSE 0 END, NEW.kind, NEW.parent_id, NEW.note);
     RETURN NEW;
 END $function$
 
@@ -773,7 +778,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t3_fkcheck()
  SET jit TO 'off'
 AS $function$
 DECLARE
-    _s text := cow._session();
+    _s text;
     _marks text := current_setting('cow._mark_t3', true);
     _mark bigint;
     _seq bigint;
@@ -790,11 +795,15 @@ DECLARE
     _cow_k record;
     _cow_c record;
 BEGIN
-    IF _s IS NULL OR coalesce(_marks, '') = '' THEN
+    IF coalesce(_marks, '') = '' THEN
         RETURN NULL;
     END IF;
     _mark := split_part(_marks, ',', -1)::bigint;
     PERFORM set_config('cow._mark_t3', regexp_replace(_marks, ',?[^,]*$', ''), true);
+    _s := cow._session();
+    IF _s IS NULL THEN
+        RETURN NULL;
+    END IF;
     SELECT c._cow_seq, format('Key (%s)=(%s) is still referenced from table "%s".', 'id', concat_ws(', ', coalesce(c.id::text, 'null')), 'child')
     INTO _seq, _det FROM cow_changes.t3 c WHERE c._cow_session = _s AND c._cow_seq > _mark
         AND c._cow_current AND c._cow_deleted AND c.id IS NOT NULL
@@ -824,6 +833,7 @@ BEGIN
         IF regexp_replace(_marks, ',?[^,]*$', '') = '' THEN
             PERFORM pg_catalog.set_config('cow._dq_t3', '', true);
         END IF;
+        _s := coalesce(_s, cow._session());
     IF pg_catalog.strpos(_g, ',1,') > 0 THEN
     _seq := NULL;
     FOR _r IN SELECT * FROM cow_changes.t3 c WHERE c._cow_session = _s AND c._cow_seq > _mark AND c._cow_current AND c._cow_deleted IS NOT TRUE ORDER BY c._cow_seq LOOP
@@ -926,10 +936,8 @@ CREATE OR REPLACE FUNCTION cow_changes.t3_mark()
  LANGUAGE plpgsql
 AS $function$
 BEGIN
-    IF cow._session() IS NOT NULL THEN
-        PERFORM set_config('cow._mark_t3', concat_ws(',', nullif(current_setting('cow._mark_t3', true), ''),
-            (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM cow.write_seq)::text), true);
-    END IF;
+    PERFORM set_config('cow._mark_t3', concat_ws(',', nullif(current_setting('cow._mark_t3', true), ''),
+        (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM cow.write_seq)::text), true);
     RETURN NULL;
 END $function$
 

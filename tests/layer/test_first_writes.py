@@ -1,0 +1,114 @@
+"""What a write in a session calls (branch i16lay3; docs/benchmarks.md, "The layer's first writes and deferred
+checks"): a version whose foreign key has a NULL column carries no check, so its deferred constraint trigger
+does not fire; the statement triggers look the binding up only when they have something to check; a backend
+that was never bound (no temporary schema) does not look it up at all. Counted with the transaction's
+function statistics (``track_functions = all``); the semantics side by side with the plain tables."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.layer.test_deferrable import SCHEMA, TABLES, same_tx
+from tests.layer.test_semantics import Pair, session_pair
+
+SECRET = "s3cret-binding-for-tests-0123456789"
+
+
+@pytest.fixture
+def pair(plain_db: str, layer_db: str) -> Iterator[Pair]:
+    with session_pair(plain_db, layer_db, SCHEMA) as p:
+        yield p
+
+
+def counting(conn: psycopg.Connection[Any]) -> None:
+    """Count function calls from now on (a superuser's setting: the tests' servers run as one)."""
+    conn.execute("SET track_functions = 'all'")
+
+
+def calls(conn: psycopg.Connection[Any], function: str) -> int:
+    """Calls of ``function`` in the current transaction (a trigger function by its table's changes table:
+    ``child_dfr`` is the changes table of ``child`` with ``_dfr``)."""
+    table, _, suffix = function.partition("_")
+    if "." not in function:
+        found = conn.execute(
+            "SELECT 'cow_changes.' || quote_ident(changes_table || '_' || %s)"
+            " FROM cow.registry WHERE table_name = %s",
+            (suffix, table),
+        ).fetchone()
+        assert found is not None, function
+        function = str(found[0])
+    row = conn.execute("SELECT pg_stat_get_xact_function_calls(%s::regproc)", (function,)).fetchone()
+    assert row is not None
+    return int(row[0] or 0)
+
+
+def test_null_keys_fire_no_deferred_check(pair: Pair) -> None:
+    conn = pair.cow
+    counting(conn)
+    conn.execute("BEGIN")
+    for i in range(10, 15):
+        conn.execute("INSERT INTO child VALUES (%s, NULL, 'no parent')", (i,))
+    conn.execute("INSERT INTO node VALUES (10, NULL)")
+    conn.execute("UPDATE child SET note = 'still none' WHERE id = 10")
+    conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
+    assert (calls(conn, "child_dfr"), calls(conn, "node_dfr")) == (0, 0)
+    # A key set later is checked (once for the update that set it).
+    conn.execute("UPDATE child SET parent_id = 2 WHERE id = 11")
+    conn.execute("INSERT INTO child VALUES (15, 1, 'a parent')")
+    conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
+    assert calls(conn, "child_dfr") == 2
+    conn.execute("ROLLBACK")
+
+
+def test_null_keys_keep_the_checks_of_the_plain_tables(pair: Pair) -> None:
+    # NULL, then a missing parent: the update's check fails at COMMIT as on the plain table.
+    err = same_tx(
+        pair, "INSERT INTO child VALUES (10, NULL, 'x')", "UPDATE child SET parent_id = 9 WHERE id = 10"
+    )
+    assert err[:3] == (2, "23503", "child_parent_id_fkey")
+    # A missing parent, then NULL: nothing to check at COMMIT.
+    assert (
+        same_tx(
+            pair, "INSERT INTO child VALUES (10, 9, 'x')", "UPDATE child SET parent_id = NULL WHERE id = 10"
+        )
+        == ()
+    )
+    # NULL then a parent that comes later in the transaction; a self-reference set after a NULL one.
+    assert (
+        same_tx(
+            pair,
+            "INSERT INTO child VALUES (11, NULL, 'y')",
+            "UPDATE child SET parent_id = 7 WHERE id = 11",
+            "INSERT INTO parent VALUES (7, 'seven')",
+        )
+        == ()
+    )
+    err = same_tx(pair, "INSERT INTO node VALUES (20, NULL)", "UPDATE node SET up = 21 WHERE id = 20")
+    assert err[:2] == (2, "23503")
+    assert same_tx(pair, "INSERT INTO node VALUES (20, NULL)", "UPDATE node SET up = 20 WHERE id = 20") == ()
+    for table in TABLES:
+        pair.same_table(table)
+
+
+def test_statement_triggers_look_the_binding_up_only_to_check(layer_db: str) -> None:
+    with psycopg.connect(layer_db, autocommit=True) as admin:
+        admin.execute("SELECT cow.set_bind_secret(%s)", (SECRET,))
+        admin.execute(SCHEMA)
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.execute("SELECT cow.bind_session('s1', NULL, %s)", (SECRET,))
+        counting(conn)
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO parent VALUES (10, 'p')")  # (the registry check's first write)
+        before = calls(conn, "cow._bound")
+        for i in range(10, 20):
+            conn.execute("INSERT INTO child VALUES (%s, 10, 'c')", (i,))
+        # One lookup a row (the INSTEAD OF trigger's); cow_fk_mark and cow_fk_check of a table whose foreign
+        # keys are all deferred asked for two more a statement.
+        assert calls(conn, "cow._bound") - before == 10
+        assert (calls(conn, "child_mark"), calls(conn, "child_fkcheck")) == (10, 10)
+        conn.execute("COMMIT")
+        assert conn.execute("SELECT count(*) FROM child WHERE parent_id = 10").fetchone() == (10,)
