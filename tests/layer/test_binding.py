@@ -194,9 +194,14 @@ def test_a_binding_is_not_inherited_by_a_later_backend_with_the_same_pid(db: str
             " VALUES (pg_backend_pid(), now() - interval '1 hour', 'old-token', 'dead')"
         )
         assert conn.execute("SELECT cow.bound_session(), cow.current_session()").fetchone() == (None, None)
-        conn.execute("SET cow._bind_token = 'old-token'")  # the token is only a shortcut for the bound one
+        # A backend that never bound has no temporary schema (the bind makes one): the row is not even read.
+        conn.execute("SET cow._bind_token = 'old-token'")
+        assert conn.execute("SELECT cow.bound_session()").fetchone() == (None,)
+        # With one of its own, the token is only a shortcut for the bound one.
+        conn.execute("CREATE TEMPORARY TABLE scratch (x int)")
         assert conn.execute("SELECT cow.bound_session()").fetchone() == ("dead",)
         conn.execute("RESET cow._bind_token")
+        assert conn.execute("SELECT cow.bound_session(), cow.current_session()").fetchone() == (None, None)
         conn.execute("SELECT cow.use_session('s4')")
         conn.execute("UPDATE customers SET score = 1 WHERE id = 1")
         # Binding replaces the stale row; then the token may go, the start time still proves the binding.

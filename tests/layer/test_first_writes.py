@@ -112,3 +112,27 @@ def test_statement_triggers_look_the_binding_up_only_to_check(layer_db: str) -> 
         assert (calls(conn, "child_mark"), calls(conn, "child_fkcheck")) == (10, 10)
         conn.execute("COMMIT")
         assert conn.execute("SELECT count(*) FROM child WHERE parent_id = 10").fetchone() == (10,)
+
+
+def test_a_backend_never_bound_does_not_look_the_binding_up(layer_db: str) -> None:
+    with psycopg.connect(layer_db, autocommit=True) as admin:
+        admin.execute(SCHEMA)
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.execute("SELECT cow.use_session('s1')")
+        counting(conn)
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO parent VALUES (10, 'p')")
+        conn.execute("INSERT INTO child VALUES (10, 10, 'c')")
+        conn.execute("DELETE FROM child WHERE id = 1")
+        row = conn.execute("SELECT pg_my_temp_schema() = 0, cow.current_session()").fetchone()
+        assert row == (True, "s1")
+        assert calls(conn, "cow._bound") == 0
+        conn.execute("COMMIT")
+        # A temporary table of its own: then the binding is looked up, and found absent.
+        conn.execute("CREATE TEMPORARY TABLE scratch (x int)")
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO child VALUES (11, 10, 'd')")
+        assert calls(conn, "cow._bound") >= 1
+        assert conn.execute("SELECT cow.current_session(), cow.bound_session()").fetchone() == ("s1", None)
+        conn.execute("COMMIT")
+        assert conn.execute("SELECT count(*) FROM child WHERE parent_id = 10").fetchone() == (2,)

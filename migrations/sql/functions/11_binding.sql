@@ -39,6 +39,9 @@ LANGUAGE plpgsql STABLE PARALLEL RESTRICTED AS $$
 DECLARE
     b record;
 BEGIN
+    IF pg_catalog.pg_my_temp_schema() OPERATOR(pg_catalog.=) 0::pg_catalog.oid THEN
+        RETURN NULL;  -- (never bound: see cow._session)
+    END IF;
     SELECT x.session, x.token, x.backend_start INTO b FROM cow.my_binding x;
     IF NOT FOUND THEN
         RETURN NULL;
@@ -53,10 +56,16 @@ BEGIN
 END $$;
 
 -- The session of this backend's reads and writes: the bound one when bound (the GUC is not consulted), else
--- the GUC cow.session_id (NULL: none).
+-- the GUC cow.session_id (NULL: none). A backend without a temporary schema was never bound: cow._bind makes
+-- one in the binding's transaction (both go if it rolls back), and a backend keeps it until it ends, DISCARD
+-- included (the guard's WHEN clause, cow._add_guard, relies on the same). There the binding is not looked up:
+-- the generated triggers call this once a row, and the lookup is a plpgsql call and an index probe
+-- (docs/benchmarks.md, "The layer's first writes and deferred checks", branch i16lay3).
 CREATE OR REPLACE FUNCTION cow._session() RETURNS text
 LANGUAGE sql STABLE PARALLEL RESTRICTED AS $$
-    SELECT coalesce(cow._bound(), nullif(pg_catalog.current_setting('cow.session_id', true), ''))
+    SELECT coalesce(CASE WHEN pg_catalog.pg_my_temp_schema() OPERATOR(pg_catalog.<>) 0::pg_catalog.oid
+                         THEN cow._bound() END,
+                    nullif(pg_catalog.current_setting('cow.session_id', true), ''))
 $$;
 
 CREATE OR REPLACE FUNCTION cow.current_session() RETURNS text
