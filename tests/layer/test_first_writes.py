@@ -11,8 +11,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
+from migrations import install_layer
+from tests.fix_layer import files_at
 from tests.layer.test_deferrable import SCHEMA, TABLES, same_tx
+from tests.layer.test_install import run
 from tests.layer.test_semantics import Pair, session_pair
 
 SECRET = "s3cret-binding-for-tests-0123456789"
@@ -136,3 +140,54 @@ def test_a_backend_never_bound_does_not_look_the_binding_up(layer_db: str) -> No
         assert conn.execute("SELECT cow.current_session(), cow.bound_session()").fetchone() == ("s1", None)
         conn.execute("COMMIT")
         assert conn.execute("SELECT count(*) FROM child WHERE parent_id = 10").fetchone() == (2,)
+
+
+# main at layer 56, before this change: its repeatable files are the exact text such installs ran.
+LAYER_56_COMMIT = "efb8d84"
+
+
+def fk_bits(conn: psycopg.Connection[Any], table: str) -> list[tuple[int, int]]:
+    """(id, _cow_fk) of the session's current versions of ``table``, by id."""
+    found = conn.execute("SELECT changes_table FROM cow.registry WHERE table_name = %s", (table,)).fetchone()
+    assert found is not None
+    query = sql.SQL(
+        "SELECT id, _cow_fk FROM cow_changes.{} WHERE _cow_session = 's1' AND _cow_current ORDER BY id"
+    ).format(sql.Identifier(str(found[0])))
+    rows = conn.execute(query).fetchall()
+    return [(int(r[0]), int(r[1])) for r in rows]
+
+
+def test_the_upgrade_from_56_regenerates_the_triggers_and_keeps_sessions(layer_db: str) -> None:
+    old_files = [sql for _, sql in files_at(LAYER_56_COMMIT, "migrations/sql/functions")]
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+        # Layer 56: its function files applied (as install did, in one transaction), every table's objects
+        # made by them.
+        with conn.transaction():
+            conn.execute("SELECT set_config('cow.in_layer', 'on', true)")
+            for text in old_files:
+                conn.execute(text.encode())  # bytes: file text, not a literal query
+            conn.execute("UPDATE cow.repeatables SET checksum = 'layer 56'")
+        conn.execute("SELECT * FROM cow.refresh(true)")
+        conn.execute("SELECT cow.use_session('s1')")
+        conn.execute("INSERT INTO child VALUES (10, NULL, 'layer 56'), (11, 2, 'layer 56')")
+        assert fk_bits(conn, "child") == [(10, 1), (11, 1)]  # (layer 56: a bit for the NULL key too)
+    result = run(layer_db, install_layer)
+    assert result.applied == ()
+    assert {"11_binding.sql", "30_generators.sql"} <= set(result.reapplied)
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.execute("SELECT cow.use_session('s1')")
+        counting(conn)
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO child VALUES (12, NULL, 'layer 58')")
+        # Layer 56's version of row 10 still carries its bit into the update that keeps its NULL key; its
+        # check finds nothing to check.
+        conn.execute("UPDATE child SET note = 'updated' WHERE id IN (10, 11)")
+        assert fk_bits(conn, "child") == [(10, 1), (11, 1), (12, 0)]
+        conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        assert (calls(conn, "child_dfr"), calls(conn, "child_mark"), calls(conn, "cow._bound")) == (2, 2, 0)
+        conn.execute("COMMIT")
+        rows = conn.execute("SELECT id, parent_id, note FROM child WHERE id >= 10 ORDER BY id").fetchall()
+        assert rows == [(10, None, "updated"), (11, 2, "updated"), (12, None, "layer 58")]
+        with pytest.raises(psycopg.errors.ForeignKeyViolation), conn.transaction():
+            conn.execute("UPDATE child SET parent_id = 9 WHERE id = 12")
