@@ -21,6 +21,11 @@ turns in a shuffled order over a warm-up round and ``--rounds`` rounds:
   per test.
 - ``large delete, new backend, no other writer``: the same after the other operations' transactions ended
   (above, the class's open transaction keeps its rows in the changes tables, which the vacuum cannot remove).
+- ``first writes, new backend``: Django's ``TransactionTestCase`` (a new connection per test): a new
+  connection's transaction writes two rows into each of ``--first-tables`` tables (one with its FOREIGN KEY
+  NULL, one with it set, one INSERT each), then ``SET CONSTRAINTS ALL IMMEDIATE``; its CPU from the first
+  INSERT to the end (the generated functions compiled and their statements planned in this backend), and
+  the layer's function calls (``track_functions = all``: trigger functions and helpers, counted per call).
 - ``table list``: Django's ``connection.introspection.get_table_list`` query, with ``pg_table_is_visible``
   (plain) or ``cow.pg_table_is_visible`` (what the proxy puts in its place on a tagged connection).
 
@@ -28,7 +33,7 @@ Beside the CPU, each operation's rows and index entries read and buffers asked f
 of the user tables and indexes, the changes tables included): counts the machine's load does not move.
 
     .venv/bin/python bench/deferred_checks.py [--dsn DSN] [--baseline REF] [--rows 50] [--tables 80]
-        [--rounds 5] [--reps 20]
+        [--rounds 5] [--reps 20] [--first-tables 10]
 
 Without ``--dsn`` an embedded PostgreSQL is started; with it, scratch databases ``cowdefer_<pid>_*`` are
 created and dropped.
@@ -88,6 +93,7 @@ class Config:
     rounds: int
     reps: int
     seed: int
+    first_tables: int
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
@@ -97,8 +103,9 @@ def parse_args(argv: list[str] | None = None) -> Config:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--reps", type=int, default=20, help="re-fires and table lists per variant and round")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--first-tables", type=int, default=10, help="tables a new backend's first writes touch")
     a = p.parse_args(argv)
-    return Config(a.dsn, a.baseline, a.rows, a.tables, a.rounds, a.reps, a.seed)
+    return Config(a.dsn, a.baseline, a.rows, a.tables, a.rounds, a.reps, a.seed, a.first_tables)
 
 
 async def build(dsn: str, cfg: Config, files: common.Layer | None) -> None:
@@ -137,6 +144,7 @@ class Sample:
     cpu_us: float
     rows: int  # rows and index entries the operation's scans read (user tables and indexes, not catalogs)
     buffers: int  # buffer accesses (hits and reads) of those tables and indexes
+    calls: int = 0  # calls of the layer's functions (schemas cow and cow_changes; first writes only)
 
 
 # Counters of the current transaction, per relation: what a scan returned (a table's sequential scans, an
@@ -146,6 +154,11 @@ COUNTERS = """SELECT coalesce(sum(pg_stat_get_xact_tuples_returned(c.oid)), 0)::
 FROM pg_class c WHERE c.relkind IN ('r', 'i')
   AND c.relnamespace NOT IN ('pg_catalog'::regnamespace, 'information_schema'::regnamespace,
                              'pg_toast'::regnamespace)"""
+
+
+# Calls of the layer's functions in the current transaction (track_functions = all).
+CALLS = """SELECT coalesce(sum(pg_stat_get_xact_function_calls(p.oid)), 0)::bigint FROM pg_proc p
+WHERE p.pronamespace IN (SELECT n.oid FROM pg_namespace n WHERE n.nspname IN ('cow', 'cow_changes'))"""
 
 
 async def counters(conn: asyncpg.Connection) -> tuple[int, int]:
@@ -215,6 +228,29 @@ async def large_delete_new_backend(variant: str, dsn: str) -> Sample:
         await b.conn.close()
 
 
+async def first_writes_new_backend(variant: str, dsn: str, tables: int) -> Sample:
+    # (A session of its own, as the large delete's new backend: the first write registers it.)
+    b = await connect(variant, dsn, SESSION + "_first")
+    try:
+        await b.conn.execute("SET track_functions = 'all'")
+        await b.conn.execute("BEGIN")
+        r0, b0 = await counters(b.conn)
+        c0 = common.cpu_ns(b.pid)
+        for i in range(tables):
+            await b.conn.execute(f"INSERT INTO x{i} (name, r_id) VALUES ('no parent', NULL)")
+            await b.conn.execute(f"INSERT INTO x{i} (name, r_id) VALUES ('a parent', 1)")
+        await b.conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        c1 = common.cpu_ns(b.pid)
+        r1, b1 = await counters(b.conn)
+        calls = int(await b.conn.fetchval(CALLS))
+        await b.conn.execute("ROLLBACK")
+        if c0 is None or c1 is None:
+            raise SystemExit("bench/deferred_checks.py: the server's backends are not on this machine")
+        return Sample((c1 - c0) / 1000.0, r1 - r0, b1 - b0, calls)
+    finally:
+        await b.conn.close()
+
+
 @contextlib.asynccontextmanager
 async def vacuumed(dsn: str) -> AsyncIterator[None]:
     """The tables the large delete writes (their changes tables in a session), vacuumed: empty, and known
@@ -246,7 +282,14 @@ Samples = dict[tuple[str, str], list[Sample]]
 async def measure(dsns: dict[str, str], cfg: Config) -> Samples:
     rng = random.Random(cfg.seed)
     backends = {v: await connect(v, dsns[v]) for v in VARIANTS}
-    ops = (f"re-fire {cfg.rows}", "large delete", "large delete, new backend", "table list")
+    first = min(cfg.first_tables, cfg.tables)
+    ops = (
+        f"re-fire {cfg.rows}",
+        "large delete",
+        "large delete, new backend",
+        f"first writes, new backend ({first} tables)",
+        "table list",
+    )
     alone = "large delete, new backend, no other writer"
     samples: Samples = {(op, v): [] for op in (*ops, alone) for v in VARIANTS}
     try:
@@ -262,7 +305,8 @@ async def measure(dsns: dict[str, str], cfg: Config) -> Samples:
                     ops[0]: [await refire(b) for _ in range(cfg.reps)],
                     ops[1]: [await large_delete(b)],
                     ops[2]: [await large_delete_new_backend(v, dsns[v])],
-                    ops[3]: [await table_list(b) for _ in range(cfg.reps)],
+                    ops[3]: [await first_writes_new_backend(v, dsns[v], first) for _ in range(cfg.reps)],
+                    ops[4]: [await table_list(b) for _ in range(cfg.reps)],
                 }
                 if r:
                     for op, values in got.items():
@@ -305,15 +349,18 @@ def report(cfg: Config, samples: Samples, version: str, load: str) -> list[str]:
         "rows and index entries read, and buffers asked for, by the operation (the transaction's counters of"
         " the user tables and indexes, pg_stat_get_xact_tuples_returned and _blocks_fetched; median)",
         "",
-        "| operation | rows plain | rows a | rows b | buffers plain | buffers a | buffers b |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| operation | rows plain | rows a | rows b | buffers plain | buffers a | buffers b | calls a "
+        "| calls b |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for op in dict.fromkeys(op for op, _ in samples):
         rows = {v: statistics.median(x.rows for x in samples[(op, v)]) for v in VARIANTS}
         bufs = {v: statistics.median(x.buffers for x in samples[(op, v)]) for v in VARIANTS}
+        calls = {v: statistics.median(x.calls for x in samples[(op, v)]) for v in VARIANTS}
         lines.append(
             f"| {op} | {rows['plain']:,.0f} | {rows['a']:,.0f} | {rows['b']:,.0f} "
-            f"| {bufs['plain']:,.0f} | {bufs['a']:,.0f} | {bufs['b']:,.0f} |"
+            f"| {bufs['plain']:,.0f} | {bufs['a']:,.0f} | {bufs['b']:,.0f} "
+            f"| {calls['a']:,.0f} | {calls['b']:,.0f} |"
         )
     return lines
 
