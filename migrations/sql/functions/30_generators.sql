@@ -790,7 +790,8 @@ $t$, jsonb_build_object(
 -- changes table instead (at COMMIT when deferred): check number dn + 1 on in `dq` (the one version
 -- row_version selects) and `dq_stmt`, trigger `dtrg` (cow._defer_trigger), its bit in `dbits` (it stays on
 -- the row's later versions, so an update that leaves the key alone still carries the check). Each key has a
--- bit in `_cow_fk` (`fk_all`: all of them, `fk_changed`: those whose columns an UPDATE changed); `fk_n` keys.
+-- bit in `_cow_fk` (`fk_all`: all of them, `fk_changed`: those whose columns an UPDATE changed; either only
+-- while no column of the key is NULL); `fk_n` keys.
 CREATE OR REPLACE FUNCTION cow._fk_child_checks(ctx cow.trigger_context) RETURNS cow.trigger_context
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $gen$
 DECLARE
