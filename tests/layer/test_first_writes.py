@@ -142,8 +142,9 @@ def test_a_backend_never_bound_does_not_look_the_binding_up(layer_db: str) -> No
         assert conn.execute("SELECT count(*) FROM child WHERE parent_id = 10").fetchone() == (2,)
 
 
-# main at layer 56, before this change: its repeatable files are the exact text such installs ran.
-LAYER_56_COMMIT = "efb8d84"
+# main at layer 57, before this change (its generators and binding are layer 56's): its repeatable files are
+# the exact text such installs ran.
+LAYER_57_COMMIT = "76cc8ab"
 
 
 def fk_bits(conn: psycopg.Connection[Any], table: str) -> list[tuple[int, int]]:
@@ -157,21 +158,21 @@ def fk_bits(conn: psycopg.Connection[Any], table: str) -> list[tuple[int, int]]:
     return [(int(r[0]), int(r[1])) for r in rows]
 
 
-def test_the_upgrade_from_56_regenerates_the_triggers_and_keeps_sessions(layer_db: str) -> None:
-    old_files = [sql for _, sql in files_at(LAYER_56_COMMIT, "migrations/sql/functions")]
+def test_the_upgrade_from_57_regenerates_the_triggers_and_keeps_sessions(layer_db: str) -> None:
+    old_files = [sql for _, sql in files_at(LAYER_57_COMMIT, "migrations/sql/functions")]
     with psycopg.connect(layer_db, autocommit=True) as conn:
         conn.execute(SCHEMA)
-        # Layer 56: its function files applied (as install did, in one transaction), every table's objects
+        # Layer 57: its function files applied (as install did, in one transaction), every table's objects
         # made by them.
         with conn.transaction():
             conn.execute("SELECT set_config('cow.in_layer', 'on', true)")
             for text in old_files:
                 conn.execute(text.encode())  # bytes: file text, not a literal query
-            conn.execute("UPDATE cow.repeatables SET checksum = 'layer 56'")
+            conn.execute("UPDATE cow.repeatables SET checksum = 'layer 57'")
         conn.execute("SELECT * FROM cow.refresh(true)")
         conn.execute("SELECT cow.use_session('s1')")
-        conn.execute("INSERT INTO child VALUES (10, NULL, 'layer 56'), (11, 2, 'layer 56')")
-        assert fk_bits(conn, "child") == [(10, 1), (11, 1)]  # (layer 56: a bit for the NULL key too)
+        conn.execute("INSERT INTO child VALUES (10, NULL, 'layer 57'), (11, 2, 'layer 57')")
+        assert fk_bits(conn, "child") == [(10, 1), (11, 1)]  # (layer 57: a bit for the NULL key too)
     result = run(layer_db, install_layer)
     assert result.applied == ()
     assert {"11_binding.sql", "30_generators.sql"} <= set(result.reapplied)
@@ -179,8 +180,8 @@ def test_the_upgrade_from_56_regenerates_the_triggers_and_keeps_sessions(layer_d
         conn.execute("SELECT cow.use_session('s1')")
         counting(conn)
         conn.execute("BEGIN")
-        conn.execute("INSERT INTO child VALUES (12, NULL, 'layer 58')")
-        # Layer 56's version of row 10 still carries its bit into the update that keeps its NULL key; its
+        conn.execute("INSERT INTO child VALUES (12, NULL, 'this layer')")
+        # Layer 57's version of row 10 still carries its bit into the update that keeps its NULL key; its
         # check finds nothing to check.
         conn.execute("UPDATE child SET note = 'updated' WHERE id IN (10, 11)")
         assert fk_bits(conn, "child") == [(10, 1), (11, 1), (12, 0)]
@@ -188,6 +189,6 @@ def test_the_upgrade_from_56_regenerates_the_triggers_and_keeps_sessions(layer_d
         assert (calls(conn, "child_dfr"), calls(conn, "child_mark"), calls(conn, "cow._bound")) == (2, 2, 0)
         conn.execute("COMMIT")
         rows = conn.execute("SELECT id, parent_id, note FROM child WHERE id >= 10 ORDER BY id").fetchall()
-        assert rows == [(10, None, "updated"), (11, 2, "updated"), (12, None, "layer 58")]
+        assert rows == [(10, None, "updated"), (11, 2, "updated"), (12, None, "this layer")]
         with pytest.raises(psycopg.errors.ForeignKeyViolation), conn.transaction():
             conn.execute("UPDATE child SET parent_id = 9 WHERE id = 12")
