@@ -328,3 +328,39 @@ def test_for_update_without_the_proxy_locks_nothing(layer_db: str) -> None:
         assert plain.execute("SELECT id FROM public.customers WHERE id = 1 FOR UPDATE NOWAIT").fetchall() == [
             (1,)
         ]
+
+
+_MATCH_FULL = """
+CREATE TABLE mf_parent (a int, b int, PRIMARY KEY (a, b));
+INSERT INTO mf_parent VALUES (1, 1);
+CREATE TABLE mf_child (id int PRIMARY KEY, a int, b int, pa int, pb int,
+    FOREIGN KEY (a, b) REFERENCES mf_parent MATCH FULL,
+    FOREIGN KEY (pa, pb) REFERENCES mf_parent MATCH FULL DEFERRABLE INITIALLY DEFERRED);
+CREATE TABLE mf_tree (id int PRIMARY KEY, up int, up2 int, UNIQUE (id, up2),
+    FOREIGN KEY (up, up2) REFERENCES mf_tree (id, up2) MATCH FULL);
+"""
+
+
+def test_match_full_foreign_keys_refuse_mixed_null_keys(plain_db: str, layer_db: str) -> None:
+    """MATCH FULL: a key of NULLs only references nothing, one that mixes NULL and non-NULL values is 23503
+    (at COMMIT when deferred), with PostgreSQL's DETAIL; a self-reference is no exception."""
+    with session_pair(plain_db, layer_db, _MATCH_FULL) as pair:
+        assert pair.both("INSERT INTO mf_child (id, a, b) VALUES (1, 1, 1), (2, NULL, NULL)")[0] == "2"
+        assert pair.both("INSERT INTO mf_child (id, a, b) VALUES (3, 1, NULL)") == ("error", "23503")
+        assert pair.both("UPDATE mf_child SET b = NULL WHERE id = 1") == ("error", "23503")
+        assert pair.both("INSERT INTO mf_child (id, a, b) VALUES (4, 2, 2)") == ("error", "23503")
+        assert pair.both("INSERT INTO mf_tree VALUES (1, 1, 1), (2, NULL, NULL)")[0] == "2"
+        assert pair.both("INSERT INTO mf_tree VALUES (3, NULL, 1)") == ("error", "23503")
+        for side in (pair.plain, pair.cow):
+            with pytest.raises(psycopg.errors.ForeignKeyViolation) as mixed:
+                side.execute("INSERT INTO mf_child (id, a, b) VALUES (5, NULL, 1)")
+            assert mixed.value.diag.message_detail == (
+                "MATCH FULL does not allow mixing of null and nonnull key values."
+            )
+            side.execute("BEGIN")
+            side.execute("INSERT INTO mf_child (id, pa, pb) VALUES (6, 1, NULL)")
+            with pytest.raises(psycopg.errors.ForeignKeyViolation):
+                side.execute("COMMIT")
+        pair.same_table("mf_child")
+        pair.same_table("mf_tree")
+    assert base_rows(layer_db, "mf_child") == []

@@ -304,6 +304,12 @@ BEGIN
     RETURN res;
 END $$;
 
+-- "r.x IS NULL AND r.y IS NULL"
+CREATE OR REPLACE FUNCTION cow._allnull(cols text[], r text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT string_agg(format('%s.%I IS NULL', r, c), ' AND ') FROM unnest(cols) AS c
+$$;
+
 -- "(NEW.x IS DISTINCT FROM OLD.x OR ...)"
 CREATE OR REPLACE FUNCTION cow._changed(cols text[]) RETURNS text
 LANGUAGE plpgsql IMMUTABLE AS $$

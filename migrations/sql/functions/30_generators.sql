@@ -730,12 +730,24 @@ END $gen$;
 -- trigger fired for (cow._defer_branch). Either way <t>_log or <t>_cur serves it; the versions that are not tombstones
 -- are `c._cow_deleted IS NOT TRUE` (cow._live), so that no lookup index can, by the session alone.
 
+-- The DETAIL of a version c whose parent is missing, in PostgreSQL's words; for a MATCH FULL key (p_full) also
+-- of one whose key mixes NULL and non-NULL values, which that check takes too (cow._fk_child_checks).
+CREATE OR REPLACE FUNCTION cow._fk_child_detail(p_cols text[], p_parent text, p_full boolean) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_full THEN format('CASE WHEN %s THEN %s ELSE %L END', cow._notnull(p_cols, 'c'), d.missing,
+                                        'MATCH FULL does not allow mixing of null and nonnull key values.')
+           ELSE d.missing END
+    FROM (SELECT cow._fill($t$format('Key (%s)=(%s) is not present in table "%s".', {{columns|L}}, {{key}}, {{parent|L}})$t$,
+                           jsonb_build_object('columns', cow._collist(p_cols), 'key', cow._keytext(p_cols, 'c'),
+                                              'parent', p_parent)) AS missing) d
+$$;
+
 -- The check of FOREIGN KEY p_conname of table p_tab, as the child (23503): a version (of those p_versions
 -- selects) whose key p_cols is not in the session's view of the parent (p_missing: a condition on `c`). Sets
 -- _seq/_det and, for the first violation, _best and the error.
 CREATE OR REPLACE FUNCTION cow._fk_child_check(p_ch text, p_tab text, p_conname text, p_cols text[], p_parent text,
-                                               p_missing text, p_versions text) RETURNS text
-LANGUAGE sql IMMUTABLE RETURN cow._fill($t$    SELECT c._cow_seq, format('Key (%s)=(%s) is not present in table "%s".', {{columns|L}}, {{key}}, {{parent|L}})
+                                               p_missing text, p_versions text, p_full boolean) RETURNS text
+LANGUAGE sql IMMUTABLE RETURN cow._fill($t$    SELECT c._cow_seq, {{detail}}
     INTO _seq, _det FROM {{changes}} c WHERE c._cow_session = _s AND {{versions}}
         AND c._cow_current AND c._cow_deleted IS NOT TRUE AND {{missing}}
     ORDER BY c._cow_seq LIMIT 1;
@@ -743,9 +755,7 @@ LANGUAGE sql IMMUTABLE RETURN cow._fill($t$    SELECT c._cow_seq, format('Key (%
         _best := _seq; _bdet := _det; _bcon := {{constraint|L}}; _bmsg := {{message|L}}; _bcode := '23503'; _btab := NULL; _bsch := NULL;
     END IF;
 $t$, jsonb_build_object(
-    'columns', cow._collist(p_cols),
-    'key', cow._keytext(p_cols, 'c'),
-    'parent', p_parent,
+    'detail', cow._fk_child_detail(p_cols, p_parent, p_full),
     'changes', p_ch,
     'versions', p_versions,
     'missing', p_missing,
@@ -796,7 +806,9 @@ CREATE OR REPLACE FUNCTION cow._fk_child_checks(ctx cow.trigger_context) RETURNS
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $gen$
 DECLARE
     con record;
+    found text;
     missing text;
+    checked text;
     bit text;
 BEGIN
     ctx.fk_all := '0';
@@ -805,41 +817,51 @@ BEGIN
     ctx.fk_n := 0;
     FOR con IN SELECT c.conname, cow._attnames(c.conrelid, c.conkey) AS cols, c.confrelid,
                       cow._attnames(c.confrelid, c.confkey) AS refcols, pr.relname AS parent,
-                      c.condeferrable, c.condeferred
+                      c.condeferrable, c.condeferred, c.confmatchtype = 'f' AND cardinality(c.conkey) > 1 AS match_full
                FROM pg_constraint c JOIN pg_class pr ON pr.oid = c.confrelid
                WHERE c.conrelid = ctx.rel AND c.contype = 'f' ORDER BY c.conname LOOP
         IF con.condeferrable THEN
             -- (Checked at COMMIT too: the parent looked up by index in the session's view, cow._sexists.)
-            missing := format('%s AND NOT %s', cow._notnull(con.cols, 'c'),
-                              cow._sexists(con.confrelid, cow._eq2(con.refcols, 'z', con.cols, 'c'), con.refcols));
+            found := cow._sexists(con.confrelid, cow._eq2(con.refcols, 'z', con.cols, 'c'), con.refcols);
         ELSE
-            missing := format('%s AND NOT EXISTS (SELECT 1 FROM %s z WHERE %s)', cow._notnull(con.cols, 'c'),
-                              cow._session_rel(con.confrelid), cow._eq2(con.refcols, 'z', con.cols, 'c'));
+            found := format('EXISTS (SELECT 1 FROM %s z WHERE %s)', cow._session_rel(con.confrelid),
+                            cow._eq2(con.refcols, 'z', con.cols, 'c'));
+        END IF;
+        -- A key with a NULL column references nothing (MATCH SIMPLE); a MATCH FULL key references nothing only
+        -- when all its columns are NULL, and one that mixes NULL and non-NULL values is an error of its own.
+        IF con.match_full THEN
+            missing := format('NOT (%s) AND (NOT (%s) OR NOT %s)', cow._allnull(con.cols, 'c'),
+                              cow._notnull(con.cols, 'c'), found);
+            checked := format('NOT (%s)', cow._allnull(con.cols, 'NEW'));
+        ELSE
+            missing := format('%s AND NOT %s', cow._notnull(con.cols, 'c'), found);
+            checked := cow._notnull(con.cols, 'NEW');
         END IF;
         IF con.confrelid = ctx.rel THEN
-            -- A row may reference itself.
-            missing := missing || format(' AND NOT (%s)', cow._eq2(con.refcols, 'c', con.cols, 'c'));
+            -- A row may reference itself (a mixed MATCH FULL key never does: the comparison is not true).
+            missing := missing || format(CASE WHEN con.match_full THEN ' AND (%s) IS NOT TRUE' ELSE ' AND NOT (%s)' END,
+                                         cow._eq2(con.refcols, 'c', con.cols, 'c'));
         END IF;
         bit := (1 << least(ctx.fk_n, 30))::text;
-        -- (A key with a NULL column references nothing (MATCH SIMPLE): its version gets no bit, so no check
-        -- runs for it, and a deferrable one's constraint trigger does not fire.)
-        ctx.fk_all := ctx.fk_all || format(' | CASE WHEN %s THEN %s ELSE 0 END', cow._notnull(con.cols, 'NEW'), bit);
+        -- (A key that references nothing gives its version no bit, so no check runs for it, and a deferrable
+        -- one's constraint trigger does not fire.)
+        ctx.fk_all := ctx.fk_all || format(' | CASE WHEN %s THEN %s ELSE 0 END', checked, bit);
         ctx.fk_changed := ctx.fk_changed || format(' | CASE WHEN %s AND %s THEN %s ELSE 0 END', cow._changed(con.cols),
-                                                   cow._notnull(con.cols, 'NEW'), bit);
+                                                   checked, bit);
         missing := missing || format(' AND (c._cow_fk & %s) <> 0', bit);
         IF con.condeferrable THEN
             ctx.dbits := ctx.dbits || format(' | %s', bit);
             ctx.dn := ctx.dn + 1;
             ctx.dq := ctx.dq || cow._defer_branch(ctx.dn, cow._fk_child_check(ctx.ch, ctx.tab, con.conname, con.cols,
-                                                                              con.parent, missing, ctx.row_version), false);
+                                                                              con.parent, missing, ctx.row_version, con.match_full), false);
             ctx.dq_stmt := ctx.dq_stmt || cow._defer_branch(ctx.dn, cow._fk_child_check(ctx.ch, ctx.tab, con.conname,
                                                                                         con.cols, con.parent, missing,
-                                                                                        'c._cow_seq > _mark'), true);
+                                                                                        'c._cow_seq > _mark', con.match_full), true);
             ctx.dtrg := cow._defer_trigger(ctx.dtrg, con.conname, con.condeferred, format('(NEW._cow_fk & %s) <> 0', bit),
                                            ctx.dn);
         ELSE
             ctx.fk_checks := ctx.fk_checks || cow._fk_child_check(ctx.ch, ctx.tab, con.conname, con.cols, con.parent,
-                                                                  missing, 'c._cow_seq > _mark');
+                                                                  missing, 'c._cow_seq > _mark', con.match_full);
         END IF;
         ctx.fk_n := ctx.fk_n + 1;
     END LOOP;
