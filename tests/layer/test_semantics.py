@@ -364,3 +364,27 @@ def test_match_full_foreign_keys_refuse_mixed_null_keys(plain_db: str, layer_db:
         pair.same_table("mf_child")
         pair.same_table("mf_tree")
     assert base_rows(layer_db, "mf_child") == []
+
+
+_SET_DEFAULT = """
+CREATE TABLE sd_parent (a int, b int, PRIMARY KEY (a, b));
+INSERT INTO sd_parent VALUES (1, 1), (2, 2), (3, 3);
+CREATE TABLE sd_child (id int PRIMARY KEY, a int DEFAULT 2, b int DEFAULT 2,
+    FOREIGN KEY (a, b) REFERENCES sd_parent ON DELETE SET DEFAULT ON UPDATE SET DEFAULT);
+INSERT INTO sd_child VALUES (1, 1, 1), (2, 3, 3);
+"""
+
+
+def test_set_default_to_the_key_just_removed_is_refused(plain_db: str, layer_db: str) -> None:
+    """ON DELETE / ON UPDATE SET DEFAULT whose defaults are the key being deleted or changed leaves the child
+    referencing a key that is gone: PostgreSQL refuses it (23503), although the child's key did not change."""
+    with session_pair(plain_db, layer_db, _SET_DEFAULT) as pair:
+        assert pair.both("DELETE FROM sd_parent WHERE a = 1") == ("1", None)
+        assert pair.both("UPDATE sd_parent SET a = 4 WHERE a = 3") == ("1", None)
+        pair.same_table("sd_child")
+        assert pair.both("DELETE FROM sd_parent WHERE a = 2") == ("error", "23503")
+        assert pair.both("UPDATE sd_parent SET b = 5 WHERE a = 2") == ("error", "23503")
+        assert pair.both("DELETE FROM sd_child")[0] == "2"
+        assert pair.both("DELETE FROM sd_parent WHERE a = 2") == ("1", None)
+        pair.same_table("sd_parent", order="a")
+    assert base_rows(layer_db, "sd_child") == [(1, 1, 1), (2, 3, 3)]

@@ -1393,9 +1393,24 @@ BEGIN
         ctx.par_del_act := ctx.par_del_act || format(E'    UPDATE %s z SET %s WHERE %s;\n', fk.target,
             (SELECT string_agg(format('%I = %s', c, CASE WHEN fk.confdeltype = 'n' THEN 'NULL' ELSE 'DEFAULT' END), ', ')
              FROM unnest(coalesce(fk.delsetcols, fk.cols)) AS c),
-            cow._eq2(fk.cols, 'z', fk.refcols, 'OLD'));
+            cow._eq2(fk.cols, 'z', fk.refcols, 'OLD')) || cow._fk_default_kept(fk, 'd');
     END IF;
     RETURN ctx;
+END $gen$;
+
+-- After SET DEFAULT, a child whose defaults are the key just deleted or changed (p_action 'd' or 'u') still
+-- references it: PostgreSQL refuses that (its RI_FKey_setdefault looks again), and the child's own check
+-- would not, since its key did not change. Other actions: nothing.
+CREATE OR REPLACE FUNCTION cow._fk_default_kept(fk record, p_action "char") RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $gen$
+DECLARE
+    action "char" := CASE p_action WHEN 'd' THEN fk.confdeltype ELSE fk.confupdtype END;
+BEGIN
+    IF action <> 'd' THEN
+        RETURN '';
+    END IF;
+    RETURN format(E'    IF EXISTS (SELECT 1 FROM %s z WHERE %s) THEN\n        %s\n    END IF;\n', fk.target,
+                  cow._eq2(fk.cols, 'z', fk.refcols, 'OLD'), cow._fk_parent_raise(fk, p_action));
 END $gen$;
 
 -- ON UPDATE of FOREIGN KEY fk's referenced key: RESTRICT and NO ACTION (and any action of a child outside the
@@ -1421,8 +1436,9 @@ $t$, jsonb_build_object(
     ELSE
         ctx.par_upd_act := ctx.par_upd_act || cow._fill($t$    IF {{changed}} THEN
         UPDATE {{child}} z SET {{assignments}} WHERE {{referencing}};
-    END IF;
+{{kept}}    END IF;
 $t$, jsonb_build_object(
+            'kept', cow._fk_default_kept(fk, 'u'),
             'changed', cow._changed(fk.refcols),
             'child', fk.target,
             'assignments', (SELECT string_agg(format('%I = %s', fk.cols[j],

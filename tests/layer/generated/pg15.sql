@@ -679,6 +679,9 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '40001', MESSAGE = 'could not serialize access due to concurrent update', DETAIL = format('Another transaction of session %s changed the row of "parent" with key (id)=(%s) after this statement read it.', _s, concat_ws(', ', coalesce(OLD.id::text, 'null'))), HINT = cow._row_changed_hint(), SCHEMA = 'public', TABLE = 'parent';
     END IF;
     UPDATE cow_overlay_public.child z SET fallback_id = DEFAULT WHERE z.fallback_id = OLD.id;
+    IF EXISTS (SELECT 1 FROM cow_overlay_public.child z WHERE z.fallback_id = OLD.id) THEN
+        RAISE EXCEPTION USING ERRCODE = '23503', MESSAGE = 'update or delete on table "parent" violates foreign key constraint "child_fallback_id_fkey" on table "child"', DETAIL = format('Key (%s)=(%s) is still referenced from table "%s".', 'id', concat_ws(', ', coalesce(OLD.id::text, 'null')), 'child'), SCHEMA = 'public', TABLE = 'child', CONSTRAINT = 'child_fallback_id_fkey';
+    END IF;
     UPDATE cow_overlay_public.child z SET parent_code = NULL WHERE z.parent_code = OLD.code;
     DELETE FROM cow_overlay_public.child z WHERE z.parent_id = OLD.id;
     DELETE FROM cow_overlay_public.events z WHERE z.parent_id = OLD.id;
