@@ -176,3 +176,17 @@ def reads_as_layer_56(conn: psycopg.Connection[Any]) -> None:
     conn.execute(sql.encode())  # bytes: file text, not a literal query
     conn.execute("UPDATE cow.repeatables SET checksum = 'layer 56' WHERE name = '62_reads.sql'")
     conn.execute("DELETE FROM cow.migrations WHERE version = 57")
+
+
+def apply_old_functions(conn: psycopg.Connection[Any], files: list[str], layer: str, *drop: str) -> None:
+    """An older layer's function files over the installed one, in one transaction as install applied them:
+    first the ``drop`` statements (functions of later signatures the old files would make ambiguous), then
+    the files; the repeatables marked as ``layer``'s, so that an install applies the current files again.
+    The caller regenerates the tables' objects with them (``cow.refresh(true)``)."""
+    with conn.transaction():
+        conn.execute("SELECT set_config('cow.in_layer', 'on', true)")
+        for statement in drop:
+            conn.execute(statement.encode())  # bytes: a statement of the test's own, no parameters
+        for text in files:
+            conn.execute(text.encode())  # bytes: file text, not a literal query
+        conn.execute("UPDATE cow.repeatables SET checksum = %s", (layer,))

@@ -14,7 +14,7 @@ import pytest
 from psycopg import sql
 
 from migrations import install_layer
-from tests.fix_layer import files_at
+from tests.fix_layer import apply_old_functions, files_at
 from tests.layer.test_deferrable import SCHEMA, TABLES, same_tx
 from tests.layer.test_install import run
 from tests.layer.test_semantics import Pair, session_pair
@@ -164,11 +164,7 @@ def test_the_upgrade_from_57_regenerates_the_triggers_and_keeps_sessions(layer_d
         conn.execute(SCHEMA)
         # Layer 57: its function files applied (as install did, in one transaction), every table's objects
         # made by them.
-        with conn.transaction():
-            conn.execute("SELECT set_config('cow.in_layer', 'on', true)")
-            for text in old_files:
-                conn.execute(text.encode())  # bytes: file text, not a literal query
-            conn.execute("UPDATE cow.repeatables SET checksum = 'layer 57'")
+        apply_old_functions(conn, old_files, "layer 57")
         conn.execute("SELECT * FROM cow.refresh(true)")
         conn.execute("SELECT cow.use_session('s1')")
         conn.execute("INSERT INTO child VALUES (10, NULL, 'layer 57'), (11, 2, 'layer 57')")

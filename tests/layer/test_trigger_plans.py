@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from migrations import install_layer
-from tests.fix_layer import files_at, reads_as_layer_56
+from tests.fix_layer import apply_old_functions, files_at, reads_as_layer_56
 from tests.layer.test_install import run
 
 # main at layer 55, before this change: its repeatable files are the exact text such installs ran.
@@ -45,15 +45,15 @@ def test_the_upgrade_from_55_regenerates_the_triggers_and_keeps_sessions(layer_d
         reads_as_layer_56(conn)  # (layer 57 made cow.reads a view: 55's read triggers need the table)
         # Layer 55: its function files applied (as install did, in one transaction), every table's objects
         # made by them, version 56 not applied.
-        with conn.transaction():
-            conn.execute("SELECT set_config('cow.in_layer', 'on', true)")
-            conn.execute("DROP FUNCTION cow._view_exists(text, text, text[], text, text, text[])")
-            conn.execute("DROP FUNCTION cow._sexists(oid, text, text[])")
-            conn.execute("DROP FUNCTION cow._live(text, boolean), cow._plan_settings()")
-            for text in old_files:
-                conn.execute(text.encode())  # bytes: file text, not a literal query
-            conn.execute("DELETE FROM cow.migrations WHERE version = 56")
-            conn.execute("UPDATE cow.repeatables SET checksum = 'layer 55'")
+        apply_old_functions(
+            conn,
+            old_files,
+            "layer 55",
+            "DROP FUNCTION cow._view_exists(text, text, text[], text, text, text[])",
+            "DROP FUNCTION cow._sexists(oid, text, text[])",
+            "DROP FUNCTION cow._live(text, boolean), cow._plan_settings()",
+        )
+        conn.execute("DELETE FROM cow.migrations WHERE version = 56")
         conn.execute("SELECT * FROM cow.refresh(true)")
         assert ("_ins", "") in settings(conn)
         conn.execute("SELECT cow.use_session('kept')")
