@@ -200,8 +200,9 @@ def _run_parts(items: Sequence[ReadRecord | _Rows], shapes: _Shapes) -> Iterator
             continue
         for session, records in stretch.items():
             for start in range(0, len(records), MAX_RUN):
-                data = encode_rows(records[start : start + MAX_RUN], shapes)
-                yield _run_head(session, len(records[start : start + MAX_RUN]), len(data))
+                run = records[start : start + MAX_RUN]
+                data = encode_rows(run, shapes)
+                yield _run_head(session, len(run), len(data))
                 yield data
         stretch = {}
         if item is not None:

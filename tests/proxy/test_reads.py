@@ -36,6 +36,7 @@ from proxy.reads import (
     new_record,
     record_row,
 )
+from proxy.sql.catalog import Catalog
 from tests.fix_db import PgServer
 from tests.fix_layer import reads_as_layer_56
 from tests.fix_proxy import RunningProxy, run_proxy
@@ -355,35 +356,49 @@ def test_reads_without_an_operation_id_take_their_transactions(
     assert listed == [(first, 2), (ro_txn, 1), (second, 1), (lone, 1), (third, 1)]
 
 
-def test_the_binary_copy_writes_the_rows_record_row_describes(layer_db: str) -> None:
-    """The writer's COPY (built as bytes) stores what the per-record tuples would: texts with any
-    characters, NULL and non-NULL operations and rows, tables or none, parameters or none."""
-    catalog = sample_catalog()
-    now = time.time()
-    keyed = "SELECT * FROM projects p JOIN issues i ON i.project_id = p.id WHERE p.id = $1"
-    odd = "SELECT 'tab\there', E'\\\\N', 'é' FROM projects"
-    records = [
-        ReadRecord("d", "cp1", "op1", keyed, b"\0\x01\0\0\0\x011", 1, now, 7, catalog),
-        ReadRecord("d", "cp1", None, odd, None, None, now, 12, catalog),
-        ReadRecord("d", "cp1", "xact:99", "SELECT 1", b"", 0, now + 1, 1_000_000, None),
-    ]
-    shapes = _Shapes()
-    expected = [record_row(r, shapes.get(r.sql, r.catalog)) for r in records]
+_KEYED = "SELECT * FROM projects p JOIN issues i ON i.project_id = p.id WHERE p.id = $1"
 
-    async def write() -> list[tuple[Any, ...]]:
+
+def _odd_records(session: str, catalog: Catalog, now: float) -> list[ReadRecord]:
+    """Records with texts of any characters, NULL and non-NULL operations and rows, tables or none,
+    parameters or none."""
+    odd = "SELECT 'tab\there', E'\\\\N', 'é' FROM projects"
+    return [
+        ReadRecord("d", session, "op1", _KEYED, b"\0\x01\0\0\0\x011", 1, now, 7, catalog),
+        ReadRecord("d", session, None, odd, None, None, now, 12, catalog),
+        ReadRecord("d", session, "xact:99", "SELECT 1", b"", 0, now + 1, 1_000_000, None),
+    ]
+
+
+def _copy_and_read(
+    layer_db: str, table: str, columns: Sequence[str], data: bytes, session: str
+) -> list[tuple[Any, ...]]:
+    """A binary COPY of ``data`` into cow.<table>, then the session's rows of cow.reads (COLUMNS) by seq."""
+
+    async def run() -> list[tuple[Any, ...]]:
         conn = await asyncpg.connect(layer_db)
         try:
-            data = encode_copy(records, shapes)
             await conn.copy_to_table(
-                "reads", schema_name="cow", columns=COPY_COLUMNS, source=memoryview(data), format="binary"
+                table, schema_name="cow", columns=columns, source=memoryview(data), format="binary"
             )
-            columns = ", ".join(COLUMNS)
-            got = await conn.fetch(f"SELECT {columns} FROM cow.reads WHERE session = 'cp1' ORDER BY seq")
+            got = await conn.fetch(
+                f"SELECT {', '.join(COLUMNS)} FROM cow.reads WHERE session = $1 ORDER BY seq", session
+            )
             return [tuple(r) for r in got]
         finally:
             await conn.close()
 
-    got = asyncio.run(write())
+    return asyncio.run(run())
+
+
+def test_the_binary_copy_writes_the_rows_record_row_describes(layer_db: str) -> None:
+    """The writer's COPY (built as bytes) stores what the per-record tuples would: texts with any
+    characters, NULL and non-NULL operations and rows, tables or none, parameters or none."""
+    catalog = sample_catalog()
+    records = _odd_records("cp1", catalog, time.time())
+    shapes = _Shapes()
+    expected = [record_row(r, shapes.get(r.sql, r.catalog)) for r in records]
+    got = _copy_and_read(layer_db, "reads", COPY_COLUMNS, encode_copy(records, shapes), "cp1")
     assert [g[:2] + g[3:] for g in got] == [e[:2] + e[3:] for e in expected]
     assert got[0][6] == ["public.projects", "public.issues"] and got[2][6] == []
     assert all(abs((g[2] - e[2]).total_seconds()) < 2e-6 for g, e in zip(got, expected, strict=True))
@@ -562,32 +577,15 @@ def test_a_run_unpacks_to_the_rows_record_row_describes(layer_db: str) -> None:
     rows the records describe, NULLs, tables, odd texts and large values included."""
     catalog = sample_catalog()
     now = time.time()
-    keyed = "SELECT * FROM projects p JOIN issues i ON i.project_id = p.id WHERE p.id = $1"
-    odd = "SELECT 'tab\there', E'\\\\N', 'é' FROM projects"
     records = [
-        ReadRecord("d", "ur1", "op1", keyed, b"\0\x01\0\0\0\x011", 1, now, 7, catalog),
-        ReadRecord("d", "ur1", None, odd, None, None, now, 12, catalog),
-        ReadRecord("d", "ur1", "xact:99", "SELECT 1", b"", 0, now + 1, 1_000_000, None),
-        ReadRecord("d", "ur1", "op1", keyed, b"\xff" * 300, 2**40, now + 2.5, 0, catalog),
+        *_odd_records("ur1", catalog, now),
+        ReadRecord("d", "ur1", "op1", _KEYED, b"\xff" * 300, 2**40, now + 2.5, 0, catalog),
         ReadRecord("d", "ur1", "op2", "SELECT 2", None, 3, 1e9, 2**33, catalog),
     ]
     shapes = _Shapes()
     expected = [record_row(r, shapes.get(r.sql, r.catalog)) for r in records]
-
-    async def write() -> list[tuple[Any, ...]]:
-        conn = await asyncpg.connect(layer_db)
-        try:
-            data = _COPY_HEADER + b"".join(_run_parts(records, shapes)) + _COPY_TRAILER
-            await conn.copy_to_table(
-                "read_runs", schema_name="cow", columns=RUN_COLUMNS, source=memoryview(data), format="binary"
-            )
-            columns = ", ".join(COLUMNS)
-            got = await conn.fetch(f"SELECT {columns} FROM cow.reads WHERE session = 'ur1' ORDER BY seq")
-            return [tuple(r) for r in got]
-        finally:
-            await conn.close()
-
-    got = asyncio.run(write())
+    data = _COPY_HEADER + b"".join(_run_parts(records, shapes)) + _COPY_TRAILER
+    got = _copy_and_read(layer_db, "read_runs", RUN_COLUMNS, data, "ur1")
     # (at: the COPY's whole µs against record_row's float arithmetic, as in the test above)
     assert [g[:2] + g[3:] for g in got] == [e[:2] + e[3:] for e in expected]
     assert all(abs((g[2] - e[2]).total_seconds()) <= 1e-6 for g, e in zip(got, expected, strict=True))
