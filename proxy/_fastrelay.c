@@ -17,8 +17,9 @@
  * texts) whose Executes (or Queries) are reads; C keeps a compact record of each (which statement, the rows
  * of its CommandComplete "SELECT n", times, the Bind's parameters, a Query's own text when its shape's
  * decision took it) in a bounded ring per connection, and Python takes the finished ones in batches
- * (take_reads, and with the hand-back). take_reads gives them as the COPY rows of cow.reads, made here from
- * the heads Python gave at adoption (proxy/reads.py's encode_rows, byte for byte). A full ring drops the
+ * (take_reads, and with the hand-back). take_reads gives each connection's as one run of cow.read_runs (each
+ * distinct statement once, each read a small entry naming it: proxy/reads.py's DICT_RUN), made here from the
+ * heads Python gave at adoption. A full ring drops the
  * record and counts it: the relay never waits for recording.
  *
  * Copyright the cowproxy authors. License: GPL-3.0-or-later.
@@ -41,7 +42,7 @@
 /* What proxy/fastrelay.py expects (API_VERSION there): bump both when the module's functions or the tuples
  * they take or return change, so that a stale build (an editable install not rebuilt after a pull) is
  * reported and left unused instead of failing at the first call. */
-#define API_VERSION 12
+#define API_VERSION 13
 /* read_trace.XACT_STATEMENT and XACT_SQL: asked before the end of a transaction whose reads' operation is its. */
 #define XACT_NAME "__cowproxy_xact"
 #define XACT_SQL "SELECT pg_current_xact_id_if_assigned()"
@@ -200,7 +201,7 @@ typedef struct {
     int marked;          /* past READ_MARK, the loop woken: not again until taken */
 } ring_t;
 
-/* ---- read records as COPY rows: proxy/reads.py's encode_copy, byte for byte (tests compare them) ---- */
+/* ---- read records as runs of cow.read_runs (tests decode them into proxy/reads.py's encode_rows) ---- */
 
 /* What Python gives for a read a record names: the row's first columns as bytes (the field count,
  * fingerprint, relations, statement: proxy/reads.py's _CopyShape.head). */
@@ -251,6 +252,11 @@ static const rhead_t *rec_head(const enc_t *en, const rec_t *rec) {
     return h != NULL && h->head != NULL && h->shape == (rec->text != NULL) ? h : NULL;
 }
 
+/* A record's head's place among the encoder's (its statement's, then the decisions'), for one that has a head. */
+static long head_slot(const enc_t *en, const rec_t *rec) {
+    return rec->ref >= 0 ? rec->ref : en->nstmts - (rec->ref + 1);
+}
+
 #define MAX_TEXT 4000 /* characters of a statement's text kept (proxy/reads.py MAX_TEXT) */
 #define PG_EPOCH 946684800.0 /* 2000-01-01 in Unix time: timestamptz counts µs from there */
 #define MAX_OP_FIELD 64      /* "xact:" and a 20-digit id, or read_ids (< 32) "." and a 20-digit number, with 4 */
@@ -286,12 +292,6 @@ static unsigned char *put_field(unsigned char *p, const unsigned char *text, siz
     return p + n;
 }
 
-/* The most bytes encode_row writes for a record of that head. */
-static size_t row_bound(const enc_t *en, const rhead_t *h, const rec_t *rec) {
-    return h->len + (h->shape ? 4 + rec->tlen : 0) + en->slen + (en->operation ? en->olen : en->rlen + MAX_OP_FIELD) +
-           40 + rec->plen;
-}
-
 static size_t space_len(const unsigned char *s, size_t n);
 static size_t skip_spaces(const unsigned char *s, size_t pos, size_t n);
 
@@ -312,45 +312,65 @@ static size_t statement_text(const unsigned char *s, size_t n, size_t *start) {
     return i - a;
 }
 
-/* One record's COPY row (COPY_COLUMNS): the head, session, operation, at, params, rows, duration_us. The
- * identity is not hashed here: readers derive it from the statement and the parameters (migration 52). */
-static unsigned char *encode_row(const enc_t *en, const rhead_t *h, const rec_t *rec, unsigned char *p) {
-    memcpy(p, h->head, h->len);
-    p += h->len;
+/* ---- a take's records as one dictionary run (proxy/reads.py, DICT_RUN; decoded by cow._run_reads) ----
+ * A take is one connection's reads, which mostly repeat a few statements: each distinct statement (its head:
+ * fingerprint, tables, text) is written once, and each read as a small entry naming it, instead of a COPY row
+ * per read that repeated every field (~40 bytes a read instead of ~200: fewer bytes built here, sent,
+ * compressed and written by the server). The identity is not hashed here: readers derive it from the
+ * statement and the parameters (migration 52). */
+#define RUN_MARK (-2)     /* the run's first int16: a COPY row's field count (9) starts an older run */
+#define OP_NULL (-1)      /* an entry's operation: NULL */
+#define OP_SAME (-2)      /* the previous entry's */
+#define OP_READONLY (-3)  /* read_ids "." and the int8 that follows (a read-only transaction's number) */
+#define ENTRY_FIXED 30    /* an entry's bytes besides its operation, parameters and own text */
+
+static unsigned char *put16(unsigned char *p, int v) {
+    p[0] = (unsigned char)((unsigned)v >> 8), p[1] = (unsigned char)v;
+    return p + 2;
+}
+
+/* The statement field a head ends with, or NULL when its reads bring their own (a shape's decision). Python's
+ * head starts with the COPY row's field count (2 bytes), which a run's statement leaves out. */
+static unsigned char *put_statement(unsigned char *p, const rhead_t *h) {
+    memcpy(p, h->head + 2, h->len - 2);
+    p += h->len - 2;
+    return h->shape ? put32(p, -1) : p;
+}
+
+/* One record's entry: its statement's index, operation (OP_SAME when it is the previous entry's, whose kind
+ * and value *last_kind and *last hold: 0 none yet, 1 the operation id in force, 2 an xact id, 3 a read-only
+ * transaction's number), at, parameters, rows, duration_us, and its own text for a shape's decision. */
+static unsigned char *put_entry(const enc_t *en, const rhead_t *h, int index, const rec_t *rec, int *last_kind,
+                                unsigned long long *last, unsigned char *p) {
+    int kind = en->operation != NULL ? 1 : rec->xid ? 2 : 3;
+    unsigned long long value = kind == 1 ? 0 : kind == 2 ? rec->xid : (unsigned long long)rec->txn;
+    p = put16(p, index);
+    if (kind == *last_kind && value == *last) {
+        p = put32(p, OP_SAME);
+    } else if (kind == 1) {
+        memcpy(p, en->operation, en->olen);
+        p += en->olen;
+    } else if (kind == 2) { /* "xact:<id>" */
+        unsigned char digits[20];
+        int n = put_decimal(digits, rec->xid);
+        p = put32(p, 5 + n);
+        memcpy(p, "xact:", 5);
+        memcpy(p + 5, digits, (size_t)n);
+        p += 5 + n;
+    } else {
+        p = put32(p, OP_READONLY);
+        p = put64(p, rec->txn);
+    }
+    *last_kind = kind, *last = value;
+    p = put64(p, (int64_t)((rec->wall - PG_EPOCH) * 1e6) - rec->duration_us);
+    p = rec_params(rec) != NULL ? put_field(p, rec_params(rec), rec->plen) : put32(p, -1);
+    p = put64(p, rec->rows >= 0 ? rec->rows : -1);
+    p = put64(p, rec->duration_us);
     if (h->shape) {
         size_t start, n = statement_text(rec->text, rec->tlen, &start);
         p = put_field(p, rec->text + start, n);
     }
-    memcpy(p, en->session, en->slen);
-    p += en->slen;
-    if (en->operation != NULL) {
-        memcpy(p, en->operation, en->olen);
-        p += en->olen;
-    } else { /* "xact:<id>", or "<read_ids>.<n>" */
-        unsigned char digits[20];
-        int n = put_decimal(digits, rec->xid ? rec->xid : (unsigned long long)rec->txn);
-        size_t plen = rec->xid ? 5 : en->rlen + 1;
-        p = put32(p, (int32_t)(plen + (size_t)n));
-        if (rec->xid) {
-            memcpy(p, "xact:", 5);
-        } else {
-            memcpy(p, en->read_ids, en->rlen);
-            p[en->rlen] = '.';
-        }
-        memcpy(p + plen, digits, (size_t)n);
-        p += plen + (size_t)n;
-    }
-    p = put32(p, 8);
-    p = put64(p, (int64_t)((rec->wall - PG_EPOCH) * 1e6) - rec->duration_us);
-    p = rec_params(rec) != NULL ? put_field(p, rec_params(rec), rec->plen) : put32(p, -1);
-    if (rec->rows >= 0) {
-        p = put32(p, 8);
-        p = put64(p, rec->rows);
-    } else {
-        p = put32(p, -1);
-    }
-    p = put32(p, 8);
-    return put64(p, rec->duration_us);
+    return p;
 }
 
 typedef struct {
@@ -385,7 +405,7 @@ struct conn {
     table_t stmts, portals;
     int tagged;      /* in a session (startup tags): only texts with a decision are taken */
     ring_t reads;    /* its reads, when its session's reads are recorded */
-    enc_t *enc;      /* and how they become COPY rows (NULL: Python makes them) */
+    enc_t *enc;      /* and how they become a run (NULL: Python makes them) */
     /* Reads with no operation id take their transaction's (ReadTrace.txn, TxnReads): resolve is the kind index
      * of transaction statements (-1: an operation id is in force, nothing to resolve). txn counts the
      * ReadyForQuery with status I; txn_reads and txn_wrote, what was sent since the connection was last
@@ -456,7 +476,7 @@ typedef struct handback {
     table_t stmts, portals;
     unsigned long taken;
     ring_t reads; /* moved from the connection: the done ones and those the owed replies will finish */
-    enc_t *enc;   /* the connection's encoder (a reference), or NULL: its done records as COPY rows too */
+    enc_t *enc;   /* the connection's encoder (a reference), or NULL: its done records as a run too */
     long long *qrec; /* per owed reply: its record, or -1 (NULL: none) */
     long long txn;
     int txn_reads, txn_wrote;
@@ -2328,36 +2348,64 @@ static const rhead_t *row_head(const enc_t *en, const rec_t *rec, long long open
     return h != NULL && (en->operation != NULL || rec->txn != open_txn) ? h : NULL;
 }
 
-/* The done records of v[0..n) as COPY rows (Python's encode_rows, without the COPY's header and trailer), in
- * a new bytes object, and in *count how many; the others (no head, or of open_txn) appended to reads as
- * tuples, in order. NULL with an exception set on failure. */
+/* The done records of v[0..n) as one dictionary run (put_entry), in a new bytes object, and in *count how many;
+ * the others (no head, or of open_txn) appended to reads as tuples, in order. NULL with an exception set on
+ * failure. */
 static PyObject *encode_records(const enc_t *en, const rec_t *v, long long n, long long open_txn,
                                 PyObject *reads, long long *count) {
-    size_t bound = 0;
+    /* By a head's slot (head_slot): its index in the run + 1 (0: not in it yet); then the slots by index. */
+    long slots = en != NULL ? en->nstmts + en->ndecs : 0;
+    int *index = en != NULL ? calloc(2 * (size_t)slots + 1, sizeof(int)) : NULL;
+    if (en != NULL && index == NULL) return PyErr_NoMemory();
+    int *order = index + slots;
+    size_t bound = 2 + 4 + (en != NULL ? en->rlen : 0) + 2;
+    size_t op = en != NULL && en->operation != NULL && en->olen > MAX_OP_FIELD ? en->olen : MAX_OP_FIELD;
+    int heads = 0;
     for (long long i = 0; en != NULL && i < n; i++) {
         const rhead_t *h = row_head(en, &v[i], open_txn);
-        if (h != NULL) bound += row_bound(en, h, &v[i]);
+        if (h == NULL) continue;
+        long slot = head_slot(en, &v[i]);
+        if (index[slot] == 0) {
+            order[heads] = (int)slot;
+            index[slot] = ++heads;
+            bound += h->len + 2;
+        }
+        bound += ENTRY_FIXED + op + v[i].plen + (h->shape ? 4 + v[i].tlen : 0);
     }
-    PyObject *rows = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)bound);
-    if (rows == NULL) return NULL;
-    unsigned char *start = (unsigned char *)PyBytes_AS_STRING(rows), *p = start;
+    PyObject *run = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(heads ? bound : 0));
+    if (run == NULL) {
+        free(index);
+        return NULL;
+    }
+    unsigned char *start = (unsigned char *)PyBytes_AS_STRING(run), *p = start;
     *count = 0;
+    if (heads) { /* the header and the statements, in the order of their first reads */
+        p = put16(p, RUN_MARK);
+        p = put_field(p, en->read_ids, en->rlen);
+        p = put16(p, heads);
+        for (int k = 0; k < heads; k++)
+            p = put_statement(p, order[k] < en->nstmts ? &en->stmts[order[k]] : &en->decs[order[k] - en->nstmts]);
+    }
+    int last_kind = 0;
+    unsigned long long last = 0;
     for (long long i = 0; i < n; i++) {
         const rec_t *rec = &v[i];
         const rhead_t *h = en != NULL ? row_head(en, rec, open_txn) : NULL;
         if (h != NULL) {
-            p = encode_row(en, h, rec, p);
+            p = put_entry(en, h, index[head_slot(en, rec)] - 1, rec, &last_kind, &last, p);
             (*count)++;
         } else if (reads_append(reads, rec, 1) < 0) {
-            Py_DECREF(rows);
+            free(index);
+            Py_DECREF(run);
             return NULL;
         }
     }
-    if (_PyBytes_Resize(&rows, (Py_ssize_t)(p - start)) < 0) return NULL;
-    return rows;
+    free(index);
+    if (_PyBytes_Resize(&run, (Py_ssize_t)(p - start)) < 0) return NULL;
+    return run;
 }
 
-/* The records of a hand-back: the done ones as take_reads gives them (COPY rows in *rows, *count of them, with
+/* The records of a hand-back: the done ones as take_reads gives them (a run in *rows, *count of them, with
  * the connection's encoder; tuples in *done for the rest, those of the open transaction among them when its
  * operation is its own), and (position in the owed replies, ref, started, parameters, own text) of those the
  * owed replies will finish (Python's relay takes them over). A connection that closes hands back up to a
@@ -3114,7 +3162,7 @@ static taken_reads_t *take_ring(conn_t *c, double to_wall) {
     return t;
 }
 
-/* The done records of t with a head as COPY rows (Python's encode_copy, without its header and trailer),
+/* The done records of t with a head as one run (encode_records),
  * how many, and those without one as tuples, in tuples (NULL with an exception set on failure). */
 static PyObject *taken_item(taken_reads_t *t) {
     PyObject *reads = PyList_New(0);
@@ -3128,8 +3176,8 @@ static PyObject *taken_item(taken_reads_t *t) {
     return Py_BuildValue("(LNNL)", t->id, reads, rows, count);
 }
 
-/* (records dropped since the last call, [(conn_id, [read record], COPY rows, how many)]): the done reads of
- * connections on the relay, in order per connection; those C has a head for as COPY rows, the rest (or all,
+/* (records dropped since the last call, [(conn_id, [read record], a run, how many)]): the done reads of
+ * connections on the relay, in order per connection; those C has a head for as a run, the rest (or all,
  * without an encoder) as tuples. */
 static PyObject *engine_take_reads(Engine *e, PyObject *unused) {
     CHECK_STARTED(e);
@@ -3267,7 +3315,7 @@ static PyMethodDef engine_methods[] = {
      "skip_until_sync, statements, portals, messages taken, read records, owed reads)]"},
     {"take_reads", (PyCFunction)engine_take_reads, METH_NOARGS,
      "(read records dropped since the last call, [(conn_id, [(ref, rows, ended, duration_us, params, txn, "
-     "xid, text)], COPY rows, how many)])"},
+     "xid, text)], a run, how many)])"},
     {"states", (PyCFunction)engine_states, METH_NOARGS, "{conn_id: (status, replies owed + open batch)}"},
     {"stats", (PyCFunction)engine_stats, METH_NOARGS,
      "(statements by kind, bytes up, bytes down, {sqlstate class: n}, latency counts, latency sum, conns, "
@@ -3307,9 +3355,9 @@ static PyObject *module_shape_key(PyObject *unused, PyObject *arg) {
     return key;
 }
 
-/* encode_rows(encode, records) -> bytes: the COPY rows take_reads makes of these done records (FastRead
- * tuples), for tests to compare with proxy/reads.py's encode_rows. */
-static PyObject *module_encode_rows(PyObject *unused, PyObject *args) {
+/* encode_run(encode, records) -> bytes: the run take_reads makes of these done records (FastRead tuples), for
+ * tests to compare with proxy/reads.py's encode_rows (decoded by its run_rows). */
+static PyObject *module_encode_run(PyObject *unused, PyObject *args) {
     PyObject *spec, *records;
     if (!PyArg_ParseTuple(args, "OO", &spec, &records)) return NULL;
     PyObject *seq = PySequence_Fast(records, "expected a sequence of read records");
@@ -3351,7 +3399,7 @@ done:
 
 static PyMethodDef module_methods[] = {
     {"shape_key", module_shape_key, METH_O, "shape_key(text) -> the text's shape key, or None (no literal)"},
-    {"encode_rows", module_encode_rows, METH_VARARGS, "encode_rows(encode, records) -> COPY rows, as take_reads"},
+    {"encode_run", module_encode_run, METH_VARARGS, "encode_run(encode, records) -> a run, as take_reads makes"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from proxy._fastrelay import Engine
     from proxy._fastrelay import Handback as RawHandback
 
-API_VERSION = 12  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
+API_VERSION = 13  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
 
 try:
     from proxy import _fastrelay
@@ -38,8 +38,8 @@ else:
 
 AVAILABLE = _fastrelay is not None
 
-# What take_reads gives per connection: (conn_id, records C had no head for, as FastRead, the others as COPY
-# rows, how many rows).
+# What take_reads gives per connection: (conn_id, records C had no head for, as FastRead, the others as one
+# run of cow.read_runs (proxy/reads.py, DICT_RUN), how many reads it holds).
 TakenReads = tuple[int, list[FastRead], bytes, int]
 
 
@@ -64,7 +64,7 @@ class Handback:
     batch: bytes | None
     server: bytes
     promotions: PromotionsBack  # as C leaves those it was given (proxy/unnamed.py)
-    # The done read records C wrote as COPY rows itself (a connection adopted with an encoder: those with a
+    # The done read records C wrote as a run itself (a connection adopted with an encoder: those with a
     # head whose operation is known), and how many: a closing connection's last records need no Python
     # object each, as a take's.
     rows: bytes = b""

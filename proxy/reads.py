@@ -66,7 +66,9 @@ MAX_TEXT = 4000  # characters of a statement's text kept
 # rows need the identity itself, which the writer then computes from the rows (``with_identities``).
 # Layer 57 stores a run of one session's reads as one row of cow.read_runs (its COPY rows as they are, in a
 # bytea; cow.reads is a view that unpacks them): the server's row, key entry, CHECK and trigger are paid once
-# per run, not once per read.
+# per run, not once per read. Its reader cow._run_reads (functions/62_reads.sql) also reads dictionary runs
+# (DICT_RUN, which the C relay writes) where cow._dict_run_reads exists; for a layer without it the writer
+# decodes them into COPY rows (``run_rows``).
 _LAYER_FEATURES = """
 SELECT EXISTS (
     SELECT 1 FROM pg_catalog.pg_trigger
@@ -74,7 +76,9 @@ SELECT EXISTS (
 ), EXISTS (
     SELECT 1 FROM pg_catalog.pg_attribute
     WHERE attrelid = pg_catalog.to_regclass('cow.reads') AND attname = 'params' AND NOT attisdropped
-), pg_catalog.to_regclass('cow.read_runs') IS NOT NULL
+), pg_catalog.to_regclass('cow.read_runs') IS NOT NULL,
+pg_catalog.to_regclass('cow.read_runs') IS NOT NULL
+    AND pg_catalog.to_regprocedure('cow._dict_run_reads(bytea)') IS NOT NULL
 """
 _REGISTER = """
 WITH ids AS (SELECT unnest($1::text[]) AS id),
@@ -137,6 +141,22 @@ RUN_COLUMNS: tuple[str, ...] = ("session", "reads", "data")
 _RUN_FIELDS = struct.pack("!h", len(RUN_COLUMNS))
 _RUN_COUNT = struct.Struct("!ii")
 MAX_RUN = 65_535  # reads a run holds (the layer's CHECK; readers order a run's reads by seq * 65,536 + place)
+# A dictionary run (the C relay's takes): each distinct statement once, each read a small entry naming it,
+# ~40 bytes a read where a COPY row of COPY_COLUMNS is ~200 (the bytes C builds, the writer sends and the
+# server compresses and writes: docs/benchmarks.md, "Read traces: recording's cost per read, halved"). All
+# integers big-endian; a field is an int32 length (-1: NULL) and its bytes, as in binary COPY:
+#   int16 -2 (DICT_MARK: an older run starts with its first row's field count, 9)
+#   field read_ids (the operations of read-only transactions are "<read_ids>.<n>")
+#   int16 k, then k statements: fields fingerprint, relations (binary text[]), statement (NULL: each of its
+#     reads brings its own text: a Query C took by its shape's decision)
+#   then until the end, one entry per read: int16 its statement's index; its operation: int32 n >= 0 and n
+#   bytes, or -1 NULL, -2 the previous entry's, -3 and an int8 t: "<read_ids>.<t>"; int8 at (µs since
+#   2000-01-01); field params; int8 rows (-1: NULL); int8 duration_us; field statement if its statement's is
+#   NULL.
+DICT_MARK = b"\xff\xfe"
+_OP_NULL, _OP_SAME, _OP_READONLY = -1, -2, -3
+_INT2 = struct.Struct("!h")
+_INT8 = struct.Struct("!q")
 
 
 class ReadRecord(NamedTuple):
@@ -419,6 +439,65 @@ def with_identities(rows: bytes) -> bytes:
     return b"".join(out)
 
 
+def _field(data: bytes, pos: int) -> tuple[bytes, int]:
+    """A field at ``pos`` as COPY writes it (its length and bytes; NULL's length alone), and where it ends."""
+    (size,) = _LENGTH.unpack_from(data, pos)
+    end = pos + 4 + max(size, 0)
+    return data[pos:end], end
+
+
+def run_rows(run: bytes, session: str) -> bytes:
+    """A run of ``session``'s reads as COPY rows of ``COPY_COLUMNS`` (``encode_rows``' bytes): a dictionary
+    run (DICT_MARK) decoded, an older run as it is. For a layer whose reader has no dictionary runs (before
+    cow._dict_run_reads), and the tests that compare the C relay's runs with ``encode_rows``."""
+    if not run.startswith(DICT_MARK):
+        return run
+    read_ids, pos = _field(run, 2)
+    (count,) = _INT2.unpack_from(run, pos)
+    pos += 2
+    heads: list[tuple[bytes, bool]] = []  # (the row's first fields, whether its reads bring their text)
+    for _ in range(count):
+        start = pos
+        for _ in range(3):
+            field, pos = _field(run, pos)
+        own = field == _NULL
+        heads.append((_FIELDS + run[start : pos - 4 if own else pos], own))
+    who, operation = _copy_text(session), _NULL
+    out: list[bytes] = []
+    append = out.append
+    while pos < len(run):
+        (index,) = _INT2.unpack_from(run, pos)
+        (tag,) = _LENGTH.unpack_from(run, pos + 2)
+        pos += 6
+        if tag >= 0:
+            operation, pos = run[pos - 4 : pos + tag], pos + tag
+        elif tag == _OP_READONLY:
+            (number,) = _INT8.unpack_from(run, pos)
+            operation, pos = _copy_text(f"{read_ids[4:].decode()}.{number}"), pos + 8
+        elif tag == _OP_NULL:
+            operation = _NULL
+        (at,) = _INT8.unpack_from(run, pos)
+        params, pos = _field(run, pos + 8)
+        rows, duration_us = struct.unpack_from("!qq", run, pos)
+        pos += 16
+        head, own = heads[index]
+        append(head)
+        if own:
+            text, pos = _field(run, pos)
+            append(text)
+        append(who)
+        append(operation)
+        append(_AT.pack(8, at))
+        append(params)
+        append(_END_NO_ROWS.pack(_NULL, 8, duration_us) if rows < 0 else _END.pack(8, rows, 8, duration_us))
+    return b"".join(out)
+
+
+def _as_rows(item: ReadRecord | _Rows) -> ReadRecord | _Rows:
+    """An item as an older layer takes it: the C relay's run as COPY rows (``run_rows``)."""
+    return item._replace(data=run_rows(item.data, item.session)) if isinstance(item, _Rows) else item
+
+
 def record_row(record: ReadRecord, shape: ReadShape) -> tuple[Any, ...]:
     """The ``cow.reads`` row (``COLUMNS``) of a record."""
     text = shape.text
@@ -490,6 +569,7 @@ class ReadRecorder:
         self._registers: dict[str, bool] = {}
         self._params: dict[str, bool] = {}
         self._runs: dict[str, bool] = {}  # (layer 57: cow.read_runs)
+        self._dict_runs: dict[str, bool] = {}  # (its reader takes dictionary runs: DICT_RUN)
         self._shapes = _Shapes()
         self._task: asyncio.Task[None] | None = None
         self._busy = False
@@ -662,7 +742,10 @@ class ReadRecorder:
             self.recorded += count
 
     async def _send(self, conn: Any, database: str, items: list[ReadRecord | _Rows]) -> None:
-        """One database's items in one COPY: as runs (layer 57), else a row per read (an older layer's)."""
+        """One database's items in one COPY: as runs (layer 57), else a row per read (an older layer's); the C
+        relay's runs decoded into COPY rows for a layer that does not read them (``run_rows``)."""
+        if not self._dict_runs.get(database, False):
+            items = [_as_rows(item) for item in items]
         if self._runs.get(database, False):
             runs = (_COPY_HEADER, *_run_parts(items, self._shapes), _COPY_TRAILER)
             await self._copy(conn, runs, RUN_COLUMNS, "read_runs")
@@ -697,7 +780,7 @@ class ReadRecorder:
                     features = await conn.fetchrow(_LAYER_FEATURES)
                     assert features is not None  # (one row, always)
                     self._registers[database], self._params[database] = bool(features[0]), bool(features[1])
-                    self._runs[database] = bool(features[2])
+                    self._runs[database], self._dict_runs[database] = bool(features[2]), bool(features[3])
                 except BaseException:
                     conn.terminate()
                     raise

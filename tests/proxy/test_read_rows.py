@@ -1,6 +1,8 @@
-"""The C relay writes its read records as COPY rows itself (``FastRelay.adopt``'s ``encode``,
-``take_reads``): byte for byte the rows proxy/reads.py's ``encode_rows`` makes of the same records, which
-tests/proxy/test_reads.py checks against ``cow.reads``. Compared on bytes, no server: texts of any
+"""The C relay writes its read records as runs itself (``FastRelay.adopt``'s ``encode``, ``take_reads``):
+dictionary runs (proxy/reads.py, DICT_RUN) that ``run_rows`` decodes, byte for byte, into the rows
+proxy/reads.py's ``encode_rows`` makes of the same records, which tests/proxy/test_reads.py checks against
+``cow.reads`` (and tests/layer/test_read_runs.py the layer's reader of both kinds of runs). Compared on
+bytes, no server: texts of any
 characters and lengths, parameters or none (written as they came: readers derive the identity), every kind of
 operation (an id in force, a written transaction's ``xact:``, a read-only one's), rows or none, and
 Queries taken by their shape's decision (``-M simple``), whose records bring their own texts."""
@@ -19,12 +21,14 @@ from proxy import fastrelay
 from proxy.fastrelay import AVAILABLE, UNAVAILABLE, FastRead
 from proxy.reads import (
     _NULL,
+    DICT_MARK,
     ReadRecord,
     ReadRecorder,
     _Shapes,
     encode_rows,
     read_fingerprint,
     relations_read,
+    run_rows,
     with_identities,
 )
 from proxy.sql import Catalog, shapes
@@ -56,9 +60,9 @@ def both(
     records: list[FastRead],
     catalog: Catalog | None,
 ) -> tuple[bytes, bytes]:
-    """(C's rows, Python's rows) of the same records; a record's ref is an index into ``texts``, or a
-    decision's -(index + 1); a record with its own text (a Query C took by its shape's decision) names
-    the text's shape, which C is given as its example."""
+    """(C's run decoded into COPY rows, Python's rows) of the same records; a record's ref is an index into
+    ``texts``, or a decision's -(index + 1); a record with its own text (a Query C took by its shape's
+    decision) names the text's shape, which C is given as its example."""
     refs: dict[int, tuple[int, str, bool]] = {}
     for ref, *_, own in records:
         if own is None:
@@ -70,7 +74,9 @@ def both(
     recorder = ReadRecorder("postgresql://unused@127.0.0.1:1/x")
     encode = recorder.encoder(session, operation, READ_IDS, refs.values(), catalog)
     assert fastrelay._fastrelay is not None
-    c_rows = fastrelay._fastrelay.encode_rows(encode, records)
+    run = fastrelay._fastrelay.encode_run(encode, records)
+    assert run.startswith(DICT_MARK) or not records
+    c_rows = run_rows(run, session)
     python = [
         ReadRecord(
             "db",
@@ -212,3 +218,26 @@ def test_any_query_taken_by_its_shape_is_the_same_bytes(
     records: list[FastRead] = [(-1, rows, ended, us, None, number, xid, own)]
     c_rows, python_rows = both("sess.1", None, (), records, sample_catalog())
     assert c_rows == python_rows
+
+
+def test_a_run_holds_each_statement_once_and_a_read_in_a_few_bytes() -> None:
+    """A take of 1,000 reads of two statements (pgbench -S's, and a join) holds each text, fingerprint and
+    table list once; a read with 8 bytes of parameters is 42 bytes with the operation id in force, 50 with a
+    read-only transaction's of its own (where a COPY row per read was ~200)."""
+    now = time.time()
+    catalog = sample_catalog()
+    records: list[FastRead] = [
+        (i % 2, 1, now + i, 40, b"\0\0\0\x04\0\0\0\x07", i, 0, None) for i in range(1000)
+    ]
+    recorder = ReadRecorder("postgresql://unused@127.0.0.1:1/x")
+    assert fastrelay._fastrelay is not None
+    for operation, per_read in (("op-1", 42), (None, 50)):
+        reads = [(0, TEXTS[1], False), (1, TEXTS[0], False)]
+        encode = recorder.encoder("s1", operation, READ_IDS, reads, catalog)
+        run = fastrelay._fastrelay.encode_run(encode, records)
+        for text in (TEXTS[0], TEXTS[1], "public.projects", read_fingerprint(TEXTS[0])):
+            assert run.count(text.encode()) == 1
+        rows = run_rows(run, "s1")
+        assert rows.count(TEXTS[1].encode()) == 500
+        head = len(run) - 1000 * per_read
+        assert head < len(TEXTS[0]) + len(TEXTS[1]) + 200 and len(rows) > 4 * len(run)

@@ -49,9 +49,11 @@ CREATE OR REPLACE TRIGGER cow_reads_register AFTER INSERT ON cow.read_rows
 CREATE OR REPLACE TRIGGER cow_read_runs_register AFTER INSERT ON cow.read_runs
     REFERENCING NEW TABLE AS added_reads FOR EACH STATEMENT EXECUTE FUNCTION cow._register_reads();
 
--- The reads of a run (cow.read_runs.data: binary COPY rows of the proxy's COPY_COLUMNS, proxy/reads.py),
--- one row each, in order. Only readers pay for unpacking (~10 µs a read on PostgreSQL 15); the writer's
--- COPY pays a run's row once. The session field is the run's own and is skipped.
+-- The reads of a run (cow.read_runs.data), one row each, in order: a dictionary run (the C relay's takes:
+-- cow._dict_run_reads), else binary COPY rows of the proxy's COPY_COLUMNS (proxy/reads.py; the Python relay's
+-- runs, and every run of a proxy before the dictionary runs). Only readers pay for unpacking (~10 µs a read
+-- on PostgreSQL 15); the writer's COPY pays a run's row once. The session field is the run's own and is
+-- skipped.
 CREATE OR REPLACE FUNCTION cow._run_reads(data bytea)
 RETURNS TABLE (ord integer, fingerprint text, relations text[], statement text, operation text,
                at timestamptz, params bytea, rows bigint, duration_us bigint)
@@ -66,6 +68,10 @@ DECLARE
     last_head bytea;
     last_relations text[];
 BEGIN
+    IF stop >= 2 AND get_byte(d, 0) = 255 AND get_byte(d, 1) = 254 THEN  -- (proxy/reads.py, DICT_MARK)
+        RETURN QUERY SELECT * FROM cow._dict_run_reads(d);
+        RETURN;
+    END IF;
     ord := 0;
     WHILE p < stop LOOP
         ord := ord + 1;
@@ -102,6 +108,80 @@ BEGIN
     END LOOP;
 END $$;
 REVOKE ALL ON FUNCTION cow._run_reads(bytea) FROM PUBLIC;
+
+-- A dictionary run (proxy/reads.py, DICT_RUN: the C relay's takes): its statements once (fingerprint, tables,
+-- text: NULL when each read brings its own), then an entry per read naming one. Its existence tells the
+-- proxy's writer that this layer reads such runs (proxy/reads.py, _LAYER_FEATURES).
+CREATE OR REPLACE FUNCTION cow._dict_run_reads(d bytea)
+RETURNS TABLE (ord integer, fingerprint text, relations text[], statement text, operation text,
+               at timestamptz, params bytea, rows bigint, duration_us bigint)
+LANGUAGE plpgsql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    p integer;
+    stop integer := length(d);
+    n integer;
+    k integer;
+    read_ids text;
+    prints text[] := '{}';
+    heads bytea[] := '{}';
+    texts text[] := '{}';
+    last_k integer := -1;
+    last_relations text[];
+BEGIN
+    n := cow._int4_at(d, 2);
+    read_ids := convert_from(substring(d FROM 7 FOR greatest(n, 0)), 'UTF8');
+    p := 6 + greatest(n, 0);
+    k := (get_byte(d, p) << 8) | get_byte(d, p + 1);
+    p := p + 2;
+    FOR i IN 1 .. k LOOP
+        n := cow._int4_at(d, p);
+        prints := prints || convert_from(substring(d FROM p + 5 FOR n), 'UTF8');
+        p := p + 4 + n;
+        n := cow._int4_at(d, p);
+        heads := heads || substring(d FROM p + 5 FOR n);
+        p := p + 4 + n;
+        n := cow._int4_at(d, p);
+        texts := texts || CASE WHEN n >= 0 THEN convert_from(substring(d FROM p + 5 FOR n), 'UTF8') END;
+        p := p + 4 + greatest(n, 0);
+    END LOOP;
+    ord := 0;
+    WHILE p < stop LOOP
+        ord := ord + 1;
+        k := ((get_byte(d, p) << 8) | get_byte(d, p + 1)) + 1;
+        IF k <> last_k THEN  -- (a run repeats its statements' tables)
+            last_k := k;
+            last_relations := cow._text_array_recv(heads[k]);
+        END IF;
+        fingerprint := prints[k];
+        relations := last_relations;
+        n := cow._int4_at(d, p + 2);
+        p := p + 6;
+        IF n >= 0 THEN
+            operation := convert_from(substring(d FROM p + 1 FOR n), 'UTF8');
+            p := p + n;
+        ELSIF n = -1 THEN
+            operation := NULL;
+        ELSIF n = -3 THEN
+            operation := read_ids || '.' || cow._int8_at(d, p);
+            p := p + 8;
+        END IF;  -- (-2: the previous entry's)
+        at := cow._pg_time(cow._int8_at(d, p));
+        n := cow._int4_at(d, p + 8);
+        params := CASE WHEN n >= 0 THEN substring(d FROM p + 13 FOR n) END;
+        p := p + 12 + greatest(n, 0);
+        rows := nullif(cow._int8_at(d, p), -1);
+        duration_us := cow._int8_at(d, p + 8);
+        p := p + 16;
+        statement := texts[k];
+        IF statement IS NULL THEN
+            n := cow._int4_at(d, p);
+            statement := convert_from(substring(d FROM p + 5 FOR n), 'UTF8');
+            p := p + 4 + n;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END $$;
+REVOKE ALL ON FUNCTION cow._dict_run_reads(bytea) FROM PUBLIC;
 
 -- Big-endian integers and PostgreSQL's binary timestamp (µs since 2000-01-01 UTC) at a 0-based offset, and
 -- a binary one-dimensional text[] (none: empty), as COPY's binary format writes them.
