@@ -2,7 +2,7 @@
 would (issue 18, "Cost ≤ 5 %": the server runs beside the sessions' backends on the same cores).
 
     .venv/bin/python bench/reads_row_cost.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
-        [--rows 50000] [--trials 4]
+        [--rows 50000] [--trials 4] [--database NAME] [--only CASE,CASE...]
 
 Without --dsn an embedded PostgreSQL is started; the layer is installed in a scratch database. The writer's
 COPY (``proxy.reads``: the binary rows the C relay writes, in ~256 KB pieces through asyncpg) of --rows
@@ -21,7 +21,11 @@ The server's CPU is its backend's (``/proc/PID/stat``: the server must be on thi
 least of --trials (interleaved); the proxy's is the writer's thread (``thread_time``) per row. On a layer
 from 57 on, the rows' table is ``cow.read_rows`` and the same reads are also written as runs into
 ``cow.read_runs`` (``runs 1024``: a C relay's take a row; ``runs 64``), and into copies of it storing a run
-compressed (``runs pglz``, ``runs lz4``) or inline (``runs main``): µs per read, not per row, there.
+compressed (``runs pglz``, ``runs lz4``) or inline (``runs main``): µs per read, not per row, there. With
+the C extension built, ``dict 1024``: the same reads as the C relay now writes its takes (dictionary runs:
+each distinct statement once, a small entry per read; proxy/reads.py, DICT_RUN) into cow.read_runs. Besides
+the CPU: the WAL the COPY wrote (``pg_current_wal_lsn``) and the table's size after it (TOAST and indexes
+included), per read, of the same trial. ``--only`` measures the named cases alone.
 """
 
 from __future__ import annotations
@@ -39,12 +43,14 @@ import _common as common  # first: it takes bench/ off the import path (its prox
 import asyncpg
 import psycopg
 
+from proxy import fastrelay
 from proxy.reads import (
     _COPY_HEADER,
     _COPY_TRAILER,
     COPY_COLUMNS,
     RUN_COLUMNS,
     ReadRecord,
+    ReadRecorder,
     _Pieces,
     _Rows,
     _run_parts,
@@ -101,16 +107,35 @@ def runs_of(n: int, catalog: Catalog | None, size: int) -> bytes:
     return b"".join(_run_parts(items, shapes))
 
 
+def dict_runs_of(n: int, catalog: Catalog | None, size: int) -> bytes | None:
+    """The same n reads as the C relay writes its takes of ``size`` (dictionary runs), None without the C
+    extension."""
+    if fastrelay._fastrelay is None:
+        return None
+    now = time.time()
+    recorder, shapes = ReadRecorder("postgresql://unused@127.0.0.1:1/x"), _Shapes()
+    items = []
+    for start in range(0, n, size):
+        take = [
+            (0, 1, now, 40, (i % 100_000).to_bytes(4, "big"), 0, 0, None)
+            for i in range(start, min(n, start + size))
+        ]
+        encode = recorder.encoder("bench_1", f"op{start // 1024}", "readonly:0", [(0, TEXT, False)], catalog)
+        items.append(_Rows("db", "bench_1", fastrelay._fastrelay.encode_run(encode, take), len(take)))
+    return b"".join(_run_parts(items, shapes))
+
+
 async def one(
     conn: asyncpg.Connection,
     pid: int,
     table: tuple[str, str],
     data: bytes,
     columns: tuple[str, ...] = COPY_COLUMNS,
-) -> tuple[float, float]:
-    """(server CPU seconds, writer CPU seconds) of one COPY."""
+) -> tuple[float, float, int, int]:
+    """(server CPU seconds, writer CPU seconds, WAL bytes, the table's bytes after) of one COPY."""
     await conn.execute(f"TRUNCATE {table[0]}.{table[1]}")
     await conn.execute("CHECKPOINT")
+    wal0 = await conn.fetchval("SELECT pg_current_wal_insert_lsn()::text")
     server0, proxy0 = backend_cpu(pid), time.thread_time()
     parts = [data[i : i + 200 * 1024] for i in range(0, len(data), 200 * 1024)]
     await conn.copy_to_table(
@@ -122,10 +147,44 @@ async def one(
     )
     proxy1 = time.thread_time()
     await conn.execute("SELECT 1")  # (the backend's accounting after the COPY's end)
-    return backend_cpu(pid) - server0, proxy1 - proxy0
+    server = backend_cpu(pid) - server0
+    wal = await conn.fetchval("SELECT pg_current_wal_insert_lsn() - $1::text::pg_lsn", wal0)
+    size = await conn.fetchval("SELECT pg_total_relation_size($1::regclass)", f"{table[0]}.{table[1]}")
+    return server, proxy1 - proxy0, int(wal), int(size)
 
 
-async def measure(db_dsn: str, rows: int, trials: int) -> None:
+Case = tuple[tuple[str, str], bytes, tuple[str, ...]]
+
+
+async def run_cases(conn: asyncpg.Connection, rows: int, catalog: Catalog) -> dict[str, Case]:
+    """Layer 57's cow.read_runs (and copies of it with other storage), and the dictionary runs."""
+    cases: dict[str, Case] = {}
+    # Layer 57's runs of a C relay's take (1,024 reads) and of 64; and the run's bytes stored
+    # compressed (pglz, lz4 where the server has it) or inline instead of out of line uncompressed.
+    cases["runs 1024"] = (("cow", "read_runs"), runs_of(rows, catalog, 1024), RUN_COLUMNS)
+    cases["runs 64"] = (("cow", "read_runs"), runs_of(rows, catalog, 64), RUN_COLUMNS)
+    storages = {
+        "pglz": "SET STORAGE EXTENDED, ALTER data SET COMPRESSION pglz",
+        "lz4": "SET STORAGE EXTENDED, ALTER data SET COMPRESSION lz4",
+        "main": "SET STORAGE MAIN",
+    }
+    for name, storage in storages.items():
+        table = f"public.runs_bench_{name}"
+        await conn.execute(f"DROP TABLE IF EXISTS {table}")
+        await conn.execute(f"CREATE TABLE {table} (LIKE cow.read_runs INCLUDING ALL)")
+        try:
+            await conn.execute(f"ALTER TABLE {table} ALTER data {storage}")
+        except asyncpg.PostgresError:  # (a server built without lz4)
+            await conn.execute(f"DROP TABLE {table}")
+            continue
+        cases[f"runs {name}"] = (("public", table[7:]), cases["runs 1024"][1], RUN_COLUMNS)
+    dict_runs = dict_runs_of(rows, catalog, 1024)
+    if dict_runs is not None:
+        cases["dict 1024"] = (("cow", "read_runs"), dict_runs, RUN_COLUMNS)
+    return cases
+
+
+async def measure(db_dsn: str, rows: int, trials: int, only: set[str]) -> None:
     conn = await asyncpg.connect(db_dsn)
     try:
         # Copies of cow.reads with each of its per-row costs alone: the heap and primary key, then each of
@@ -168,35 +227,21 @@ async def measure(db_dsn: str, rows: int, trials: int) -> None:
             **{name: (("public", f"reads_bench_{i}"), full, COPY_COLUMNS) for i, name in enumerate(extras)},
         }
         if runs:
-            # Layer 57's runs of a C relay's take (1,024 reads) and of 64; and the run's bytes stored
-            # compressed (pglz, lz4 where the server has it) or inline instead of out of line uncompressed.
-            cases["runs 1024"] = (("cow", "read_runs"), runs_of(rows, catalog, 1024), RUN_COLUMNS)
-            cases["runs 64"] = (("cow", "read_runs"), runs_of(rows, catalog, 64), RUN_COLUMNS)
-            storages = {
-                "pglz": "SET STORAGE EXTENDED, ALTER data SET COMPRESSION pglz",
-                "lz4": "SET STORAGE EXTENDED, ALTER data SET COMPRESSION lz4",
-                "main": "SET STORAGE MAIN",
-            }
-            for name, storage in storages.items():
-                table = f"public.runs_bench_{name}"
-                await conn.execute(f"DROP TABLE IF EXISTS {table}")
-                await conn.execute(f"CREATE TABLE {table} (LIKE cow.read_runs INCLUDING ALL)")
-                try:
-                    await conn.execute(f"ALTER TABLE {table} ALTER data {storage}")
-                except asyncpg.PostgresError:  # (a server built without lz4)
-                    await conn.execute(f"DROP TABLE {table}")
-                    continue
-                cases[f"runs {name}"] = (("public", table[7:]), cases["runs 1024"][1], RUN_COLUMNS)
-        best: dict[str, tuple[float, float]] = {name: (float("inf"), float("inf")) for name in cases}
+            cases.update(await run_cases(conn, rows, catalog))
+        if only:
+            cases = {name: case for name, case in cases.items() if name in only}
+        inf = float("inf")
+        best: dict[str, tuple[float, float, int, int]] = {name: (inf, inf, 0, 0) for name in cases}
         for _ in range(trials):
-            for name, (table, data, columns) in cases.items():
-                server, proxy = await one(conn, pid, table, data, columns)
-                best[name] = (min(best[name][0], server), min(best[name][1], proxy))
+            for name, (target, data, columns) in cases.items():
+                server, proxy, wal, size = await one(conn, pid, target, data, columns)
+                best[name] = (min(best[name][0], server), min(best[name][1], proxy), wal, size)
         for name, (_, data, _) in cases.items():
-            server, proxy = best[name]
+            server, proxy, wal, size = best[name]
             print(
                 f"{name:10} {len(data) / rows:6.0f} bytes/row  server {server / rows * 1e6:5.2f} µs/row"
-                f"  writer {proxy / rows * 1e6:5.2f} µs/row"
+                f"  writer {proxy / rows * 1e6:5.2f} µs/row  WAL {wal / rows:6.1f} B/row"
+                f"  stored {size / rows:6.1f} B/row"
             )
         for i in range(len(extras)):
             await conn.execute(f"DROP TABLE public.reads_bench_{i}")
@@ -213,15 +258,19 @@ def main() -> None:
     parser.add_argument("--dsn", help="PostgreSQL (superuser, on this machine); default: embedded")
     parser.add_argument("--rows", type=int, default=50_000)
     parser.add_argument("--trials", type=int, default=4)
+    parser.add_argument("--database", default=DATABASE, help="the scratch database's name")
+    parser.add_argument("--only", default="", help="measure only these cases (comma-separated names)")
     args = parser.parse_args()
     with bp.server(args.dsn, None) as (dsn, host, port, bindir, _sockets):
         tool = os.path.join(bindir, "pgbench") if bindir else (shutil.which("pgbench") or "pgbench")
         user = urlsplit(dsn).username or "postgres"
-        db_dsn = bp.layer_database(dsn, tool, host=host, port=port, user=user, database=DATABASE, scale=1)
-        asyncio.run(measure(db_dsn, args.rows, args.trials))
+        database = args.database
+        db_dsn = bp.layer_database(dsn, tool, host=host, port=port, user=user, database=database, scale=1)
+        only = {name.strip() for name in args.only.split(",") if name.strip()}
+        asyncio.run(measure(db_dsn, args.rows, args.trials, only))
         print(f"load average {os.getloadavg()[0]:.1f}")
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
+            conn.execute(f"DROP DATABASE IF EXISTS {database}")
 
 
 if __name__ == "__main__":

@@ -257,21 +257,26 @@ static long head_slot(const enc_t *en, const rec_t *rec) {
     return rec->ref >= 0 ? rec->ref : en->nstmts - (rec->ref + 1);
 }
 
+static const rhead_t *slot_head(const enc_t *en, long slot) {
+    return slot < en->nstmts ? &en->stmts[slot] : &en->decs[slot - en->nstmts];
+}
+
 #define MAX_TEXT 4000 /* characters of a statement's text kept (proxy/reads.py MAX_TEXT) */
 #define PG_EPOCH 946684800.0 /* 2000-01-01 in Unix time: timestamptz counts µs from there */
 #define MAX_OP_FIELD 64      /* "xact:" and a 20-digit id, or read_ids (< 32) "." and a 20-digit number, with 4 */
 
+/* Big-endian, as COPY's binary format and the runs have them (a byte swap and a store: a run writes several
+ * per read). */
 static unsigned char *put32(unsigned char *p, int32_t v) {
-    uint32_t u = (uint32_t)v;
-    p[0] = (unsigned char)(u >> 24), p[1] = (unsigned char)(u >> 16), p[2] = (unsigned char)(u >> 8);
-    p[3] = (unsigned char)u;
+    uint32_t u = __builtin_bswap32((uint32_t)v);
+    memcpy(p, &u, 4);
     return p + 4;
 }
 
 static unsigned char *put64(unsigned char *p, int64_t v) {
-    uint64_t u = (uint64_t)v;
-    for (int i = 7; i >= 0; i--) *p++ = (unsigned char)(u >> (8 * i));
-    return p;
+    uint64_t u = __builtin_bswap64((uint64_t)v);
+    memcpy(p, &u, 8);
+    return p + 8;
 }
 
 /* v in decimal at out (at most 20 digits): how many. */
@@ -2353,21 +2358,22 @@ static const rhead_t *row_head(const enc_t *en, const rec_t *rec, long long open
  * failure. */
 static PyObject *encode_records(const enc_t *en, const rec_t *v, long long n, long long open_txn,
                                 PyObject *reads, long long *count) {
-    /* By a head's slot (head_slot): its index in the run + 1 (0: not in it yet); then the slots by index. */
+    /* By a head's slot (head_slot): its index in the run + 1 (0: not in it yet); then the slots by index; then
+     * each record's slot (-1: no head, its record goes as a tuple). */
     long slots = en != NULL ? en->nstmts + en->ndecs : 0;
-    int *index = en != NULL ? calloc(2 * (size_t)slots + 1, sizeof(int)) : NULL;
+    long *index = en != NULL ? calloc(2 * (size_t)slots + (size_t)n + 1, sizeof(long)) : NULL;
     if (en != NULL && index == NULL) return PyErr_NoMemory();
-    int *order = index + slots;
+    long *order = index + slots, *slot_of = order + slots;
     size_t bound = 2 + 4 + (en != NULL ? en->rlen : 0) + 2;
     size_t op = en != NULL && en->operation != NULL && en->olen > MAX_OP_FIELD ? en->olen : MAX_OP_FIELD;
     int heads = 0;
     for (long long i = 0; en != NULL && i < n; i++) {
         const rhead_t *h = row_head(en, &v[i], open_txn);
+        slot_of[i] = h != NULL ? head_slot(en, &v[i]) : -1;
         if (h == NULL) continue;
-        long slot = head_slot(en, &v[i]);
-        if (index[slot] == 0) {
-            order[heads] = (int)slot;
-            index[slot] = ++heads;
+        if (index[slot_of[i]] == 0) {
+            order[heads] = slot_of[i];
+            index[slot_of[i]] = ++heads;
             bound += h->len + 2;
         }
         bound += ENTRY_FIXED + op + v[i].plen + (h->shape ? 4 + v[i].tlen : 0);
@@ -2383,18 +2389,16 @@ static PyObject *encode_records(const enc_t *en, const rec_t *v, long long n, lo
         p = put16(p, RUN_MARK);
         p = put_field(p, en->read_ids, en->rlen);
         p = put16(p, heads);
-        for (int k = 0; k < heads; k++)
-            p = put_statement(p, order[k] < en->nstmts ? &en->stmts[order[k]] : &en->decs[order[k] - en->nstmts]);
+        for (int k = 0; k < heads; k++) p = put_statement(p, slot_head(en, order[k]));
     }
     int last_kind = 0;
     unsigned long long last = 0;
     for (long long i = 0; i < n; i++) {
-        const rec_t *rec = &v[i];
-        const rhead_t *h = en != NULL ? row_head(en, rec, open_txn) : NULL;
-        if (h != NULL) {
-            p = put_entry(en, h, index[head_slot(en, rec)] - 1, rec, &last_kind, &last, p);
+        if (en != NULL && slot_of[i] >= 0) {
+            long slot = slot_of[i];
+            p = put_entry(en, slot_head(en, slot), (int)index[slot] - 1, &v[i], &last_kind, &last, p);
             (*count)++;
-        } else if (reads_append(reads, rec, 1) < 0) {
+        } else if (reads_append(reads, &v[i], 1) < 0) {
             free(index);
             Py_DECREF(run);
             return NULL;
