@@ -25,7 +25,9 @@ compressed (``runs pglz``, ``runs lz4``) or inline (``runs main``): µs per read
 the C extension built, ``dict 1024``: the same reads as the C relay now writes its takes (dictionary runs:
 each distinct statement once, a small entry per read; proxy/reads.py, DICT_RUN) into cow.read_runs. Besides
 the CPU: the WAL the COPY wrote (``pg_current_wal_lsn``) and the table's size after it (TOAST and indexes
-included), per read, of the same trial. ``--only`` measures the named cases alone.
+included), per read, of the same trial, and for the cases written into cow.read_runs the server's CPU to read
+them back through the view cow.reads (``readers``: the unpacking). ``--only`` measures the named cases
+alone.
 """
 
 from __future__ import annotations
@@ -72,16 +74,32 @@ def backend_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
-def rows_of(n: int, catalog: Catalog | None, *, slim: bool) -> bytes:
-    """n COPY rows as the writer sends them (pgbench -S reads of one session, 1,024 transactions an id)."""
+def _times(now: float, i: int) -> tuple[float, int]:
+    """The i-th read's end and duration in µs: ~25,000 reads a second of 20-56 µs each, as at -S."""
+    return now + i * 4e-5, 20 + i % 37
+
+
+def _bench_records(n: int, catalog: Catalog | None) -> list[ReadRecord]:
+    """n pgbench -S reads of one session, 1,024 transactions an operation id."""
     now = time.time()
-    records = [
+    return [
         ReadRecord(
-            "db", "bench_1", f"op{i // 1024}", TEXT, (i % 100_000).to_bytes(4, "big"), 1, now, 40, catalog
+            "db",
+            "bench_1",
+            f"op{i // 1024}",
+            TEXT,
+            (i % 100_000).to_bytes(4, "big"),
+            1,
+            *_times(now, i),
+            catalog,
         )
         for i in range(n)
     ]
-    data = encode_rows(records, _Shapes())
+
+
+def rows_of(n: int, catalog: Catalog | None, *, slim: bool) -> bytes:
+    """n COPY rows as the writer sends them (``_bench_records``)."""
+    data = encode_rows(_bench_records(n, catalog), _Shapes())
     assert b"public.pgbench_accounts" in data  # (a CoW table: the layer is installed)
     if not slim:
         return data
@@ -94,14 +112,8 @@ def rows_of(n: int, catalog: Catalog | None, *, slim: bool) -> bytes:
 
 def runs_of(n: int, catalog: Catalog | None, size: int) -> bytes:
     """The same n reads as rows of cow.read_runs (layer 57), runs of ``size`` (a C relay's take: ~1,024)."""
-    now = time.time()
     shapes = _Shapes()
-    records = [
-        ReadRecord(
-            "db", "bench_1", f"op{i // 1024}", TEXT, (i % 100_000).to_bytes(4, "big"), 1, now, 40, catalog
-        )
-        for i in range(n)
-    ]
+    records = _bench_records(n, catalog)
     takes = [records[i : i + size] for i in range(0, n, size)]
     items = [_Rows("db", "bench_1", encode_rows(take, shapes), len(take)) for take in takes]
     return b"".join(_run_parts(items, shapes))
@@ -117,7 +129,7 @@ def dict_runs_of(n: int, catalog: Catalog | None, size: int) -> bytes | None:
     items = []
     for start in range(0, n, size):
         take = [
-            (0, 1, now, 40, (i % 100_000).to_bytes(4, "big"), 0, 0, None)
+            (0, 1, *_times(now, i), (i % 100_000).to_bytes(4, "big"), 0, 0, None)
             for i in range(start, min(n, start + size))
         ]
         encode = recorder.encoder("bench_1", f"op{start // 1024}", "readonly:0", [(0, TEXT, False)], catalog)
@@ -131,8 +143,10 @@ async def one(
     table: tuple[str, str],
     data: bytes,
     columns: tuple[str, ...] = COPY_COLUMNS,
-) -> tuple[float, float, int, int]:
-    """(server CPU seconds, writer CPU seconds, WAL bytes, the table's bytes after) of one COPY."""
+) -> tuple[float, float, int, int, float]:
+    """(server CPU seconds, writer CPU seconds, WAL bytes, the table's bytes after) of one COPY, and the
+    server's CPU seconds to read the reads back through cow.reads (the readers' unpacking) when they went
+    into cow.read_runs (else 0)."""
     await conn.execute(f"TRUNCATE {table[0]}.{table[1]}")
     await conn.execute("CHECKPOINT")
     wal0 = await conn.fetchval("SELECT pg_current_wal_insert_lsn()::text")
@@ -150,7 +164,13 @@ async def one(
     server = backend_cpu(pid) - server0
     wal = await conn.fetchval("SELECT pg_current_wal_insert_lsn() - $1::text::pg_lsn", wal0)
     size = await conn.fetchval("SELECT pg_total_relation_size($1::regclass)", f"{table[0]}.{table[1]}")
-    return server, proxy1 - proxy0, int(wal), int(size)
+    readers = 0.0
+    if table == ("cow", "read_runs"):
+        readers0 = backend_cpu(pid)
+        await conn.fetchval("SELECT count(*) FROM cow.reads WHERE session = 'bench_1'")
+        await conn.execute("SELECT 1")
+        readers = backend_cpu(pid) - readers0
+    return server, proxy1 - proxy0, int(wal), int(size), readers
 
 
 Case = tuple[tuple[str, str], bytes, tuple[str, ...]]
@@ -231,17 +251,20 @@ async def measure(db_dsn: str, rows: int, trials: int, only: set[str]) -> None:
         if only:
             cases = {name: case for name, case in cases.items() if name in only}
         inf = float("inf")
-        best: dict[str, tuple[float, float, int, int]] = {name: (inf, inf, 0, 0) for name in cases}
+        best: dict[str, tuple[float, float, int, int, float]] = {
+            name: (inf, inf, 0, 0, inf) for name in cases
+        }
         for _ in range(trials):
             for name, (target, data, columns) in cases.items():
-                server, proxy, wal, size = await one(conn, pid, target, data, columns)
-                best[name] = (min(best[name][0], server), min(best[name][1], proxy), wal, size)
+                server, proxy, wal, size, readers = await one(conn, pid, target, data, columns)
+                old = best[name]
+                best[name] = (min(old[0], server), min(old[1], proxy), wal, size, min(old[4], readers))
         for name, (_, data, _) in cases.items():
-            server, proxy, wal, size = best[name]
+            server, proxy, wal, size, readers = best[name]
             print(
                 f"{name:10} {len(data) / rows:6.0f} bytes/row  server {server / rows * 1e6:5.2f} µs/row"
                 f"  writer {proxy / rows * 1e6:5.2f} µs/row  WAL {wal / rows:6.1f} B/row"
-                f"  stored {size / rows:6.1f} B/row"
+                f"  stored {size / rows:6.1f} B/row  readers {readers / rows * 1e6:5.2f} µs/row"
             )
         for i in range(len(extras)):
             await conn.execute(f"DROP TABLE public.reads_bench_{i}")

@@ -324,8 +324,7 @@ static size_t statement_text(const unsigned char *s, size_t n, size_t *start) {
  * compressed and written by the server). The identity is not hashed here: readers derive it from the
  * statement and the parameters (migration 52). */
 #define RUN_MARK (-2)     /* the run's first int16: a COPY row's field count (9) starts an older run */
-#define OP_NULL (-1)      /* an entry's operation: NULL */
-#define OP_SAME (-2)      /* the previous entry's */
+#define OP_SAME (-2)      /* an entry's operation: the previous entry's (-1 is NULL, which C never writes) */
 #define OP_READONLY (-3)  /* read_ids "." and the int8 that follows (a read-only transaction's number) */
 #define ENTRY_FIXED 30    /* an entry's bytes besides its operation, parameters and own text */
 
@@ -3166,8 +3165,8 @@ static taken_reads_t *take_ring(conn_t *c, double to_wall) {
     return t;
 }
 
-/* The done records of t with a head as one run (encode_records),
- * how many, and those without one as tuples, in tuples (NULL with an exception set on failure). */
+/* The done records of t with a head as one run (encode_records), how many, and those without one as tuples,
+ * in tuples (NULL with an exception set on failure). */
 static PyObject *taken_item(taken_reads_t *t) {
     PyObject *reads = PyList_New(0);
     if (reads == NULL) return NULL;
