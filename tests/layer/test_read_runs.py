@@ -200,11 +200,9 @@ def _fast_records(now: float) -> list[FastRead]:
     return records
 
 
-def _both_kinds(
-    operation: str | None, catalog: Catalog, now: float
-) -> tuple[bytes, int, list[ReadRecord], Any]:
-    """(the C relay's dictionary run of a take, its reads, the same reads as the Python relay's records, the
-    encoder): the two kinds of runs of the same reads."""
+def _both_kinds(operation: str | None, catalog: Catalog, now: float) -> tuple[bytes, int, list[ReadRecord]]:
+    """(the C relay's dictionary run of a take, its reads, the same reads as the Python relay's records): the
+    two kinds of runs of the same reads."""
     records = _fast_records(now)
     texts = {ref: (ref, _TEXTS[ref], False) for ref, *_ in records if ref >= 0}
     for ref, *_, own in records:
@@ -223,7 +221,7 @@ def _both_kinds(
         op = operation or (f"xact:{xid}" if xid else f"{READ_IDS}.{number}")
         sql = _TEXTS[ref] if own is None else own.decode()
         python.append(ReadRecord("d", "s", op, sql, params, rows, ended, us, catalog))
-    return run, len(records), python, encode
+    return run, len(records), python
 
 
 def _as_session(records: list[ReadRecord], database: str, session: str) -> list[ReadRecord]:
@@ -282,7 +280,7 @@ def test_a_dictionary_run_reads_as_the_copy_rows_of_the_same_reads(
     the Python relay and proxies before the dictionary runs write them): cow.reads' rows, ``cowproxy session
     reads`` and the scorer's trace (its identities) are the same."""
     catalog = sample_catalog()
-    run, count, records, _ = _both_kinds(operation, catalog, time.time())
+    run, count, records = _both_kinds(operation, catalog, time.time())
     database = db_name(layer_db)
     recorder = _write(layer_db, [_Rows(database, "d1", run, count), *_as_session(records, database, "r1")])
     assert recorder.recorded == 2 * count and not any(recorder.dropped.values())
@@ -295,7 +293,7 @@ def test_a_dictionary_run_reads_as_the_copy_rows_of_the_same_reads(
     assert dict_side == rows_side
     rows = dict_side[0]
     assert len(rows) == count and {r[6] for r in rows} >= {None, 3} and {r[8] for r in rows} >= {None, b""}
-    assert rows[0][2:4] == (rows[0][2], "SELECT name FROM projects WHERE name = 'x é'")
+    assert rows[0][3] == "SELECT name FROM projects WHERE name = 'x é'"  # (a Query taken by its shape)
     assert any(r[5] == ["public.projects", "public.issues"] for r in rows)
     if operation is None:
         assert {r[0] for r in rows} >= {f"{READ_IDS}.0", f"xact:{2**63 + 1}"}
@@ -312,22 +310,17 @@ def test_a_layer_before_dictionary_runs_gets_copy_rows_and_the_upgrade_reads_bot
     ]
     with psycopg.connect(layer_db, autocommit=True) as conn:
         apply_old_functions(conn, old, "layer 58", "DROP FUNCTION cow._dict_run_reads(bytea)")
-    run, count, records, _ = _both_kinds(None, sample_catalog(), time.time())
+    dict_run, count, records = _both_kinds(None, sample_catalog(), time.time())
     database = db_name(layer_db)
-    _write(layer_db, [_Rows(database, "o1", run, count), *_as_session(records, database, "o2")])
+    _write(layer_db, [_Rows(database, "o1", dict_run, count), *_as_session(records, database, "o2")])
     with psycopg.connect(layer_db, autocommit=True) as conn:
         kinds = conn.execute("SELECT substr(data, 1, 2) FROM cow.read_runs").fetchall()
     assert kinds == [(b"\x00\x09",), (b"\x00\x09",)]
     before = _what_readers_see(layer_db, "o1")
     assert before == _what_readers_see(layer_db, "o2") and len(before[0]) == count
-    result = run_install(layer_db)
-    assert "62_reads.sql" in result.reapplied
-    _write(layer_db, [_Rows(database, "o3", run, count)])
+    assert "62_reads.sql" in run(layer_db, install_layer).reapplied
+    _write(layer_db, [_Rows(database, "o3", dict_run, count)])
     with psycopg.connect(layer_db, autocommit=True) as conn:
         kinds = conn.execute("SELECT substr(data, 1, 2) FROM cow.read_runs WHERE session = 'o3'").fetchall()
     assert kinds == [(DICT_MARK,)]
     assert _what_readers_see(layer_db, "o1") == before == _what_readers_see(layer_db, "o3")
-
-
-def run_install(dsn: str) -> Any:
-    return run(dsn, install_layer)

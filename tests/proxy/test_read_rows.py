@@ -2,10 +2,10 @@
 dictionary runs (proxy/reads.py, DICT_RUN) that ``run_rows`` decodes, byte for byte, into the rows
 proxy/reads.py's ``encode_rows`` makes of the same records, which tests/proxy/test_reads.py checks against
 ``cow.reads`` (and tests/layer/test_read_runs.py the layer's reader of both kinds of runs). Compared on
-bytes, no server: texts of any
-characters and lengths, parameters or none (written as they came: readers derive the identity), every kind of
-operation (an id in force, a written transaction's ``xact:``, a read-only one's), rows or none, and
-Queries taken by their shape's decision (``-M simple``), whose records bring their own texts."""
+bytes, no server: texts of any characters and lengths, parameters or none (written as they came: readers
+derive the identity), every kind of operation (an id in force, a written transaction's ``xact:``, a
+read-only one's), rows or none, and Queries taken by their shape's decision (``-M simple``), whose records
+bring their own texts."""
 
 from __future__ import annotations
 
