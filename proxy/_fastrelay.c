@@ -320,9 +320,9 @@ static size_t statement_text(const unsigned char *s, size_t n, size_t *start) {
 /* ---- a take's records as one dictionary run (proxy/reads.py, DICT_RUN; decoded by cow._run_reads) ----
  * A take is one connection's reads, which mostly repeat a few statements: each distinct statement (its head:
  * fingerprint, tables, text) is written once, and each read as a small entry naming it, instead of a COPY row
- * per read that repeated every field (~40 bytes a read instead of ~200: fewer bytes built here, sent,
- * compressed and written by the server). The identity is not hashed here: readers derive it from the
- * statement and the parameters (migration 52). */
+ * per read that repeated every field (30-38 bytes a read besides its parameters instead of ~185 at -S: fewer
+ * bytes built here, sent, compressed and written by the server). The identity is not hashed here: readers
+ * derive it from the statement and the parameters (migration 52). */
 #define RUN_MARK (-2)     /* the run's first int16: a COPY row's field count (9) starts an older run */
 #define OP_SAME (-2)      /* an entry's operation: the previous entry's (-1 is NULL, which C never writes) */
 #define OP_READONLY (-3)  /* read_ids "." and the int8 that follows (a read-only transaction's number) */

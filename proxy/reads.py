@@ -142,9 +142,10 @@ _RUN_FIELDS = struct.pack("!h", len(RUN_COLUMNS))
 _RUN_COUNT = struct.Struct("!ii")
 MAX_RUN = 65_535  # reads a run holds (the layer's CHECK; readers order a run's reads by seq * 65,536 + place)
 # A dictionary run (the C relay's takes): each distinct statement once, each read a small entry naming it,
-# ~40 bytes a read where a COPY row of COPY_COLUMNS is ~200 (the bytes C builds, the writer sends and the
-# server compresses and writes: docs/benchmarks.md, "Read traces: recording's cost per read, halved"). All
-# integers big-endian; a field is an int32 length (-1: NULL) and its bytes, as in binary COPY:
+# 30-38 bytes a read besides its parameters where a COPY row of COPY_COLUMNS is ~185 at pgbench -S (the
+# bytes C builds, the writer sends and the server compresses and writes: docs/benchmarks.md, "Read traces:
+# recording's cost per read, halved"). All integers big-endian; a field is an int32 length (-1: NULL) and
+# its bytes, as in binary COPY:
 #   int16 -2 (DICT_MARK: an older run starts with its first row's field count, 9)
 #   field read_ids (the operations of read-only transactions are "<read_ids>.<n>")
 #   int16 k, then k statements: fields fingerprint, relations (binary text[]), statement (NULL: each of its
