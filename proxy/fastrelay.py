@@ -163,8 +163,8 @@ class FastRelay:
         encode: Encoder | None = None,
     ) -> None:
         """Give the C relay a connection, with the state it carries on from (None: an untagged connection
-        with no statements, at rest). ``encode``: C makes the COPY rows of its read records itself
-        (take_reads)."""
+        with no statements, at rest). ``encode``: C makes the runs of its read records itself
+        (take_reads: proxy/reads.py, DICT_RUN)."""
         a = adoption or Adoption([], [], False, [], False, False)
         kind = self.kind_index("transaction") if a.resolve else None
         txn = a.state.txn
@@ -216,7 +216,7 @@ class FastRelay:
 
     def take_reads(self) -> tuple[int, list[TakenReads]]:
         """The read records done so far on connections still on the C relay, per connection and in order
-        (those of a connection handed back come with its ``Handback``): as COPY rows where it was adopted
+        (those of a connection handed back come with its ``Handback``): as a run where it was adopted
         with an ``encode``, else as tuples; and how many were dropped since the last call (a connection's
         ring was full)."""
         return self.engine.take_reads()

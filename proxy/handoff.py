@@ -44,12 +44,12 @@ FastRead = tuple[int, int | None, float, int, bytes | None, int, int, bytes | No
 # A recorded read in flight at hand-back: (position among the replies owed, ref as FastRead's, monotonic
 # start, Bind parameters or None, own text or None).
 OwedRead = tuple[int, int, float, bytes | None, bytes | None]
-# How C encodes a recorded connection's read records as COPY rows itself (proxy/reads.py, encode_rows, byte
-# for byte): the session's COPY field, the operation id's (None: each record takes its transaction's, as
-# ClientConnection.fast_reads names it), TxnReads.read_ids, and per read C may record (its ref, as FastRead's;
-# its rows' first fields; whether it is a shape's decision, whose records' own texts are written). The
-# parameters are written as they came, not hashed (readers derive the identity). ReadRecorder.encoder makes
-# it.
+# How C encodes a recorded connection's read records as runs itself (proxy/reads.py, DICT_RUN; decoded by
+# run_rows into encode_rows' bytes): the session's COPY field, the operation id's (None: each record takes
+# its transaction's, as ClientConnection.fast_reads names it), TxnReads.read_ids, and per read C may record
+# (its ref, as FastRead's; its rows' first fields; whether it is a shape's decision, whose records' own texts
+# are written). The parameters are written as they came, not hashed (readers derive the identity).
+# ReadRecorder.encoder makes it.
 Encoder = tuple[bytes, bytes | None, bytes, list[tuple[int, bytes, bool]]]
 
 

@@ -521,7 +521,7 @@ class ClientConnection(asyncio.Protocol):
         self._fast_texts = {}
 
     def _read_encoder(self, adoption: Adoption) -> Encoder | None:
-        """What C needs to write this connection's read records as COPY rows itself (FastRelay.adopt's
+        """What C needs to write this connection's read records as runs itself (FastRelay.adopt's
         ``encode``): the text of each read it may record, by its ref."""
         recorder, relay = self.server.reads, self.relay
         if recorder is None or relay is None or relay.tagging.txn.session is None:
@@ -591,7 +591,7 @@ class ClientConnection(asyncio.Protocol):
         recorder.offer_many(batch)
 
     def fast_rows(self, rows: bytes, count: int) -> None:
-        """Read records the C relay wrote as COPY rows itself (adopted with ``_read_encoder``'s)."""
+        """Read records the C relay wrote as a run itself (adopted with ``_read_encoder``'s)."""
         recorder, stay = self.server.reads, self._fast_reads
         if recorder is not None and stay is not None and stay[0].session is not None:
             recorder.offer_rows(self.database, stay[0].session, rows, count)
