@@ -23,9 +23,19 @@ from proxy.sql.catalog import Catalog
 from proxy.sql.jsontree import JsonNode, svals
 from proxy.sql.policy import DEFAULT_POLICY, FAST_PATH_WORDS, Policy, PolicyCheck
 from proxy.sql.policy import VISITED as POLICY_VISITED
-from proxy.sql.rewrites import DETECTORS, RELATION, RULES, STATEMENT, Rewriter, app_path, introspection
+from proxy.sql.rewrites import (
+    DETECTORS,
+    RELATION,
+    RULES,
+    STATEMENT,
+    Outcome,
+    Rewriter,
+    app_path,
+    introspection,
+)
 from proxy.sql.shapes import KeyFunction, Shape, lex, literals_irrelevant
 from proxy.sql.shapes import key as shape_key
+from proxy.sql.templates import Template, build, folded_signs, probe
 from proxy.tags import strip_edge_comments
 
 RETURNING_MARK = "/*cow_returning*/ "  # (migrations/sql/functions/38_rls.sql reads it)
@@ -606,8 +616,12 @@ class Analyzer:
         server_version_num: int = 0,
         policy: Policy = DEFAULT_POLICY,
         key: KeyFunction = shape_key,
+        templates: bool = True,
     ) -> None:
+        """``templates``: rewrite a shape once and fill its texts' constants in (proxy/sql/templates.py);
+        off, every text is rewritten on its own (the tests' oracle)."""
         self.cache_size = cache_size
+        self.templates = templates
         self._key = key  # of shapes (proxy/sql/shapes.py)
         self.policy = policy
         self.server_version_num = server_version_num
@@ -619,6 +633,11 @@ class Analyzer:
         self.shape_hits = 0  # cold texts answered by their shape's proven verdict, without a parse
         self._last: _Parsed | None = None  # the last text parsed in a session (``shape`` may prove it next)
         self._unproven: OrderedDict[tuple[bytes, int], None] = OrderedDict()  # seen once (_first_sight)
+        # (shape key, catalog ident, version, prepared) -> the template of the shape's rewrite (None: the
+        # rules leave its texts as written) and the verdict of its first text
+        self._templates: OrderedDict[_TemplateKey, tuple[Template | None, Analysis]] = OrderedDict()
+        self._made: tuple[_TemplateKey, Template | None] | None = None  # by the rewrite of the text at hand
+        self.template_hits = 0  # cold texts answered by their shape's template, without a parse
 
     def analyze(
         self,
@@ -643,9 +662,13 @@ class Analyzer:
         result = _fast_path(text, catalog, in_session) or self._by_shape(
             text, catalog, in_session, version, prepared
         )
+        if result is None and in_session:
+            result = self._by_template(text, catalog, version, prepared)
         if result is None:
-            parsed = _parse(text, catalog, in_session, version, prepared, policy=self.policy)
+            rewrite = self._rewrite if in_session and self.templates else _rewrite
+            parsed = _parse(text, catalog, in_session, version, prepared, policy=self.policy, rewrite=rewrite)
             result = parsed.analysis
+            self._remember_template(result)
             self._last = parsed if in_session and parsed.stmts else None
         if len(text) > MAX_CACHED_CHARS:
             return result  # bulk statements rarely repeat; 4096 of them could hold gigabytes
@@ -675,6 +698,63 @@ class Analyzer:
             return None
         self.shape_hits += 1
         return base
+
+    def _by_template(self, text: str, catalog: Catalog, version: int, prepared: bool) -> Analysis | None:
+        """The verdict of a text whose shape's rewrite is a template (``_rewrite``): the first text's, with
+        this text's constants in the rewritten text. The C key finds the template; Python's lexer gives the
+        literals' places."""
+        if not self._templates:
+            return None
+        data = text.encode()
+        found = self._key(data)
+        if found is None:
+            return None
+        key = (found, catalog.ident, version, prepared)
+        entry = self._templates.get(key)
+        if entry is None:
+            return None
+        template, verdict = entry
+        if template is not None:
+            shape = lex(data)
+            if shape is None or shape.key != found:
+                return None
+            verdict = replace(verdict, rewritten=template.fill(data, shape))
+        self._templates.move_to_end(key)
+        self.template_hits += 1
+        return verdict
+
+    def _rewrite(self, target: _ToRewrite) -> Outcome:
+        """The rewrite of a parsed text, made as its shape's template when it may be (``_probe``): the
+        rewriter runs on the probe instead of the text, and the text's constants fill the template; the
+        template waits in ``_made`` for the verdict (``_remember_template``). Otherwise, or when the probe
+        is refused or its rewrite does not make a template, the rewriter runs on the text itself."""
+        probed = _probe(target)
+        if probed is None:
+            return _rewrite(target)
+        shape, signs, probe_text = probed
+        try:
+            outcome = target.rewriter().rewrite(pglast.parse_sql(probe_text), probe_text)
+        except Exception:  # (a refusal: the text's own, with its own message)
+            return _rewrite(target)
+        key = (shape.key, target.catalog.ident, target.version, target.prepared)
+        if outcome.sql is None:
+            self._made = (key, None)
+            return outcome
+        template = build(outcome.sql, shape, signs)
+        if template is None:
+            return _rewrite(target)
+        self._made = (key, template)
+        return Outcome(template.fill(target.text.encode(), shape), outcome.tag_map)
+
+    def _remember_template(self, verdict: Analysis) -> None:
+        """Keeps the template the text's rewrite made, with its verdict (not a refusal)."""
+        made, self._made = self._made, None
+        if made is None or verdict.error is not None:
+            return
+        key, template = made
+        self._templates[key] = (template, verdict)
+        if len(self._templates) > self.cache_size:
+            self._templates.popitem(last=False)
 
     def shape(self, sql: str, catalog: Catalog, verdict: Analysis) -> bytes | None:
         """The literal-normalised key (proxy/sql/shapes.py) under which ``verdict``, a session's verdict for
@@ -738,6 +818,40 @@ def _shape_fields(verdict: Analysis) -> tuple[object, ...]:
 
 # Rules whose detection may fire on a statement whose shape is still cached (when they leave it unchanged).
 _LITERAL_BLIND = frozenset(rule.name for rule in RULES if rule.literal_blind)
+# Rules whose rewrite of a shape is a template of it (proxy/sql/templates.py).
+_TEMPLATED = frozenset(rule.name for rule in RULES if rule.literal_template)
+_TemplateKey = tuple[bytes, int, int, bool]
+
+
+def _probe(target: _ToRewrite) -> tuple[Shape, tuple[int, ...], str] | None:
+    """The shape of a parsed text that the rules may rewrite, the minus signs folded into its constants, and
+    its probe (``templates.probe``), when its rewrite is a template of its shape: one statement, small
+    enough to be cached, rewritten only by rules that carry constants as they are (``Rule.literal_template``),
+    nothing that tampers or changes the path or marks a RETURNING, and literals that are data
+    (``literals_irrelevant``) and written by the deparser as they are (``templates.folded_signs``)."""
+    text, stmts, inspection = target.text, target.stmts, target.inspection
+    if (
+        len(stmts) != 1
+        or len(text) > MAX_CACHED_CHARS
+        or not inspection.found.keys() <= _TEMPLATED
+        or inspection.tampers
+        or inspection.path_sets
+        or inspection.path_change
+        or inspection.returning_rls
+    ):
+        return None
+    data = text.encode()
+    shape = lex(data)
+    if shape is None or not shape.literals or not literals_irrelevant(data, stmts, shape):
+        return None
+    signs = folded_signs(data, shape, stmts)
+    probe_text = probe(data, shape) if signs is not None else None
+    if signs is None or probe_text is None:
+        return None
+    probed = lex(probe_text.encode())
+    if probed is None or probed.key != shape.key:
+        return None  # (a sentinel run into its neighbours)
+    return shape, signs, probe_text
 
 
 def _shape_verdict(
@@ -825,8 +939,41 @@ def _analyze_parsed(
     return _parse(text, catalog, in_session, version, prepared, policy=policy).analysis
 
 
+@dataclass(frozen=True)
+class _ToRewrite:
+    """A parsed text that a rule may change, as the rewriter needs it."""
+
+    text: str
+    stmts: list[Any]  # (the JSON tree's)
+    inspection: _Inspection
+    catalog: Catalog
+    version: int
+    prepared: bool
+
+    def rewriter(self) -> Rewriter:
+        found, ctes = self.inspection.found, frozenset(self.inspection.ctes)
+        return Rewriter(self.catalog, self.version, found, ctes=ctes, cached_plan=self.prepared)
+
+
+# How a parsed text is rewritten: ``_rewrite`` rewrites the text itself; an analyzer may answer from a
+# template of the text's shape (``Analyzer._rewrite``).
+RewriteFunction = Callable[[_ToRewrite], Outcome]
+
+
+def _rewrite(target: _ToRewrite) -> Outcome:
+    """The rewriter on the text: only now the full parse into pglast nodes, which it edits and deparses."""
+    return target.rewriter().rewrite(pglast.parse_sql(target.text), target.text)
+
+
 def _parse(
-    text: str, catalog: Catalog, in_session: bool, version: int, prepared: bool, *, policy: Policy
+    text: str,
+    catalog: Catalog,
+    in_session: bool,
+    version: int,
+    prepared: bool,
+    *,
+    policy: Policy,
+    rewrite: RewriteFunction = _rewrite,
 ) -> _Parsed:
     def done(stmts: list[Any], inspection: _Inspection | None, analysis: Analysis) -> _Parsed:
         return _Parsed(text, catalog.ident, version, prepared, stmts, inspection, analysis)
@@ -843,11 +990,19 @@ def _parse(
     if not stmts:
         return done([], None, Analysis(kind="other"))
     inspection = _inspect(stmts, catalog, in_session, policy)
-    return done(stmts, inspection, _verdict(text, stmts, inspection, catalog, version, prepared=prepared))
+    verdict = _verdict(text, stmts, inspection, catalog, version, prepared=prepared, rewrite=rewrite)
+    return done(stmts, inspection, verdict)
 
 
 def _verdict(
-    text: str, stmts: list[Any], inspection: _Inspection, catalog: Catalog, version: int, *, prepared: bool
+    text: str,
+    stmts: list[Any],
+    inspection: _Inspection,
+    catalog: Catalog,
+    version: int,
+    *,
+    prepared: bool,
+    rewrite: RewriteFunction = _rewrite,
 ) -> Analysis:
     """What the walk of a parsed text decides: a refusal, a rewrite by the rules it found, or neither."""
     kinds = []
@@ -881,12 +1036,8 @@ def _verdict(
     mark = RETURNING_MARK if inspection.returning_rls and len(stmts) == 1 else ""
     if not inspection.found:
         return replace(base, rewritten=mark + text) if mark else base
-    # Only now the full parse into pglast nodes, which the rewriter edits and deparses.
     try:
-        rewriter = Rewriter(
-            catalog, version, inspection.found, ctes=frozenset(inspection.ctes), cached_plan=prepared
-        )
-        outcome = rewriter.rewrite(pglast.parse_sql(text), text)
+        outcome = rewrite(_ToRewrite(text, stmts, inspection, catalog, version, prepared))
     except RewriteError as exc:
         return replace(base, error=(exc.sqlstate, str(exc)))
     except Exception as exc:  # a statement shape the rewriter does not know: refuse rather than guess

@@ -83,7 +83,13 @@ class Rule:
     ``apply`` (the AST rewrite, or a refusal by ``RewriteError``; None: unchanged). ``count_all``: detection
     goes on after a first yes (the rule needs the count). ``literal_blind``: ``apply`` decides on the
     statement's structure and the catalog, never on a constant's value, so a statement it leaves unchanged
-    may be cached by its shape (proxy/sql/shapes.py); say so only of a rule read for that."""
+    may be cached by its shape (proxy/sql/shapes.py); say so only of a rule read for that.
+    ``literal_template``: ``apply`` reads no constant's value where ``shapes.literals_irrelevant`` lets a
+    literal be (it reads ordinals and the arguments of functions that take names, which that proof refuses)
+    and carries the statement's constants into its output as they are (the same nodes or copies), adding
+    only constants of its own that do not depend on them: its output for one text of a shape is its output
+    for another with the constants swapped, so the analysis rewrites a shape once (proxy/sql/templates.py);
+    say so only of a rule read for that."""
 
     name: str
     nodes: frozenset[str]
@@ -91,3 +97,4 @@ class Rule:
     apply: Callable[[Context, ast.Node], Step | None]
     count_all: bool = False
     literal_blind: bool = False
+    literal_template: bool = False

@@ -249,4 +249,4 @@ def apply(ctx: Context, node: ast.Node) -> Step | None:
 
 
 # after qualify: its parts name the base tables, which qualify would point at the overlay
-RULE = Rule("counts", frozenset({"SelectStmt"}), detect, apply)
+RULE = Rule("counts", frozenset({"SelectStmt"}), detect, apply, literal_template=True)

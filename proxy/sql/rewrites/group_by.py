@@ -191,4 +191,4 @@ def apply(ctx: Context, node: ast.Node) -> Step | None:
 
 
 # before qualify: columns added for public.t are then pointed at the overlay with the rest
-RULE = Rule("group_by", frozenset({"SelectStmt"}), detect, apply)
+RULE = Rule("group_by", frozenset({"SelectStmt"}), detect, apply, literal_template=True)

@@ -199,6 +199,7 @@ RULE = Rule(
     frozenset({"FuncCall", "TypeCast", "SQLValueFunction", "VariableShowStmt"}),
     detect,
     apply,
+    literal_template=True,  # reads a string only as a function's argument or cast to regclass (refused)
 )
 
 

@@ -328,4 +328,4 @@ def apply(ctx: Context, node: ast.Node) -> Step | None:
 # last (after qualify, for the reason counts comes after it); a count split before no longer has the table
 # as its FROM item
 # (literal-blind: a key condition needs a $n; constants count by their node type, not their value)
-RULE = Rule("key_reads", frozenset({STATEMENT}), detect, apply, literal_blind=True)
+RULE = Rule("key_reads", frozenset({STATEMENT}), detect, apply, literal_blind=True, literal_template=True)

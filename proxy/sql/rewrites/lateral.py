@@ -276,4 +276,4 @@ def apply(ctx: Context, node: ast.Node) -> Step | None:
 # after group_by, which only knows the columns of plain FROM items
 # (literal-blind: which relation drives and which joins are keyed follows from columns, operators and the
 # catalog; a constant only counts as "not a column")
-RULE = Rule("lateral", frozenset({"SelectStmt"}), detect, apply, literal_blind=True)
+RULE = Rule("lateral", frozenset({"SelectStmt"}), detect, apply, literal_blind=True, literal_template=True)

@@ -537,4 +537,4 @@ def apply(ctx: Context, node: ast.Node) -> Step | None:
     return Step(node) if hoisted else None
 
 
-RULE = Rule("on_conflict", frozenset({"InsertStmt"}), detect, apply, count_all=True)
+RULE = Rule("on_conflict", frozenset({"InsertStmt"}), detect, apply, count_all=True, literal_template=True)

@@ -68,4 +68,4 @@ def apply(ctx: Context, node: ast.Node) -> Step | None:
     return Step(node)
 
 
-RULE = Rule("qualify", frozenset({RELATION}), detect, apply)
+RULE = Rule("qualify", frozenset({RELATION}), detect, apply, literal_template=True)

@@ -357,4 +357,4 @@ def apply(ctx: Context, node: ast.Node) -> Step | None:
 
 
 # before lateral (it knows the FROM items as written) and qualify (it points public.t at the overlay)
-RULE = Rule("row_locks", frozenset({"SelectStmt"}), detect, apply)
+RULE = Rule("row_locks", frozenset({"SelectStmt"}), detect, apply, literal_template=True)

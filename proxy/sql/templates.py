@@ -1,0 +1,169 @@
+"""Rewrites per shape: a rewritten statement as a template on its shape, the text's constants filled back in.
+
+Texts that differ only in their constants (proxy/sql/shapes.py) are rewritten alike when no rule that
+rewrites them reads a constant's value (``Rule.literal_template``) and the shape's literals are data
+(``shapes.literals_irrelevant``): the rules carry the constants into their output as they are, so the
+rewrite of one text is that of another with the constants swapped. The analysis rewrites a *probe*
+instead of the first text of a shape: the text with each literal replaced by a sentinel of its class
+that names it (``probe``). In the probe's rewritten text each sentinel stands where the deparser wrote that
+constant; cut there, it is the template (``build``), and any text of the shape is the template with its own
+constants written as the deparser writes them (``Template.fill``): an integer as its value (``007`` is
+``7``), a number as its token, a string as its token (no backslash: the lexer's rule), each with the unary
+minus signs the parser folded into it.
+
+Refused, so that the text is rewritten on its own: a sentinel the output does not hold exactly as the
+deparser writes it, or any trace of one elsewhere (a printer that changed it), and a constant that pglast's
+printer reads rather than writes (a type modifier, ``char(1)`` printed as ``char``; the arguments of its
+special functions, ``EXTRACT('year' FROM …)`` printed as ``EXTRACT(YEAR FROM …)``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pglast.printers import SPECIAL_FUNCTIONS
+
+from proxy.sql.jsontree import svals
+from proxy.sql.shapes import INT, NUM, STR, Shape
+
+# The sentinels: an integer (ICONST: at most 2147483647), a number with a dot (FCONST) and a string, each with
+# the literal's index in five digits. The marks are long enough not to occur in a rewrite by chance; any
+# occurrence of one that is not a whole sentinel refuses the template.
+_INT_MARK, _NUM_MARK, _STR_MARK = "19876", "98765", "c0wq"
+MAX_LITERALS = 100_000
+_SENTINELS = {
+    INT: lambda i: f"{_INT_MARK}{i:05d}",
+    NUM: lambda i: f"{_NUM_MARK}{i:05d}.5",
+    STR: lambda i: f"'{_STR_MARK}{i:05d}'",
+}
+_FOUND = re.compile(
+    rf"(?<![\w$.])(?P<sign>-?)(?:{_INT_MARK}(?P<int>\d{{5}})(?![\w$.])|{_NUM_MARK}(?P<num>\d{{5}})\.5(?![\w$.]))"
+    rf"|'{_STR_MARK}(?P<str>\d{{5}})'"
+)
+_TRACE = re.compile(f"{_INT_MARK}|{_NUM_MARK}|{_STR_MARK}", re.I)
+
+
+def probe(text: bytes, shape: Shape) -> str | None:
+    """``text`` with each literal replaced by its sentinel, or None when the shape has other placeholders
+    (a savepoint's or cursor's name) or too many literals."""
+    literals = shape.literals
+    if len(literals) >= MAX_LITERALS or any(literal.kind not in _SENTINELS for literal in literals):
+        return None
+    parts, pos = [], 0
+    for index, literal in enumerate(literals):
+        parts.append(text[pos : literal.start].decode())
+        parts.append(_SENTINELS[literal.kind](index))
+        pos = literal.end
+    parts.append(text[pos:].decode())
+    return "".join(parts)
+
+
+def folded_signs(text: bytes, shape: Shape, stmts: list[Any]) -> tuple[int, ...] | None:
+    """Per literal, how many unary minus signs the parser folded into its constant (``- -5`` is the
+    constant 5 at the first sign), from the A_Const locations of the text's JSON parse tree; None when a
+    literal is no constant the deparser writes as it is (``_printed_as_is``)."""
+    locations: dict[int, bool] = {}
+    _constants(stmts, True, locations)
+    signs = []
+    for literal in shape.literals:
+        location = _location(text, literal.start, locations)
+        if location is None or not locations[location]:
+            return None
+        signs.append(text.count(b"-", location, literal.start))
+    return tuple(signs)
+
+
+def _location(text: bytes, start: int, locations: dict[int, bool]) -> int | None:
+    """The A_Const location of the literal at ``start``: its own, or a minus sign before it (only signs and
+    whitespace between), as ``shapes._const_of`` finds it."""
+    if start in locations:
+        return start
+    for location in range(start - 1, -1, -1):
+        if text[location] not in b"- \t\n\r\f\v":
+            return None
+        if location in locations:
+            return location
+    return None
+
+
+def _constants(node: object, as_is: bool, locations: dict[int, bool]) -> None:
+    """Records each A_Const's location with whether the deparser writes it as it is (``as_is``: not below a
+    type name, whose modifiers pglast's printer reads, nor a special function's arguments)."""
+    if isinstance(node, list):
+        for item in node:
+            _constants(item, as_is, locations)
+        return
+    if not isinstance(node, dict):
+        return
+    for key, value in node.items():
+        if key == "A_Const" and isinstance(value, dict):
+            location = value.get("location")
+            if isinstance(location, int):
+                locations[location] = locations.get(location, True) and as_is
+            continue
+        inner = as_is and key != "typeName" and not (key == "FuncCall" and _special(value))
+        _constants(value, inner, locations)
+
+
+def _special(call: object) -> bool:
+    names = svals(call.get("funcname")) if isinstance(call, dict) else []
+    return ".".join(names) in SPECIAL_FUNCTIONS or ".".join(["pg_catalog", *names]) in SPECIAL_FUNCTIONS
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """A rewritten text cut at its constants: ``parts[0]``, literal ``slots[0]``, ``parts[1]``, …; ``signs``:
+    per literal of the shape, the minus signs folded into its constant."""
+
+    parts: tuple[str, ...]
+    slots: tuple[int, ...]
+    signs: tuple[int, ...]
+
+    def fill(self, text: bytes, shape: Shape) -> str:
+        """The rewrite of ``text`` (of the template's shape, lexed as ``shape``)."""
+        literals = shape.literals
+        out = [self.parts[0]]
+        for slot, part in zip(self.slots, self.parts[1:], strict=True):
+            literal = literals[slot]
+            out.append(written(text[literal.start : literal.end].decode(), literal.kind, self.signs[slot]))
+            out.append(part)
+        return "".join(out)
+
+
+def written(token: str, kind: int, signs: int) -> str:
+    """A literal's token as pglast's deparser writes its constant, with ``signs`` unary minus signs folded
+    into it by the parser: an integer as its value, a number as its token (a sign each negation toggles,
+    as the parser's ``doNegateFloat``), a string as it was written (the lexer took no backslash, and the
+    deparser doubles quotes as the token does)."""
+    if kind == INT:
+        return str(-int(token) if signs % 2 else int(token))
+    if kind == NUM:
+        return "-" + token if signs % 2 else token
+    return token
+
+
+def build(rewritten: str, shape: Shape, signs: tuple[int, ...]) -> Template | None:
+    """The template of a probe's rewritten text, or None when a sentinel is not where and as the deparser
+    writes it (then the texts are rewritten one by one)."""
+    parts: list[str] = []
+    slots: list[int] = []
+    pos = 0
+    literals = shape.literals
+    for match in _FOUND.finditer(rewritten):
+        digits = match.group("int") or match.group("num") or match.group("str")
+        index = int(digits)
+        if index >= len(literals):
+            return None
+        kind = INT if match.group("int") else NUM if match.group("num") else STR
+        negative = match.group("sign") == "-"
+        if literals[index].kind != kind or (kind != STR and negative != bool(signs[index] % 2)):
+            return None
+        parts.append(rewritten[pos : match.start()])
+        slots.append(index)
+        pos = match.end()
+    parts.append(rewritten[pos:])
+    if any(_TRACE.search(part) for part in parts):
+        return None  # a sentinel written otherwise (a printer that changed it)
+    return Template(tuple(parts), tuple(slots), signs)
