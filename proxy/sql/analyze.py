@@ -638,6 +638,7 @@ class Analyzer:
         self._templates: OrderedDict[_TemplateKey, tuple[Template | None, Analysis]] = OrderedDict()
         self._made: tuple[_TemplateKey, Template | None] | None = None  # by the rewrite of the text at hand
         self.template_hits = 0  # cold texts answered by their shape's template, without a parse
+        self._rewritten_once: OrderedDict[_TemplateKey, None] = OrderedDict()  # (_first_rewrite)
 
     def analyze(
         self,
@@ -724,10 +725,13 @@ class Analyzer:
         return verdict
 
     def _rewrite(self, target: _ToRewrite) -> Outcome:
-        """The rewrite of a parsed text, made as its shape's template when it may be (``_probe``): the
-        rewriter runs on the probe instead of the text, and the text's constants fill the template; the
-        template waits in ``_made`` for the verdict (``_remember_template``). Otherwise, or when the probe
-        is refused or its rewrite does not make a template, the rewriter runs on the text itself."""
+        """The rewrite of a parsed text, made as its shape's template when it may be (``_may_template``,
+        ``_probe``) at the second text of the shape (``_first_rewrite``): the rewriter runs on the probe
+        instead of the text, and the text's constants fill the template; the template waits in ``_made`` for
+        the verdict (``_remember_template``). Otherwise, or when the probe is refused or its rewrite does not
+        make a template, the rewriter runs on the text itself."""
+        if not _may_template(target) or self._first_rewrite(target):
+            return _rewrite(target)
         probed = _probe(target)
         if probed is None:
             return _rewrite(target)
@@ -745,6 +749,23 @@ class Analyzer:
             return _rewrite(target)
         self._made = (key, template)
         return Outcome(template.fill(target.text.encode(), shape), outcome.tag_map)
+
+    def _first_rewrite(self, target: _ToRewrite) -> bool:
+        """Whether the shape of a text to rewrite is seen for the first time (then remembered, and its
+        template made at its next text): most rewritten texts' shapes come once (the bulk ones among them),
+        and the template's making costs the lexer's passes and walks on top of the rewrite."""
+        found = self._key(target.text.encode())
+        if found is None:
+            return True  # (no literal: nothing to fill in)
+        key = (found, target.catalog.ident, target.version, target.prepared)
+        seen = self._rewritten_once
+        if key in seen:
+            del seen[key]
+            return False
+        seen[key] = None
+        if len(seen) > self.cache_size:
+            seen.popitem(last=False)
+        return True
 
     def _remember_template(self, verdict: Analysis) -> None:
         """Keeps the template the text's rewrite made, with its verdict (not a refusal)."""
@@ -823,23 +844,27 @@ _TEMPLATED = frozenset(rule.name for rule in RULES if rule.literal_template)
 _TemplateKey = tuple[bytes, int, int, bool]
 
 
-def _probe(target: _ToRewrite) -> tuple[Shape, tuple[int, ...], str] | None:
-    """The shape of a parsed text that the rules may rewrite, the minus signs folded into its constants, and
-    its probe (``templates.probe``), when its rewrite is a template of its shape: one statement, small
-    enough to be cached, rewritten only by rules that carry constants as they are (``Rule.literal_template``),
-    nothing that tampers or changes the path or marks a RETURNING, and literals that are data
-    (``literals_irrelevant``) and written by the deparser as they are (``templates.folded_signs``)."""
-    text, stmts, inspection = target.text, target.stmts, target.inspection
-    if (
-        len(stmts) != 1
-        or len(text) > MAX_CACHED_CHARS
+def _may_template(target: _ToRewrite) -> bool:
+    """Whether a parsed text's rewrite may be a template of its shape, as far as its walk tells: one
+    statement, small enough to be cached, rewritten only by rules that carry constants as they are
+    (``Rule.literal_template``), nothing that tampers or changes the path or marks a RETURNING."""
+    inspection = target.inspection
+    return not (
+        len(target.stmts) != 1
+        or len(target.text) > MAX_CACHED_CHARS
         or not inspection.found.keys() <= _TEMPLATED
         or inspection.tampers
         or inspection.path_sets
         or inspection.path_change
         or inspection.returning_rls
-    ):
-        return None
+    )
+
+
+def _probe(target: _ToRewrite) -> tuple[Shape, tuple[int, ...], str] | None:
+    """The shape of a text that ``_may_template``, the minus signs folded into its constants, and its probe
+    (``templates.probe``), when its literals are data (``literals_irrelevant``) and written by the deparser
+    as they are (``templates.folded_signs``)."""
+    text, stmts = target.text, target.stmts
     data = text.encode()
     shape = lex(data)
     if shape is None or not shape.literals or not literals_irrelevant(data, stmts, shape):
