@@ -13,8 +13,10 @@ the catalogs they were given (pickled once each).
 ``replay`` gives the calls, in order, to a fresh ``ProxyAnalyzer`` (with the C relay's shape key, as ``serve``
 makes it) in a child process of each checkout's own interpreter (``CHECKOUT/.venv/bin/python``), the checkouts
 in turn per round, and prints the medians of the thread CPU of the ``analyze`` calls (split into cache hits,
-texts answered by a shape, texts rewritten and the rest) and of the ``shape`` calls, with the ratio of this
-checkout to the baseline.
+texts answered by a shape, by a shape's rewrite template, texts rewritten and the rest) and of the ``shape``
+calls, with the ratio of this checkout to the baseline; then a new text's cost (a session's text the cache did
+not answer): median and p99 µs, whole and by part (pglast's parses, the analysis' own work, the rewriter
+with its deparse, the deparse alone).
 """
 
 from __future__ import annotations
@@ -119,32 +121,54 @@ with open(sys.argv[1], "rb") as trace:
             records.append(record)
 
 import pglast
+import pglast.stream
 import proxy.sql.analyze as analyze_module
+import proxy.sql.rewrites as rewrites_module
 
 parses = {"json": 0, "nodes": 0}
+clock = time.thread_time
+# The thread CPU of the call at hand spent in pglast's parses, the rewriter (its rules and deparse) and the
+# deparse alone: a new text's cost per part.
+parts = {"parse": 0.0, "rewrite": 0.0, "deparse": 0.0}
 
 
-def counted(name, parse):
+rewriting = [0]  # the rewriter's own parses (of its templates) are its cost, not the parse's
+
+
+def timed(part, function, count=None):
     def call(*args, **kwargs):
-        parses[name] += 1
-        return parse(*args, **kwargs)
+        if count is not None:
+            parses[count] += 1
+        if part == "parse" and rewriting[0]:
+            return function(*args, **kwargs)
+        rewriting[0] += part == "rewrite"
+        start = clock()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            parts[part] += clock() - start
+            rewriting[0] -= part == "rewrite"
 
     return call
 
 
-analyze_module.parse_sql_json = counted("json", analyze_module.parse_sql_json)
-pglast.parse_sql = counted("nodes", pglast.parse_sql)
+analyze_module.parse_sql_json = timed("parse", analyze_module.parse_sql_json, "json")
+pglast.parse_sql = timed("parse", pglast.parse_sql, "nodes")
+rewrites_module.Rewriter.rewrite = timed("rewrite", rewrites_module.Rewriter.rewrite)
+pglast.stream.RawStream.__call__ = timed("deparse", pglast.stream.RawStream.__call__)
 analysis = ProxyAnalyzer(shape_key=key)
 inner = analysis._analyzer
 costly = []
 verdicts = {}
-cpu = {"hit": 0.0, "shape": 0.0, "rewritten": 0.0, "other": 0.0, "shape calls": 0.0}
+cpu = {"hit": 0.0, "shape": 0.0, "template": 0.0, "rewritten": 0.0, "other": 0.0, "shape calls": 0.0}
 count = dict.fromkeys(cpu, 0)
-clock = time.thread_time
+new_texts = []  # per analysed text that the cache did not answer: (kind, total, parse, rewrite, deparse) in s
 for record in records:
     if record[0] == "a":
         _, sql, ident, in_session, prepared = record
         hits, shapes = inner.hits, inner.shape_hits
+        templates = getattr(inner, "template_hits", 0)  # (a checkout without rewrite templates: none)
+        parts.update(parse=0.0, rewrite=0.0, deparse=0.0)
         start = clock()
         verdict = analysis.analyze(sql, catalogs[ident], in_session, prepared=prepared)
         spent = clock() - start
@@ -153,10 +177,14 @@ for record in records:
             kind = "hit"
         elif inner.shape_hits > shapes:
             kind = "shape"
+        elif getattr(inner, "template_hits", 0) > templates:
+            kind = "template"
         elif verdict.rewritten is not None:
             kind = "rewritten"
         else:
             kind = "other"
+        if kind != "hit" and in_session:
+            new_texts.append((kind, spent, parts["parse"], parts["rewrite"], parts["deparse"]))
     else:
         _, sql, ident = record
         verdict = verdicts.get(sql)
@@ -174,7 +202,7 @@ if costly:
     with open(sys.argv[3], "w") as out:
         for spent, kind, sql in sorted(costly, reverse=True):
             out.write(f"{spent * 1e6:.0f}\t{kind}\t{sql[:300]!r}\n")
-print(json.dumps({"cpu": cpu, "count": count, "parses": parses}))
+print(json.dumps({"cpu": cpu, "count": count, "parses": parses, "new_texts": new_texts}))
 """
 
 
@@ -234,6 +262,53 @@ def replay(trace: Path, baseline: Path | None, rounds: int, detail: Path | None 
     for parse in ("json", "nodes"):
         counts = "".join(f"{runs[name][0]['parses'][parse]:>21}" for name, _ in targets)
         print(f"{'parses ' + parse:<14}{counts}")
+    per_text(runs, [name for name, _ in targets])
+
+
+# The per-text table: what a new text (a session's text the cache did not answer) costs, by the part of it.
+_PARTS = {"whole": 1, "parse": 2, "analysis": None, "rewrite": 3, "deparse": 4}
+
+
+def _quantiles(values: list[float]) -> tuple[float, float]:
+    """Median and 99th percentile, in µs."""
+    if not values:
+        return 0.0, 0.0
+    ordered = sorted(values)
+    return statistics.median(ordered) * 1e6, ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e6
+
+
+def _part(text: list[Any], part: str) -> float:
+    index = _PARTS[part]
+    if index is None:  # the analysis' own work: the whole less pglast's parses and the rewriter
+        return float(text[1] - text[2] - text[3])
+    return float(text[index])
+
+
+def per_text(runs: dict[str, list[dict[str, Any]]], names: list[str]) -> None:
+    """Median and p99 µs of a new text, whole and by part, for all new texts and for those the rewriter
+    changed or a template answered (the median over the rounds of each round's quantile)."""
+    print(f"\n{'new text µs':<26}" + "".join(f"{name + ' med':>10}{name + ' p99':>10}" for name in names))
+    groups = {"all new texts": None, "rewritten or template": ("rewritten", "template")}
+    for group, kinds in groups.items():
+        for part in _PARTS:
+            line = f"{group[:14] + ' ' + part:<26}"
+            for name in names:
+                medians, p99s = [], []
+                for run in runs[name]:
+                    texts = [t for t in run["new_texts"] if kinds is None or t[0] in kinds]
+                    values = [_part(t, part) for t in texts]
+                    if part in ("rewrite", "deparse"):
+                        values = [v for v in values if v > 0]  # (of the texts the rewriter ran on)
+                    median, p99 = _quantiles(values)
+                    medians.append(median)
+                    p99s.append(p99)
+                line += f"{statistics.median(medians):>10.0f}{statistics.median(p99s):>10.0f}"
+            print(line)
+        counts = "".join(
+            f"{sum(1 for t in runs[name][0]['new_texts'] if kinds is None or t[0] in kinds):>20}"
+            for name in names
+        )
+        print(f"{group[:14] + ' texts':<26}{counts}")
 
 
 def main(argv: list[str] | None = None) -> int:
