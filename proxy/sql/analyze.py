@@ -35,7 +35,7 @@ from proxy.sql.rewrites import (
 )
 from proxy.sql.shapes import KeyFunction, Shape, lex, literals_irrelevant
 from proxy.sql.shapes import key as shape_key
-from proxy.sql.templates import Template, build, folded_signs, probe
+from proxy.sql.templates import Constants, Template, build, constants, probe
 from proxy.tags import strip_edge_comments
 
 RETURNING_MARK = "/*cow_returning*/ "  # (migrations/sql/functions/38_rls.sql reads it)
@@ -726,16 +726,17 @@ class Analyzer:
 
     def _rewrite(self, target: _ToRewrite) -> Outcome:
         """The rewrite of a parsed text, made as its shape's template when it may be (``_may_template``,
-        ``_probe``) at the second text of the shape (``_first_rewrite``): the rewriter runs on the probe
+        ``_probe``) at the second text of the shape (``_first_rewrite``), or at the first when it may hold a
+        long IN list (the probe's is one constant: ``_long_list``): the rewriter runs on the probe
         instead of the text, and the text's constants fill the template; the template waits in ``_made`` for
         the verdict (``_remember_template``). Otherwise, or when the probe is refused or its rewrite does not
         make a template, the rewriter runs on the text itself."""
-        if not _may_template(target) or self._first_rewrite(target):
+        if not _may_template(target) or (self._first_rewrite(target) and not _long_list(target.text)):
             return _rewrite(target)
         probed = _probe(target)
         if probed is None:
             return _rewrite(target)
-        shape, signs, probe_text = probed
+        shape, found, probe_text = probed
         try:
             outcome = target.rewriter().rewrite(pglast.parse_sql(probe_text), probe_text)
         except Exception:  # (a refusal: the text's own, with its own message)
@@ -744,7 +745,7 @@ class Analyzer:
         if outcome.sql is None:
             self._made = (key, None)
             return outcome
-        template = build(outcome.sql, shape, signs)
+        template = build(outcome.sql, shape, found)
         if template is None:
             return _rewrite(target)
         self._made = (key, template)
@@ -844,6 +845,15 @@ _TEMPLATED = frozenset(rule.name for rule in RULES if rule.literal_template)
 _TemplateKey = tuple[bytes, int, int, bool]
 
 
+# A text with at least this many commas may hold a long IN list: its probe writes the list as one constant
+# (proxy/sql/templates.py), which pays at its first text already.
+_LONG_LIST = 64
+
+
+def _long_list(text: str) -> bool:
+    return text.count(",") >= _LONG_LIST
+
+
 def _may_template(target: _ToRewrite) -> bool:
     """Whether a parsed text's rewrite may be a template of its shape, as far as its walk tells: one
     statement, small enough to be cached, rewritten only by rules that carry constants as they are
@@ -860,23 +870,24 @@ def _may_template(target: _ToRewrite) -> bool:
     )
 
 
-def _probe(target: _ToRewrite) -> tuple[Shape, tuple[int, ...], str] | None:
-    """The shape of a text that ``_may_template``, the minus signs folded into its constants, and its probe
+def _probe(target: _ToRewrite) -> tuple[Shape, Constants, str] | None:
+    """The shape of a text that ``_may_template``, its literals' groups and signs, and its probe
     (``templates.probe``), when its literals are data (``literals_irrelevant``) and written by the deparser
-    as they are (``templates.folded_signs``)."""
+    as they are (``templates.constants``)."""
     text, stmts = target.text, target.stmts
     data = text.encode()
     shape = lex(data)
     if shape is None or not shape.literals or not literals_irrelevant(data, stmts, shape):
         return None
-    signs = folded_signs(data, shape, stmts)
-    probe_text = probe(data, shape) if signs is not None else None
-    if signs is None or probe_text is None:
+    found = constants(data, shape, stmts)
+    probed = probe(data, shape, found) if found is not None else None
+    if found is None or probed is None:
         return None
-    probed = lex(probe_text.encode())
-    if probed is None or probed.key != shape.key:
+    probe_text, key = probed
+    lexed = lex(probe_text.encode())
+    if lexed is None or lexed.key != key:
         return None  # (a sentinel run into its neighbours)
-    return shape, signs, probe_text
+    return shape, found, probe_text
 
 
 def _shape_verdict(
