@@ -759,14 +759,7 @@ class Analyzer:
         if found is None:
             return True  # (no literal: nothing to fill in)
         key = (found, target.catalog.ident, target.version, target.prepared)
-        seen = self._rewritten_once
-        if key in seen:
-            del seen[key]
-            return False
-        seen[key] = None
-        if len(seen) > self.cache_size:
-            seen.popitem(last=False)
-        return True
+        return _first_time(self._rewritten_once, key, self.cache_size)
 
     def _remember_template(self, verdict: Analysis) -> None:
         """Keeps the template the text's rewrite made, with its verdict (not a refusal)."""
@@ -813,14 +806,19 @@ class Analyzer:
         the cache answered) is seen for the first time; it is then remembered, and proven at its next
         text. Most such shapes come once (a Django run: 453 of 492 in six modules), and their proof costs
         the parse the fast path spared."""
-        seen = self._unproven
-        if key in seen:
-            del seen[key]
-            return False
-        seen[key] = None
-        if len(seen) > self.cache_size:
-            seen.popitem(last=False)
-        return True
+        return _first_time(self._unproven, key, self.cache_size)
+
+
+def _first_time(seen: OrderedDict[Any, None], key: object, limit: int) -> bool:
+    """Whether ``key`` is not among the ``seen`` (the last ``limit`` keys seen once): then it is, else it
+    leaves them (its second time is the one that counts)."""
+    if key in seen:
+        del seen[key]
+        return False
+    seen[key] = None
+    if len(seen) > limit:
+        seen.popitem(last=False)
+    return True
 
 
 def _shape_fields(verdict: Analysis) -> tuple[object, ...]:

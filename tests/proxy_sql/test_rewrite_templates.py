@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from pglast.stream import RawStream
 
 from proxy.sql import Analysis, Analyzer
+from proxy.sql.analyze import _shape_fields
 from proxy.sql.shapes import INT, NUM, STR, lex
 from proxy.sql.templates import written
 
@@ -68,19 +69,7 @@ _LITERALS = st.fixed_dictionaries(
 
 
 def _fields(verdict: Analysis) -> tuple[object, ...]:
-    return (
-        verdict.kind,
-        verdict.writes,
-        verdict.unqualified_writes,
-        verdict.executes,
-        verdict.rewritten,
-        verdict.tampers,
-        verdict.error,
-        verdict.error_detail,
-        verdict.tag_map,
-        verdict.catalog_dependent,
-        verdict.path_change,
-    )
+    return (*_shape_fields(verdict), verdict.error_detail)
 
 
 def _alone(sql: str, prepared: bool) -> Analysis:
