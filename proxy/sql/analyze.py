@@ -638,7 +638,8 @@ class Analyzer:
         self._templates: OrderedDict[_TemplateKey, tuple[Template | None, Analysis]] = OrderedDict()
         self._made: tuple[_TemplateKey, Template | None] | None = None  # by the rewrite of the text at hand
         self.template_hits = 0  # cold texts answered by their shape's template, without a parse
-        self._rewritten_once: OrderedDict[_TemplateKey, None] = OrderedDict()  # (_first_rewrite)
+        self._rewritten_once: OrderedDict[_TemplateKey, None] = OrderedDict()  # shapes rewritten once
+        self._refused: OrderedDict[_TemplateKey, None] = OrderedDict()  # shapes whose probe was refused
 
     def analyze(
         self,
@@ -726,40 +727,44 @@ class Analyzer:
 
     def _rewrite(self, target: _ToRewrite) -> Outcome:
         """The rewrite of a parsed text, made as its shape's template when it may be (``_may_template``,
-        ``_probe``) at the second text of the shape (``_first_rewrite``), or at the first when it may hold a
-        long IN list (the probe's is one constant: ``_long_list``): the rewriter runs on the probe
-        instead of the text, and the text's constants fill the template; the template waits in ``_made`` for
-        the verdict (``_remember_template``). Otherwise, or when the probe is refused or its rewrite does not
-        make a template, the rewriter runs on the text itself."""
-        if not _may_template(target) or (self._first_rewrite(target) and not _long_list(target.text)):
+        ``_probe``) at the second text of the shape, or at the first when it may hold a long IN list (the
+        probe's is one constant: ``_long_list``): the rewriter runs on the probe instead of the text, and
+        the text's constants fill the template; the template waits in ``_made`` for the verdict
+        (``_remember_template``). Otherwise the rewriter runs on the text itself: most rewritten shapes come
+        once (the bulk ones among them), and the template costs the lexer's passes and walks on top of the
+        rewrite; a shape whose probe was refused (its literals are not data, or the rules or the deparser do
+        not carry them through) is not probed again."""
+        found = self._key(target.text.encode()) if _may_template(target) else None
+        if found is None:
+            return _rewrite(target)  # (no literal: nothing to fill in)
+        key = (found, target.catalog.ident, target.version, target.prepared)
+        if key in self._refused or (
+            _first_time(self._rewritten_once, key, self.cache_size) and not _long_list(target.text)
+        ):
             return _rewrite(target)
         probed = _probe(target)
         if probed is None:
-            return _rewrite(target)
-        shape, found, probe_text = probed
+            return self._refuse(key, target)
+        shape, grouped, probe_text = probed
         try:
             outcome = target.rewriter().rewrite(pglast.parse_sql(probe_text), probe_text)
         except Exception:  # (a refusal: the text's own, with its own message)
-            return _rewrite(target)
-        key = (shape.key, target.catalog.ident, target.version, target.prepared)
+            return self._refuse(key, target)
         if outcome.sql is None:
             self._made = (key, None)
             return outcome
-        template = build(outcome.sql, shape, found)
+        template = build(outcome.sql, shape, grouped)
         if template is None:
-            return _rewrite(target)
+            return self._refuse(key, target)
         self._made = (key, template)
         return Outcome(template.fill(target.text.encode(), shape), outcome.tag_map)
 
-    def _first_rewrite(self, target: _ToRewrite) -> bool:
-        """Whether the shape of a text to rewrite is seen for the first time (then remembered, and its
-        template made at its next text): most rewritten texts' shapes come once (the bulk ones among them),
-        and the template's making costs the lexer's passes and walks on top of the rewrite."""
-        found = self._key(target.text.encode())
-        if found is None:
-            return True  # (no literal: nothing to fill in)
-        key = (found, target.catalog.ident, target.version, target.prepared)
-        return _first_time(self._rewritten_once, key, self.cache_size)
+    def _refuse(self, key: _TemplateKey, target: _ToRewrite) -> Outcome:
+        """The text rewritten alone, and its shape not probed again (what refused it is the shape's)."""
+        self._refused[key] = None
+        if len(self._refused) > self.cache_size:
+            self._refused.popitem(last=False)
+        return _rewrite(target)
 
     def _remember_template(self, verdict: Analysis) -> None:
         """Keeps the template the text's rewrite made, with its verdict (not a refusal)."""

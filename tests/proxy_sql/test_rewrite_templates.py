@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from pglast.stream import RawStream
 
 from proxy.sql import Analysis, Analyzer
+from proxy.sql import analyze
 from proxy.sql.analyze import _shape_fields
 from proxy.sql.shapes import INT, NUM, STR, lex
 from proxy.sql.templates import written
@@ -212,3 +213,16 @@ def test_a_constant_is_written_as_the_deparser_writes_it(token: tuple[str, int],
     shape = lex(sql.encode())
     assert shape is not None and [literal.kind for literal in shape.literals] == [kind]
     assert "SELECT " + written(text, kind, signs) == RawStream()(pglast.parse_sql(sql))
+
+
+def test_a_refused_shape_is_not_probed_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Django's permission query orders by an ordinal (``ORDER BY …, 2``): its literals are not data, which
+    is the shape's, so its probe is refused once and its later texts are rewritten alone without a probe."""
+    probes: list[str] = []
+    probe = analyze._probe
+    monkeypatch.setattr(analyze, "_probe", lambda target: probes.append(target.text) or probe(target))
+    analyzer = Analyzer()
+    sql = "SELECT i.title FROM issues i JOIN comments c ON c.issue_id = i.id WHERE i.id IN ({}) ORDER BY 1"
+    for value in range(1, 6):
+        assert analyzer.analyze(sql.format(value), CATALOG, True) == _alone(sql.format(value), False)
+    assert probes == [sql.format(2)] and analyzer.template_hits == 0
