@@ -9,8 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pglast.stream import RawStream
 
-from proxy.sql import Analysis, Analyzer
-from proxy.sql import analyze
+from proxy.sql import Analysis, Analyzer, analyze
 from proxy.sql.analyze import _shape_fields
 from proxy.sql.shapes import INT, NUM, STR, lex
 from proxy.sql.templates import written
