@@ -634,7 +634,7 @@ class Analyzer:
         self._last: _Parsed | None = None  # the last text parsed in a session (``shape`` may prove it next)
         self._unproven: OrderedDict[tuple[bytes, int], None] = OrderedDict()  # seen once (_first_sight)
         # (shape key, catalog ident, version, prepared) -> the template of the shape's rewrite (None: the
-        # rules leave its texts as written) and the verdict of its first text
+        # rules leave its texts as written) and the verdict of the text that made it
         self._templates: OrderedDict[_TemplateKey, tuple[Template | None, Analysis]] = OrderedDict()
         self._made: tuple[_TemplateKey, Template | None] | None = None  # by the rewrite of the text at hand
         self.template_hits = 0  # cold texts answered by their shape's template, without a parse
@@ -772,7 +772,8 @@ class Analyzer:
         if made is None or verdict.error is not None:
             return
         key, template = made
-        self._templates[key] = (template, verdict)
+        # (without its text: the texts of the shape fill the template in)
+        self._templates[key] = (template, verdict if template is None else replace(verdict, rewritten=None))
         if len(self._templates) > self.cache_size:
             self._templates.popitem(last=False)
 
