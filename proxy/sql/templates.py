@@ -4,12 +4,12 @@ Texts that differ only in their constants (proxy/sql/shapes.py) are rewritten al
 rewrites them reads a constant's value (``Rule.literal_template``) and the shape's literals are data
 (``shapes.literals_irrelevant``): the rules carry the constants into their output as they are, so the
 rewrite of one text is that of another with the constants swapped. The analysis rewrites a *probe*
-instead of the first text of a shape: the text with each literal replaced by a sentinel of its class
-that names it (``probe``). In the probe's rewritten text each sentinel stands where the deparser wrote that
-constant; cut there, it is the template (``build``), and any text of the shape is the template with its own
-constants written as the deparser writes them (``Template.fill``): an integer as its value (``007`` is
-``7``), a number as its token, a string as its token (no backslash: the lexer's rule), each with the unary
-minus signs the parser folded into it.
+instead of a text of the shape (its second: most shapes come once): the text with each literal replaced by
+a sentinel of its class that names it (``probe``). In the probe's rewritten text each sentinel stands
+where the deparser wrote that constant; cut there, it is the template (``build``), and any text of the shape
+is the template with its own constants written as the deparser writes them (``Template.fill``): an integer
+as its value (``007`` is ``7``), a number as its token, a string as its token (no backslash: the lexer's
+rule), each with the unary minus signs the parser folded into it.
 
 A list of constants after ``IN`` (``x IN (1, 2, …)``: Django's bulk filters, up to 2,000 of them) is one
 sentinel in the probe, and the template writes the text's list there, its constants joined by ``, `` as
