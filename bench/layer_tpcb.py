@@ -22,9 +22,10 @@ statement, the median planning and execution time, the INSTEAD OF trigger's time
 
     .venv/bin/python bench/layer_tpcb.py [--dsn DSN] [--baseline REF] [--scale 10] [--seconds 5]
         [--rounds 3] [--sessions 1,8] [--workloads tpcb,-S] [--modes prepared,simple] [--explain 40]
+        [--prefix cowtpcb]
 
 Without ``--dsn`` an embedded PostgreSQL is started; with it, scratch databases ``cowtpcb_<pid>_{a,b}`` are
-made and dropped at the end.
+made and dropped at the end (``--prefix`` names them otherwise).
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--workloads", default="tpcb,-S", help="tpcb, -S (comma-separated)")
     p.add_argument("--modes", default="prepared,simple", help="pgbench -M query modes")
     p.add_argument("--explain", type=int, default=0, metavar="K", help="EXPLAIN K TPC-B transactions first")
+    p.add_argument("--prefix", default="cowtpcb", help="scratch databases' name prefix (PREFIX_<pid>_a, _b)")
     return p.parse_args()
 
 
@@ -275,7 +277,7 @@ def main() -> int:
     with bp.server(args.dsn, None) as (dsn, host, port, bindir, _sockets):
         tool = os.path.join(bindir, "pgbench") if bindir else (shutil.which("pgbench") or "pgbench")
         srv = Server(dsn, host, port, urlsplit(dsn).username or "postgres", tool)
-        names = [f"cowtpcb_{os.getpid()}_{v}" for v in ("a", "b")]
+        names = [f"{args.prefix}_{os.getpid()}_{v}" for v in ("a", "b")]
 
         dsns = {"a": common.with_database(dsn, names[0]), "b": common.with_database(dsn, names[1])}
         asyncio.run(create(dsn, names))
