@@ -213,6 +213,7 @@ def test_insert_after_delete_retires_the_tombstone_and_duplicates_still_fail(lay
     ("call", "types"),
     [
         ("cow._row_lock_key($1, $2, $3, $4)", "text, text, jsonb, int"),
+        ("cow._row_lock_hash($1, $2, $3, $4)", "text, text, jsonb, int"),
         ("cow._session()", ""),
         ("cow._open_stamp($1)", "text"),
         ("cow._write_operation()", ""),

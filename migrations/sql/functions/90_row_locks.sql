@@ -19,15 +19,21 @@
 -- does not share: 64 bits of hashtextextended of "session/changes table/key as jsonb".
 
 -- One expression, no FROM: the planner inlines it into the caller's expression (every generated UPDATE and
--- DELETE trigger computes a key per row). With the hash in a sub-select it could not, and each call ran
--- through the SQL function executor, which parsed and planned the body anew: ~190 us per write, the largest
--- single cost of a TPC-B transaction in a session (docs/benchmarks.md, "The layer's own cost in a session").
--- The hash is computed twice for that (tens of ns). A body (RETURN) parsed once, at CREATE.
+-- DELETE trigger computes a key per row while row locks are in use). With the hash in a sub-select it could
+-- not, and each call ran through the SQL function executor, which parsed and planned the body anew: ~190 us
+-- per write, the largest single cost of a TPC-B transaction in a session (docs/benchmarks.md, "The layer's
+-- own cost in a session"). A body (RETURN) parsed once, at CREATE. The row's 64 bits: cow._row_lock_key
+-- splits them into the two int4 keys; the generated triggers split a variable holding them, so that the hash
+-- is computed once.
+CREATE OR REPLACE FUNCTION cow._row_lock_hash(p_session text, p_table text, p_key jsonb, p_seed int)
+RETURNS int8 LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN pg_catalog.hashtextextended(p_session || '/' || p_table || '/' || p_key::text, p_seed);
+
+-- (The hash twice: tens of ns, and the whole stays one inlined expression.)
 CREATE OR REPLACE FUNCTION cow._row_lock_key(p_session text, p_table text, p_key jsonb, p_seed int)
 RETURNS int[] LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN ARRAY[(pg_catalog.hashtextextended(p_session || '/' || p_table || '/' || p_key::text, p_seed) >> 32)::int,
-             ((pg_catalog.hashtextextended(p_session || '/' || p_table || '/' || p_key::text, p_seed)
-               & 4294967295) - 2147483648)::int];
+RETURN ARRAY[(cow._row_lock_hash(p_session, p_table, p_key, p_seed) >> 32)::int,
+             ((cow._row_lock_hash(p_session, p_table, p_key, p_seed) & 4294967295) - 2147483648)::int];
 
 -- The two keys of one row in strength `p_strength` (1 KEY SHARE .. 4 UPDATE) under wait policy `p_policy`
 -- (0 wait, 1 SKIP LOCKED, 2 NOWAIT: pglast's LockClauseStrength and LockWaitPolicy): 0 skipped, 1 locked at
@@ -39,6 +45,11 @@ DECLARE
     k int[];
     exclusive boolean;
 BEGIN
+    -- Writers wait for row locks only once some were taken in the database (cow._row_lock_wait_code): the
+    -- counter moves before the first lock, so a writer that finds it unset finds no lock held.
+    IF pg_catalog.pg_sequence_last_value('cow.row_locks'::pg_catalog.regclass) IS NULL THEN
+        PERFORM pg_catalog.nextval('cow.row_locks'::pg_catalog.regclass);
+    END IF;
     FOR seed IN 1..2 LOOP
         CONTINUE WHEN seed = 1 AND p_strength < 2;  -- KEY SHARE takes key A only
         k := cow._row_lock_key(p_session, p_table, p_key, 3 - seed);  -- key B (seed 2) first, then A
@@ -151,16 +162,21 @@ END $$;
 -- and released at once, so a bulk write holds no lock table entries; nor does it hold the lock: a later FOR
 -- UPDATE of another transaction does not wait for this write (docs/layer.md). Inline, not a function call:
 -- ~2.6 us per row against ~7 (100k rows in a plpgsql loop on 15).
+-- Only once row locks were ever taken in the database (cow._lock_one moves cow.row_locks before its first
+-- lock; sequences are not transactional, so every backend sees it at once): until then no lock can be held,
+-- and the answer the lock would give is known. The wait, with its key's hash and the first use of each of its
+-- expressions in a transaction, cost ~10-20 us of an autocommit UPDATE (docs/benchmarks.md, "The layer's
+-- write path at rest"); reading the counter costs ~1.
 CREATE OR REPLACE FUNCTION cow._row_lock_wait_code(p_table text, pk text[], var text, strong text)
 RETURNS text LANGUAGE sql IMMUTABLE AS $$
-    SELECT format(E'    DECLARE\n'
-                   '        _lk int[] := cow._row_lock_key(_s, %L, pg_catalog.jsonb_build_array(%s), %s);\n'
+    SELECT format(E'    IF pg_catalog.pg_sequence_last_value(\'cow.row_locks\'::pg_catalog.regclass) IS NOT NULL THEN\n'
+                   '    DECLARE\n'
+                   '        _lh int8 := cow._row_lock_hash(_s, %L, pg_catalog.jsonb_build_array(%s), %s);\n'
                    '    BEGIN\n'
-                   '        IF NOT pg_catalog.pg_try_advisory_lock(_lk[1], _lk[2]) THEN\n'
-                   '            PERFORM pg_catalog.pg_advisory_lock(_lk[1], _lk[2]);\n'
-                   '        END IF;\n'
-                   '        PERFORM pg_catalog.pg_advisory_unlock(_lk[1], _lk[2]);\n'
-                   '    END;\n',
+                   '        PERFORM pg_catalog.pg_advisory_lock((_lh >> 32)::int, ((_lh & 4294967295) - 2147483648)::int);\n'
+                   '        PERFORM pg_catalog.pg_advisory_unlock((_lh >> 32)::int, ((_lh & 4294967295) - 2147483648)::int);\n'
+                   '    END;\n'
+                   '    END IF;\n',
                   p_table, cow._collist(pk, var || '.'),
                   CASE WHEN strong = 'true' THEN '1' ELSE format('CASE WHEN %s THEN 1 ELSE 2 END', strong) END)
 $$;

@@ -32,14 +32,14 @@ BEGIN
         RETURN OLD;
     END IF;
     _o := cow._write_operation();
+    IF pg_catalog.pg_sequence_last_value('cow.row_locks'::pg_catalog.regclass) IS NOT NULL THEN
     DECLARE
-        _lk int[] := cow._row_lock_key(_s, 't1', pg_catalog.jsonb_build_array(OLD.id), 1);
+        _lh int8 := cow._row_lock_hash(_s, 't1', pg_catalog.jsonb_build_array(OLD.id), 1);
     BEGIN
-        IF NOT pg_catalog.pg_try_advisory_lock(_lk[1], _lk[2]) THEN
-            PERFORM pg_catalog.pg_advisory_lock(_lk[1], _lk[2]);
-        END IF;
-        PERFORM pg_catalog.pg_advisory_unlock(_lk[1], _lk[2]);
+        PERFORM pg_catalog.pg_advisory_lock((_lh >> 32)::int, ((_lh & 4294967295) - 2147483648)::int);
+        PERFORM pg_catalog.pg_advisory_unlock((_lh >> 32)::int, ((_lh & 4294967295) - 2147483648)::int);
     END;
+    END IF;
 
     _seen := NULL;
     UPDATE cow_changes.t1 x SET _cow_current = false WHERE x._cow_session = _s AND x._cow_current AND x.id = OLD.id AND ((NOT x._cow_deleted AND x.id IS NOT DISTINCT FROM OLD.id AND x.parent_id IS NOT DISTINCT FROM OLD.parent_id AND x.parent_code IS NOT DISTINCT FROM OLD.parent_code AND x.kept_id IS NOT DISTINCT FROM OLD.kept_id AND x.later_id IS NOT DISTINCT FROM OLD.later_id AND x.up IS NOT DISTINCT FROM OLD.up AND x.fallback_id IS NOT DISTINCT FROM OLD.fallback_id AND x.qty IS NOT DISTINCT FROM OLD.qty AND x.twice IS NOT DISTINCT FROM OLD.twice AND x.slot IS NOT DISTINCT FROM OLD.slot AND x.during IS NOT DISTINCT FROM OLD.during) OR pg_catalog.pg_xact_status(cow._xid8(x.xmin)) IS DISTINCT FROM 'committed')
@@ -370,14 +370,14 @@ BEGIN
         RETURN NEW;
     END IF;
     _o := cow._write_operation();
+    IF pg_catalog.pg_sequence_last_value('cow.row_locks'::pg_catalog.regclass) IS NOT NULL THEN
     DECLARE
-        _lk int[] := cow._row_lock_key(_s, 't1', pg_catalog.jsonb_build_array(OLD.id), CASE WHEN (NEW.id IS DISTINCT FROM OLD.id) THEN 1 ELSE 2 END);
+        _lh int8 := cow._row_lock_hash(_s, 't1', pg_catalog.jsonb_build_array(OLD.id), CASE WHEN (NEW.id IS DISTINCT FROM OLD.id) THEN 1 ELSE 2 END);
     BEGIN
-        IF NOT pg_catalog.pg_try_advisory_lock(_lk[1], _lk[2]) THEN
-            PERFORM pg_catalog.pg_advisory_lock(_lk[1], _lk[2]);
-        END IF;
-        PERFORM pg_catalog.pg_advisory_unlock(_lk[1], _lk[2]);
+        PERFORM pg_catalog.pg_advisory_lock((_lh >> 32)::int, ((_lh & 4294967295) - 2147483648)::int);
+        PERFORM pg_catalog.pg_advisory_unlock((_lh >> 32)::int, ((_lh & 4294967295) - 2147483648)::int);
     END;
+    END IF;
     SELECT ((qty * 2)) INTO NEW.twice FROM (SELECT NEW.id AS id, NEW.parent_id AS parent_id, NEW.parent_code AS parent_code, NEW.kept_id AS kept_id, NEW.later_id AS later_id, NEW.up AS up, NEW.fallback_id AS fallback_id, NEW.qty AS qty, NEW.slot AS slot, NEW.during AS during) AS _x;
     IF NEW.id IS NULL OR NEW.qty IS NULL THEN
         IF NEW.id IS NULL THEN
@@ -654,14 +654,14 @@ BEGIN
         RETURN OLD;
     END IF;
     _o := cow._write_operation();
+    IF pg_catalog.pg_sequence_last_value('cow.row_locks'::pg_catalog.regclass) IS NOT NULL THEN
     DECLARE
-        _lk int[] := cow._row_lock_key(_s, 't3', pg_catalog.jsonb_build_array(OLD.id), 1);
+        _lh int8 := cow._row_lock_hash(_s, 't3', pg_catalog.jsonb_build_array(OLD.id), 1);
     BEGIN
-        IF NOT pg_catalog.pg_try_advisory_lock(_lk[1], _lk[2]) THEN
-            PERFORM pg_catalog.pg_advisory_lock(_lk[1], _lk[2]);
-        END IF;
-        PERFORM pg_catalog.pg_advisory_unlock(_lk[1], _lk[2]);
+        PERFORM pg_catalog.pg_advisory_lock((_lh >> 32)::int, ((_lh & 4294967295) - 2147483648)::int);
+        PERFORM pg_catalog.pg_advisory_unlock((_lh >> 32)::int, ((_lh & 4294967295) - 2147483648)::int);
     END;
+    END IF;
     IF EXISTS (SELECT 1 FROM cow_overlay_public.child z WHERE z.kept_id = OLD.id) THEN
         RAISE EXCEPTION USING ERRCODE = '23001', MESSAGE = 'update or delete on table "parent" violates foreign key constraint "child_kept_id_fkey" on table "child"', DETAIL = format('Key (%s)=(%s) is still referenced from table "%s".', 'id', concat_ws(', ', coalesce(OLD.id::text, 'null')), 'child'), SCHEMA = 'public', TABLE = 'child', CONSTRAINT = 'child_kept_id_fkey';
     END IF;
@@ -972,14 +972,14 @@ BEGIN
         RETURN NEW;
     END IF;
     _o := cow._write_operation();
+    IF pg_catalog.pg_sequence_last_value('cow.row_locks'::pg_catalog.regclass) IS NOT NULL THEN
     DECLARE
-        _lk int[] := cow._row_lock_key(_s, 't3', pg_catalog.jsonb_build_array(OLD.id), CASE WHEN (NEW.id IS DISTINCT FROM OLD.id) THEN 1 ELSE 2 END);
+        _lh int8 := cow._row_lock_hash(_s, 't3', pg_catalog.jsonb_build_array(OLD.id), CASE WHEN (NEW.id IS DISTINCT FROM OLD.id) THEN 1 ELSE 2 END);
     BEGIN
-        IF NOT pg_catalog.pg_try_advisory_lock(_lk[1], _lk[2]) THEN
-            PERFORM pg_catalog.pg_advisory_lock(_lk[1], _lk[2]);
-        END IF;
-        PERFORM pg_catalog.pg_advisory_unlock(_lk[1], _lk[2]);
+        PERFORM pg_catalog.pg_advisory_lock((_lh >> 32)::int, ((_lh & 4294967295) - 2147483648)::int);
+        PERFORM pg_catalog.pg_advisory_unlock((_lh >> 32)::int, ((_lh & 4294967295) - 2147483648)::int);
     END;
+    END IF;
     IF NEW.id IS NULL OR NEW.code IS NULL THEN
         IF NEW.id IS NULL THEN
             RAISE EXCEPTION USING ERRCODE = '23502', MESSAGE = 'null value in column "id" of relation "parent" violates not-null constraint', SCHEMA = 'public', TABLE = 'parent', COLUMN = 'id';
