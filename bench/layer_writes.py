@@ -18,7 +18,7 @@ this machine, the CPU time each variant's backend spent per op (``/proc/<pid>/sc
 unlike wall time it does not count waiting for a core that another process holds, nor the client's share.
 
     .venv/bin/python bench/layer_writes.py [--dsn DSN] [--baseline REF] [--rows 250000] [--rounds 7] [--keep]
-        [--fk immediate|deferred] [--role]
+        [--fk immediate|deferred] [--role] [--prefix cowwrites]
 
 ``--role`` runs the measured connections as a non-superuser role (``SET ROLE`` after joining the session)
 with the privileges on ``items`` an application role has: the generated triggers run as that role, so the
@@ -30,7 +30,7 @@ the statement (``immediate``) or ``DEFERRABLE INITIALLY DEFERRED`` at COMMIT (``
 
 Without ``--dsn`` an embedded PostgreSQL is started (its ``fsync`` is off, so commits are nearly free);
 with ``--dsn`` scratch databases ``cowwrites_<pid>_{a,b}`` are created and dropped at the end (``--keep``
-leaves them, for profiling with pgbench).
+leaves them, for profiling with pgbench; ``--prefix`` names them otherwise).
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ class Config:
     seed: int
     fk: str = "none"
     role: bool = False
+    prefix: str = "cowwrites"
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
@@ -92,6 +93,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--fk", choices=("none", "immediate", "deferred"), default="none")
     p.add_argument("--role", action="store_true", help=f"measure as the non-superuser role {ROLE}")
+    p.add_argument("--prefix", default="cowwrites", help="scratch databases' names: PREFIX_<pid>_a, _b")
     a = p.parse_args(argv)
     if a.rounds < 1 or a.batch < 1:
         p.error("--rounds and --batch must be positive")
@@ -112,6 +114,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         a.seed,
         a.fk,
         a.role,
+        a.prefix,
     )
 
 
@@ -262,7 +265,7 @@ async def main_async(cfg: Config) -> None:
     plan = Plan(cfg, rng)
     base = common.baseline_layer(cfg.baseline)
     with common.server(cfg.dsn, "256MB") as admin_dsn:
-        names = [f"cowwrites_{os.getpid()}_{v}" for v in ("a", "b")]
+        names = [f"{cfg.prefix}_{os.getpid()}_{v}" for v in ("a", "b")]
         async with common.scratch_databases(admin_dsn, names, keep=cfg.keep) as (dsn_a, dsn_b):
             dsns = {"a": dsn_a, "b": dsn_b}
             for v, files in (("a", base), ("b", common.this_layer())):
