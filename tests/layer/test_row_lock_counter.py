@@ -96,3 +96,16 @@ def test_the_upgrade_from_58_moves_the_counter_for_a_lock_held_then(layer_db: st
         holder.commit()
         me.execute("UPDATE customers SET score = 6 WHERE id = 2")
         assert me.execute("SELECT score FROM customers WHERE id = 2").fetchall() == [(6,)]
+
+
+def test_a_row_lock_in_a_read_only_transaction_is_taken_without_moving_the_counter(layer_db: str) -> None:
+    # nextval is refused in a read-only transaction (and on a standby): the lock is taken as before it.
+    with psycopg.connect(layer_db) as holder:
+        holder.execute("SELECT cow.use_session('s1')")
+        holder.execute("SET TRANSACTION READ ONLY")
+        locked = holder.execute(
+            "SELECT (cow.lock_row(c, (SELECT changes_table FROM cow.registry WHERE table_name = 'customers'),"
+            " 4, 0, '[2]'::jsonb)).id FROM customers c WHERE c.id = 2"
+        ).fetchall()
+        assert locked == [(2,)]
+        assert counter(holder) is None

@@ -46,8 +46,12 @@ DECLARE
     exclusive boolean;
 BEGIN
     -- Writers wait for row locks only once some were taken in the database (cow._row_lock_wait_code): the
-    -- counter moves before the first lock, so a writer that finds it unset finds no lock held.
-    IF pg_catalog.pg_sequence_last_value('cow.row_locks'::pg_catalog.regclass) IS NULL THEN
+    -- counter moves before the first lock, so a writer that finds it unset finds no lock held. Not in a
+    -- read-only transaction (nextval is refused there; a standby has no writers): its lock is still taken,
+    -- as before, and a writer that does not wait for it meets what PostgreSQL gives, which refuses FOR
+    -- UPDATE in a read-only transaction, so that no writer waits for one.
+    IF pg_catalog.pg_sequence_last_value('cow.row_locks'::pg_catalog.regclass) IS NULL
+       AND pg_catalog.current_setting('transaction_read_only') = 'off' THEN
         PERFORM pg_catalog.nextval('cow.row_locks'::pg_catalog.regclass);
     END IF;
     FOR seed IN 1..2 LOOP
