@@ -396,17 +396,23 @@ def _named_command(stmts: list[Any], name: Literal) -> JsonNode | None:
     return body if named and body.get("location", name.start) == name.start else None
 
 
-def _const_of(text: bytes, literal: Literal, consts: dict[int, bool]) -> bool:
-    """Whether the literal is an A_Const whose value is data only: at its own location or, negated by a
-    unary minus, at the sign before it (only minus signs and whitespace between)."""
-    if literal.start in consts:
-        return consts[literal.start]
-    for location in range(literal.start - 1, -1, -1):
+def const_location(text: bytes, start: int, consts: dict[int, bool]) -> int | None:
+    """The A_Const location (a key of ``consts``) of the literal at ``start``: its own or, negated by a unary
+    minus, the sign's before it (only minus signs and whitespace between); None when it is no A_Const."""
+    if start in consts:
+        return start
+    for location in range(start - 1, -1, -1):
         if text[location] not in b"- \t\n\r\f\v":
-            return False
+            return None
         if text[location] == _MINUS and location in consts:
-            return consts[location]
-    return False
+            return location
+    return None
+
+
+def _const_of(text: bytes, literal: Literal, consts: dict[int, bool]) -> bool:
+    """Whether the literal is an A_Const whose value is data only (``const_location``)."""
+    location = const_location(text, literal.start, consts)
+    return location is not None and consts[location]
 
 
 def _walk(node: object, safe: bool, consts: dict[int, bool], ordinal: bool = False) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 from pglast.printers import SPECIAL_FUNCTIONS
 
 from proxy.sql.jsontree import svals
-from proxy.sql.shapes import INT, NUM, STR, Literal, Shape
+from proxy.sql.shapes import INT, NUM, STR, Literal, Shape, const_location
 
 # The sentinels: an integer (ICONST: at most 2147483647), a number with a dot (FCONST) and a string, each with
 # the literal's index in five digits. The marks are long enough not to occur in a rewrite by chance; any
@@ -71,7 +71,7 @@ def constants(text: bytes, shape: Shape, stmts: list[Any]) -> Constants | None:
     _constants(stmts, True, locations, lists)
     signs = []
     for literal in shape.literals:
-        location = _location(text, literal.start, locations)
+        location = const_location(text, literal.start, locations)
         if location is None or not locations[location]:
             return None
         signs.append(text.count(b"-", location, literal.start))
@@ -126,19 +126,6 @@ def probe(text: bytes, shape: Shape, found: Constants) -> tuple[str, bytes] | No
     parts.append(text[pos:].decode())
     key += text[pos:]
     return "".join(parts), bytes(key)
-
-
-def _location(text: bytes, start: int, locations: dict[int, bool]) -> int | None:
-    """The A_Const location of the literal at ``start``: its own, or a minus sign before it (only signs and
-    whitespace between), as ``shapes._const_of`` finds it."""
-    if start in locations:
-        return start
-    for location in range(start - 1, -1, -1):
-        if text[location] not in b"- \t\n\r\f\v":
-            return None
-        if location in locations:
-            return location
-    return None
 
 
 def _constants(node: object, as_is: bool, locations: dict[int, bool], lists: dict[int, int]) -> None:
