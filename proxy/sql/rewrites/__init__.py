@@ -18,9 +18,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pglast import ast
-from pglast.stream import RawStream
 
 from proxy.sql.catalog import Catalog
+from proxy.sql.deparse import deparse
 from proxy.sql.rewrites import (
     app_path,
     copy_to,
@@ -147,7 +147,7 @@ class Rewriter:
                 end = start + raw.stmt_len if raw.stmt_len else len(text)
                 parts.append(text[start:end].strip().rstrip(";").strip())
             else:
-                parts.append(RawStream()(raw))
+                parts.append(deparse(raw))
         # the newline ends a line comment the client's text may finish with, before the semicolon
         return Outcome("\n; ".join(parts), tag_map)
 

@@ -20,10 +20,10 @@ refusal: the proxy cannot see what it sets.
 from __future__ import annotations
 
 from pglast import ast, enums
-from pglast.stream import RawStream
 from pglast.visitors import Ancestor
 
 from proxy.sql.catalog import Catalog
+from proxy.sql.deparse import deparse
 from proxy.sql.jsontree import JsonNode
 from proxy.sql.rewrites.base import Context, Rule, Scan, Step
 from proxy.sql.rewrites.nodes import Visit
@@ -65,7 +65,7 @@ def set_config_of_path(node: JsonNode) -> bool:
 def set_statement(stmt: ast.VariableSetStmt) -> tuple[ast.DoStmt, tuple[str, str]]:
     """The DO block to send for a SET or RESET of ``search_path``, and the CommandComplete tag map."""
     local = "true" if stmt.is_local else "false"
-    body = f"BEGIN {RawStream()(stmt)}; PERFORM cow._adopt_app_path({local}); END"
+    body = f"BEGIN {deparse(stmt)}; PERFORM cow._adopt_app_path({local}); END"
     block = ast.DoStmt(
         args=(
             ast.DefElem(
