@@ -129,6 +129,8 @@ _FAST_KINDS = {
     "savepoint": "transaction",
     "release": "transaction",
 }
+# The fast path's answers, one per kind (frozen: shared by every text it answers).
+_FAST_ANSWERS = {kind: Analysis(kind=kind) for kind in set(_FAST_KINDS.values())}
 _FIRST_WORD = re.compile(r"[\s(]*([A-Za-z]+)")
 # Any of these words (or U& identifiers, which could spell them, or a second statement) sends the
 # statement to the parser; false positives only cost time. Plain substring tests come first: they run
@@ -178,7 +180,7 @@ def _fast_path(text: str, catalog: Catalog, in_session: bool) -> Analysis | None
             and catalog.schema_pattern.search(lowered) is not None
         ):
             return None  # a schema-qualified CoW name is pointed at the overlay
-    return Analysis(kind=kind)
+    return _FAST_ANSWERS[kind]
 
 
 _DDL_NAMES = {
@@ -627,7 +629,8 @@ class Analyzer:
         self.server_version_num = server_version_num
         self.hits = 0
         self.misses = 0
-        self._cache: OrderedDict[tuple[str, bool, int, int, bool], tuple[Analysis, Analysis]] = OrderedDict()
+        # (the verdict; made its cache_hit copy at its first hit: most texts of a Django run never come back)
+        self._cache: OrderedDict[tuple[str, bool, int, int, bool], Analysis] = OrderedDict()
         # (shape key, catalog ident) -> what every text of the shape is analysed as, None: not provably one
         self._shapes: OrderedDict[tuple[bytes, int], Analysis | None] = OrderedDict()
         self.shape_hits = 0  # cold texts answered by their shape's proven verdict, without a parse
@@ -659,7 +662,9 @@ class Analyzer:
         if cached is not None:
             self._cache.move_to_end(key)
             self.hits += 1
-            return cached[1]
+            if not cached.cache_hit:
+                cached = self._cache[key] = replace(cached, cache_hit=True)
+            return cached
         self.misses += 1
         result = _fast_path(text, catalog, in_session) or self._by_shape(
             text, catalog, in_session, version, prepared
@@ -674,7 +679,7 @@ class Analyzer:
             self._last = parsed if in_session and parsed.stmts else None
         if len(text) > MAX_CACHED_CHARS:
             return result  # bulk statements rarely repeat; 4096 of them could hold gigabytes
-        self._cache[key] = (result, replace(result, cache_hit=True))
+        self._cache[key] = result
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
         return result
