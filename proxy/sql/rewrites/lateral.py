@@ -205,8 +205,8 @@ class _LateralJoins(Visitor):
 _RESTRICTING_KINDS = frozenset(kind.name for kind in _RESTRICTING)
 
 
-def _first_range_name(select: JsonNode) -> str | None:
-    """``range_name(first_range(…))`` of a JSON SelectStmt."""
+def _first_range(select: JsonNode) -> JsonNode | None:
+    """``first_range`` of a JSON SelectStmt: the relation its FROM starts with, through unaliased joins."""
     items = select.get("fromClause") or []
     first = items[0] if items else None
     while isinstance(first, dict) and "JoinExpr" in first:
@@ -215,9 +215,20 @@ def _first_range_name(select: JsonNode) -> str | None:
         first = first["JoinExpr"].get("larg")
     if not isinstance(first, dict) or "RangeVar" not in first:
         return None
-    relation = first["RangeVar"]
+    relation: JsonNode = first["RangeVar"]
+    return relation
+
+
+def _json_range_name(relation: JsonNode) -> str | None:
+    """``range_name`` of a JSON relation."""
     alias = relation.get("alias")
     return str(alias["aliasname"]) if alias else relation.get("relname")
+
+
+def _first_range_name(select: JsonNode) -> str | None:
+    """``range_name(first_range(…))`` of a JSON SelectStmt."""
+    first = _first_range(select)
+    return _json_range_name(first) if first is not None else None
 
 
 def _json_qualifier(node: object) -> str | None:
@@ -228,6 +239,13 @@ def _json_qualifier(node: object) -> str | None:
     return fields[-2] if len(fields) >= 2 and None not in fields else None
 
 
+def _terms(select: JsonNode) -> list[object]:
+    """``conjuncts`` of a JSON SelectStmt's WHERE."""
+    where = select.get("whereClause")
+    boolean = where.get("BoolExpr") if isinstance(where, dict) else None
+    return (boolean.get("args") or []) if boolean and boolean.get("boolop") == "AND_EXPR" else [where]
+
+
 def _may_drive(select: JsonNode) -> bool:
     """Whether ``_LateralJoins._driver`` may find the first relation pinned or restricted (a superset: a
     LIMIT, or a top-level condition comparing one of its columns)."""
@@ -236,10 +254,7 @@ def _may_drive(select: JsonNode) -> bool:
     name = _first_range_name(select)
     if name is None:
         return False
-    where = select.get("whereClause")
-    boolean = where.get("BoolExpr") if isinstance(where, dict) else None
-    terms = (boolean.get("args") or []) if boolean and boolean.get("boolop") == "AND_EXPR" else [where]
-    for term in terms:
+    for term in _terms(select):
         expr = term.get("A_Expr") if isinstance(term, dict) else None
         if (
             expr is not None
@@ -250,19 +265,64 @@ def _may_drive(select: JsonNode) -> bool:
     return False
 
 
-def detect(scan: Scan, node: JsonNode) -> bool:
-    """A SELECT (or set-operation member) of one FROM item joining CoW tables, not locking rows, whose first
-    relation a LIMIT or a condition on its columns may restrict: the rule decides. (Django's joins filtered
-    on a later relation, most of those that woke the rule, need no parse for it.)"""
-    return any_select(
-        node,
-        lambda s: (
-            not s.get("lockingClause")
-            and len(s.get("fromClause") or ()) == 1
-            and _may_drive(s)
-            and sum(scan.cow(r) for r in from_relations(s.get("fromClause"))) >= 2
-        ),
+# The A_Expr kinds of a condition that may pin the first relation (``_driver``: BETWEEN restricts only).
+_PINNING_KINDS = frozenset(kind.name for kind in _RESTRICTING if kind != A_Expr_Kind.AEXPR_BETWEEN)
+
+
+def _may_pin(catalog: Catalog, select: JsonNode, first: JsonNode) -> bool:
+    """Whether ``_driver`` may find the first relation "pinned" (a superset: ``=``, ``= ANY`` or ``IN`` on
+    columns of it that cover a key of its table, whatever the other side reads)."""
+    table = catalog.lookup(first.get("schemaname"), first.get("relname"))
+    if table is None:
+        return False
+    name = _json_range_name(first)
+    pinned: set[str] = set()
+    for term in _terms(select):
+        expr = term.get("A_Expr") if isinstance(term, dict) else None
+        if expr is None or expr.get("kind") not in _PINNING_KINDS:
+            continue
+        operator = [n.get("String", {}).get("sval") for n in expr.get("name") or () if isinstance(n, dict)]
+        if operator != ["="]:
+            continue
+        for side in (expr.get("lexpr"), expr.get("rexpr")):
+            if name is not None and _json_qualifier(side) == name:
+                assert isinstance(side, dict)  # (_json_qualifier: a ColumnRef)
+                pinned.add(side["ColumnRef"]["fields"][-1]["String"]["sval"])
+    return any(set(key) <= pinned for key in row_keys(table))
+
+
+def _may_be_dwarfed(catalog: Catalog, first: JsonNode, relations: list[JsonNode]) -> bool:
+    """Whether ``_dwarfed`` may hold (a superset: another CoW relation outsizes the first one)."""
+    table = catalog.lookup(first.get("schemaname"), first.get("relname"))
+    if table is None or table.rows < 0:
+        return False
+    others = (catalog.lookup(r.get("schemaname"), r.get("relname")) for r in relations if r is not first)
+    return any(t is not None and t.rows >= LATERAL_SIZE_RATIO * max(table.rows, 1.0) for t in others)
+
+
+def _may_change(scan: Scan, select: JsonNode) -> bool:
+    """Whether the rule may change this SELECT (or set-operation member): one FROM item joining CoW tables,
+    not locking rows, whose first relation a LIMIT or a condition on its columns may restrict; of two CoW
+    tables only, one that a key may pin or the other may dwarf (``visit_SelectStmt``)."""
+    if select.get("lockingClause") or len(select.get("fromClause") or ()) != 1 or not _may_drive(select):
+        return False
+    relations = from_relations(select.get("fromClause"))
+    tables = sum(scan.cow(r) for r in relations)
+    if tables >= LATERAL_MIN_TABLES:
+        return True
+    first = _first_range(select)
+    return (
+        tables == 2
+        and first is not None
+        and (_may_pin(scan.catalog, select, first) or _may_be_dwarfed(scan.catalog, first, relations))
     )
+
+
+def detect(scan: Scan, node: JsonNode) -> bool:
+    """A SELECT the rule may change (``_may_change``): the rule decides. (Django's joins filtered on a later
+    relation, and its joins of two tables restricted by a column that is no key, most of those that woke the
+    rule, need no parse for it.)"""
+    return any_select(node, lambda s: _may_change(scan, s))
 
 
 def apply(ctx: Context, node: ast.Node) -> Step | None:
