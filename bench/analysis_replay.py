@@ -156,6 +156,14 @@ analyze_module.parse_sql_json = timed("parse", analyze_module.parse_sql_json, "j
 pglast.parse_sql = timed("parse", pglast.parse_sql, "nodes")
 rewrites_module.Rewriter.rewrite = timed("rewrite", rewrites_module.Rewriter.rewrite)
 pglast.stream.RawStream.__call__ = timed("deparse", pglast.stream.RawStream.__call__)
+try:  # a checkout whose rewriter prints with proxy.sql.deparse (its own back-links) instead of RawStream()
+    import proxy.sql.deparse
+    import proxy.sql.rewrites.app_path as app_path_module
+
+    for printing in (rewrites_module, app_path_module):
+        printing.deparse = timed("deparse", printing.deparse)
+except ImportError:
+    pass
 analysis = ProxyAnalyzer(shape_key=key)
 inner = analysis._analyzer
 costly = []
