@@ -164,12 +164,18 @@ BEGIN
         IF NOT keep THEN
             SELECT x.status, x.last_write_at INTO st, lw FROM cow.sessions x WHERE x.session_id = s;
             IF st IS NULL THEN
-                INSERT INTO cow.sessions (session_id, kind, first_write_at, last_write_at)
+                -- (A row this transaction inserted is held as FOR SHARE would hold it: no other transaction
+                -- sees it before this one ends. So it is kept without reading it again.)
+                INSERT INTO cow.sessions AS x (session_id, kind, first_write_at, last_write_at)
                 VALUES (s, 'other', now(), now())
-                ON CONFLICT (session_id) DO NOTHING;
-                SELECT x.status, x.last_write_at INTO st, lw FROM cow.sessions x WHERE x.session_id = s
-                FOR SHARE SKIP LOCKED;
+                ON CONFLICT (session_id) DO NOTHING
+                RETURNING x.status, x.last_write_at INTO st, lw;
                 keep := FOUND;
+                IF NOT keep THEN
+                    SELECT x.status, x.last_write_at INTO st, lw FROM cow.sessions x WHERE x.session_id = s
+                    FOR SHARE SKIP LOCKED;
+                    keep := FOUND;
+                END IF;
                 IF NOT keep THEN
                     SELECT x.status, x.last_write_at INTO st, lw FROM cow.sessions x WHERE x.session_id = s;
                 END IF;
