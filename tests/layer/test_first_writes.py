@@ -188,3 +188,53 @@ def test_the_upgrade_from_57_regenerates_the_triggers_and_keeps_sessions(layer_d
         assert rows == [(10, None, "updated"), (11, 2, "updated"), (12, None, "this layer")]
         with pytest.raises(psycopg.errors.ForeignKeyViolation), conn.transaction():
             conn.execute("UPDATE child SET parent_id = 9 WHERE id = 12")
+
+
+def checks_run(conn: psycopg.Connection[Any], *stmts: str) -> list[str]:
+    """The query texts of the statements ``stmts`` and the layer's functions run for them (auto_explain,
+    nested statements too); a foreign key violation of the last one ends the list with " (23503)"."""
+    plans: list[str] = []
+    conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+    conn.execute("LOAD 'auto_explain'")
+    conn.execute(
+        "SET auto_explain.log_min_duration = 0; SET auto_explain.log_nested_statements = on;"
+        " SET auto_explain.log_level = notice; SET client_min_messages = notice"
+    )
+    try:
+        for sql_text in stmts:
+            conn.execute(sql_text)
+    except psycopg.errors.ForeignKeyViolation:
+        plans.append("Query Text: (23503)")
+    return [p.split("Query Text:", 1)[1] for p in plans if "Query Text:" in p]
+
+
+def test_deferred_checks_run_the_steps_a_version_needs(pair: Pair) -> None:
+    """The check of a deferred foreign key for one version (branch i16lay4): the parent's side of a
+    self-referencing key (one constraint trigger checks both sides) queries nothing for a version that is
+    no tombstone, and the child's side probes the parent with the version's own key, not in one query joined
+    to the version's row. The errors stay PostgreSQL's (also tests/layer/test_deferrable.py)."""
+    conn = pair.cow
+    conn.execute("BEGIN")
+    texts = checks_run(
+        conn,
+        "INSERT INTO node VALUES (10, 1), (11, 10)",
+        "UPDATE node SET up = 11 WHERE id = 2",
+        "SET CONSTRAINTS ALL IMMEDIATE",
+    )
+    nested = [t for t in texts if "cow_changes." in t]
+    assert [t for t in nested if "z.id = NEW.up" in t], texts  # the parent probed by the version's key
+    assert not [t for t in nested if "still referenced" in t or ".up = NEW.id" in t or ".up = c.id" in t], (
+        nested
+    )
+    # A tombstone of a referenced key: the parent's side runs and fails at SET CONSTRAINTS.
+    texts = checks_run(
+        conn,
+        "SET CONSTRAINTS ALL DEFERRED",
+        "DELETE FROM node WHERE id = 10",
+        "SET CONSTRAINTS ALL IMMEDIATE",
+    )
+    assert texts[-1] == " (23503)"
+    assert [t for t in texts if ".up = NEW.id" in t], texts
+    conn.execute("ROLLBACK")
+    err = same_tx(pair, "DELETE FROM node WHERE id = 1")
+    assert err[:3] == (1, "23503", "node_up_fkey")

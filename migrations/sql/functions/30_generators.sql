@@ -730,17 +730,21 @@ END $gen$;
 -- trigger fired for (cow._defer_branch). Either way <t>_log or <t>_cur serves it; the versions that are not tombstones
 -- are `c._cow_deleted IS NOT TRUE` (cow._live), so that no lookup index can, by the session alone.
 
--- The DETAIL of a version c whose parent is missing, in PostgreSQL's words; for a MATCH FULL key (p_full) also
--- of one whose key mixes NULL and non-NULL values, which that check takes too (cow._fk_child_checks).
-CREATE OR REPLACE FUNCTION cow._fk_child_detail(p_cols text[], p_parent text, p_full boolean) RETURNS text
+-- The DETAIL of a version (row p_row: `c`, or a constraint trigger's NEW) whose parent is missing, in
+-- PostgreSQL's words; for a MATCH FULL key (p_full) also of one whose key mixes NULL and non-NULL values, which
+-- that check takes too (cow._fk_child_checks).
+CREATE OR REPLACE FUNCTION cow._fk_detail(p_cols text[], p_parent text, p_full boolean, p_row text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN p_full THEN format('CASE WHEN %s THEN %s ELSE %L END', cow._notnull(p_cols, 'c'), d.missing,
+    SELECT CASE WHEN p_full THEN format('CASE WHEN %s THEN %s ELSE %L END', cow._notnull(p_cols, p_row), d.missing,
                                         'MATCH FULL does not allow mixing of null and nonnull key values.')
            ELSE d.missing END
     FROM (SELECT cow._fill($t$format('Key (%s)=(%s) is not present in table "%s".', {{columns|L}}, {{key}}, {{parent|L}})$t$,
-                           jsonb_build_object('columns', cow._collist(p_cols), 'key', cow._keytext(p_cols, 'c'),
+                           jsonb_build_object('columns', cow._collist(p_cols), 'key', cow._keytext(p_cols, p_row),
                                               'parent', p_parent)) AS missing) d
 $$;
+
+CREATE OR REPLACE FUNCTION cow._fk_child_detail(p_cols text[], p_parent text, p_full boolean) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$ SELECT cow._fk_detail(p_cols, p_parent, p_full, 'c') $$;
 
 -- The check of FOREIGN KEY p_conname of table p_tab, as the child (23503): a version (of those p_versions
 -- selects) whose key p_cols is not in the session's view of the parent (p_missing: a condition on `c`). Sets
@@ -759,6 +763,34 @@ $t$, jsonb_build_object(
     'changes', p_ch,
     'versions', p_versions,
     'missing', p_missing,
+    'constraint', p_conname,
+    'message', format('insert or update on table "%s" violates foreign key constraint "%s"', p_tab, p_conname)));
+
+-- The same check for the one version a deferrable key's constraint trigger fired for (p_versions selects it),
+-- in three steps that PostgreSQL plans apart: p_cond on NEW (the version as written: only its _cow_current
+-- changes later), then whether the version is still current (a probe of <t>_cur by its key), then p_missing,
+-- the parent's probes with NEW's key. As one query joining the version to the parent's probes, its plan cost
+-- ~3x the three (planned anew at each of a backend's first five events per constraint, and Django checks
+-- its deferred keys at the end of every test; docs/benchmarks.md, branch i16lay4).
+CREATE OR REPLACE FUNCTION cow._fk_version_check(p_ch text, p_tab text, p_conname text, p_cols text[], p_parent text,
+                                                 p_cond text, p_missing text, p_versions text, p_full boolean) RETURNS text
+LANGUAGE sql IMMUTABLE RETURN cow._fill($t$    IF {{cond}} THEN
+        IF EXISTS (SELECT 1 FROM {{changes}} c WHERE c._cow_session = _s AND {{versions}} AND c._cow_current) THEN
+            IF {{missing}} THEN
+                _seq := _v;
+                _det := {{detail}};
+                IF _best IS NULL OR _seq < _best THEN
+                    _best := _seq; _bdet := _det; _bcon := {{constraint|L}}; _bmsg := {{message|L}}; _bcode := '23503'; _btab := NULL; _bsch := NULL;
+                END IF;
+            END IF;
+        END IF;
+    END IF;
+$t$, jsonb_build_object(
+    'cond', p_cond,
+    'changes', p_ch,
+    'versions', p_versions,
+    'missing', p_missing,
+    'detail', cow._fk_detail(p_cols, p_parent, p_full, 'NEW'),
     'constraint', p_conname,
     'message', format('insert or update on table "%s" violates foreign key constraint "%s"', p_tab, p_conname)));
 
@@ -793,6 +825,38 @@ $t$, jsonb_build_object(
     'constraint', p_conname,
     'message', p_message));
 
+-- The same check for the one tombstone a deferrable key's constraint trigger fired for (NEW), in steps planned
+-- apart as cow._fk_version_check's: NEW a tombstone of a key (a self-referencing key's trigger fires for every
+-- version, and on the other versions nothing is planned), still current, referenced, gone.
+CREATE OR REPLACE FUNCTION cow._fk_parent_version_check(p_ch text, p_conname text, p_message text, p_refcols text[],
+                                                        p_child_schema text, p_child text, p_gone text,
+                                                        p_referenced text, p_versions text) RETURNS text
+LANGUAGE sql IMMUTABLE RETURN cow._fill($t$    IF NEW._cow_deleted AND {{not_null}} THEN
+        IF EXISTS (SELECT 1 FROM {{changes}} c WHERE c._cow_session = _s AND {{versions}} AND c._cow_current) THEN
+            IF {{referenced}} THEN
+                IF NOT {{still_there}} THEN
+                    _seq := _v;
+                    _det := format('Key (%s)=(%s) is still referenced from table "%s".', {{columns|L}}, {{key}}, {{child|L}});
+                    IF _best IS NULL OR _seq < _best THEN
+                        _best := _seq; _bdet := _det; _bcon := {{constraint|L}}; _bmsg := {{message|L}}; _bcode := '23503'; _btab := {{child|L}}; _bsch := {{child_schema|L}};
+                    END IF;
+                END IF;
+            END IF;
+        END IF;
+    END IF;
+$t$, jsonb_build_object(
+    'columns', cow._collist(p_refcols),
+    'key', cow._keytext(p_refcols, 'NEW'),
+    'child', p_child,
+    'child_schema', p_child_schema,
+    'changes', p_ch,
+    'versions', p_versions,
+    'not_null', cow._notnull(p_refcols, 'NEW'),
+    'still_there', p_gone,
+    'referenced', p_referenced,
+    'constraint', p_conname,
+    'message', p_message));
+
 -- FOREIGN KEYs of the context's table as the child (23503), keyed or keyless: the parent must be in the
 -- session's view of the parent. Checked at the end of the statement like PostgreSQL's RI triggers (so a later row's
 -- NOT NULL, CHECK or UNIQUE error wins over an earlier row's missing parent): `fk_checks` goes in the
@@ -810,6 +874,9 @@ DECLARE
     missing text;
     checked text;
     bit text;
+    found_new text;  -- (the same probes with the constraint trigger's NEW: cow._fk_version_check)
+    cond_new text;
+    missing_new text;
 BEGIN
     ctx.fk_all := '0';
     ctx.fk_changed := '0';
@@ -823,6 +890,7 @@ BEGIN
         IF con.condeferrable THEN
             -- (Checked at COMMIT too: the parent looked up by index in the session's view, cow._sexists.)
             found := cow._sexists(con.confrelid, cow._eq2(con.refcols, 'z', con.cols, 'c'), con.refcols);
+            found_new := cow._sexists(con.confrelid, cow._eq2(con.refcols, 'z', con.cols, 'NEW'), con.refcols);
         ELSE
             found := format('EXISTS (SELECT 1 FROM %s z WHERE %s)', cow._session_rel(con.confrelid),
                             cow._eq2(con.refcols, 'z', con.cols, 'c'));
@@ -833,16 +901,21 @@ BEGIN
             missing := format('NOT (%s) AND (NOT (%s) OR NOT %s)', cow._allnull(con.cols, 'c'),
                               cow._notnull(con.cols, 'c'), found);
             checked := format('NOT (%s)', cow._allnull(con.cols, 'NEW'));
+            missing_new := format('NOT (%s) OR NOT %s', cow._notnull(con.cols, 'NEW'), found_new);
         ELSE
             missing := format('%s AND NOT %s', cow._notnull(con.cols, 'c'), found);
             checked := cow._notnull(con.cols, 'NEW');
+            missing_new := format('NOT %s', found_new);
         END IF;
+        bit := (1 << least(ctx.fk_n, 30))::text;
+        cond_new := format('NEW._cow_deleted IS NOT TRUE AND (NEW._cow_fk & %s) <> 0 AND %s', bit, checked);
         IF con.confrelid = ctx.rel THEN
             -- A row may reference itself (a mixed MATCH FULL key never does: the comparison is not true).
             missing := missing || format(CASE WHEN con.match_full THEN ' AND (%s) IS NOT TRUE' ELSE ' AND NOT (%s)' END,
                                          cow._eq2(con.refcols, 'c', con.cols, 'c'));
+            cond_new := cond_new || format(CASE WHEN con.match_full THEN ' AND (%s) IS NOT TRUE' ELSE ' AND NOT (%s)' END,
+                                           cow._eq2(con.refcols, 'NEW', con.cols, 'NEW'));
         END IF;
-        bit := (1 << least(ctx.fk_n, 30))::text;
         -- (A key that references nothing gives its version no bit, so no check runs for it, and a deferrable
         -- one's constraint trigger does not fire.)
         ctx.fk_all := ctx.fk_all || format(' | CASE WHEN %s THEN %s ELSE 0 END', checked, bit);
@@ -852,8 +925,9 @@ BEGIN
         IF con.condeferrable THEN
             ctx.dbits := ctx.dbits || format(' | %s', bit);
             ctx.dn := ctx.dn + 1;
-            ctx.dq := ctx.dq || cow._defer_branch(ctx.dn, cow._fk_child_check(ctx.ch, ctx.tab, con.conname, con.cols,
-                                                                              con.parent, missing, ctx.row_version, con.match_full), false);
+            ctx.dq := ctx.dq || cow._defer_branch(ctx.dn, cow._fk_version_check(ctx.ch, ctx.tab, con.conname, con.cols,
+                                                                                con.parent, cond_new, missing_new,
+                                                                                ctx.row_version, con.match_full), false);
             ctx.dq_stmt := ctx.dq_stmt || cow._defer_branch(ctx.dn, cow._fk_child_check(ctx.ch, ctx.tab, con.conname,
                                                                                         con.cols, con.parent, missing,
                                                                                         'c._cow_seq > _mark', con.match_full), true);
@@ -893,12 +967,15 @@ BEGIN
     END IF;
     mark := format('cow_changes.%I', r.changes_table || '_mark');
     -- (The mark is pushed in a session or not, and cow_fk_check pops it before it asks for the session: a
-    -- write costs no lookup of the binding for its mark; outside a session nothing reads the mark.)
+    -- write costs no lookup of the binding for its mark; outside a session nothing reads the mark. The mark is
+    -- the last value cow.write_seq handed out, 0 before the first: pg_sequence_last_value is NULL then, and
+    -- nothing moves the sequence back. A simple expression, not a query of the sequence: no plan, no executor
+    -- start at each write statement.)
     check_fn := format('cow_changes.%I', r.changes_table || '_fkcheck');
     EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql AS $body$
 BEGIN
     PERFORM set_config({{mark|L}}, concat_ws(',', nullif(current_setting({{mark|L}}, true), ''),
-        (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM cow.write_seq)::text), true);
+        coalesce(pg_catalog.pg_sequence_last_value('cow.write_seq'::pg_catalog.regclass), 0)::text), true);
     RETURN NULL;
 END $body$$t$, jsonb_build_object('fn', mark, 'mark', 'cow._mark_' || r.changes_table));
     EXECUTE format('CREATE OR REPLACE TRIGGER cow_fk_mark BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()', v, mark);
@@ -1365,9 +1442,10 @@ BEGIN
     gone := cow._sexists(ctx.rel, cow._eq(fk.refcols, 'z', 'c'), fk.refcols);
     referenced := cow._sexists(fk.conrelid, cow._eq2(fk.cols, 'z', fk.refcols, 'c'), fk.cols);
     ctx.dn := ctx.dn + 1;
-    ctx.dq := ctx.dq || cow._defer_branch(ctx.dn, cow._fk_parent_check(ctx.ch, fk.conname, fk.msg, fk.refcols,
-                                                                       fk.child_schema, fk.child, gone, referenced,
-                                                                       ctx.row_version), false);
+    ctx.dq := ctx.dq || cow._defer_branch(ctx.dn, cow._fk_parent_version_check(
+        ctx.ch, fk.conname, fk.msg, fk.refcols, fk.child_schema, fk.child,
+        cow._sexists(ctx.rel, cow._eq(fk.refcols, 'z', 'NEW'), fk.refcols),
+        cow._sexists(fk.conrelid, cow._eq2(fk.cols, 'z', fk.refcols, 'NEW'), fk.cols), ctx.row_version), false);
     ctx.dq_stmt := ctx.dq_stmt || cow._defer_branch(ctx.dn, cow._fk_parent_check(ctx.ch, fk.conname, fk.msg,
                                                                                  fk.refcols, fk.child_schema, fk.child,
                                                                                  gone, referenced, 'c._cow_seq > _mark'),

@@ -112,12 +112,16 @@ BEGIN
     END IF;
     END IF;
     IF _k = 2 THEN
-    SELECT c._cow_seq, format('Key (%s)=(%s) is not present in table "%s".', 'later_id', concat_ws(', ', coalesce(c.later_id::text, 'null')), 'parent')
-    INTO _seq, _det FROM cow_changes.t1 c WHERE c._cow_session = _s AND c.id = NEW.id AND c._cow_seq = _v
-        AND c._cow_current AND c._cow_deleted IS NOT TRUE AND c.later_id IS NOT NULL AND NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND z._cow_deleted IS NOT TRUE AND z.id = c.later_id OFFSET 0) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = c.later_id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0)) AND (c._cow_fk & 4) <> 0
-    ORDER BY c._cow_seq LIMIT 1;
-    IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
-        _best := _seq; _bdet := _det; _bcon := 'child_later_id_fkey'; _bmsg := 'insert or update on table "child" violates foreign key constraint "child_later_id_fkey"'; _bcode := '23503'; _btab := NULL; _bsch := NULL;
+    IF NEW._cow_deleted IS NOT TRUE AND (NEW._cow_fk & 4) <> 0 AND NEW.later_id IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM cow_changes.t1 c WHERE c._cow_session = _s AND c.id = NEW.id AND c._cow_seq = _v AND c._cow_current) THEN
+            IF NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND z._cow_deleted IS NOT TRUE AND z.id = NEW.later_id OFFSET 0) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = NEW.later_id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0)) THEN
+                _seq := _v;
+                _det := format('Key (%s)=(%s) is not present in table "%s".', 'later_id', concat_ws(', ', coalesce(NEW.later_id::text, 'null')), 'parent');
+                IF _best IS NULL OR _seq < _best THEN
+                    _best := _seq; _bdet := _det; _bcon := 'child_later_id_fkey'; _bmsg := 'insert or update on table "child" violates foreign key constraint "child_later_id_fkey"'; _bcode := '23503'; _btab := NULL; _bsch := NULL;
+                END IF;
+            END IF;
+        END IF;
     END IF;
     END IF;
     END LOOP;
@@ -327,7 +331,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t1_mark()
 AS $function$
 BEGIN
     PERFORM set_config('cow._mark_t1', concat_ws(',', nullif(current_setting('cow._mark_t1', true), ''),
-        (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM cow.write_seq)::text), true);
+        coalesce(pg_catalog.pg_sequence_last_value('cow.write_seq'::pg_catalog.regclass), 0)::text), true);
     RETURN NULL;
 END $function$
 
@@ -579,7 +583,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t2_mark()
 AS $function$
 BEGIN
     PERFORM set_config('cow._mark_t2', concat_ws(',', nullif(current_setting('cow._mark_t2', true), ''),
-        (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM cow.write_seq)::text), true);
+        coalesce(pg_catalog.pg_sequence_last_value('cow.write_seq'::pg_catalog.regclass), 0)::text), true);
     RETURN NULL;
 END $function$
 
@@ -754,13 +758,18 @@ BEGIN
     END IF;
     END IF;
     IF _k = 2 THEN
-    SELECT c._cow_seq, format('Key (%s)=(%s) is still referenced from table "%s".', 'id', concat_ws(', ', coalesce(c.id::text, 'null')), 'child')
-    INTO _seq, _det FROM cow_changes.t3 c WHERE c._cow_session = _s AND c.id = NEW.id AND c._cow_seq = _v
-        AND c._cow_current AND c._cow_deleted AND c.id IS NOT NULL
-        AND CASE WHEN (EXISTS (SELECT 1 FROM cow_changes.t1 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.later_id = c.id OFFSET 0) OR EXISTS (SELECT 1 FROM public.child z WHERE z.later_id = c.id AND NOT EXISTS (SELECT 1 FROM cow_changes.t1 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0)) THEN NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND z._cow_deleted IS NOT TRUE AND z.id = c.id OFFSET 0) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = c.id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0)) ELSE false END
-    ORDER BY c._cow_seq LIMIT 1;
-    IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
-        _best := _seq; _bdet := _det; _bcon := 'child_later_id_fkey'; _bmsg := 'update or delete on table "parent" violates foreign key constraint "child_later_id_fkey" on table "child"'; _bcode := '23503'; _btab := 'child'; _bsch := 'public';
+    IF NEW._cow_deleted AND NEW.id IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM cow_changes.t3 c WHERE c._cow_session = _s AND c.id = NEW.id AND c._cow_seq = _v AND c._cow_current) THEN
+            IF (EXISTS (SELECT 1 FROM cow_changes.t1 z WHERE z._cow_session = _s AND z._cow_current AND NOT z._cow_deleted AND z.later_id = NEW.id OFFSET 0) OR EXISTS (SELECT 1 FROM public.child z WHERE z.later_id = NEW.id AND NOT EXISTS (SELECT 1 FROM cow_changes.t1 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0)) THEN
+                IF NOT (EXISTS (SELECT 1 FROM cow_changes.t3 z WHERE z._cow_session = _s AND z._cow_current AND z._cow_deleted IS NOT TRUE AND z.id = NEW.id OFFSET 0) OR EXISTS (SELECT 1 FROM public.parent z WHERE z.id = NEW.id AND NOT EXISTS (SELECT 1 FROM cow_changes.t3 y WHERE y._cow_session = _s AND y._cow_current AND y.id = z.id OFFSET 0) OFFSET 0)) THEN
+                    _seq := _v;
+                    _det := format('Key (%s)=(%s) is still referenced from table "%s".', 'id', concat_ws(', ', coalesce(NEW.id::text, 'null')), 'child');
+                    IF _best IS NULL OR _seq < _best THEN
+                        _best := _seq; _bdet := _det; _bcon := 'child_later_id_fkey'; _bmsg := 'update or delete on table "parent" violates foreign key constraint "child_later_id_fkey" on table "child"'; _bcode := '23503'; _btab := 'child'; _bsch := 'public';
+                    END IF;
+                END IF;
+            END IF;
+        END IF;
     END IF;
     END IF;
     END LOOP;
@@ -940,7 +949,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t3_mark()
 AS $function$
 BEGIN
     PERFORM set_config('cow._mark_t3', concat_ws(',', nullif(current_setting('cow._mark_t3', true), ''),
-        (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM cow.write_seq)::text), true);
+        coalesce(pg_catalog.pg_sequence_last_value('cow.write_seq'::pg_catalog.regclass), 0)::text), true);
     RETURN NULL;
 END $function$
 
