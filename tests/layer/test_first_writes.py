@@ -238,3 +238,37 @@ def test_deferred_checks_run_the_steps_a_version_needs(pair: Pair) -> None:
     conn.execute("ROLLBACK")
     err = same_tx(pair, "DELETE FROM node WHERE id = 1")
     assert err[:3] == (1, "23503", "node_up_fkey")
+
+
+# Layer 59's function files (main before branch i16lay4): each deferred check one query joining the version.
+LAYER_59_COMMIT = "25432fe"
+
+
+def test_the_upgrade_from_59_regenerates_the_deferred_checks_and_keeps_sessions(layer_db: str) -> None:
+    old_files = [sql for _, sql in files_at(LAYER_59_COMMIT, "migrations/sql/functions")]
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+        apply_old_functions(conn, old_files, "layer 59")
+        conn.execute("SELECT * FROM cow.refresh(true)")
+        conn.execute("SELECT cow.use_session('s1')")
+        conn.execute("INSERT INTO child VALUES (10, 1, 'layer 59')")
+        conn.execute("INSERT INTO node VALUES (10, 1)")
+        conn.execute("BEGIN")
+        texts = checks_run(conn, "INSERT INTO node VALUES (11, 10)", "SET CONSTRAINTS ALL IMMEDIATE")
+        assert [t for t in texts if "still referenced" in t], texts  # (layer 59: the parent's side too)
+        conn.execute("ROLLBACK")
+    result = run(layer_db, install_layer)
+    assert result.applied == ()
+    assert {"10_core.sql", "30_generators.sql"} <= set(result.reapplied)
+    with psycopg.connect(layer_db, autocommit=True) as conn:
+        conn.execute("SELECT cow.use_session('s1')")
+        conn.execute("BEGIN")
+        texts = checks_run(conn, "INSERT INTO node VALUES (11, 10)", "SET CONSTRAINTS ALL IMMEDIATE")
+        assert not [t for t in texts if "still referenced" in t], texts
+        assert [t for t in texts if "z.id = NEW.up" in t], texts
+        conn.execute("COMMIT")
+        rows = conn.execute("SELECT id, up FROM node WHERE id >= 10 ORDER BY id").fetchall()
+        assert rows == [(10, 1), (11, 10)]
+        assert conn.execute("SELECT note FROM child WHERE id = 10").fetchone() == ("layer 59",)
+        with pytest.raises(psycopg.errors.ForeignKeyViolation), conn.transaction():
+            conn.execute("UPDATE child SET parent_id = 9 WHERE id = 10")
