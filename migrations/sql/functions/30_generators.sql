@@ -769,9 +769,10 @@ $t$, jsonb_build_object(
 -- The same check for the one version a deferrable key's constraint trigger fired for (p_versions selects it),
 -- in three steps that PostgreSQL plans apart: p_cond on NEW (the version as written: only its _cow_current
 -- changes later), then whether the version is still current (a probe of <t>_cur by its key), then p_missing,
--- the parent's probes with NEW's key. As one query joining the version to the parent's probes, its plan cost
--- ~3x the three (planned anew at each of a backend's first five events per constraint, and Django checks
--- its deferred keys at the end of every test; docs/benchmarks.md, branch i16lay4).
+-- the parent's probes with NEW's key. As one query joining the version to the parent's probes it cost about
+-- twice the steps (planned anew at each of a backend's first five events per constraint, and Django checks
+-- its deferred keys at the end of every test), and more than them with its generic plan too
+-- (docs/benchmarks.md, branch i16lay4).
 CREATE OR REPLACE FUNCTION cow._fk_version_check(p_ch text, p_tab text, p_conname text, p_cols text[], p_parent text,
                                                  p_cond text, p_missing text, p_versions text, p_full boolean) RETURNS text
 LANGUAGE sql IMMUTABLE RETURN cow._fill($t$    IF {{cond}} THEN
