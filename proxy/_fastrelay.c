@@ -42,7 +42,7 @@
 /* What proxy/fastrelay.py expects (API_VERSION there): bump both when the module's functions or the tuples
  * they take or return change, so that a stale build (an editable install not rebuilt after a pull) is
  * reported and left unused instead of failing at the first call. */
-#define API_VERSION 13
+#define API_VERSION 14
 /* read_trace.XACT_STATEMENT and XACT_SQL: asked before the end of a transaction whose reads' operation is its. */
 #define XACT_NAME "__cowproxy_xact"
 #define XACT_SQL "SELECT pg_current_xact_id_if_assigned()"
@@ -59,6 +59,9 @@
 #define MAX_WRITE_SLOTS 256 /* (table, kind) pairs counted for tagged connections' writes */
 #define STMT_WRITES 4       /* writes of one statement counted here (Python binds one with more) */
 #define MAX_DECISIONS 1024  /* cached decisions per connection */
+/* Decisions Python answered during one stay (conn_t.extra, a table of the connection's own): a full one starts
+ * again empty (its texts are asked again). */
+#define MAX_ANSWERED 512
 /* Read records per connection waiting for Python (a full ring drops), and those that make the thread wake
  * Python to take them. Python takes them once a second anyway; each take costs its thread ~0.2 ms whatever
  * its size (the wake-up, the lock, the writer's wake-up), which at a mark of 256 was ~0.3 µs per read at
@@ -426,6 +429,14 @@ struct conn {
     int sdrop; /* the server message being read is a reply to the question: not relayed */
     long long cur_rec; /* the record whose CommandComplete body is being read, or -1 */
     dtable_t *dec;   /* Decisions, given at adoption (NO_DECISIONS: none) */
+    /* A Query of a session with no decision is asked of Python (may_ask: it may be; asking: the request's number
+     * while its answer is awaited, the client not read meanwhile and the Query first in cin) instead of
+     * handing the connection back; the decisions answered during the stay (NULL: none yet); answered: the
+     * next Query taken is the one asked about (Python counted its analysis, not C). */
+    int may_ask;
+    unsigned long long asking;
+    dtable_t *extra;
+    int answered;
     /* Promotions (proxy/unnamed.py), given at adoption and handed back: names made so far and how many may be;
      * texts that may have deallocated them (Promotions._deallocations, counted here from 0); replies owed to
      * messages sent for them; a rewritten one that failed as on a stale catalog (CatalogGate.suspect: Python
@@ -494,6 +505,15 @@ typedef struct handback {
     struct handback *next;
 } handback_t;
 
+/* A Query of a session C has no decision for, asked of Python (conn_t.asking): its text (without the NUL). */
+typedef struct request {
+    long long id;
+    unsigned long long seq;
+    unsigned char *text;
+    size_t len;
+    struct request *next;
+} request_t;
+
 typedef struct {
     char word[16];
     int len;
@@ -537,6 +557,9 @@ typedef struct {
     double latency_sum;
     PyObject *dec_items;  /* the list of decisions last loaded without promotions, and its table */
     dtable_t *dec_table;
+    /* Requests for a decision waiting for Python (take_requests), in order; the last request's number. */
+    struct request *rq_head, *rq_tail;
+    unsigned long long rq_seq;
 } Engine;
 
 static double now(void) {
@@ -1020,13 +1043,16 @@ static decision_t *decision_find(dtable_t *t, unsigned char type, const unsigned
     return NULL;
 }
 
-/* The decision for a text of a tagged connection: its exact text's, else its shape's. */
+/* The decision for a text of a tagged connection: its exact text's, else its shape's; in the decisions given
+ * at adoption, else in those Python answered during the stay. */
 static decision_t *decision_for(Engine *e, conn_t *c, unsigned char type, const unsigned char *text, size_t len) {
     decision_t *d = decision_find(c->dec, type, text, len);
-    if (d != NULL || c->dec->shapes == 0) return d;
+    if (d == NULL && c->extra != NULL) d = decision_find(c->extra, type, text, len);
+    if (d != NULL || (c->dec->shapes == 0 && (c->extra == NULL || c->extra->shapes == 0))) return d;
     long klen = shape_key(text, len, e->shape);
     if (klen < 0) return NULL;
     d = decision_find(c->dec, (unsigned char)(type | 0x20), e->shape, (size_t)klen);
+    if (d == NULL && c->extra != NULL) d = decision_find(c->extra, (unsigned char)(type | 0x20), e->shape, (size_t)klen);
     if (d != NULL) e->shape_hits++;
     return d;
 }
@@ -1146,7 +1172,7 @@ static stmt_t *stmt_new(int kind, int pyonly, long idx, const unsigned char *tex
 /* ---- the relay (all below runs with e->mu held) ---- */
 
 static int blocked(conn_t *c) {
-    return c->stop_client || (c->recall && c->qlen == 0 && !c->mid_batch && c->status == 'I') ||
+    return c->stop_client || c->asking || (c->recall && c->qlen == 0 && !c->mid_batch && c->status == 'I') ||
            c->inflight >= MAX_INFLIGHT || c->watch == 2 || c->sheld != NULL;
 }
 
@@ -1347,6 +1373,7 @@ static void free_conn(conn_t *c) {
     ring_free(&c->reads);
     enc_unref(c->enc);
     dtable_unref(c->dec);
+    dtable_unref(c->extra);
     table_free(&c->stmts);
     table_free(&c->portals);
     free(c->cin);
@@ -1821,6 +1848,25 @@ static int take_extended(Engine *e, conn_t *c, const unsigned char *m, size_t to
     return 3;
 }
 
+/* Ask Python for the decision of a session's Query text (stops reading the client until the answer: the Query
+ * stays in cin, first). -1: no memory (the connection is handed back at that Query, as without asking). */
+static int ask_decision(Engine *e, conn_t *c, const unsigned char *text, size_t len) {
+    request_t *r = calloc(1, sizeof(*r));
+    if (r == NULL || (r->text = malloc(len ? len : 1)) == NULL) {
+        free(r);
+        return -1;
+    }
+    memcpy(r->text, text, len);
+    r->len = len;
+    r->id = c->id;
+    r->seq = c->asking = ++e->rq_seq;
+    if (e->rq_tail) e->rq_tail->next = r;
+    else e->rq_head = r;
+    e->rq_tail = r;
+    e->notify = 1;
+    return 0;
+}
+
 /* Walk client messages in buf; returns how many leading bytes are to be forwarded. */
 static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_t len) {
     size_t pos = 0;
@@ -1850,7 +1896,12 @@ static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_
                 break;
             }
             if (c->tagged) {
+                unsigned long long shape_hits = e->shape_hits;
                 decision_t *d = decision_for(e, c, 'Q', buf + pos + 5, (size_t)total - 6);
+                if (d == NULL && c->may_ask) { /* Python decides the text, the connection stays */
+                    if (ask_decision(e, c, buf + pos + 5, (size_t)total - 6) < 0) stop_client(c, type);
+                    break;
+                }
                 /* (A simple-query COMMIT to ask before: Python asks, in a batch of its own.) */
                 if (d == NULL || (d->kind == c->resolve && wants_xact(c))) { /* Python decides */
                     stop_client(c, type);
@@ -1858,7 +1909,12 @@ static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_
                 }
                 if (d->rerun && starts_transaction(c)) c->watch = 1, c->wlen = 0;
                 if (c->npromos) promos_query(c, buf + pos + 5, (size_t)total - 5);
-                e->decision_hits++;
+                if (c->answered) { /* (Python counted its analysis: a hit or a miss) */
+                    c->answered = 0;
+                    e->shape_hits = shape_hits;
+                } else {
+                    e->decision_hits++;
+                }
                 count_tagged(e, d->kind, d->nslots, d->slots);
                 /* (By its shape's decision: the record keeps the text, its statement.) */
                 const unsigned char *own = d->key[0] == 'q' ? buf + pos + 5 : NULL;
@@ -2649,6 +2705,67 @@ static dtable_t *decisions_for(Engine *e, PyObject *items, int npromos) {
     return t;
 }
 
+/* One decision Python answered (a row as decisions_load takes it, for a Query: key type 'Q' or 'q', no read
+ * record, no promotion) into the connection's own table of them (conn_t.extra), which grows by doubling and
+ * starts again empty once it holds MAX_ANSWERED. */
+static int answered_add(Engine *e, conn_t *c, PyObject *row) {
+    const char *key;
+    Py_ssize_t len;
+    int kind, records, rerun, promo;
+    PyObject *slots;
+    decision_t d = {0};
+    if (!PyArg_ParseTuple(row, "y#iOppi", &key, &len, &kind, &slots, &records, &rerun, &promo) ||
+        load_slots(slots, &d.nslots, d.slots) < 0)
+        return -1;
+    if (len < 1 || (key[0] != 'Q' && key[0] != 'q') || kind < 0 || kind >= e->nkinds || records || promo != -1) {
+        PyErr_SetString(PyExc_ValueError, "bad answered decision");
+        return -1;
+    }
+    dtable_t *t = c->extra;
+    if (t != NULL && decision_find(t, (unsigned char)key[0], (const unsigned char *)key + 1, (size_t)len - 1))
+        return 0;
+    size_t used = 0;
+    if (t != NULL)
+        for (size_t i = 0; i < t->cap; i++) used += t->v[i].key != NULL;
+    if (t == NULL || used >= MAX_ANSWERED || 2 * (used + 1) > t->cap) { /* a new table: larger, or empty again */
+        size_t cap = t == NULL || used >= MAX_ANSWERED ? 16 : 2 * t->cap;
+        dtable_t *n = calloc(1, sizeof(*n));
+        if (n == NULL || (n->v = calloc(cap, sizeof(decision_t))) == NULL) {
+            free(n);
+            PyErr_NoMemory();
+            return -1;
+        }
+        n->cap = cap;
+        n->refs = 1;
+        for (size_t i = 0; t != NULL && used < MAX_ANSWERED && i < t->cap; i++) {
+            if (t->v[i].key == NULL) continue;
+            size_t j = t->v[i].hash & (cap - 1);
+            while (n->v[j].key != NULL) j = (j + 1) & (cap - 1);
+            n->v[j] = t->v[i];
+            t->v[i].key = NULL; /* (moved) */
+        }
+        n->shapes = t != NULL && used < MAX_ANSWERED ? t->shapes : 0;
+        dtable_unref(t);
+        c->extra = t = n;
+    }
+    d.hash = fnv1a((unsigned char)key[0], (const unsigned char *)key + 1, (size_t)len - 1);
+    d.len = (size_t)len;
+    d.kind = kind;
+    d.read = NO_READ;
+    d.rerun = rerun;
+    d.promo = -1;
+    if ((d.key = malloc((size_t)len)) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(d.key, key, (size_t)len);
+    if (key[0] == 'q') t->shapes++;
+    size_t j = d.hash & (t->cap - 1);
+    while (t->v[j].key != NULL) j = (j + 1) & (t->cap - 1);
+    t->v[j] = d;
+    return 0;
+}
+
 /* Promotions at adoption: [(rewritten text, parameter types as in a Parse, name number, prepared)]. */
 static int promos_load(conn_t *c, PyObject *items) {
     PyObject *seq = PySequence_Fast(items, "expected a sequence of (sql, types, number, prepared)");
@@ -2882,6 +2999,13 @@ static void engine_shutdown(Engine *e) {
         free_handback(h);
     }
     e->hb_tail = NULL;
+    while (e->rq_head != NULL) {
+        request_t *r = e->rq_head;
+        e->rq_head = r->next;
+        free(r->text);
+        free(r);
+    }
+    e->rq_tail = NULL;
     close(e->epfd);
     close(e->wakefd);
     close(e->notifyfd);
@@ -3000,17 +3124,18 @@ static PyObject *engine_adopt(Engine *e, PyObject *args) {
     unsigned long long max_message;
     PyObject *stmts = NULL, *portals = NULL, *decisions = NULL, *promos = NULL, *encode = Py_None;
     int tagged = 0, record = 0, resolve = -1, txn_reads = 0, txn_wrote = 0;
-    int promo_count = 0, promo_max = 0, alias = 0, alias_promo = -1;
+    int promo_count = 0, promo_max = 0, alias = 0, alias_promo = -1, ask = 0;
     long long txn = 0;
-    if (!PyArg_ParseTuple(args, "LiiK|OOpOpiLipOiiiiO", &id, &cfd, &sfd, &max_message, &stmts, &portals, &tagged,
+    if (!PyArg_ParseTuple(args, "LiiK|OOpOpiLipOiiiiOp", &id, &cfd, &sfd, &max_message, &stmts, &portals, &tagged,
                           &decisions, &record, &resolve, &txn, &txn_reads, &txn_wrote, &promos, &promo_count,
-                          &promo_max, &alias, &alias_promo, &encode))
+                          &promo_max, &alias, &alias_promo, &encode, &ask))
         return NULL;
     CHECK_STARTED(e);
     conn_t *c = calloc(1, sizeof(*c));
     if (c == NULL) return PyErr_NoMemory();
     c->dec = &NO_DECISIONS;
     c->tagged = tagged;
+    c->may_ask = tagged && !record && ask; /* (a recorded read names its decision by its index in the list given) */
     c->resolve = record ? resolve : -1;
     c->txn = txn;
     c->txn_reads = txn_reads;
@@ -3125,6 +3250,63 @@ static PyObject *engine_take_handbacks(Engine *e, PyObject *unused) {
         h = next;
     }
     return list;
+}
+
+/* [(conn_id, request number, Query text)]: the texts C asks Python to decide (answer each with answer()). */
+static PyObject *engine_take_requests(Engine *e, PyObject *unused) {
+    CHECK_STARTED(e);
+    pthread_mutex_lock(&e->mu);
+    request_t *r = e->rq_head;
+    e->rq_head = e->rq_tail = NULL;
+    pthread_mutex_unlock(&e->mu);
+    PyObject *list = PyList_New(0);
+    while (r != NULL) {
+        request_t *next = r->next;
+        if (list != NULL) {
+            PyObject *t = Py_BuildValue("(LKy#)", r->id, r->seq, (const char *)r->text, (Py_ssize_t)r->len);
+            if (t == NULL || PyList_Append(list, t) < 0) Py_CLEAR(list);
+            Py_XDECREF(t);
+        }
+        free(r->text);
+        free(r);
+        r = next;
+    }
+    return list;
+}
+
+/* answer(conn_id, request, decision or None) -> bool: Python's answer to a request. With a decision (a row as
+ * at adoption) C takes the Query by it; with None it hands the connection back at that Query, as it did
+ * before asking. False: the request is void (the connection was handed back or released meanwhile: the Query
+ * went back to Python with it). A bad row is answered as None, then raises. */
+static PyObject *engine_answer(Engine *e, PyObject *args) {
+    long long id;
+    unsigned long long seq;
+    PyObject *row;
+    if (!PyArg_ParseTuple(args, "LKO", &id, &seq, &row)) return NULL;
+    CHECK_STARTED(e);
+    pthread_mutex_lock(&e->mu);
+    conn_t *c = find(e, id);
+    int live = c != NULL && !c->dead && seq != 0 && c->asking == seq;
+    int bad = 0;
+    if (live) {
+        c->asking = 0;
+        if (row != Py_None && answered_add(e, c, row) == 0) {
+            c->answered = 1;
+        } else {
+            bad = row != Py_None;
+            stop_client(c, 'Q');
+        }
+        settle(e, c);
+        if (e->notify) {
+            uint64_t one = 1;
+            ssize_t w = write(e->notifyfd, &one, sizeof(one));
+            (void)w;
+            e->notify = 0;
+        }
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (bad) return NULL; /* (answered_add set the exception) */
+    return PyBool_FromLong(live);
 }
 
 /* The done read records of one connection, taken out of its ring (under the lock; Python objects are made
@@ -3310,12 +3492,16 @@ static PyMethodDef engine_methods[] = {
     {"adopt", (PyCFunction)engine_adopt, METH_VARARGS,
      "adopt(conn_id, client_fd, server_fd, max_message, statements=(), portals=(), tagged=False, decisions=(), "
      "record=False, resolve=-1, txn=0, txn_reads=0, txn_wrote=False, promotions=(), promoted=0, max_promoted=0, "
-     "alias=0, alias_promotion=-1, encode=None)"},
+     "alias=0, alias_promotion=-1, encode=None, ask=False)"},
     {"recall", (PyCFunction)engine_recall, METH_VARARGS, "recall(conn_id) -> hand-back tuple or None"},
     {"release", (PyCFunction)engine_release, METH_VARARGS, "release(conn_id) -> bool: take it out at once"},
     {"take_handbacks", (PyCFunction)engine_take_handbacks, METH_NOARGS,
      "[(conn_id, reason, errno, status, inflight, untaken_type, unforwarded_client_bytes, owed kinds, mid_batch, "
      "skip_until_sync, statements, portals, messages taken, read records, owed reads)]"},
+    {"take_requests", (PyCFunction)engine_take_requests, METH_NOARGS,
+     "[(conn_id, request, Query text)]: the texts of sessions C asks Python to decide"},
+    {"answer", (PyCFunction)engine_answer, METH_VARARGS,
+     "answer(conn_id, request, decision or None) -> bool: a decision to take the Query by, or None: hand back"},
     {"take_reads", (PyCFunction)engine_take_reads, METH_NOARGS,
      "(read records dropped since the last call, [(conn_id, [(ref, rows, ended, duration_us, params, txn, "
      "xid, text)], a run, how many)])"},

@@ -117,10 +117,14 @@ class Decisions:
         if self._decidable(sql, verdict, catalog):
             self.table.add(decision_key(sql, param_types), verdict)
 
-    def decide(self, kind: bytes, sql: str, verdict: Analysis, tags: Tags, catalog: Any) -> None:
-        """Remember that this text of a tagged connection went out as it is (for the C relay)."""
-        if not self._decidable(sql, verdict, catalog) or kind + sql.encode() in self.table:
-            return
+    def decide(self, kind: bytes, sql: str, verdict: Analysis, tags: Tags, catalog: Any) -> bytes | None:
+        """Remember that this text of a tagged connection went out as it is (for the C relay): the key it is
+        decided by (its text's or its shape's), or None: not one C may take."""
+        if not self._decidable(sql, verdict, catalog):
+            return None
+        exact = kind + sql.encode()
+        if exact in self.table:
+            return exact
         table = self.table  # (the catalog's: _decidable takes it when the catalog changed)
         # Its shape, when no literal's value can change the verdict: one entry for every text of the shape
         # (the simple protocol's ever-new texts), keyed by the lower-case type (proxy/sql/shapes.py). For a
@@ -128,8 +132,31 @@ class Decisions:
         # record names the statement's text, which C finds by the exact one only).
         by_text = kind != b"Q" and self.trace.records(tags, verdict)
         shape = None if by_text else self.analysis.shape(sql, catalog, verdict)
-        key = kind.lower() + shape if shape is not None else kind + sql.encode()
+        key = kind.lower() + shape if shape is not None else exact
         table.add(key, verdict)
+        return key
+
+    def row(
+        self,
+        key: bytes,
+        tags: Tags,
+        kind_index: Callable[[str], int | None],
+        slots: Callable[[Writes], tuple[int, ...] | None],
+        path_clean: bool,
+    ) -> Decision | None:
+        """The C relay's row of one decision of the table (``key``, as ``decide`` gave it) for a connection
+        whose reads are not recorded (a request's answer: ``Relay.decide_for_fast``), made once per table as
+        ``export`` makes its rows; None: not one C may take."""
+        verdict = self.table.get(key)
+        if verdict is None:
+            return None
+        made = self.table.rows.setdefault((path_clean, False), {})
+        row = made.get(key, _UNMADE)
+        if row is _UNMADE:
+            row = made[key] = self._row(
+                key, verdict, tags=tags, kind_index=kind_index, slots=slots, path_clean=path_clean
+            )
+        return row  # type: ignore[no-any-return]
 
     def export(
         self,

@@ -11,14 +11,23 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from proxy.analysis import QUICK_KINDS
-from proxy.handoff import Adoption, ConnectionState, Encoder, FastRead, Named, PromotionsBack, TxnCounts
+from proxy.handoff import (
+    Adoption,
+    ConnectionState,
+    Decision,
+    Encoder,
+    FastRead,
+    Named,
+    PromotionsBack,
+    TxnCounts,
+)
 from proxy.metrics import LATENCY_BUCKETS
 
 if TYPE_CHECKING:
     from proxy._fastrelay import Engine
     from proxy._fastrelay import Handback as RawHandback
 
-API_VERSION = 13  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
+API_VERSION = 14  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
 
 try:
     from proxy import _fastrelay
@@ -37,6 +46,10 @@ else:
         _fastrelay = None  # type: ignore[assignment]
 
 AVAILABLE = _fastrelay is not None
+
+# A Query text of a session C has no decision for, asked of Python: (conn_id, the request's number, the
+# text's bytes without its NUL). Answered with FastRelay.answer.
+Request = tuple[int, int, bytes]
 
 # What take_reads gives per connection: (conn_id, records C had no head for, as FastRead, the others as one
 # run of cow.read_runs (proxy/reads.py, DICT_RUN), how many reads it holds).
@@ -189,6 +202,7 @@ class FastRelay:
             given.alias if given is not None else 0,
             given.alias_promotion if given is not None else -1,
             encode,
+            a.ask,
         )
 
     @staticmethod
@@ -213,6 +227,15 @@ class FastRelay:
 
     def take_handbacks(self) -> list[Handback]:
         return [Handback.from_tuple(raw) for raw in self.engine.take_handbacks()]
+
+    def take_requests(self) -> list[Request]:
+        """The texts C asks Python to decide, in order (each is to be answered, once)."""
+        return self.engine.take_requests()
+
+    def answer(self, conn_id: int, request: int, decision: Decision | None) -> bool:
+        """Answer a request: C takes the Query by ``decision``, or hands the connection back at it (None).
+        False: the request was void (the connection had left C, the Query with it)."""
+        return self.engine.answer(conn_id, request, decision)
 
     def take_reads(self) -> tuple[int, list[TakenReads]]:
         """The read records done so far on connections still on the C relay, per connection and in order

@@ -117,3 +117,6 @@ class Adoption:
     resolve: bool
     state: ConnectionState = AT_REST
     promotions: PromotionsGiven | None = None  # in a session: its unnamed reads C promotes as Python does
+    # In a session whose reads are not recorded: a Query with no decision is asked of Python (a request,
+    # ``Relay.decide_for_fast``) instead of handing the connection back.
+    ask: bool = False

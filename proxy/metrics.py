@@ -62,6 +62,7 @@ class Metrics:
         # it did not take or ""); with the statements of each relay, where a session's time goes.
         self.fast_adoptions = 0
         self.fast_handbacks: dict[tuple[str, str], int] = {}
+        self.fast_requests: dict[str, int] = {}  # by answer: decision, hand back, void
         self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
         self._states: Callable[[], Iterable[tuple[str, str]]] = lambda: ()
@@ -79,6 +80,9 @@ class Metrics:
     def count_handback(self, reason: str, untaken: int) -> None:
         key = (reason, chr(untaken) if untaken >= 0 else "")
         self.fast_handbacks[key] = self.fast_handbacks.get(key, 0) + 1
+
+    def count_request(self, answer: str) -> None:
+        self.fast_requests[answer] = self.fast_requests.get(answer, 0) + 1
 
     def count_error(self, sqlstate: str) -> None:
         key = sqlstate[:2]
@@ -187,6 +191,15 @@ def _connection_metrics(m: Metrics, totals: _Totals) -> Iterator[Metric]:
     for (reason, message), n in sorted(m.fast_handbacks.items()):
         handbacks.add_metric([reason, message], n)
     yield handbacks
+    requests = CounterMetricFamily(
+        "cowproxy_fast_requests",
+        "Query texts of sessions the C relay asked Python to decide, by answer (decision: C took the Query; "
+        "hand back: C gave the connection back at it; void: the connection had left C)",
+        labels=["answer"],
+    )
+    for answer, n in sorted(m.fast_requests.items()):
+        requests.add_metric([answer], n)
+    yield requests
 
 
 def _statement_metrics(m: Metrics, totals: _Totals) -> Iterator[Metric]:

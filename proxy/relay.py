@@ -753,8 +753,40 @@ class Relay:
         txn = self.trace.txn
         state = replace(AT_REST, txn=TxnCounts(txn.count, txn.reads, txn.wrote))
         resolve = record and tags.operation is None
-        adoption = Adoption(statements, portals, tags.tagged, decisions, record, resolve, state, promotions)
+        ask = tags.tagged and not record
+        adoption = Adoption(
+            statements, portals, tags.tagged, decisions, record, resolve, state, promotions, ask
+        )
         return adoption, objects
+
+    def decide_for_fast(self, sql: str, kind_index: KindIndex, slots: Slots) -> Decision | None:
+        """A Query text the C relay asks about while it keeps the connection (``Adoption.ask``: it has no
+        decision for it). The row C takes it by when Python would send it as it is, with nothing of its own
+        to do first (``_prepare`` and ``_client_query``: no comment tags, join, catalog check, path question,
+        refusal, rewrite or tag map), decided into the table as ``_client_query`` decides it (a decision
+        depends on the text and the catalog alone); None: C hands the connection back at that Query, and
+        Python takes it as before.
+
+        Called only while the connection is on C, so the relay's state is the one it was adopted in: the
+        tags, the catalog and the path C keeps to (what would change them goes back to Python)."""
+        tags, gate = self.tagging.txn, self.gate
+        if (
+            not tags.tagged
+            or not self.tagging.settled()
+            or gate.catalog is None
+            or gate.suspect
+            or self.trace.reads is not None
+            or self._comment_tags(sql) is not None
+        ):
+            return None
+        verdict = self.analysis.analyze(sql, gate.catalog, True)
+        if verdict.rewritten is not None:
+            return None
+        key = self.decisions.decide(b"Q", sql, verdict, tags, gate.catalog)
+        row = None if key is None else self.decisions.row(key, tags, kind_index, slots, self.path.clean)
+        if row is not None:
+            self.hooks.parse_cache(verdict.cache_hit)  # (C does not count it as a hit of its own)
+        return row
 
     def _hand_off_decisions(
         self, kind_index: KindIndex, slots: Slots

@@ -596,6 +596,18 @@ class ClientConnection(asyncio.Protocol):
         if recorder is not None and stay is not None and stay[0].session is not None:
             recorder.offer_rows(self.database, stay[0].session, rows, count)
 
+    def fast_decision(self, text: bytes) -> Decision | None:
+        """The C relay asks for the decision of a Query text of this connection's session, which it holds
+        (``Relay.decide_for_fast``); None: it is to hand the connection back at that Query."""
+        relay, fast, adoption = self.relay, self.server.fast, self._adoption
+        if relay is None or fast is None or not self.fast or adoption is None or not adoption.ask:
+            return None
+        try:
+            sql = text.decode()
+        except UnicodeDecodeError:
+            return None
+        return relay.decide_for_fast(sql, fast.kind_index, fast.slots)
+
     def from_fast(self, handback: Handback) -> None:
         """The C relay gave the connection back: resume in Python from the state it reports."""
         self.fast = False
@@ -1089,6 +1101,26 @@ class ProxyServer:
             conn = self.connections.get(handback.conn_id)
             if conn is not None and conn.fast:
                 conn.from_fast(handback)
+        # (after the hand-backs: a request of a connection handed back meanwhile is void, its Query came back)
+        for conn_id, request, text in fast.take_requests():
+            self._answer(fast, conn_id, request, text)
+
+    def _answer(self, fast: FastRelay, conn_id: int, request: int, text: bytes) -> None:
+        """Answer one request of the C relay, whatever happens while deciding: C does not read the client
+        until it has the answer."""
+        conn = self.connections.get(conn_id)
+        decision = None
+        try:
+            if conn is not None:
+                decision = conn.fast_decision(text)
+        finally:
+            try:
+                live = fast.answer(conn_id, request, decision)
+            except ValueError as exc:  # (a row C could not load: it hands the connection back at that Query)
+                log_event(logging.WARNING, "fast_relay_answer_failed", conn=conn_id, error=exc)
+                live, decision = True, None
+            answer = "void" if not live else "hand back" if decision is None else "decision"
+            self.metrics.count_request(answer)
 
     def recall(self, conn: ClientConnection) -> None:
         """Ask the C relay for a connection back at its next idle point (at once when idle)."""

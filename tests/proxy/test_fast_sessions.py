@@ -110,9 +110,16 @@ def test_stays_on_the_c_relay_are_counted(proxy: RunningProxy, layer_db: str) ->
     for _ in range(3):
         assert c.query("SELECT 1")[-1] == (b"Z", b"I")  # (decided: C takes it)
     assert (delta(on_c), delta(python), delta(cold)) == (3, 0, 0)
-    assert c.query("SELECT 2 AS fs_count")[-1] == (b"Z", b"I")  # a new text: handed back, Python's
+    # A new text: C asks Python for its decision and takes it, the connection stays.
+    assert c.query("SELECT 2 AS fs_count")[-1] == (b"Z", b"I")
+    assert (delta(on_c), delta(python), delta(cold)) == (4, 0, 0)
+    assert delta('cowproxy_fast_requests_total{answer="decision"}') == 1
+    # A refusal: Python answers "hand back", and takes the Query as before.
+    replies = c.query("SET cow.session_id TO 'fs-elsewhere'")
+    assert replies[0][0] == b"E" and b"42501" in replies[0][1]
     assert on_fast(proxy)  # (at rest: adopted again)
-    assert (delta(on_c), delta(python), delta(cold)) == (3, 1, 1)
+    assert (delta(on_c), delta(python), delta(cold)) == (4, 0, 1)  # (a refusal is no statement)
+    assert delta('cowproxy_fast_requests_total{answer="hand back"}') == 1
     assert delta("cowproxy_fast_adoptions_total") == 1
     c.sock.sendall(p.TERMINATE)  # (C takes no Terminate: Python closes)
     assert wait_for(
