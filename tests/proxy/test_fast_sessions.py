@@ -1,6 +1,7 @@
 """Tagged connections on the C relay: Python decides once per statement text (forward it as is, or not),
-C applies the decisions it was given; what needs Python (a new text, a rewrite, a refusal, a comment that
-may carry tags) hands the connection back (docs/proxy.md, "Sessions on the fast relay")."""
+C applies the decisions it was given and asks Python about a new Query text; what needs Python (a rewrite,
+a refusal, a comment that may carry tags) hands the connection back (docs/proxy.md, "Sessions on the fast
+relay")."""
 
 from __future__ import annotations
 
@@ -307,6 +308,7 @@ def test_pgbench_in_sessions(
 _SESSION_TEXTS = st.sampled_from(
     [
         "SELECT v FROM t WHERE id = {n}",
+        "SELECT v AS c{n} FROM t WHERE id = 3",  # (a new text and shape each round: C asks Python)
         "UPDATE t SET v = 'v{n}' WHERE id = -{n} OR id = {n} - 10",
         "INSERT INTO t VALUES (1{n}, 'n{n}')",
         "SELECT v, 1.{n} FROM t WHERE v = 'v{n}' -- {n}",
@@ -374,6 +376,18 @@ _runs = iter(range(1_000_000))
     pipelined=False,
 )
 @example(stream=[("query", "SELECT v FROM t WHERE id = 3"), ("promoted", "SELECT 1")], pipelined=False)
+# Cold texts arriving on the C relay (asked of Python) inside a block and pipelined, with a comment tag's
+# switch (handed back) between them.
+@example(
+    stream=[
+        ("query", "BEGIN"),
+        ("query", "SELECT v AS c{n} FROM t WHERE id = 3"),
+        ("query", "/*cow_session='{o}'*/ SELECT v FROM t WHERE id = 4"),
+        ("query", "SELECT v AS c{n} FROM t WHERE id = 3"),
+        ("query", "COMMIT"),
+    ],
+    pipelined=True,
+)
 def test_fast_relay_matches_the_python_relay_in_sessions(
     relay_pair: Any, stream: list[tuple[str, str]], pipelined: bool
 ) -> None:
@@ -390,6 +404,7 @@ def test_fast_relay_matches_the_python_relay_in_sessions(
         engine.counts().shape_hits,
         engine.counts().rewrites,
     )
+    asked = fast.server.metrics.fast_requests.get("decision", 0)
     for proxy, side in ((slow, "s"), (fast, "f")):
         other = f"o{run}{side}"
         messages = [
@@ -404,11 +419,13 @@ def test_fast_relay_matches_the_python_relay_in_sessions(
     _decided.append(engine.counts().decision_hits - hits)
     _shaped.append(engine.counts().shape_hits - shapes)
     _promoted.append(engine.counts().rewrites - rewrites)
+    _asked.append(fast.server.metrics.fast_requests.get("decision", 0) - asked)
 
 
 _decided: list[int] = []  # decisions C took, per example of the comparison above
 _shaped: list[int] = []  # of those, by a shape's decision
 _promoted: list[int] = []  # promotions' Parses C sent
+_asked: list[int] = []  # cold texts C asked Python about and took by the answer
 
 
 def test_the_comparison_ran_decisions_on_the_fast_relay() -> None:
@@ -417,3 +434,4 @@ def test_the_comparison_ran_decisions_on_the_fast_relay() -> None:
     assert sum(_decided) > 0, _decided
     assert sum(_shaped) > 0, _shaped
     assert sum(_promoted) > 0, _promoted
+    assert sum(_asked) > 0, _asked
