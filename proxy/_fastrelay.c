@@ -3124,12 +3124,16 @@ static PyObject *engine_adopt(Engine *e, PyObject *args) {
     unsigned long long max_message;
     PyObject *stmts = NULL, *portals = NULL, *decisions = NULL, *promos = NULL, *encode = Py_None;
     int tagged = 0, record = 0, resolve = -1, txn_reads = 0, txn_wrote = 0;
-    int promo_count = 0, promo_max = 0, alias = 0, alias_promo = -1, ask = 0;
+    int promo_count = 0, promo_max = 0, alias = 0, alias_promo = -1, ask = 0, status = 'I';
     long long txn = 0;
-    if (!PyArg_ParseTuple(args, "LiiK|OOpOpiLipOiiiiOp", &id, &cfd, &sfd, &max_message, &stmts, &portals, &tagged,
-                          &decisions, &record, &resolve, &txn, &txn_reads, &txn_wrote, &promos, &promo_count,
-                          &promo_max, &alias, &alias_promo, &encode, &ask))
+    if (!PyArg_ParseTuple(args, "LiiK|OOpOpiLipOiiiiOpC", &id, &cfd, &sfd, &max_message, &stmts, &portals,
+                          &tagged, &decisions, &record, &resolve, &txn, &txn_reads, &txn_wrote, &promos,
+                          &promo_count, &promo_max, &alias, &alias_promo, &encode, &ask, &status))
         return NULL;
+    if (status != 'I' && (status != 'T' || !tagged || record)) { /* (a session inside a block: Relay.at_rest) */
+        PyErr_SetString(PyExc_ValueError, "a connection is adopted with status I, or T in a session not recorded");
+        return NULL;
+    }
     CHECK_STARTED(e);
     conn_t *c = calloc(1, sizeof(*c));
     if (c == NULL) return PyErr_NoMemory();
@@ -3163,7 +3167,7 @@ static PyObject *engine_adopt(Engine *e, PyObject *args) {
     c->fd[CLIENT] = cfd;
     c->fd[SERVER] = sfd;
     c->max_message = max_message;
-    c->status = 'I';
+    c->status = (char)status;
     c->untaken = -1;
     for (int side = 0; side < 2; side++) {
         c->end[side].c = c;
@@ -3492,7 +3496,7 @@ static PyMethodDef engine_methods[] = {
     {"adopt", (PyCFunction)engine_adopt, METH_VARARGS,
      "adopt(conn_id, client_fd, server_fd, max_message, statements=(), portals=(), tagged=False, decisions=(), "
      "record=False, resolve=-1, txn=0, txn_reads=0, txn_wrote=False, promotions=(), promoted=0, max_promoted=0, "
-     "alias=0, alias_promotion=-1, encode=None, ask=False)"},
+     "alias=0, alias_promotion=-1, encode=None, ask=False, status='I')"},
     {"recall", (PyCFunction)engine_recall, METH_VARARGS, "recall(conn_id) -> hand-back tuple or None"},
     {"release", (PyCFunction)engine_release, METH_VARARGS, "release(conn_id) -> bool: take it out at once"},
     {"take_handbacks", (PyCFunction)engine_take_handbacks, METH_NOARGS,

@@ -100,6 +100,7 @@ class Engine:
         alias_promotion: int = ...,
         encode: Encoder | None = ...,
         ask: bool = ...,
+        status: str = ...,
         /,
     ) -> None: ...
     def take_requests(self) -> list[tuple[int, int, bytes]]: ...

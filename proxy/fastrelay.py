@@ -203,6 +203,7 @@ class FastRelay:
             given.alias_promotion if given is not None else -1,
             encode,
             a.ask,
+            a.state.status,
         )
 
     @staticmethod

@@ -7,8 +7,9 @@ in its ``conn_t``. At a hand-off both describe it with the frozen values here, w
 what ``Engine.adopt`` takes and what C's hand-back tuple gives (docs/proxy.md, "The hand-off state"):
 
 - ``ConnectionState``, both ways: the server's side of the connection (status, replies owed, batch) and the
-  counts of its transaction's reads. Python hands over only at rest (``Relay.at_rest``: status I, nothing
-  owed, no batch), which is the state C starts a connection in; C hands back from wherever it stopped.
+  counts of its transaction's reads. Python hands over only at rest (``Relay.at_rest``: status I, or T for a
+  session, nothing owed, no batch), which is the state C starts a connection in; C hands back from wherever
+  it stopped.
 - ``Adoption``, Python to C: that state with the tables of statements and portals as C gets them (``Known``),
   the decisions it may apply (``Decision``), and whether it records and resolves reads.
 - ``fastrelay.Handback``, C to Python: the state with the tables as C gives them back (``Named``), the read
@@ -105,7 +106,8 @@ class PromotionsBack:
 @dataclass(frozen=True, slots=True)
 class Adoption:
     """What the C relay gets with a connection (``Engine.adopt``'s arguments after the sockets and the message
-    limit, in this order; ``state``: only its ``txn`` is passed, the rest is ``AT_REST``, where C starts)."""
+    limit, in this order; ``state``: only its ``status`` and ``txn`` are passed, the rest is ``AT_REST``,
+    where C starts)."""
 
     statements: list[Known]
     portals: list[Known]

@@ -122,6 +122,11 @@ class PathCheck:
         if verdict.path_change or (verdict.kind == "transaction" and self._changed_in_txn):
             self.changed()
 
+    @property
+    def changed_in_txn(self) -> bool:
+        """The open transaction may have changed the path or the role (a ROLLBACK TO may undo it)."""
+        return self._changed_in_txn
+
     def changed(self) -> None:
         self.clean = False
         self._changed_in_txn = True

@@ -492,7 +492,7 @@ class Relay:
         statement that may run again in flight, not before the first statement of a connection joined at
         ``start``."""
         return (
-            self.replies.at_rest()
+            self.replies.at_rest(self._block_at_rest())
             and self.held.at_rest()
             and not self.trace.txn.held  # (reads of the open transaction: its end here knows their operation)
             and not self.closing
@@ -502,6 +502,16 @@ class Relay:
             and self.tagging.settled()
             and not self._first_due
         )
+
+    def _block_at_rest(self) -> bool:
+        """Inside a transaction block (status T) a session may go to the C relay too: its tags were set before
+        the block (``Tagging.settled``: not tentative, so no ROLLBACK TO can undo them, and C never joins),
+        and no statement of the block may have changed the path (a ROLLBACK TO could undo what Python knows
+        of it: ``PathCheck.changed_in_txn``). Not while reads are recorded: their transaction's operation is
+        Python's to follow from its start. Django runs each test class in one block, with a savepoint per
+        test: a text C hands back would otherwise keep the whole class in Python; C asks Python about new
+        texts (``decide_for_fast``), so only what needs Python comes back."""
+        return self.tagging.txn.tagged and not self.path.changed_in_txn and self.trace.reads is None
 
     def _promotes_on_fast(self) -> bool:
         """The C relay carries on with the unnamed statement standing for one of the proxy's: in a session
@@ -751,7 +761,7 @@ class Relay:
         record = tags.tagged and self.trace.reads is not None  # (C records its reads)
         decisions, promotions = self._hand_off_decisions(kind_index, slots)
         txn = self.trace.txn
-        state = replace(AT_REST, txn=TxnCounts(txn.count, txn.reads, txn.wrote))
+        state = replace(AT_REST, status=self.replies.status, txn=TxnCounts(txn.count, txn.reads, txn.wrote))
         resolve = record and tags.operation is None
         ask = tags.tagged and not record
         adoption = Adoption(
@@ -773,7 +783,7 @@ class Relay:
         if (
             not tags.tagged
             or not self.tagging.settled()
-            or gate.catalog is None
+            or (gate.catalog is None and gate.wanted())  # (the catalog is read first)
             or gate.suspect
             or self.trace.reads is not None
             or self._comment_tags(sql) is not None

@@ -128,11 +128,12 @@ class ReplyQueue:
         entry.copy_epoch = self.copy_ends
         self.pending.append(entry)
 
-    def at_rest(self) -> bool:
-        """The state the C relay starts a connection in (``handoff.AT_REST``): status I, nothing owed, no
-        batch, at a message boundary of the server's."""
+    def at_rest(self, in_block: bool = False) -> bool:
+        """The state the C relay starts a connection in (``handoff.AT_REST``): status I (``in_block``: or T,
+        inside a transaction block that has not failed), nothing owed, no batch, at a message boundary of
+        the server's."""
         return (
-            self.status == "I"
+            (self.status == "I" or (in_block and self.status == "T"))
             and not self.pending
             and not self.mid_batch
             and not self.skip_until_sync

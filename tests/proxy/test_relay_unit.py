@@ -325,9 +325,10 @@ def test_at_rest_and_the_decisions_of_a_session() -> None:
     send(r, p.encode_query("BEGIN"))
     assert not r.at_rest()  # in flight
     reply(r, p.encode_command_complete("BEGIN"), p.encode_ready("T"))
-    assert not r.at_rest()  # in a transaction
+    assert r.at_rest()  # in a block, in the tags set before it
     send(r, p.encode_query("SET cow.session_id = 'x'"))  # refused
     reply(r, p.encode_error("42601", "syntax error"), p.encode_ready("E"))
+    assert not r.at_rest()  # a failed block
     send(r, p.encode_query("ROLLBACK"))
     reply(r, p.encode_command_complete("ROLLBACK"), p.encode_ready("I"))
     assert r.at_rest()
@@ -340,6 +341,64 @@ def test_at_rest_and_the_decisions_of_a_session() -> None:
     assert untagged.at_rest() and not untagged.decisions.table  # untagged: C needs no decisions
     routed = relay(route=Tags("R"))
     assert not routed.at_rest()  # the route's tags not in force yet
+
+
+def test_a_session_rests_in_a_block_only_as_long_as_python_knows_its_tags_and_path() -> None:
+    """Inside a transaction block a session may go to the C relay when its tags were set before the block
+    (C never joins, and a ROLLBACK TO cannot undo them) and no statement of the block may have changed the
+    path; the adoption carries the status."""
+    r = relay(Tags("S1"))
+    _join(r, p.encode_query("INSERT INTO t VALUES (1)"))
+    send(r, p.encode_query('BEGIN; SAVEPOINT "s1"'))
+    reply(r, p.encode_command_complete("BEGIN"), p.encode_command_complete("SAVEPOINT"), p.encode_ready("T"))
+    assert r.at_rest()
+    adoption, _ = r.hand_off(lambda kind: 0, lambda writes: ())
+    assert adoption.state.status == "T" and adoption.ask
+    send(r, p.encode_query("SET ROLE app"))  # a ROLLBACK TO may undo it: where names resolve is unknown
+    reply(r, p.encode_command_complete("SET"), p.encode_ready("T"))
+    assert not r.at_rest()
+    send(r, p.encode_query("COMMIT"))
+    reply(r, p.encode_command_complete("COMMIT"), p.encode_ready("I"))
+    assert r.at_rest()
+    # Tags set inside a block (a comment's) are tentative: the block stays Python's.
+    t = relay(Tags("S1"))
+    _join(t, p.encode_query("INSERT INTO t VALUES (1)"))
+    send(t, p.encode_query("BEGIN"))
+    reply(t, p.encode_command_complete("BEGIN"), p.encode_ready("T"))
+    send(t, p.encode_query("/*cow_operation='o2'*/ SELECT 1"))
+    assert not t.at_rest()
+    untagged = relay()
+    send(untagged, p.encode_query("BEGIN"))
+    reply(untagged, p.encode_command_complete("BEGIN"), p.encode_ready("T"))
+    assert not untagged.at_rest()  # (only sessions go in a block)
+
+
+def test_the_c_relay_asks_for_a_decision_as_the_relay_would_decide() -> None:
+    """A text the C relay asks about (``decide_for_fast``): the row C takes it by, and the decision in the
+    table, when Python would send it as it is; None (C hands back at it) for what Python must do itself."""
+    r = relay(Tags("S1"))
+    _join(r, p.encode_query("INSERT INTO t VALUES (1)"))
+    kinds = ["select", "insert", "transaction", "utility", "other"]
+
+    def ask(sql: str) -> Any:
+        return r.decide_for_fast(sql, lambda kind: kinds.index(kind) if kind in kinds else None, lambda w: ())
+
+    assert ask("SELECT v AS asked FROM t") == (b"QSELECT v AS asked FROM t", 0, (), False, False, -1)
+    assert b"QSELECT v AS asked FROM t" in r.decisions.table
+    row = ask("SELECT v FROM t WHERE id = 7")  # (first sight of the shape: by the text; then by the shape)
+    assert row is not None and row[0] == b"QSELECT v FROM t WHERE id = 7"
+    row = ask("SELECT v FROM t WHERE id = 8")
+    assert row is not None and row[0] == b"qSELECT v FROM t WHERE id = \xff"
+    assert ask("BEGIN") is not None
+    assert ask("SET cow.session_id = 'x'") is None  # refused
+    assert ask("INSERT INTO t VALUES (2) ON CONFLICT DO NOTHING") is None  # rewritten
+    assert ask("/*cow_operation='o2'*/ SELECT 1") is None  # a comment may carry tags
+    assert ask("SET search_path TO public") is None  # a path change
+    assert ask("ALTER TABLE t ADD COLUMN w int") is None  # catalog dependent
+    assert ask("SELECT 1/0") is not None  # (an error of the server's is no decision of Python's)
+    assert r.to_server == [] and r.to_client == []  # nothing sent: C holds the Query
+    untagged = relay()
+    assert untagged.decide_for_fast("SELECT 1", lambda kind: 0, lambda w: ()) is None
 
 
 def _recording(tags: Tags) -> tuple[Relay, list[tuple[str, str, str | None, bytes | None, int | None]]]:
