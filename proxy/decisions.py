@@ -27,14 +27,19 @@ from proxy.unnamed import Key, decision_key, key_types
 # generations of at most half as many each (Table.add).
 MAX_DECISIONS = 1024
 GENERATION = MAX_DECISIONS // 2
+# A connection that asks the C relay's questions (Adoption.ask) takes the list made for the table's version
+# up to this many decisions ago: C asks about a Query text the list lacks, and a list made anew at every
+# adoption of a table that grows with each answer cost Python O(table) each time (a decision is never wrong
+# for its catalog, so an older list is only shorter).
+STALE_LIST = 64
 
 Writes = tuple[tuple[str, str], ...]
 _UNMADE: Any = object()  # (a row not made yet: None is a decision C may not take)
 
 
 # What ``export`` keeps of a table per (path known clean, reads recorded): the table's version when made, the
-# rows without and with the promoted texts (U), and the promoted texts' keys.
-Export = tuple[int, list[Decision], list[Decision], dict[bytes, Key]]
+# rows without and with the promoted texts (U), the promoted texts' keys, the table's ``parses`` when made.
+Export = tuple[int, list[Decision], list[Decision], dict[bytes, Key], int]
 
 
 class Table(dict[bytes, Analysis]):
@@ -53,6 +58,7 @@ class Table(dict[bytes, Analysis]):
         super().__init__()
         self.exports: dict[tuple[bool, bool], Export] = {}
         self.version = 0  # changed by every decision added or dropped (exports are made per version)
+        self.parses = 0  # changed by every decision of a Parse added (the C relay does not ask about those)
         self.rows: dict[tuple[bool, bool], dict[bytes, Decision | None]] = {}  # Decisions._rows
         self.young: set[bytes] = set()  # decided since the last turn; the other keys are the old generation
         self.turns = 0
@@ -72,6 +78,8 @@ class Table(dict[bytes, Analysis]):
         self[key] = verdict
         self.young.add(key)
         self.version += 1
+        if key[:1] not in (b"Q", b"q"):
+            self.parses += 1
 
 
 def _own_table(catalog: Any, make: Callable[[], Table]) -> Table:
@@ -167,6 +175,7 @@ class Decisions:
         path_clean: bool,
         *,
         promote: Callable[[list[Key]], dict[Key, int]] | None = None,
+        stale: int = 0,
     ) -> list[Decision]:
         """The decisions for the C relay, those it can count (a kind it knows, writes it has slots for) and
         may take (unless ``path_clean``, none whose write targets the server is to resolve first). Promoted
@@ -174,15 +183,17 @@ class Decisions:
 
         The rows depend on the connection only by ``path_clean`` and whether its reads are recorded: made
         once per table version for each, and shared by the connections of the table (kinds and write slots of
-        the C relay never change once given)."""
+        the C relay never change once given). ``stale``: a list made up to that many versions ago will do
+        (``STALE_LIST``: the connection asks about the Query texts it lacks), unless a Parse's decision came
+        since (C does not ask about those: it would hand back at that Parse at every stay)."""
         self._current(catalog)
         table = self.table
         recording = self.trace.reads is not None and tags.session is not None
         made = table.exports.get((path_clean, recording))
-        if made is None or made[0] != table.version:
+        if made is None or table.version - made[0] > stale or table.parses != made[4]:
             made = self._rows(tags, kind_index, slots, path_clean, recording)
             table.exports[path_clean, recording] = made
-        _, plain, rows, promoted = made
+        _, plain, rows, promoted, _ = made
         if promote is None:
             return plain
         if not promoted:  # (the shared list: C keeps the table it loaded for that list object)
@@ -217,7 +228,7 @@ class Decisions:
                 promoted[key] = (verdict.rewritten, key_types(key))
             rows.append(row)
         plain = [row for row in rows if row[0][:1] != b"U"] if promoted else rows
-        return self.table.version, plain, rows, promoted
+        return self.table.version, plain, rows, promoted, self.table.parses
 
     def _row(
         self,

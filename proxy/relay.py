@@ -32,7 +32,7 @@ from proxy import rerun
 from proxy.analysis import ProxyAnalyzer, query_kind
 from proxy.catalog_gate import CatalogGate
 from proxy.catalogs import CatalogStore, private_store
-from proxy.decisions import Decisions
+from proxy.decisions import STALE_LIST, Decisions
 from proxy.errors import ProtocolError, TagError
 from proxy.handoff import (
     AT_REST,
@@ -807,8 +807,9 @@ class Relay:
         if not tags.tagged:
             return [], None
         promote = self.unnamed.export if self._promotes_on_fast() and self.unnamed.can_promote() else None
+        stale = STALE_LIST if self.trace.reads is None else 0  # (it asks: hand_off's ask)
         decisions = self.decisions.export(
-            tags, self.gate.catalog, kind_index, slots, self.path.clean, promote=promote
+            tags, self.gate.catalog, kind_index, slots, self.path.clean, promote=promote, stale=stale
         )
         if promote is None:
             self.unnamed.export([])

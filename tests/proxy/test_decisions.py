@@ -3,8 +3,10 @@ message sequences through the relay."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from proxy import protocol as p
-from proxy.decisions import GENERATION, MAX_DECISIONS, Table
+from proxy.decisions import GENERATION, MAX_DECISIONS, STALE_LIST, Table
 from proxy.sql import Analysis
 from proxy.tags import Tags
 from tests.proxy.test_relay_unit import _join, relay, reply, send
@@ -70,3 +72,26 @@ def test_a_full_table_still_takes_new_texts() -> None:
         reply(r, p.encode_command_complete("SELECT 1"), p.encode_ready("I"))
     assert b"QSELECT v%d FROM t" % (MAX_DECISIONS + 9) in r.decisions.table
     assert len(r.decisions.table) <= MAX_DECISIONS
+
+
+def test_a_connection_that_asks_takes_a_list_a_few_decisions_old() -> None:
+    """Adoptions of connections that ask about the Query texts they lack (``Adoption.ask``) take the list
+    made for the table up to STALE_LIST decisions ago (the same object: C keeps the table it loaded for it),
+    until a Parse's decision came (C does not ask about those); one that does not ask gets every decision."""
+    r = relay(Tags("S1"))
+    _join(r, p.encode_query("SELECT 1"))
+
+    def export(stale: int) -> list[Any]:
+        return r.decisions.export(Tags("S1"), None, lambda kind: 0, lambda writes: (), True, stale=stale)
+
+    first = export(STALE_LIST)
+    for i in range(3):
+        r.decisions.table.add(b"QSELECT %d AS asked" % i, Analysis("select"))
+    assert export(STALE_LIST) is first
+    fresh = export(0)
+    assert fresh is not first and len(fresh) == len(first) + 3
+    r.decisions.table.add(b"PSELECT $1", Analysis("select"))
+    assert b"PSELECT $1" in [row[0] for row in export(STALE_LIST)]
+    for i in range(STALE_LIST + 1):
+        r.decisions.table.add(b"QSELECT %d AS later" % i, Analysis("select"))
+    assert len(export(STALE_LIST)) == len(r.decisions.table)
