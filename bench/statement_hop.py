@@ -11,12 +11,13 @@ a git worktree of main, in front of the same database), then per round, each tar
 - ``direct``: the client on the server, no proxy (a session joined by the client itself);
 - ``untagged``: through the proxy, untagged (the C relay takes every statement);
 - ``session-c``: a session, autocommit, one text again and again (decided: the C relay takes it);
-- ``session-py``: a session inside a transaction block after a text the proxy had not seen (the C relay
-  handed the connection back, and Python keeps it until the block ends: Django's ``TestCase``), one text
-  again and again (the analysis' cache answers);
-- ``session-py-new``: as ``session-py``, every text new (``SELECT … WHERE id = <n>``, its shape known after
-  the first);
-- ``session-py-savepoint``: as ``session-py``, Django's savepoint pair with a new name each time.
+- ``session-block``: a session inside a transaction block after a text the proxy had not seen (Django's
+  ``TestCase``), one text again and again. Which relay carries it depends on the proxy: before branch i16cq
+  the C relay handed the connection back at the new text and Python kept it until the block ended (the
+  analysis' cache answering); since, the C relay asks Python about the new text and keeps the connection;
+- ``session-block-new``: as ``session-block``, every text new (``SELECT … WHERE id = <n>``, its shape known
+  after the first);
+- ``session-block-savepoint``: as ``session-block``, Django's savepoint pair with a new name each time.
 
 Printed per target: the median over the rounds of the wall time per statement (µs) and of the proxy
 process's CPU per statement (µs; its main thread, the Python relay, and the rest, mostly the C relay's
@@ -101,7 +102,7 @@ def in_block(work: Work) -> Work:
     def run(conn: psycopg.Connection, n: int) -> None:
         cur = psycopg.ClientCursor(conn)
         cur.execute("BEGIN")
-        cur.execute(f"SELECT 'a text never seen' AS \"{time.monotonic_ns()}\"")  # the C relay hands back
+        cur.execute(f"SELECT 'a text never seen' AS \"{time.monotonic_ns()}\"")  # (a new text in the block)
         work(conn, n)
         cur.execute("COMMIT")
 
@@ -111,9 +112,9 @@ def in_block(work: Work) -> Work:
 WORKS: dict[str, tuple[bool, Work]] = {  # target -> (in a session, work)
     "untagged": (False, same_text),
     "session-c": (True, same_text),
-    "session-py": (True, in_block(same_text)),
-    "session-py-new": (True, in_block(new_texts)),
-    "session-py-savepoint": (True, in_block(savepoints)),
+    "session-block": (True, in_block(same_text)),
+    "session-block-new": (True, in_block(new_texts)),
+    "session-block-savepoint": (True, in_block(savepoints)),
 }
 
 

@@ -11,7 +11,9 @@
  * removes the descriptors from its epoll set at a point where Python's relay state is exactly known (Python
  * recreates the replies still owed from the queue) and queues a hand-back; an eventfd
  * tells the asyncio loop, which calls take_handbacks(). The descriptors stay owned by the transports: the
- * engine never closes them.
+ * engine never closes them. A session's Query with no decision is asked instead (a request: C holds it and
+ * stops reading the client, wakes the loop the same way, and Python answers with the decision to take it by
+ * or "hand back": take_requests(), answer()).
  *
  * Read traces: for a connection whose session's reads are recorded, Python marks the statements (and decided
  * texts) whose Executes (or Queries) are reads; C keeps a compact record of each (which statement, the rows
