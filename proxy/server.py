@@ -1113,14 +1113,16 @@ class ProxyServer:
         try:
             if conn is not None:
                 decision = conn.fast_decision(text)
-        finally:
-            try:
-                live = fast.answer(conn_id, request, decision)
-            except ValueError as exc:  # (a row C could not load: it hands the connection back at that Query)
-                log_event(logging.WARNING, "fast_relay_answer_failed", conn=conn_id, error=exc)
-                live, decision = True, None
-            answer = "void" if not live else "hand back" if decision is None else "decision"
-            self.metrics.count_request(answer)
+        except Exception as exc:  # (the other requests of this wake-up wait for their answers too)
+            log_event(logging.WARNING, "fast_relay_decide_failed", conn=conn_id, error=exc)
+            decision = None
+        try:
+            live = fast.answer(conn_id, request, decision)
+        except ValueError as exc:  # (a row C could not load: it hands the connection back at that Query)
+            log_event(logging.WARNING, "fast_relay_answer_failed", conn=conn_id, error=exc)
+            live, decision = True, None
+        answer = "void" if not live else "hand back" if decision is None else "decision"
+        self.metrics.count_request(answer)
 
     def recall(self, conn: ClientConnection) -> None:
         """Ask the C relay for a connection back at its next idle point (at once when idle)."""
