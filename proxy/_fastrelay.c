@@ -1900,7 +1900,9 @@ static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_
             if (c->tagged) {
                 unsigned long long shape_hits = e->shape_hits;
                 decision_t *d = decision_for(e, c, 'Q', buf + pos + 5, (size_t)total - 6);
-                if (d == NULL && c->may_ask) { /* Python decides the text, the connection stays */
+                /* Python decides the text, the connection stays (once: an answer C cannot find the text by hands
+                 * back, as without asking, rather than asking again) */
+                if (d == NULL && c->may_ask && !c->answered) {
                     if (ask_decision(e, c, buf + pos + 5, (size_t)total - 6) < 0) stop_client(c, type);
                     break;
                 }

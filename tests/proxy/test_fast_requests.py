@@ -236,6 +236,18 @@ def test_a_bad_row_is_answered_as_hand_back(fast: FastRelay, engine: Engine) -> 
     assert back.reason == "client message"
 
 
+def test_an_answer_that_does_not_match_the_text_hands_back(fast: FastRelay, engine: Engine) -> None:
+    """An answer whose decision C cannot find the held text by: C hands back at that Query instead of asking
+    again (no request loop)."""
+    cold = p.encode_query(COLD)
+    engine.client.sendall(cold)
+    [(_, request, _)] = engine.requests()
+    assert fast.answer(1, request, engine.row("SELECT something else")) is True
+    [back] = engine.handbacks()
+    assert (back.reason, back.data) == ("client message", cold)
+    assert fast.take_requests() == []
+
+
 def test_without_ask_a_cold_query_hands_back_at_once(fast: FastRelay) -> None:
     fast.take_requests()
     e = Engine(fast, conn_id=7, ask=False)
