@@ -49,6 +49,31 @@ END $$;
 CREATE OR REPLACE FUNCTION cow.pg_table_is_visible(p_rel oid) RETURNS boolean
 LANGUAGE sql STABLE AS $$ SELECT cow._table_is_visible(cow.app_search_path(), p_rel) $$;
 
+-- The relations visible under a path, computed once: for each name, the relation of the first schema of
+-- current_schemas(true) that has one (the implicit pg_catalog and temporary schema where PostgreSQL puts them),
+-- which is pg_table_is_visible's rule. The proxy writes a pg_table_is_visible(x) that is a conjunct of a WHERE
+-- or JOIN ... ON as x IN (SELECT cow.visible_relations()): one set per statement instead of a change of path
+-- per row (docs/rewrites.md, "Introspection").
+CREATE OR REPLACE FUNCTION cow._visible_relations(p_path text) RETURNS SETOF oid
+LANGUAGE plpgsql STABLE ROWS 2000 SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    schemas name[];
+BEGIN
+    PERFORM set_config('search_path', p_path, true);
+    schemas := current_schemas(true);
+    -- the query's own names resolve on the function's path, not the application's
+    PERFORM set_config('search_path', 'pg_catalog, pg_temp', true);
+    RETURN QUERY
+        SELECT DISTINCT ON (c.relname) c.oid
+        FROM unnest(schemas) WITH ORDINALITY AS s (nspname, pos)
+        JOIN pg_namespace n ON n.nspname = s.nspname
+        JOIN pg_class c ON c.relnamespace = n.oid
+        ORDER BY c.relname, s.pos;
+END $$;
+
+CREATE OR REPLACE FUNCTION cow.visible_relations() RETURNS SETOF oid
+LANGUAGE sql STABLE ROWS 2000 AS $$ SELECT cow._visible_relations(cow.app_search_path()) $$;
+
 CREATE OR REPLACE FUNCTION cow._type_is_visible(p_path text, p_type oid) RETURNS boolean
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
