@@ -42,6 +42,14 @@ INSERT INTO books (author_id, title, isbn)
 VALUES (1, 'The Dispossessed', '9780060512750'), (2, 'Solaris', NULL);
 """
 
+# Django 5.2's DatabaseIntrospection.get_table_list (its flush runs it after every TransactionTestCase test).
+DJANGO_TABLE_LIST = """
+SELECT c.relname, CASE WHEN c.relispartition THEN 'p' WHEN c.relkind IN ('m', 'v') THEN 'v' ELSE 't' END,
+       obj_description(c.oid, 'pg_class')
+FROM pg_catalog.pg_class c LEFT JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind IN ('f', 'm', 'p', 'r', 'v') AND n.nspname NOT IN ('pg_catalog', 'pg_toast')
+  AND pg_catalog.pg_table_is_visible(c.oid)"""
+
 # Questions whose answers must be equal (rows compared in order).
 QUESTIONS: list[tuple[str, tuple[Any, ...] | None]] = [
     ("SELECT current_schema()", None),
@@ -64,6 +72,19 @@ QUESTIONS: list[tuple[str, tuple[Any, ...] | None]] = [
         "AND n.nspname !~ '^pg_toast' AND n.nspname <> 'information_schema' "
         "AND pg_catalog.pg_table_is_visible(c.oid) ORDER BY 1",
         None,
+    ),
+    (DJANGO_TABLE_LIST + " ORDER BY 1", None),
+    # not conjuncts: NULL and false differ there, and the per-row call stays
+    (
+        "SELECT c.relname, pg_table_is_visible(c.oid), NOT pg_table_is_visible(c.oid) OR c.relkind = 'S' "
+        "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'public' ORDER BY 1",
+        None,
+    ),
+    ("SELECT pg_table_is_visible(0), pg_table_is_visible(NULL)", None),
+    (
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "AND pg_table_is_visible(c.oid) WHERE c.relname = %s",
+        ("books",),
     ),
     (
         "SELECT t.typname FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace "
@@ -193,6 +214,24 @@ def test_setval_in_a_session_only_moves_a_sequence_forward(
         assert conn.execute("INSERT INTO authors (name) VALUES ('Sciascia') RETURNING id").fetchone() == (
             101,
         )
+
+
+def test_table_list_computes_visibility_once(proxy: RunningProxy, twins: tuple[str, str]) -> None:
+    """Django's table list in a session asks for the set of visible relations once (one function in the
+    plan, no per-row change of path), and answers as on the plain database, temporary tables included."""
+    layer, plain = twins
+    with (
+        psycopg.connect(_session(proxy, layer), autocommit=True) as conn,
+        psycopg.connect(plain, autocommit=True) as ref,
+    ):
+        for c in (conn, ref):
+            c.execute("CREATE TEMP TABLE scratch (id int)")
+        plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + DJANGO_TABLE_LIST).fetchall())
+        assert "visible_relations" in plan and "table_is_visible" not in plan, plan
+        got = conn.execute(DJANGO_TABLE_LIST + " ORDER BY 1").fetchall()
+        assert got == ref.execute(DJANGO_TABLE_LIST + " ORDER BY 1").fetchall()
+        assert [row[0] for row in got] == ["authors", "book_titles", "books", "scratch"]
+        assert conn.execute("SHOW search_path").fetchone() == ('"$user", public',)
 
 
 def test_outside_a_session_nothing_is_rewritten(proxy: RunningProxy, twins: tuple[str, str]) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import TypeGuard
 
 from pglast import ast
-from pglast.enums import CoercionForm, SQLValueFunctionOp, SubLinkType
+from pglast.enums import BoolExprType, CoercionForm, SQLValueFunctionOp, SubLinkType
 from pglast.visitors import Ancestor, Skip
 
 from proxy.sql.jsontree import JsonNode, svals
@@ -88,9 +88,101 @@ def _constant(node: ast.Node | None) -> TypeGuard[ast.A_Const | ast.ParamRef]:
     )
 
 
+# ``pg_table_is_visible(x)`` as a conjunct of a WHERE or JOIN ... ON: written ``x IN (SELECT
+# cow.visible_relations())``, one set per statement (a hashed subplan or a semi-join) instead of a change of
+# path per row (~6 us a row: ~2.9 s of Django's suite in sessions, at every flush's table list). Only as a
+# conjunct: there NULL (pg_table_is_visible of an oid without a relation) and false both drop the row; under
+# NOT, OR, CASE or in a select list they differ, and the per-row call stays.
+VISIBLE_SET = "visible_relations"
+# Columns whose comparison with a constant pins a few relations (Django's per-table lookups ``c.relname =
+# %s``, psql's ``\d books``): there the per-row call on those few rows is cheaper than the whole set (~2.5 ms
+# at 800 tables, docs/benchmarks.md, "i16vis").
+_PINNING = frozenset({"relname", "oid"})
+
+
+def _fixed(node: ast.Node | None) -> bool:
+    """A constant or parameter, possibly cast or given a collation (psql's patterns)."""
+    while isinstance(node, ast.TypeCast | ast.CollateClause):
+        node = node.arg
+    return _constant(node) or (isinstance(node, ast.A_Const) and node.val is not None)
+
+
+def _pins(expr: ast.Node) -> bool:
+    """``x.relname <op> constant`` (or ``x.oid``), either way round."""
+    if not isinstance(expr, ast.A_Expr):
+        return False
+    for column, other in ((expr.lexpr, expr.rexpr), (expr.rexpr, expr.lexpr)):
+        fields = tuple(column.fields or ()) if isinstance(column, ast.ColumnRef) else ()
+        pinned = fields and isinstance(fields[-1], ast.String) and fields[-1].sval in _PINNING
+        if pinned and isinstance(other, ast.Node) and _fixed(other):
+            return True
+    return False
+
+
+def _table_visibility(expr: ast.Node) -> ast.Node | None:
+    """The argument of ``[pg_catalog.]pg_table_is_visible(x)``, else None; also None for a constant argument
+    (``'books'::regclass``), which the per-row call answers once already."""
+    if not isinstance(expr, ast.FuncCall) or function_name(_names(expr.funcname)) != "pg_table_is_visible":
+        return None
+    args = tuple(expr.args or ())
+    arg = args[0] if len(args) == 1 and isinstance(args[0], ast.Node) else None
+    if arg is None or _fixed(arg) or expr.agg_star or expr.over is not None or expr.agg_order:
+        return None
+    if expr.agg_filter or expr.func_variadic or expr.agg_distinct:
+        return None
+    return arg
+
+
+def _membership(arg: ast.Node) -> ast.SubLink:
+    """``arg IN (SELECT cow.visible_relations())``."""
+    select = ast.SelectStmt(targetList=(ast.ResTarget(val=_call(VISIBLE_SET)),))
+    return ast.SubLink(subLinkType=SubLinkType.ANY_SUBLINK, testexpr=arg, subselect=select)
+
+
+def _visibility_as_set(clause: ast.Node | None) -> ast.Node | None:
+    """The clause with its conjuncts ``pg_table_is_visible(x)`` written as membership tests, or None when it
+    has none (or a conjunct pins a few relations)."""
+    if clause is None:
+        return None
+    is_and = isinstance(clause, ast.BoolExpr) and clause.boolop == BoolExprType.AND_EXPR
+    conjuncts: list[ast.Node] = []
+    stack = [clause]
+    while stack:  # AND trees flattened (the parser nests a AND b AND c only when parenthesised)
+        node = stack.pop()
+        if isinstance(node, ast.BoolExpr) and node.boolop == BoolExprType.AND_EXPR:
+            stack.extend(reversed(tuple(node.args or ())))
+        else:
+            conjuncts.append(node)
+    args = [_table_visibility(c) for c in conjuncts]
+    if all(a is None for a in args) or any(_pins(c) for c in conjuncts):
+        return None
+    written = tuple(c if a is None else _membership(a) for c, a in zip(conjuncts, args, strict=True))
+    if not is_and:
+        return written[0]
+    return ast.BoolExpr(boolop=BoolExprType.AND_EXPR, args=written)
+
+
 class _Introspection(Visitor):
     def __init__(self) -> None:
         self.changed = False
+
+    def _where(self, _: Ancestor, node: ast.SelectStmt | ast.UpdateStmt | ast.DeleteStmt) -> Visit:
+        written = _visibility_as_set(node.whereClause)
+        if written is not None:
+            node.whereClause = written
+            self.changed = True
+        return None
+
+    visit_SelectStmt = _where
+    visit_UpdateStmt = _where
+    visit_DeleteStmt = _where
+
+    def visit_JoinExpr(self, _: Ancestor, node: ast.JoinExpr) -> Visit:
+        written = _visibility_as_set(node.quals)
+        if written is not None:
+            node.quals = written
+            self.changed = True
+        return None
 
     def visit_FuncCall(self, _: Ancestor, node: ast.FuncCall) -> Visit:
         name = function_name(_names(node.funcname))

@@ -107,15 +107,19 @@ def _introspect_as_outside() -> None:
     catalogs: dict[str, Catalog] = {}
 
     def execute_as_outside(self: Any, sql: str, params: Any = None) -> Any:
-        for call, layer_call in _AS_OUTSIDE:
-            if call in sql:
-                sql = sql.replace(call, layer_call)
-        if params is None and sql.lstrip()[:8].upper() == "TRUNCATE":
+        # the table list (no parameters) as the proxy writes it: visibility as a set (docs/rewrites.md)
+        table_list = params is None and "pg_table_is_visible(" in sql
+        if params is None and (table_list or sql.lstrip()[:8].upper() == "TRUNCATE"):
             name = self.db.settings_dict["NAME"]
             if name not in catalogs:  # (the layer's tables do not change during the run)
                 self.cursor.execute(CATALOG_QUERY)
                 catalogs[name] = Catalog.from_rows(self.cursor.fetchall())
-            sql = analyzer.analyze(sql, catalogs[name], True).rewritten or sql
+            rewritten = analyzer.analyze(sql, catalogs[name], True).rewritten
+            if rewritten is not None:
+                return execute(self, rewritten, params)
+        for call, layer_call in _AS_OUTSIDE:
+            if call in sql:
+                sql = sql.replace(call, layer_call)
         return execute(self, sql, params)
 
     utils.CursorWrapper.execute = execute_as_outside  # type: ignore[method-assign]
