@@ -65,6 +65,8 @@ CREATE SERVER i16vis_server FOREIGN DATA WRAPPER i16vis_fdw;
 CREATE FOREIGN TABLE other.remote (id int) SERVER i16vis_server;
 CREATE TABLE other.pg_class (id int);  -- shadowed by the catalog unless pg_catalog comes later in the path
 CREATE TABLE other.tables (id int);  -- information_schema.tables' name
+CREATE SCHEMA "Odd Schema";
+CREATE TABLE "Odd Schema".things (id int);
 """
 PATHS = (
     "public",
@@ -78,6 +80,7 @@ PATHS = (
     "no_such_schema, public",
     "cow_overlay_public, public",
     "cow, public",
+    '"Odd Schema", public',
     "",
 )
 VISIBLE_BY_RULE = "SELECT oid FROM pg_catalog.pg_class WHERE pg_catalog.pg_table_is_visible(oid)"

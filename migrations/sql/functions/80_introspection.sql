@@ -57,18 +57,19 @@ LANGUAGE sql STABLE AS $$ SELECT cow._table_is_visible(cow.app_search_path(), p_
 CREATE OR REPLACE FUNCTION cow._visible_relations(p_path text) RETURNS SETOF oid
 LANGUAGE plpgsql STABLE ROWS 2000 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    schemas name[];
+    schemas oid[];
 BEGIN
     PERFORM set_config('search_path', p_path, true);
-    schemas := current_schemas(true);
+    SELECT array_agg(n.oid ORDER BY s.pos) INTO schemas
+    FROM unnest(current_schemas(true)) WITH ORDINALITY AS s (nspname, pos)
+    JOIN pg_namespace n ON n.nspname = s.nspname;
     -- the query's own names resolve on the function's path, not the application's
     PERFORM set_config('search_path', 'pg_catalog, pg_temp', true);
     RETURN QUERY
         SELECT DISTINCT ON (c.relname) c.oid
-        FROM unnest(schemas) WITH ORDINALITY AS s (nspname, pos)
-        JOIN pg_namespace n ON n.nspname = s.nspname
-        JOIN pg_class c ON c.relnamespace = n.oid
-        ORDER BY c.relname, s.pos;
+        FROM pg_class c
+        WHERE c.relnamespace = ANY (schemas)
+        ORDER BY c.relname, array_position(schemas, c.relnamespace);
 END $$;
 
 CREATE OR REPLACE FUNCTION cow.visible_relations() RETURNS SETOF oid
