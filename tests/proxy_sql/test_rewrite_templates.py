@@ -45,6 +45,11 @@ _SHAPES = [
     "DELETE FROM public.comments WHERE body = {s} OR id = -{i}",
     "SELECT name FROM projects WHERE id = $1 AND budget > {f} AND name <> {s}",
     "SELECT current_schema(), {i}, {s}",
+    # visibility as a set, or per row where a constant pins the relation (the choice reads no value)
+    "SELECT c.relname, {i} FROM pg_class c WHERE c.relkind IN ({s}, {s}) AND pg_table_is_visible(c.oid)",
+    "SELECT c.relname FROM pg_class c WHERE c.relname = {s} AND pg_table_is_visible(c.oid)"
+    " AND c.relpages > {i} AND c.relkind = {s}",
+    "SELECT c.relname FROM pg_class c WHERE c.oid = {i} AND pg_table_is_visible(c.oid)",
     # constants pglast's printer reads: a type modifier, EXTRACT's field; a cast to a plain type
     "SELECT count(*) FROM issues WHERE title = {s}::varchar({i}) AND {s}::char(1) = 'x'",
     "SELECT count(*) FROM issues WHERE EXTRACT({s} FROM now()) > {i}",
