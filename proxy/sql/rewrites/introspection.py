@@ -90,9 +90,9 @@ def _constant(node: ast.Node | None) -> TypeGuard[ast.A_Const | ast.ParamRef]:
 
 # ``pg_table_is_visible(x)`` as a conjunct of a WHERE or JOIN ... ON: written ``x IN (SELECT
 # cow.visible_relations())``, one set per statement (a hashed subplan or a semi-join) instead of a change of
-# path per row (~6 us a row: ~2.9 s of Django's suite in sessions, at every flush's table list). Only as a
-# conjunct: there NULL (pg_table_is_visible of an oid without a relation) and false both drop the row; under
-# NOT, OR, CASE or in a select list they differ, and the per-row call stays.
+# path per row (~3.4 us a row on 15; Django's table list, at every flush, reaches ~2,400 rows at 800 tables).
+# Only as a conjunct: there NULL (pg_table_is_visible of an oid without a relation) and false both drop the
+# row; under NOT, OR, CASE or in a select list they differ, and the per-row call stays.
 VISIBLE_SET = "visible_relations"
 # Columns whose comparison with a constant pins a few relations (Django's per-table lookups ``c.relname =
 # %s``, psql's ``\d books``): there the per-row call on those few rows is cheaper than the whole set (~2.5 ms
