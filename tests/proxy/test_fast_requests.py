@@ -15,6 +15,7 @@ from proxy import protocol as p
 from proxy.fastrelay import AVAILABLE, UNAVAILABLE, FastRelay, Handback, Request
 from proxy.handoff import Adoption, Decision
 from tests.fix_proxy import RunningProxy
+from tests.proxy.fast_pairs import SocketPairs
 from tests.proxy.test_adversity import RawClient, dbname, wait_for
 from tests.proxy.test_fast_relay import on_fast, relays, scrape
 from tests.proxy.test_tagging import base_customers, changes
@@ -30,17 +31,13 @@ READY_I = p.encode_ready("I")
 NOTICE = p.message(b"N", b"SNOTICE\0C00000\0Mhello\0\0")
 
 
-class Engine:
+class Engine(SocketPairs):
     """One session's connection on a C engine between two socket pairs (``client``, ``server``: the test's
     ends), adopted with the decision of ``KNOWN`` and asking for the others."""
 
     def __init__(self, fast: FastRelay, conn_id: int = 1, ask: bool = True) -> None:
-        self.fast, self.id = fast, conn_id
-        self.client, client_fd = socket.socketpair()
-        self.server, server_fd = socket.socketpair()
-        self._fds = (client_fd, server_fd)
-        adoption = Adoption([], [], True, [self.row(KNOWN)], False, False, ask=ask)
-        fast.adopt(conn_id, client_fd.fileno(), server_fd.fileno(), p.PG_MAX_MESSAGE, adoption)
+        self.fast = fast
+        super().__init__(fast, conn_id, Adoption([], [], True, [self.row(KNOWN)], False, False, ask=ask))
 
     def row(self, text: str, kind: str = "select") -> Decision:
         index = self.fast.kind_index(kind)
@@ -64,32 +61,6 @@ class Engine:
             got = self.fast.take_handbacks()
             time.sleep(0.005)
         return got
-
-    @staticmethod
-    def read(sock: socket.socket, quiet: float = 0.2) -> bytes:
-        """What arrives until nothing more comes for ``quiet`` seconds."""
-        out = b""
-        while True:
-            sock.settimeout(5 if not out else quiet)
-            try:
-                chunk = sock.recv(65536)
-            except TimeoutError:
-                return out
-            if not chunk:
-                return out
-            out += chunk
-
-    def close(self) -> None:
-        self.fast.release(self.id)
-        for sock in (self.client, self.server, *self._fds):
-            sock.close()
-
-
-@pytest.fixture(scope="module")
-def fast() -> Iterator[FastRelay]:
-    relay = FastRelay()
-    yield relay
-    relay.close()
 
 
 @pytest.fixture

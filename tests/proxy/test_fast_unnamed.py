@@ -6,8 +6,6 @@ read and written by the test), then through both relays against PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
-import socket
-from collections.abc import Iterator
 from typing import Any
 
 import asyncpg
@@ -19,6 +17,7 @@ from proxy.fastrelay import AVAILABLE, UNAVAILABLE, FastRelay, Handback
 from proxy.handoff import Adoption, Known, Promotion, PromotionsBack, PromotionsGiven
 from proxy.unnamed import MAX_PROMOTED, PROMOTED_PREFIX, decision_key, types_bytes
 from tests.fix_proxy import RunningProxy
+from tests.proxy.fast_pairs import SocketPairs
 from tests.proxy.test_adversity import RawClient, dbname, wait_for
 from tests.proxy.test_fast_relay import relays
 
@@ -33,7 +32,7 @@ TYPES = (23,)
 NAME = f"{PROMOTED_PREFIX}3"
 
 
-class Engine:
+class Engine(SocketPairs):
     """One connection on a C engine between two socket pairs: ``client`` and ``server`` are the test's
     ends (what the client sends and reads; what PostgreSQL would read and send)."""
 
@@ -44,55 +43,25 @@ class Engine:
         promotions: tuple[list[Promotion], int, int, int, int],
         statements: list[Known] | None = None,
     ) -> None:
-        self.fast = fast
-        self.client, client_fd = socket.socketpair()
-        self.server, server_fd = socket.socketpair()
-        self._fds = (client_fd, server_fd)
-        for sock in (self.client, self.server):
-            sock.settimeout(5)
         adoption = Adoption(
             statements or [], [], True, decisions, False, False, promotions=PromotionsGiven(*promotions)
         )
-        fast.adopt(1, client_fd.fileno(), server_fd.fileno(), p.PG_MAX_MESSAGE, adoption)
+        super().__init__(fast, 1, adoption)
 
     def upstream(self, data: bytes) -> bytes:
         """Send ``data`` as the client; what reaches the server (the same length is expected at least)."""
         self.client.sendall(data)
-        return self._read(self.server)
+        return self.read(self.server)
 
     def downstream(self, data: bytes) -> bytes:
         self.server.sendall(data)
-        return self._read(self.client)
-
-    @staticmethod
-    def _read(sock: socket.socket) -> bytes:
-        """Whole messages: read until the bytes end at a message boundary and nothing more comes soon."""
-        out = b""
-        while True:
-            sock.settimeout(5 if not out else 0.2)
-            try:
-                chunk = sock.recv(65536)
-            except TimeoutError:
-                return out
-            out += chunk
+        return self.read(self.client)
 
     def handback(self) -> PromotionsBack:
         """The promotions as C hands them back (the connection at an idle point)."""
         back: Handback | None = self.fast.recall(1)
         assert back is not None, "not at an idle point"
         return back.promotions
-
-    def close(self) -> None:
-        self.fast.release(1)
-        for sock in (self.client, self.server, *self._fds):
-            sock.close()
-
-
-@pytest.fixture(scope="module")
-def fast() -> Iterator[FastRelay]:
-    relay = FastRelay()
-    yield relay
-    relay.close()
 
 
 def _decision(fast: FastRelay, promotion: int = 0) -> tuple[bytes, int, tuple[int, ...], bool, bool, int]:
