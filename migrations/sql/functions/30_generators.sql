@@ -795,6 +795,24 @@ $t$, jsonb_build_object(
     'constraint', p_conname,
     'message', format('insert or update on table "%s" violates foreign key constraint "%s"', p_tab, p_conname)));
 
+-- The names cow._fk_parent_check and cow._fk_parent_version_check fill, the key read from p_row (a changes
+-- table's alias, or NEW).
+CREATE OR REPLACE FUNCTION cow._fk_parent_args(p_ch text, p_conname text, p_message text, p_refcols text[],
+                                               p_child_schema text, p_child text, p_gone text, p_referenced text,
+                                               p_versions text, p_row text) RETURNS jsonb
+LANGUAGE sql IMMUTABLE RETURN jsonb_build_object(
+    'columns', cow._collist(p_refcols),
+    'key', cow._keytext(p_refcols, p_row),
+    'child', p_child,
+    'child_schema', p_child_schema,
+    'changes', p_ch,
+    'versions', p_versions,
+    'not_null', cow._notnull(p_refcols, p_row),
+    'still_there', p_gone,
+    'referenced', p_referenced,
+    'constraint', p_conname,
+    'message', p_message);
+
 -- The check of NO ACTION FOREIGN KEY p_conname from table p_child, this table as the parent (23503): a
 -- tombstone (of those p_versions selects) whose referenced key p_refcols is gone from the session's view of
 -- this table (p_gone) and still referenced from the child (p_referenced). Message p_message.
@@ -813,18 +831,8 @@ LANGUAGE sql IMMUTABLE RETURN cow._fill($t$    SELECT c._cow_seq, format('Key (%
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := {{constraint|L}}; _bmsg := {{message|L}}; _bcode := '23503'; _btab := {{child|L}}; _bsch := {{child_schema|L}};
     END IF;
-$t$, jsonb_build_object(
-    'columns', cow._collist(p_refcols),
-    'key', cow._keytext(p_refcols, 'c'),
-    'child', p_child,
-    'child_schema', p_child_schema,
-    'changes', p_ch,
-    'versions', p_versions,
-    'not_null', cow._notnull(p_refcols, 'c'),
-    'still_there', p_gone,
-    'referenced', p_referenced,
-    'constraint', p_conname,
-    'message', p_message));
+$t$, cow._fk_parent_args(p_ch, p_conname, p_message, p_refcols, p_child_schema, p_child, p_gone,
+                               p_referenced, p_versions, 'c'));
 
 -- The same check for the one tombstone a deferrable key's constraint trigger fired for (NEW), in steps planned
 -- apart as cow._fk_version_check's: NEW a tombstone of a key (a self-referencing key's trigger fires for every
@@ -845,18 +853,8 @@ LANGUAGE sql IMMUTABLE RETURN cow._fill($t$    IF NEW._cow_deleted AND {{not_nul
             END IF;
         END IF;
     END IF;
-$t$, jsonb_build_object(
-    'columns', cow._collist(p_refcols),
-    'key', cow._keytext(p_refcols, 'NEW'),
-    'child', p_child,
-    'child_schema', p_child_schema,
-    'changes', p_ch,
-    'versions', p_versions,
-    'not_null', cow._notnull(p_refcols, 'NEW'),
-    'still_there', p_gone,
-    'referenced', p_referenced,
-    'constraint', p_conname,
-    'message', p_message));
+$t$, cow._fk_parent_args(p_ch, p_conname, p_message, p_refcols, p_child_schema, p_child, p_gone,
+                               p_referenced, p_versions, 'NEW'));
 
 -- FOREIGN KEYs of the context's table as the child (23503), keyed or keyless: the parent must be in the
 -- session's view of the parent. Checked at the end of the statement like PostgreSQL's RI triggers (so a later row's
