@@ -159,6 +159,22 @@ class Decisions:
         if verdict is None:
             return None
         made = self.table.rows.setdefault((path_clean, False), {})
+        return self._made_row(
+            made, key, verdict, tags=tags, kind_index=kind_index, slots=slots, path_clean=path_clean
+        )
+
+    def _made_row(
+        self,
+        made: dict[bytes, Decision | None],
+        key: bytes,
+        verdict: Analysis,
+        *,
+        tags: Tags,
+        kind_index: Callable[[str], int | None],
+        slots: Callable[[Writes], tuple[int, ...] | None],
+        path_clean: bool,
+    ) -> Decision | None:
+        """``key``'s row from ``made`` (``Table.rows``), made the first time it is asked for."""
         row = made.get(key, _UNMADE)
         if row is _UNMADE:
             row = made[key] = self._row(
@@ -216,11 +232,9 @@ class Decisions:
         promoted: dict[bytes, Key] = {}
         made = self.table.rows.setdefault((path_clean, recording), {})
         for key, verdict in self.table.items():
-            row = made.get(key, _UNMADE)
-            if row is _UNMADE:
-                row = made[key] = self._row(
-                    key, verdict, tags=tags, kind_index=kind_index, slots=slots, path_clean=path_clean
-                )
+            row = self._made_row(
+                made, key, verdict, tags=tags, kind_index=kind_index, slots=slots, path_clean=path_clean
+            )
             if row is None:
                 continue
             if key[:1] == b"U":
