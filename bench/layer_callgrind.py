@@ -126,11 +126,18 @@ async def build(dsn: str, rows: int, tables: int, files: common.Layer | None) ->
         await conn.close()
 
 
+def layer_files(variant: str, baseline: str) -> common.Layer | None:
+    """The layer ``variant``'s database gets (None: direct)."""
+    if variant == "direct":
+        return None
+    return common.baseline_layer(baseline) if variant == "a" else common.this_layer()
+
+
 async def make_databases(admin: str, args: argparse.Namespace, variants: list[str]) -> None:
-    files = {"direct": None, "a": common.baseline_layer(args.baseline), "b": common.this_layer()}
     for v in variants:
         await common.fetchval(admin, f"CREATE DATABASE cg_{v}")
-        await build(common.with_database(admin, f"cg_{v}"), args.rows, args.tables, files[v])
+        dsn = common.with_database(admin, f"cg_{v}")
+        await build(dsn, args.rows, args.tables, layer_files(v, args.baseline))
 
 
 def statements(variant: str, tests: int) -> str:
