@@ -65,15 +65,16 @@ DECLARE
     app text := current_setting('search_path');
     entries text[] := cow._path_entries(app);
     app_entries text[] := cow._app_entries(entries);
+    done text;  -- (set_config's result: an assignment is a simple expression, a PERFORM runs the executor)
 BEGIN
     IF cardinality(app_entries) <> cardinality(entries) THEN
         app := cow._path_text(app_entries);  -- (else as the application wrote it)
     END IF;
-    PERFORM set_config('cow.session_id', coalesce(session, ''), false);
-    PERFORM set_config('cow.operation_id', CASE WHEN session IS NULL THEN '' ELSE coalesce(operation, '') END, false);
+    done := set_config('cow.session_id', coalesce(session, ''), false);
+    done := set_config('cow.operation_id', CASE WHEN session IS NULL THEN '' ELSE coalesce(operation, '') END, false);
     -- The application's own path, which introspection presents (12_app_path.sql).
-    PERFORM set_config('cow.app_search_path', CASE WHEN session IS NULL THEN '' ELSE app END, false);
-    PERFORM set_config('search_path', CASE WHEN session IS NULL THEN app ELSE cow._overlay_path_of(app_entries) END,
+    done := set_config('cow.app_search_path', CASE WHEN session IS NULL THEN '' ELSE app END, false);
+    done := set_config('search_path', CASE WHEN session IS NULL THEN app ELSE cow._overlay_path_of(app_entries) END,
                        false);
     RETURN session;
 END $$;
@@ -193,7 +194,7 @@ BEGIN
         END IF;
         IF keep THEN
             -- For the rest of the connection (a rollback takes it back with the transaction).
-            PERFORM set_config('cow._open', stamp, false);
+            stamp := set_config('cow._open', stamp, false);  -- (an assignment: no executor run)
         END IF;
     END IF;
     RETURN s;

@@ -22,7 +22,7 @@ DECLARE
     _cow_k2 record;
 BEGIN
     IF _s IS NOT NULL AND pg_catalog.current_setting('cow._open', true) IS DISTINCT FROM cow._open_stamp(_s) THEN
-        PERFORM cow._write_session();
+        _g := cow._write_session();
     END IF;
     IF _s IS NULL THEN
         DELETE FROM public.child AS y WHERE y.id = OLD.id;
@@ -89,7 +89,7 @@ BEGIN
         FOR _i IN 0 .. TG_NARGS - 1 LOOP
             IF pg_catalog.strpos(_g, ',' || TG_ARGV[_i] || ',') = 0 THEN
                 _g := CASE WHEN _g = '' THEN ',' ELSE _g END || TG_ARGV[_i] || ',';
-                PERFORM pg_catalog.set_config('cow._dq_t1', _g, true);
+                _g := pg_catalog.set_config('cow._dq_t1', _g, true);
             END IF;
         END LOOP;
         RETURN NULL;
@@ -97,7 +97,7 @@ BEGIN
     -- At COMMIT or SET CONSTRAINTS: the checks read the session that wrote the version.
     _g0 := pg_catalog.current_setting('cow.session_id', true);
     IF _g0 IS DISTINCT FROM _s THEN
-        PERFORM pg_catalog.set_config('cow.session_id', _s, true);
+        _g := pg_catalog.set_config('cow.session_id', _s, true);  -- (_g: the flags above, unused from here)
     END IF;
     FOR _i IN 0 .. TG_NARGS - 1 LOOP
         _k := TG_ARGV[_i]::int;
@@ -126,7 +126,7 @@ BEGIN
     END IF;
     END LOOP;
     IF _g0 IS DISTINCT FROM _s THEN
-        PERFORM pg_catalog.set_config('cow.session_id', coalesce(_g0, ''), true);
+        _g := pg_catalog.set_config('cow.session_id', coalesce(_g0, ''), true);
     END IF;
     IF _best IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = _bcode, MESSAGE = _bmsg, DETAIL = _bdet, SCHEMA = coalesce(_bsch, 'public'), TABLE = coalesce(_btab, 'child'), CONSTRAINT = _bcon;
@@ -155,6 +155,7 @@ DECLARE
     _btab text;
     _bsch text;
     _g text;
+    _cfg text;
     _r record;
     _cow_k record;
     _cow_c record;
@@ -163,7 +164,7 @@ BEGIN
         RETURN NULL;
     END IF;
     _mark := split_part(_marks, ',', -1)::bigint;
-    PERFORM set_config('cow._mark_t1', regexp_replace(_marks, ',?[^,]*$', ''), true);
+    _g := set_config('cow._mark_t1', regexp_replace(_marks, ',?[^,]*$', ''), true);
     _s := cow._session();
     IF _s IS NULL THEN
         RETURN NULL;
@@ -214,7 +215,7 @@ BEGIN
     _g := pg_catalog.current_setting('cow._dq_t1', true);
     IF coalesce(_g, '') <> '' THEN
         IF regexp_replace(_marks, ',?[^,]*$', '') = '' THEN
-            PERFORM pg_catalog.set_config('cow._dq_t1', '', true);
+            _cfg := pg_catalog.set_config('cow._dq_t1', '', true);
         END IF;
         _s := coalesce(_s, cow._session());
     IF pg_catalog.strpos(_g, ',1,') > 0 THEN
@@ -268,7 +269,7 @@ DECLARE
     _cow_k2 record;
 BEGIN
     IF _s IS NOT NULL AND pg_catalog.current_setting('cow._open', true) IS DISTINCT FROM cow._open_stamp(_s) THEN
-        PERFORM cow._write_session();
+        _g := cow._write_session();
     END IF;
     IF pg_catalog.current_setting('cow._d_t1_1', true) IS DISTINCT FROM 'on' THEN
         RAISE EXCEPTION USING ERRCODE = '428C9', MESSAGE = 'cannot insert a non-DEFAULT value into column "id"', DETAIL = 'Column "id" is an identity column defined as GENERATED ALWAYS.', HINT = 'Use OVERRIDING SYSTEM VALUE to override.';
@@ -329,8 +330,10 @@ CREATE OR REPLACE FUNCTION cow_changes.t1_mark()
  RETURNS trigger
  LANGUAGE plpgsql
 AS $function$
+DECLARE
+    _g text;
 BEGIN
-    PERFORM set_config('cow._mark_t1', concat_ws(',', nullif(current_setting('cow._mark_t1', true), ''),
+    _g := set_config('cow._mark_t1', concat_ws(',', nullif(current_setting('cow._mark_t1', true), ''),
         coalesce(pg_catalog.pg_sequence_last_value('cow.write_seq'::pg_catalog.regclass), 0)::text), true);
     RETURN NULL;
 END $function$
@@ -359,7 +362,7 @@ DECLARE
     _cow_k2 record;
 BEGIN
     IF _s IS NOT NULL AND pg_catalog.current_setting('cow._open', true) IS DISTINCT FROM cow._open_stamp(_s) THEN
-        PERFORM cow._write_session();
+        _g := cow._write_session();
     END IF;
     IF NEW.id IS DISTINCT FROM OLD.id AND pg_catalog.current_setting('cow._d_t1_1', true) IS DISTINCT FROM 'on' THEN
         RAISE EXCEPTION USING ERRCODE = '428C9', MESSAGE = 'column "id" can only be updated to DEFAULT', DETAIL = 'Column "id" is an identity column defined as GENERATED ALWAYS.';
@@ -478,7 +481,7 @@ DECLARE
     _pfk int;
 BEGIN
     IF _s IS NOT NULL AND pg_catalog.current_setting('cow._open', true) IS DISTINCT FROM cow._open_stamp(_s) THEN
-        PERFORM cow._write_session();
+        _g := cow._write_session();
     END IF;
     IF _s IS NULL THEN
         DELETE FROM public.events AS y WHERE (y.tableoid, y.ctid) = (SELECT _cow_z.tableoid, _cow_z.ctid FROM public.events _cow_z WHERE _cow_z = ROW(OLD.kind, OLD.parent_id, OLD.note)::public.events LIMIT 1);
@@ -520,12 +523,13 @@ DECLARE
     _btab text;
     _bsch text;
     _g text;
+    _cfg text;
 BEGIN
     IF coalesce(_marks, '') = '' THEN
         RETURN NULL;
     END IF;
     _mark := split_part(_marks, ',', -1)::bigint;
-    PERFORM set_config('cow._mark_t2', regexp_replace(_marks, ',?[^,]*$', ''), true);
+    _g := set_config('cow._mark_t2', regexp_replace(_marks, ',?[^,]*$', ''), true);
     _s := cow._session();
     IF _s IS NULL THEN
         RETURN NULL;
@@ -560,7 +564,7 @@ DECLARE
     _pfk int;
 BEGIN
     IF _s IS NOT NULL AND pg_catalog.current_setting('cow._open', true) IS DISTINCT FROM cow._open_stamp(_s) THEN
-        PERFORM cow._write_session();
+        _g := cow._write_session();
     END IF;
     IF _s IS NULL THEN
         INSERT INTO public.events AS y (kind, parent_id, note)  VALUES (NEW.kind, NEW.parent_id, NEW.note) RETURNING y.* INTO NEW;
@@ -581,8 +585,10 @@ CREATE OR REPLACE FUNCTION cow_changes.t2_mark()
  RETURNS trigger
  LANGUAGE plpgsql
 AS $function$
+DECLARE
+    _g text;
 BEGIN
-    PERFORM set_config('cow._mark_t2', concat_ws(',', nullif(current_setting('cow._mark_t2', true), ''),
+    _g := set_config('cow._mark_t2', concat_ws(',', nullif(current_setting('cow._mark_t2', true), ''),
         coalesce(pg_catalog.pg_sequence_last_value('cow.write_seq'::pg_catalog.regclass), 0)::text), true);
     RETURN NULL;
 END $function$
@@ -603,7 +609,7 @@ DECLARE
     _pfk int;
 BEGIN
     IF _s IS NOT NULL AND pg_catalog.current_setting('cow._open', true) IS DISTINCT FROM cow._open_stamp(_s) THEN
-        PERFORM cow._write_session();
+        _g := cow._write_session();
     END IF;
     IF _s IS NULL THEN
         UPDATE public.events AS y SET (kind, parent_id, note) = ROW(NEW.kind, NEW.parent_id, NEW.note) WHERE (y.tableoid, y.ctid) = (SELECT _cow_z.tableoid, _cow_z.ctid FROM public.events _cow_z WHERE _cow_z = ROW(OLD.kind, OLD.parent_id, OLD.note)::public.events LIMIT 1) RETURNING y.* INTO NEW;
@@ -648,7 +654,7 @@ DECLARE
     _pdel boolean;
 BEGIN
     IF _s IS NOT NULL AND pg_catalog.current_setting('cow._open', true) IS DISTINCT FROM cow._open_stamp(_s) THEN
-        PERFORM cow._write_session();
+        _g := cow._write_session();
     END IF;
     IF _s IS NULL THEN
         DELETE FROM public.parent AS y WHERE y.id = OLD.id;
@@ -725,7 +731,7 @@ BEGIN
         FOR _i IN 0 .. TG_NARGS - 1 LOOP
             IF pg_catalog.strpos(_g, ',' || TG_ARGV[_i] || ',') = 0 THEN
                 _g := CASE WHEN _g = '' THEN ',' ELSE _g END || TG_ARGV[_i] || ',';
-                PERFORM pg_catalog.set_config('cow._dq_t3', _g, true);
+                _g := pg_catalog.set_config('cow._dq_t3', _g, true);
             END IF;
         END LOOP;
         RETURN NULL;
@@ -733,7 +739,7 @@ BEGIN
     -- At COMMIT or SET CONSTRAINTS: the checks read the session that wrote the version.
     _g0 := pg_catalog.current_setting('cow.session_id', true);
     IF _g0 IS DISTINCT FROM _s THEN
-        PERFORM pg_catalog.set_config('cow.session_id', _s, true);
+        _g := pg_catalog.set_config('cow.session_id', _s, true);  -- (_g: the flags above, unused from here)
     END IF;
     FOR _i IN 0 .. TG_NARGS - 1 LOOP
         _k := TG_ARGV[_i]::int;
@@ -774,7 +780,7 @@ BEGIN
     END IF;
     END LOOP;
     IF _g0 IS DISTINCT FROM _s THEN
-        PERFORM pg_catalog.set_config('cow.session_id', coalesce(_g0, ''), true);
+        _g := pg_catalog.set_config('cow.session_id', coalesce(_g0, ''), true);
     END IF;
     IF _best IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = _bcode, MESSAGE = _bmsg, DETAIL = _bdet, SCHEMA = coalesce(_bsch, 'public'), TABLE = coalesce(_btab, 'parent'), CONSTRAINT = _bcon;
@@ -803,6 +809,7 @@ DECLARE
     _btab text;
     _bsch text;
     _g text;
+    _cfg text;
     _r record;
     _cow_k record;
     _cow_c record;
@@ -811,7 +818,7 @@ BEGIN
         RETURN NULL;
     END IF;
     _mark := split_part(_marks, ',', -1)::bigint;
-    PERFORM set_config('cow._mark_t3', regexp_replace(_marks, ',?[^,]*$', ''), true);
+    _g := set_config('cow._mark_t3', regexp_replace(_marks, ',?[^,]*$', ''), true);
     _s := cow._session();
     IF _s IS NULL THEN
         RETURN NULL;
@@ -843,7 +850,7 @@ BEGIN
     _g := pg_catalog.current_setting('cow._dq_t3', true);
     IF coalesce(_g, '') <> '' THEN
         IF regexp_replace(_marks, ',?[^,]*$', '') = '' THEN
-            PERFORM pg_catalog.set_config('cow._dq_t3', '', true);
+            _cfg := pg_catalog.set_config('cow._dq_t3', '', true);
         END IF;
         _s := coalesce(_s, cow._session());
     IF pg_catalog.strpos(_g, ',1,') > 0 THEN
@@ -905,7 +912,7 @@ DECLARE
     _pdel boolean;
 BEGIN
     IF _s IS NOT NULL AND pg_catalog.current_setting('cow._open', true) IS DISTINCT FROM cow._open_stamp(_s) THEN
-        PERFORM cow._write_session();
+        _g := cow._write_session();
     END IF;
     IF _s IS NULL THEN
         INSERT INTO public.parent AS y (id, code, name, span)  VALUES (NEW.id, NEW.code, NEW.name, NEW.span) RETURNING y.* INTO NEW;
@@ -947,8 +954,10 @@ CREATE OR REPLACE FUNCTION cow_changes.t3_mark()
  RETURNS trigger
  LANGUAGE plpgsql
 AS $function$
+DECLARE
+    _g text;
 BEGIN
-    PERFORM set_config('cow._mark_t3', concat_ws(',', nullif(current_setting('cow._mark_t3', true), ''),
+    _g := set_config('cow._mark_t3', concat_ws(',', nullif(current_setting('cow._mark_t3', true), ''),
         coalesce(pg_catalog.pg_sequence_last_value('cow.write_seq'::pg_catalog.regclass), 0)::text), true);
     RETURN NULL;
 END $function$
@@ -974,7 +983,7 @@ DECLARE
     _pdel boolean;
 BEGIN
     IF _s IS NOT NULL AND pg_catalog.current_setting('cow._open', true) IS DISTINCT FROM cow._open_stamp(_s) THEN
-        PERFORM cow._write_session();
+        _g := cow._write_session();
     END IF;
     IF _s IS NULL THEN
         UPDATE public.parent AS y SET (id, code, name, span) = ROW(NEW.id, NEW.code, NEW.name, NEW.span) WHERE y.id = OLD.id RETURNING y.* INTO NEW;
