@@ -261,6 +261,15 @@ def test_the_upgrade_from_59_regenerates_the_deferred_checks_and_keeps_sessions(
     assert result.applied == ()
     assert {"10_core.sql", "30_generators.sql"} <= set(result.reapplied)
     with psycopg.connect(layer_db, autocommit=True) as conn:
+        # Every table's functions regenerated: this layer's assignments (branch i16lay6).
+        found = conn.execute(
+            "SELECT string_agg(prosrc, ' ') FROM pg_proc WHERE pronamespace = 'cow_changes'::regnamespace"
+        ).fetchone()
+        assert found is not None
+        bodies = str(found[0])
+        assert "_g := cow._write_session()" in bodies and "set_config(" in bodies
+        assert "PERFORM cow._write_session" not in bodies and "PERFORM set_config" not in bodies
+        assert "PERFORM pg_catalog.set_config" not in bodies
         conn.execute("SELECT cow.use_session('s1')")
         conn.execute("BEGIN")
         texts = checks_run(conn, "INSERT INTO node VALUES (11, 10)", "SET CONSTRAINTS ALL IMMEDIATE")
@@ -272,3 +281,45 @@ def test_the_upgrade_from_59_regenerates_the_deferred_checks_and_keeps_sessions(
         assert conn.execute("SELECT note FROM child WHERE id = 10").fetchone() == ("layer 59",)
         with pytest.raises(psycopg.errors.ForeignKeyViolation), conn.transaction():
             conn.execute("UPDATE child SET parent_id = 9 WHERE id = 10")
+
+
+def test_a_write_runs_no_statement_for_its_settings(pair: Pair) -> None:
+    """The nested statements of writes in a session (branch i16lay6): the registry check's call, the
+    statement triggers' marks and the deferred checks' flags and session switch are assignments (simple
+    expressions, no executor run; a ``PERFORM`` is one, a statement of its own). Fails on main."""
+    conn = pair.cow
+    conn.execute("BEGIN")
+    texts = checks_run(
+        conn,
+        "INSERT INTO child VALUES (10, 1, 'new')",
+        "UPDATE child SET parent_id = 2 WHERE id = 10",
+        "DELETE FROM child WHERE id = 10",
+        "INSERT INTO node VALUES (10, 1)",
+        "SET CONSTRAINTS ALL IMMEDIATE",
+        "INSERT INTO node VALUES (11, 10)",
+    )
+    assert [t for t in texts if "node" in t and "cow_changes." in t], texts  # (the nested ones are seen)
+    assert not [t for t in texts if "set_config" in t or "_write_session" in t], texts
+    conn.execute("ROLLBACK")
+
+
+def test_deferred_checks_switch_to_the_writers_session(pair: Pair) -> None:
+    """At COMMIT the deferred checks read the session that wrote each version, whatever cow.session_id says
+    then, and put it back (the switch is an assignment since branch i16lay6)."""
+    conn = pair.cow
+    # A missing parent: refused; the rollback takes the leave back too.
+    conn.execute("BEGIN")
+    conn.execute("INSERT INTO child VALUES (10, 9, 'x')")
+    conn.execute("SELECT cow.use_session(NULL)")
+    with pytest.raises(psycopg.errors.ForeignKeyViolation) as exc:
+        conn.execute("COMMIT")
+    assert exc.value.diag.constraint_name == "child_parent_id_fkey"
+    assert conn.execute("SELECT cow.current_session()").fetchone() == ("s1",)
+    # A parent the writer's session sees: committed, the connection out of the session as it asked.
+    conn.execute("BEGIN")
+    conn.execute("INSERT INTO child VALUES (10, 1, 'x')")
+    conn.execute("SELECT cow.use_session(NULL)")
+    conn.execute("COMMIT")
+    assert conn.execute("SELECT cow.current_session()").fetchone() == (None,)
+    conn.execute("SELECT cow.use_session('s1')")
+    assert conn.execute("SELECT parent_id FROM child WHERE id = 10").fetchone() == (1,)
