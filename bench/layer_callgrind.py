@@ -110,6 +110,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bindir", type=Path, help="PostgreSQL binaries (default: the embedded one's)")
     p.add_argument("--keep", type=Path, help="keep the profiles in this folder")
     p.add_argument("--only", default=",".join(VARIANTS), help="variants to run (direct,a,b)")
+    p.add_argument("--prepared", action="store_true", help="PREPARE the statements once, EXECUTE them")
     return p.parse_args(argv)
 
 
@@ -140,15 +141,29 @@ async def make_databases(admin: str, args: argparse.Namespace, variants: list[st
         await build(dsn, args.rows, args.tables, layer_files(v, args.baseline))
 
 
-def statements(variant: str, tests: int) -> str:
+def prologue(variant: str, prepared: bool) -> list[str]:
+    """What runs before the first test: the join (not directly), the PREPAREs (--prepared)."""
     lines = [] if variant == "direct" else [JOIN]
+    if prepared:
+        lines += [f"PREPARE p{i} AS {sql}" for i, (_, sql) in enumerate(TEST) if _preparable(sql)]
+    return lines
+
+
+def _preparable(sql: str) -> bool:
+    return sql.split(maxsplit=1)[0] in ("INSERT", "SELECT", "UPDATE", "DELETE")
+
+
+def statements(variant: str, tests: int, prepared: bool) -> str:
+    lines = prologue(variant, prepared)
+    test = [f"EXECUTE p{i}" if prepared and _preparable(sql) else sql for i, (_, sql) in enumerate(TEST)]
     for _ in range(tests):
-        lines += [sql for _, sql in TEST]
+        lines += test
     return "\n".join(lines) + "\n"
 
 
-def run_single(srv: embedded.EmbeddedServer, variant: str, tests: int, out: Path) -> list[int]:
-    """Instructions of each statement of ``variant``'s run (the join's first, if any), in order."""
+def run_single(srv: embedded.EmbeddedServer, variant: str, args: argparse.Namespace, out: Path) -> list[int]:
+    """Instructions of each statement of ``variant``'s tests, in order (the prologue's left out)."""
+    tests = args.tests
     out.mkdir(parents=True, exist_ok=True)
     ids = embedded.run_user_ids()
     if ids is not None:
@@ -172,7 +187,11 @@ def run_single(srv: embedded.EmbeddedServer, variant: str, tests: int, out: Path
     if ids is not None:
         kwargs.update(user=ids[0], group=ids[1], extra_groups=[])
     res = subprocess.run(  # type: ignore[call-overload]
-        cmd, input=statements(variant, tests).encode(), capture_output=True, check=False, **kwargs
+        cmd,
+        input=statements(variant, tests, args.prepared).encode(),
+        capture_output=True,
+        check=False,
+        **kwargs,
     )
     errors = [line for line in res.stdout.decode(errors="replace").splitlines() if "ERROR" in line]
     if res.returncode != 0 or errors:
@@ -183,12 +202,12 @@ def run_single(srv: embedded.EmbeddedServer, variant: str, tests: int, out: Path
         found = _TOTAL.findall(path.read_bytes())
         counts.append(int(found[-1]) if found else 0)
     # Dump 1 is the start (before the first ReadyForQuery); dump n + 1 ends statement n; the exit's last.
-    return counts[1 : 1 + (0 if variant == "direct" else 1) + tests * len(TEST)]
+    first = 1 + len(prologue(variant, args.prepared))
+    return counts[first : first + tests * len(TEST)]
 
 
-def per_test(counts: list[int], variant: str, tests: int) -> list[list[int]]:
-    body = counts if variant == "direct" else counts[1:]
-    return [body[t * len(TEST) : (t + 1) * len(TEST)] for t in range(tests)]
+def per_test(counts: list[int], tests: int) -> list[list[int]]:
+    return [counts[t * len(TEST) : (t + 1) * len(TEST)] for t in range(tests)]
 
 
 def report(results: dict[str, list[list[int]]], tests: int) -> None:
@@ -230,8 +249,8 @@ def run(args: argparse.Namespace) -> None:
             results = {}
             for v in variants:
                 common.log(f"{v}: {args.tests} tests under callgrind")
-                counts = run_single(srv, v, args.tests, scratch / v)
-                results[v] = per_test(counts, v, args.tests)
+                counts = run_single(srv, v, args, scratch / v)
+                results[v] = per_test(counts, args.tests)
                 if args.keep is not None:
                     args.keep.mkdir(parents=True, exist_ok=True)
                     shutil.rmtree(args.keep / v, ignore_errors=True)
