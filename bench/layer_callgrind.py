@@ -20,13 +20,17 @@ Django's test: ``BEGIN``, four INSERTs (``... RETURNING id``; a tag, its child, 
 that), a point SELECT, a join of the three, an UPDATE, a DELETE, ``SET CONSTRAINTS ALL IMMEDIATE`` (the
 deferred checks), ``SET CONSTRAINTS ALL DEFERRED``, ``ROLLBACK``: unprepared, as Django sends them.
 
+``--workload tpcb``: pgbench's TPC-B transaction instead (its tables at scale 1, made with SQL; pgbench's
+literals fixed), for pgbench's path. Note: a session's first write of a transaction refreshes the registry row
+once a wall-clock second (cow._write_session), which under callgrind falls on a varying few of the tests.
+
 Printed: thousands of instructions per statement kind in the first test, the eighth (PL/pgSQL's generic
 plans after five custom ones) and the median of tests 51-60 (``--tests`` ≥ 60), direct / a / b, and b/a.
 ``--keep DIR`` keeps the profiles (``DIR/<variant>/callgrind.out.<pid>.<n>``: read one with
 ``callgrind_annotate --inclusive=yes``; the statement of dump n is n - 1 of the file, after the start's).
 
     .venv/bin/python bench/layer_callgrind.py [--baseline main] [--tests 60] [--rows 50] [--tables 0]
-        [--bindir /usr/lib/postgresql/15/bin] [--keep DIR] [--only direct,a,b]
+        [--bindir /usr/lib/postgresql/15/bin] [--keep DIR] [--only direct,a,b] [--prepared] [--workload tpcb]
 """
 
 from __future__ import annotations
@@ -97,6 +101,30 @@ TEST = [
     ("SET CONSTRAINTS DEFERRED", "SET CONSTRAINTS ALL DEFERRED"),
     ("ROLLBACK", "ROLLBACK"),
 ]
+# pgbench's TPC-B transaction (its tables at scale 1 through SQL, as `pgbench -i -s 1` makes them; history has
+# no key: keyless in the layer), with pgbench's literals fixed: --workload tpcb, for pgbench's path.
+TPCB_SCHEMA = """
+CREATE TABLE pgbench_branches (bid int PRIMARY KEY, bbalance int, filler char(88));
+CREATE TABLE pgbench_tellers (tid int PRIMARY KEY, bid int, tbalance int, filler char(84));
+CREATE TABLE pgbench_accounts (aid int PRIMARY KEY, bid int, abalance int, filler char(84));
+CREATE TABLE pgbench_history (tid int, bid int, aid int, delta int, mtime timestamp, filler char(22));
+INSERT INTO pgbench_branches VALUES (1, 0, '');
+INSERT INTO pgbench_tellers SELECT i, 1, 0, '' FROM generate_series(1, 10) i;
+INSERT INTO pgbench_accounts SELECT i, 1, 0, '' FROM generate_series(1, 100000) i;
+"""
+TPCB_TEST = [
+    ("BEGIN", "BEGIN"),
+    ("UPDATE accounts", "UPDATE pgbench_accounts SET abalance = abalance + 5 WHERE aid = 17"),
+    ("SELECT accounts", "SELECT abalance FROM pgbench_accounts WHERE aid = 17"),
+    ("UPDATE tellers", "UPDATE pgbench_tellers SET tbalance = tbalance + 5 WHERE tid = 3"),
+    ("UPDATE branches", "UPDATE pgbench_branches SET bbalance = bbalance + 5 WHERE bid = 1"),
+    (
+        "INSERT history",
+        "INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (3, 1, 17, 5, CURRENT_TIMESTAMP)",
+    ),
+    ("END", "END"),
+]
+WORKLOADS = {"django": TEST, "tpcb": TPCB_TEST}
 JOIN = "SELECT cow.use_session('cg')"
 _TOTAL = re.compile(rb"^(?:summary|totals): (\d+)", re.M)
 
@@ -104,21 +132,25 @@ _TOTAL = re.compile(rb"^(?:summary|totals): (\d+)", re.M)
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--baseline", default="main", help="git ref whose layer builds database a")
-    p.add_argument("--tests", type=int, default=60, help="Django tests per backend")
+    p.add_argument("--tests", type=int, default=60, help="tests (transactions) per backend")
     p.add_argument("--rows", type=int, default=50, help="rows of each table")
     p.add_argument("--tables", type=int, default=0, help="more tables, for the catalog's size")
     p.add_argument("--bindir", type=Path, help="PostgreSQL binaries (default: the embedded one's)")
     p.add_argument("--keep", type=Path, help="keep the profiles in this folder")
     p.add_argument("--only", default=",".join(VARIANTS), help="variants to run (direct,a,b)")
     p.add_argument("--prepared", action="store_true", help="PREPARE the statements once, EXECUTE them")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="django", help="the test's statements")
     return p.parse_args(argv)
 
 
-async def build(dsn: str, rows: int, tables: int, files: common.Layer | None) -> None:
+async def build(dsn: str, args: argparse.Namespace, files: common.Layer | None) -> None:
     conn = await asyncpg.connect(dsn)
     try:
-        extra = "".join(EXTRA.format(i=i) for i in range(tables))
-        await conn.execute(SCHEMA + FILL.format(rows=rows) + extra)
+        if args.workload == "tpcb":
+            await conn.execute(TPCB_SCHEMA)
+        else:
+            extra = "".join(EXTRA.format(i=i) for i in range(args.tables))
+            await conn.execute(SCHEMA + FILL.format(rows=args.rows) + extra)
         if files is not None:
             with common.installed_layer(files):
                 await layer_mod.install_layer(conn, schemas=("public",))
@@ -138,14 +170,15 @@ async def make_databases(admin: str, args: argparse.Namespace, variants: list[st
     for v in variants:
         await common.fetchval(admin, f"CREATE DATABASE cg_{v}")
         dsn = common.with_database(admin, f"cg_{v}")
-        await build(dsn, args.rows, args.tables, layer_files(v, args.baseline))
+        await build(dsn, args, layer_files(v, args.baseline))
 
 
-def prologue(variant: str, prepared: bool) -> list[str]:
+def prologue(variant: str, args: argparse.Namespace) -> list[str]:
     """What runs before the first test: the join (not directly), the PREPAREs (--prepared)."""
     lines = [] if variant == "direct" else [JOIN]
-    if prepared:
-        lines += [f"PREPARE p{i} AS {sql}" for i, (_, sql) in enumerate(TEST) if _preparable(sql)]
+    if args.prepared:
+        test = WORKLOADS[args.workload]
+        lines += [f"PREPARE p{i} AS {sql}" for i, (_, sql) in enumerate(test) if _preparable(sql)]
     return lines
 
 
@@ -153,10 +186,13 @@ def _preparable(sql: str) -> bool:
     return sql.split(maxsplit=1)[0] in ("INSERT", "SELECT", "UPDATE", "DELETE")
 
 
-def statements(variant: str, tests: int, prepared: bool) -> str:
-    lines = prologue(variant, prepared)
-    test = [f"EXECUTE p{i}" if prepared and _preparable(sql) else sql for i, (_, sql) in enumerate(TEST)]
-    for _ in range(tests):
+def statements(variant: str, args: argparse.Namespace) -> str:
+    lines = prologue(variant, args)
+    test = [
+        f"EXECUTE p{i}" if args.prepared and _preparable(sql) else sql
+        for i, (_, sql) in enumerate(WORKLOADS[args.workload])
+    ]
+    for _ in range(args.tests):
         lines += test
     return "\n".join(lines) + "\n"
 
@@ -188,7 +224,7 @@ def run_single(srv: embedded.EmbeddedServer, variant: str, args: argparse.Namesp
         kwargs.update(user=ids[0], group=ids[1], extra_groups=[])
     res = subprocess.run(  # type: ignore[call-overload]
         cmd,
-        input=statements(variant, tests, args.prepared).encode(),
+        input=statements(variant, args).encode(),
         capture_output=True,
         check=False,
         **kwargs,
@@ -202,15 +238,15 @@ def run_single(srv: embedded.EmbeddedServer, variant: str, args: argparse.Namesp
         found = _TOTAL.findall(path.read_bytes())
         counts.append(int(found[-1]) if found else 0)
     # Dump 1 is the start (before the first ReadyForQuery); dump n + 1 ends statement n; the exit's last.
-    first = 1 + len(prologue(variant, args.prepared))
-    return counts[first : first + tests * len(TEST)]
+    first = 1 + len(prologue(variant, args))
+    return counts[first : first + tests * len(WORKLOADS[args.workload])]
 
 
-def per_test(counts: list[int], tests: int) -> list[list[int]]:
-    return [counts[t * len(TEST) : (t + 1) * len(TEST)] for t in range(tests)]
+def per_test(counts: list[int], tests: int, size: int) -> list[list[int]]:
+    return [counts[t * size : (t + 1) * size] for t in range(tests)]
 
 
-def report(results: dict[str, list[list[int]]], tests: int) -> None:
+def report(results: dict[str, list[list[int]]], tests: int, test: list[tuple[str, str]]) -> None:
     picks: list[tuple[str, list[int]]] = [("1st", [0]), ("8th", [7])]
     if tests >= 60:
         picks.append(("51-60", list(range(50, 60))))
@@ -221,7 +257,7 @@ def report(results: dict[str, list[list[int]]], tests: int) -> None:
         if {"a", "b"} <= set(variants):
             head += f"{'b/a':>8}"
         print(head)
-        rows = [(name, i) for i, (name, _) in enumerate(TEST)] + [("the test", -1)]
+        rows = [(name, i) for i, (name, _) in enumerate(test)] + [("the test", -1)]
         for name, i in rows:
             vals = {}
             for v in variants:
@@ -250,7 +286,7 @@ def run(args: argparse.Namespace) -> None:
             for v in variants:
                 common.log(f"{v}: {args.tests} tests under callgrind")
                 counts = run_single(srv, v, args, scratch / v)
-                results[v] = per_test(counts, args.tests)
+                results[v] = per_test(counts, args.tests, len(WORKLOADS[args.workload]))
                 if args.keep is not None:
                     args.keep.mkdir(parents=True, exist_ok=True)
                     shutil.rmtree(args.keep / v, ignore_errors=True)
@@ -258,8 +294,10 @@ def run(args: argparse.Namespace) -> None:
             version = subprocess.run(
                 [str(srv.bindir / "postgres"), "--version"], capture_output=True, text=True, check=False
             ).stdout.strip()
-            print(f"{version}; baseline a = {args.baseline}; {args.rows} rows, {args.tables} more tables")
-            report(results, args.tests)
+            shape = f"{args.rows} rows, {args.tables} more tables" if args.workload == "django" else "scale 1"
+            prepared = "prepared" if args.prepared else "unprepared"
+            print(f"{version}; baseline a = {args.baseline}; {args.workload} ({shape}), {prepared}")
+            report(results, args.tests, WORKLOADS[args.workload])
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
