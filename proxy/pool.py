@@ -1,0 +1,283 @@
+"""Server connections reused across client connections (session pooling, as PgBouncer's), sans-IO.
+
+A client that ends cleanly with its server connection idle leaves that connection to the next client whose
+forwarded startup is the same, after a reset that gives it back what a new backend has (``Reset``). The
+asyncio side (proxy/server.py) moves the bytes; this module decides:
+
+- ``Greeting`` watches a new connection's authentication: whether the server granted it without a challenge
+  (only those are pooled: the proxy cannot prove the next client's password), the ParameterStatus values and
+  BackendKeyData a reused connection's client is given.
+- ``Reset`` is the batch that resets a used backend, and reads its replies: any error, a transaction left
+  open or a backend still bound to a session closes the connection instead (reuse is an optimisation).
+- ``IdlePool`` keeps the idle ones by startup, with PgBouncer's limits (idle per key and in total, idle
+  timeout, server lifetime).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from proxy import protocol as p
+from proxy.errors import ProtocolError
+
+_T = TypeVar("_T")
+
+# Authentication request codes (the first word of an 'R' message): 0 is AuthenticationOk, anything else asks
+# the client for something (a password, SASL, GSS).
+_AUTH_OK = 0
+
+# What a backend was reset with: DISCARD ALL (RESET ALL with SET SESSION AUTHORIZATION DEFAULT, DEALLOCATE
+# ALL, CLOSE ALL, UNLISTEN *, pg_advisory_unlock_all(), DISCARD PLANS/TEMP/SEQUENCES). It runs alone: it
+# refuses to run in a transaction block, which a multi-statement Query is.
+DISCARD_SQL = "DISCARD ALL"
+# The binding survives DISCARD ALL by design (11_binding.sql): a backend that was in a session is unbound
+# with the proxy's secret, after DISCARD ALL (a role or default_transaction_read_only the client set would
+# refuse the write), then RESET ALL undoes the GUCs the unbind's cow._join set, and the check must find it
+# unbound.
+UNBIND_SQL = "SELECT cow.bind_session(NULL, NULL, $1)"
+BOUND_CHECK_SQL = "RESET ALL; SELECT cow.bound_session() IS NULL"
+# A backend never in a session has no temporary schema from a bind (cow._bind makes one, and it stays until
+# the backend ends): without one it cannot be bound, whether the database has the layer or not. A client
+# that made temporary tables leaves a schema too: that backend is not reused (the check cannot tell).
+UNBOUND_CHECK_SQL = "SELECT pg_catalog.pg_my_temp_schema() = 0"
+
+
+@dataclass(frozen=True)
+class PoolKey:
+    """A startup as forwarded to the server (the proxy's tags stripped): protocol version and parameters,
+    order aside (the backend's state does not depend on it)."""
+
+    version: int
+    params: tuple[tuple[str, str], ...]
+
+    @property
+    def database(self) -> str:
+        found = dict(self.params)
+        return found.get("database") or found.get("user") or ""
+
+
+def pool_key(startup: p.StartupMessage) -> PoolKey:
+    return PoolKey(startup.version, tuple(sorted(startup.params)))
+
+
+@dataclass
+class Greeting:
+    """What the server said during one connection's authentication, as far as reuse needs it."""
+
+    challenged: bool = False  # an authentication request other than AuthenticationOk
+    unusual: bool = False  # a message a reused connection's client would also need (NegotiateProtocolVersion)
+    params: dict[str, str] = field(default_factory=dict)  # ParameterStatus values, in the server's order
+    key_data: bytes | None = None  # the BackendKeyData message, whole
+
+    def message(self, kind: bytes, raw: bytes) -> None:
+        """One whole server message of the authentication phase (``raw``: type byte and length included)."""
+        body = raw[5:]
+        if kind == b"R":
+            if len(body) < 4 or int.from_bytes(body[:4], "big") != _AUTH_OK:
+                self.challenged = True
+        elif kind == b"S":
+            name, value = p.decode_parameter_status(body)
+            self.params[name] = value
+        elif kind == b"K":
+            self.key_data = raw
+        elif kind not in b"NZE":
+            self.unusual = True
+
+    @property
+    def poolable(self) -> bool:
+        return not self.challenged and not self.unusual and self.key_data is not None
+
+    def encode(self) -> bytes:
+        """What a client given the reused connection receives: what a new backend would have sent."""
+        assert self.key_data is not None
+        out = [p.message(b"R", _AUTH_OK.to_bytes(4, "big"))]
+        out.extend(p.encode_parameter_status(name, value) for name, value in self.params.items())
+        out.append(self.key_data)
+        out.append(p.encode_ready("I"))
+        return b"".join(out)
+
+
+@dataclass(frozen=True)
+class ResetResult:
+    ok: bool
+    reason: str = ""  # why not
+
+
+class Reset:
+    """The reset of one used backend: ``request`` to send, then ``feed`` the server's bytes until it answers.
+
+    ``unbind``: the backend may have been bound to a session (the relay joined one): unbind it with this
+    secret (None: the proxy binds nothing, so there is nothing to unbind) and check with the layer that it is
+    unbound; else check that it cannot be bound (no temporary schema). ParameterStatus messages the reset
+    makes the server send update ``params`` (the values the next client is given).
+    """
+
+    def __init__(self, params: dict[str, str], *, in_session: bool, secret: str | None) -> None:
+        self.params = params
+        out = [p.encode_query(DISCARD_SQL)]
+        if in_session and secret is not None:
+            out += [
+                p.encode_parse("", UNBIND_SQL),
+                p.encode_bind("", "", (secret,)),
+                p.encode_execute(),
+                p.SYNC,
+            ]
+        out.append(p.encode_query(BOUND_CHECK_SQL if in_session else UNBOUND_CHECK_SQL))
+        self.request = b"".join(out)
+        self._readies = len(out) - (3 if in_session and secret is not None else 0)
+        self._buf = bytearray()
+        self._last_row: tuple[str | None, ...] | None = None
+        self._error: str | None = None
+
+    def feed(self, data: bytes) -> ResetResult | None:
+        """The server's bytes; a result once the reset is answered in full (or cannot succeed)."""
+        self._buf += data
+        messages = self._messages()
+        for i, (kind, raw) in enumerate(messages):
+            body = raw[5:]
+            if kind == b"E" and self._error is None:
+                fields = p.decode_error(body)
+                self._error = f"{fields.sqlstate}: {fields.message}"
+            elif kind == b"S":
+                name, value = p.decode_parameter_status(body)
+                self.params[name] = value
+            elif kind == b"D":
+                self._last_row = p.decode_data_row(body)
+            elif kind == b"Z":
+                self._readies -= 1
+                status = p.decode_ready(body)
+                if status != "I":
+                    return ResetResult(False, f"transaction status {status} after the reset")
+                if self._readies == 0:
+                    return self._result(trailing=i + 1 < len(messages) or bool(self._buf))
+            elif kind not in b"CTNAn1t23s":
+                # (CopyIn and the like: the server is somewhere a reset does not lead)
+                return ResetResult(False, f"unexpected message {kind!r} during the reset")
+        return None
+
+    def _result(self, *, trailing: bool) -> ResetResult:
+        if trailing:
+            return ResetResult(False, "bytes after the reset's last ReadyForQuery")
+        if self._error is not None:
+            return ResetResult(False, self._error)
+        if self._last_row != ("t",):
+            return ResetResult(False, f"the backend may still be bound to a session ({self._last_row})")
+        return ResetResult(True)
+
+    def _messages(self) -> list[tuple[bytes, bytes]]:
+        """The whole messages buffered, taken out of the buffer."""
+        buf = self._buf
+        pos = 0
+        out = []
+        while len(buf) - pos >= 5:
+            length = int.from_bytes(buf[pos + 1 : pos + 5], "big")
+            if length < 4:
+                raise ProtocolError("server sent a malformed message during a reset")
+            if len(buf) - pos < length + 1:
+                break
+            raw = bytes(buf[pos : pos + length + 1])
+            pos += length + 1
+            out.append((raw[:1], raw))
+        del buf[:pos]
+        return out
+
+
+@dataclass(frozen=True)
+class PoolLimits:
+    max_idle: int = 100  # idle server connections in all (the oldest idle one goes for a new one)
+    max_idle_per_key: int = 20  # idle ones of one startup (a further one is closed)
+    idle_timeout: float = 60.0  # seconds an idle one is kept
+    lifetime: float = 3600.0  # seconds from its start after which one is no longer reused
+
+
+@dataclass
+class _Idle(Generic[_T]):
+    conn: _T
+    key: PoolKey
+    born: float
+    since: float
+
+
+class IdlePool(Generic[_T]):
+    """Idle server connections by key, most recently idle first out (its caches are the warmest)."""
+
+    def __init__(self, limits: PoolLimits) -> None:
+        self.limits = limits
+        self._by_key: dict[PoolKey, list[_Idle[_T]]] = {}
+        self._all: OrderedDict[int, _Idle[_T]] = OrderedDict()  # by id(conn), oldest idle first
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    def put(self, key: PoolKey, conn: _T, born: float, now: float) -> list[_T]:
+        """Keep ``conn`` idle; returns the connections to close (``conn`` itself when it may not be kept)."""
+        limits = self.limits
+        if now - born >= limits.lifetime or limits.max_idle < 1:
+            return [conn]
+        same = self._by_key.setdefault(key, [])
+        if len(same) >= limits.max_idle_per_key:
+            return [conn]
+        closed = []
+        while len(self._all) >= limits.max_idle:
+            closed.append(self._pop(next(iter(self._all.values()))))
+        entry = _Idle(conn, key, born, now)
+        self._by_key.setdefault(key, []).append(entry)
+        self._all[id(conn)] = entry
+        return closed
+
+    def take(self, key: PoolKey, now: float) -> tuple[_T | None, list[_T]]:
+        """An idle connection for ``key`` (None: none), and those found expired on the way (to close)."""
+        expired = []
+        same = self._by_key.get(key)
+        while same:
+            entry = same[-1]
+            self._pop(entry)
+            if self._expired(entry, now):
+                expired.append(entry.conn)
+                continue
+            return entry.conn, expired
+        return None, expired
+
+    def expire(self, now: float) -> list[_T]:
+        """Remove and return those past the idle timeout or their lifetime."""
+        gone = [entry for entry in self._all.values() if self._expired(entry, now)]
+        return [self._pop(entry) for entry in gone]
+
+    def remove(self, conn: _T) -> bool:
+        entry = self._all.get(id(conn))
+        if entry is None or entry.conn is not conn:
+            return False
+        self._pop(entry)
+        return True
+
+    def clear(self) -> list[_T]:
+        return [self._pop(entry) for entry in list(self._all.values())]
+
+    def idle_by_database(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for entry in self._all.values():
+            database = entry.key.database
+            counts[database] = counts.get(database, 0) + 1
+        return counts
+
+    def next_deadline(self) -> float | None:
+        """When the next idle connection expires (monotonic seconds), or None."""
+        limits = self.limits
+        return min(
+            (min(e.since + limits.idle_timeout, e.born + limits.lifetime) for e in self._all.values()),
+            default=None,
+        )
+
+    def _expired(self, entry: _Idle[_T], now: float) -> bool:
+        limits = self.limits
+        return now - entry.since >= limits.idle_timeout or now - entry.born >= limits.lifetime
+
+    def _pop(self, entry: _Idle[_T]) -> _T:
+        del self._all[id(entry.conn)]
+        same = self._by_key[entry.key]
+        same.remove(entry)
+        if not same:
+            del self._by_key[entry.key]
+        return entry.conn

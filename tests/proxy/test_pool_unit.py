@@ -1,0 +1,216 @@
+"""Server connection reuse's decisions on literal bytes (proxy/pool.py): which authentication may be pooled,
+what a reused connection's client is sent, how a reset's replies are read, the idle pool's limits."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy import protocol as p
+from proxy.pool import (
+    BOUND_CHECK_SQL,
+    DISCARD_SQL,
+    UNBIND_SQL,
+    UNBOUND_CHECK_SQL,
+    Greeting,
+    IdlePool,
+    PoolKey,
+    PoolLimits,
+    Reset,
+    pool_key,
+)
+
+AUTH_OK = b"R\x00\x00\x00\x08\x00\x00\x00\x00"
+AUTH_MD5 = b"R\x00\x00\x00\x0c\x00\x00\x00\x05salt"
+AUTH_SASL = b"R\x00\x00\x00\x17\x00\x00\x00\x0aSCRAM-SHA-256\x00\x00"
+KEY_DATA = b"K\x00\x00\x00\x0c\x00\x00\x30\x39\x01\x02\x03\x04"  # pid 12345
+READY_I = b"Z\x00\x00\x00\x05I"
+READY_T = b"Z\x00\x00\x00\x05T"
+TRUE_ROW = b"D\x00\x00\x00\x0b\x00\x01\x00\x00\x00\x01t"
+FALSE_ROW = b"D\x00\x00\x00\x0b\x00\x01\x00\x00\x00\x01f"
+# RowDescription of one bool column "?column?" (type 16, size 1, modifier -1, text)
+ROW_DESC = p.message(
+    b"T", b"\x00\x01?column?\x00" + bytes(6) + b"\x00\x00\x00\x10\x00\x01\xff\xff\xff\xff\x00\x00"
+)
+
+
+def _status(name: str, value: str) -> bytes:
+    return (
+        b"S"
+        + (len(name) + len(value) + 6).to_bytes(4, "big")
+        + name.encode()
+        + b"\0"
+        + value.encode()
+        + b"\0"
+    )
+
+
+def _complete(tag: str) -> bytes:
+    return b"C" + (len(tag) + 5).to_bytes(4, "big") + tag.encode() + b"\0"
+
+
+def _greet(*raws: bytes) -> Greeting:
+    greeting = Greeting()
+    for raw in raws:
+        greeting.message(raw[:1], raw)
+    return greeting
+
+
+def test_a_trusted_authentication_is_poolable_and_replayed_as_the_server_sent_it() -> None:
+    greeting = _greet(
+        AUTH_OK, _status("server_version", "15.8"), _status("TimeZone", "UTC"), KEY_DATA, READY_I
+    )
+    assert greeting.poolable
+    assert greeting.params == {"server_version": "15.8", "TimeZone": "UTC"}
+    assert greeting.encode() == AUTH_OK + _status("server_version", "15.8") + _status("TimeZone", "UTC") + (
+        KEY_DATA + READY_I
+    )
+
+
+@pytest.mark.parametrize("challenge", [AUTH_MD5, AUTH_SASL, b"R\x00\x00\x00\x08\x00\x00\x00\x03"])
+def test_a_challenged_authentication_is_never_poolable(challenge: bytes) -> None:
+    # (the server's final AuthenticationOk after the password does not make it trusted)
+    assert not _greet(challenge, AUTH_OK, KEY_DATA, READY_I).poolable
+
+
+def test_a_negotiated_protocol_or_no_key_data_is_not_poolable() -> None:
+    negotiate = b"v\x00\x00\x00\x0c\x00\x03\x00\x00\x00\x00\x00\x00"
+    assert not _greet(negotiate, AUTH_OK, KEY_DATA, READY_I).poolable
+    assert not _greet(AUTH_OK, READY_I).poolable
+
+
+def test_the_key_is_the_forwarded_startup_whatever_its_order() -> None:
+    a = p.StartupMessage(p.PROTOCOL_3_0, (("user", "u"), ("database", "d"), ("application_name", "x")))
+    b = p.StartupMessage(p.PROTOCOL_3_0, (("application_name", "x"), ("database", "d"), ("user", "u")))
+    assert pool_key(a) == pool_key(b)
+    assert pool_key(a) != pool_key(a.replace("application_name", "y"))
+    assert pool_key(a) != pool_key(p.StartupMessage(p.PROTOCOL_3_0 + 2, a.params))  # (3.2: other key data)
+    assert pool_key(a).database == "d"
+    assert pool_key(a.replace("database", None)).database == "u"
+
+
+def test_a_reset_outside_sessions_discards_and_checks_for_no_temporary_schema() -> None:
+    reset = Reset({}, in_session=False, secret="s" * 20)
+    assert reset.request == p.encode_query(DISCARD_SQL) + p.encode_query(UNBOUND_CHECK_SQL)
+    assert reset.feed(_complete("DISCARD ALL") + READY_I) is None
+    result = reset.feed(ROW_DESC + TRUE_ROW + _complete("SELECT 1") + READY_I)
+    assert result is not None and result.ok
+
+
+def test_a_reset_in_a_session_unbinds_with_the_secret_then_checks_with_the_layer() -> None:
+    reset = Reset({}, in_session=True, secret="secret-of-twenty-chars")
+    assert reset.request == b"".join(
+        [
+            p.encode_query(DISCARD_SQL),
+            p.encode_parse("", UNBIND_SQL),
+            p.encode_bind("", "", ("secret-of-twenty-chars",)),
+            p.encode_execute(),
+            p.SYNC,
+            p.encode_query(BOUND_CHECK_SQL),
+        ]
+    )
+    replies = [
+        _complete("DISCARD ALL") + READY_I,
+        b"1\x00\x00\x00\x04" + b"2\x00\x00\x00\x04" + TRUE_ROW + _complete("SELECT 1") + READY_I,
+        _complete("RESET") + ROW_DESC + TRUE_ROW + _complete("SELECT 1") + READY_I,
+    ]
+    data = b"".join(replies)
+    # Byte by byte: the reader waits for whole messages.
+    results = [reset.feed(data[i : i + 1]) for i in range(len(data))]
+    assert all(r is None for r in results[:-1])
+    assert results[-1] is not None and results[-1].ok
+
+
+def test_without_a_secret_a_reset_in_a_session_only_checks() -> None:
+    reset = Reset({}, in_session=True, secret=None)
+    assert reset.request == p.encode_query(DISCARD_SQL) + p.encode_query(BOUND_CHECK_SQL)
+
+
+@pytest.mark.parametrize(
+    ("replies", "reason"),
+    [
+        # still bound: the check says no
+        (_complete("RESET") + ROW_DESC + FALSE_ROW + _complete("SELECT 1") + READY_I, "bound"),
+        # an error anywhere
+        (
+            p.encode_error("42883", "no") + READY_I,
+            "42883",
+        ),
+        # a transaction left open
+        (ROW_DESC + TRUE_ROW + _complete("SELECT 1") + READY_T, "transaction status T"),
+        # somewhere a reset does not lead
+        (b"G\x00\x00\x00\x07\x00\x00\x00", "unexpected message"),
+    ],
+)
+def test_a_reset_that_does_not_end_well_fails(replies: bytes, reason: str) -> None:
+    reset = Reset({}, in_session=True, secret=None)
+    assert reset.feed(_complete("DISCARD ALL") + READY_I) is None
+    result = reset.feed(replies)
+    assert result is not None and not result.ok and reason in result.reason
+
+
+def test_a_reset_that_discards_in_a_transaction_block_fails() -> None:
+    # DISCARD ALL refuses to run in a block: its error fails the reset even if the check then says yes.
+    reset = Reset({}, in_session=False, secret=None)
+    error = p.encode_error("25001", "no")
+    result = reset.feed(error + READY_I + ROW_DESC + TRUE_ROW + _complete("SELECT 1") + READY_I)
+    assert result is not None and not result.ok and "25001" in result.reason
+
+
+def test_a_reset_takes_the_parameter_status_the_server_reports() -> None:
+    params = {"application_name": "agent-1", "TimeZone": "UTC"}
+    reset = Reset(params, in_session=False, secret=None)
+    reset.feed(_complete("DISCARD ALL") + _status("application_name", "") + READY_I)
+    result = reset.feed(ROW_DESC + TRUE_ROW + _complete("SELECT 1") + READY_I)
+    assert result is not None and result.ok
+    assert params == {"application_name": "", "TimeZone": "UTC"}
+
+
+def test_bytes_after_the_last_ready_fail_the_reset() -> None:
+    reset = Reset({}, in_session=False, secret=None)
+    reset.feed(_complete("DISCARD ALL") + READY_I)
+    result = reset.feed(ROW_DESC + TRUE_ROW + _complete("SELECT 1") + READY_I + b"N")
+    assert result is not None and not result.ok
+    reset = Reset({}, in_session=False, secret=None)
+    reset.feed(_complete("DISCARD ALL") + READY_I)
+    result = reset.feed(
+        ROW_DESC + TRUE_ROW + _complete("SELECT 1") + READY_I + p.encode_error("57P01", "bye")
+    )
+    assert result is not None and not result.ok
+
+
+KEY_A = PoolKey(196608, (("database", "a"), ("user", "u")))
+KEY_B = PoolKey(196608, (("database", "b"), ("user", "u")))
+
+
+def test_the_pool_gives_the_most_recently_idle_of_a_key() -> None:
+    pool: IdlePool[str] = IdlePool(PoolLimits())
+    assert pool.put(KEY_A, "a1", born=0, now=1) == []
+    assert pool.put(KEY_A, "a2", born=0, now=2) == []
+    assert pool.put(KEY_B, "b1", born=0, now=3) == []
+    assert pool.idle_by_database() == {"a": 2, "b": 1}
+    assert pool.take(KEY_A, now=4) == ("a2", [])
+    assert pool.take(KEY_A, now=4) == ("a1", [])
+    assert pool.take(KEY_A, now=4) == (None, [])
+    assert len(pool) == 1
+
+
+def test_the_pool_keeps_its_limits() -> None:
+    pool: IdlePool[str] = IdlePool(PoolLimits(max_idle=3, max_idle_per_key=2, idle_timeout=10, lifetime=100))
+    assert pool.put(KEY_A, "a1", born=0, now=1) == []
+    assert pool.put(KEY_A, "a2", born=0, now=1) == []
+    assert pool.put(KEY_A, "a3", born=0, now=1) == ["a3"]  # per key
+    assert pool.put(KEY_B, "b1", born=0, now=2) == []
+    assert pool.put(KEY_B, "b2", born=0, now=3) == ["a1"]  # in total: the oldest idle goes
+    assert pool.put(KEY_B, "old", born=0, now=100) == ["old"]  # past its lifetime
+    assert pool.next_deadline() == 11
+    assert pool.expire(now=12.5) == ["a2", "b1"]  # idle 10 s and more
+    assert pool.take(KEY_B, now=13.5) == (None, ["b2"])  # expired on the way
+    assert pool.put(KEY_A, "young", born=50, now=60) == []
+    assert pool.expire(now=150) == ["young"]  # its lifetime
+    assert pool.remove("gone") is False
+
+
+def test_a_pool_of_no_idle_connections_keeps_none() -> None:
+    pool: IdlePool[str] = IdlePool(PoolLimits(max_idle=0))
+    assert pool.put(KEY_A, "a", born=0, now=0) == ["a"]
+    assert pool.clear() == []
