@@ -36,6 +36,7 @@ def register(sub: Any, session_sub: Any) -> None:
     _tls_options(serve)
     _relay_options(serve)
     _session_options(serve)
+    _reuse_options(serve)
     serve.add_argument(
         "--workers",
         type=int,
@@ -114,6 +115,32 @@ def _session_options(serve: Any) -> None:
     )
     serve.add_argument(
         "--reads-queue", type=int, metavar="N", help="reads waiting to be written before more are dropped"
+    )
+
+
+def _reuse_options(serve: Any) -> None:
+    """Server connections reused across client connections (proxy/pool.py, docs/proxy.md)."""
+    serve.add_argument(
+        "--server-reuse",
+        action=argparse.BooleanOptionalAction,
+        help="reset a server connection a client left idle (DISCARD ALL, unbound from its session) and give "
+        "it to the next client with the same startup, as PgBouncer's session pooling (default off)",
+    )
+    serve.add_argument("--server-idle-max", type=int, metavar="N", help="idle server connections kept (100)")
+    serve.add_argument(
+        "--server-idle-per-startup",
+        type=int,
+        metavar="N",
+        help="idle server connections kept per user, database and startup parameters (20)",
+    )
+    serve.add_argument(
+        "--server-idle-timeout",
+        type=float,
+        metavar="S",
+        help="seconds an idle server connection is kept (60)",
+    )
+    serve.add_argument(
+        "--server-lifetime", type=float, metavar="S", help="seconds after which one is not reused (3600)"
     )
 
 
@@ -203,6 +230,11 @@ def _serve(args: argparse.Namespace) -> int:
         "bind_secret_file": args.bind_secret_file,
         "reads_dsn": args.reads_dsn,
         "reads_queue": args.reads_queue,
+        "server_reuse": args.server_reuse,
+        "server_idle_max": args.server_idle_max,
+        "server_idle_per_startup": args.server_idle_per_startup,
+        "server_idle_timeout": args.server_idle_timeout,
+        "server_lifetime": args.server_lifetime,
     }
     config = build_config(flags, args.config)
     setup_logging(config.log_format, config.log_level)

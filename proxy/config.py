@@ -81,6 +81,12 @@ class ProxyConfig:
     # made with this DSN's host and role (the database replaced); None: no recording.
     reads_dsn: str | None = None
     reads_queue: int = 50_000  # records waiting to be written; more are dropped (and counted)
+    # Server connections reused across client connections (proxy/pool.py; off by default: docs/proxy.md).
+    server_reuse: bool = False
+    server_idle_max: int = 100  # idle server connections kept in all
+    server_idle_per_startup: int = 20  # idle ones kept per forwarded startup (user, database, parameters)
+    server_idle_timeout: float = 60.0  # seconds an idle one is kept
+    server_lifetime: float = 3600.0  # seconds after its start a server connection is no longer reused
     # The secret itself, read once at startup (never from the TOML or a flag: it would show in ps and files).
     bind_secret: str | None = field(default=None, repr=False)
 
@@ -151,11 +157,20 @@ def _check_scalars(values: dict[str, Any]) -> None:
     for name in ("max_message_size", "parse_cache_size", "reads_queue"):
         if name in values and (not isinstance(values[name], int) or values[name] < 1):
             raise ConfigError(f"{name} must be a positive integer")
-    if "fast_relay" in values and not isinstance(values["fast_relay"], bool):
-        raise ConfigError("fast_relay must be true or false")
+    for name in ("server_idle_max", "server_idle_per_startup"):
+        if name in values and (
+            not isinstance(values[name], int) or isinstance(values[name], bool) or values[name] < 0
+        ):
+            raise ConfigError(f"{name} must be a non-negative integer")
+    for name in ("fast_relay", "server_reuse"):
+        if name in values and not isinstance(values[name], bool):
+            raise ConfigError(f"{name} must be true or false")
     for name in ("drain_timeout", "connect_timeout"):
         if name in values and (not isinstance(values[name], int | float) or values[name] < 0):
             raise ConfigError(f"{name} must be a non-negative number of seconds")
+    for name in ("server_idle_timeout", "server_lifetime"):
+        if name in values and (not isinstance(values[name], int | float) or values[name] <= 0):
+            raise ConfigError(f"{name} must be a positive number of seconds")
 
 
 def _check_sessions(values: dict[str, Any], environ: Mapping[str, str]) -> None:

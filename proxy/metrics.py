@@ -63,6 +63,13 @@ class Metrics:
         self.fast_adoptions = 0
         self.fast_handbacks: dict[tuple[str, str], int] = {}
         self.fast_requests: dict[str, int] = {}  # by answer: decision, hand back, void
+        # Server connections (proxy/pool.py): opened, reused for another client, resets that failed (the
+        # connection was closed), idle ones closed by reason; the idle ones right now come from watch_pool.
+        self.servers_opened = 0
+        self.servers_reused = 0
+        self.server_reset_failures = 0
+        self.servers_closed_idle: dict[str, int] = {}
+        self._idle_servers: Callable[[], Mapping[str, int]] = dict
         self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
         self._states: Callable[[], Iterable[tuple[str, str]]] = lambda: ()
@@ -72,6 +79,10 @@ class Metrics:
 
     def watch_connections(self, states: Callable[[], Iterable[tuple[str, str]]]) -> None:
         self._states = states
+
+    def watch_pool(self, idle: Callable[[], Mapping[str, int]]) -> None:
+        """Where the idle server connections per database come from."""
+        self._idle_servers = idle
 
     def watch_fast(self, counts: Callable[[], FastCounts | None]) -> None:
         """Where the fast relay's counters come from (merged in at scrape time)."""
@@ -154,6 +165,7 @@ class _Collector(Collector):
     def collect(self) -> Iterator[Metric]:
         totals = _totals(self.m)
         yield from _connection_metrics(self.m, totals)
+        yield from _server_metrics(self.m)
         yield from _statement_metrics(self.m, totals)
         yield from _traffic_metrics(self.m, totals)
         yield _latency_metric(totals)
@@ -200,6 +212,36 @@ def _connection_metrics(m: Metrics, totals: _Totals) -> Iterator[Metric]:
     for answer, n in sorted(m.fast_requests.items()):
         requests.add_metric([answer], n)
     yield requests
+
+
+def _server_metrics(m: Metrics) -> Iterator[Metric]:
+    opened = CounterMetricFamily("cowproxy_server_connections_opened", "Server connections opened")
+    opened.add_metric([], m.servers_opened)
+    yield opened
+    reused = CounterMetricFamily(
+        "cowproxy_server_connections_reused", "Client connections given a reset idle server connection"
+    )
+    reused.add_metric([], m.servers_reused)
+    yield reused
+    failures = CounterMetricFamily(
+        "cowproxy_server_reset_failures", "Resets of a used server connection that failed (it was closed)"
+    )
+    failures.add_metric([], m.server_reset_failures)
+    yield failures
+    closed = CounterMetricFamily(
+        "cowproxy_server_connections_closed_idle",
+        "Pooled server connections closed, by reason (idle timeout, lifetime, pool full, shutdown, ...)",
+        labels=["reason"],
+    )
+    for reason, n in sorted(m.servers_closed_idle.items()):
+        closed.add_metric([reason], n)
+    yield closed
+    idle = GaugeMetricFamily(
+        "cowproxy_server_connections_idle", "Reset server connections kept for reuse", labels=["database"]
+    )
+    for database, n in sorted(m._idle_servers().items()):
+        idle.add_metric([database], n)
+    yield idle
 
 
 def _statement_metrics(m: Metrics, totals: _Totals) -> Iterator[Metric]:

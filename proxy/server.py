@@ -20,8 +20,8 @@ import ssl
 import stat
 import struct
 import time
-from collections.abc import Coroutine, Iterator
-from typing import Any, cast
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, Protocol, cast
 
 from proxy import protocol as p
 from proxy.analysis import ProxyAnalyzer
@@ -32,6 +32,7 @@ from proxy.fastrelay import UNAVAILABLE as FAST_RELAY_UNAVAILABLE
 from proxy.fastrelay import FastCounts, FastRelay, Handback
 from proxy.handoff import Adoption, Decision, Encoder, FastRead, Known
 from proxy.metrics import ConnectionHooks, Metrics
+from proxy.pool import Greeting, IdlePool, PoolKey, PoolLimits, Reset, ResetResult, pool_key
 from proxy.prepared import Statement
 from proxy.read_trace import PendingRead
 from proxy.reads import GATHER, ReadRecord, ReadRecorder, new_record
@@ -91,8 +92,20 @@ class State(enum.Enum):
     CLOSED = "closed"
 
 
+class UpstreamOwner(Protocol):
+    """Who an upstream connection reports to: its client's connection, or the pool between clients."""
+
+    def on_server_data(self, data: bytes) -> None: ...
+
+    def on_upstream_lost(self) -> None: ...
+
+    def pause_client_reading(self, reason: str) -> None: ...
+
+    def resume_client_reading(self, reason: str) -> None: ...
+
+
 class UpstreamProtocol(asyncio.Protocol):
-    def __init__(self, client: ClientConnection) -> None:
+    def __init__(self, client: UpstreamOwner) -> None:
         self.client = client
         self.transport: asyncio.Transport | None = None
         self.tls_answer: asyncio.Future[bytes] | None = None
@@ -165,6 +178,12 @@ class ClientConnection(asyncio.Protocol):
         self._fast_texts: dict[int, str] = {}  # the texts those records name, decoded
         self._short_stints = 0  # hand-backs in a row after fewer than _SHORT_STINT messages (in a session)
         self._fast_wait = 0  # replies to handle in Python before trying the C relay again
+        # Server connection reuse (proxy/pool.py; None: off, or this startup cannot be pooled).
+        self._pool_key: PoolKey | None = None
+        self._greeting: Greeting | None = None  # what the server said at authentication
+        self._upstream_born = 0.0  # when the server connection was opened (monotonic)
+        # A session was joined on the server connection (by this client or one before): its resets unbind.
+        self._in_session = False
 
     # ---- client transport callbacks
 
@@ -200,7 +219,8 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
-        self.close("client closed" if exc is None else f"client lost: {exc}")
+        # A client gone without Terminate while its server connection is idle leaves it to the pool too.
+        self.close("client closed" if exc is None else f"client lost: {exc}", pool=exc is None)
 
     def pause_writing(self) -> None:
         # The client reads slower than the server sends: stop reading the server.
@@ -277,6 +297,8 @@ class ClientConnection(asyncio.Protocol):
             self.tags = found.tags
             self.user = packet.get("user") or ""
             self.database = packet.get("database") or self.user
+            if self.server.pool is not None:
+                self._pool_key = pool_key(found.startup)
             self.state = State.CONNECTING
             self.server.spawn(self._connect(found.startup))
 
@@ -297,6 +319,11 @@ class ClientConnection(asyncio.Protocol):
         self._process_client()
 
     async def _connect(self, startup: p.StartupMessage) -> None:
+        if self._pool_key is not None and not self._early:
+            pooled = self.server.take_pooled(self._pool_key)
+            if pooled is not None:
+                self._reuse(pooled)
+                return
         loop = asyncio.get_running_loop()
         up = self.config.upstream
         upstream = UpstreamProtocol(self)
@@ -343,6 +370,10 @@ class ClientConnection(asyncio.Protocol):
             return
         self.upstream = upstream
         self.state = State.AUTH
+        self.metrics.servers_opened += 1
+        self._upstream_born = time.monotonic()
+        if self._pool_key is not None:
+            self._greeting = Greeting()
         self._to_upstream(startup.encode())
         for raw in self._early:
             self._to_upstream(raw)
@@ -356,6 +387,38 @@ class ClientConnection(asyncio.Protocol):
             user=self.user,
             session=self.tags.session,
         )
+
+    def _reuse(self, pooled: PooledServer) -> None:
+        """Take a reset idle server connection: the client gets what a new backend of the same startup
+        would have sent (AuthenticationOk, the backend's ParameterStatus values, its BackendKeyData,
+        ReadyForQuery), then the connection goes on as a new one (the relay joins its session)."""
+        assert self.transport is not None
+        upstream, greeting = pooled.upstream, pooled.greeting
+        upstream.client = self
+        self.upstream = upstream
+        self.upstream_tls = pooled.tls
+        self._greeting = greeting
+        self._upstream_born = pooled.born
+        self._in_session = pooled.in_session
+        self.metrics.servers_reused += 1
+        key = greeting.key_data
+        assert key is not None
+        self.cancel_key = (int.from_bytes(key[5:9], "big"), bytes(key[9:]))
+        self.server.cancel_keys[self.cancel_key] = self
+        self._read_only_default = greeting.params.get("default_transaction_read_only")
+        self.transport.write(greeting.encode())
+        self.state = State.AUTH  # (as after a new connection's authentication, until _ready)
+        log_event(
+            logging.INFO,
+            "connect",
+            conn=self.id,
+            peer=self.peer,
+            database=self.database,
+            user=self.user,
+            session=self.tags.session,
+            reused=self.cancel_key[0],
+        )
+        self._ready(b"")
 
     # ---- server side dispatch
 
@@ -398,6 +461,8 @@ class ClientConnection(asyncio.Protocol):
             raw = bytes(buf[pos : pos + length + 1])
             body = raw[5:]
             pos += length + 1
+            if self._greeting is not None:
+                self._greeting.message(bytes(kind), raw)
             if kind == b"R" and body[:4] == b"\x00\x00\x00\x0a":
                 mechanisms = tuple(m for m in p.decode_sasl_mechanisms(body) if not m.endswith("-PLUS"))
                 raw = p.encode_sasl_mechanisms(mechanisms)
@@ -432,7 +497,7 @@ class ClientConnection(asyncio.Protocol):
             server.analysis,
             self.tags,
             lambda: server.routes.get(database),
-            LoggingHooks(server.metrics, self.id),
+            LoggingHooks(server.metrics, self.id, self._joined),
             self.config.max_message_size,
             catalogs=server.catalogs.store(database, self.user),
             bind_secret=self.config.bind_secret,
@@ -446,6 +511,9 @@ class ClientConnection(asyncio.Protocol):
         self._process_client()
         if self.fast_ok:
             self.try_fast()
+
+    def _joined(self) -> None:
+        self._in_session = True
 
     def _catalog(self) -> Any:
         return self.relay.catalog if self.relay is not None else None
@@ -690,6 +758,9 @@ class ClientConnection(asyncio.Protocol):
     def _flush(self) -> None:
         relay = self.relay
         if relay is not None:
+            keep = relay.closing and relay.to_server[-1:] == [p.TERMINATE] and self._poolable()
+            if keep:
+                relay.to_server.pop()  # (the server connection stays, for the next client)
             if relay.to_server:
                 self._to_upstream(
                     b"".join(relay.to_server) if len(relay.to_server) > 1 else relay.to_server[0]
@@ -704,7 +775,7 @@ class ClientConnection(asyncio.Protocol):
             if relay.holding:
                 self.pause_client_reading("hold")
             if relay.closing:
-                self.close("client terminated")
+                self.close("client terminated", pool=keep)
 
     def _to_upstream(self, data: bytes) -> None:
         if self.upstream is not None and self.upstream.transport is not None:
@@ -713,6 +784,30 @@ class ClientConnection(asyncio.Protocol):
     def on_upstream_lost(self) -> None:
         if self.state is not State.CLOSED:
             self.close("upstream closed")
+
+    def _poolable(self) -> bool:
+        """May the server connection serve another client once reset: reuse is on, its authentication had
+        no challenge, the client ended cleanly with the server idle (status I, no reply owed, no batch, no
+        COPY, nothing held, in Python's hands: the C relay gave it back), and the socket is sound."""
+        relay, upstream = self.relay, self.upstream
+        greeting = self._greeting
+        return (
+            self.server.pool is not None
+            and greeting is not None
+            and greeting.poolable
+            and self.state is State.READY
+            and not self.fast
+            and not self.draining
+            and relay is not None
+            and relay.replies.at_rest()
+            and relay.replies.status_current()
+            and relay.held.at_rest()
+            and relay.reruns.plan is None
+            and self.reader.at_boundary
+            and upstream is not None
+            and upstream.transport is not None
+            and not upstream.transport.is_closing()
+        )
 
     # ---- state for the admin API and metrics
 
@@ -771,9 +866,12 @@ class ClientConnection(asyncio.Protocol):
             self.transport.write(p.encode_error(sqlstate, text, severity="FATAL"))
         self.close(text)
 
-    def close(self, reason: str, goodbye: bool = False) -> None:
+    def close(self, reason: str, goodbye: bool = False, pool: bool = False) -> None:
+        """Close both sides (``pool``: unless the server connection may serve another client: then it is
+        reset for the pool instead)."""
         if self.state is State.CLOSED and self.transport is None and self.upstream is None:
             return
+        keep = pool and self._poolable()
         was_closed = self.state is State.CLOSED
         self.state = State.CLOSED
         if self.fast:
@@ -786,7 +884,22 @@ class ClientConnection(asyncio.Protocol):
             self.transport.write(
                 p.encode_error("57P01", "terminating connection: cowproxy is shutting down", severity="FATAL")
             )
-        if self.upstream is not None and self.upstream.transport is not None:
+        if keep:
+            assert self.upstream is not None and self._pool_key is not None and self._greeting is not None
+            if self._upstream_paused and self.upstream.transport is not None:
+                self.upstream.transport.resume_reading()  # (paused for this client's sake)
+            self.server.reset_for_pool(
+                PooledServer(
+                    self.server,
+                    self.upstream,
+                    key=self._pool_key,
+                    greeting=self._greeting,
+                    born=self._upstream_born,
+                    tls=self.upstream_tls,
+                    in_session=self._in_session,
+                )
+            )
+        elif self.upstream is not None and self.upstream.transport is not None:
             if goodbye:
                 self.upstream.transport.write(p.TERMINATE)
             self.upstream.transport.close()
@@ -804,12 +917,15 @@ class ClientConnection(asyncio.Protocol):
 class LoggingHooks(ConnectionHooks):
     """Metrics, plus a log line when a connection switches sessions (debug) or cannot (warning)."""
 
-    def __init__(self, metrics: Metrics, conn: int) -> None:
+    def __init__(self, metrics: Metrics, conn: int, joined: Callable[[], None] | None = None) -> None:
         super().__init__(metrics)
         self.conn = conn
+        self.joined = joined  # told when a session was joined (the server connection's reset unbinds)
 
     def tags_applied(self, tags: Tags) -> None:
         super().tags_applied(tags)
+        if tags.session is not None and self.joined is not None:
+            self.joined()
         log_event(
             logging.DEBUG, "session_switch", conn=self.conn, session=tags.session, operation=tags.operation
         )
@@ -823,6 +939,135 @@ class LoggingHooks(ConnectionHooks):
             sqlstate=error.sqlstate,
             error=error.message,
         )
+
+
+# How long a used server connection's reset may take before it is closed instead (it is one round trip).
+_RESET_TIMEOUT = 10.0
+
+
+class PooledServer:
+    """A server connection between two clients: being reset, then idle in the pool (``UpstreamOwner``).
+
+    Anything the server sends while it is idle (a FATAL at shutdown, idle_session_timeout) or a lost socket
+    takes it out of the pool and closes it: only a connection the reset answered cleanly is handed out."""
+
+    def __init__(
+        self,
+        server: ProxyServer,
+        upstream: UpstreamProtocol,
+        *,
+        key: PoolKey,
+        greeting: Greeting,
+        born: float,
+        tls: bool,
+        in_session: bool,
+    ) -> None:
+        self.server = server
+        self.upstream = upstream
+        self.key = key
+        self.greeting = greeting
+        self.born = born
+        self.tls = tls
+        self.in_session = in_session  # ever: a bind leaves a temporary schema for the backend's life
+        self.reset: Reset | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self.closed = False
+
+    @property
+    def pid(self) -> int:
+        key = self.greeting.key_data
+        return int.from_bytes(key[5:9], "big") if key is not None else 0
+
+    def start_reset(self, reset: Reset) -> None:
+        self.reset = reset
+        self.upstream.client = self
+        transport = self.upstream.transport
+        if transport is None:
+            self.fail("upstream closed before its reset")
+            return
+        transport.write(reset.request)
+        self._timer = asyncio.get_running_loop().call_later(_RESET_TIMEOUT, self.fail, "reset timed out")
+
+    def on_server_data(self, data: bytes) -> None:
+        reset = self.reset
+        if reset is None:
+            self.close("server sent data while idle")
+            return
+        try:
+            result = reset.feed(data)
+        except ProxyError as exc:
+            result = ResetResult(False, str(exc))
+        if result is None:
+            return
+        self.reset = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if result.ok:
+            self.server.pool_idle(self)
+        else:
+            self.fail(result.reason)
+
+    def fail(self, reason: str) -> None:
+        """The reset did not end well: the connection is closed, not reused."""
+        if self.closed:
+            return
+        self.server.metrics.server_reset_failures += 1
+        log_event(logging.INFO, "server_reset_failed", pid=self.pid, error=reason)
+        self.close(reason, counted=False)
+
+    def on_upstream_lost(self) -> None:
+        self.close("upstream closed")
+
+    def pause_client_reading(self, reason: str) -> None:
+        pass  # (nothing to stop reading: the reset is a few bytes)
+
+    def resume_client_reading(self, reason: str) -> None:
+        pass
+
+    def alive(self) -> bool:
+        """A cheap health check before reuse: the socket is open and has nothing to read (no EOF, no
+        message the loop has not delivered yet): a peek on a duplicate of its descriptor."""
+        transport = self.upstream.transport
+        if self.closed or self.reset is not None or transport is None or transport.is_closing():
+            return False
+        sock = transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        try:
+            probe = socket.socket(fileno=os.dup(sock.fileno()))
+        except OSError:
+            return False
+        with probe:
+            try:
+                probe.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return True  # open, nothing to read
+            except OSError:
+                return False
+        return False  # EOF, or bytes an idle server should not have sent
+
+    def close(self, reason: str, counted: bool = True) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.server.forget_pooled(self)
+        if counted:
+            closed = self.server.metrics.servers_closed_idle
+            closed[reason] = closed.get(reason, 0) + 1
+        log_event(logging.DEBUG, "server_closed", pid=self.pid, reason=reason)
+        transport = self.upstream.transport
+        if transport is not None:
+            if reason in _GOODBYE:
+                transport.write(p.TERMINATE)
+            transport.close()
+
+
+# Reasons a sound idle connection is closed by the proxy (it says Terminate first, as a client would).
+_GOODBYE = frozenset({"idle timeout", "lifetime", "pool full", "shutdown", "unhealthy"})
 
 
 def _raw(event: p.ClientEvent) -> bytes:
@@ -963,8 +1208,95 @@ class ProxyServer:
         # Read traces (config.reads_dsn): the recorder the relays of tagged connections report reads to.
         self.reads = ReadRecorder(config.reads_dsn, config.reads_queue) if config.reads_dsn else None
         self.metrics.reads = self.reads
+        # Server connections reused across clients (config.server_reuse): the idle ones, and those resetting.
+        self.pool: IdlePool[PooledServer] | None = None
+        if config.server_reuse:
+            self.pool = IdlePool(
+                PoolLimits(
+                    config.server_idle_max,
+                    config.server_idle_per_startup,
+                    config.server_idle_timeout,
+                    config.server_lifetime,
+                )
+            )
+        self._resetting: set[PooledServer] = set()
+        self._expiry: asyncio.TimerHandle | None = None
+        self.metrics.watch_pool(self._idle_servers)
         self.metrics.watch_connections(self._connection_states)
         self.metrics.watch_fast(self._fast_counts)
+
+    # ---- server connection reuse (proxy/pool.py)
+
+    def _idle_servers(self) -> dict[str, int]:
+        return self.pool.idle_by_database() if self.pool is not None else {}
+
+    def reset_for_pool(self, pooled: PooledServer) -> None:
+        """A client left its server connection idle: reset it, then keep it (``pool_idle``)."""
+        if self.pool is None or self._idle_event is not None:  # (draining: no new idle ones)
+            pooled.close("shutdown")
+            return
+        self._resetting.add(pooled)
+        pooled.start_reset(
+            Reset(pooled.greeting.params, in_session=pooled.in_session, secret=self.config.bind_secret)
+        )
+
+    def pool_idle(self, pooled: PooledServer) -> None:
+        self._resetting.discard(pooled)
+        if self.pool is None or self._idle_event is not None:
+            pooled.close("shutdown")
+            return
+        now = time.monotonic()
+        for gone in self.pool.put(pooled.key, pooled, pooled.born, now):
+            gone.close("lifetime" if now - gone.born >= self.pool.limits.lifetime else "pool full")
+        self._schedule_expiry()
+
+    def take_pooled(self, key: PoolKey) -> PooledServer | None:
+        """A sound idle server connection for this startup (None: open a new one); the expired and the
+        unhealthy ones met on the way are closed."""
+        pool = self.pool
+        if pool is None or self._idle_event is not None:
+            return None
+        while True:
+            pooled, expired = pool.take(key, time.monotonic())
+            for gone in expired:
+                gone.close("idle timeout")
+            if pooled is None:
+                return None
+            if pooled.alive():
+                return pooled
+            pooled.close("unhealthy")
+
+    def forget_pooled(self, pooled: PooledServer) -> None:
+        self._resetting.discard(pooled)
+        if self.pool is not None:
+            self.pool.remove(pooled)
+
+    def _schedule_expiry(self) -> None:
+        pool = self.pool
+        if pool is None or self._expiry is not None:
+            return
+        deadline = pool.next_deadline()
+        if deadline is not None:
+            loop = asyncio.get_running_loop()
+            self._expiry = loop.call_later(max(0.0, deadline - time.monotonic()) + 0.01, self._expire)
+
+    def _expire(self) -> None:
+        self._expiry = None
+        pool = self.pool
+        if pool is None:
+            return
+        now = time.monotonic()
+        for gone in pool.expire(now):
+            gone.close("lifetime" if now - gone.born >= pool.limits.lifetime else "idle timeout")
+        self._schedule_expiry()
+
+    def _close_pool(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        for pooled in [*(self.pool.clear() if self.pool is not None else ()), *self._resetting]:
+            pooled.close("shutdown")
+        self._resetting.clear()
 
     def _fast_counts(self) -> FastCounts | None:
         if self.fast is None:
@@ -1242,6 +1574,7 @@ class ProxyServer:
         if self._server is not None:
             self._server.close()
         self._idle_event = asyncio.Event()
+        self._close_pool()
         for conn in list(self.connections.values()):
             conn.draining = True
             self.recall(conn)  # back to Python at once when idle (then closed just below), else when idle
@@ -1254,6 +1587,7 @@ class ProxyServer:
                     await self._idle_event.wait()
         for conn in list(self.connections.values()):
             conn.close("drain timeout", goodbye=True)
+        self._close_pool()  # (those left by clients that ended while draining were closed already)
         self._stop_fast()
         if self.shared_routes is not None:
             await self.shared_routes.close()
