@@ -245,15 +245,19 @@ def thread_cpu_seconds(pid: int, tid: int) -> float:
 
 
 @contextlib.contextmanager
-def running_proxy(server: Server, secret_file: Path, *, metrics: bool = False) -> Iterator[ProxyProcess]:
+def running_proxy(
+    server: Server, secret_file: Path, *, metrics: bool = False, reuse: bool = False
+) -> Iterator[ProxyProcess]:
     """``cowproxy serve`` in front of ``server`` on a free port, binding with ``secret_file``'s secret
-    (``metrics``: serving /metrics on another free port)."""
+    (``metrics``: serving /metrics on another free port; ``reuse``: with ``--server-reuse``)."""
     cowproxy = [str(Path(sys.executable).with_name("cowproxy"))]
     upstream = f"{server.host}:{server.port}"
     metrics_port = free_port() if metrics else None
     extra = ["--bind-secret-file", str(secret_file)]
     if metrics_port is not None:
         extra += ["--metrics", f"127.0.0.1:{metrics_port}"]
+    if reuse:
+        extra.append("--server-reuse")
     try:
         with cowproxy_popen(cowproxy, upstream, extra) as (port, proc):
             yield ProxyProcess(port, proc.pid, metrics_port)
@@ -351,9 +355,11 @@ def run_session(
     *,
     proxy: bool = True,
     metrics: bool = False,
+    reuse: bool = False,
 ) -> RunResult:
     """Create and migrate the test databases directly, install cowproxy, then run the modules in a session
-    (through the proxy, or joined directly on the server without it)."""
+    (through the proxy, or joined directly on the server without it; ``reuse``: the proxy reuses server
+    connections)."""
     _drop_databases(server, prefix)
     try:
         prepare = run_django(
@@ -371,7 +377,7 @@ def run_session(
                 join = join_options(server.dsn_for(f"{prefix}_default"))
                 env = _settings_env(server, prefix, session=SESSION, join=join)
                 return run_django(root, modules, env, keepdb=True)
-            with running_proxy(server, secret_file, metrics=metrics) as proxy_process:
+            with running_proxy(server, secret_file, metrics=metrics, reuse=reuse) as proxy_process:
                 env = _settings_env(server, prefix, port=proxy_process.port, session=SESSION)
                 run = run_django(root, modules, env, keepdb=True)
                 return replace(
@@ -391,13 +397,14 @@ def compare(
     *,
     breakdown: bool = False,
     metrics: bool = False,
+    reuse: bool = False,
 ) -> Comparison:
     root = root or fetch_django(cache_dir())
     with psycopg.connect(server.maintenance_dsn, autocommit=True) as conn:
         version = int(conn.execute("SHOW server_version_num").fetchone()[0])  # type: ignore[index]
     prefix = f"cowpeer_{os.getpid()}"
     direct = run_django(root, modules, _settings_env(server, prefix + "_d"), keepdb=False)
-    session = run_session(server, root, modules, prefix + "_s", metrics=metrics)
+    session = run_session(server, root, modules, prefix + "_s", metrics=metrics, reuse=reuse)
     joined = run_session(server, root, modules, prefix + "_j", proxy=False) if breakdown else None
     per_module: dict[str, dict[str, object]] = {
         m: {
@@ -502,12 +509,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=Path,
         help="the session's proxy serves /metrics; write its scrape at the run's end to this file",
     )
+    parser.add_argument(
+        "--server-reuse",
+        action="store_true",
+        help="the session's proxy reuses server connections across Django's connections (--server-reuse)",
+    )
     args = parser.parse_args(argv)
     modules = args.modules or (CI_MODULES if args.ci else ALL_MODULES)
     try:
         with _server(args.dsn) as server:
             comparison = compare(
-                server, modules, breakdown=args.breakdown, metrics=args.proxy_metrics is not None
+                server,
+                modules,
+                breakdown=args.breakdown,
+                metrics=args.proxy_metrics is not None,
+                reuse=args.server_reuse,
             )
     except PeerSuiteError as exc:
         print(f"error: {exc}", file=sys.stderr)
