@@ -319,7 +319,7 @@ class ClientConnection(asyncio.Protocol):
         self._process_client()
 
     async def _connect(self, startup: p.StartupMessage) -> None:
-        if self._pool_key is not None and not self._early:
+        if self._pool_key is not None and not self._early and self.state is State.CONNECTING:
             pooled = self.server.take_pooled(self._pool_key)
             if pooled is not None:
                 self._reuse(pooled)

@@ -1,11 +1,16 @@
 """Server connection reuse's decisions on literal bytes (proxy/pool.py): which authentication may be pooled,
-what a reused connection's client is sent, how a reset's replies are read, the idle pool's limits."""
+what a reused connection's client is sent, how a reset's replies are read, the idle pool's limits; and its
+settings, parsed once at the edge (proxy/config.py, the CLI's flags)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from proxy import protocol as p
+from proxy.config import build_config
+from proxy.errors import ConfigError
 from proxy.pool import (
     BOUND_CHECK_SQL,
     DISCARD_SQL,
@@ -18,6 +23,7 @@ from proxy.pool import (
     Reset,
     pool_key,
 )
+from tests.proxy.test_serve import cowproxy
 
 AUTH_OK = b"R\x00\x00\x00\x08\x00\x00\x00\x00"
 AUTH_MD5 = b"R\x00\x00\x00\x0c\x00\x00\x00\x05salt"
@@ -214,3 +220,30 @@ def test_a_pool_of_no_idle_connections_keeps_none() -> None:
     pool: IdlePool[str] = IdlePool(PoolLimits(max_idle=0))
     assert pool.put(KEY_A, "a", born=0, now=0) == ["a"]
     assert pool.clear() == []
+
+
+def test_the_settings_are_parsed_once_at_the_edge(tmp_path: Path) -> None:
+    assert build_config({"upstream": "127.0.0.1:5432"}).server_reuse is False
+    toml = tmp_path / "proxy.toml"
+    toml.write_text(
+        'upstream = "127.0.0.1:5432"\nserver-reuse = true\nserver-idle-timeout = 5\nserver-lifetime = 60.5\n'
+        "server-idle-max = 0\n"
+    )
+    config = build_config({"server_idle_per_startup": 3}, str(toml))
+    assert (config.server_reuse, config.server_idle_timeout, config.server_lifetime) == (True, 5, 60.5)
+    assert (config.server_idle_max, config.server_idle_per_startup) == (0, 3)
+    for name, value in [
+        ("server_reuse", "yes"),
+        ("server_idle_max", -1),
+        ("server_idle_per_startup", True),
+        ("server_idle_timeout", 0),
+        ("server_lifetime", "1h"),
+    ]:
+        with pytest.raises(ConfigError, match=name):
+            build_config({"upstream": "127.0.0.1:5432", name: value})
+
+
+def test_the_flags_reach_the_configuration() -> None:
+    result = cowproxy("serve", "--upstream", "127.0.0.1:5432", "--server-reuse", "--server-idle-timeout", "0")
+    assert result.returncode == 1 and "server_idle_timeout must be a positive number" in result.stderr
+    assert "Traceback" not in result.stderr
