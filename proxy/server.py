@@ -378,6 +378,9 @@ class ClientConnection(asyncio.Protocol):
         for raw in self._early:
             self._to_upstream(raw)
         self._early.clear()
+        self._log_connect()
+
+    def _log_connect(self, **more: Any) -> None:
         log_event(
             logging.INFO,
             "connect",
@@ -386,6 +389,7 @@ class ClientConnection(asyncio.Protocol):
             database=self.database,
             user=self.user,
             session=self.tags.session,
+            **more,
         )
 
     def _reuse(self, pooled: PooledServer) -> None:
@@ -408,16 +412,7 @@ class ClientConnection(asyncio.Protocol):
         self._read_only_default = greeting.params.get("default_transaction_read_only")
         self.transport.write(greeting.encode())
         self.state = State.AUTH  # (as after a new connection's authentication, until _ready)
-        log_event(
-            logging.INFO,
-            "connect",
-            conn=self.id,
-            peer=self.peer,
-            database=self.database,
-            user=self.user,
-            session=self.tags.session,
-            reused=self.cancel_key[0],
-        )
+        self._log_connect(reused=self.cancel_key[0])
         self._ready(b"")
 
     # ---- server side dispatch
