@@ -156,10 +156,12 @@ def test_a_backend_bound_to_a_session_serves_no_one_still_bound(reuse: RunningPr
     assert reuse.server.metrics.server_reset_failures == 0
 
 
-def test_a_bound_backend_whose_unbind_fails_is_closed(pg_server: PgServer, layer_db: str) -> None:
-    # A proxy whose secret is not the layer's binds nothing, so it cannot unbind: with the wrong secret
-    # the join fails (the connection is not in a session, and is reused); a proxy without one joins with
-    # cow.use_session (GUCs only) and the reset's check finds the backend unbound.
+def test_a_session_without_a_secret_is_reset_and_a_backend_that_cannot_unbind_is_closed(
+    pg_server: PgServer, layer_db: str
+) -> None:
+    # A proxy without a secret joins with cow.use_session (the GUCs only): nothing to unbind, the reset's
+    # check finds the backend unbound and it is reused. A backend bound by a proxy whose secret the layer no
+    # longer takes (rotated meanwhile) cannot be unbound: its reset fails and it is closed.
     with run_proxy(pg_server, server_reuse=True, bind_secret=None) as proxy:
         agent = psycopg.connect(_session_dsn(proxy, layer_db, "pool-s3"), autocommit=True)
         pid = pid_of(agent)
@@ -169,7 +171,6 @@ def test_a_bound_backend_whose_unbind_fails_is_closed(pg_server: PgServer, layer
         with psycopg.connect(proxy.dsn(layer_db), autocommit=True) as plain:
             assert pid_of(plain) == pid
             assert one(plain, "SELECT cow.current_session()") is None
-    # Bound by a proxy with the secret, then that proxy's reset meets a layer whose secret was rotated.
     with run_proxy(pg_server, server_reuse=True) as proxy:
         agent = psycopg.connect(_session_dsn(proxy, layer_db, "pool-s4"), autocommit=True)
         pid = pid_of(agent)
