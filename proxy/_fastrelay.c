@@ -44,7 +44,7 @@
 /* What proxy/fastrelay.py expects (API_VERSION there): bump both when the module's functions or the tuples
  * they take or return change, so that a stale build (an editable install not rebuilt after a pull) is
  * reported and left unused instead of failing at the first call. */
-#define API_VERSION 14
+#define API_VERSION 15
 /* read_trace.XACT_STATEMENT and XACT_SQL: asked before the end of a transaction whose reads' operation is its. */
 #define XACT_NAME "__cowproxy_xact"
 #define XACT_SQL "SELECT pg_current_xact_id_if_assigned()"
@@ -114,12 +114,16 @@ typedef struct {
 } table_t;
 
 /* A decision Python made for one statement text of a tagged connection (Decisions): forward it as is,
- * counted as kind with these writes. Keyed by the message type ('Q' or 'P') and the text, or by the
- * lower-case type ('q' or 'p') and the text's shape: every text of that shape (see shape_key). */
+ * counted as kind with these writes, or (a 'Q' text's only) send Python's rewritten text in its place. Keyed by
+ * the message type ('Q' or 'P') and the text, or by the lower-case type ('q' or 'p') and the text's shape:
+ * every text of that shape (see shape_key). */
 typedef struct {
     uint64_t hash;
     unsigned char *key; /* NULL: an empty slot */
     size_t len;
+    /* The rewritten text (in key's allocation, after the key), or NULL: the text goes as it is. */
+    unsigned char *sql;
+    size_t sql_len;
     int kind;
     long read; /* NO_READ, or -(its index in Python's list + 1) */
     int rerun; /* as stmt_t.rerun */
@@ -161,7 +165,9 @@ static dtable_t NO_DECISIONS = {.refs = 1}; /* (never freed) */
 typedef struct {
     char kind; /* Q S P B D E C */
     char inj;  /* the proxy's own (the transaction id asked): its replies never reach the client */
-    char rw;   /* sent for a promotion (Entry.rewritten): its replies are owed before a hand-back */
+    /* Sent rewritten (Entry.rewritten): 1 for a promotion (its replies are owed before a hand-back), 2 for a
+     * Query sent as its decision's rewritten text (handed back as 'q': Python's entry is rewritten too). */
+    char rw;
     short promo; /* a promotion's Parse, or a Bind or Describe of its name: its index + 1 (0: none) */
     int no;      /* the name's number it was sent with */
     int dealloc; /* a promotion's Parse: conn_t.dealloc when sent (one pipelined after it forgets it) */
@@ -543,7 +549,7 @@ typedef struct {
     unsigned long long statements_tagged[MAX_KINDS];
     unsigned long long writes[MAX_WRITE_SLOTS];
     unsigned long long decision_hits; /* tagged texts taken by a decision (Python's analysis cache hits) */
-    unsigned long long rewrites;      /* of those, sent rewritten: promotions' Parses (Metrics.rewrites) */
+    unsigned long long rewrites;      /* of those, sent rewritten: promotions' Parses, Queries (Metrics.rewrites) */
     unsigned long long shape_hits;    /* of those, taken by their shape's */
     unsigned long long reads_done, reads_dropped; /* read records made; dropped (a full ring) */
     unsigned long long reads_dropped_told;        /* of those, already reported by take_reads */
@@ -1312,7 +1318,7 @@ static entry_t pop(conn_t *c) {
     c->qlen--;
     if (en.kind == 'Q' || en.kind == 'S') c->inflight--;
     if (en.inj) c->inj_owed--;
-    if (en.rw) c->promo_owed--;
+    if (en.rw == 1) c->promo_owed--;
     if (en.promo && en.kind == 'P') promo_parsed(c, &en, 0); /* (ParseComplete takes it off its entry first) */
     if (en.rec >= 0) read_failed(c, en.rec); /* (a CommandComplete takes the record off its entry first) */
     return en;
@@ -1409,7 +1415,10 @@ static handback_t *make_handback(Engine *e, conn_t *c, const char *reason, int e
         h->status = c->status;
         h->inflight = c->inflight;
         h->untaken = c->stop_client ? c->untaken : -1;
-        for (int i = 0; i < c->qlen; i++) h->kinds[i] = c->q[(c->head + i) % QCAP].kind;
+        for (int i = 0; i < c->qlen; i++) {
+            const entry_t *en = &c->q[(c->head + i) % QCAP];
+            h->kinds[i] = en->rw == 2 ? 'q' : en->kind; /* (replies.KIND_LETTERS: lower case, rewritten) */
+        }
         h->kinds[c->qlen] = 0;
         h->mid_batch = c->mid_batch;
         h->skip = c->skip;
@@ -1717,7 +1726,7 @@ static int rename_describe(conn_t *c, const stmt_t *st) {
     return repl_message(c, 'D', parts, lens, 2);
 }
 
-/* Relay.failed for a message sent for a promotion: a rewritten one that fails as on a stale catalog makes
+/* Relay.failed for a message sent rewritten (a promotion's, or a Query's): one that fails as on a stale catalog makes
  * the catalog suspect (C takes no more: Python checks it first); a Bind or Describe of the proxy's name that
  * fails forgets the name (Promotions.failed: a new one is parsed the next time). */
 static void promo_error(conn_t *c, const entry_t *h) {
@@ -1906,10 +1915,22 @@ static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_
                     if (ask_decision(e, c, buf + pos + 5, (size_t)total - 6) < 0) stop_client(c, type);
                     break;
                 }
-                /* (A simple-query COMMIT to ask before: Python asks, in a batch of its own.) */
-                if (d == NULL || (d->kind == c->resolve && wants_xact(c))) { /* Python decides */
+                /* (A simple-query COMMIT to ask before: Python asks, in a batch of its own. A rewritten text
+                 * after one failed as on a stale catalog: Python checks the catalog first.) */
+                if (d == NULL || (d->kind == c->resolve && wants_xact(c)) || (d->sql != NULL && c->suspect)) {
                     stop_client(c, type);
                     break;
+                }
+                const unsigned char *sent = buf + pos; /* (what goes to the server: watched as sent) */
+                size_t sent_len = (size_t)total;
+                if (d->sql != NULL) { /* Relay._client_query's rewritten text, in place of the client's */
+                    const unsigned char *parts[] = {d->sql, (const unsigned char *)""};
+                    size_t lens[] = {d->sql_len, 1};
+                    if (repl_message(c, 'Q', parts, lens, 2) < 0) {
+                        stop_client(c, type);
+                        break;
+                    }
+                    sent = c->repl, sent_len = c->repl_len;
                 }
                 if (d->rerun && starts_transaction(c)) c->watch = 1, c->wlen = 0;
                 if (c->npromos) promos_query(c, buf + pos + 5, (size_t)total - 5);
@@ -1925,7 +1946,14 @@ static size_t parse_client(Engine *e, conn_t *c, const unsigned char *buf, size_
                 double t = tick(c); /* (the Query's and its record's start) */
                 push_rec(c, 'Q', t, read_start(e, c, d->read, NULL, 0, own, (size_t)total - 6, t));
                 txn_sent(c, d->kind, d->read);
-                if (c->watch == 1) watch_add(c, buf + pos, (size_t)total);
+                if (c->watch == 1) watch_add(c, sent, sent_len);
+                if (d->sql != NULL) { /* (its error may show a stale catalog: promo_error) */
+                    c->q[(c->head + c->qlen - 1) % QCAP].rw = 2;
+                    e->rewrites++;
+                    c->taken++;
+                    c->repl_skip = (size_t)total; /* sent in another form (process_client) */
+                    break;
+                }
             } else {
                 e->statements[text_kind(e, buf + pos + 5, (size_t)total - 6)]++;
                 push(c, 'Q', now());
@@ -2597,7 +2625,38 @@ static int load_slots(PyObject *items, unsigned char *n, unsigned short *slots) 
     return 0;
 }
 
-/* Decisions at adoption: [(type + text, kind, slots, recorded read, rerun, promotion)]; a read record
+/* A decision's rewritten text (None, or bytes: a 'Q' decision's, no read record, no NUL, short enough to be
+ * sent and watched as one Query: BUF_CAP): *sql NULL for none. 0, or -1 with ValueError set. */
+static int load_rewritten(PyObject *o, unsigned char type, int records, const char **sql, Py_ssize_t *n) {
+    *sql = NULL;
+    *n = 0;
+    if (o == Py_None) return 0;
+    if (!PyBytes_Check(o) || type != 'Q' || records) {
+        PyErr_SetString(PyExc_ValueError, "bad rewritten text");
+        return -1;
+    }
+    *sql = PyBytes_AS_STRING(o);
+    *n = PyBytes_GET_SIZE(o);
+    if ((size_t)*n + 6 > BUF_CAP || memchr(*sql, 0, (size_t)*n) != NULL) {
+        PyErr_SetString(PyExc_ValueError, "bad rewritten text");
+        return -1;
+    }
+    return 0;
+}
+
+/* A decision's key and rewritten text into one allocation (d->key, d->sql after it). -1: no memory. */
+static int decision_keep(decision_t *d, const char *key, Py_ssize_t len, const char *sql, Py_ssize_t sql_len) {
+    d->key = malloc((size_t)len + (size_t)sql_len + 1);
+    if (d->key == NULL) return -1;
+    memcpy(d->key, key, (size_t)len);
+    d->sql = sql != NULL ? d->key + len : NULL;
+    d->sql_len = (size_t)sql_len;
+    if (sql != NULL) memcpy(d->sql, sql, (size_t)sql_len);
+    return 0;
+}
+
+/* Decisions at adoption: [(type + text, kind, slots, recorded read, rerun, promotion, rewritten text or None)];
+ * a read record
  * names a decision by its index in this list. A 'U' decision (an unnamed Parse Python promotes: the key is the
  * Parse's body after its empty name, the text and its parameter types) names its promotion (an index into the
  * npromos loaded before). */
@@ -2621,14 +2680,15 @@ static int decisions_load(Engine *e, dtable_t *t, PyObject *items, int npromos, 
     }
     t->cap = cap;
     for (Py_ssize_t i = start; i < count; i++) {
-        const char *key;
-        Py_ssize_t len;
+        const char *key, *sql;
+        Py_ssize_t len, sql_len;
         int kind, records, rerun, promo;
-        PyObject *slots;
+        PyObject *slots, *rewritten;
         decision_t d = {0};
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "y#iOppi", &key, &len, &kind, &slots, &records,
-                              &rerun, &promo) ||
-            load_slots(slots, &d.nslots, d.slots) < 0) {
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "y#iOppiO", &key, &len, &kind, &slots, &records,
+                              &rerun, &promo, &rewritten) ||
+            load_slots(slots, &d.nslots, d.slots) < 0 ||
+            load_rewritten(rewritten, len > 0 ? (unsigned char)key[0] : 0, records, &sql, &sql_len) < 0) {
             Py_DECREF(seq);
             return -1;
         }
@@ -2646,13 +2706,11 @@ static int decisions_load(Engine *e, dtable_t *t, PyObject *items, int npromos, 
         d.promo = promo;
         if (decision_find(t, (unsigned char)key[0], (const unsigned char *)key + 1, (size_t)len - 1) != NULL)
             continue;
-        d.key = malloc((size_t)len);
-        if (d.key == NULL) {
+        if (decision_keep(&d, key, len, sql, sql_len) < 0) {
             Py_DECREF(seq);
             PyErr_NoMemory();
             return -1;
         }
-        memcpy(d.key, key, (size_t)len);
         if (key[0] == 'q' || key[0] == 'p') t->shapes++;
         if (key[0] == 'U') t->promos++;
         size_t j = d.hash & (cap - 1);
@@ -2710,16 +2768,17 @@ static dtable_t *decisions_for(Engine *e, PyObject *items, int npromos) {
 }
 
 /* One decision Python answered (a row as decisions_load takes it, for a Query: key type 'Q' or 'q', no read
- * record, no promotion) into the connection's own table of them (conn_t.extra), which grows by doubling and
+ * record, no promotion; a rewritten text only with 'Q') into the connection's own table of them (conn_t.extra), which grows by doubling and
  * starts again empty once it holds MAX_ANSWERED. */
 static int answered_add(Engine *e, conn_t *c, PyObject *row) {
-    const char *key;
-    Py_ssize_t len;
+    const char *key, *sql;
+    Py_ssize_t len, sql_len;
     int kind, records, rerun, promo;
-    PyObject *slots;
+    PyObject *slots, *rewritten;
     decision_t d = {0};
-    if (!PyArg_ParseTuple(row, "y#iOppi", &key, &len, &kind, &slots, &records, &rerun, &promo) ||
-        load_slots(slots, &d.nslots, d.slots) < 0)
+    if (!PyArg_ParseTuple(row, "y#iOppiO", &key, &len, &kind, &slots, &records, &rerun, &promo, &rewritten) ||
+        load_slots(slots, &d.nslots, d.slots) < 0 ||
+        load_rewritten(rewritten, len > 0 ? (unsigned char)key[0] : 0, records, &sql, &sql_len) < 0)
         return -1;
     if (len < 1 || (key[0] != 'Q' && key[0] != 'q') || kind < 0 || kind >= e->nkinds || records || promo != -1) {
         PyErr_SetString(PyExc_ValueError, "bad answered decision");
@@ -2758,11 +2817,10 @@ static int answered_add(Engine *e, conn_t *c, PyObject *row) {
     d.read = NO_READ;
     d.rerun = rerun;
     d.promo = -1;
-    if ((d.key = malloc((size_t)len)) == NULL) {
+    if (decision_keep(&d, key, len, sql, sql_len) < 0) {
         PyErr_NoMemory();
         return -1;
     }
-    memcpy(d.key, key, (size_t)len);
     if (key[0] == 'q') t->shapes++;
     size_t j = d.hash & (t->cap - 1);
     while (t->v[j].key != NULL) j = (j + 1) & (t->cap - 1);
@@ -3517,7 +3575,7 @@ static PyMethodDef engine_methods[] = {
     {"stats", (PyCFunction)engine_stats, METH_NOARGS,
      "(statements by kind, bytes up, bytes down, {sqlstate class: n}, latency counts, latency sum, conns, "
      "tagged statements by kind, writes by slot, decision hits, read records made, of the hits by shape, "
-     "promotions' rewritten Parses)"},
+     "texts sent rewritten: promotions' Parses, Queries)"},
     {"kind", (PyCFunction)engine_kind, METH_O, "kind index of a Query message (as query_kind)"},
     {"accepts", (PyCFunction)engine_accepts, METH_O, "whether a whole Query message would be relayed in C"},
     {"close", (PyCFunction)engine_close, METH_NOARGS, "stop the thread (connections are dropped)"},

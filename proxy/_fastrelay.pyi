@@ -58,10 +58,11 @@ Handback = tuple[
 # recorded reads, watched when it starts an implicit transaction: it may be run again)
 Known = tuple[bytes, int, int, bool, Sequence[int], bool, bool]
 # (message type + text, kind index, write slots, a recorded read, watched when it starts an implicit
-# transaction, a promotion's index or -1): a text of a tagged connection forwarded as is (a lower-case type:
-# the text's shape key, for every text of that shape; U: an unnamed Parse's body after its name, run as the
-# promotion's named statement)
-Decision = tuple[bytes, int, Sequence[int], bool, bool, int]
+# transaction, a promotion's index or -1, the rewritten text sent in its place or None): a text of a tagged
+# connection forwarded as is or rewritten (a lower-case type: the text's shape key, for every text of that
+# shape; U: an unnamed Parse's body after its name, run as the promotion's named statement; a rewritten text:
+# a Q key's only)
+Decision = tuple[bytes, int, Sequence[int], bool, bool, int, bytes | None]
 # (rewritten text, parameter types as in a Parse, name number or 0, prepared on the server)
 Promotion = tuple[bytes, bytes, int, bool]
 

@@ -1,12 +1,13 @@
-"""Decisions: the statement texts of a tagged connection that went out as they are, which the C relay may then
-forward without asking Python (docs/proxy.md, "Sessions on the C relay").
+"""Decisions: the statement texts of a tagged connection that went out as they are or rewritten, which the C
+relay may then forward (or send rewritten) without asking Python (docs/proxy.md, "Sessions on the C relay").
 
-A text is decided when its verdict needs nothing of the relay: no refusal, rewrite, command tag to map, path
-change or catalog check, and no comment that may carry tags. Texts that differ only in literals share one
-decision by their shape when no literal's value can change the verdict (proxy/sql/shapes.py). Decisions are
-made against one catalog: a new catalog voids them. A decision depends on the text and the catalog alone
-(what depends on the connection — whether its path is known, whether it records reads — is applied at
-``export``), so the connections of a database share the table of its latest catalog
+A text is decided when its verdict needs nothing of the relay but, for a simple Query, its rewritten text: no
+refusal, command tag to map, path change or catalog check, and no comment that may carry tags. Texts that
+differ only in literals share one decision by their shape when no literal's value can change the verdict
+(proxy/sql/shapes.py); a rewritten text is decided by its exact text (its rewrite is made of its literals).
+Decisions are made against one catalog: a new catalog voids them. A decision depends on the text and the
+catalog alone (what depends on the connection — whether its path is known, whether it records reads — is
+applied at ``export``), so the connections of a database share the table of its latest catalog
 (``catalogs.SharedCatalogs.decisions``).
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 
 from proxy import rerun
 from proxy.analysis import ProxyAnalyzer
+from proxy.fastrelay import MAX_QUERY
 from proxy.handoff import Decision
 from proxy.read_trace import ReadTrace
 from proxy.sql import Analysis
@@ -86,6 +88,29 @@ def _own_table(catalog: Any, make: Callable[[], Table]) -> Table:
     return make()
 
 
+def undecidable(sql: str, verdict: Analysis) -> str | None:
+    """Why no decision may stand for this text of a session (what Python must do for it each time it comes:
+    ``Relay._prepare``), or None. The reasons label the C relay's requests answered "hand back"."""
+    if verdict.tampers or verdict.error is not None:
+        return "refusal"
+    if verdict.path_change:
+        return "path change"  # (the relay must see it: PathCheck.followed)
+    if verdict.catalog_dependent:
+        return "catalog check"
+    if verdict.tag_map is not None:
+        return "tag map"
+    if "/*" in sql:
+        return "comment"  # (C takes no text with a comment opener: it may carry tags)
+    return None
+
+
+def rewritten_text(key: bytes, verdict: Analysis) -> bytes | None:
+    """The text C sends in place of a simple Query decided by ``key`` (None: the client's, as it is)."""
+    if key[:1] != b"Q" or verdict.rewritten is None:
+        return None
+    return verdict.rewritten.encode()
+
+
 class Decisions:
     """One connection's decisions: (message type + UTF-8 text, or lower-case type + shape) -> verdict, in the
     table ``tables`` gives for its catalog (shared with the other connections of its database)."""
@@ -104,14 +129,7 @@ class Decisions:
 
     def _decidable(self, sql: str, verdict: Analysis, catalog: Any) -> bool:
         """May the C relay take this text of a tagged connection by a decision (and is there room for one)."""
-        if (
-            verdict.tampers
-            or verdict.path_change  # (the relay must see it: PathCheck.followed)
-            or verdict.error is not None
-            or verdict.catalog_dependent
-            or verdict.tag_map is not None
-            or "/*" in sql  # (C takes no text with a comment opener: it may carry tags)
-        ):
+        if undecidable(sql, verdict) is not None:
             return False
         if self._catalog is not catalog:
             self._current(catalog)
@@ -126,9 +144,10 @@ class Decisions:
             self.table.add(decision_key(sql, param_types), verdict)
 
     def decide(self, kind: bytes, sql: str, verdict: Analysis, tags: Tags, catalog: Any) -> bytes | None:
-        """Remember that this text of a tagged connection went out as it is (for the C relay): the key it is
-        decided by (its text's or its shape's), or None: not one C may take."""
-        if not self._decidable(sql, verdict, catalog):
+        """Remember that this text of a tagged connection went out as it is, or a Query's as its rewritten
+        text (for the C relay): the key it is decided by (its text's or its shape's), or None: not one C may
+        take."""
+        if (verdict.rewritten is not None and kind != b"Q") or not self._decidable(sql, verdict, catalog):
             return None
         exact = kind + sql.encode()
         if exact in self.table:
@@ -137,8 +156,9 @@ class Decisions:
         # Its shape, when no literal's value can change the verdict: one entry for every text of the shape
         # (the simple protocol's ever-new texts), keyed by the lower-case type (proxy/sql/shapes.py). For a
         # recorded read, a Query's only: C keeps the text of a Query it records (a prepared statement's
-        # record names the statement's text, which C finds by the exact one only).
-        by_text = kind != b"Q" and self.trace.records(tags, verdict)
+        # record names the statement's text, which C finds by the exact one only). A rewritten text by its
+        # own text: the rewritten one is made of its literals.
+        by_text = verdict.rewritten is not None or (kind != b"Q" and self.trace.records(tags, verdict))
         shape = None if by_text else self.analysis.shape(sql, catalog, verdict)
         key = kind.lower() + shape if shape is not None else exact
         table.add(key, verdict)
@@ -216,7 +236,7 @@ class Decisions:
             promote([])
             return plain
         index = promote(list(promoted.values()))
-        return [row if row[0] not in promoted else (*row[:5], index[promoted[row[0]]]) for row in rows]
+        return [row if row[0] not in promoted else (*row[:5], index[promoted[row[0]]], None) for row in rows]
 
     def _rows(
         self,
@@ -262,11 +282,14 @@ class Decisions:
         records = self.trace.records(tags, verdict)
         if records and key[:1] == b"p":
             return None  # a read record of a prepared statement names its text: a shape has none
+        sent = rewritten_text(key, verdict)
+        if sent is not None and (records or len(sent) + 6 > MAX_QUERY):
+            return None  # (C records no read it rewrites; it sends and watches one Query of up to MAX_QUERY)
         kind = kind_index(verdict.kind)
         found = slots(verdict.writes)
         if kind is None or found is None:
             return None
-        return (key, kind, found, records, rerun.may_rerun(verdict), -1)
+        return (key, kind, found, records, rerun.may_rerun(verdict), -1, sent)
 
     def _current(self, catalog: Any) -> None:
         if self._catalog is not catalog:

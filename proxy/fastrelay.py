@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from proxy._fastrelay import Engine
     from proxy._fastrelay import Handback as RawHandback
 
-API_VERSION = 14  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
+API_VERSION = 15  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
 
 try:
     from proxy import _fastrelay
@@ -126,7 +126,7 @@ class FastCounts:
     writes: dict[tuple[str, str], int]  # of tagged connections, by (table, kind)
     decision_hits: int  # tagged texts C took by a cached decision (analysis cache hits)
     shape_hits: int  # of those, taken by the decision of their shape (proxy/sql/shapes.py)
-    rewrites: int  # promotions' rewritten Parses sent (Metrics.rewrites)
+    rewrites: int  # texts sent rewritten: promotions' Parses, decisions' Queries (Metrics.rewrites)
     reads: int  # read records of recorded sessions made on the C relay
     bytes_up: int
     bytes_down: int

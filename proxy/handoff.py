@@ -28,12 +28,14 @@ Known = tuple[bytes, int, int, bool, tuple[int, ...], bool, bool]
 # or -1, the text of one prepared on the C relay or None, a recorded read's portal: its Bind parameters, or
 # None).
 Named = tuple[bytes, int, bytes | None, bytes | None]
-# A statement text of a tagged connection that C forwards as is (proxy/decisions.py): (message type + text,
-# kind index, write slots, a read of a recorded session, it may be run again, a promotion's index in
-# ``PromotionsGiven.rows`` or -1); a lower-case type: the key is the text's shape, and the decision holds for
-# every text of that shape (proxy/sql/shapes.py); type U: an unnamed Parse that runs as a named statement of
-# the proxy's (proxy/unnamed.py: the key is the Parse's body after its empty name, text and parameter types).
-Decision = tuple[bytes, int, tuple[int, ...], bool, bool, int]
+# A statement text of a tagged connection that C forwards as is or rewritten (proxy/decisions.py): (message
+# type + text, kind index, write slots, a read of a recorded session, it may be run again, a promotion's index
+# in ``PromotionsGiven.rows`` or -1, the rewritten text C sends in its place or None); a lower-case type: the
+# key is the text's shape, and the decision holds for every text of that shape (proxy/sql/shapes.py); type
+# U: an unnamed Parse that runs as a named statement of the proxy's (proxy/unnamed.py: the key is the
+# Parse's body after its empty name, text and parameter types). A rewritten text only with type Q (its exact
+# text: the rewrite depends on the literals) and no read record.
+Decision = tuple[bytes, int, tuple[int, ...], bool, bool, int, bytes | None]
 # A promotion as C gets it: (rewritten text, parameter types as a Parse has them, the number of the proxy's
 # name for it or 0, prepared on the server).
 Promotion = tuple[bytes, bytes, int, bool]
@@ -70,7 +72,9 @@ class ConnectionState:
     """The server's side of a connection as both relays keep it (``ReplyQueue``; C: ``conn_t``)."""
 
     status: str = "I"  # transaction status of the last ReadyForQuery (C: status)
-    owed: str = ""  # the replies owed, in order, as ``replies.KIND_LETTERS`` (C: its queue's kinds)
+    # The replies owed, in order, as ``replies.KIND_LETTERS`` (C: its queue's kinds; "q": a Query C sent
+    # rewritten).
+    owed: str = ""
     owed_reads: tuple[OwedRead, ...] = ()  # the recorded reads among them (C: qrec)
     mid_batch: bool = False  # extended-protocol messages forwarded since the last Sync (C: mid_batch)
     skip_until_sync: bool = False  # the server discards messages until Sync (C: skip)

@@ -70,6 +70,7 @@ class Metrics:
         self.server_reset_failures = 0
         self.servers_closed_idle: dict[str, int] = {}
         self._idle_servers: Callable[[], Mapping[str, int]] = dict
+        self.fast_request_reasons: dict[str, int] = {}  # those answered hand back, by why (decide_for_fast)
         self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
         self._states: Callable[[], Iterable[tuple[str, str]]] = lambda: ()
@@ -92,8 +93,10 @@ class Metrics:
         key = (reason, chr(untaken) if untaken >= 0 else "")
         self.fast_handbacks[key] = self.fast_handbacks.get(key, 0) + 1
 
-    def count_request(self, answer: str) -> None:
+    def count_request(self, answer: str, reason: str = "") -> None:
         self.fast_requests[answer] = self.fast_requests.get(answer, 0) + 1
+        if reason:
+            self.fast_request_reasons[reason] = self.fast_request_reasons.get(reason, 0) + 1
 
     def count_error(self, sqlstate: str) -> None:
         key = sqlstate[:2]
@@ -203,15 +206,28 @@ def _connection_metrics(m: Metrics, totals: _Totals) -> Iterator[Metric]:
     for (reason, message), n in sorted(m.fast_handbacks.items()):
         handbacks.add_metric([reason, message], n)
     yield handbacks
-    requests = CounterMetricFamily(
+    yield _by_label(
         "cowproxy_fast_requests",
         "Query texts of sessions the C relay asked Python to decide, by answer (decision: C took the Query; "
         "hand back: C gave the connection back at it; void: the connection had left C)",
-        labels=["answer"],
+        "answer",
+        m.fast_requests,
     )
-    for answer, n in sorted(m.fast_requests.items()):
-        requests.add_metric([answer], n)
-    yield requests
+    yield _by_label(
+        "cowproxy_fast_request_handbacks",
+        "Requests of the C relay answered hand back, by why Python takes the Query itself (a join, a catalog "
+        "read or check, a refusal, a path change or question, a tag map, a comment, reads recorded, ...)",
+        "reason",
+        m.fast_request_reasons,
+    )
+
+
+def _by_label(name: str, documentation: str, label: str, counts: dict[str, int]) -> Metric:
+    """A counter with one label, a sample per value counted."""
+    family = CounterMetricFamily(name, documentation, labels=[label])
+    for value, n in sorted(counts.items()):
+        family.add_metric([value], n)
+    return family
 
 
 def _server_metrics(m: Metrics) -> Iterator[Metric]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from time import perf_counter
 from typing import Any
 
@@ -32,7 +32,7 @@ from proxy import rerun
 from proxy.analysis import ProxyAnalyzer, query_kind
 from proxy.catalog_gate import CatalogGate
 from proxy.catalogs import CatalogStore, private_store
-from proxy.decisions import STALE_LIST, Decisions
+from proxy.decisions import STALE_LIST, Decisions, undecidable
 from proxy.errors import ProtocolError, TagError
 from proxy.handoff import (
     AT_REST,
@@ -76,6 +76,15 @@ TAMPER_MESSAGE = (
 # another connection): columns missing (42703) or added (42601: a UNION of unequal column lists), a table
 # gone (42P01), a column's type changed (42804), a prepared statement's result changed (0A000).
 _STALE_CATALOG_STATES = frozenset({"42601", "42703", "42P01", "42804", "0A000"})
+
+
+@dataclass(frozen=True, slots=True)
+class FastAnswer:
+    """Python's answer to the C relay's request (``Relay.decide_for_fast``): the row C takes the Query by, or
+    None and why not (C hands the connection back at it; the reason labels the requests' metric)."""
+
+    row: Decision | None
+    reason: str = ""
 
 
 # Client messages that may wait for an injected cow.use_session (see _prepare, _client_bind, "F").
@@ -136,6 +145,9 @@ class Relay:
         self._first_due = False
         self._batch_started = 0.0
         self._query_entry = Entry(Kind.QUERY)  # reused by fast_query when nothing is in flight
+        # A Query text the C relay asked about and was answered "hand back" for: its request counted the
+        # analysis (a hit or a miss), so its relaying here next does not count it again.
+        self._asked: str | None = None
 
     @property
     def catalog(self) -> Any:
@@ -286,9 +298,7 @@ class Relay:
             return None
         tags = self.tagging.desired(comment, self.replies.at_transaction_start())
         gate = self.gate
-        need = self.tagging.needs_join(tags, self.replies.status) or (
-            tags.tagged and gate.catalog is None and gate.wanted()
-        )
+        need = self.tagging.needs_join(tags, self.replies.status) or self._catalog_due(tags)
         if need and self.replies.status == "E":
             # (As a tagged text: the untagged analysis takes the kind from the first word alone.)
             as_tagged = self.analysis.analyze(sql, gate.catalog, True, prepared=named)
@@ -298,8 +308,7 @@ class Relay:
             return None
         verdict = self.analysis.analyze(sql, gate.catalog, tags.tagged, prepared=named)
         if (
-            tags.tagged
-            and (verdict.catalog_dependent or (gate.suspect and verdict.rewritten is not None))
+            self._check_due(tags, verdict) is not None
             and not gate.checked
             and gate.can_check(self.replies.status)
         ):
@@ -313,7 +322,9 @@ class Relay:
         self.tagging.fresh = False
         gate.checked = False
         if tags.tagged:
-            self.hooks.parse_cache(verdict.cache_hit)
+            if self._asked is None or self._asked != sql:
+                self.hooks.parse_cache(verdict.cache_hit)
+            self._asked = None
         if comment is not None or self.replies.at_transaction_start():
             self.tagging.txn = tags
         if tags.tagged:
@@ -378,7 +389,7 @@ class Relay:
         for table, kind in verdict.writes:
             self.hooks.write(table, kind)
         sent = verdict.rewritten if tags.tagged else None
-        if tags.tagged and sent is None:
+        if tags.tagged:  # (a rewritten text too: C sends it rewritten, decisions.rewritten_text)
             self.decisions.decide(b"Q", query.sql, verdict, self.tagging.txn, self.gate.catalog)
         alone = tags.tagged and self.replies.at_transaction_start() and rerun.may_rerun(verdict)
         trace = self.trace
@@ -769,34 +780,56 @@ class Relay:
         )
         return adoption, objects
 
-    def decide_for_fast(self, sql: str, kind_index: KindIndex, slots: Slots) -> Decision | None:
+    def decide_for_fast(self, sql: str, kind_index: KindIndex, slots: Slots) -> FastAnswer:
         """A Query text the C relay asks about while it keeps the connection (``Adoption.ask``: it has no
-        decision for it). The row C takes it by when Python would send it as it is, with nothing of its own
-        to do first (``_prepare`` and ``_client_query``: no comment tags, join, catalog check, path question,
-        refusal, rewrite or tag map), decided into the table as ``_client_query`` decides it (a decision
-        depends on the text and the catalog alone); None: C hands the connection back at that Query, and
-        Python takes it as before.
+        decision for it). The row C takes it by when Python would send it as it is or as its rewritten text,
+        with nothing of its own to do first (``_prepare`` and ``_client_query``: no comment tags, join,
+        catalog read or check, path question, refusal or tag map), decided into the table as
+        ``_client_query`` decides it (a decision depends on the text and the catalog alone); else no row and
+        the reason: C hands the connection back at that Query, and Python takes it as before.
 
         Called only while the connection is on C, so the relay's state is the one it was adopted in: the
         tags, the catalog and the path C keeps to (what would change them goes back to Python)."""
         tags, gate = self.tagging.txn, self.gate
-        if (
-            not tags.tagged
-            or not self.tagging.settled()
-            or (gate.catalog is None and gate.wanted())  # (the catalog is read first)
-            or gate.suspect
-            or self.trace.reads is not None
-            or self._comment_tags(sql) is not None
-        ):
-            return None
+        if not tags.tagged:
+            return FastAnswer(None, "untagged")
+        if not self.tagging.settled():
+            return FastAnswer(None, "join")
+        if self._catalog_due(tags):
+            return FastAnswer(None, "catalog read")
+        if self.trace.reads is not None:
+            return FastAnswer(None, "reads recorded")
+        if self._comment_tags(sql) is not None:
+            return FastAnswer(None, "comment")
         verdict = self.analysis.analyze(sql, gate.catalog, True)
-        if verdict.rewritten is not None:
-            return None
+        self.hooks.parse_cache(verdict.cache_hit)  # (C counts no hit of its own for it; Python not again)
+        self._asked = sql
+        due = self._check_due(tags, verdict)
+        reason = due or undecidable(sql, verdict)
+        if reason is not None:
+            return FastAnswer(None, reason)
         key = self.decisions.decide(b"Q", sql, verdict, tags, gate.catalog)
         row = None if key is None else self.decisions.row(key, tags, kind_index, slots, self.path.clean)
-        if row is not None:
-            self.hooks.parse_cache(verdict.cache_hit)  # (C does not count it as a hit of its own)
-        return row
+        if row is None:
+            unknown = verdict.resolves_writes and not self.path.clean
+            return FastAnswer(None, "path unknown" if unknown else "not countable")
+        self._asked = None
+        return FastAnswer(row)
+
+    def _catalog_due(self, tags: Tags) -> bool:
+        """A tagged statement waits for the catalog to be read (joining reads it first: ``_prepare``)."""
+        return tags.tagged and self.gate.catalog is None and self.gate.wanted()
+
+    def _check_due(self, tags: Tags, verdict: Analysis) -> str | None:
+        """Why the catalog is to be checked before this tagged statement (app DDL on another connection may
+        have changed the CoW tables its verdict relies on), or None; ``_prepare`` checks when it can."""
+        if not tags.tagged:
+            return None
+        if verdict.catalog_dependent:
+            return "catalog check"
+        if self.gate.suspect and verdict.rewritten is not None:
+            return "catalog suspect"  # (a rewritten statement failed as on a stale catalog)
+        return None
 
     def _hand_off_decisions(
         self, kind_index: KindIndex, slots: Slots
@@ -811,6 +844,8 @@ class Relay:
         decisions = self.decisions.export(
             tags, self.gate.catalog, kind_index, slots, self.path.clean, promote=promote, stale=stale
         )
+        if self.gate.suspect:  # (no rewritten text before the catalog check: C starts unsuspecting)
+            decisions = [row for row in decisions if row[6] is None]
         if promote is None:
             self.unnamed.export([])
         return decisions, self.unnamed.for_fast()

@@ -146,7 +146,11 @@ class ReplyQueue:
         ``reads``: (position in ``state.owed``, the read, when it started): the recorded reads among them."""
         self.status = state.status
         now = time.perf_counter()
-        entries = [Entry(KIND_LETTERS[kind], started=now, copy_epoch=self.copy_ends) for kind in state.owed]
+        # ("q": a Query C sent as its decision's rewritten text: its error may mean a stale catalog)
+        entries = [
+            Entry(KIND_LETTERS[kind.upper()], started=now, copy_epoch=self.copy_ends, rewritten=kind == "q")
+            for kind in state.owed
+        ]
         for position, read, started in reads:
             entries[position].read = read
             entries[position].started = started

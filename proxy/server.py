@@ -36,7 +36,7 @@ from proxy.pool import Greeting, IdlePool, PoolKey, PoolLimits, Reset, ResetResu
 from proxy.prepared import Statement
 from proxy.read_trace import PendingRead
 from proxy.reads import GATHER, ReadRecord, ReadRecorder, new_record
-from proxy.relay import Relay
+from proxy.relay import FastAnswer, Relay
 from proxy.shared import SharedRoutes
 from proxy.sql import shapes
 from proxy.tags import Tags, check_id, read_startup_tags
@@ -596,7 +596,7 @@ class ClientConnection(asyncio.Protocol):
             if sql is not None:
                 texts[i] = (i, sql, False)
         decisions: list[Decision] = adoption.decisions
-        for i, (key, _, _, records, _, _) in enumerate(decisions):
+        for i, (key, _, _, records, *_) in enumerate(decisions):
             if records:
                 by_shape = key[:1].islower()  # (each record brings its text; the example names the shape's)
                 text = key[1:].split(b"\0", 1)[0]  # (U: parameter types after)
@@ -659,16 +659,16 @@ class ClientConnection(asyncio.Protocol):
         if recorder is not None and stay is not None and stay[0].session is not None:
             recorder.offer_rows(self.database, stay[0].session, rows, count)
 
-    def fast_decision(self, text: bytes) -> Decision | None:
+    def fast_decision(self, text: bytes) -> FastAnswer:
         """The C relay asks for the decision of a Query text of this connection's session, which it holds
-        (``Relay.decide_for_fast``); None: it is to hand the connection back at that Query."""
+        (``Relay.decide_for_fast``); no row: it is to hand the connection back at that Query."""
         relay, fast, adoption = self.relay, self.server.fast, self._adoption
         if relay is None or fast is None or not self.fast or adoption is None or not adoption.ask:
-            return None
+            return FastAnswer(None, "not asking")
         try:
             sql = text.decode()
         except UnicodeDecodeError:
-            return None
+            return FastAnswer(None, "not UTF-8")
         return relay.decide_for_fast(sql, fast.kind_index, fast.slots)
 
     def from_fast(self, handback: Handback) -> None:
@@ -1436,20 +1436,20 @@ class ProxyServer:
         """Answer one request of the C relay, whatever happens while deciding: C does not read the client
         until it has the answer."""
         conn = self.connections.get(conn_id)
-        decision = None
+        decided = FastAnswer(None, "closed")
         try:
             if conn is not None:
-                decision = conn.fast_decision(text)
+                decided = conn.fast_decision(text)
         except Exception as exc:  # (the other requests of this wake-up wait for their answers too)
             log_event(logging.WARNING, "fast_relay_decide_failed", conn=conn_id, error=exc)
-            decision = None
+            decided = FastAnswer(None, "failed")
         try:
-            live = fast.answer(conn_id, request, decision)
+            live = fast.answer(conn_id, request, decided.row)
         except ValueError as exc:  # (a row C could not load: it hands the connection back at that Query)
             log_event(logging.WARNING, "fast_relay_answer_failed", conn=conn_id, error=exc)
-            live, decision = True, None
-        answer = "void" if not live else "hand back" if decision is None else "decision"
-        self.metrics.count_request(answer)
+            live, decided = True, FastAnswer(None, "bad row")
+        answer = "void" if not live else "hand back" if decided.row is None else "decision"
+        self.metrics.count_request(answer, decided.reason if answer == "hand back" else "")
 
     def recall(self, conn: ClientConnection) -> None:
         """Ask the C relay for a connection back at its next idle point (at once when idle)."""

@@ -8,16 +8,19 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from proxy import protocol as p
-from proxy.fastrelay import AVAILABLE, UNAVAILABLE, FastRelay, Handback, Request
+from proxy.fastrelay import AVAILABLE, MAX_QUERY, UNAVAILABLE, FastRelay, Handback, Request
 from proxy.handoff import Adoption, Decision
+from proxy.rerun import RERUN_HINT
 from tests.fix_proxy import RunningProxy
 from tests.proxy.fast_pairs import SocketPairs
 from tests.proxy.test_adversity import RawClient, dbname, wait_for
 from tests.proxy.test_fast_relay import on_fast, relays, scrape
+from tests.proxy.test_fast_sessions import TABLE_LIST
 from tests.proxy.test_tagging import base_customers, changes
 
 pytestmark = [
@@ -35,14 +38,25 @@ class Engine(SocketPairs):
     """One session's connection on a C engine between two socket pairs (``client``, ``server``: the test's
     ends), adopted with the decision of ``KNOWN`` and asking for the others."""
 
-    def __init__(self, fast: FastRelay, conn_id: int = 1, ask: bool = True) -> None:
+    def __init__(
+        self, fast: FastRelay, conn_id: int = 1, ask: bool = True, more: tuple[Decision, ...] = ()
+    ) -> None:
         self.fast = fast
-        super().__init__(fast, conn_id, Adoption([], [], True, [self.row(KNOWN)], False, False, ask=ask))
+        decisions = [self.row(KNOWN), *more]
+        super().__init__(fast, conn_id, Adoption([], [], True, decisions, False, False, ask=ask))
 
-    def row(self, text: str, kind: str = "select") -> Decision:
+    def row(
+        self, text: str, kind: str = "select", rewritten: str | None = None, rerun: bool = False
+    ) -> Decision:
         index = self.fast.kind_index(kind)
         assert index is not None
-        return (b"Q" + text.encode(), index, (), False, False, -1)
+        sent = None if rewritten is None else rewritten.encode()
+        return (b"Q" + text.encode(), index, (), False, rerun, -1, sent)
+
+    def upstream_query(self, sql: str) -> bytes:
+        """Send ``sql`` as the client's Query; what reaches the server."""
+        self.client.sendall(p.encode_query(sql))
+        return self.read(self.server)
 
     def requests(self, n: int = 1) -> list[Request]:
         """The next ``n`` requests (the engine's thread makes them)."""
@@ -101,7 +115,7 @@ def test_a_decision_by_shape_answers_every_text_of_the_shape(fast: FastRelay, en
     assert key is not None
     index = fast.kind_index("select")
     assert index is not None
-    assert fast.answer(1, request, (b"q" + key, index, (), False, False, -1))
+    assert fast.answer(1, request, (b"q" + key, index, (), False, False, -1, None))
     assert engine.read(engine.server) == p.encode_query("SELECT v FROM t WHERE id = 8")
     engine.client.sendall(p.encode_query("SELECT v FROM t WHERE id = 9"))
     assert engine.read(engine.server) == p.encode_query("SELECT v FROM t WHERE id = 9")
@@ -202,7 +216,7 @@ def test_a_bad_row_is_answered_as_hand_back(fast: FastRelay, engine: Engine) -> 
     engine.client.sendall(p.encode_query(COLD))
     [(_, request, _)] = engine.requests()
     with pytest.raises(ValueError, match="bad answered decision"):
-        fast.answer(1, request, (b"P" + COLD.encode(), 0, (), False, False, -1))
+        fast.answer(1, request, (b"P" + COLD.encode(), 0, (), False, False, -1, None))
     [back] = engine.handbacks()
     assert back.reason == "client message"
 
@@ -275,3 +289,176 @@ def test_a_client_closing_while_its_query_is_asked(proxy: RunningProxy, layer_db
     assert asked == 1
     assert wait_for(lambda: [row[2] for row in changes(layer_db, "fq-close")] == ["fq-close@x"], 5)
     assert "fq-close@x" not in base_customers(layer_db)
+
+
+# ---- rewritten texts (decisions.rewritten_text): C sends Python's rewritten text in place of the client's
+
+QUALIFIED = "SELECT v FROM public.t WHERE id = 7"
+OVERLAY = "SELECT v FROM cow_overlay_public.t WHERE id = 7"  # (any text: C sends what it is given)
+STALE = p.encode_error("42703", 'column "v" does not exist')
+
+
+def test_a_rewritten_answer_sends_the_rewritten_text(fast: FastRelay, engine: Engine) -> None:
+    """The answer's rewritten text goes up in place of the client's, counted as a rewrite (not a decision
+    hit: Python counted the analysis), and holds for the rest of the stay."""
+    before = fast.counts()
+    engine.client.sendall(p.encode_query(QUALIFIED) + p.encode_query(KNOWN))
+    [(_, request, text)] = engine.requests()
+    assert text == QUALIFIED.encode()
+    assert fast.answer(1, request, engine.row(QUALIFIED, rewritten=OVERLAY)) is True
+    assert engine.read(engine.server) == p.encode_query(OVERLAY) + p.encode_query(KNOWN)
+    engine.client.sendall(p.encode_query(QUALIFIED))
+    assert engine.read(engine.server) == p.encode_query(OVERLAY)
+    after = fast.counts()
+    assert after.rewrites - before.rewrites == 2
+    assert after.decision_hits - before.decision_hits == 2  # (KNOWN, and the second QUALIFIED)
+    assert after.statements[("select", True)] - before.statements.get(("select", True), 0) == 3
+    assert fast.take_requests() == []
+
+
+def test_a_rewritten_text_is_never_taken_by_a_shape(fast: FastRelay, engine: Engine) -> None:
+    """A rewritten row may come keyed by the exact text only (the rewrite is made of its literals), and only
+    for a Query with no read record; anything else is a bad row, answered as hand back."""
+    engine.client.sendall(p.encode_query(QUALIFIED))
+    [(_, request, _)] = engine.requests()
+    key = fast.shape_key(QUALIFIED.encode())
+    assert key is not None
+    with pytest.raises(ValueError, match="bad rewritten text"):
+        fast.answer(1, request, (b"q" + key, 0, (), False, False, -1, OVERLAY.encode()))
+    [back] = engine.handbacks()
+    assert (back.reason, back.data) == ("client message", p.encode_query(QUALIFIED))
+    client, server = socket.socketpair()
+    try:
+        for bad in (
+            (b"P" + QUALIFIED.encode(), 0, (), False, False, -1, OVERLAY.encode()),
+            (b"Q" + QUALIFIED.encode(), 0, (), True, False, -1, OVERLAY.encode()),  # (a recorded read)
+            (b"Q" + QUALIFIED.encode(), 0, (), False, False, -1, b"SELECT \0 1"),
+            (b"Q" + QUALIFIED.encode(), 0, (), False, False, -1, b"x" * MAX_QUERY),
+            (b"Q" + QUALIFIED.encode(), 0, (), False, False, -1, "text"),
+        ):
+            adoption = Adoption([], [], True, [bad], False, False, ask=True)  # type: ignore[list-item]
+            with pytest.raises(ValueError, match="bad rewritten text"):
+                fast.adopt(9, client.fileno(), server.fileno(), p.PG_MAX_MESSAGE, adoption)
+    finally:
+        client.close()
+        server.close()
+
+
+def _rewritten_engine(fast: FastRelay, conn_id: int = 3, rerun: bool = False) -> Engine:
+    """A session's connection adopted with the rewritten decision of ``QUALIFIED`` and not asking."""
+    fast.take_requests()
+    fast.take_handbacks()
+    index = fast.kind_index("update" if rerun else "select")
+    assert index is not None
+    row = (b"Q" + QUALIFIED.encode(), index, (), False, rerun, -1, OVERLAY.encode())
+    return Engine(fast, conn_id=conn_id, ask=False, more=(row,))
+
+
+def test_a_rewritten_text_that_fails_as_on_a_stale_catalog_marks_it_suspect(fast: FastRelay) -> None:
+    """As the promotions' Parses do (Relay.failed): the next rewritten text is Python's (it checks the
+    catalog first), a plain decided text still C's; the hand-back says suspect."""
+    e = _rewritten_engine(fast)
+    try:
+        assert e.upstream_query(QUALIFIED) == p.encode_query(OVERLAY)
+        failed = STALE + READY_I
+        e.server.sendall(failed)
+        assert e.read(e.client) == failed  # (the client gets the server's error as it is)
+        assert e.upstream_query(KNOWN) == p.encode_query(KNOWN)  # (not rewritten: still taken)
+        e.server.sendall(p.message(b"C", b"SELECT 1\0") + READY_I)
+        e.read(e.client)
+        e.client.sendall(p.encode_query(QUALIFIED))
+        [back] = e.handbacks()
+        assert (back.reason, back.data, back.promotions.suspect) == (
+            "client message",
+            p.encode_query(QUALIFIED),
+            True,
+        )
+    finally:
+        e.close()
+
+
+def test_another_error_of_a_rewritten_text_is_no_stale_catalog(fast: FastRelay) -> None:
+    e = _rewritten_engine(fast)
+    try:
+        assert e.upstream_query(QUALIFIED) == p.encode_query(OVERLAY)
+        e.server.sendall(p.encode_error("22012", "division by zero") + READY_I)
+        e.read(e.client)
+        assert e.upstream_query(QUALIFIED) == p.encode_query(OVERLAY)  # (taken again)
+        e.server.sendall(p.message(b"C", b"SELECT 1\0") + READY_I)
+        e.read(e.client)
+        back = fast.recall(3)
+        assert back is not None and not back.promotions.suspect
+    finally:
+        e.close()
+
+
+def test_a_rewritten_query_in_flight_is_handed_back_as_rewritten(fast: FastRelay) -> None:
+    """A hand-back with the rewritten Query's replies still owed names it "q": Python's entry for it is
+    rewritten too, so its stale-catalog error makes Python's gate suspect (replies.ReplyQueue.resume)."""
+    e = _rewritten_engine(fast)
+    try:
+        # (A batch opened behind it, then a Parse C has no decision for: handed back at once, mid-batch.)
+        bind = p.encode_bind("", "x", ())
+        e.client.sendall(p.encode_query(QUALIFIED) + bind + p.encode_parse("", COLD))
+        assert e.read(e.server) == p.encode_query(OVERLAY) + bind
+        [back] = e.handbacks()
+        assert (back.state.owed, back.data) == ("qB", p.encode_parse("", COLD))
+    finally:
+        e.close()
+
+
+def test_a_rewritten_write_that_may_run_again_is_watched_as_sent(fast: FastRelay) -> None:
+    """Alone in its implicit transaction, a rewritten text that may get the layer's row-changed 40001 is
+    watched as it went up: the hand-back's batch is the rewritten Query, which Python's plan sends again
+    (rerun.Reruns.resume), and the error stays with Python."""
+    e = _rewritten_engine(fast, conn_id=4, rerun=True)
+    try:
+        assert e.upstream_query(QUALIFIED) == p.encode_query(OVERLAY)
+        error = p.encode_error("40001", "row changed", extra=(("H", RERUN_HINT),))
+        e.server.sendall(error + READY_I)
+        [back] = e.handbacks()
+        assert (back.reason, back.batch, back.state.owed) == ("rerun", p.encode_query(OVERLAY), "q")
+        assert back.server == error + READY_I
+    finally:
+        e.close()
+
+
+# An M2M add as Django sends it (``bulk_create(ignore_conflicts=True)``).
+M2M_ADD = "INSERT INTO t (id, v) VALUES (41, 'a'), (42, 'b') ON CONFLICT DO NOTHING"
+
+
+def test_rewritten_texts_in_a_session_block_stay_on_the_c_relay(relay_pair: Any) -> None:
+    """In a block, the table list and a schema-qualified read (rewritten, nothing else of Python's) are asked
+    and sent rewritten by C, the connection staying there; the M2M add (ON CONFLICT: the catalog is checked
+    before each one) is handed back with its reason counted. Every reply equals the Python relay's."""
+    dsn, fast, slow = relay_pair
+    read = "SELECT v FROM public.t WHERE id = 3"
+    texts = ["BEGIN", TABLE_LIST, read, TABLE_LIST, M2M_ADD, M2M_ADD, "COMMIT"]
+    replies = []
+    for proxy, side in ((slow, "s"), (fast, "f")):
+        c = RawClient(proxy.host, proxy.port, dbname(dsn), options=f"-c cow.session_id=rw-{side}")
+        try:
+            assert c.query("SELECT 1")[-1] == (b"Z", b"I")
+            if proxy is fast:
+                assert on_fast(proxy)
+                before, counts = scrape(proxy), proxy.server.fast.counts()
+            got = []
+            for i, text in enumerate(texts):
+                got.append(c.query(text))
+                if proxy is fast and i < 4:
+                    assert relays(proxy) == {"fast": 1}, text  # (no hand-back: the rewritten ones stayed)
+            replies.append(got)
+            if proxy is fast:
+                after = scrape(proxy)
+                rewrites = proxy.server.fast.counts().rewrites - counts.rewrites
+                reason = 'cowproxy_fast_request_handbacks_total{reason="catalog check"}'
+                asked = 'cowproxy_fast_requests_total{answer="decision"}'
+        finally:
+            c.sock.close()
+    assert replies[1] == replies[0]
+    [table_list] = [r for r in replies[0][1] if r[0] == b"D" and b"\0\0\0\x01t" in r[1]] or [None]
+    assert table_list is not None  # (t is listed, once: not its overlay)
+    assert replies[0][4][0] == (b"C", b"INSERT 0 2\0") and replies[0][5][0] == (b"C", b"INSERT 0 0\0")
+    assert rewrites == 3  # (the table list twice: the second by the answer's decision; the read)
+    assert after.get(asked, 0) - before.get(asked, 0) == 4  # (BEGIN, the list once, the read, COMMIT)
+    assert after.get(reason, 0) - before.get(reason, 0) >= 1

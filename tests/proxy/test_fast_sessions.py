@@ -303,6 +303,14 @@ def test_pgbench_in_sessions(
 # ---- the C relay against the Python relay in sessions, with tag switches, message stream by stream
 
 
+# Django's table list (its introspection's get_table_list): pg_table_is_visible rewritten into the layer's
+# set.
+TABLE_LIST = (
+    "SELECT c.relname, CASE WHEN c.relispartition THEN 'p' WHEN c.relkind IN ('m', 'v') THEN 'v' "
+    "ELSE 't' END FROM pg_catalog.pg_class c LEFT JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE c.relkind IN ('f', 'm', 'p', 'r', 'v') AND n.nspname NOT IN ('pg_catalog', 'pg_toast') "
+    "AND pg_catalog.pg_table_is_visible(c.oid) ORDER BY 1"
+)
 # {o}: another session of this run (a comment tag switches to it for one statement or transaction); {n}: a
 # literal that differs in each round (its texts are new: C takes them by their shape's decision).
 _SESSION_TEXTS = st.sampled_from(
@@ -334,6 +342,11 @@ _SESSION_TEXTS = st.sampled_from(
         "/*cow_session='{o}'*/ UPDATE t SET v = 'o' WHERE id = 4",
         "/*cow_session='{o}'*/ SELECT v FROM t WHERE id = 4",
         "/*cow_session='{o}'*/ BEGIN",
+        # Rewritten, with nothing else of Python's: C sends the rewritten text (decided by the exact text).
+        "SELECT v FROM public.t WHERE id = {n}",
+        "SELECT id, count(*) FROM t GROUP BY id ORDER BY id LIMIT 3",
+        "UPDATE public.t SET v = v || '?' WHERE id = 5",  # (may run again: watched as sent)
+        TABLE_LIST,
     ]
 )
 _SESSION_KINDS = ["query", "query", "parse", "named", "keep", "again", "errmid", "promoted", "promoted2"]
@@ -388,6 +401,19 @@ _runs = iter(range(1_000_000))
     ],
     pipelined=True,
 )
+# Rewritten texts C sends itself (by the Python relay's decisions in the second round, by a request's answer
+# in a block), an autocommit rewritten write among them.
+@example(
+    stream=[
+        ("query", "SELECT v FROM public.t WHERE id = {n}"),
+        ("query", TABLE_LIST),
+        ("query", "BEGIN"),
+        ("query", "SELECT v FROM public.t WHERE id = 1{n}"),
+        ("query", "COMMIT"),
+        ("query", "UPDATE public.t SET v = v || '?' WHERE id = 5"),
+    ],
+    pipelined=False,
+)
 def test_fast_relay_matches_the_python_relay_in_sessions(
     relay_pair: Any, stream: list[tuple[str, str]], pipelined: bool
 ) -> None:
@@ -420,12 +446,15 @@ def test_fast_relay_matches_the_python_relay_in_sessions(
     _shaped.append(engine.counts().shape_hits - shapes)
     _promoted.append(engine.counts().rewrites - rewrites)
     _asked.append(fast.server.metrics.fast_requests.get("decision", 0) - asked)
+    if not any(kind.startswith("promoted") for kind, _ in stream):
+        _rewrote.append(engine.counts().rewrites - rewrites)
 
 
 _decided: list[int] = []  # decisions C took, per example of the comparison above
 _shaped: list[int] = []  # of those, by a shape's decision
 _promoted: list[int] = []  # promotions' Parses C sent
 _asked: list[int] = []  # cold texts C asked Python about and took by the answer
+_rewrote: list[int] = []  # rewritten Queries C sent (examples with no promotion)
 
 
 def test_the_comparison_ran_decisions_on_the_fast_relay() -> None:
@@ -435,3 +464,4 @@ def test_the_comparison_ran_decisions_on_the_fast_relay() -> None:
     assert sum(_shaped) > 0, _shaped
     assert sum(_promoted) > 0, _promoted
     assert sum(_asked) > 0, _asked
+    assert sum(_rewrote) > 0, _rewrote

@@ -14,7 +14,7 @@ import pytest
 
 from proxy import protocol as p
 from proxy.fastrelay import AVAILABLE, UNAVAILABLE, FastRelay, Handback
-from proxy.handoff import Adoption, Known, Promotion, PromotionsBack, PromotionsGiven
+from proxy.handoff import Adoption, Decision, Known, Promotion, PromotionsBack, PromotionsGiven
 from proxy.unnamed import MAX_PROMOTED, PROMOTED_PREFIX, decision_key, types_bytes
 from tests.fix_proxy import RunningProxy
 from tests.proxy.fast_pairs import SocketPairs
@@ -64,10 +64,10 @@ class Engine(SocketPairs):
         return back.promotions
 
 
-def _decision(fast: FastRelay, promotion: int = 0) -> tuple[bytes, int, tuple[int, ...], bool, bool, int]:
+def _decision(fast: FastRelay, promotion: int = 0) -> Decision:
     kind = fast.kind_index("select")
     assert kind is not None
-    return (decision_key(TEXT, TYPES), kind, (), False, False, promotion)
+    return (decision_key(TEXT, TYPES), kind, (), False, False, promotion, None)
 
 
 def _engine(
@@ -210,7 +210,7 @@ def test_a_deallocate_forgets_the_promotions(fast: FastRelay) -> None:
     promotion = (REWRITTEN.encode(), types_bytes(TYPES), 3, True)
     e = Engine(
         fast,
-        decisions=[_decision(fast), (b"QDEALLOCATE ALL", kind, (), False, False, -1)],
+        decisions=[_decision(fast), (b"QDEALLOCATE ALL", kind, (), False, False, -1, None)],
         promotions=([promotion], 3, MAX_PROMOTED, 0, -1),
     )
     try:
@@ -234,7 +234,7 @@ def test_an_alias_given_at_adoption_renames_the_bind(fast: FastRelay) -> None:
     e = Engine(
         fast,
         statements=[(b"", 0, select, False, (), False, False)],
-        decisions=[_decision(fast), (b"QSELECT 1", select, (), False, False, -1)],
+        decisions=[_decision(fast), (b"QSELECT 1", select, (), False, False, -1, None)],
         promotions=([promotion], 3, MAX_PROMOTED, 3, 0),
     )
     try:
@@ -372,11 +372,11 @@ def test_a_list_that_extends_the_last_one_takes_every_text(fast: FastRelay) -> N
     them and then loaded whole; a text of neither goes back to Python."""
     kind = fast.kind_index("select")
     assert kind is not None
-    rows = [(b"QSELECT %d" % i, kind, (), False, False, -1) for i in range(3)]
+    rows = [(b"QSELECT %d" % i, kind, (), False, False, -1, None) for i in range(3)]
     lists = [list(rows)]
     for i in range(3, 14):  # (deeper than MAX_CHAIN: loaded whole again on the way)
-        lists.append([*lists[-1], (b"QSELECT %d" % i, kind, (), False, False, -1)])
-    lists.append([*lists[-1], (b"qSELECT x + \xff", kind, (), False, False, -1)])
+        lists.append([*lists[-1], (b"QSELECT %d" % i, kind, (), False, False, -1, None)])
+    lists.append([*lists[-1], (b"qSELECT x + \xff", kind, (), False, False, -1, None)])
     for n, decisions in enumerate(lists):
         engine = Engine(fast, decisions, ([], 0, 0, 0, -1))
         try:

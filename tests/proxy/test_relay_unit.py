@@ -6,8 +6,10 @@ from typing import Any
 
 from proxy import protocol as p
 from proxy.analysis import ProxyAnalyzer, query_kind, quick_kind
+from proxy.handoff import ConnectionState
+from proxy.hooks import NoHooks
 from proxy.injected import WRITABLE_STATEMENT
-from proxy.relay import INJECT_STATEMENT, REFUSED_SQL, Relay
+from proxy.relay import INJECT_STATEMENT, REFUSED_SQL, FastAnswer, Relay
 from proxy.tags import UNTAGGED, Tags
 from proxy.unnamed import PROMOTED_PREFIX
 from tests.proxy_sql import catalogs
@@ -381,9 +383,10 @@ def test_the_c_relay_asks_for_a_decision_as_the_relay_would_decide() -> None:
     kinds = ["select", "insert", "transaction", "utility", "other"]
 
     def ask(sql: str) -> Any:
-        return r.decide_for_fast(sql, lambda kind: kinds.index(kind) if kind in kinds else None, lambda w: ())
+        index = kinds.index
+        return r.decide_for_fast(sql, lambda kind: index(kind) if kind in kinds else None, lambda w: ()).row
 
-    assert ask("SELECT v AS asked FROM t") == (b"QSELECT v AS asked FROM t", 0, (), False, False, -1)
+    assert ask("SELECT v AS asked FROM t") == (b"QSELECT v AS asked FROM t", 0, (), False, False, -1, None)
     assert b"QSELECT v AS asked FROM t" in r.decisions.table
     row = ask("SELECT v FROM t WHERE id = 7")  # (first sight of the shape: by the text; then by the shape)
     assert row is not None and row[0] == b"QSELECT v FROM t WHERE id = 7"
@@ -391,14 +394,110 @@ def test_the_c_relay_asks_for_a_decision_as_the_relay_would_decide() -> None:
     assert row is not None and row[0] == b"qSELECT v FROM t WHERE id = \xff"
     assert ask("BEGIN") is not None
     assert ask("SET cow.session_id = 'x'") is None  # refused
-    assert ask("INSERT INTO t VALUES (2) ON CONFLICT DO NOTHING") is None  # rewritten
+    assert ask("INSERT INTO t VALUES (2) ON CONFLICT DO NOTHING") is None  # catalog dependent (rewritten)
     assert ask("/*cow_operation='o2'*/ SELECT 1") is None  # a comment may carry tags
     assert ask("SET search_path TO public") is None  # a path change
     assert ask("ALTER TABLE t ADD COLUMN w int") is None  # catalog dependent
     assert ask("SELECT 1/0") is not None  # (an error of the server's is no decision of Python's)
     assert r.to_server == [] and r.to_client == []  # nothing sent: C holds the Query
     untagged = relay()
-    assert untagged.decide_for_fast("SELECT 1", lambda kind: 0, lambda w: ()) is None
+    assert untagged.decide_for_fast("SELECT 1", lambda kind: 0, lambda w: ()) == FastAnswer(None, "untagged")
+
+
+class CountingHooks(NoHooks):
+    def __init__(self) -> None:
+        self.lookups: list[bool] = []
+        self.rewrites = 0
+
+    def parse_cache(self, hit: bool) -> None:
+        self.lookups.append(hit)
+
+    def rewrite(self) -> None:
+        self.rewrites += 1
+
+
+def _asking_relay() -> tuple[Relay, CountingHooks, Any]:
+    """A session's relay joined already, with the sample catalog (``issues``: a schema-qualified name is
+    rewritten), and its ``decide_for_fast`` as C calls it."""
+    hooks = CountingHooks()
+    r = Relay(NoCatalog(), Tags("S1"), lambda: None, hooks)
+    _join(r, p.encode_query("INSERT INTO t VALUES (1)"))
+    r.catalog = catalogs.sample_catalog()
+    kinds = ["select", "insert", "update", "transaction", "utility", "other"]
+
+    def ask(sql: str) -> FastAnswer:
+        return r.decide_for_fast(sql, lambda kind: kinds.index(kind) if kind in kinds else None, lambda w: ())
+
+    return r, hooks, ask
+
+
+def test_a_rewritten_text_is_decided_with_its_rewritten_text() -> None:
+    """A Query whose verdict is rewritten and needs nothing else of Python: its row carries the text C sends,
+    keyed by the exact text (another literal is another text and another rewrite), from a request and from
+    the Python relay alike; the reasons Python takes a text itself label the others."""
+    r, hooks, ask = _asking_relay()
+    one = "SELECT title FROM public.issues WHERE id = 1"
+    row = ask(one).row
+    assert row is not None and row[0] == b"Q" + one.encode() and row[6] is not None
+    assert row[6] == r.analysis.analyze(one, r.catalog, True).rewritten.encode()  # type: ignore[union-attr]
+    two = ask("SELECT title FROM public.issues WHERE id = 2").row
+    assert two is not None and two[0] == b"QSELECT title FROM public.issues WHERE id = 2"
+    assert two[6] is not None and b"id = 2" in two[6]
+    write = ask("UPDATE public.issues SET title = 'x' WHERE id = 3").row
+    assert write is not None and write[4] is True  # (may run again: C watches the rewritten text it sends)
+    # The Python relay decides a rewritten Query it sends the same way.
+    text = "SELECT title FROM public.issues WHERE id = 4"
+    sent = send(r, p.encode_query(text))
+    assert sent == p.encode_query(r.analysis.analyze(text, r.catalog, True).rewritten or "")
+    assert b"Q" + text.encode() in r.decisions.table and hooks.rewrites == 1
+    reply(r, p.encode_command_complete("SELECT 0"), p.encode_ready("I"))
+    # Why not: each reason once.
+    upsert = "INSERT INTO issues (id) VALUES (9) ON CONFLICT DO NOTHING"
+    assert ask(upsert) == FastAnswer(None, "catalog check")
+    assert ask("SET search_path TO public") == FastAnswer(None, "path change")
+    assert ask("SET cow.session_id = 'x'") == FastAnswer(None, "refusal")
+    assert ask("/*cow_operation='o2'*/ SELECT 1") == FastAnswer(None, "comment")
+    assert ask("SELECT 1 /* no tags */") == FastAnswer(None, "comment")
+
+
+def test_a_suspect_catalog_stops_rewritten_texts_only() -> None:
+    """After a rewritten statement failed as on a stale catalog, Python checks the catalog before the next
+    rewritten one: no rewritten row is answered or given at adoption; plain texts still are."""
+    r, _, ask = _asking_relay()
+    one = "SELECT title FROM public.issues WHERE id = 1"
+    assert ask(one).row is not None
+    r.gate.suspect = True
+    assert ask("SELECT title FROM public.issues WHERE id = 5") == FastAnswer(None, "catalog suspect")
+    assert ask("SELECT 5").row is not None
+    adoption, _ = r.hand_off(lambda kind: 0, lambda w: ())
+    assert adoption.decisions and all(row[6] is None for row in adoption.decisions)
+    r.gate.suspect = False
+    adoption, _ = r.hand_off(lambda kind: 0, lambda w: ())
+    assert any(row[0] == b"Q" + one.encode() and row[6] is not None for row in adoption.decisions)
+
+
+def test_a_query_answered_hand_back_counts_one_lookup() -> None:
+    """The request analysed the text (a miss); Python relaying it next does not count it again as a hit."""
+    r, hooks, ask = _asking_relay()
+    hooks.lookups.clear()
+    text = "SET search_path TO public, app"
+    answer = ask(text)
+    assert answer == FastAnswer(None, "path change") and hooks.lookups == [False]
+    send(r, p.encode_query(text))  # (rewritten: the path goes through the layer, app_path)
+    assert hooks.lookups == [False]
+    reply(r, p.encode_command_complete("SET"), p.encode_ready("I"))
+    send(r, p.encode_query(text))  # (a later run of it: a hit)
+    assert hooks.lookups == [False, True]
+
+
+def test_a_rewritten_query_handed_back_in_flight_makes_a_stale_catalog_suspect() -> None:
+    """C hands back with the rewritten Query's replies owed ("q"): its stale-catalog error is Python's to
+    see (Relay.failed), as for a Query Python sent rewritten."""
+    for owed, suspect in (("q", True), ("Q", False)):
+        r, _, _ = _asking_relay()
+        r.take_back(ConnectionState("I", owed), [], [], [], resolved=False)
+        reply(r, p.encode_error("42703", 'column "x" does not exist'), p.encode_ready("I"))
+        assert r.gate.suspect is suspect
 
 
 def _recording(tags: Tags) -> tuple[Relay, list[tuple[str, str, str | None, bytes | None, int | None]]]:
