@@ -17,7 +17,11 @@ a git worktree of main, in front of the same database), then per round, each tar
   analysis' cache answering); since, the C relay asks Python about the new text and keeps the connection;
 - ``session-block-new``: as ``session-block``, every text new (``SELECT … WHERE id = <n>``, its shape known
   after the first);
-- ``session-block-savepoint``: as ``session-block``, Django's savepoint pair with a new name each time.
+- ``session-block-savepoint``: as ``session-block``, Django's savepoint pair with a new name each time;
+- ``session-rewritten``, ``session-block-rewritten``: as ``session-c`` and ``session-block``, a text the proxy
+  rewrites and need do nothing else for (a schema-qualified name: ``public.hop_t``). Before branch i16rwq
+  every such text went to Python (the C relay handed back at it); since, the C relay sends its rewritten
+  text by Python's decision.
 
 Printed per target: the median over the rounds of the wall time per statement (µs) and of the proxy
 process's CPU per statement (µs; its main thread, the Python relay, and the rest, mostly the C relay's
@@ -98,6 +102,13 @@ def savepoints(conn: psycopg.Connection, n: int) -> None:
         cur.execute(f'RELEASE SAVEPOINT "s{os.getpid()}_x{i}"')
 
 
+def rewritten_text(conn: psycopg.Connection, n: int) -> None:
+    cur = psycopg.ClientCursor(conn)
+    for _ in range(n):
+        cur.execute("SELECT v FROM public.hop_t WHERE id = 7")  # (qualified: sent as the overlay's)
+        cur.fetchall()
+
+
 def in_block(work: Work) -> Work:
     def run(conn: psycopg.Connection, n: int) -> None:
         cur = psycopg.ClientCursor(conn)
@@ -115,6 +126,8 @@ WORKS: dict[str, tuple[bool, Work]] = {  # target -> (in a session, work)
     "session-block": (True, in_block(same_text)),
     "session-block-new": (True, in_block(new_texts)),
     "session-block-savepoint": (True, in_block(savepoints)),
+    "session-rewritten": (True, rewritten_text),
+    "session-block-rewritten": (True, in_block(rewritten_text)),
 }
 
 
