@@ -458,6 +458,7 @@ def test_a_rewritten_text_is_decided_with_its_rewritten_text() -> None:
     assert ask("SET cow.session_id = 'x'") == FastAnswer(None, "refusal")
     assert ask("/*cow_operation='o2'*/ SELECT 1") == FastAnswer(None, "comment")
     assert ask("SELECT 1 /* no tags */") == FastAnswer(None, "comment")
+    assert ask("SELECT 1; SELECT 2") == FastAnswer(None, "kind multi")  # (C counts one kind per Query)
 
 
 def test_a_suspect_catalog_stops_rewritten_texts_only() -> None:
