@@ -113,7 +113,7 @@ class Handback:
         )
 
 
-MAX_WRITE_SLOTS = 256
+MAX_WRITE_SLOTS = 4096  # (proxy/_fastrelay.c's)
 STMT_WRITES = 4
 MAX_QUERY = _fastrelay.MAX_QUERY if _fastrelay is not None else 0
 

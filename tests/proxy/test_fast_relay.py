@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from proxy import protocol as p
 from proxy.admin import admin_request
 from proxy.analysis import query_kind
-from proxy.fastrelay import AVAILABLE, UNAVAILABLE, FastRelay
+from proxy.fastrelay import AVAILABLE, MAX_WRITE_SLOTS, UNAVAILABLE, FastRelay
+from proxy.handoff import Adoption
 from tests.fix_db import PgServer
 from tests.fix_proxy import RunningProxy, backends, run_proxy
 from tests.proxy.test_adversity import RawClient, dbname, wait_for
@@ -822,3 +823,37 @@ def test_an_unnamed_key_read_bound_again_after_its_session_ended(proxy: RunningP
         assert on_fast(proxy)
     finally:
         c.sock.close()
+
+
+def test_write_slots_hold_a_large_applications_tables() -> None:
+    """Every (table, kind) a session writes gets one of C's counters, given for good: Django's full list
+    writes 1,019 pairs (256 slots sent the writes of the pairs after the 256th back to Python). A pair past
+    the last slot, or a statement with more writes than C counts, is Python's (None); C counts each slot's
+    writes apart."""
+    relay = FastRelay()
+    try:
+        pairs = [(f"public.t{i}", kind) for i in range(MAX_WRITE_SLOTS // 2) for kind in ("insert", "update")]
+        assert len(pairs) == MAX_WRITE_SLOTS > 1_019 * 2
+        given = [relay.slots((pair,)) for pair in pairs]
+        assert given == [(i,) for i in range(len(pairs))]
+        assert relay.slots(tuple(pairs[:2])) == (0, 1)  # (the same slots again)
+        assert relay.slots((("public.more", "insert"),)) is None  # (all given)
+        assert relay.slots(tuple(pairs[:5])) is None  # (more than STMT_WRITES)
+        # C takes the last slot in a decision (and no slot past it).
+        client, server = socket.socketpair()
+        kind = relay.kind_index("insert") or 0
+        try:
+            for slot, loads in ((MAX_WRITE_SLOTS - 1, True), (MAX_WRITE_SLOTS, False)):
+                row = (b"QINSERT INTO t VALUES (1)", kind, (slot,), False, False, -1, None)
+                adoption = Adoption([], [], True, [row], False, False)
+                if loads:
+                    relay.adopt(1, client.fileno(), server.fileno(), p.PG_MAX_MESSAGE, adoption)
+                    assert relay.release(1)
+                else:
+                    with pytest.raises(ValueError, match="bad write slot"):
+                        relay.adopt(2, client.fileno(), server.fileno(), p.PG_MAX_MESSAGE, adoption)
+        finally:
+            client.close()
+            server.close()
+    finally:
+        relay.close()
