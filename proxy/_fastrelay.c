@@ -1728,9 +1728,9 @@ static int rename_describe(conn_t *c, const stmt_t *st) {
     return repl_message(c, 'D', parts, lens, 2);
 }
 
-/* Relay.failed for a message sent rewritten (a promotion's, or a Query's): one that fails as on a stale catalog makes
- * the catalog suspect (C takes no more: Python checks it first); a Bind or Describe of the proxy's name that
- * fails forgets the name (Promotions.failed: a new one is parsed the next time). */
+/* Relay.failed for a message sent rewritten (a promotion's, or a Query's): one that fails as on a stale catalog
+ * makes the catalog suspect (C takes no more rewritten texts: Python checks it first); a Bind or Describe of the
+ * proxy's name that fails forgets the name (Promotions.failed: a new one is parsed the next time). */
 static void promo_error(conn_t *c, const entry_t *h) {
     static const char *const stale[] = {"42601", "42703", "42P01", "42804", "0A000"};
     const unsigned char *code = NULL;
@@ -2658,8 +2658,7 @@ static int decision_keep(decision_t *d, const char *key, Py_ssize_t len, const c
 }
 
 /* Decisions at adoption: [(type + text, kind, slots, recorded read, rerun, promotion, rewritten text or None)];
- * a read record
- * names a decision by its index in this list. A 'U' decision (an unnamed Parse Python promotes: the key is the
+ * a read record names a decision by its index in this list. A 'U' decision (an unnamed Parse Python promotes: the key is the
  * Parse's body after its empty name, the text and its parameter types) names its promotion (an index into the
  * npromos loaded before). */
 /* Loads the entries of items from start on into t (those before are its base's). */
@@ -2770,8 +2769,8 @@ static dtable_t *decisions_for(Engine *e, PyObject *items, int npromos) {
 }
 
 /* One decision Python answered (a row as decisions_load takes it, for a Query: key type 'Q' or 'q', no read
- * record, no promotion; a rewritten text only with 'Q') into the connection's own table of them (conn_t.extra), which grows by doubling and
- * starts again empty once it holds MAX_ANSWERED. */
+ * record, no promotion; a rewritten text only with 'Q') into the connection's own table of them (conn_t.extra),
+ * which grows by doubling and starts again empty once it holds MAX_ANSWERED. */
 static int answered_add(Engine *e, conn_t *c, PyObject *row) {
     const char *key, *sql;
     Py_ssize_t len, sql_len;

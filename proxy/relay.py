@@ -322,7 +322,7 @@ class Relay:
         self.tagging.fresh = False
         gate.checked = False
         if tags.tagged:
-            if self._asked is None or self._asked != sql:
+            if self._asked != sql:
                 self.hooks.parse_cache(verdict.cache_hit)
             self._asked = None
         if comment is not None or self.replies.at_transaction_start():
