@@ -176,11 +176,11 @@ class _Collector(Collector):
 
 
 def _connection_metrics(m: Metrics, totals: _Totals) -> Iterator[Metric]:
-    on_fast = GaugeMetricFamily(
-        "cowproxy_fast_relay_connections", "Client connections relayed by the C relay thread right now"
+    yield GaugeMetricFamily(
+        "cowproxy_fast_relay_connections",
+        "Client connections relayed by the C relay thread right now",
+        value=totals.fast_connections,
     )
-    on_fast.add_metric([], totals.fast_connections)
-    yield on_fast
     conns = GaugeMetricFamily(
         "cowproxy_connections", "Open connections by side and state", labels=["side", "state"]
     )
@@ -192,12 +192,12 @@ def _connection_metrics(m: Metrics, totals: _Totals) -> Iterator[Metric]:
     for (side, state), count in sorted(counts.items()):
         conns.add_metric([side, state], count)
     yield conns
-    accepted = CounterMetricFamily("cowproxy_client_connections", "Client connections accepted")
-    accepted.add_metric([], m.connections_total)
-    yield accepted
-    adoptions = CounterMetricFamily("cowproxy_fast_adoptions", "Client connections given to the C relay")
-    adoptions.add_metric([], m.fast_adoptions)
-    yield adoptions
+    yield CounterMetricFamily(
+        "cowproxy_client_connections", "Client connections accepted", value=m.connections_total
+    )
+    yield CounterMetricFamily(
+        "cowproxy_fast_adoptions", "Client connections given to the C relay", value=m.fast_adoptions
+    )
     handbacks = CounterMetricFamily(
         "cowproxy_fast_handbacks",
         "Client connections the C relay gave back, by reason and the client message it did not take",
@@ -231,27 +231,25 @@ def _by_label(name: str, documentation: str, label: str, counts: dict[str, int])
 
 
 def _server_metrics(m: Metrics) -> Iterator[Metric]:
-    opened = CounterMetricFamily("cowproxy_server_connections_opened", "Server connections opened")
-    opened.add_metric([], m.servers_opened)
-    yield opened
-    reused = CounterMetricFamily(
-        "cowproxy_server_connections_reused", "Client connections given a reset idle server connection"
+    yield CounterMetricFamily(
+        "cowproxy_server_connections_opened", "Server connections opened", value=m.servers_opened
     )
-    reused.add_metric([], m.servers_reused)
-    yield reused
-    failures = CounterMetricFamily(
-        "cowproxy_server_reset_failures", "Resets of a used server connection that failed (it was closed)"
+    yield CounterMetricFamily(
+        "cowproxy_server_connections_reused",
+        "Client connections given a reset idle server connection",
+        value=m.servers_reused,
     )
-    failures.add_metric([], m.server_reset_failures)
-    yield failures
-    closed = CounterMetricFamily(
+    yield CounterMetricFamily(
+        "cowproxy_server_reset_failures",
+        "Resets of a used server connection that failed (it was closed)",
+        value=m.server_reset_failures,
+    )
+    yield _by_label(
         "cowproxy_server_connections_closed_idle",
         "Pooled server connections closed, by reason (idle timeout, lifetime, pool full, shutdown, ...)",
-        labels=["reason"],
+        "reason",
+        m.servers_closed_idle,
     )
-    for reason, n in sorted(m.servers_closed_idle.items()):
-        closed.add_metric([reason], n)
-    yield closed
     idle = GaugeMetricFamily(
         "cowproxy_server_connections_idle", "Reset server connections kept for reuse", labels=["database"]
     )
@@ -285,14 +283,14 @@ def _statement_metrics(m: Metrics, totals: _Totals) -> Iterator[Metric]:
     for (table, kind), n in sorted(totals.writes.items()):
         writes.add_metric([table, kind], n)
     yield writes
-    rewrites = CounterMetricFamily("cowproxy_rewrites", "Statements rewritten for copy-on-write tables")
-    rewrites.add_metric([], totals.rewrites)
-    yield rewrites
-    reruns = CounterMetricFamily(
-        "cowproxy_reruns", "Statements run again after the layer's row-changed 40001 (proxy/rerun.py)"
+    yield CounterMetricFamily(
+        "cowproxy_rewrites", "Statements rewritten for copy-on-write tables", value=totals.rewrites
     )
-    reruns.add_metric([], m.reruns)
-    yield reruns
+    yield CounterMetricFamily(
+        "cowproxy_reruns",
+        "Statements run again after the layer's row-changed 40001 (proxy/rerun.py)",
+        value=m.reruns,
+    )
     errors = CounterMetricFamily(
         "cowproxy_errors", "ErrorResponses sent to clients, by SQLSTATE class", labels=["sqlstate_class"]
     )
@@ -337,9 +335,11 @@ def _latency_metric(totals: _Totals) -> Metric:
 
 def _read_metrics(reads: ReadRecorder | None) -> Iterator[Metric]:
     """The read traces' counters (zero when nothing is recorded: the series exist for dashboards)."""
-    recorded = CounterMetricFamily("cowproxy_reads_recorded", "Read records written to cow.reads")
-    recorded.add_metric([], reads.recorded if reads is not None else 0)
-    yield recorded
+    yield CounterMetricFamily(
+        "cowproxy_reads_recorded",
+        "Read records written to cow.reads",
+        value=reads.recorded if reads is not None else 0,
+    )
     dropped = CounterMetricFamily(
         "cowproxy_reads_dropped",
         "Read records dropped: queue full (the relay never waits), write failed, or left at shutdown",
@@ -348,9 +348,11 @@ def _read_metrics(reads: ReadRecorder | None) -> Iterator[Metric]:
     for reason in ("queue_full", "write_failed", "shutdown", "relay_full"):
         dropped.add_metric([reason], reads.dropped.get(reason, 0) if reads is not None else 0)
     yield dropped
-    queued = GaugeMetricFamily("cowproxy_reads_queued", "Read records queued or being written")
-    queued.add_metric([], reads.pending if reads is not None else 0)
-    yield queued
+    yield GaugeMetricFamily(
+        "cowproxy_reads_queued",
+        "Read records queued or being written",
+        value=reads.pending if reads is not None else 0,
+    )
 
 
 class ConnectionHooks:
