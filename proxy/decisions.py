@@ -14,6 +14,7 @@ applied at ``export``), so the connections of a database share the table of its 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from proxy import rerun
@@ -42,6 +43,17 @@ _UNMADE: Any = object()  # (a row not made yet: None is a decision C may not tak
 # What ``export`` keeps of a table per (path known clean, reads recorded): the table's version when made, the
 # rows without and with the promoted texts (U), the promoted texts' keys, the table's ``parses`` when made.
 Export = tuple[int, list[Decision], list[Decision], dict[bytes, Key], int]
+
+
+@dataclass(frozen=True)
+class _RowFor:
+    """What a decision's row depends on besides its verdict: the connection's tags, the C relay's kinds and
+    write slots, and whether the connection's path is known clean."""
+
+    tags: Tags
+    kind_index: Callable[[str], int | None]
+    slots: Callable[[Writes], tuple[int, ...] | None]
+    path_clean: bool
 
 
 class Table(dict[bytes, Analysis]):
@@ -179,27 +191,19 @@ class Decisions:
         if verdict is None:
             return None
         made = self.table.rows.setdefault((path_clean, False), {})
-        return self._made_row(
-            made, key, verdict, tags=tags, kind_index=kind_index, slots=slots, path_clean=path_clean
-        )
+        return self._made_row(made, key, verdict, _RowFor(tags, kind_index, slots, path_clean))
 
     def _made_row(
         self,
         made: dict[bytes, Decision | None],
         key: bytes,
         verdict: Analysis,
-        *,
-        tags: Tags,
-        kind_index: Callable[[str], int | None],
-        slots: Callable[[Writes], tuple[int, ...] | None],
-        path_clean: bool,
+        c: _RowFor,
     ) -> Decision | None:
         """``key``'s row from ``made`` (``Table.rows``), made the first time it is asked for."""
         row = made.get(key, _UNMADE)
         if row is _UNMADE:
-            row = made[key] = self._row(
-                key, verdict, tags=tags, kind_index=kind_index, slots=slots, path_clean=path_clean
-            )
+            row = made[key] = self._row(key, verdict, c)
         return row  # type: ignore[no-any-return]
 
     def export(
@@ -227,7 +231,7 @@ class Decisions:
         recording = self.trace.reads is not None and tags.session is not None
         made = table.exports.get((path_clean, recording))
         if made is None or table.version - made[0] > stale or table.parses != made[4]:
-            made = self._rows(tags, kind_index, slots, path_clean, recording)
+            made = self._rows(_RowFor(tags, kind_index, slots, path_clean), recording)
             table.exports[path_clean, recording] = made
         _, plain, rows, promoted, _ = made
         if promote is None:
@@ -238,23 +242,14 @@ class Decisions:
         index = promote(list(promoted.values()))
         return [row if row[0] not in promoted else (*row[:5], index[promoted[row[0]]], None) for row in rows]
 
-    def _rows(
-        self,
-        tags: Tags,
-        kind_index: Callable[[str], int | None],
-        slots: Callable[[Writes], tuple[int, ...] | None],
-        path_clean: bool,
-        recording: bool,
-    ) -> Export:
+    def _rows(self, c: _RowFor, recording: bool) -> Export:
         """The rows of the table, each made once per (path_clean, recording) and kept (``Table.rows``): a
         table that changes with every new text is listed again at each change."""
         rows = []
         promoted: dict[bytes, Key] = {}
-        made = self.table.rows.setdefault((path_clean, recording), {})
+        made = self.table.rows.setdefault((c.path_clean, recording), {})
         for key, verdict in self.table.items():
-            row = self._made_row(
-                made, key, verdict, tags=tags, kind_index=kind_index, slots=slots, path_clean=path_clean
-            )
+            row = self._made_row(made, key, verdict, c)
             if row is None:
                 continue
             if key[:1] == b"U":
@@ -268,25 +263,21 @@ class Decisions:
         self,
         key: bytes,
         verdict: Analysis,
-        *,
-        tags: Tags,
-        kind_index: Callable[[str], int | None],
-        slots: Callable[[Writes], tuple[int, ...] | None],
-        path_clean: bool,
+        c: _RowFor,
     ) -> Decision | None:
         """A decision's row for the C relay, or None: one it may not take."""
-        if verdict.resolves_writes and not path_clean:
+        if verdict.resolves_writes and not c.path_clean:
             return None  # (PathCheck.unknown_for)
         if key[:1] == b"U" and verdict.rewritten is None:
             return None
-        records = self.trace.records(tags, verdict)
+        records = self.trace.records(c.tags, verdict)
         if records and key[:1] == b"p":
             return None  # a read record of a prepared statement names its text: a shape has none
         sent = rewritten_text(key, verdict)
         if sent is not None and (records or len(sent) + 6 > MAX_QUERY):
             return None  # (C records no read it rewrites; it sends and watches one Query of up to MAX_QUERY)
-        kind = kind_index(verdict.kind)
-        found = slots(verdict.writes)
+        kind = c.kind_index(verdict.kind)
+        found = c.slots(verdict.writes)
         if kind is None or found is None:
             return None
         return (key, kind, found, records, rerun.may_rerun(verdict), -1, sent)
