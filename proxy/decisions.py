@@ -37,7 +37,7 @@ GENERATION = MAX_DECISIONS // 2
 STALE_LIST = 64
 
 Writes = tuple[tuple[str, str], ...]
-_UNMADE: Any = object()  # (a row not made yet: None is a decision C may not take)
+_UNMADE: Any = object()  # (a row not made yet: a str is why C may not take the decision)
 
 
 # What ``export`` keeps of a table per (path known clean, reads recorded): the table's version when made, the
@@ -73,7 +73,7 @@ class Table(dict[bytes, Analysis]):
         self.exports: dict[tuple[bool, bool], Export] = {}
         self.version = 0  # changed by every decision added or dropped (exports are made per version)
         self.parses = 0  # changed by every decision of a Parse added (the C relay does not ask about those)
-        self.rows: dict[tuple[bool, bool], dict[bytes, Decision | None]] = {}  # Decisions._rows
+        self.rows: dict[tuple[bool, bool], dict[bytes, Decision | str]] = {}  # Decisions._rows
         self.young: set[bytes] = set()  # decided since the last turn; the other keys are the old generation
         self.turns = 0
 
@@ -183,23 +183,23 @@ class Decisions:
         kind_index: Callable[[str], int | None],
         slots: Callable[[Writes], tuple[int, ...] | None],
         path_clean: bool,
-    ) -> Decision | None:
+    ) -> Decision | str:
         """The C relay's row of one decision of the table (``key``, as ``decide`` gave it) for a connection
         whose reads are not recorded (a request's answer: ``Relay.decide_for_fast``), made once per table as
-        ``export`` makes its rows; None: not one C may take."""
+        ``export`` makes its rows; or why C may not take it (a ``fast_request_handbacks`` reason)."""
         verdict = self.table.get(key)
         if verdict is None:
-            return None
+            return "not decided"
         made = self.table.rows.setdefault((path_clean, False), {})
         return self._made_row(made, key, verdict, _RowFor(tags, kind_index, slots, path_clean))
 
     def _made_row(
         self,
-        made: dict[bytes, Decision | None],
+        made: dict[bytes, Decision | str],
         key: bytes,
         verdict: Analysis,
         c: _RowFor,
-    ) -> Decision | None:
+    ) -> Decision | str:
         """``key``'s row from ``made`` (``Table.rows``), made the first time it is asked for."""
         row = made.get(key, _UNMADE)
         if row is _UNMADE:
@@ -250,7 +250,7 @@ class Decisions:
         made = self.table.rows.setdefault((c.path_clean, recording), {})
         for key, verdict in self.table.items():
             row = self._made_row(made, key, verdict, c)
-            if row is None:
+            if isinstance(row, str):
                 continue
             if key[:1] == b"U":
                 assert verdict.rewritten is not None
@@ -259,27 +259,27 @@ class Decisions:
         plain = [row for row in rows if row[0][:1] != b"U"] if promoted else rows
         return self.table.version, plain, rows, promoted, self.table.parses
 
-    def _row(
-        self,
-        key: bytes,
-        verdict: Analysis,
-        c: _RowFor,
-    ) -> Decision | None:
-        """A decision's row for the C relay, or None: one it may not take."""
+    def _row(self, key: bytes, verdict: Analysis, c: _RowFor) -> Decision | str:
+        """A decision's row for the C relay, or why it may not take it (a ``fast_request_handbacks``
+        reason)."""
         if verdict.resolves_writes and not c.path_clean:
-            return None  # (PathCheck.unknown_for)
+            return "path unknown"  # (PathCheck: the server is to say where its writes resolve first)
         if key[:1] == b"U" and verdict.rewritten is None:
-            return None
+            return "promoted as it is"  # (C promotes a rewritten text only)
         records = self.trace.records(c.tags, verdict)
         if records and key[:1] == b"p":
-            return None  # a read record of a prepared statement names its text: a shape has none
+            return "prepared read record"  # (a read record names the statement's text: a shape has none)
         sent = rewritten_text(key, verdict)
-        if sent is not None and (records or len(sent) + 6 > MAX_QUERY):
-            return None  # (C records no read it rewrites; it sends and watches one Query of up to MAX_QUERY)
+        if sent is not None and records:
+            return "rewritten read record"  # (C records no read it rewrites)
+        if sent is not None and len(sent) + 6 > MAX_QUERY:
+            return "rewritten too long"  # (C sends and watches one Query of up to MAX_QUERY)
         kind = c.kind_index(verdict.kind)
+        if kind is None:
+            return f"kind {verdict.kind}"  # (a kind C does not count: multi, merge)
         found = c.slots(verdict.writes)
-        if kind is None or found is None:
-            return None
+        if found is None:
+            return "writes"  # (more than C counts for one statement, or no slot left)
         return (key, kind, found, records, rerun.may_rerun(verdict), -1, sent)
 
     def _current(self, catalog: Any) -> None:

@@ -809,21 +809,13 @@ class Relay:
         if reason is not None:
             return FastAnswer(None, reason)
         key = self.decisions.decide(b"Q", sql, verdict, tags, gate.catalog)
-        row = None if key is None else self.decisions.row(key, tags, kind_index, slots, self.path.clean)
-        if row is None:
-            return FastAnswer(None, self._no_row(verdict, kind_index, slots))
+        if key is None:
+            return FastAnswer(None, "not decided")
+        row = self.decisions.row(key, tags, kind_index, slots, self.path.clean)
+        if isinstance(row, str):
+            return FastAnswer(None, row)
         self._asked = None
         return FastAnswer(row)
-
-    def _no_row(self, verdict: Analysis, kind_index: KindIndex, slots: Slots) -> str:
-        """Why a decided text has no row C may take (``Decisions._row``)."""
-        if verdict.resolves_writes and not self.path.clean:
-            return "path unknown"  # (PathCheck: the server is to say where its writes resolve first)
-        if kind_index(verdict.kind) is None:
-            return f"kind {verdict.kind}"  # (a kind C does not count: multi, merge)
-        if slots(verdict.writes) is None:
-            return "writes"  # (more than C counts for one statement, or no slot left)
-        return "rewritten too long"
 
     def _catalog_due(self, tags: Tags) -> bool:
         """A tagged statement waits for the catalog to be read (joining reads it first: ``_prepare``)."""

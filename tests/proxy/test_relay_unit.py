@@ -6,6 +6,7 @@ from typing import Any
 
 from proxy import protocol as p
 from proxy.analysis import ProxyAnalyzer, query_kind, quick_kind
+from proxy.fastrelay import MAX_QUERY
 from proxy.handoff import ConnectionState
 from proxy.hooks import NoHooks
 from proxy.injected import WRITABLE_STATEMENT
@@ -459,6 +460,24 @@ def test_a_rewritten_text_is_decided_with_its_rewritten_text() -> None:
     assert ask("/*cow_operation='o2'*/ SELECT 1") == FastAnswer(None, "comment")
     assert ask("SELECT 1 /* no tags */") == FastAnswer(None, "comment")
     assert ask("SELECT 1; SELECT 2") == FastAnswer(None, "kind multi")  # (C counts one kind per Query)
+
+
+def test_a_decided_text_without_a_row_says_why() -> None:
+    """A text decided but not one C may take is answered with the row's own reason (``Decisions._row``):
+    a write the server is to resolve first, writes C has no slot for, a kind it does not count, a rewritten
+    text longer than it sends."""
+    r, _, _ = _asking_relay()
+    kinds = ["select", "insert", "update", "transaction", "utility", "other"]
+
+    def ask(sql: str, slots: Any = lambda w: ()) -> FastAnswer:
+        return r.decide_for_fast(sql, lambda kind: kinds.index(kind) if kind in kinds else None, slots)
+
+    assert ask("UPDATE t SET a = 1") == FastAnswer(None, "path unknown")  # (PathCheck)
+    assert ask("UPDATE public.issues SET title = 'y'", lambda w: None) == FastAnswer(None, "writes")
+    assert ask("DELETE FROM public.issues WHERE id = 1") == FastAnswer(None, "kind delete")
+    long = "SELECT title FROM public.issues WHERE title = '" + "x" * MAX_QUERY + "'"
+    assert ask(long) == FastAnswer(None, "rewritten too long")
+    assert ask("SELECT title FROM public.issues WHERE title = 'x'").row is not None
 
 
 def test_a_suspect_catalog_stops_rewritten_texts_only() -> None:
