@@ -64,11 +64,19 @@ _MISSING = object()
 
 
 def parse_as(kind: type[_N], sql: str) -> _N:
-    """The one statement of a template, which is a ``kind`` (a template's own text fixes it)."""
-    node = pglast.parse_sql(sql)[0].stmt
+    """The one statement of a template, which is a ``kind`` (a template's own text fixes it): a copy of the
+    text's parse, which is kept (``_parsed``), since the rules edit what they get."""
+    node = _parsed(sql)
     if not isinstance(node, kind):
         raise TypeError(f"template parsed as {type(node).__name__}, not {kind.__name__}")
-    return node
+    return copy_tree(node)
+
+
+@lru_cache(maxsize=1024)
+def _parsed(sql: str) -> ast.Node | None:
+    # A template's text depends on the catalog's names and the rule only, so a shape's texts and every
+    # text of a table share it; a copy of the tree is a fifth of pglast's parse (Node.__setattr__'s checks).
+    return pglast.parse_sql(sql)[0].stmt
 
 
 def parse_select(sql: str) -> ast.SelectStmt:
