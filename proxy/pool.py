@@ -38,10 +38,16 @@ DISCARD_SQL = "DISCARD ALL"
 # unbound.
 UNBIND_SQL = "SELECT cow.bind_session(NULL, NULL, $1)"
 BOUND_CHECK_SQL = "RESET ALL; SELECT cow.bound_session() IS NULL"
-# A backend never in a session has no temporary schema from a bind (cow._bind makes one, and it stays until
-# the backend ends): without one it cannot be bound, whether the database has the layer or not. A client
-# that made temporary tables leaves a schema too: that backend is not reused (the check cannot tell).
-UNBOUND_CHECK_SQL = "SELECT pg_catalog.pg_my_temp_schema() = 0"
+# A backend the proxy never joined to a session: DISCARD ALL drops its temporary tables but not its temporary
+# schema, which a bind makes too (cow._bind, for the guard) and which stays until the backend ends. What a
+# bind leaves that DISCARD ALL does not clear is its row in cow.bindings (this pid and this backend's start):
+# no temporary schema, or no layer in the database, means it was never bound (one round trip, as before);
+# otherwise the layer is asked (a second one, only for such backends), and one the client bound itself (with
+# the secret) is closed.
+UNBOUND_CHECK_SQL = (
+    "SELECT pg_catalog.pg_my_temp_schema() = 0 OR pg_catalog.to_regprocedure('cow.bound_session()') IS NULL"
+)
+LAYER_CHECK_SQL = "SELECT cow.bound_session() IS NULL"
 
 
 @dataclass(frozen=True)
@@ -106,16 +112,19 @@ class ResetResult:
 
 
 class Reset:
-    """The reset of one used backend: ``request`` to send, then ``feed`` the server's bytes until it answers.
+    """The reset of one used backend: ``request`` to send, then ``feed`` the server's bytes until it answers
+    (sending ``follow_up`` whenever ``feed`` leaves one there).
 
-    ``unbind``: the backend may have been bound to a session (the relay joined one): unbind it with this
-    secret (None: the proxy binds nothing, so there is nothing to unbind) and check with the layer that it is
-    unbound; else check that it cannot be bound (no temporary schema). ParameterStatus messages the reset
-    makes the server send update ``params`` (the values the next client is given).
+    ``in_session``: the backend was joined to a session (by the relay, now or for an earlier client): unbind
+    it with ``secret`` (None: the proxy binds nothing, so there is nothing to unbind) and check with the layer
+    that it is unbound; else check that it was never bound (``UNBOUND_CHECK_SQL``, then ``LAYER_CHECK_SQL``
+    where that cannot tell). ParameterStatus messages the reset makes the server send update ``params`` (the
+    values the next client is given).
     """
 
     def __init__(self, params: dict[str, str], *, in_session: bool, secret: str | None) -> None:
         self.params = params
+        self.in_session = in_session
         out = [p.encode_query(DISCARD_SQL)]
         if in_session and secret is not None:
             out += [
@@ -126,6 +135,8 @@ class Reset:
             ]
         out.append(p.encode_query(BOUND_CHECK_SQL if in_session else UNBOUND_CHECK_SQL))
         self.request = b"".join(out)
+        self.follow_up = b""  # to send now (the caller sends it and empties it)
+        self.asked_layer = False  # the second question of a backend with a temporary schema was sent
         self._readies = len(out) - (3 if in_session and secret is not None else 0)
         self._buf = bytearray()
         self._last_row: tuple[str | None, ...] | None = None
@@ -151,11 +162,25 @@ class Reset:
                 if status != "I":
                     return ResetResult(False, f"transaction status {status} after the reset")
                 if self._readies == 0:
-                    return self._result(trailing=i + 1 < len(messages) or bool(self._buf))
+                    trailing = i + 1 < len(messages) or bool(self._buf)
+                    if not trailing and self._ask_layer():
+                        return None
+                    return self._result(trailing=trailing)
             elif kind not in b"CTNAn1t23s":
                 # (CopyIn and the like: the server is somewhere a reset does not lead)
                 return ResetResult(False, f"unexpected message {kind!r} during the reset")
         return None
+
+    def _ask_layer(self) -> bool:
+        """The first check of a backend never joined found a temporary schema in a database with the layer:
+        ask the layer whether a bind is its cause (True: asked, wait for the answer)."""
+        if self.in_session or self.asked_layer or self._error is not None or self._last_row != ("f",):
+            return False
+        self.asked_layer = True
+        self.follow_up = p.encode_query(LAYER_CHECK_SQL)
+        self._readies = 1
+        self._last_row = None
+        return True
 
     def _result(self, *, trailing: bool) -> ResetResult:
         if trailing:

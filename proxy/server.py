@@ -993,6 +993,9 @@ class PooledServer:
         except ProxyError as exc:
             result = ResetResult(False, str(exc))
         if result is None:
+            if reset.follow_up and self.upstream.transport is not None:
+                self.upstream.transport.write(reset.follow_up)
+                reset.follow_up = b""
             return
         self.reset = None
         if self._timer is not None:

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from proxy import protocol as p
-from tests.fix_db import PgServer
+from tests.fix_db import TEST_BIND_SECRET, PgServer
 from tests.fix_proxy import RunningProxy, backends, run_proxy
 from tests.proxy.test_adversity import RawClient, dbname, wait_for
 from tests.proxy.test_startup import METHODS, password_users  # noqa: F401 (a fixture)
@@ -106,21 +106,47 @@ def test_the_reset_leaves_nothing_of_the_last_client(
             assert one(direct, "SELECT pg_try_advisory_lock(4242)") is True
 
 
-def test_a_client_that_made_temporary_tables_leaves_its_backend_to_end(
-    reuse: RunningProxy, pg_server: PgServer, empty_db: str
+@pytest.mark.parametrize("database", ["empty_db", "layer_db"])
+def test_a_client_that_made_temporary_tables_leaves_its_backend_for_the_next(
+    reuse: RunningProxy, database: str, request: pytest.FixtureRequest
 ) -> None:
-    # (DISCARD ALL drops them, but the backend keeps its temporary schema: the check that it was never
-    # bound cannot tell such a backend from a bound one, so it is not reused)
-    dsn = reuse.dsn(empty_db)
+    # DISCARD ALL drops them but the backend keeps its temporary schema, as a bind's: without the layer
+    # nothing can have bound it; with the layer, the layer says it is not bound (its binding row).
+    db = request.getfixturevalue(database)
+    dsn = reuse.dsn(db)
     conn = psycopg.connect(dsn, autocommit=True)
     pid = pid_of(conn)
     conn.execute("CREATE TEMP TABLE leftover (x int)")
-    conn.close()
-    assert wait_for(lambda: backends(pg_server, dbname(empty_db)) == 0)
+    conn.execute("INSERT INTO leftover VALUES (1)")
+    leave(reuse, conn)
     with psycopg.connect(dsn, autocommit=True) as again:
-        assert pid_of(again) != pid
+        assert pid_of(again) == pid
         assert one(again, "SELECT to_regclass('pg_temp.leftover')") is None
-    assert reuse.server.metrics.server_reset_failures == 1
+        again.execute("CREATE TEMP TABLE leftover (y text)")  # (the name is free)
+        if database == "layer_db":
+            assert one(again, "SELECT cow.current_session()") is None
+            assert one(again, "SELECT cow.bound_session()") is None
+    assert reuse.server.metrics.server_reset_failures == 0
+    assert reuse.server.metrics.servers_reused == 1
+
+
+def test_a_backend_the_client_bound_itself_is_not_reused(
+    reuse: RunningProxy, pg_server: PgServer, layer_db: str
+) -> None:
+    # An untagged client that knows the secret binds its backend: the proxy joined no session, but the
+    # layer's check finds the binding, and the backend is closed rather than given to anyone.
+    conn = psycopg.connect(reuse.dsn(layer_db), autocommit=True)
+    pid = pid_of(conn)
+    assert one(conn, "SELECT cow.bind_session('pool-own', NULL, %s)", TEST_BIND_SECRET) is not None
+    assert one(conn, "SELECT cow.bound_session()") == "pool-own"
+    conn.close()
+    assert wait_for(lambda: reuse.server.metrics.server_reset_failures == 1)
+    assert idle(reuse) == 0
+    with psycopg.connect(reuse.dsn(layer_db), autocommit=True) as again:
+        assert pid_of(again) != pid
+        assert one(again, "SELECT cow.bound_session()") is None
+    with psycopg.connect(pg_server.dsn_for(dbname(layer_db)), autocommit=True) as direct:
+        assert wait_for(lambda: one(direct, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", pid) == 0)
 
 
 def _session_dsn(proxy: RunningProxy, db: str, session: str) -> str:

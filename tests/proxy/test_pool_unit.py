@@ -14,6 +14,7 @@ from proxy.errors import ConfigError
 from proxy.pool import (
     BOUND_CHECK_SQL,
     DISCARD_SQL,
+    LAYER_CHECK_SQL,
     UNBIND_SQL,
     UNBOUND_CHECK_SQL,
     Greeting,
@@ -100,6 +101,37 @@ def test_a_reset_outside_sessions_discards_and_checks_for_no_temporary_schema() 
     assert reset.feed(_complete("DISCARD ALL") + READY_I) is None
     result = reset.feed(ROW_DESC + TRUE_ROW + _complete("SELECT 1") + READY_I)
     assert result is not None and result.ok
+    assert (reset.follow_up, reset.asked_layer) == (b"", False)  # (one round trip)
+
+
+CHECKED = ROW_DESC + FALSE_ROW + _complete("SELECT 1") + READY_I  # a temporary schema, and the layer
+
+
+@pytest.mark.parametrize(
+    ("answer", "ok"),
+    [
+        (ROW_DESC + TRUE_ROW + _complete("SELECT 1") + READY_I, True),  # temporary tables only
+        (ROW_DESC + FALSE_ROW + _complete("SELECT 1") + READY_I, False),  # bound (by the client itself)
+        (p.encode_error("42501", "permission denied") + READY_I, False),
+    ],
+)
+def test_a_temporary_schema_outside_sessions_is_asked_of_the_layer(answer: bytes, ok: bool) -> None:
+    """DISCARD ALL leaves the temporary schema, which temporary tables or a bind made: the layer tells them
+    apart (the binding's row), in a second round trip that only such backends pay."""
+    reset = Reset({}, in_session=False, secret=None)
+    assert reset.feed(_complete("DISCARD ALL") + READY_I) is None
+    assert reset.feed(CHECKED) is None
+    assert reset.follow_up == p.encode_query(LAYER_CHECK_SQL) and reset.asked_layer
+    reset.follow_up = b""
+    result = reset.feed(answer)
+    assert result is not None and result.ok is ok
+    assert reset.follow_up == b""  # (asked once)
+
+
+def test_a_first_check_with_bytes_after_it_is_not_followed() -> None:
+    reset = Reset({}, in_session=False, secret=None)
+    result = reset.feed(_complete("DISCARD ALL") + READY_I + CHECKED + b"N")
+    assert result is not None and not result.ok and reset.follow_up == b""
 
 
 def test_a_reset_in_a_session_unbinds_with_the_secret_then_checks_with_the_layer() -> None:
