@@ -44,7 +44,7 @@
 /* What proxy/fastrelay.py expects (API_VERSION there): bump both when the module's functions or the tuples
  * they take or return change, so that a stale build (an editable install not rebuilt after a pull) is
  * reported and left unused instead of failing at the first call. */
-#define API_VERSION 15
+#define API_VERSION 16
 /* read_trace.XACT_STATEMENT and XACT_SQL: asked before the end of a transaction whose reads' operation is its. */
 #define XACT_NAME "__cowproxy_xact"
 #define XACT_SQL "SELECT pg_current_xact_id_if_assigned()"
@@ -73,6 +73,10 @@
  * off the proxy, fewer takes"). 4,096 slots of 144 bytes: 590 KB per recorded connection. */
 #define READ_CAP 4096
 #define READ_MARK 1024
+/* ParameterStatus messages kept per stay (the last of each name): a reused server connection's next client is
+ * told the backend's values (proxy/pool.py, Greeting.reported). PostgreSQL reports some 15 settings; a longer
+ * total (a search_path of kilobytes) is not kept, and the connection is then not reused. */
+#define PST_MAX (16 * 1024)
 #define PARAMS_INLINE 40    /* a read's Bind parameters up to this many bytes are kept in its record */
 #define NO_READ LONG_MIN    /* a statement whose Executes are not recorded */
 /* proxy/unnamed.py's PROMOTED_PREFIX: the named statements the proxy prepares for a session's unnamed reads. */
@@ -482,6 +486,11 @@ struct conn {
     unsigned char stype;
     unsigned char ebuf[EBUF];
     int ebuf_have;
+    /* The ParameterStatus messages the server sent during the stay, whole, the last of each name only; pst_at:
+     * where the one being read starts (pst_keep: it is being kept); pst_lost: one was not kept. */
+    unsigned char *pst;
+    size_t pst_len, pst_cap, pst_at;
+    int pst_keep, pst_lost;
     outbuf_t out[2]; /* out[CLIENT]: not yet written to the client; out[SERVER]: to the server */
     int dead;
     conn_t *next;
@@ -512,6 +521,9 @@ typedef struct handback {
     size_t slen;
     promo_t *promos; /* moved from the connection */
     int npromos, promo_count, dealloc, suspect;
+    unsigned char *pst; /* moved from the connection: its ParameterStatus messages */
+    size_t pst_len;
+    int pst_lost;
     struct handback *next;
 } handback_t;
 
@@ -1389,6 +1401,7 @@ static void free_conn(conn_t *c) {
     free(c->cin);
     free(c->wbuf);
     free(c->sheld);
+    free(c->pst);
     free(c->out[0].buf);
     free(c->out[1].buf);
     free(c);
@@ -1438,6 +1451,10 @@ static handback_t *make_handback(Engine *e, conn_t *c, const char *reason, int e
         h->suspect = c->suspect;
         c->promos = NULL;
         c->npromos = 0;
+        h->pst = c->pst;
+        h->pst_len = c->pst_keep ? c->pst_at : c->pst_len; /* (one cut short: not kept) */
+        h->pst_lost = c->pst_lost || c->pst_keep;
+        c->pst = NULL;
         memset(&c->stmts, 0, sizeof(c->stmts));
         memset(&c->portals, 0, sizeof(c->portals));
         if (c->reads.v != NULL) { /* moved too: Python records the done reads, and resumes the owed ones */
@@ -2086,6 +2103,52 @@ static void count_error(Engine *e, const unsigned char *body, int len) {
     }
 }
 
+/* A ParameterStatus header (whole: type and length): kept from here, unless the stay's would grow too long. */
+static void pst_begin(conn_t *c, uint32_t ml) {
+    c->pst_keep = 0;
+    if (c->pst_lost) return;
+    size_t need = c->pst_len + (size_t)ml + 1;
+    if (ml > PST_MAX || need > PST_MAX) {
+        c->pst_lost = 1;
+        return;
+    }
+    if (need > c->pst_cap) {
+        size_t cap = c->pst_cap ? c->pst_cap : 256;
+        while (cap < need) cap *= 2;
+        unsigned char *buf = realloc(c->pst, cap);
+        if (buf == NULL) {
+            c->pst_lost = 1;
+            return;
+        }
+        c->pst = buf;
+        c->pst_cap = cap;
+    }
+    c->pst_at = c->pst_len;
+    memcpy(c->pst + c->pst_len, c->shdr, 5);
+    c->pst_len += 5;
+    c->pst_keep = 1;
+}
+
+/* The ParameterStatus just read in whole: an earlier one of the same name goes (the last one counts). */
+static void pst_done(conn_t *c) {
+    c->pst_keep = 0;
+    const unsigned char *name = c->pst + c->pst_at + 5;
+    size_t room = c->pst_len - c->pst_at - 5;
+    const unsigned char *nul = memchr(name, 0, room);
+    if (nul == NULL) return; /* (malformed: kept as sent, Python finds it so) */
+    size_t nlen = (size_t)(nul - name) + 1;
+    for (size_t m = 0; m < c->pst_at;) {
+        size_t mlen = (size_t)be32(c->pst + m + 1) + 1;
+        if (mlen >= 5 + nlen && memcmp(c->pst + m + 5, name, nlen) == 0) {
+            memmove(c->pst + m, c->pst + m + mlen, c->pst_len - m - mlen);
+            c->pst_len -= mlen;
+            c->pst_at -= mlen;
+            return;
+        }
+        m += mlen;
+    }
+}
+
 /* ReplyQueue._on_pass: the reply that ends the extended-protocol message at the head of the queue. */
 static void server_header(conn_t *c, unsigned char type) {
     entry_t *h = qhead(c);
@@ -2185,6 +2248,9 @@ static void server_message(Engine *e, conn_t *c) {
             c->cur_rec = -1;
         }
         break;
+    case 'S':
+        if (c->pst_keep) pst_done(c);
+        break;
     default:
         break;
     }
@@ -2211,6 +2277,10 @@ static int parse_server(Engine *e, conn_t *c, unsigned char *buf, size_t len, si
                 size_t keep = take < (size_t)(EBUF - c->ebuf_have) ? take : (size_t)(EBUF - c->ebuf_have);
                 memcpy(c->ebuf + c->ebuf_have, buf + pos, keep);
                 c->ebuf_have += (int)keep;
+            }
+            if (c->stype == 'S' && c->pst_keep) { /* (room made at its header) */
+                memcpy(c->pst + c->pst_len, buf + pos, take);
+                c->pst_len += take;
             }
             if (!c->sdrop) {
                 if (w != pos) memmove(buf + w, buf + pos, take);
@@ -2245,6 +2315,7 @@ static int parse_server(Engine *e, conn_t *c, unsigned char *buf, size_t len, si
             c->stype = c->shdr[0];
             if (c->watch == 2 && watch_decided(c->stype, c->qlen ? qhead(c)->kind : 0)) c->watch = 0;
             server_header(c, c->stype);
+            if (c->stype == 'S') pst_begin(c, ml);
             c->ebuf_have = 0;
             c->sbody_left = ml - 4;
             if (c->sbody_left == 0) server_message(e, c);
@@ -2569,9 +2640,12 @@ static PyObject *handback_tuple(handback_t *h) {
     PyObject *batch = bytes_or_none(h->batch, h->blen);
     PyObject *sdata = PyBytes_FromStringAndSize((const char *)h->sdata, (Py_ssize_t)h->slen);
     PyObject *promos = promos_list(h->promos, h->npromos);
+    PyObject *pst = h->pst_lost ? (Py_INCREF(Py_None), Py_None)
+                                : PyBytes_FromStringAndSize((const char *)h->pst, (Py_ssize_t)h->pst_len);
     named_t *unnamed = table_find(&h->stmts, (const unsigned char *)"", 0);
     if (data == NULL || stmts == NULL || portals == NULL || batch == NULL || sdata == NULL || promos == NULL ||
-        handback_reads(h, &done, &owed, &rows, &count) < 0) {
+        pst == NULL || handback_reads(h, &done, &owed, &rows, &count) < 0) {
+        Py_XDECREF(pst);
         Py_XDECREF(promos);
         Py_XDECREF(data);
         Py_XDECREF(stmts);
@@ -2583,11 +2657,11 @@ static PyObject *handback_tuple(handback_t *h) {
         Py_XDECREF(rows);
         return NULL;
     }
-    return Py_BuildValue("(LsisiiNsiiNNkNNLiiKNNNiiOiNL)", h->id, h->reason, h->err, status, h->inflight,
+    return Py_BuildValue("(LsisiiNsiiNNkNNLiiKNNNiiOiNLN)", h->id, h->reason, h->err, status, h->inflight,
                          h->untaken, data, h->kinds, h->mid_batch, h->skip, stmts, portals, h->taken, done, owed,
                          h->txn, h->txn_reads, h->txn_wrote, h->txn_xid, batch, sdata, promos, h->promo_count,
                          h->dealloc, h->suspect ? Py_True : Py_False, unnamed != NULL ? unnamed->s->alias : 0, rows,
-                         count);
+                         count, pst);
 }
 
 static void free_handback(handback_t *h) {
@@ -2599,6 +2673,7 @@ static void free_handback(handback_t *h) {
     free(h->data);
     free(h->batch);
     free(h->sdata);
+    free(h->pst);
     promos_free(h->promos, h->npromos);
     free(h);
 }

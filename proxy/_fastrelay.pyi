@@ -53,6 +53,7 @@ Handback = tuple[
     int,
     bytes,
     int,
+    bytes | None,
 ]
 # (name, index of Python's statement, kind index, only Python may bind it, write slots, its Executes are
 # recorded reads, watched when it starts an implicit transaction: it may be run again)

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from proxy._fastrelay import Engine
     from proxy._fastrelay import Handback as RawHandback
 
-API_VERSION = 15  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
+API_VERSION = 16  # the C module's API_VERSION this code is written against (see proxy/_fastrelay.c)
 
 try:
     from proxy import _fastrelay
@@ -82,6 +82,10 @@ class Handback:
     # object each, as a take's.
     rows: bytes = b""
     rows_count: int = 0
+    # The ParameterStatus messages the server sent during the stay (whole, the last of each name, in the
+    # order sent), for a reused server connection's next client (pool.Greeting.reported); None: one was not
+    # kept (too long).
+    parameters: bytes | None = b""
 
     @classmethod
     def from_tuple(cls, raw: RawHandback) -> Handback:
@@ -110,6 +114,7 @@ class Handback:
             promotions,
             raw[26],
             raw[27],
+            raw[28],
         )
 
 

@@ -76,6 +76,9 @@ class Greeting:
     unusual: bool = False  # a message a reused connection's client would also need (NegotiateProtocolVersion)
     params: dict[str, str] = field(default_factory=dict)  # ParameterStatus values, in the server's order
     key_data: bytes | None = None  # the BackendKeyData message, whole
+    # A ParameterStatus the server sent later was not kept (the C relay keeps those up to a size): the values
+    # above may no longer be the backend's, so it is not pooled.
+    lost: bool = False
 
     def message(self, kind: bytes, raw: bytes) -> None:
         """One whole server message of the authentication phase (``raw``: type byte and length included)."""
@@ -91,9 +94,28 @@ class Greeting:
         elif kind not in b"NZE":
             self.unusual = True
 
+    def reported(self, messages: bytes | None) -> None:
+        """ParameterStatus messages (whole, in the order sent) the server sent after authentication, while
+        a relay moved the bytes: the backend's values are the last ones reported (PostgreSQL reports a
+        GUC_REPORT setting whenever it differs from what it last reported: a SET, a reload, a standby's
+        promotion). None: some were not kept."""
+        if messages is None:
+            self.lost = True
+            return
+        pos = 0
+        while pos + 5 <= len(messages):
+            end = pos + 1 + int.from_bytes(messages[pos + 1 : pos + 5], "big")
+            if messages[pos : pos + 1] != b"S" or end > len(messages) or end < pos + 5:
+                break
+            name, value = p.decode_parameter_status(messages[pos + 5 : end])
+            self.params[name] = value
+            pos = end
+        if pos != len(messages):
+            self.lost = True  # (not what C gives: never pool what cannot be read)
+
     @property
     def poolable(self) -> bool:
-        return not self.challenged and not self.unusual and self.key_data is not None
+        return not self.challenged and not self.unusual and not self.lost and self.key_data is not None
 
     def encode(self) -> bytes:
         """What a client given the reused connection receives: what a new backend would have sent."""

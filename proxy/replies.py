@@ -120,6 +120,9 @@ class ReplyQueue:
         self.skip_until_sync = False  # the server is discarding messages until Sync
         self.copy_ends = 0  # CopyDone/CopyFail messages the client has sent
         self.copy_in: int | None = None  # in COPY FROM STDIN: copy_ends when it started (Syncs are ignored)
+        # Every ParameterStatus value the server reports, the proxy's own statements' too, as sent (None: not
+        # kept): what a reused server connection's next client is told (proxy/pool.py, Greeting).
+        self.parameters: dict[str, str] | None = None
         # A DataRow's or CopyData's decision hangs on the head of the queue, which no message of a run moves.
         self.scanner = p.ServerScanner(self._classify, self._handle, self._on_pass, runs=b"Dd")
         self.feed = self.scanner.feed  # server bytes in, what the client gets out
@@ -233,6 +236,9 @@ class ReplyQueue:
         if kind == _E:
             return self._error(body, raw)
         head = self.pending[0] if self.pending else None
+        if kind == _S and self.parameters is not None:
+            name, value = p.decode_parameter_status(body)
+            self.parameters[name] = value
         if kind == _S and (head is None or not head.injected):
             return shown_parameter_status(body, raw)
         if head is None:

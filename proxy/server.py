@@ -498,6 +498,8 @@ class ClientConnection(asyncio.Protocol):
             bind_secret=self.config.bind_secret,
             reads=None if server.reads is None else server.reads.for_connection(database, self._catalog),
         )
+        if self._greeting is not None:
+            self.relay.replies.parameters = self._greeting.params  # (kept for the next client: reuse)
         self.state = State.READY
         if rest:
             self.relay.server_data(rest)
@@ -675,6 +677,7 @@ class ClientConnection(asyncio.Protocol):
         """The C relay gave the connection back: resume in Python from the state it reports."""
         self.fast = False
         state = handback.state
+        self._reported(handback.parameters)
         # (the rows C wrote first: the rest are the open transaction's, or reads C had no head for)
         self.fast_rows(handback.rows, handback.rows_count)
         self.fast_reads(handback.reads, state.txn.count)
@@ -729,6 +732,12 @@ class ClientConnection(asyncio.Protocol):
             self.data_received(handback.data)
         if self.draining and self.idle and self.state is not State.CLOSED:
             self.close("drained", goodbye=True)
+
+    def _reported(self, parameters: bytes | None) -> None:
+        """The ParameterStatus messages the C relay moved: the values a reused server connection's next
+        client is given (the Python relay's go to the greeting through ``ReplyQueue.parameters``)."""
+        if self._greeting is not None:
+            self._greeting.reported(parameters)
 
     def _resume_rerun(self, relay: Relay, batch: bytes, server: bytes) -> bool:
         """A statement that may run again, handed back before a reply that may be its failure: Python goes

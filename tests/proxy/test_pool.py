@@ -283,22 +283,76 @@ class GreetedClient(RawClient):
         self.sock.close()
 
 
-def test_the_reused_backends_parameter_status_is_a_new_backends(reuse: RunningProxy, empty_db: str) -> None:
+def on_c_relay(proxy: RunningProxy) -> bool:
+    """Whether the proxy's one client connection is on the C relay (it goes there once idle)."""
+
+    def relays() -> list[bool]:
+        return [c.fast for c in proxy.server.connections.values()]
+
+    return wait_for(lambda: proxy.run(relays) == [True], 5)
+
+
+def test_the_reused_backends_parameter_status_is_a_new_backends(
+    reuse: RunningProxy, pg_server: PgServer, empty_db: str
+) -> None:
     db = dbname(empty_db)
-    first = GreetedClient(reuse.host, reuse.port, db, application_name="greet", DateStyle="ISO, DMY")
-    fresh = first.params
+    startup = {"application_name": "greet", "DateStyle": "ISO, DMY"}
+    direct = GreetedClient(pg_server.host, pg_server.port, db, **startup)
+    direct.bye()
+    first = GreetedClient(reuse.host, reuse.port, db, **startup)
+    assert first.params == direct.params
+    if reuse.server.fast is not None:
+        assert on_c_relay(reuse)  # (so the C relay moves the SETs' replies)
     # What the client changes, the reset puts back (and the server reports it, the pool takes it).
     first.query("SET application_name = 'changed'")
     first.query("SET DateStyle = 'German'")
     first.query("SET TimeZone = 'Asia/Tokyo'")
     first.query("SET IntervalStyle = 'iso_8601'")
+    first.query("SET standard_conforming_strings = off")
     first.bye()
     assert wait_for(lambda: idle(reuse) == 1)
-    second = GreetedClient(reuse.host, reuse.port, db, application_name="greet", DateStyle="ISO, DMY")
+    second = GreetedClient(reuse.host, reuse.port, db, **startup)
     assert second.pid == first.pid
-    assert second.params == fresh
+    assert second.params == direct.params  # (names, values and order)
     assert dict(second.params)["DateStyle"] == "ISO, DMY"
     second.bye()
+
+
+def test_a_value_reported_mid_session_that_the_reset_keeps_reaches_the_next_client(
+    reuse: RunningProxy, pg_server: PgServer, empty_db: str
+) -> None:
+    """A reload changes a reported setting under a client (PostgreSQL reports it at the next statement's
+    end); DISCARD ALL resets to that same value, so the reset reports nothing: only the value the relay saw
+    go by tells the next client the backend's truth (as a new backend's startup would)."""
+    if not pg_server.disposable:
+        pytest.skip("changes the server's configuration (ALTER SYSTEM, reload): only on a server tests own")
+    db = dbname(empty_db)
+    first = GreetedClient(reuse.host, reuse.port, db)
+    assert dict(first.params)["application_name"] == ""
+    if reuse.server.fast is not None:
+        assert on_c_relay(reuse)
+    with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
+        try:
+            admin.execute("ALTER SYSTEM SET application_name = 'from-reload'")
+            admin.execute("SELECT pg_reload_conf()")
+
+            def reported() -> bool:
+                seen = first.query("SHOW application_name")
+                return (b"S", p.encode_parameter_status("application_name", "from-reload")[5:]) in seen
+
+            assert wait_for(reported, 5)
+            first.bye()
+            assert wait_for(lambda: idle(reuse) == 1)
+            direct = GreetedClient(pg_server.host, pg_server.port, db)
+            direct.bye()
+            second = GreetedClient(reuse.host, reuse.port, db)
+            assert second.pid == first.pid
+            assert dict(second.params)["application_name"] == "from-reload"
+            assert second.params == direct.params
+            second.bye()
+        finally:
+            admin.execute("ALTER SYSTEM RESET application_name")
+            admin.execute("SELECT pg_reload_conf()")
 
 
 def test_an_idle_server_connection_is_closed_after_the_idle_timeout(

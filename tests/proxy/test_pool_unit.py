@@ -4,6 +4,7 @@ settings, parsed once at the edge (proxy/config.py, the CLI's flags)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ import pytest
 from proxy import protocol as p
 from proxy.config import build_config
 from proxy.errors import ConfigError
+from proxy.fastrelay import AVAILABLE, UNAVAILABLE, FastRelay, Handback
+from proxy.handoff import Adoption
 from proxy.pool import (
     BOUND_CHECK_SQL,
     DISCARD_SQL,
@@ -24,6 +27,7 @@ from proxy.pool import (
     Reset,
     pool_key,
 )
+from tests.proxy.fast_pairs import SocketPairs
 from tests.proxy.test_serve import cowproxy
 
 AUTH_OK = b"R\x00\x00\x00\x08\x00\x00\x00\x00"
@@ -203,6 +207,25 @@ def test_a_reset_takes_the_parameter_status_the_server_reports() -> None:
     assert params == {"application_name": "", "TimeZone": "UTC"}
 
 
+def test_parameter_status_after_authentication_updates_the_greeting() -> None:
+    """What the relays saw the server report while a client had the backend (a SET, a reload): the last
+    value of each name counts; order of first appearance kept."""
+    greeting = _greet(AUTH_OK, _status("application_name", ""), _status("TimeZone", "UTC"), KEY_DATA, READY_I)
+    greeting.reported(_status("TimeZone", "Asia/Tokyo") + _status("in_hot_standby", "off"))
+    greeting.reported(b"")
+    assert greeting.params == {"application_name": "", "TimeZone": "Asia/Tokyo", "in_hot_standby": "off"}
+    assert greeting.poolable
+    first = AUTH_OK + _status("application_name", "") + _status("TimeZone", "Asia/Tokyo")
+    assert greeting.encode().startswith(first)
+
+
+@pytest.mark.parametrize("messages", [None, _status("TimeZone", "UTC")[:-3], b"Z\x00\x00\x00\x05I"])
+def test_parameter_status_not_kept_or_unreadable_makes_the_backend_unpoolable(messages: bytes | None) -> None:
+    greeting = _greet(AUTH_OK, _status("TimeZone", "UTC"), KEY_DATA, READY_I)
+    greeting.reported(messages)
+    assert greeting.lost and not greeting.poolable
+
+
 def test_bytes_after_the_last_ready_fail_the_reset() -> None:
     reset = Reset({}, in_session=False, secret=None)
     reset.feed(_complete("DISCARD ALL") + READY_I)
@@ -279,3 +302,50 @@ def test_the_flags_reach_the_configuration() -> None:
     result = cowproxy("serve", "--upstream", "127.0.0.1:5432", "--server-reuse", "--server-idle-timeout", "0")
     assert result.returncode == 1 and "server_idle_timeout must be a positive number" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# ---- the C relay keeps the ParameterStatus messages it relays, for the hand-back
+
+
+def _relayed(fast: FastRelay, server_sends: list[bytes]) -> Handback:
+    """An untagged connection on the C relay: the client's Query, the server's reply in the pieces given (one
+    send each, so headers and bodies cross reads), then a Terminate, which C hands back."""
+    fast.take_handbacks()
+    pair = SocketPairs(fast, 41, Adoption([], [], False, [], False, False))
+    try:
+        pair.client.sendall(p.encode_query("SET application_name = 'b'"))
+        assert pair.read(pair.server) == p.encode_query("SET application_name = 'b'")
+        for piece in server_sends:
+            pair.server.sendall(piece)
+            time.sleep(0.02)
+        assert pair.read(pair.client) == b"".join(server_sends)  # (relayed as sent)
+        pair.client.sendall(p.TERMINATE)
+        deadline = time.monotonic() + 5
+        backs: list[Handback] = []
+        while not backs and time.monotonic() < deadline:
+            backs = fast.take_handbacks()
+            time.sleep(0.01)
+        [back] = backs
+        assert back.reason == "client message" and back.untaken == ord("X")
+        return back
+    finally:
+        pair.close()
+
+
+@pytest.mark.skipif(not AVAILABLE, reason=f"{UNAVAILABLE}")
+def test_the_c_relay_hands_back_the_last_parameter_status_of_each_name(fast: FastRelay) -> None:
+    reply = (
+        _status("application_name", "a")
+        + _status("TimeZone", "Asia/Tokyo")
+        + _status("application_name", "b")
+        + _complete("SET")
+        + READY_I
+    )
+    # Whole, then cut inside a header and inside a body.
+    for pieces in ([reply], [reply[:3], reply[3:30], reply[30:]]):
+        back = _relayed(fast, pieces)
+        assert back.parameters == _status("TimeZone", "Asia/Tokyo") + _status("application_name", "b")
+    # None sent: nothing; one too long to keep: None (the server connection is then not pooled).
+    assert _relayed(fast, [_complete("SET") + READY_I]).parameters == b""
+    long_path = _status("search_path", "x" * 20_000)
+    assert _relayed(fast, [long_path, _complete("SET") + READY_I]).parameters is None
