@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import quote
 
 from cowproxy.cli import add_format
-from proxy.config import ProxyConfig, build_config
+from proxy.config import SERVER_REUSE_DEFAULT, ProxyConfig, build_config
 from proxy.errors import AdminError, ProxyError
 from proxy.tags import check_id
 
@@ -124,7 +124,8 @@ def _reuse_options(serve: Any) -> None:
         "--server-reuse",
         action=argparse.BooleanOptionalAction,
         help="reset a server connection a client left idle (DISCARD ALL, unbound from its session) and give "
-        "it to the next client with the same startup, as PgBouncer's session pooling (default off)",
+        "it to the next client with the same startup, as PgBouncer's session pooling (default "
+        f"{'on' if SERVER_REUSE_DEFAULT else 'off'})",
     )
     serve.add_argument("--server-idle-max", type=int, metavar="N", help="idle server connections kept (100)")
     serve.add_argument(
@@ -141,6 +142,17 @@ def _reuse_options(serve: Any) -> None:
     )
     serve.add_argument(
         "--server-lifetime", type=float, metavar="S", help="seconds after which one is not reused (3600)"
+    )
+    serve.add_argument(
+        "--server-check-delay",
+        type=float,
+        metavar="S",
+        help="seconds idle after which one is checked with an empty query before reuse; 0: always (30)",
+    )
+    serve.add_argument(
+        "--server-round-robin",
+        action=argparse.BooleanOptionalAction,
+        help="give out the longest idle server connection first (FIFO) instead of the most recent (LIFO)",
     )
 
 
@@ -235,6 +247,8 @@ def _serve(args: argparse.Namespace) -> int:
         "server_idle_per_startup": args.server_idle_per_startup,
         "server_idle_timeout": args.server_idle_timeout,
         "server_lifetime": args.server_lifetime,
+        "server_check_delay": args.server_check_delay,
+        "server_round_robin": args.server_round_robin,
     }
     config = build_config(flags, args.config)
     setup_logging(config.log_format, config.log_level)

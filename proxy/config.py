@@ -12,6 +12,10 @@ from typing import Any
 from proxy.errors import ConfigError
 from proxy.sql.policy import DEFAULT_POLICY, Policy
 
+# Whether server connections are reused when neither the flag nor the config file says (docs/proxy.md,
+# "Why it is off by default"): flipping this flips the CLI's and the file's default, which both leave unset.
+SERVER_REUSE_DEFAULT = False
+
 
 @dataclass(frozen=True)
 class Address:
@@ -81,12 +85,15 @@ class ProxyConfig:
     # made with this DSN's host and role (the database replaced); None: no recording.
     reads_dsn: str | None = None
     reads_queue: int = 50_000  # records waiting to be written; more are dropped (and counted)
-    # Server connections reused across client connections (proxy/pool.py; off by default: docs/proxy.md).
-    server_reuse: bool = False
+    # Server connections reused across client connections (proxy/pool.py; docs/proxy.md, "Server connections
+    # reused"): SERVER_REUSE_DEFAULT is the one place its default is decided.
+    server_reuse: bool = SERVER_REUSE_DEFAULT
     server_idle_max: int = 100  # idle server connections kept in all
     server_idle_per_startup: int = 20  # idle ones kept per forwarded startup (user, database, parameters)
     server_idle_timeout: float = 60.0  # seconds an idle one is kept
     server_lifetime: float = 3600.0  # seconds after its start a server connection is no longer reused
+    server_check_delay: float = 30.0  # seconds idle after which one is checked before reuse (0: always)
+    server_round_robin: bool = False  # give out the longest idle one first (FIFO) instead of the newest
     # The secret itself, read once at startup (never from the TOML or a flag: it would show in ps and files).
     bind_secret: str | None = field(default=None, repr=False)
 
@@ -162,10 +169,10 @@ def _check_scalars(values: dict[str, Any]) -> None:
             not isinstance(values[name], int) or isinstance(values[name], bool) or values[name] < 0
         ):
             raise ConfigError(f"{name} must be a non-negative integer")
-    for name in ("fast_relay", "server_reuse"):
+    for name in ("fast_relay", "server_reuse", "server_round_robin"):
         if name in values and not isinstance(values[name], bool):
             raise ConfigError(f"{name} must be true or false")
-    for name in ("drain_timeout", "connect_timeout"):
+    for name in ("drain_timeout", "connect_timeout", "server_check_delay"):
         if name in values and (not isinstance(values[name], int | float) or values[name] < 0):
             raise ConfigError(f"{name} must be a non-negative number of seconds")
     for name in ("server_idle_timeout", "server_lifetime"):

@@ -9,15 +9,17 @@ asyncio side (proxy/server.py) moves the bytes; this module decides:
   BackendKeyData a reused connection's client is given.
 - ``Reset`` is the batch that resets a used backend, and reads its replies: any error, a transaction left
   open or a backend still bound to a session closes the connection instead (reuse is an optimisation).
+- ``Check`` is the health check of a connection that sat idle longer than ``check_delay`` before it is given
+  out (PgBouncer's ``server_check_delay`` with its default ``server_check_query``, the empty query).
 - ``IdlePool`` keeps the idle ones by startup, with PgBouncer's limits (idle per key and in total, idle
-  timeout, server lifetime).
+  timeout, server lifetime) and order (LIFO, or FIFO: ``server_round_robin``).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from proxy import protocol as p
 from proxy.errors import ProtocolError
@@ -214,21 +216,47 @@ class Reset:
         return ResetResult(True)
 
     def _messages(self) -> list[tuple[bytes, bytes]]:
-        """The whole messages buffered, taken out of the buffer."""
-        buf = self._buf
-        pos = 0
-        out = []
-        while len(buf) - pos >= 5:
-            length = int.from_bytes(buf[pos + 1 : pos + 5], "big")
-            if length < 4:
-                raise ProtocolError("server sent a malformed message during a reset")
-            if len(buf) - pos < length + 1:
-                break
-            raw = bytes(buf[pos : pos + length + 1])
-            pos += length + 1
-            out.append((raw[:1], raw))
-        del buf[:pos]
-        return out
+        return _whole_messages(self._buf)
+
+
+def _whole_messages(buf: bytearray) -> list[tuple[bytes, bytes]]:
+    """The whole messages buffered (type, raw), taken out of the buffer."""
+    pos = 0
+    out = []
+    while len(buf) - pos >= 5:
+        length = int.from_bytes(buf[pos + 1 : pos + 5], "big")
+        if length < 4:
+            raise ProtocolError("server sent a malformed message to the pool")
+        if len(buf) - pos < length + 1:
+            break
+        raw = bytes(buf[pos : pos + length + 1])
+        pos += length + 1
+        out.append((raw[:1], raw))
+    del buf[:pos]
+    return out
+
+
+# PgBouncer's default server_check_query: the empty query, answered EmptyQueryResponse and ReadyForQuery
+# without a parse or a snapshot.
+CHECK_REQUEST = p.encode_query("")
+_CHECK_ANSWER = p.message(b"I", b"") + p.encode_ready("I")
+
+
+class Check:
+    """The health check of a connection that sat idle a while, before a client is given it: ``CHECK_REQUEST``
+    to send, then ``feed`` the server's bytes. Only the exact answer passes; anything else (a FATAL the loop
+    had not read yet, a notice, a transaction status) fails it, and the connection is closed."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> ResetResult | None:
+        self._buf += data
+        if len(self._buf) < len(_CHECK_ANSWER) and _CHECK_ANSWER.startswith(self._buf):
+            return None
+        if self._buf == _CHECK_ANSWER:
+            return ResetResult(True)
+        return ResetResult(False, f"the check's answer was {bytes(self._buf[:64])!r}")
 
 
 @dataclass(frozen=True)
@@ -237,6 +265,17 @@ class PoolLimits:
     max_idle_per_key: int = 20  # idle ones of one startup (a further one is closed)
     idle_timeout: float = 60.0  # seconds an idle one is kept
     lifetime: float = 3600.0  # seconds from its start after which one is no longer reused
+    check_delay: float = 30.0  # seconds idle after which one is checked before it is given out (0: always)
+    # Give out the connection idle longest of a key (FIFO, PgBouncer's server_round_robin) instead of the most
+    # recently idle (LIFO: warm caches, the fewest backends busy; FIFO spreads clients over what a load
+    # balancer between the proxy and the servers reaches).
+    round_robin: bool = False
+
+
+class Taken(NamedTuple, Generic[_T]):
+    conn: _T | None  # None: no idle connection of the key
+    expired: list[_T]  # found past their limits on the way (to close)
+    check: bool = False  # it sat idle at least check_delay: check it before giving it out
 
 
 @dataclass
@@ -248,7 +287,8 @@ class _Idle(Generic[_T]):
 
 
 class IdlePool(Generic[_T]):
-    """Idle server connections by key, most recently idle first out (its caches are the warmest)."""
+    """Idle server connections by key, most recently idle first out (its caches are the warmest), or the
+    longest idle first (``round_robin``)."""
 
     def __init__(self, limits: PoolLimits) -> None:
         self.limits = limits
@@ -274,18 +314,19 @@ class IdlePool(Generic[_T]):
         self._all[id(conn)] = entry
         return closed
 
-    def take(self, key: PoolKey, now: float) -> tuple[_T | None, list[_T]]:
-        """An idle connection for ``key`` (None: none), and those found expired on the way (to close)."""
+    def take(self, key: PoolKey, now: float) -> Taken[_T]:
+        """An idle connection for ``key`` (None: none), those found expired on the way (to close), and
+        whether it is to be checked first."""
         expired = []
         same = self._by_key.get(key)
         while same:
-            entry = same[-1]
+            entry = same[0] if self.limits.round_robin else same[-1]
             self._pop(entry)
             if self._expired(entry, now):
                 expired.append(entry.conn)
                 continue
-            return entry.conn, expired
-        return None, expired
+            return Taken(entry.conn, expired, now - entry.since >= self.limits.check_delay)
+        return Taken(None, expired)
 
     def expire(self, now: float) -> list[_T]:
         """Remove and return those past the idle timeout or their lifetime."""

@@ -32,7 +32,17 @@ from proxy.fastrelay import UNAVAILABLE as FAST_RELAY_UNAVAILABLE
 from proxy.fastrelay import FastCounts, FastRelay, Handback
 from proxy.handoff import Adoption, Decision, Encoder, FastRead, Known
 from proxy.metrics import ConnectionHooks, Metrics
-from proxy.pool import Greeting, IdlePool, PoolKey, PoolLimits, Reset, ResetResult, pool_key
+from proxy.pool import (
+    CHECK_REQUEST,
+    Check,
+    Greeting,
+    IdlePool,
+    PoolKey,
+    PoolLimits,
+    Reset,
+    ResetResult,
+    pool_key,
+)
 from proxy.prepared import Statement
 from proxy.read_trace import PendingRead
 from proxy.reads import GATHER, ReadRecord, ReadRecorder, new_record
@@ -319,11 +329,8 @@ class ClientConnection(asyncio.Protocol):
         self._process_client()
 
     async def _connect(self, startup: p.StartupMessage) -> None:
-        if self._pool_key is not None and not self._early and self.state is State.CONNECTING:
-            pooled = self.server.take_pooled(self._pool_key)
-            if pooled is not None:
-                self._reuse(pooled)
-                return
+        if await self._from_pool():
+            return
         loop = asyncio.get_running_loop()
         up = self.config.upstream
         upstream = UpstreamProtocol(self)
@@ -391,6 +398,20 @@ class ClientConnection(asyncio.Protocol):
             session=self.tags.session,
             **more,
         )
+
+    async def _from_pool(self) -> bool:
+        """Take an idle server connection of this startup if there is one (True: taken, or the client left
+        meanwhile: nothing more to connect)."""
+        if self._pool_key is None or self._early or self.state is not State.CONNECTING:
+            return False
+        pooled = await self.server.take_pooled(self._pool_key)
+        if pooled is not None:
+            if self.state is State.CONNECTING and not self._early:
+                self._reuse(pooled)
+                return True
+            # (the client left, or sent bytes early, while the connection was checked: it goes back)
+            self.server.pool_idle(pooled)
+        return self.state is not State.CONNECTING
 
     def _reuse(self, pooled: PooledServer) -> None:
         """Take a reset idle server connection: the client gets what a new backend of the same startup
@@ -974,6 +995,8 @@ class PooledServer:
         self.tls = tls
         self.in_session = in_session  # ever: a bind leaves a temporary schema for the backend's life
         self.reset: Reset | None = None
+        self._check: Check | None = None  # the health check under way, and who waits for its outcome
+        self._checked: asyncio.Future[bool] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self.closed = False
 
@@ -992,7 +1015,39 @@ class PooledServer:
         transport.write(reset.request)
         self._timer = asyncio.get_running_loop().call_later(_RESET_TIMEOUT, self.fail, "reset timed out")
 
+    def check(self, timeout: float) -> asyncio.Future[bool]:
+        """Send the health check; the future says whether the connection answered it (else it is closed)."""
+        loop = asyncio.get_running_loop()
+        self._checked = checked = loop.create_future()
+        transport = self.upstream.transport
+        if transport is None or self.closed:
+            self._check_done(ResetResult(False, "upstream closed before its check"))
+            return checked
+        self._check = Check()
+        transport.write(CHECK_REQUEST)
+        self._timer = loop.call_later(timeout, self._check_done, ResetResult(False, "check timed out"))
+        return checked
+
+    def _check_done(self, result: ResetResult) -> None:
+        self._check = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not result.ok:
+            log_event(logging.INFO, "server_check_failed", pid=self.pid, error=result.reason)
+            self.close("check failed")
+        if self._checked is not None and not self._checked.done():
+            self._checked.set_result(result.ok)
+
     def on_server_data(self, data: bytes) -> None:
+        if self._check is not None:
+            try:
+                checked = self._check.feed(data)
+            except ProxyError as exc:
+                checked = ResetResult(False, str(exc))
+            if checked is not None:
+                self._check_done(checked)
+            return
         reset = self.reset
         if reset is None:
             self.close("server sent data while idle")
@@ -1061,6 +1116,8 @@ class PooledServer:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._checked is not None and not self._checked.done():
+            self._checked.set_result(False)  # (closed while checked: lost, shut down)
         self.server.forget_pooled(self)
         if counted:
             closed = self.server.metrics.servers_closed_idle
@@ -1224,9 +1281,11 @@ class ProxyServer:
                     config.server_idle_per_startup,
                     config.server_idle_timeout,
                     config.server_lifetime,
+                    config.server_check_delay,
+                    config.server_round_robin,
                 )
             )
-        self._resetting: set[PooledServer] = set()
+        self._resetting: set[PooledServer] = set()  # (and those being checked before reuse)
         self._expiry: asyncio.TimerHandle | None = None
         self.metrics.watch_pool(self._idle_servers)
         self.metrics.watch_connections(self._connection_states)
@@ -1257,21 +1316,31 @@ class ProxyServer:
             gone.close("lifetime" if now - gone.born >= self.pool.limits.lifetime else "pool full")
         self._schedule_expiry()
 
-    def take_pooled(self, key: PoolKey) -> PooledServer | None:
+    async def take_pooled(self, key: PoolKey) -> PooledServer | None:
         """A sound idle server connection for this startup (None: open a new one); the expired and the
-        unhealthy ones met on the way are closed."""
-        pool = self.pool
-        if pool is None or self._idle_event is not None:
-            return None
+        unhealthy ones met on the way are closed. One idle for ``server_check_delay`` or longer answers an
+        empty query first (PgBouncer's server_check_query): a peer gone without a word (a host down, a NAT
+        or firewall that dropped the idle flow) is found here, not by the client's first statement."""
         while True:
-            pooled, expired = pool.take(key, time.monotonic())
-            for gone in expired:
+            pool = self.pool
+            if pool is None or self._idle_event is not None:
+                return None
+            taken = pool.take(key, time.monotonic())
+            for gone in taken.expired:
                 gone.close("idle timeout")
+            pooled = taken.conn
             if pooled is None:
                 return None
-            if pooled.alive():
+            if not pooled.alive():
+                pooled.close("unhealthy")
+                continue
+            if not taken.check:
                 return pooled
-            pooled.close("unhealthy")
+            self._resetting.add(pooled)
+            sound = await pooled.check(self.config.connect_timeout)
+            self._resetting.discard(pooled)
+            if sound:
+                return pooled
 
     def forget_pooled(self, pooled: PooledServer) -> None:
         self._resetting.discard(pooled)

@@ -5,6 +5,8 @@ the limits."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import struct
 import threading
@@ -16,6 +18,7 @@ import psycopg
 import pytest
 
 from proxy import protocol as p
+from proxy.pool import UNBOUND_CHECK_SQL
 from tests.fix_db import TEST_BIND_SECRET, PgServer
 from tests.fix_proxy import RunningProxy, backends, run_proxy
 from tests.proxy.test_adversity import RawClient, dbname, wait_for
@@ -384,6 +387,49 @@ def test_a_backend_that_died_while_idle_is_not_handed_out(
     with psycopg.connect(dsn, autocommit=True) as again:
         assert pid_of(again) != pid
     assert reuse.server.metrics.servers_reused == 0
+
+
+def _last_query(pg_server: PgServer, db: str, pid: int) -> str:
+    with psycopg.connect(pg_server.dsn_for(db), autocommit=True) as direct:
+        return str(one(direct, "SELECT query FROM pg_stat_activity WHERE pid = %s", pid))
+
+
+def test_a_connection_idle_past_the_check_delay_answers_an_empty_query_first(
+    pg_server: PgServer, empty_db: str
+) -> None:
+    db = dbname(empty_db)
+    for delay, last in ((0.0, ""), (30.0, UNBOUND_CHECK_SQL)):
+        with run_proxy(pg_server, server_reuse=True, server_check_delay=delay) as proxy:
+            first = GreetedClient(proxy.host, proxy.port, db)
+            first.bye()
+            assert wait_for(lambda: idle(proxy) == 1)
+            second = GreetedClient(proxy.host, proxy.port, db)  # (it sends no statement)
+            assert second.pid == first.pid
+            assert _last_query(pg_server, db, second.pid) == last  # the check's, or the reset's
+            second.bye()
+
+
+def test_a_connection_that_does_not_answer_its_check_is_closed_and_the_client_gets_another(
+    pg_server: PgServer, empty_db: str
+) -> None:
+    # A backend that stops answering (SIGSTOP: as a host gone, or a flow a NAT dropped, which no peek can
+    # see) is found by the check within connect_timeout; the client gets a new backend, no error.
+    if pg_server.host not in ("127.0.0.1", "localhost", "::1"):
+        pytest.skip("stops a backend with a signal: the server must run on this machine")
+    with run_proxy(pg_server, server_reuse=True, server_check_delay=0, connect_timeout=0.5) as proxy:
+        conn = psycopg.connect(proxy.dsn(empty_db), autocommit=True)
+        pid = pid_of(conn)
+        leave(proxy, conn)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with psycopg.connect(proxy.dsn(empty_db), autocommit=True) as again:
+                assert pid_of(again) != pid
+            assert time.monotonic() - started < 4
+            assert proxy.server.metrics.servers_closed_idle == {"check failed": 1}
+            assert proxy.server.metrics.servers_reused == 0
+        finally:
+            os.kill(pid, signal.SIGCONT)
 
 
 def test_the_limits_and_shutdown_close_idle_connections(pg_server: PgServer, empty_db: str) -> None:

@@ -10,16 +10,18 @@ from pathlib import Path
 import pytest
 
 from proxy import protocol as p
-from proxy.config import build_config
+from proxy.config import SERVER_REUSE_DEFAULT, build_config
 from proxy.errors import ConfigError
 from proxy.fastrelay import AVAILABLE, UNAVAILABLE, FastRelay, Handback
 from proxy.handoff import Adoption
 from proxy.pool import (
     BOUND_CHECK_SQL,
+    CHECK_REQUEST,
     DISCARD_SQL,
     LAYER_CHECK_SQL,
     UNBIND_SQL,
     UNBOUND_CHECK_SQL,
+    Check,
     Greeting,
     IdlePool,
     PoolKey,
@@ -226,6 +228,24 @@ def test_parameter_status_not_kept_or_unreadable_makes_the_backend_unpoolable(me
     assert greeting.lost and not greeting.poolable
 
 
+def test_the_check_passes_on_its_exact_answer_only() -> None:
+    assert CHECK_REQUEST == b"Q\x00\x00\x00\x05\x00"
+    answer = b"I\x00\x00\x00\x04" + READY_I
+    check = Check()
+    results = [check.feed(answer[i : i + 1]) for i in range(len(answer))]  # (byte by byte)
+    assert all(r is None for r in results[:-1])
+    assert results[-1] is not None and results[-1].ok
+    notice = p.message(b"N", b"SNOTICE\0C00000\0Mhi\0\0")
+    for wrong in (
+        p.encode_error("57P01", "terminating connection") + READY_I,
+        notice + answer,
+        b"I\x00\x00\x00\x04" + READY_T,
+        answer + b"N",
+    ):
+        result = Check().feed(wrong)
+        assert result is not None and not result.ok
+
+
 def test_bytes_after_the_last_ready_fail_the_reset() -> None:
     reset = Reset({}, in_session=False, secret=None)
     reset.feed(_complete("DISCARD ALL") + READY_I)
@@ -249,10 +269,22 @@ def test_the_pool_gives_the_most_recently_idle_of_a_key() -> None:
     assert pool.put(KEY_A, "a2", born=0, now=2) == []
     assert pool.put(KEY_B, "b1", born=0, now=3) == []
     assert pool.idle_by_database() == {"a": 2, "b": 1}
-    assert pool.take(KEY_A, now=4) == ("a2", [])
-    assert pool.take(KEY_A, now=4) == ("a1", [])
-    assert pool.take(KEY_A, now=4) == (None, [])
+    assert pool.take(KEY_A, now=4) == ("a2", [], False)
+    assert pool.take(KEY_A, now=4) == ("a1", [], False)
+    assert pool.take(KEY_A, now=4) == (None, [], False)
     assert len(pool) == 1
+
+
+def test_round_robin_gives_the_longest_idle_first_and_the_stale_are_checked() -> None:
+    pool: IdlePool[str] = IdlePool(PoolLimits(round_robin=True, check_delay=5))
+    for i, name in enumerate(["a1", "a2", "a3"]):
+        pool.put(KEY_A, name, born=0, now=i)
+    assert pool.take(KEY_A, now=6) == ("a1", [], True)  # (idle 6 s: checked first)
+    assert pool.take(KEY_A, now=6) == ("a2", [], True)  # (idle 5 s)
+    assert pool.take(KEY_A, now=6) == ("a3", [], False)
+    always: IdlePool[str] = IdlePool(PoolLimits(check_delay=0))
+    always.put(KEY_A, "a", born=0, now=1)
+    assert always.take(KEY_A, now=1).check
 
 
 def test_the_pool_keeps_its_limits() -> None:
@@ -265,7 +297,7 @@ def test_the_pool_keeps_its_limits() -> None:
     assert pool.put(KEY_B, "old", born=0, now=100) == ["old"]  # past its lifetime
     assert pool.next_deadline() == 11
     assert pool.expire(now=12.5) == ["a2", "b1"]  # idle 10 s and more
-    assert pool.take(KEY_B, now=13.5) == (None, ["b2"])  # expired on the way
+    assert pool.take(KEY_B, now=13.5) == (None, ["b2"], False)  # expired on the way
     assert pool.put(KEY_A, "young", born=50, now=60) == []
     assert pool.expire(now=150) == ["young"]  # its lifetime
     assert pool.remove("gone") is False
@@ -282,17 +314,21 @@ def test_the_settings_are_parsed_once_at_the_edge(tmp_path: Path) -> None:
     toml = tmp_path / "proxy.toml"
     toml.write_text(
         'upstream = "127.0.0.1:5432"\nserver-reuse = true\nserver-idle-timeout = 5\nserver-lifetime = 60.5\n'
-        "server-idle-max = 0\n"
+        "server-idle-max = 0\nserver-check-delay = 0\nserver-round-robin = true\n"
     )
     config = build_config({"server_idle_per_startup": 3}, str(toml))
     assert (config.server_reuse, config.server_idle_timeout, config.server_lifetime) == (True, 5, 60.5)
     assert (config.server_idle_max, config.server_idle_per_startup) == (0, 3)
+    assert (config.server_check_delay, config.server_round_robin) == (0, True)
+    assert build_config({"upstream": "127.0.0.1:5432"}).server_check_delay == 30
     for name, value in [
         ("server_reuse", "yes"),
         ("server_idle_max", -1),
         ("server_idle_per_startup", True),
         ("server_idle_timeout", 0),
         ("server_lifetime", "1h"),
+        ("server_check_delay", -1),
+        ("server_round_robin", 1),
     ]:
         with pytest.raises(ConfigError, match=name):
             build_config({"upstream": "127.0.0.1:5432", name: value})
@@ -302,6 +338,20 @@ def test_the_flags_reach_the_configuration() -> None:
     result = cowproxy("serve", "--upstream", "127.0.0.1:5432", "--server-reuse", "--server-idle-timeout", "0")
     assert result.returncode == 1 and "server_idle_timeout must be a positive number" in result.stderr
     assert "Traceback" not in result.stderr
+    result = cowproxy("serve", "--upstream", "127.0.0.1:5432", "--server-check-delay", "-1")
+    assert result.returncode == 1 and "server_check_delay must be a non-negative number" in result.stderr
+    result = cowproxy("serve", "--help")
+    assert "--server-round-robin" in result.stdout and "--no-server-reuse" in result.stdout
+
+
+def test_reuse_is_decided_in_one_place() -> None:
+    """The flag and the file leave it unset unless given; the configuration's default is the constant."""
+    assert (
+        build_config({"upstream": "127.0.0.1:5432", "server_reuse": None}).server_reuse
+        is SERVER_REUSE_DEFAULT
+    )
+    assert build_config({"upstream": "127.0.0.1:5432", "server_reuse": False}).server_reuse is False
+    assert build_config({"upstream": "127.0.0.1:5432", "server_reuse": True}).server_reuse is True
 
 
 # ---- the C relay keeps the ParameterStatus messages it relays, for the hand-back
