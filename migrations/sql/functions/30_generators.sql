@@ -1055,10 +1055,13 @@ END $gen$;
 -- lookup index can serve a probe by key: cow._live), <t>_log for a statement's versions since its mark.
 -- (On PostgreSQL 15 a disabled path still costs 1e10, which would put a statement that has no other path, a
 -- table without an index on a foreign key's columns, over jit_above_cost: JIT at every run. No trigger
--- statement gains from JIT.)
+-- statement gains from JIT.) And the generic plan from the first run (plan_cache_mode): before, each of a
+-- statement's first five runs in a backend made a custom plan, and a new backend (every client connection
+-- without reused server connections) paid them for every table it wrote (docs/benchmarks.md, "A table's
+-- first use in a new backend").
 CREATE OR REPLACE FUNCTION cow._plan_settings() RETURNS text
 LANGUAGE sql IMMUTABLE
-RETURN 'SET enable_seqscan = off SET jit = off';
+RETURN 'SET enable_seqscan = off SET jit = off SET plan_cache_mode = force_generic_plan';
 
 -- INSERT (keyed and keyless): the base table without a session, else the checks, then the new version.
 CREATE OR REPLACE FUNCTION cow._gen_insert(c cow.trigger_context) RETURNS void

@@ -4,6 +4,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t1_del()
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 DECLARE
     _s text := cow._session();
@@ -62,6 +63,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t1_dfr()
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 DECLARE
     _s text := NEW._cow_session;
@@ -140,6 +142,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t1_fkcheck()
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 DECLARE
     _s text;
@@ -251,6 +254,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t1_ins()
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 DECLARE
     _s text := cow._session();
@@ -344,6 +348,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t1_upd()
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 DECLARE
     _s text := cow._session();
@@ -471,6 +476,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t2_del()
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 DECLARE
     _s text := cow._session();
@@ -508,6 +514,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t2_fkcheck()
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 DECLARE
     _s text;
@@ -554,6 +561,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t2_ins()
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 DECLARE
     _s text := cow._session();
@@ -599,6 +607,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t2_upd()
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 DECLARE
     _s text := cow._session();
@@ -639,6 +648,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t3_del()
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 DECLARE
     _s text := cow._session();
@@ -704,6 +714,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t3_dfr()
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 DECLARE
     _s text := NEW._cow_session;
@@ -794,6 +805,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t3_fkcheck()
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 DECLARE
     _s text;
@@ -897,6 +909,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t3_ins()
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 DECLARE
     _s text := cow._session();
@@ -968,6 +981,7 @@ CREATE OR REPLACE FUNCTION cow_changes.t3_upd()
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 DECLARE
     _s text := cow._session();
