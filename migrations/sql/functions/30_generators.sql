@@ -956,6 +956,7 @@ DECLARE
     v text;
     mark text;
     check_fn text;
+    dq_fn text;
 BEGIN
     SELECT * INTO STRICT r FROM cow.registry WHERE id = p_id;
     v := format('%I.%I', r.overlay_schema, r.table_name);
@@ -982,6 +983,44 @@ BEGIN
     RETURN NULL;
 END $body$$t$, jsonb_build_object('fn', mark, 'mark', 'cow._mark_' || r.changes_table));
     EXECUTE format('CREATE OR REPLACE TRIGGER cow_fk_mark BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()', v, mark);
+    -- The deferrable constraints flagged inside the statement (IMMEDIATE mode) are checked by their own
+    -- function, `<t>_fkdq`: PL/pgSQL compiles a function's whole body at its first call in a backend, and
+    -- this path runs only after SET CONSTRAINTS ... IMMEDIATE before a write, while the statement trigger
+    -- runs at every write statement (docs/benchmarks.md, "A table's first use in a new backend").
+    dq_fn := format('cow_changes.%I', r.changes_table || '_fkdq');
+    IF p_deferred = '' THEN
+        EXECUTE format('DROP FUNCTION IF EXISTS %s(text, bigint, bigint)', dq_fn);
+    ELSE
+        -- (No SET clause: only <t>_fkcheck calls it, with its settings in force.) Raises the first violation
+        -- of the flagged constraints when it comes before p_best, the statement's own (like the checks below,
+        -- which keep the earlier one); clears the flags at the outermost statement.
+        EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}(_marks text, _mark bigint, _best bigint) RETURNS text
+LANGUAGE plpgsql AS $body$
+DECLARE
+    _g text := pg_catalog.current_setting({{flags|L}}, true);
+    _s text;
+    _seq bigint;
+    _det text;
+    _bdet text;
+    _bcon text;
+    _bmsg text;
+    _bcode text;
+    _btab text;
+    _bsch text;
+    _cfg text;
+{{vars}}BEGIN
+    IF regexp_replace(_marks, ',?[^,]*$', '') = '' THEN
+        _cfg := pg_catalog.set_config({{flags|L}}, '', true);
+    END IF;
+    _s := cow._session();
+{{checks}}    IF _bmsg IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = _bcode, MESSAGE = _bmsg,
+            DETAIL = _bdet, SCHEMA = coalesce(_bsch, {{schema|L}}), TABLE = coalesce(_btab, {{table|L}}), CONSTRAINT = _bcon;
+    END IF;
+    RETURN NULL;
+END $body$$t$, jsonb_build_object('fn', dq_fn, 'flags', 'cow._dq_' || r.changes_table, 'vars', p_vars,
+                                  'checks', p_deferred, 'schema', r.table_schema, 'table', r.table_name));
+    END IF;
     EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql {{plans}} AS $body$
 DECLARE
     _s text;
@@ -997,23 +1036,18 @@ DECLARE
     _btab text;
     _bsch text;
     _g text;
-    _cfg text;
 {{vars}}BEGIN
     IF coalesce(_marks, '') = '' THEN
         RETURN NULL;
     END IF;
     _mark := split_part(_marks, ',', -1)::bigint;
     _g := set_config({{mark|L}}, regexp_replace(_marks, ',?[^,]*$', ''), true);
-{{session}}{{checks}}{{deferred}}    IF _best IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = _bcode, MESSAGE = _bmsg,
-            DETAIL = _bdet, SCHEMA = coalesce(_bsch, {{schema|L}}), TABLE = coalesce(_btab, {{table|L}}), CONSTRAINT = _bcon;
-    END IF;
-    RETURN NULL;
+{{session}}{{checks}}{{deferred}}{{raise}}    RETURN NULL;
 END $body$$t$, jsonb_build_object(
         'plans', cow._plan_settings(),
         'fn', check_fn,
         'mark', 'cow._mark_' || r.changes_table,
-        'vars', p_vars,
+        'vars', CASE WHEN p_checks = '' THEN '' ELSE p_vars END,
         -- The session is asked for only when there is something to check: the statement's checks, or the
         -- flags below (a table whose FOREIGN KEYs are all deferrable, in DEFERRED mode, pops its mark only).
         'session', CASE WHEN p_checks = '' THEN '' ELSE $t$    _s := cow._session();
@@ -1022,19 +1056,19 @@ END $body$$t$, jsonb_build_object(
     END IF;
 $t$ END,
         'checks', p_checks,
-        -- Deferrable constraints whose trigger fired inside this statement (IMMEDIATE mode): checked here, at
-        -- the end of the statement, like PostgreSQL; the outermost statement clears the flags. (Flags are
-        -- only set in a session: the constraint triggers are on the changes table.)
-        'deferred', CASE WHEN p_deferred = '' THEN '' ELSE cow._fill($t$    _g := pg_catalog.current_setting({{flags|L}}, true);
-    IF coalesce(_g, '') <> '' THEN
-        IF regexp_replace(_marks, ',?[^,]*$', '') = '' THEN
-            _cfg := pg_catalog.set_config({{flags|L}}, '', true);
-        END IF;
-        _s := coalesce(_s, cow._session());
-{{checks}}    END IF;
-$t$, jsonb_build_object('flags', 'cow._dq_' || r.changes_table, 'checks', p_deferred)) END,
-        'schema', r.table_schema,
-        'table', r.table_name));
+        -- Deferrable constraints whose trigger fired inside this statement (IMMEDIATE mode): checked at the
+        -- end of the statement, like PostgreSQL, by <t>_fkdq; the outermost statement clears the flags.
+        -- (Flags are only set in a session: the constraint triggers are on the changes table.)
+        'deferred', CASE WHEN p_deferred = '' THEN '' ELSE cow._fill($t$    IF coalesce(pg_catalog.current_setting({{flags|L}}, true), '') <> '' THEN
+        _g := {{fn}}(_marks, _mark, _best);
+    END IF;
+$t$, jsonb_build_object('flags', 'cow._dq_' || r.changes_table, 'fn', dq_fn)) END,
+        -- (Only the statement's own checks set _best: the flagged ones raise in <t>_fkdq.)
+        'raise', CASE WHEN p_checks = '' THEN '' ELSE cow._fill($t$    IF _best IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = _bcode, MESSAGE = _bmsg,
+            DETAIL = _bdet, SCHEMA = coalesce(_bsch, {{schema|L}}), TABLE = coalesce(_btab, {{table|L}}), CONSTRAINT = _bcon;
+    END IF;
+$t$, jsonb_build_object('schema', r.table_schema, 'table', r.table_name)) END));
     EXECUTE format('CREATE OR REPLACE TRIGGER cow_fk_check AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()', v, check_fn);
 END $gen$;
 

@@ -158,7 +158,6 @@ DECLARE
     _btab text;
     _bsch text;
     _g text;
-    _cfg text;
     _r record;
     _cow_k record;
     _cow_c record;
@@ -215,12 +214,41 @@ BEGIN
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'child_up_fkey'; _bmsg := 'update or delete on table "child" violates foreign key constraint "child_up_fkey" on table "child"'; _bcode := '23503'; _btab := 'child'; _bsch := 'public';
     END IF;
-    _g := pg_catalog.current_setting('cow._dq_t1', true);
-    IF coalesce(_g, '') <> '' THEN
-        IF regexp_replace(_marks, ',?[^,]*$', '') = '' THEN
-            _cfg := pg_catalog.set_config('cow._dq_t1', '', true);
-        END IF;
-        _s := coalesce(_s, cow._session());
+    IF coalesce(pg_catalog.current_setting('cow._dq_t1', true), '') <> '' THEN
+        _g := cow_changes.t1_fkdq(_marks, _mark, _best);
+    END IF;
+    IF _best IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = _bcode, MESSAGE = _bmsg,
+            DETAIL = _bdet, SCHEMA = coalesce(_bsch, 'public'), TABLE = coalesce(_btab, 'child'), CONSTRAINT = _bcon;
+    END IF;
+    RETURN NULL;
+END $function$
+
+-- function cow_changes.t1_fkdq(text,bigint,bigint)
+CREATE OR REPLACE FUNCTION cow_changes.t1_fkdq(_marks text, _mark bigint, _best bigint)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    _g text := pg_catalog.current_setting('cow._dq_t1', true);
+    _s text;
+    _seq bigint;
+    _det text;
+    _bdet text;
+    _bcon text;
+    _bmsg text;
+    _bcode text;
+    _btab text;
+    _bsch text;
+    _cfg text;
+    _r record;
+    _cow_k record;
+    _cow_c record;
+BEGIN
+    IF regexp_replace(_marks, ',?[^,]*$', '') = '' THEN
+        _cfg := pg_catalog.set_config('cow._dq_t1', '', true);
+    END IF;
+    _s := cow._session();
     IF pg_catalog.strpos(_g, ',1,') > 0 THEN
     SELECT c._cow_seq, format('Key (%s)=(%s) already exists.', 'slot', concat_ws(', ', coalesce(c.slot::text, 'null'))) INTO _seq, _det
     FROM cow_changes.t1 c WHERE c._cow_session = _s AND c._cow_seq > _mark AND c._cow_current AND c._cow_deleted IS NOT TRUE AND c.slot IS NOT NULL
@@ -240,8 +268,7 @@ BEGIN
         _best := _seq; _bdet := _det; _bcon := 'child_later_id_fkey'; _bmsg := 'insert or update on table "child" violates foreign key constraint "child_later_id_fkey"'; _bcode := '23503'; _btab := NULL; _bsch := NULL;
     END IF;
     END IF;
-    END IF;
-    IF _best IS NOT NULL THEN
+    IF _bmsg IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = _bcode, MESSAGE = _bmsg,
             DETAIL = _bdet, SCHEMA = coalesce(_bsch, 'public'), TABLE = coalesce(_btab, 'child'), CONSTRAINT = _bcon;
     END IF;
@@ -530,7 +557,6 @@ DECLARE
     _btab text;
     _bsch text;
     _g text;
-    _cfg text;
 BEGIN
     IF coalesce(_marks, '') = '' THEN
         RETURN NULL;
@@ -821,7 +847,6 @@ DECLARE
     _btab text;
     _bsch text;
     _g text;
-    _cfg text;
     _r record;
     _cow_k record;
     _cow_c record;
@@ -859,12 +884,41 @@ BEGIN
     IF _seq IS NOT NULL AND (_best IS NULL OR _seq < _best) THEN
         _best := _seq; _bdet := _det; _bcon := 'events_parent_id_fkey'; _bmsg := 'update or delete on table "parent" violates foreign key constraint "events_parent_id_fkey" on table "events"'; _bcode := '23503'; _btab := 'events'; _bsch := 'public';
     END IF;
-    _g := pg_catalog.current_setting('cow._dq_t3', true);
-    IF coalesce(_g, '') <> '' THEN
-        IF regexp_replace(_marks, ',?[^,]*$', '') = '' THEN
-            _cfg := pg_catalog.set_config('cow._dq_t3', '', true);
-        END IF;
-        _s := coalesce(_s, cow._session());
+    IF coalesce(pg_catalog.current_setting('cow._dq_t3', true), '') <> '' THEN
+        _g := cow_changes.t3_fkdq(_marks, _mark, _best);
+    END IF;
+    IF _best IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = _bcode, MESSAGE = _bmsg,
+            DETAIL = _bdet, SCHEMA = coalesce(_bsch, 'public'), TABLE = coalesce(_btab, 'parent'), CONSTRAINT = _bcon;
+    END IF;
+    RETURN NULL;
+END $function$
+
+-- function cow_changes.t3_fkdq(text,bigint,bigint)
+CREATE OR REPLACE FUNCTION cow_changes.t3_fkdq(_marks text, _mark bigint, _best bigint)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    _g text := pg_catalog.current_setting('cow._dq_t3', true);
+    _s text;
+    _seq bigint;
+    _det text;
+    _bdet text;
+    _bcon text;
+    _bmsg text;
+    _bcode text;
+    _btab text;
+    _bsch text;
+    _cfg text;
+    _r record;
+    _cow_k record;
+    _cow_c record;
+BEGIN
+    IF regexp_replace(_marks, ',?[^,]*$', '') = '' THEN
+        _cfg := pg_catalog.set_config('cow._dq_t3', '', true);
+    END IF;
+    _s := cow._session();
     IF pg_catalog.strpos(_g, ',1,') > 0 THEN
     _seq := NULL;
     FOR _r IN SELECT * FROM cow_changes.t3 c WHERE c._cow_session = _s AND c._cow_seq > _mark AND c._cow_current AND c._cow_deleted IS NOT TRUE ORDER BY c._cow_seq LOOP
@@ -895,8 +949,7 @@ BEGIN
         _best := _seq; _bdet := _det; _bcon := 'child_later_id_fkey'; _bmsg := 'update or delete on table "parent" violates foreign key constraint "child_later_id_fkey" on table "child"'; _bcode := '23503'; _btab := 'child'; _bsch := 'public';
     END IF;
     END IF;
-    END IF;
-    IF _best IS NOT NULL THEN
+    IF _bmsg IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = _bcode, MESSAGE = _bmsg,
             DETAIL = _bdet, SCHEMA = coalesce(_bsch, 'public'), TABLE = coalesce(_btab, 'parent'), CONSTRAINT = _bcon;
     END IF;
