@@ -35,17 +35,25 @@ def counting(conn: psycopg.Connection[Any]) -> None:
 
 def calls(conn: psycopg.Connection[Any], function: str) -> int:
     """Calls of ``function`` in the current transaction (a trigger function by its table's changes table:
-    ``child_dfr`` is the changes table of ``child`` with ``_dfr``)."""
+    ``child_dfr`` is the changes table of ``child`` with ``_dfr``; ``_dfr`` counts every constraint
+    trigger's function, ``_dfr<k>``)."""
     table, _, suffix = function.partition("_")
     if "." not in function:
+        pattern = suffix + (r"\d+" if suffix == "dfr" else "") + "$"
         found = conn.execute(
-            "SELECT 'cow_changes.' || quote_ident(changes_table || '_' || %s)"
-            " FROM cow.registry WHERE table_name = %s",
-            (suffix, table),
+            "SELECT array_agg(p.oid::regproc::text) FROM cow.registry g JOIN pg_proc p"
+            " ON p.pronamespace = 'cow_changes'::regnamespace"
+            " AND p.proname ~ ('^' || g.changes_table || '_' || %s)"
+            " WHERE g.table_name = %s",
+            (pattern, table),
         ).fetchone()
-        assert found is not None, function
-        function = str(found[0])
-    row = conn.execute("SELECT pg_stat_get_xact_function_calls(%s::regproc)", (function,)).fetchone()
+        assert found is not None and found[0], function
+        functions = list(found[0])
+    else:
+        functions = [function]
+    row = conn.execute(
+        "SELECT sum(pg_stat_get_xact_function_calls(f::regproc)) FROM unnest(%s::text[]) AS f", (functions,)
+    ).fetchone()
     assert row is not None
     return int(row[0] or 0)
 

@@ -68,7 +68,7 @@ def test_the_upgrade_from_55_regenerates_the_triggers_and_keeps_sessions(layer_d
             " to_regprocedure('cow._sexists(oid, text)')"
         ).fetchone() == (None, None)
         got = settings(conn)
-        assert {name for name, _ in got} >= {"_ins", "_upd", "_del", "_dfr", "_fkcheck", "_fkdq"}
+        assert {name for name, _ in got} >= {"_ins", "_upd", "_del", "_dfr1", "_fkcheck", "_fkdq"}
         # (_mark sets nothing; _fkdq runs only inside _fkcheck, with its settings in force.)
         plans = "enable_seqscan=off jit=off plan_cache_mode=force_generic_plan"
         assert all(config == plans for name, config in got if name not in ("_mark", "_fkdq")), got

@@ -552,8 +552,19 @@ $t$, jsonb_build_object(
         'message', format('conflicting key value violates exclusion constraint "%s"', x.name)));
 END $gen$;
 
--- (Re)create the constraint triggers of registry entry p_id's changes table from the generator's map, and
--- their function `<t>_dfr` with the checks p_checks (cow._defer_branch, p_stmt false).
+-- The branches of p_checks (cow._defer_branch, p_stmt false) for checks p_ks, in their order.
+CREATE OR REPLACE FUNCTION cow._defer_branches(p_checks text, p_ks text[]) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(string_agg(x.b, '' ORDER BY x.n), '')
+    FROM pg_catalog.regexp_split_to_table(p_checks, E'(?=    IF _k = \\d+ THEN\\n)') WITH ORDINALITY AS x(b, n)
+    WHERE pg_catalog.substring(x.b, '^    IF _k = (\d+) THEN') = ANY (p_ks)
+$$;
+
+-- (Re)create the constraint triggers of registry entry p_id's changes table from the generator's map, each
+-- with its own function `<t>_dfr<k>` (k: the trigger's first check) holding its checks of p_checks. One
+-- function per trigger: PL/pgSQL compiles a trigger function once per trigger that calls it, whole, so one
+-- function for all of a table's constraint triggers was compiled by each of them with every check of the
+-- table (a table many FOREIGN KEYs reference has a check per referencing constraint).
 CREATE OR REPLACE FUNCTION cow._defer_triggers(p_id int, p_map jsonb, p_checks text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $gen$
 DECLARE
@@ -561,18 +572,22 @@ DECLARE
     ch text;
     fn text;
     t record;
+    f regprocedure;
 BEGIN
     SELECT * INTO STRICT r FROM cow.registry WHERE id = p_id;
     ch := format('cow_changes.%I', r.changes_table);
-    fn := format('cow_changes.%I', r.changes_table || '_dfr');
     FOR t IN SELECT tgname FROM pg_trigger WHERE tgrelid = ch::regclass AND NOT tgisinternal LOOP
         EXECUTE format('DROP TRIGGER %I ON %s', t.tgname, ch);
     END LOOP;
-    IF p_map = '{}' THEN
-        EXECUTE format('DROP FUNCTION IF EXISTS %s()', fn);
-        RETURN;
-    END IF;
-    EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql {{plans}} AS $body$
+    -- (Also an older layer's `<t>_dfr`, one function for all the table's constraint triggers.)
+    FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
+             WHERE p.pronamespace = 'cow_changes'::regnamespace AND p.proname ~ ('^' || r.changes_table || '_dfr\d*$') LOOP
+        EXECUTE format('DROP FUNCTION %s', f);
+    END LOOP;
+    FOR t IN SELECT key AS name, value AS spec, ARRAY(SELECT jsonb_array_elements_text(value -> 'args')) AS args
+             FROM jsonb_each(p_map) LOOP
+        fn := format('cow_changes.%I', r.changes_table || '_dfr' || t.args[1]);
+        EXECUTE cow._fill($t$CREATE OR REPLACE FUNCTION {{fn}}() RETURNS trigger LANGUAGE plpgsql {{plans}} AS $body$
 DECLARE
     _s text := NEW._cow_session;
     _v bigint := NEW._cow_seq;
@@ -620,14 +635,14 @@ BEGIN
     END IF;
     RETURN NULL;
 END $body$$t$,
-        jsonb_build_object('plans', cow._plan_settings(), 'fn', fn, 'flags', 'cow._dq_' || r.changes_table, 'checks', p_checks,
-                           'schema', r.table_schema, 'table', r.table_name));
-    FOR t IN SELECT key AS name, value AS spec FROM jsonb_each(p_map) LOOP
+            jsonb_build_object('plans', cow._plan_settings(), 'fn', fn, 'flags', 'cow._dq_' || r.changes_table,
+                               'checks', cow._defer_branches(p_checks, t.args),
+                               'schema', r.table_schema, 'table', r.table_name));
         EXECUTE format('CREATE CONSTRAINT TRIGGER %I AFTER INSERT ON %s DEFERRABLE INITIALLY %s FOR EACH ROW WHEN (%s) '
                        'EXECUTE FUNCTION %s(%s)',
                        t.name, ch, CASE WHEN (t.spec ->> 'deferred')::boolean THEN 'DEFERRED' ELSE 'IMMEDIATE' END,
                        (SELECT string_agg('(' || w || ')', ' OR ') FROM jsonb_array_elements_text(t.spec -> 'when') AS w),
-                       fn, (SELECT string_agg(quote_literal(a), ', ') FROM jsonb_array_elements_text(t.spec -> 'args') AS a));
+                       fn, (SELECT string_agg(quote_literal(a), ', ') FROM unnest(t.args) AS a));
     END LOOP;
 END $gen$;
 

@@ -57,8 +57,8 @@ BEGIN
     RETURN OLD;
 END $function$
 
--- function cow_changes.t1_dfr()
-CREATE OR REPLACE FUNCTION cow_changes.t1_dfr()
+-- function cow_changes.t1_dfr1()
+CREATE OR REPLACE FUNCTION cow_changes.t1_dfr1()
  RETURNS trigger
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
@@ -113,6 +113,62 @@ BEGIN
         _best := _seq; _bdet := _det; _bcon := 'child_slot_key'; _bmsg := 'duplicate key value violates unique constraint "child_slot_key"'; _bcode := '23505'; _btab := NULL; _bsch := NULL;
     END IF;
     END IF;
+    END LOOP;
+    IF _g0 IS DISTINCT FROM _s THEN
+        _g := pg_catalog.set_config('cow.session_id', coalesce(_g0, ''), true);
+    END IF;
+    IF _best IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = _bcode, MESSAGE = _bmsg, DETAIL = _bdet, SCHEMA = coalesce(_bsch, 'public'), TABLE = coalesce(_btab, 'child'), CONSTRAINT = _bcon;
+    END IF;
+    RETURN NULL;
+END $function$
+
+-- function cow_changes.t1_dfr2()
+CREATE OR REPLACE FUNCTION cow_changes.t1_dfr2()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+DECLARE
+    _s text := NEW._cow_session;
+    _v bigint := NEW._cow_seq;
+    _k int;
+    _i int;
+    _g text;
+    _g0 text;
+    _seq bigint;
+    _det text;
+    _best bigint;
+    _bdet text;
+    _bcon text;
+    _bmsg text;
+    _bcode text;
+    _btab text;
+    _bsch text;
+    _r record;
+    _cow_k record;
+    _cow_c record;
+BEGIN
+    IF pg_catalog.pg_trigger_depth() > 1 THEN
+        -- IMMEDIATE mode, inside a write: the statement trigger checks at the end of the statement.
+        _g := coalesce(pg_catalog.current_setting('cow._dq_t1', true), '');
+        FOR _i IN 0 .. TG_NARGS - 1 LOOP
+            IF pg_catalog.strpos(_g, ',' || TG_ARGV[_i] || ',') = 0 THEN
+                _g := CASE WHEN _g = '' THEN ',' ELSE _g END || TG_ARGV[_i] || ',';
+                _g := pg_catalog.set_config('cow._dq_t1', _g, true);
+            END IF;
+        END LOOP;
+        RETURN NULL;
+    END IF;
+    -- At COMMIT or SET CONSTRAINTS: the checks read the session that wrote the version.
+    _g0 := pg_catalog.current_setting('cow.session_id', true);
+    IF _g0 IS DISTINCT FROM _s THEN
+        _g := pg_catalog.set_config('cow.session_id', _s, true);  -- (_g: the flags above, unused from here)
+    END IF;
+    FOR _i IN 0 .. TG_NARGS - 1 LOOP
+        _k := TG_ARGV[_i]::int;
     IF _k = 2 THEN
     IF NEW._cow_deleted IS NOT TRUE AND (NEW._cow_fk & 4) <> 0 AND NEW.later_id IS NOT NULL THEN
         IF EXISTS (SELECT 1 FROM cow_changes.t1 c WHERE c._cow_session = _s AND c.id = NEW.id AND c._cow_seq = _v AND c._cow_current) THEN
@@ -734,8 +790,8 @@ BEGIN
     RETURN OLD;
 END $function$
 
--- function cow_changes.t3_dfr()
-CREATE OR REPLACE FUNCTION cow_changes.t3_dfr()
+-- function cow_changes.t3_dfr1()
+CREATE OR REPLACE FUNCTION cow_changes.t3_dfr1()
  RETURNS trigger
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
@@ -800,6 +856,62 @@ BEGIN
         _best := _seq; _bdet := _det; _bcon := 'parent_span_excl'; _bmsg := 'conflicting key value violates exclusion constraint "parent_span_excl"'; _bcode := '23P01'; _btab := NULL; _bsch := NULL;
     END IF;
     END IF;
+    END LOOP;
+    IF _g0 IS DISTINCT FROM _s THEN
+        _g := pg_catalog.set_config('cow.session_id', coalesce(_g0, ''), true);
+    END IF;
+    IF _best IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = _bcode, MESSAGE = _bmsg, DETAIL = _bdet, SCHEMA = coalesce(_bsch, 'public'), TABLE = coalesce(_btab, 'parent'), CONSTRAINT = _bcon;
+    END IF;
+    RETURN NULL;
+END $function$
+
+-- function cow_changes.t3_dfr2()
+CREATE OR REPLACE FUNCTION cow_changes.t3_dfr2()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+DECLARE
+    _s text := NEW._cow_session;
+    _v bigint := NEW._cow_seq;
+    _k int;
+    _i int;
+    _g text;
+    _g0 text;
+    _seq bigint;
+    _det text;
+    _best bigint;
+    _bdet text;
+    _bcon text;
+    _bmsg text;
+    _bcode text;
+    _btab text;
+    _bsch text;
+    _r record;
+    _cow_k record;
+    _cow_c record;
+BEGIN
+    IF pg_catalog.pg_trigger_depth() > 1 THEN
+        -- IMMEDIATE mode, inside a write: the statement trigger checks at the end of the statement.
+        _g := coalesce(pg_catalog.current_setting('cow._dq_t3', true), '');
+        FOR _i IN 0 .. TG_NARGS - 1 LOOP
+            IF pg_catalog.strpos(_g, ',' || TG_ARGV[_i] || ',') = 0 THEN
+                _g := CASE WHEN _g = '' THEN ',' ELSE _g END || TG_ARGV[_i] || ',';
+                _g := pg_catalog.set_config('cow._dq_t3', _g, true);
+            END IF;
+        END LOOP;
+        RETURN NULL;
+    END IF;
+    -- At COMMIT or SET CONSTRAINTS: the checks read the session that wrote the version.
+    _g0 := pg_catalog.current_setting('cow.session_id', true);
+    IF _g0 IS DISTINCT FROM _s THEN
+        _g := pg_catalog.set_config('cow.session_id', _s, true);  -- (_g: the flags above, unused from here)
+    END IF;
+    FOR _i IN 0 .. TG_NARGS - 1 LOOP
+        _k := TG_ARGV[_i]::int;
     IF _k = 2 THEN
     IF NEW._cow_deleted AND NEW.id IS NOT NULL THEN
         IF EXISTS (SELECT 1 FROM cow_changes.t3 c WHERE c._cow_session = _s AND c.id = NEW.id AND c._cow_seq = _v AND c._cow_current) THEN
@@ -1154,16 +1266,16 @@ BEGIN
 END $function$
 
 -- trigger cow_changes.t1 child_later_id_fkey
-CREATE CONSTRAINT TRIGGER child_later_id_fkey AFTER INSERT ON cow_changes.t1 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (((new._cow_fk & 4) <> 0)) EXECUTE FUNCTION cow_changes.t1_dfr('2')
+CREATE CONSTRAINT TRIGGER child_later_id_fkey AFTER INSERT ON cow_changes.t1 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (((new._cow_fk & 4) <> 0)) EXECUTE FUNCTION cow_changes.t1_dfr2('2')
 
 -- trigger cow_changes.t1 child_slot_key
-CREATE CONSTRAINT TRIGGER child_slot_key AFTER INSERT ON cow_changes.t1 DEFERRABLE INITIALLY IMMEDIATE FOR EACH ROW WHEN ((NOT new._cow_deleted)) EXECUTE FUNCTION cow_changes.t1_dfr('1')
+CREATE CONSTRAINT TRIGGER child_slot_key AFTER INSERT ON cow_changes.t1 DEFERRABLE INITIALLY IMMEDIATE FOR EACH ROW WHEN ((NOT new._cow_deleted)) EXECUTE FUNCTION cow_changes.t1_dfr1('1')
 
 -- trigger cow_changes.t3 child_later_id_fkey
-CREATE CONSTRAINT TRIGGER child_later_id_fkey AFTER INSERT ON cow_changes.t3 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (new._cow_deleted) EXECUTE FUNCTION cow_changes.t3_dfr('2')
+CREATE CONSTRAINT TRIGGER child_later_id_fkey AFTER INSERT ON cow_changes.t3 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (new._cow_deleted) EXECUTE FUNCTION cow_changes.t3_dfr2('2')
 
 -- trigger cow_changes.t3 parent_span_excl
-CREATE CONSTRAINT TRIGGER parent_span_excl AFTER INSERT ON cow_changes.t3 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN ((NOT new._cow_deleted)) EXECUTE FUNCTION cow_changes.t3_dfr('1')
+CREATE CONSTRAINT TRIGGER parent_span_excl AFTER INSERT ON cow_changes.t3 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN ((NOT new._cow_deleted)) EXECUTE FUNCTION cow_changes.t3_dfr1('1')
 
 -- trigger cow_overlay_public.child cow_delete
 CREATE TRIGGER cow_delete INSTEAD OF DELETE ON cow_overlay_public.child FOR EACH ROW EXECUTE FUNCTION cow_changes.t1_del()
