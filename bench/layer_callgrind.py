@@ -20,6 +20,16 @@ Django's test: ``BEGIN``, four INSERTs (``... RETURNING id``; a tag, its child, 
 that), a point SELECT, a join of the three, an UPDATE, a DELETE, ``SET CONSTRAINTS ALL IMMEDIATE`` (the
 deferred checks), ``SET CONSTRAINTS ALL DEFERRED``, ``ROLLBACK``: unprepared, as Django sends them.
 
+``--join``: no tests; what a tagged connection's start costs a new backend, the join with and without a
+binding secret: for each of ``a`` and ``b`` two backends, one joining with ``SELECT cow.use_session('cg',
+NULL)`` (the proxy without a secret), one with ``SELECT cow.bind_session('cg', NULL, SECRET)`` (with one;
+the database's secret set to SECRET after install), each followed by the proxy's other statements at a new
+connection (``START``: the path probe of the start batch, the catalog's version, the catalog itself when the
+process has not read it at that version) and Django's table list (``cow.visible_relations()``, at each flush).
+Printed: thousands of instructions per statement, and of each join the inclusive counts of the server's
+functions where a new backend's first statement goes (planning, SPI prepares, PL/pgSQL compiles, SQL
+functions, catalog cache misses, relcache builds; they overlap).
+
 ``--workload tpcb``: pgbench's TPC-B transaction instead (its tables at scale 1, made with SQL; pgbench's
 literals fixed), for pgbench's path. Note: a session's first write of a transaction refreshes the registry row
 once a wall-clock second (cow._write_session), which under callgrind falls on a varying few of the tests.
@@ -31,6 +41,7 @@ plans after five custom ones) and the median of tests 51-60 (``--tests`` ≥ 60)
 
     .venv/bin/python bench/layer_callgrind.py [--baseline main] [--tests 60] [--rows 50] [--tables 0]
         [--bindir /usr/lib/postgresql/15/bin] [--keep DIR] [--only direct,a,b] [--prepared] [--workload tpcb]
+        [--join]
 """
 
 from __future__ import annotations
@@ -53,6 +64,8 @@ import asyncpg
 import migrations.layer as layer_mod
 from migrations import embedded
 from migrations.errors import LayerError
+from proxy.sql import CATALOG_QUERY, CATALOG_VERSION_QUERY
+from proxy.sql.rewrites.app_path import UNLAYERED_WRITE_SQL
 
 VARIANTS = ("direct", "a", "b")
 FK = "DEFERRABLE INITIALLY DEFERRED"
@@ -126,7 +139,43 @@ TPCB_TEST = [
 ]
 WORKLOADS = {"django": TEST, "tpcb": TPCB_TEST}
 JOIN = "SELECT cow.use_session('cg')"
+# --join: the proxy's joins (proxy/relay.py: bound parameters there, literals here), the database's binding
+# secret (set after install), and what the proxy sends a new connection after its join (Relay.start's batch:
+# the path probe, the catalog's version; the catalog when its process has not read that version) and Django's
+# table list at a flush (cow.visible_relations(), through the proxy's rewrite of pg_table_is_visible).
+SECRET = "cg-binding-secret-0123456789"
+JOINS = {
+    "use": "SELECT cow.use_session('cg', NULL)",
+    "bind": f"SELECT cow.bind_session('cg', NULL, '{SECRET}')",
+}
+
+
+def one_line(sql: str) -> str:
+    """``sql`` on one line without its ``--`` comments (single-user mode ends a statement at a newline)."""
+    return " ".join(re.sub(r"--[^\n]*", "", sql).split())
+
+
+START = [
+    ("path probe", UNLAYERED_WRITE_SQL.replace("$1", "'{}'")),
+    ("catalog version", one_line(CATALOG_VERSION_QUERY)),
+    ("catalog", one_line(CATALOG_QUERY)),
+    ("table list", "SELECT count(*) FROM pg_class c WHERE c.oid IN (SELECT cow.visible_relations())"),
+]
+# Where a new backend's first statement goes (inclusive counts, overlapping): callgrind_annotate's names.
+PARTS = [
+    ("planning (pg_plan_queries)", "pg_plan_queries"),
+    ("SPI prepares (_SPI_prepare_plan)", "_SPI_prepare_plan"),
+    ("SQL functions (fmgr_sql)", "fmgr_sql"),
+    ("PL/pgSQL compiles (plpgsql_compile)", "plpgsql_compile"),
+    ("regexes compiled (RE_compile_and_cache)", "RE_compile_and_cache"),
+    ("catalog cache misses (SearchCatCacheMiss)", "SearchCatCacheMiss"),
+    ("relcache builds (RelationBuildDesc)", "RelationBuildDesc"),
+    # (A single-user backend starts with empty shared buffers: a server's backends mostly find these pages.)
+    ("page reads (StartReadBuffer; 15: ReadBuffer_common)", "StartReadBuffer"),
+    ("", "ReadBuffer_common"),
+]
 _TOTAL = re.compile(rb"^(?:summary|totals): (\d+)", re.M)
+_ANNOTATED = re.compile(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+\S*:(\w+) ")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -140,6 +189,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--only", default=",".join(VARIANTS), help="variants to run (direct,a,b)")
     p.add_argument("--prepared", action="store_true", help="PREPARE the statements once, EXECUTE them")
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="django", help="the test's statements")
+    p.add_argument("--join", action="store_true", help="a new backend's join and start statements, no tests")
     return p.parse_args(argv)
 
 
@@ -154,6 +204,7 @@ async def build(dsn: str, args: argparse.Namespace, files: common.Layer | None) 
         if files is not None:
             with common.installed_layer(files):
                 await layer_mod.install_layer(conn, schemas=("public",))
+            await conn.execute("SELECT cow.set_bind_secret($1)", SECRET)
         await conn.execute("VACUUM ANALYZE")
     finally:
         await conn.close()
@@ -199,7 +250,15 @@ def statements(variant: str, args: argparse.Namespace) -> str:
 
 def run_single(srv: embedded.EmbeddedServer, variant: str, args: argparse.Namespace, out: Path) -> list[int]:
     """Instructions of each statement of ``variant``'s tests, in order (the prologue's left out)."""
-    tests = args.tests
+    counts = callgrind(srv, f"cg_{variant}", statements(variant, args), out)
+    # Dump 1 is the start (before the first ReadyForQuery); dump n + 1 ends statement n; the exit's last.
+    first = 1 + len(prologue(variant, args))
+    return counts[first : first + args.tests * len(WORKLOADS[args.workload])]
+
+
+def callgrind(srv: embedded.EmbeddedServer, database: str, text: str, out: Path) -> list[int]:
+    """Run ``text`` (one statement a line) in a new single-user backend of ``database`` under callgrind;
+    the instructions of each dump, in order (the start's first, then one per statement, the exit's last)."""
     out.mkdir(parents=True, exist_ok=True)
     ids = embedded.run_user_ids()
     if ids is not None:
@@ -217,29 +276,83 @@ def run_single(srv: embedded.EmbeddedServer, variant: str, args: argparse.Namesp
         "fsync=off",
         "-c",
         "jit=off",
-        f"cg_{variant}",
+        database,
     ]
     kwargs: dict[str, object] = {}
     if ids is not None:
         kwargs.update(user=ids[0], group=ids[1], extra_groups=[])
     res = subprocess.run(  # type: ignore[call-overload]
         cmd,
-        input=statements(variant, args).encode(),
+        input=text.encode(),
         capture_output=True,
         check=False,
         **kwargs,
     )
-    errors = [line for line in res.stdout.decode(errors="replace").splitlines() if "ERROR" in line]
+    output = (res.stdout + res.stderr).decode(errors="replace")
+    errors = [line for line in output.splitlines() if "ERROR" in line]
     if res.returncode != 0 or errors:
-        raise SystemExit(f"{variant}: exit {res.returncode}; {errors[:3]} {res.stderr.decode()[-800:]}")
-    dumps = sorted(out.glob("callgrind.out.*.*"), key=lambda p: int(p.name.rsplit(".", 1)[1]))
+        raise SystemExit(f"{database}: exit {res.returncode}; {errors[:3]} {res.stderr.decode()[-800:]}")
     counts = []
-    for path in dumps:
+    for path in dumps_of(out):
         found = _TOTAL.findall(path.read_bytes())
         counts.append(int(found[-1]) if found else 0)
-    # Dump 1 is the start (before the first ReadyForQuery); dump n + 1 ends statement n; the exit's last.
-    first = 1 + len(prologue(variant, args))
-    return counts[first : first + tests * len(WORKLOADS[args.workload])]
+    return counts
+
+
+def dumps_of(out: Path) -> list[Path]:
+    """The profiles callgrind wrote in ``out``, in dump order."""
+    return sorted(out.glob("callgrind.out.*.*"), key=lambda p: int(p.name.rsplit(".", 1)[1]))
+
+
+def inclusive(profile: Path, names: list[str]) -> dict[str, int]:
+    """Inclusive instructions of the server functions ``names`` in one profile (callgrind_annotate's; a
+    function that recurses is counted once, at its outermost call)."""
+    res = subprocess.run(
+        ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(profile)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    found = dict.fromkeys(names, 0)
+    for line in res.stdout.splitlines():
+        m = _ANNOTATED.match(line)
+        if m and m.group(2) in found and not found[m.group(2)]:
+            found[m.group(2)] = int(m.group(1).replace(",", ""))
+    return found
+
+
+def run_joins(srv: embedded.EmbeddedServer, variants: list[str], scratch: Path, keep: Path | None) -> None:
+    """--join: for each variant with a layer and each join, a new backend's join and start statements."""
+    rows = [("join", ""), *START]
+    results: dict[tuple[str, str], list[int]] = {}
+    parts: dict[tuple[str, str], dict[str, int]] = {}
+    for kind, join in JOINS.items():
+        for v in variants:
+            common.log(f"{v}: a new backend's {kind} join under callgrind")
+            out = scratch / f"{v}-{kind}"
+            counts = callgrind(srv, f"cg_{v}", "\n".join([join] + [sql for _, sql in START]) + "\n", out)
+            results[v, kind] = counts[1 : 1 + len(rows)]
+            parts[v, kind] = inclusive(dumps_of(out)[1], [name for _, name in PARTS])
+            if keep is not None:
+                keep.mkdir(parents=True, exist_ok=True)
+                shutil.rmtree(keep / out.name, ignore_errors=True)
+                shutil.copytree(out, keep / out.name)
+    cols = list(results)
+    both = {"a", "b"} <= set(variants)
+    print("\na new backend: thousands of instructions per statement (columns: variant/join)")
+    head = f"{'statement':44}" + "".join(f"{v + '/' + k:>11}" for v, k in cols)
+    print(head + ("".join(f"{'b/a ' + k:>11}" for k in JOINS) if both else ""))
+    for i, (name, _) in enumerate(rows):
+        line = f"{name:44}" + "".join(f"{results[c][i] / 1000:>11,.0f}" for c in cols)
+        if both:
+            line += "".join(f"{results['b', k][i] / results['a', k][i]:>11.3f}" for k in JOINS)
+        print(line)
+    print("\nthe join's parts (inclusive, overlapping), thousands of instructions")
+    for label, name in PARTS:
+        if not any(parts[c][name] for c in cols):
+            continue
+        line = f"{label or name:44}" + "".join(f"{parts[c][name] / 1000:>11,.0f}" for c in cols)
+        print(line)
 
 
 def per_test(counts: list[int], tests: int, size: int) -> list[list[int]]:
@@ -270,7 +383,7 @@ def report(results: dict[str, list[list[int]]], tests: int, test: list[tuple[str
 
 
 def run(args: argparse.Namespace) -> None:
-    variants = [v for v in args.only.split(",") if v]
+    variants = [v for v in args.only.split(",") if v and not (args.join and v == "direct")]
     if args.tests < 8:
         raise SystemExit("--tests: at least 8")
     with embedded.embedded_postgres(bindir=args.bindir) as srv:
@@ -282,6 +395,10 @@ def run(args: argparse.Namespace) -> None:
         if ids is not None:
             os.chown(scratch, *ids)
         try:
+            if args.join:
+                run_joins(srv, variants, scratch, args.keep)
+                print(f"{server_version(srv)}; baseline a = {args.baseline}; {args.tables} more tables")
+                return
             results = {}
             for v in variants:
                 common.log(f"{v}: {args.tests} tests under callgrind")
@@ -291,15 +408,19 @@ def run(args: argparse.Namespace) -> None:
                     args.keep.mkdir(parents=True, exist_ok=True)
                     shutil.rmtree(args.keep / v, ignore_errors=True)
                     shutil.copytree(scratch / v, args.keep / v)
-            version = subprocess.run(
-                [str(srv.bindir / "postgres"), "--version"], capture_output=True, text=True, check=False
-            ).stdout.strip()
+            version = server_version(srv)
             shape = f"{args.rows} rows, {args.tables} more tables" if args.workload == "django" else "scale 1"
             prepared = "prepared" if args.prepared else "unprepared"
             print(f"{version}; baseline a = {args.baseline}; {args.workload} ({shape}), {prepared}")
             report(results, args.tests, WORKLOADS[args.workload])
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def server_version(srv: embedded.EmbeddedServer) -> str:
+    return subprocess.run(
+        [str(srv.bindir / "postgres"), "--version"], capture_output=True, text=True, check=False
+    ).stdout.strip()
 
 
 def main(argv: list[str] | None = None) -> int:
