@@ -27,14 +27,23 @@ LANGUAGE sql VOLATILE AS $$ SELECT CASE WHEN pg_catalog.set_config(flag, 'on', t
 
 -- (cow.current_session() is in 11_binding.sql: a bound backend's session comes from its binding.)
 
--- search_path entries, unquoted, in order.
+-- search_path entries, unquoted, in order. A path that quotes no entry but "$user" and has no whitespace but
+-- spaces (the usual one) is split by an expression: its entries are what lies between commas without the
+-- spaces (an unquoted entry has none inside), as the regex finds them. plpgsql, so that a backend compiles
+-- it and plans its expressions once (the join and then the proxy's path probe call it in each new backend:
+-- as a SQL function its query was parsed and planned at every call, ~2 M instructions of a join;
+-- docs/benchmarks.md, "The join in a new backend").
 CREATE OR REPLACE FUNCTION cow._path_entries(p text) RETURNS text[]
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT coalesce(array_agg(CASE WHEN m[1] IS NOT NULL THEN replace(m[1], '""', '"') ELSE btrim(m[2]) END
-                              ORDER BY ord), '{}')
-    FROM regexp_matches(coalesce(p, ''), '\s*(?:"((?:[^"]|"")*)"|([^,]+))\s*(?:,|$)', 'g') WITH ORDINALITY AS t(m, ord)
-    WHERE coalesce(m[1], btrim(m[2])) <> ''
-$$;
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF strpos(translate(replace(p, '"$user"', ''), E'\t\n\r\v\f', '"""""'), '"') = 0 THEN
+        RETURN array_remove(string_to_array(replace(replace(p, '"$user"', '$user'), ' ', ''), ','), '');
+    END IF;
+    RETURN (SELECT coalesce(array_agg(CASE WHEN m[1] IS NOT NULL THEN replace(m[1], '""', '"') ELSE btrim(m[2]) END
+                                      ORDER BY ord), '{}')
+            FROM regexp_matches(coalesce(p, ''), '\s*(?:"((?:[^"]|"")*)"|([^,]+))\s*(?:,|$)', 'g') WITH ORDINALITY AS t(m, ord)
+            WHERE coalesce(m[1], btrim(m[2])) <> '');
+END $$;
 
 CREATE OR REPLACE FUNCTION cow._path_text(entries text[]) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
@@ -56,36 +65,65 @@ BEGIN
 END $$;
 
 -- Put session and operation in force for the rest of the connection (cow.use_session, cow.bind_session):
--- the GUCs, and the overlay path first in search_path. NULL session: leave the session. The path is read
--- and split once (the application's entries, then the overlay path of those): a join is the first
--- statement of each new tagged connection, where every extra query and function costs its planning too.
+-- the GUCs, and the overlay path first in search_path. NULL session: leave the session. A join is the first
+-- statement of each new tagged connection, where every statement of a function is parsed and planned for its
+-- one run and every function it calls is compiled (docs/benchmarks.md, "The join in a new backend"): so one
+-- loop drops the overlay schemas the path names and builds the overlay path (as cow._app_entries and
+-- cow._overlay_path_of do), with one query per entry, and the four settings are one expression.
 CREATE OR REPLACE FUNCTION cow._join(session text, operation text) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
     app text := current_setting('search_path');
     entries text[] := cow._path_entries(app);
-    app_entries text[] := cow._app_entries(entries);
+    e text;
+    ov text;
+    named boolean;
+    dropped boolean := false;
+    kept text := '';  -- the entries without overlay schemas, as a path
+    overlays text[] := '{}';
+    overlay_path text := '';
     done text;  -- (set_config's result: an assignment is a simple expression, a PERFORM runs the executor)
 BEGIN
-    IF cardinality(app_entries) <> cardinality(entries) THEN
-        app := cow._path_text(app_entries);  -- (else as the application wrote it)
+    FOREACH e IN ARRAY entries LOOP
+        CONTINUE WHEN e = '';
+        SELECT (SELECT s.overlay_schema FROM cow.schemas s
+                WHERE s.schema_name = CASE WHEN e = '$user' THEN current_user::text ELSE e END),
+               EXISTS (SELECT 1 FROM cow.schemas o WHERE o.overlay_schema = e)
+        INTO ov, named;
+        IF named THEN
+            dropped := true;
+            CONTINUE;
+        END IF;
+        IF ov IS NOT NULL AND NOT ov = ANY (overlays) THEN
+            overlays := overlays || ov;
+            overlay_path := overlay_path || ', ' || quote_ident(ov);
+        END IF;
+        e := CASE WHEN e = '$user' THEN '"$user"' ELSE quote_ident(e) END;
+        kept := kept || ', ' || e;
+        overlay_path := overlay_path || ', ' || e;
+    END LOOP;
+    IF dropped THEN
+        app := substr(kept, 3);  -- (else as the application wrote it)
     END IF;
-    done := set_config('cow.session_id', coalesce(session, ''), false);
-    done := set_config('cow.operation_id', CASE WHEN session IS NULL THEN '' ELSE coalesce(operation, '') END, false);
-    -- The application's own path, which introspection presents (12_app_path.sql).
-    done := set_config('cow.app_search_path', CASE WHEN session IS NULL THEN '' ELSE app END, false);
-    done := set_config('search_path', CASE WHEN session IS NULL THEN app ELSE cow._overlay_path_of(app_entries) END,
-                       false);
+    -- (concat evaluates its arguments in order.) The application's own path goes to cow.app_search_path,
+    -- which introspection presents (12_app_path.sql).
+    done := concat(set_config('cow.session_id', coalesce(session, ''), false),
+                   set_config('cow.operation_id', CASE WHEN session IS NULL THEN '' ELSE coalesce(operation, '') END,
+                              false),
+                   set_config('cow.app_search_path', CASE WHEN session IS NULL THEN '' ELSE app END, false),
+                   set_config('search_path', CASE WHEN session IS NULL THEN app ELSE substr(overlay_path, 3) END,
+                              false));
     RETURN session;
 END $$;
 
 -- The no-proxy path: a trusted client joins a session by setting the GUCs (docs/threat-model.md: nothing
 -- stops SQL on the connection from changing them again). A backend bound by cow.bind_session may only
--- re-join its own session (to switch the operation); leaving or switching it needs the binding secret.
+-- re-join its own session (to switch the operation); leaving or switching it needs the binding secret. A
+-- backend without a temporary schema was never bound (cow._session): its binding is not looked up.
 CREATE OR REPLACE FUNCTION cow.use_session(session text, operation text DEFAULT NULL) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
-    bound text := cow._bound();
+    bound text;
 BEGIN
     session := nullif(session, '');
     operation := nullif(operation, '');
@@ -93,11 +131,14 @@ BEGIN
         PERFORM cow._check_id(session, 'session');  -- (raises)
         PERFORM cow._check_id(operation, 'operation');
     END IF;
-    IF bound IS NOT NULL AND NOT coalesce(session OPERATOR(pg_catalog.=) bound, false) THEN
-        RAISE EXCEPTION 'cowproxy: use_session(%) refused: this connection is bound to session %',
-            coalesce(quote_literal(session), 'NULL'), bound
-            USING ERRCODE = 'insufficient_privilege',
-                  HINT = 'Only cow.bind_session with the binding secret changes the session of a bound connection.';
+    IF pg_catalog.pg_my_temp_schema() OPERATOR(pg_catalog.<>) 0::pg_catalog.oid THEN
+        bound := cow._bound();
+        IF bound IS NOT NULL AND NOT coalesce(session OPERATOR(pg_catalog.=) bound, false) THEN
+            RAISE EXCEPTION 'cowproxy: use_session(%) refused: this connection is bound to session %',
+                coalesce(quote_literal(session), 'NULL'), bound
+                USING ERRCODE = 'insufficient_privilege',
+                      HINT = 'Only cow.bind_session with the binding secret changes the session of a bound connection.';
+        END IF;
     END IF;
     RETURN cow._join(session, operation);
 END $$;

@@ -131,71 +131,88 @@ BEGIN
 END $$;
 
 -- Record (or, with a NULL session, remove) this backend's binding, once the secret is proven. The GUCs are
--- cow.bind_session's business (a SET clause here would revert the search_path it sets).
+-- cow.bind_session's business (a SET clause here would revert the search_path it sets). A bind is the first
+-- statement of a new tagged connection, where each statement of a function is parsed and planned for its one
+-- run and each operator and function met for the first time is looked up in the catalog: so the secret and
+-- the backend's row are read by one query, the token is set in the INSERT's RETURNING, the read-only check
+-- calls cow._bind_writable only to raise, and every comparison has operands of one type (an `oid = int` or
+-- `float8 < numeric` is resolved by a search of every candidate operator: ~1.5 M instructions each in a
+-- new backend; docs/benchmarks.md, "The join in a new backend").
 CREATE OR REPLACE FUNCTION cow._bind(p_session text, p_secret text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     want text;
-    b cow.bindings%ROWTYPE;
+    proven boolean;
+    b_session text;
+    b_token text;
     tok text;
     prev text;
     replication text;
+    done text;  -- (set_config's result: an assignment is a simple expression, a PERFORM runs the executor)
 BEGIN
-    SELECT x.hash INTO want FROM cow.bind_secret x;
+    SELECT x.hash, x.hash = encode(sha256(convert_to(p_secret, 'UTF8')), 'hex'), y.session, y.token
+    INTO want, proven, b_session, b_token
+    FROM cow.bind_secret x LEFT JOIN cow.bindings y ON y.pid = pg_backend_pid();
     IF want IS NULL THEN
         RAISE EXCEPTION 'cowproxy: bind_session: no binding secret is set in this database'
             USING ERRCODE = 'invalid_password', HINT = 'Set one with: cowproxy secret --rotate --file PATH';
     END IF;
-    IF p_secret IS NULL OR encode(sha256(convert_to(p_secret, 'UTF8')), 'hex') <> want THEN
+    IF p_secret IS NULL OR NOT proven THEN
         RAISE EXCEPTION 'cowproxy: bind_session: wrong binding secret' USING ERRCODE = 'invalid_password';
     END IF;
-    SELECT * INTO b FROM cow.bindings x WHERE x.pid = pg_backend_pid();
     IF p_session IS NULL THEN
-        IF FOUND THEN
+        IF b_session IS NOT NULL THEN
             PERFORM cow._bind_writable(p_session);
             DELETE FROM cow.bindings x WHERE x.pid = pg_backend_pid();
         END IF;
-        PERFORM set_config('cow._bind_token', '', false);
+        done := set_config('cow._bind_token', '', false);
         RETURN;
     END IF;
-    IF FOUND AND b.session = p_session AND b.token = current_setting('cow._bind_token', true) THEN
+    IF b_session = p_session AND b_token = current_setting('cow._bind_token', true) THEN
         RETURN;  -- bound to it already (an operation switch): no write
+    END IF;
+    IF current_setting('transaction_read_only') = 'on' THEN
+        PERFORM cow._bind_writable(p_session);  -- (raises)
     END IF;
     -- Rows of ended backends go now and then (about one bind in 32; at most one row per pid ever used, and
     -- a row counts for no backend but its own, by pid and start time: they only take room), against a
     -- fresh list of backends (the list is cached per transaction: a stale one would not show a backend that
     -- started and bound since). In a new backend this sweep was ~0.6 ms of every bind.
-    PERFORM cow._bind_writable(p_session);
-    IF random() < 1.0 / 32 THEN
+    IF random() < 0.03125::float8 THEN
         PERFORM pg_stat_clear_snapshot();
         DELETE FROM cow.bindings x WHERE NOT EXISTS (
             SELECT 1 FROM pg_stat_get_activity(NULL) a WHERE a.pid = x.pid AND a.backend_start = x.backend_start);
     END IF;
-    tok := gen_random_uuid()::text;
     INSERT INTO cow.bindings AS x (pid, backend_start, token, session)
-    VALUES (pg_backend_pid(), (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a), tok, p_session)
+    VALUES (pg_backend_pid(), (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a),
+            gen_random_uuid()::text, p_session)
     ON CONFLICT (pid) DO UPDATE SET backend_start = excluded.backend_start, token = excluded.token,
-                                    session = excluded.session, bound_at = now();
-    PERFORM set_config('cow._bind_token', tok, false);
-    IF pg_my_temp_schema() = 0 THEN
+                                    session = excluded.session, bound_at = now()
+    RETURNING set_config('cow._bind_token', x.token, false) INTO tok;
+    IF pg_my_temp_schema() = 0::oid THEN
         -- The guard asks cow._bound() only of backends with a temporary schema (cow._add_guard): make this
         -- one's (it stays until the backend ends; rolled back with this transaction, as the binding is).
-        -- A small object that makes it: a domain, no relation or file. (cow.in_layer: the layer's
-        -- DDL event triggers leave it alone.) An owner allowed to set session_replication_role = replica
-        -- (a superuser) also skips them, and the application's, which need not see it either: in a new
-        -- backend their first call compiles their functions (docs/benchmarks.md, "the bind's cost").
+        -- A small object that makes it: a domain, no relation or file (a shell type costs less, but only a
+        -- superuser may make one). (cow.in_layer: the layer's DDL event triggers leave it alone.) An owner
+        -- allowed to set session_replication_role = replica (a superuser) also skips them, and the
+        -- application's, which need not see it either: in a new backend their first call compiles their
+        -- functions (docs/benchmarks.md, "the bind's cost").
         prev := current_setting('cow.in_layer', true);
-        PERFORM set_config('cow.in_layer', 'on', true);
         replication := current_setting('session_replication_role');
-        BEGIN
-            PERFORM set_config('session_replication_role', 'replica', true) WHERE replication <> 'replica';
-        EXCEPTION WHEN insufficient_privilege THEN
-            replication := 'replica';  -- (not allowed: nothing to put back)
-        END;
+        done := set_config('cow.in_layer', 'on', true);
+        IF replication <> 'replica' THEN
+            BEGIN
+                done := set_config('session_replication_role', 'replica', true);
+            EXCEPTION WHEN insufficient_privilege THEN
+                replication := 'replica';  -- (not allowed: nothing to put back)
+            END;
+        END IF;
         CREATE DOMAIN pg_temp.cow_bind_mark AS pg_catalog.bool;
         DROP DOMAIN pg_temp.cow_bind_mark;
-        PERFORM set_config('session_replication_role', replication, true) WHERE replication <> 'replica';
-        PERFORM set_config('cow.in_layer', coalesce(prev, ''), true);
+        IF replication <> 'replica' THEN
+            done := set_config('session_replication_role', replication, true);
+        END IF;
+        done := set_config('cow.in_layer', coalesce(prev, ''), true);
     END IF;
 END $$;
 

@@ -93,14 +93,19 @@ DECLARE
     e text;
     n text;
     found_schema text;
+    clean boolean := true;
 BEGIN
-    IF NOT EXISTS (
-        SELECT 1
-        FROM unnest(cow._path_entries(current_setting('search_path'))) AS p(entry)
-        JOIN pg_catalog.pg_namespace ns
-          ON ns.nspname = CASE WHEN p.entry = '$user' THEN current_user::text ELSE p.entry END
-        WHERE NOT cow._layered_schema(ns.nspname)
-    ) THEN
+    -- (Entry by entry, with one query each: the proxy asks this right after the join of each new connection,
+    -- where one query joining the path's entries to pg_namespace cost ~2.5 M instructions to plan;
+    -- docs/benchmarks.md, "The join in a new backend".)
+    FOREACH e IN ARRAY cow._path_entries(current_setting('search_path')) LOOP
+        e := CASE WHEN e = '$user' THEN current_user::text ELSE e END;
+        IF NOT cow._layered_schema(e) AND EXISTS (SELECT 1 FROM pg_catalog.pg_namespace ns WHERE ns.nspname = e) THEN
+            clean := false;
+            EXIT;
+        END IF;
+    END LOOP;
+    IF clean THEN
         RETURN NULL;
     END IF;
     FOREACH n IN ARRAY coalesce(p_names, '{}') LOOP
@@ -115,9 +120,11 @@ BEGIN
 END $$;
 
 -- A schema where an unqualified write cannot change base rows unguarded: one with the layer, an overlay
--- schema, the system catalog, a temporary schema (the session's own temporary tables).
+-- schema, the system catalog, a temporary schema (the session's own temporary tables). (plpgsql: a backend
+-- plans its query once; a SQL function with a sub-select is not inlined, and was planned at each call.)
 CREATE OR REPLACE FUNCTION cow._layered_schema(s text) RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT s = 'pg_catalog' OR s LIKE 'pg\_temp%' OR s LIKE 'pg\_toast%'
-        OR EXISTS (SELECT 1 FROM cow.schemas WHERE schema_name = s OR overlay_schema = s)
-$$;
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN s = 'pg_catalog' OR starts_with(s, 'pg_temp') OR starts_with(s, 'pg_toast')
+        OR EXISTS (SELECT 1 FROM cow.schemas x WHERE x.schema_name = s OR x.overlay_schema = s);
+END $$;
