@@ -27,16 +27,16 @@ LANGUAGE sql VOLATILE AS $$ SELECT CASE WHEN pg_catalog.set_config(flag, 'on', t
 
 -- (cow.current_session() is in 11_binding.sql: a bound backend's session comes from its binding.)
 
--- search_path entries, unquoted, in order. A path that quotes no entry but "$user" and has no whitespace but
--- spaces (the usual one) is split by an expression: its entries are what lies between commas without the
--- spaces (an unquoted entry has none inside), as the regex finds them. plpgsql, so that a backend compiles
+-- search_path entries, unquoted, in order. A path of ASCII letters, digits, '_', '$', commas and spaces and
+-- "$user" (the usual one) is split by an expression: its entries are what lies between commas without the
+-- spaces (an unquoted entry has none inside), as the regex finds them; others by the regex. plpgsql, so that a backend compiles
 -- it and plans its expressions once (the join and then the proxy's path probe call it in each new backend:
 -- as a SQL function its query was parsed and planned at every call, ~2 M instructions of a join;
 -- docs/benchmarks.md, "The join in a new backend").
 CREATE OR REPLACE FUNCTION cow._path_entries(p text) RETURNS text[]
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    IF strpos(translate(replace(p, '"$user"', ''), E'\t\n\r\v\f', '"""""'), '"') = 0 THEN
+    IF translate(replace(p, '"$user"', ''), 'abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_$, ', '') = '' THEN
         RETURN array_remove(string_to_array(replace(replace(p, '"$user"', '$user'), ' ', ''), ','), '');
     END IF;
     RETURN (SELECT coalesce(array_agg(CASE WHEN m[1] IS NOT NULL THEN replace(m[1], '""', '"') ELSE btrim(m[2]) END
