@@ -77,7 +77,6 @@ DECLARE
     entries text[] := cow._path_entries(app);
     e text;
     ov text;
-    named boolean;
     dropped boolean := false;
     kept text := '';  -- the entries without overlay schemas, as a path
     overlays text[] := '{}';
@@ -86,14 +85,16 @@ DECLARE
 BEGIN
     FOREACH e IN ARRAY entries LOOP
         CONTINUE WHEN e = '';
-        SELECT (SELECT s.overlay_schema FROM cow.schemas s
-                WHERE s.schema_name = CASE WHEN e = '$user' THEN current_user::text ELSE e END),
-               EXISTS (SELECT 1 FROM cow.schemas o WHERE o.overlay_schema = e)
-        INTO ov, named;
-        IF named THEN
-            dropped := true;
-            CONTINUE;
+        -- (Overlay schemas are named cow_overlay_... (cow._overlay_name): the query that asks whether an
+        -- entry is one is planned only for an entry so named.)
+        IF starts_with(e, 'cow_overlay_') THEN
+            IF EXISTS (SELECT 1 FROM cow.schemas o WHERE o.overlay_schema = e) THEN
+                dropped := true;
+                CONTINUE;
+            END IF;
         END IF;
+        SELECT s.overlay_schema INTO ov FROM cow.schemas s
+        WHERE s.schema_name = CASE WHEN e = '$user' THEN current_user::text ELSE e END;
         IF ov IS NOT NULL AND NOT ov = ANY (overlays) THEN
             overlays := overlays || ov;
             overlay_path := overlay_path || ', ' || quote_ident(ov);

@@ -133,11 +133,11 @@ END $$;
 -- Record (or, with a NULL session, remove) this backend's binding, once the secret is proven. The GUCs are
 -- cow.bind_session's business (a SET clause here would revert the search_path it sets). A bind is the first
 -- statement of a new tagged connection, where each statement of a function is parsed and planned for its one
--- run and each operator and function met for the first time is looked up in the catalog: so the secret and
--- the backend's row are read by one query, the token is set in the INSERT's RETURNING, the read-only check
--- calls cow._bind_writable only to raise, and every comparison has operands of one type (an `oid = int` or
--- `float8 < numeric` is resolved by a search of every candidate operator: ~1.5 M instructions each in a
--- new backend; docs/benchmarks.md, "The join in a new backend").
+-- run and each operator and function met for the first time is looked up in the catalog: so the backend's
+-- row is read only when it may be bound (it has a temporary schema), the token is set in the INSERT's
+-- RETURNING, the read-only check calls cow._bind_writable only to raise, and every comparison has operands
+-- of one type (an `oid = int` or `float8 < numeric` is resolved by a search of every candidate operator:
+-- ~1.5 M instructions each in a new backend; docs/benchmarks.md, "The join in a new backend").
 CREATE OR REPLACE FUNCTION cow._bind(p_session text, p_secret text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -150,15 +150,19 @@ DECLARE
     replication text;
     done text;  -- (set_config's result: an assignment is a simple expression, a PERFORM runs the executor)
 BEGIN
-    SELECT x.hash, x.hash = encode(sha256(convert_to(p_secret, 'UTF8')), 'hex'), y.session, y.token
-    INTO want, proven, b_session, b_token
-    FROM cow.bind_secret x LEFT JOIN cow.bindings y ON y.pid = pg_backend_pid();
+    SELECT x.hash, x.hash = encode(sha256(convert_to(p_secret, 'UTF8')), 'hex') INTO want, proven
+    FROM cow.bind_secret x;
     IF want IS NULL THEN
         RAISE EXCEPTION 'cowproxy: bind_session: no binding secret is set in this database'
             USING ERRCODE = 'invalid_password', HINT = 'Set one with: cowproxy secret --rotate --file PATH';
     END IF;
     IF p_secret IS NULL OR NOT proven THEN
         RAISE EXCEPTION 'cowproxy: bind_session: wrong binding secret' USING ERRCODE = 'invalid_password';
+    END IF;
+    IF pg_my_temp_schema() <> 0::oid THEN
+        -- (Without a temporary schema this backend was never bound, cow._session: a row under its pid is an
+        -- ended backend's, which binds no one and which a sweep removes.)
+        SELECT y.session, y.token INTO b_session, b_token FROM cow.bindings y WHERE y.pid = pg_backend_pid();
     END IF;
     IF p_session IS NULL THEN
         IF b_session IS NOT NULL THEN
