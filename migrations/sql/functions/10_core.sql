@@ -27,12 +27,12 @@ LANGUAGE sql VOLATILE AS $$ SELECT CASE WHEN pg_catalog.set_config(flag, 'on', t
 
 -- (cow.current_session() is in 11_binding.sql: a bound backend's session comes from its binding.)
 
--- search_path entries, unquoted, in order. A path of ASCII letters, digits, '_', '$', commas and spaces and
+-- search_path entries, unquoted, in order. A path of ASCII letters, digits, '_', '$', commas, spaces and
 -- "$user" (the usual one) is split by an expression: its entries are what lies between commas without the
--- spaces (an unquoted entry has none inside), as the regex finds them; others by the regex. plpgsql, so that a backend compiles
--- it and plans its expressions once (the join and then the proxy's path probe call it in each new backend:
--- as a SQL function its query was parsed and planned at every call, ~2 M instructions of a join;
--- docs/benchmarks.md, "The join in a new backend").
+-- spaces (an unquoted entry has none inside), as the regex finds them; any other path by the regex.
+-- plpgsql, so that a backend compiles it and plans its expressions once (the join and then the proxy's path
+-- probe call it in each new backend: as a SQL function its query was parsed and planned at every call, ~2 M
+-- instructions of a join; docs/benchmarks.md, "The join in a new backend").
 CREATE OR REPLACE FUNCTION cow._path_entries(p text) RETURNS text[]
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
@@ -84,7 +84,6 @@ DECLARE
     done text;  -- (set_config's result: an assignment is a simple expression, a PERFORM runs the executor)
 BEGIN
     FOREACH e IN ARRAY entries LOOP
-        CONTINUE WHEN e = '';
         -- (Overlay schemas are named cow_overlay_... (cow._overlay_name): the query that asks whether an
         -- entry is one is planned only for an entry so named.)
         IF starts_with(e, 'cow_overlay_') THEN

@@ -100,7 +100,8 @@ BEGIN
     -- docs/benchmarks.md, "The join in a new backend".)
     FOREACH e IN ARRAY cow._path_entries(current_setting('search_path')) LOOP
         e := CASE WHEN e = '$user' THEN current_user::text ELSE e END;
-        IF NOT cow._layered_schema(e) AND EXISTS (SELECT 1 FROM pg_catalog.pg_namespace ns WHERE ns.nspname = e) THEN
+        IF NOT cow._layered_schema(e)
+           AND EXISTS (SELECT 1 FROM pg_catalog.pg_namespace ns WHERE ns.nspname = e) THEN
             clean := false;
             EXIT;
         END IF;
