@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from proxy.protocol import ErrorFields
+from proxy.sql import deparse
 from proxy.tags import Tags
 
 if TYPE_CHECKING:
@@ -318,6 +319,14 @@ def _traffic_metrics(m: Metrics, totals: _Totals) -> Iterator[Metric]:
     switches.add_metric(["true"], m.switches[True])
     switches.add_metric(["false"], m.switches[False])
     yield switches
+    yield _by_label(
+        "cowproxy_deparse_fallbacks",
+        "Rewritten statements written by pglast's printer because libpg_query's deparser could not take them "
+        "(proxy/sql/deparse.py), by reason (expression: no statement; encode: a node the protobuf encoder "
+        "lacks; deparse: the C deparser refused it); counted per process",
+        "reason",
+        deparse.FALLBACKS.by_reason,
+    )
 
 
 def _latency_metric(totals: _Totals) -> Metric:

@@ -20,7 +20,8 @@ thousands, even the first time (``Analyzer._rewrite``).
 Refused, so that the text is rewritten on its own: a sentinel the output does not hold exactly as the
 deparser writes it, or any trace of one elsewhere (a printer that changed it), and a constant that pglast's
 printer reads rather than writes (a type modifier, ``char(1)`` printed as ``char``; the arguments of its
-special functions, ``EXTRACT('year' FROM …)`` printed as ``EXTRACT(YEAR FROM …)``).
+special functions, ``EXTRACT('year' FROM …)`` printed as ``EXTRACT(YEAR FROM …)``), and a negative integer
+in a cast (libpg_query's deparser writes ``(-5)::int`` but ``0::int``, and ``-0`` is the constant 0).
 """
 
 from __future__ import annotations
@@ -220,6 +221,8 @@ def build(rewritten: str, shape: Shape, found: Constants) -> Template | None:
         negative = match.group("sign") == "-"
         if literals[first].kind != kind or (kind != STR and negative != bool(found.signs[first] % 2)):
             return None
+        if kind == INT and negative and _cast_parens(rewritten, match.start(), match.end()):
+            return None  # (C writes (-5)::int but 0::int, and -0 is 0: the parentheses depend on the value)
         parts.append(rewritten[pos : match.start()])
         slots.append(index)
         pos = match.end()
@@ -227,3 +230,9 @@ def build(rewritten: str, shape: Shape, found: Constants) -> Template | None:
     if any(_TRACE.search(part) for part in parts):
         return None  # a sentinel written otherwise (a printer that changed it)
     return Template(tuple(parts), tuple(slots), found)
+
+
+def _cast_parens(rewritten: str, start: int, end: int) -> bool:
+    """Whether the sentinel at ``start:end`` is in the parentheses libpg_query's deparser writes around a
+    negative integer cast (``(-5)::int``)."""
+    return rewritten[start - 1 : start] == "(" and rewritten.startswith(")::", end)

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pglast.parser import parse_sql_json
-from pglast.stream import RawStream
 
 from proxy.errors import ProxyError
 from proxy.sql import Analysis, Analyzer, Catalog, CatalogError, apply_tag_map
 from proxy.sql.analyze import RETURNING_MARK, _inspect
+from proxy.sql.deparse import deparse
 from proxy.sql.policy import DEFAULT_POLICY
 from proxy.sql.rewrites import lateral
 from proxy.sql.rewrites.base import Context
@@ -24,6 +24,12 @@ from . import catalogs
 from .catalogs import SAMPLE, rows, sample_catalog
 
 CATALOG = sample_catalog()
+
+
+def _written(sql: str) -> str:
+    """The expected statement as the deparser writes it (its tree: the test's text may be formatted
+    otherwise)."""
+    return "\n; ".join(deparse(raw) for raw in pglast.parse_sql(sql))
 
 
 def analyze(
@@ -398,7 +404,7 @@ CHAIN = "FROM comments c JOIN issues i ON i.id = c.issue_id JOIN projects p ON p
     ],
 )
 def test_key_joins_of_cow_tables_become_lateral_subqueries(sql: str, rewritten: str | None) -> None:
-    assert analyze(sql).rewritten == rewritten
+    assert analyze(sql).rewritten == (rewritten and _written(rewritten))
     assert analyze(sql, in_session=False).rewritten is None
 
 
@@ -507,8 +513,7 @@ def _split(
     ],
 )
 def test_count_of_a_cow_table_is_split(sql: str, rewritten: str | None) -> None:
-    # the expected text as the deparser writes it (parentheses)
-    assert analyze(sql).rewritten == (rewritten and RawStream()(pglast.parse_sql(rewritten)))
+    assert analyze(sql).rewritten == (rewritten and _written(rewritten))
     assert analyze(sql, in_session=False).rewritten is None
 
 
@@ -625,7 +630,7 @@ _LABELS = ("labels", 5, "project_id, name, color, pos", "project_id, name")
     ],
 )
 def test_key_reads_read_the_base_and_changes_tables(sql: str, rewritten: str | None) -> None:
-    assert analyze(sql).rewritten == (rewritten and RawStream()(pglast.parse_sql(rewritten)))
+    assert analyze(sql).rewritten == (rewritten and _written(rewritten))
     assert analyze(sql, in_session=False).rewritten is None
 
 
@@ -670,7 +675,7 @@ def test_key_reads_read_the_base_and_changes_tables(sql: str, rewritten: str | N
 def test_a_named_statement_reads_a_key_range_with_a_cacheable_plan(sql: str, rewritten: str) -> None:
     """A named prepared statement's plan may be cached: PostgreSQL caches it once its custom plans cost no
     less than the generic plan, which holds when the planner cannot see the range's bounds in either."""
-    assert analyze(sql, prepared=True).rewritten == RawStream()(pglast.parse_sql(rewritten))
+    assert analyze(sql, prepared=True).rewritten == _written(rewritten)
     assert analyze(sql, prepared=True, in_session=False).rewritten is None
 
 
@@ -685,7 +690,7 @@ def test_a_key_read_of_a_large_changes_table_hides_base_rows_with_an_anti_join()
     sent = analyze("SELECT * FROM projects WHERE id BETWEEN $1 AND $2", catalog=catalog).rewritten
     assert sent is not None
     assert "NOT IN" not in sent
-    assert "NOT EXISTS (SELECT FROM _cow_versions AS _cow_v WHERE _cow_v.id = _cow_b.id)" in sent
+    assert "NOT EXISTS (SELECT FROM _cow_versions _cow_v WHERE _cow_v.id = _cow_b.id)" in sent
 
 
 def test_a_key_read_of_an_unhashed_key_type_is_left_to_the_view() -> None:
@@ -715,13 +720,13 @@ def test_count_of_a_limited_query_is_split(sql: str, where: str | None, offset: 
     assert rewritten is not None
     # the rows OFFSET skips and LIMIT cuts, from the split count; PostgreSQL still checks both
     assert rewritten.startswith(
-        f"SELECT LEAST(GREATEST(_cow_n.n - COALESCE(CAST({offset} AS bigint), 0), 0), "
-        f"COALESCE(CAST({limit} AS bigint), _cow_n.n)) AS count FROM (SELECT (SELECT count(*) FROM "
-        f"public.issues AS issues{f' WHERE {where}' if where else ''}) - "
+        f"SELECT LEAST(GREATEST(_cow_n.n - COALESCE({offset}::bigint, 0), 0), "
+        f"COALESCE({limit}::bigint, _cow_n.n)) AS count FROM (SELECT (SELECT count(*) FROM "
+        f"public.issues issues{f' WHERE {where}' if where else ''}) - "
     )
     assert rewritten.endswith(
-        f"AS n) AS _cow_n WHERE (SELECT count(*) FROM (SELECT 1 LIMIT {limit.replace('NULL', 'ALL')} "
-        f"OFFSET {offset}) AS _cow_v) >= 0"
+        f"AS n) _cow_n WHERE (SELECT count(*) FROM (SELECT 1 LIMIT {limit.replace('NULL', 'ALL')} "
+        f"OFFSET {offset}) _cow_v) >= 0"
     )
     assert rewritten.count("cow_changes.t2") == 2
 
@@ -756,7 +761,7 @@ def test_two_tables_join_laterally_when_the_joined_one_dwarfs_the_first(
 ) -> None:
     result = analyze(JOIN_TWO, catalog=_sized(rows)).rewritten
     assert (
-        result is not None and "JOIN LATERAL (SELECT * FROM issues AS i WHERE i.id = c.issue_id" in result
+        result is not None and "JOIN LATERAL (SELECT * FROM issues i WHERE i.id = c.issue_id" in result
     ) is (rewritten)
     # an open first relation (no WHERE, no LIMIT) is never probed row by row
     assert analyze(JOIN_TWO.split(" WHERE ", maxsplit=1)[0], catalog=_sized(rows)).rewritten is None

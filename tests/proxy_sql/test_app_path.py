@@ -33,17 +33,17 @@ CATALOG = Catalog.from_rows(
 REWRITES = [
     (
         "SET search_path = tenant_1, public",
-        "DO $$BEGIN SET search_path TO 'tenant_1', 'public'; PERFORM cow._adopt_app_path(false); END$$",
+        "DO $$BEGIN SET search_path TO tenant_1, public; PERFORM cow._adopt_app_path(false); END$$",
         ("DO", "SET"),
     ),
     (
         'SET LOCAL search_path TO "Tenant 2"',
-        "DO $$BEGIN SET LOCAL search_path TO 'Tenant 2'; PERFORM cow._adopt_app_path(true); END$$",
+        'DO $$BEGIN SET LOCAL search_path TO "Tenant 2"; PERFORM cow._adopt_app_path(true); END$$',
         ("DO", "SET"),
     ),
     (
         "SET SCHEMA 'public'",
-        "DO $$BEGIN SET search_path TO 'public'; PERFORM cow._adopt_app_path(false); END$$",
+        "DO $$BEGIN SET search_path TO public; PERFORM cow._adopt_app_path(false); END$$",
         ("DO", "SET"),
     ),
     (
@@ -58,17 +58,17 @@ REWRITES = [
     ),
     (  # the dollar quote never meets the statement's own text
         "SET search_path = '$$'",
-        "DO $_$BEGIN SET search_path TO '$$'; PERFORM cow._adopt_app_path(false); END$_$",
+        'DO $outer$BEGIN SET search_path TO "$$"; PERFORM cow._adopt_app_path(false); END$outer$',
         ("DO", "SET"),
     ),
     (
         "SELECT set_config('search_path', 'a,b', false)",
-        "SELECT cow.set_app_path('a,b', FALSE) AS set_config",
+        "SELECT cow.set_app_path('a,b', false) AS set_config",
         None,
     ),
     (
         "SELECT pg_catalog.set_config('SEARCH_PATH'::text, $1, true) AS p, 1",
-        "SELECT cow.set_app_path($1, TRUE) AS p, 1",
+        "SELECT cow.set_app_path($1, true) AS p, 1",
         None,
     ),
 ]
