@@ -105,14 +105,15 @@ def _enum_writer(name: str) -> _Writer:
         by_value = {member.value: _varint(numbers[member.name]) for member in python_enum}
 
     def write(tag: bytes, value: object, _: _Table) -> bytes:
+        try:
+            return tag + by_value[value]
+        except (KeyError, TypeError):
+            pass
         if value is None:
             return b""
         if isinstance(value, str) and value in numbers:  # (a member given by its name)
             return tag + _varint(numbers[value])
-        try:
-            return tag + by_value[value]
-        except (KeyError, TypeError):
-            raise EncodeError(f"{value!r} is no member of {name}") from None
+        raise EncodeError(f"{value!r} is no member of {name}")
 
     return write
 
@@ -241,7 +242,12 @@ def _message(node: ast.Node, table: _Table) -> bytes:
         fields = table[cls]
     except KeyError:
         raise EncodeError(f"no message for {cls.__name__}") from None
-    return b"".join([write(tag, getattr(node, name, None), table) for name, tag, write in fields])
+    parts = []
+    for name, tag, write in fields:
+        value = getattr(node, name, None)
+        if value is not None or write is _location:  # (most fields are unset: no call for them)
+            parts.append(write(tag, value, table))
+    return b"".join(parts)
 
 
 def _node(value: object, table: _Table) -> bytes:
