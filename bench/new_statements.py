@@ -14,6 +14,11 @@ catalog with one keyed CoW table ``orders``:
 - ``parse``: pglast's ``parse_sql`` of the client's text (Python nodes, what the analyzer parses into), next
   to ``parse_sql_protobuf`` and ``parse_sql_json`` (the C parse alone, and with its JSON).
 
+``--corpus``: instead, the texts Django's full list sent (tests/proxy_sql/protobuf_corpus.json, "django"),
+each analyzed once on this catalog (none of Django's tables is a CoW table here: parsed, not rewritten),
+with the parse calls alone on the same texts: CPU per text, total and median, and what part of the
+analysis the parse is.
+
 Each row is the best of 5 rounds of n/5 calls, CPU time of this process (``time.process_time``: other
 processes' load does not count in, their cache and frequency effects do). ``--baseline REF``: the same rows
 measured on a temporary checkout of git ref REF and on this checkout, in turns, 3 times each; each row the
@@ -130,6 +135,34 @@ def measure(n: int) -> list[tuple[str, float]]:
     return rows
 
 
+def corpus() -> None:
+    """The parse's part of a non-rewritten text's analysis, on Django's texts."""
+    path = os.path.join(os.path.dirname(_HERE), "tests", "proxy_sql", "protobuf_corpus.json")
+    with open(path, encoding="utf-8") as f:
+        texts = json.load(f)["django"]
+    catalog = _catalog()
+    analyzer = Analyzer(cache_size=2 * len(texts), templates=False)
+    calls: dict[str, Callable[[str], object]] = {
+        "analysis (Analyzer.analyze, new text)": lambda t: analyzer.analyze(t, catalog, True),
+        "parse_sql_json (C parse + JSON)": parser.parse_sql_json,
+        "parse_sql_json + json.loads": lambda t: json.loads(parser.parse_sql_json(t)),
+        "pglast.parse_sql (Python nodes)": pglast.parse_sql,
+        "parse_sql_protobuf (C parse + protobuf)": parser.parse_sql_protobuf,
+    }
+    print(f"{len(texts)} texts; CPU per text, µs")
+    print(f"{'call':<42}  {'total ms':>9}  {'median':>7}  {'mean':>7}")
+    for label, call in calls.items():
+        each = []
+        for text in texts:
+            start = time.process_time()
+            call(text)
+            each.append((time.process_time() - start) * 1e6)
+        each.sort()
+        total = sum(each)
+        print(f"{label:<42}  {total / 1000:9.1f}  {each[len(each) // 2]:7.1f}  {total / len(each):7.1f}")
+    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
 def measure_checkout(path: str, n: int) -> list[tuple[str, float]]:
     """This script's rows in an interpreter whose ``proxy`` is the checkout at ``path``."""
     out = subprocess.run(
@@ -169,8 +202,12 @@ def main() -> None:
     args = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     args.add_argument("--n", type=int, default=1000)
     args.add_argument("--baseline", default=None, help="git ref to measure side by side with this checkout")
+    args.add_argument("--corpus", action="store_true", help="the parse's part, on Django's texts")
     args.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # (for --baseline)
     a = args.parse_args()
+    if a.corpus:
+        corpus()
+        return
     if a.n < 5:
         args.error("--n must be at least 5")
     if a.baseline:
