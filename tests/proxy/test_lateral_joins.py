@@ -170,7 +170,7 @@ def test_two_tables_join_laterally_when_the_joined_one_is_far_larger(databases: 
     assert tiny is not None and big is not None and (tiny.rows, big.rows) == (100, 20000)
     sql = "SELECT t.id, a.v FROM j_tiny t JOIN j_a a ON a.id = t.a_id WHERE t.id > $1"
     rewritten = Analyzer().analyze(sql, catalog, True).rewritten
-    assert rewritten is not None and "JOIN LATERAL (SELECT * FROM j_a AS a WHERE a.id = t.a_id" in rewritten
+    assert rewritten is not None and "JOIN LATERAL (SELECT * FROM j_a a WHERE a.id = t.a_id" in rewritten
     reverse = "SELECT t.id, a.v FROM j_a a JOIN j_tiny t ON t.a_id = a.id WHERE a.id > $1"
     assert Analyzer().analyze(reverse, catalog, True).rewritten is None  # j_tiny has no index on a_id anyway
 
