@@ -14,7 +14,7 @@ catalog with one keyed CoW table ``orders``:
 - ``parse``: pglast's ``parse_sql`` of the client's text (Python nodes, what the analyzer parses into), next
   to ``parse_sql_protobuf`` and ``parse_sql_json`` (the C parse alone, and with its JSON).
 
-``--corpus``: instead, the texts Django's full list sent (tests/proxy_sql/protobuf_corpus.json, "django"),
+``--corpus``: instead, the texts Django's full list sent (tests/proxy_sql/protobuf_corpus.json.gz, "django"),
 each analyzed once on this catalog (none of Django's tables is a CoW table here: parsed, not rewritten),
 with the parse calls alone on the same texts: CPU per text, total and median, and what part of the
 analysis the parse is.
@@ -28,6 +28,7 @@ best of the 3, with the ratio this / baseline.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import subprocess
@@ -137,8 +138,8 @@ def measure(n: int) -> list[tuple[str, float]]:
 
 def corpus() -> None:
     """The parse's part of a non-rewritten text's analysis, on Django's texts."""
-    path = os.path.join(os.path.dirname(_HERE), "tests", "proxy_sql", "protobuf_corpus.json")
-    with open(path, encoding="utf-8") as f:
+    path = os.path.join(os.path.dirname(_HERE), "tests", "proxy_sql", "protobuf_corpus.json.gz")
+    with gzip.open(path, "rt", encoding="utf-8") as f:
         texts = json.load(f)["django"]
     catalog = _catalog()
     analyzer = Analyzer(cache_size=2 * len(texts), templates=False)

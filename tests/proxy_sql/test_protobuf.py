@@ -1,5 +1,5 @@
 """``proxy.sql.protobuf``: pglast's AST as libpg_query's protobuf. Each special case on literal bytes, then
-the proof on a corpus (tests/proxy_sql/protobuf_corpus.json: the SQL texts of tests/proxy_sql and
+the proof on a corpus (tests/proxy_sql/protobuf_corpus.json.gz: the SQL texts of tests/proxy_sql and
 tests/proxy, and the texts a run of Django's full module list sent through a session, with the proxy's
 rewrites of them; test_deparse.py adds the analyzer's rewrites of the tests' texts):
 ``encode(pglast.parse_sql(t))`` is ``parse_sql_protobuf(t)`` byte for byte (but for ``A_Const.location``,
@@ -8,6 +8,7 @@ libpg_query in bytes)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -22,7 +23,8 @@ from .protobuf_wire import rewrite
 
 # by source: "tests" (the SQL texts of tests/proxy_sql and tests/proxy), "django" (the texts Django's full
 # module list sent through a session, once each), "django_rewritten" (what the proxy sent for them instead)
-SOURCES: dict[str, list[str]] = json.loads((Path(__file__).parent / "protobuf_corpus.json").read_text())
+_CORPUS_FILE = Path(__file__).parent / "protobuf_corpus.json.gz"
+SOURCES: dict[str, list[str]] = json.loads(gzip.decompress(_CORPUS_FILE.read_bytes()))
 CORPUS = [text for texts in SOURCES.values() for text in texts]
 NO_LOCATION = b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01"  # (-1 as a varint: ten bytes)
 
