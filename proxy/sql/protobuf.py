@@ -26,6 +26,7 @@ import struct
 from collections.abc import Callable, Iterable
 from enum import Enum
 
+import pglast
 from pglast import ast, enums
 
 from proxy.sql.protobuf_schema import ENUMS, MESSAGES
@@ -33,6 +34,12 @@ from proxy.sql.protobuf_schema import ENUMS, MESSAGES
 
 class EncodeError(ValueError):
     """The tree holds something the encoder does not know how to write."""
+
+
+# The pglast whose bundled pg_query.proto ``protobuf_schema`` was generated from. Another release may bundle
+# another libpg_query, whose numbers could put a value in another field (a valid but different statement):
+# with any other, ``encode`` refuses and the deparse falls back to pglast's printer.
+SCHEMA_PGLAST = "v8.8"
 
 
 def _varint(value: int) -> bytes:
@@ -265,6 +272,7 @@ def _node(value: object, table: _Table) -> bytes:
 
 
 _build()
+SCHEMA_MATCHES = pglast.__version__ == SCHEMA_PGLAST
 _ITEMS_TAG = _tag(MESSAGES["List"][0][1], _BYTES)
 _RAW_STMT_TAG = _tag(next(n for name, n, _ in MESSAGES["ParseResult"] if name == "stmts"), _BYTES)
 _VERSION_TAG = _tag(next(n for name, n, _ in MESSAGES["ParseResult"] if name == "version"), _VARINT)
@@ -286,6 +294,8 @@ def encode(stmts: Iterable[ast.RawStmt], *, locations: bool = True) -> bytes:
     locations are byte offsets, pglast's are character offsets: the same for an ASCII text).
     ``locations=False`` leaves every location out, as a deparse needs none."""
     global _VERSION  # noqa: PLW0603  (computed once)
+    if not SCHEMA_MATCHES:
+        raise EncodeError(f"the protobuf table is pglast {SCHEMA_PGLAST}'s, not {pglast.__version__}'s")
     if not _VERSION:
         _VERSION = _VERSION_TAG + _varint(version_num())
     table = _FIELDS if locations else _NO_LOCATIONS

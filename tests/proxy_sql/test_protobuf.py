@@ -17,7 +17,7 @@ import pytest
 from pglast import ast, enums
 from pglast.parser import parse_sql_protobuf
 
-from proxy.sql.protobuf import EncodeError, encode, encode_node
+from proxy.sql.protobuf import SCHEMA_MATCHES, EncodeError, encode, encode_node
 
 from .protobuf_wire import rewrite
 
@@ -123,3 +123,21 @@ def test_a_value_the_schema_does_not_allow_is_an_error() -> None:
         encode_node(target)
     with pytest.raises(EncodeError):
         encode([ast.SelectStmt()])  # type: ignore[list-item]  # (no RawStmt)
+
+
+def test_the_table_is_the_running_pglasts() -> None:
+    """The generated table belongs to one pglast (its bundled proto): an upgrade regenerates it
+    (``python -m proxy.sql.protobuf_gen``), else every deparse falls back to pglast's printer."""
+    assert SCHEMA_MATCHES, f"regenerate proxy/sql/protobuf_schema.py for pglast {pglast.__version__}"
+
+
+def test_another_pglast_deparses_with_the_printer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a table of another pglast the encoder refuses, and the deparse is pglast's printer's."""
+    from proxy.sql import protobuf
+    from proxy.sql.deparse import FALLBACKS, deparse, print_tree
+
+    stmt = pglast.parse_sql("SELECT a FROM t WHERE b = 'x'")[0]
+    monkeypatch.setattr(protobuf, "SCHEMA_MATCHES", False)
+    before = FALLBACKS.by_reason["encode"]
+    assert deparse(stmt) == print_tree(stmt)
+    assert FALLBACKS.by_reason["encode"] == before + 1
